@@ -1,0 +1,25 @@
+# Every target calls the `elmo` CLI (or pytest); the CLI is the one place behaviour lives.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+EXTRAS ?= dev
+
+.PHONY: install test info clean
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[$(EXTRAS)]'
+	touch $@
+
+install: $(BIN)/.installed
+
+# pytest exits 5 when it collects no test; that is not a failure of the code.
+test: install
+	$(BIN)/python -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+info: install
+	$(BIN)/elmo info $(MODEL)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,1 @@
+"""The ``elmo`` command line."""

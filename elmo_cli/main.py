@@ -1,0 +1,39 @@
+"""``elmo``: the command line. Library code raises typed errors; only this module maps them to exit codes.
+
+Each subcommand lives in its package's ``cli`` module with ``register(subparsers)``; the modules
+are listed here.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from elmo_core.errors import ElmoError
+
+COMMAND_MODULES = ("elmo_cli.info",)
+EXIT_ERROR, EXIT_INTERRUPTED = 2, 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="elmo", description="Pretrain, export and run ELMo biLMs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ElmoError as e:
+        print(f"elmo {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print(f"elmo {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,14 @@
+"""elmo_core: what training, export, inference and pipelines share (config, char ids, model, weights)."""
+from .bilm import BiLM, BiLMOutput, StatefulBiLM
+from .chars import batch_to_ids, tokens_to_char_ids
+from .config import CharCnnConfig, ElmoConfig, LstmConfig, TrainingConfig
+from .errors import ConfigError, ElmoError, InputError, WeightsError
+from .lstm import LstmState
+from .model_io import ModelFiles, load_bilm, resolve_model, save_model
+from .scalar_mix import ScalarMix
+
+__all__ = [
+    "BiLM", "BiLMOutput", "StatefulBiLM", "batch_to_ids", "tokens_to_char_ids", "CharCnnConfig",
+    "ElmoConfig", "LstmConfig", "TrainingConfig", "ConfigError", "ElmoError", "InputError",
+    "WeightsError", "LstmState", "ModelFiles", "load_bilm", "resolve_model", "save_model", "ScalarMix",
+]

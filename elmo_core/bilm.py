@@ -1,0 +1,116 @@
+"""The biLM: char-CNN token encoder under a stacked bidirectional LSTM.
+
+Stateless by default: a sentence's vectors do not depend on its batch neighbours, padding or
+order. Passing a state (see ``StatefulBiLM``) carries each row's (h, c) across calls, which is
+only there to reproduce the original TensorFlow code.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .char_encoder import CharEncoder
+from .config import ElmoConfig
+from .errors import InputError
+from .lstm import BiLstmStack, LstmState
+
+
+@dataclass
+class BiLMOutput:
+    """Shape: layers (B, L+1, T, 2P) zero at padding, mask (B, T) bool; state is per row."""
+
+    layers: torch.Tensor
+    mask: torch.Tensor
+    state: LstmState
+
+
+class BiLM(nn.Module):
+    """Shape: char ids (B, T, C) -> layers (B, L+1, T, 2P), mask (B, T)."""
+
+    def __init__(self, config: ElmoConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = CharEncoder(config.char_cnn, config.lstm.projection_dim)
+        self.lstm = BiLstmStack(config.lstm, dropout=config.training.dropout)
+
+    def embed_tokens(self, char_ids: torch.Tensor, mask: torch.Tensor, dedup: bool = True) -> torch.Tensor:
+        """Token representations, zero at padding; the char-CNN runs once per distinct token.
+
+        Shape: char_ids (B, T, C), mask (B, T) -> (B, T, P).
+        """
+        B, T, C = char_ids.shape
+        flat_mask = mask.reshape(-1)  # (B*T,)
+        real = char_ids.reshape(-1, C)[flat_mask]  # (N, C)
+        if dedup and real.shape[0] > 1:
+            uniq, inverse = torch.unique(real, dim=0, return_inverse=True)  # (U, C), (N,)
+            emb = self.encoder(uniq)[inverse]  # (N, P)
+        else:
+            emb = self.encoder(real)  # (N, P)
+        out = emb.new_zeros(B * T, emb.shape[-1])  # (B*T, P)
+        out[flat_mask] = emb
+        return out.view(B, T, -1)
+
+    def _with_boundaries(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Put <S> first and </S> after each row's last token.
+
+        Shape: tokens (B, T, P), lengths (B,) -> (B, T+2, P).
+        """
+        B, T, P = tokens.shape
+        bos, eos = self.encoder.boundary_embeddings()  # (P,), (P,)
+        pos = torch.arange(T + 2, device=tokens.device)  # (T+2,)
+        is_eos = (pos[None, :] == (lengths + 1)[:, None]).to(tokens.dtype)  # (B, T+2)
+        x = torch.cat([bos.expand(B, 1, P), tokens, tokens.new_zeros(B, 1, P)], dim=1)  # (B, T+2, P)
+        return x + is_eos[:, :, None] * eos
+
+    def run(self, char_ids: torch.Tensor, state: LstmState | None = None,
+            keep_boundaries: bool = False, dedup: bool = True) -> BiLMOutput:
+        """The biLM on a batch of left-aligned sentences (boundary tokens are added here)."""
+        mask = (char_ids > 0).any(dim=-1)  # (B, T)
+        lengths = mask.sum(dim=1)  # (B,)
+        T = char_ids.shape[1]
+        if not torch.equal(mask, torch.arange(T, device=mask.device)[None, :] < lengths[:, None]):
+            raise InputError("character ids must be left-aligned: padding tokens only after a row's last token")
+        tokens = self.embed_tokens(char_ids, mask, dedup)  # (B, T, P)
+        x = self._with_boundaries(tokens, lengths)  # (B, T+2, P)
+        full_mask = torch.arange(T + 2, device=x.device)[None, :] < (lengths + 2)[:, None]  # (B, T+2)
+        lstm_layers, new_state = self.lstm(x, lengths + 2, state)  # L x (B, T+2, 2P)
+        m = full_mask[:, :, None].to(x.dtype)  # (B, T+2, 1)
+        layers = torch.stack([torch.cat([x, x], dim=-1) * m] + [h * m for h in lstm_layers], dim=1)  # (B, L+1, T+2, 2P)
+        if keep_boundaries:
+            return BiLMOutput(layers, full_mask, new_state)
+        layers = layers[:, :, 1 : T + 1] * mask[:, None, :, None].to(x.dtype)  # (B, L+1, T, 2P)
+        return BiLMOutput(layers, mask, new_state)
+
+    def forward(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.run(char_ids)
+        return out.layers, out.mask
+
+
+class StatefulBiLM:
+    """Carries each batch row's (h, c) into the next call, as the original TensorFlow code does.
+
+    Row k of a call continues row k of the previous call; rows beyond the stored state start at
+    zero. Only for reproducing the original: vectors then depend on what ran before.
+    """
+
+    def __init__(self, bilm: BiLM) -> None:
+        self.bilm = bilm
+        self.state: LstmState | None = None
+
+    def reset(self) -> None:
+        self.state = None
+
+    def run(self, char_ids: torch.Tensor, keep_boundaries: bool = False) -> BiLMOutput:
+        B = char_ids.shape[0]
+        start = self.bilm.lstm.zero_state(B)
+        if self.state is not None:
+            k = min(B, self.state.h.shape[2])
+            start.h[:, :, :k], start.c[:, :, :k] = self.state.h[:, :, :k], self.state.c[:, :, :k]
+        out = self.bilm.run(char_ids, state=start, keep_boundaries=keep_boundaries)
+        new = out.state.detach()
+        if self.state is not None and self.state.h.shape[2] > B:  # keep rows this call did not use
+            new = LstmState(torch.cat([new.h, self.state.h[:, :, B:]], 2), torch.cat([new.c, self.state.c[:, :, B:]], 2))
+        self.state = new
+        return out

@@ -1,0 +1,46 @@
+"""The char-CNN token encoder: char embedding, convolutions, max-pool, activation, highway, projection."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .chars import bos_ids, eos_ids
+from .config import CharCnnConfig
+from .highway import Highway
+
+
+class CharEncoder(nn.Module):
+    """Token representations from character ids.
+
+    Row 0 of the char embedding is the all-zero padding row (ids are shifted by +1).
+
+    Shape: (N, C) int ids -> (N, P).
+    """
+
+    def __init__(self, cfg: CharCnnConfig, projection_dim: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.char_embed = nn.Parameter(torch.empty(262, cfg.embedding_dim))  # (262, E), row 0 = padding
+        self.convs = nn.ModuleList(nn.Conv1d(cfg.embedding_dim, n, w) for w, n in cfg.filters)
+        self.highway = Highway(cfg.n_filters, cfg.n_highway)
+        self.proj_weight = nn.Parameter(torch.empty(cfg.n_filters, projection_dim))  # (F, P) as TF stores it
+        self.proj_bias = nn.Parameter(torch.zeros(projection_dim))  # (P,)
+        markers = np.stack([bos_ids(cfg.max_characters_per_token), eos_ids(cfg.max_characters_per_token)])
+        self.register_buffer("boundary_ids", torch.from_numpy(markers).long(), persistent=False)  # (2, C)
+
+    def _activation(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) if self.cfg.activation == "relu" else torch.tanh(x)
+
+    def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
+        emb = F.embedding(char_ids.long(), self.char_embed, padding_idx=0)  # (N, C, E)
+        emb = emb.transpose(1, 2)  # (N, E, C)
+        pooled = [self._activation(conv(emb).amax(dim=-1)) for conv in self.convs]  # [(N, n_k)]
+        x = torch.cat(pooled, dim=-1)  # (N, F)
+        x = self.highway(x)  # (N, F)
+        return torch.addmm(self.proj_bias, x, self.proj_weight)  # (N, P)
+
+    def boundary_embeddings(self) -> torch.Tensor:
+        """Shape: (2, P): the representations of <S> and </S>."""
+        return self.forward(self.boundary_ids)

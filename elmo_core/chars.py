@@ -1,0 +1,110 @@
+"""Character ids exactly as the original ELMo computes them, vectorized with numpy.
+
+A token becomes ``max_characters_per_token`` ids: BOW, its UTF-8 bytes (invalid characters
+dropped, truncated to max_chars - 2), EOW, then PAD. The sentence markers ``<S>`` and ``</S>``
+become [BOW, BOS, EOW, PAD...] and [BOW, EOS, EOW, PAD...]. Every id is then shifted by +1 so
+that 0 means an all-padding (masked) token.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .errors import InputError
+
+BOS_CHAR, EOS_CHAR, BOW_CHAR, EOW_CHAR, PAD_CHAR = 256, 257, 258, 259, 260
+BOS_TOKEN, EOS_TOKEN = "<S>", "</S>"
+
+
+def _marker_ids(char: int, max_chars: int) -> np.ndarray:
+    ids = np.full(max_chars, PAD_CHAR, dtype=np.int32)
+    ids[:3] = (BOW_CHAR, char, EOW_CHAR)
+    return ids + 1
+
+
+def bos_ids(max_chars: int = 50) -> np.ndarray:
+    """Shape: (max_chars,) int32, the ids of the ``<S>`` token."""
+    return _marker_ids(BOS_CHAR, max_chars)
+
+
+def eos_ids(max_chars: int = 50) -> np.ndarray:
+    """Shape: (max_chars,) int32, the ids of the ``</S>`` token."""
+    return _marker_ids(EOS_CHAR, max_chars)
+
+
+def _encode(tokens: Sequence[str]) -> list[bytes]:
+    try:
+        # "ignore" drops what cannot be encoded (lone surrogates), as the original does.
+        return [t.encode("utf-8", "ignore") for t in tokens]
+    except AttributeError:
+        bad = next(i for i, t in enumerate(tokens) if not isinstance(t, str))
+        raise InputError(f"token {bad} is {type(tokens[bad]).__name__} {tokens[bad]!r}, expected str") from None
+
+
+def tokens_to_char_ids(tokens: Sequence[str], max_chars: int = 50) -> np.ndarray:
+    """Character ids of a flat list of tokens.
+
+    Shape: (N,) tokens -> (N, max_chars) int32.
+    """
+    n = len(tokens)
+    out = np.full((n, max_chars), PAD_CHAR + 1, dtype=np.int32)  # (N, C)
+    if n == 0:
+        return out
+    encoded = _encode(tokens)
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=n)  # (N,)
+    kept = np.minimum(lengths, max_chars - 2)  # (N,)
+    flat = np.frombuffer(b"".join(encoded), dtype=np.uint8)  # (sum lengths,)
+    starts = np.cumsum(lengths) - lengths  # (N,)
+    tok_of_byte = np.repeat(np.arange(n), lengths)  # (sum lengths,)
+    pos = np.arange(flat.size) - np.repeat(starts, lengths)  # position within its token
+    keep = pos < max_chars - 2
+    out[tok_of_byte[keep], pos[keep] + 1] = flat[keep].astype(np.int32) + 1
+    out[:, 0] = BOW_CHAR + 1
+    out[np.arange(n), kept + 1] = EOW_CHAR + 1
+    _apply_markers(tokens, np.flatnonzero((lengths == 3) | (lengths == 4)), out, max_chars)
+    return out
+
+
+def _apply_markers(tokens: Sequence[str], candidates: np.ndarray, out: np.ndarray, max_chars: int) -> None:
+    # The original maps a literal <S> / </S> token to the sentence-boundary characters.
+    for i in candidates.tolist():
+        t = tokens[i]
+        if t == BOS_TOKEN:
+            out[i] = bos_ids(max_chars)
+        elif t == EOS_TOKEN:
+            out[i] = eos_ids(max_chars)
+
+
+def check_sentences(sentences: Sequence[Sequence[str]]) -> None:
+    if isinstance(sentences, (str, bytes)):
+        raise InputError("expected a list of sentences (lists of str tokens), got a single string")
+    for i, s in enumerate(sentences):
+        if isinstance(s, (str, bytes)) or not isinstance(s, (list, tuple)):
+            raise InputError(
+                f"sentence {i} is {type(s).__name__}, expected a list of str tokens"
+                + (" (split the text into tokens first)" if isinstance(s, str) else "")
+            )
+
+
+def batch_to_ids(sentences: Sequence[Sequence[str]], max_chars: int = 50) -> np.ndarray:
+    """Character ids of a batch of tokenized sentences, padded with all-zero tokens.
+
+    Shape: B sentences -> (B, T_max, max_chars) int32; a token is real where any id is non-zero.
+    Boundary tokens are not added: the model adds them.
+    """
+    check_sentences(sentences)
+    lengths = [len(s) for s in sentences]
+    t_max = max(lengths, default=0)
+    out = np.zeros((len(sentences), t_max, max_chars), dtype=np.int32)  # (B, T, C)
+    flat = [t for s in sentences for t in s]
+    ids = tokens_to_char_ids(flat, max_chars)  # (N, C)
+    rows = np.repeat(np.arange(len(sentences)), lengths)
+    cols = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    out[rows, cols] = ids
+    return out
+
+
+def mask_from_ids(char_ids: np.ndarray) -> np.ndarray:
+    """Shape: (B, T, C) -> (B, T) bool, True where the token is real."""
+    return (char_ids > 0).any(axis=-1)

@@ -1,0 +1,261 @@
+"""The single source of architecture truth: a frozen config read from and written to options.json.
+
+The keys are those of the published ELMo ``options.json`` (bilm-tf / AllenNLP). Unknown keys and
+values of the wrong type are errors; absent optional keys take the original's defaults.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+ACTIVATIONS = ("relu", "tanh")
+
+
+@dataclass(frozen=True)
+class CharCnnConfig:
+    """The character CNN token encoder (``char_cnn`` in options.json)."""
+
+    embedding_dim: int = 16  # char_cnn.embedding.dim
+    filters: tuple[tuple[int, int], ...] = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))
+    n_highway: int = 2
+    n_characters: int = 262  # 261 ids + the all-zero padding row (bilm-tf trains with 261)
+    max_characters_per_token: int = 50
+    activation: str = "relu"
+
+    @property
+    def n_filters(self) -> int:
+        return sum(n for _, n in self.filters)
+
+
+@dataclass(frozen=True)
+class LstmConfig:
+    """The stacked bidirectional LSTM with projection (``lstm`` in options.json)."""
+
+    dim: int = 4096  # cell size C
+    projection_dim: int = 512  # hidden/projection size P (also the token representation size)
+    n_layers: int = 2
+    cell_clip: float | None = 3.0  # None or 0: no clipping
+    proj_clip: float | None = 3.0
+    use_skip_connections: bool = True
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Training-only keys bilm-tf writes beside the architecture; ignored at inference."""
+
+    bidirectional: bool = True
+    dropout: float = 0.1
+    all_clip_norm_val: float = 10.0
+    n_epochs: int = 10
+    n_train_tokens: int | None = None
+    batch_size: int = 128
+    n_tokens_vocab: int | None = None
+    unroll_steps: int = 20
+    n_negative_samples_batch: int = 8192
+
+
+@dataclass(frozen=True)
+class ElmoConfig:
+    """A whole biLM architecture.
+
+    Shape: a token's representation is ``projection_dim`` (P) wide; the biLM returns L+1 layers
+    of width 2P, layer 0 being the token representation duplicated ``[x; x]``.
+    """
+
+    char_cnn: CharCnnConfig = field(default_factory=CharCnnConfig)
+    lstm: LstmConfig = field(default_factory=LstmConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @property
+    def output_dim(self) -> int:
+        return 2 * self.lstm.projection_dim
+
+    @property
+    def n_output_layers(self) -> int:
+        return self.lstm.n_layers + 1
+
+    # ---- options.json ---------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, options: dict[str, Any], source: str = "options") -> "ElmoConfig":
+        return _from_options(options, source)
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "ElmoConfig":
+        path = Path(path)
+        try:
+            options = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: options file not found") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: not valid JSON ({e})") from None
+        return _from_options(options, str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        cc, ls = self.char_cnn, self.lstm
+        out: dict[str, Any] = {
+            "lstm": {
+                "dim": ls.dim,
+                "projection_dim": ls.projection_dim,
+                "n_layers": ls.n_layers,
+                "cell_clip": ls.cell_clip if ls.cell_clip is not None else 0,
+                "proj_clip": ls.proj_clip if ls.proj_clip is not None else 0,
+                "use_skip_connections": ls.use_skip_connections,
+            },
+            "char_cnn": {
+                "embedding": {"dim": cc.embedding_dim},
+                "filters": [list(f) for f in cc.filters],
+                "n_highway": cc.n_highway,
+                "n_characters": cc.n_characters,
+                "max_characters_per_token": cc.max_characters_per_token,
+                "activation": cc.activation,
+            },
+        }
+        # bilm-tf writes its training keys beside the architecture; AllenNLP ignores them.
+        out.update({k: v for k, v in asdict(self.training).items() if v is not None})
+        return out
+
+    def to_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+    def with_training(self, **kw: Any) -> "ElmoConfig":
+        return replace(self, training=replace(self.training, **kw))
+
+
+# ---- parsing ----------------------------------------------------------------------------------
+_LSTM_KEYS = {f.name for f in fields(LstmConfig)}
+_CHAR_KEYS = {"embedding", "filters", "n_highway", "n_characters", "max_characters_per_token", "activation"}
+_TRAIN_KEYS = {f.name for f in fields(TrainingConfig)}
+
+
+def _check_type(value: Any, types: tuple[type, ...], where: str) -> Any:
+    if isinstance(value, bool) and bool not in types:
+        raise ConfigError(f"{where}: expected {'/'.join(t.__name__ for t in types)}, got {value!r}")
+    if not isinstance(value, types):
+        raise ConfigError(f"{where}: expected {'/'.join(t.__name__ for t in types)}, got {value!r}")
+    return value
+
+
+def _unknown(keys: set[str], allowed: set[str], where: str) -> None:
+    extra = sorted(keys - allowed)
+    if extra:
+        raise ConfigError(f"{where}: unknown key(s) {extra}; allowed: {sorted(allowed)}")
+
+
+def _clip(value: Any, where: str) -> float | None:
+    if value is None:
+        return None
+    _check_type(value, (int, float), where)
+    return float(value) if value > 0 else None
+
+
+def _parse_lstm(d: Any, where: str) -> LstmConfig:
+    _check_type(d, (dict,), where)
+    _unknown(set(d), _LSTM_KEYS, where)
+    kw: dict[str, Any] = {}
+    for k in ("dim", "projection_dim", "n_layers"):
+        if k in d:
+            kw[k] = _check_type(d[k], (int,), f"{where}.{k}")
+    for k in ("cell_clip", "proj_clip"):
+        if k in d:
+            kw[k] = _clip(d[k], f"{where}.{k}")
+    if "use_skip_connections" in d:
+        kw["use_skip_connections"] = _check_type(d["use_skip_connections"], (bool,), f"{where}.use_skip_connections")
+    if "projection_dim" not in kw and "dim" in kw:
+        kw["projection_dim"] = kw["dim"]  # bilm-tf: no projection when projection_dim is absent
+    return LstmConfig(**kw)
+
+
+def _parse_filters(value: Any, where: str) -> tuple[tuple[int, int], ...]:
+    _check_type(value, (list, tuple), where)
+    out = []
+    for i, f in enumerate(value):
+        if not (isinstance(f, (list, tuple)) and len(f) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in f)):
+            raise ConfigError(f"{where}[{i}]: expected [width, n_filters] integers, got {f!r}")
+        out.append((int(f[0]), int(f[1])))
+    return tuple(out)
+
+
+def _parse_char_cnn(d: Any, where: str) -> CharCnnConfig:
+    _check_type(d, (dict,), where)
+    _unknown(set(d), _CHAR_KEYS, where)
+    kw: dict[str, Any] = {}
+    if "embedding" in d:
+        emb = _check_type(d["embedding"], (dict,), f"{where}.embedding")
+        _unknown(set(emb), {"dim"}, f"{where}.embedding")
+        if "dim" in emb:
+            kw["embedding_dim"] = _check_type(emb["dim"], (int,), f"{where}.embedding.dim")
+    if "filters" in d:
+        kw["filters"] = _parse_filters(d["filters"], f"{where}.filters")
+    for k in ("n_highway", "n_characters", "max_characters_per_token"):
+        if k in d:
+            kw[k] = _check_type(d[k], (int,), f"{where}.{k}")
+    if "activation" in d:
+        kw["activation"] = _check_type(d["activation"], (str,), f"{where}.activation")
+    return CharCnnConfig(**kw)
+
+
+def _parse_training(d: dict[str, Any], where: str) -> TrainingConfig:
+    kw: dict[str, Any] = {}
+    types: dict[str, tuple[type, ...]] = {
+        "bidirectional": (bool,), "dropout": (int, float), "all_clip_norm_val": (int, float),
+        "n_epochs": (int,), "n_train_tokens": (int, type(None)), "batch_size": (int,),
+        "n_tokens_vocab": (int, type(None)), "unroll_steps": (int,), "n_negative_samples_batch": (int,),
+    }
+    for k in _TRAIN_KEYS & set(d):
+        kw[k] = _check_type(d[k], types[k], f"{where}.{k}")
+        if k in ("dropout", "all_clip_norm_val"):
+            kw[k] = float(kw[k])
+    return TrainingConfig(**kw)
+
+
+def _from_options(options: Any, source: str) -> ElmoConfig:
+    _check_type(options, (dict,), source)
+    _unknown(set(options), {"lstm", "char_cnn"} | _TRAIN_KEYS, source)
+    if "char_cnn" not in options:
+        raise ConfigError(f"{source}: no 'char_cnn' section; only character-based ELMo models are supported")
+    if "lstm" not in options:
+        raise ConfigError(f"{source}: no 'lstm' section")
+    return ElmoConfig(
+        char_cnn=_parse_char_cnn(options["char_cnn"], f"{source}: char_cnn"),
+        lstm=_parse_lstm(options["lstm"], f"{source}: lstm"),
+        training=_parse_training(options, source),
+    )
+
+
+# ---- validation -------------------------------------------------------------------------------
+def _positive(value: int, where: str) -> None:
+    if value <= 0:
+        raise ConfigError(f"{where} must be positive, got {value}")
+
+
+def _validate(cfg: ElmoConfig) -> None:
+    cc, ls, tr = cfg.char_cnn, cfg.lstm, cfg.training
+    _positive(cc.embedding_dim, "char_cnn.embedding.dim")
+    if not cc.filters:
+        raise ConfigError("char_cnn.filters must list at least one [width, n_filters]")
+    for w, n in cc.filters:
+        _positive(w, "char_cnn.filters width")
+        _positive(n, "char_cnn.filters n_filters")
+        if w > cc.max_characters_per_token:
+            raise ConfigError(f"char_cnn.filters width {w} exceeds max_characters_per_token {cc.max_characters_per_token}")
+    if cc.n_highway < 0:
+        raise ConfigError(f"char_cnn.n_highway must be >= 0, got {cc.n_highway}")
+    if cc.n_characters not in (261, 262):
+        raise ConfigError(f"char_cnn.n_characters must be 262 (or 261 as bilm-tf trains), got {cc.n_characters}")
+    if cc.max_characters_per_token < 3:
+        raise ConfigError(f"char_cnn.max_characters_per_token must be >= 3, got {cc.max_characters_per_token}")
+    if cc.activation not in ACTIVATIONS:
+        raise ConfigError(f"char_cnn.activation must be one of {ACTIVATIONS}, got {cc.activation!r}")
+    for k in ("dim", "projection_dim", "n_layers"):
+        _positive(getattr(ls, k), f"lstm.{k}")
+    if not tr.bidirectional:
+        raise ConfigError("bidirectional: false is not supported; ELMo is a biLM")
+    if not 0.0 <= tr.dropout < 1.0:
+        raise ConfigError(f"dropout must be in [0, 1), got {tr.dropout}")

@@ -1,0 +1,90 @@
+"""The user-facing API: sentences in, ELMo vectors out, whatever the backend."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from elmo_core import batch_to_ids
+from elmo_core.chars import check_sentences
+from elmo_core.errors import InputError
+
+from .backends import Backend, TorchBackend
+from .outputs import check_output, reduce_layers
+
+BACKENDS = ("torch", "onnx", "tensorrt")
+
+
+class Embedder:
+    """Embeds tokenized sentences with a backend.
+
+    Stateless backends see length-sorted batches (less padding) and results come back in input
+    order; a stateful backend sees the sentences in the order given, ``batch_size`` rows a call.
+    """
+
+    def __init__(self, backend: Backend, batch_size: int = 64) -> None:
+        self.backend = backend
+        self.batch_size = batch_size
+        self.config = backend.config
+
+    @classmethod
+    def from_files(cls, options: str | Path, weights: str | Path | None = None, backend: str = "torch",
+                   stateful: bool = False, batch_size: int = 64, threads: int | None = None) -> "Embedder":
+        """Published ELMo files (options.json + weights .hdf5), or a model directory as ``options``."""
+        if backend != "torch":
+            raise InputError(f"from_files builds the torch backend; for {backend!r} use its export directory "
+                             f"(Embedder.from_onnx / from_tensorrt)")
+        return cls(TorchBackend.from_files(options, weights, stateful=stateful, threads=threads), batch_size)
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self) -> "Embedder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def stateful(self) -> bool:
+        return getattr(self.backend, "stateful", None) is not None
+
+    def embed_batch(self, sentences: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
+        """One backend call. Shape: B sentences -> layers (B, L+1, T, 2P), mask (B, T)."""
+        ids = batch_to_ids(sentences, self.config.char_cnn.max_characters_per_token)
+        if ids.shape[1] == 0:
+            L1, D = self.config.n_output_layers, self.config.output_dim
+            return np.zeros((len(sentences), L1, 0, D), np.float32), np.zeros((len(sentences), 0), bool)
+        return self.backend.run(ids)
+
+    def _batches(self, sentences: Sequence[Sequence[str]], batch_size: int) -> Iterator[list[int]]:
+        if self.stateful:
+            order = list(range(len(sentences)))
+        else:
+            order = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))
+        for start in range(0, len(order), batch_size):
+            yield order[start : start + batch_size]
+
+    def embed_sentences(self, sentences: Sequence[Sequence[str]], batch_size: int | None = None,
+                        output: str = "all", mix_weights: Sequence[float] | None = None, gamma: float = 1.0,
+                        layer_norm: bool = False) -> list[np.ndarray]:
+        """Vectors of each sentence, in input order.
+
+        ``output``: 'all' gives (L+1, T_i, 2P) per sentence; 'top', 'average' and 'mixed' give
+        (T_i, 2P). ``mix_weights`` are the scalar mix's unnormalised s (softmax applied).
+        An empty sentence gives an empty array.
+        """
+        check_sentences(sentences)
+        check_output(output, self.config.n_output_layers, mix_weights)
+        batch_size = batch_size or self.batch_size
+        if batch_size <= 0:
+            raise InputError(f"batch_size must be positive, got {batch_size}")
+        results: list[np.ndarray | None] = [None] * len(sentences)
+        for rows in self._batches(sentences, batch_size):
+            layers, mask = self.embed_batch([sentences[i] for i in rows])
+            reduced = reduce_layers(layers, mask, output, mix_weights, gamma, layer_norm)
+            for k, i in enumerate(rows):
+                n = len(sentences[i])
+                results[i] = np.ascontiguousarray(reduced[k, :, :n] if output == "all" else reduced[k, :n])
+        return results  # type: ignore[return-value]
