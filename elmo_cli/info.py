@@ -20,13 +20,14 @@ def describe(model_path: str, weights: str | None = None) -> dict:
     files = resolve_model(model_path, weights)
     model = load_bilm(files.options, files.weights)
     cfg = model.config
-    enc = sum(p.numel() for p in model.encoder.parameters())
+    pad_row = cfg.char_cnn.embedding_dim  # the all-zero padding row of char_embed is no weight of the file
+    enc = count_parameters(model.encoder) - pad_row
     return {
         "options": str(files.options), "weights": str(files.weights), "format": files.format,
         "weights_sha256": file_sha256(files.weights),
         "architecture": cfg.to_dict(),
         "output_layers": cfg.n_output_layers, "output_dim": cfg.output_dim,
-        "parameters": {"total": count_parameters(model), "char_cnn": enc, "lstm": count_parameters(model.lstm)},
+        "parameters": {"total": count_parameters(model) - pad_row, "char_cnn": enc, "lstm": count_parameters(model.lstm)},
     }
 
 

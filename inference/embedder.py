@@ -77,7 +77,7 @@ class Embedder:
         """
         check_sentences(sentences)
         check_output(output, self.config.n_output_layers, mix_weights)
-        batch_size = batch_size or self.batch_size
+        batch_size = self.batch_size if batch_size is None else batch_size
         if batch_size <= 0:
             raise InputError(f"batch_size must be positive, got {batch_size}")
         results: list[np.ndarray | None] = [None] * len(sentences)

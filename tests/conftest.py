@@ -1,6 +1,11 @@
 from __future__ import annotations
 
 import copy
+import os
+
+# Tests run tiny models, often beside other processes (Ray workers, DDP ranks): OpenMP spinning
+# on 2 cores then costs far more than it gives. Benchmarks set their own thread counts.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 from pathlib import Path
 
 import pytest
@@ -28,9 +33,12 @@ def tiny_options(**overrides) -> dict:
     return opts
 
 
-def make_model_dir(path: Path, options: dict, seed: int = 0, fmt: str = "hdf5") -> Path:
+def make_model_dir(path: Path, options: dict, seed: int = 0, fmt: str = "hdf5", lstm_scale: float = 1.0) -> Path:
+    """A random model in ``path``; ``lstm_scale`` > 1 drives cells and projections past the clips."""
     model = init_bilm(BiLM(ElmoConfig.from_dict(options)), seed=seed)
     with torch.no_grad():  # random biases too, so every parameter matters
+        for w in (model.lstm.w_input, model.lstm.w_state, model.lstm.w_proj):
+            w.mul_(lstm_scale)
         g = torch.Generator().manual_seed(seed + 1)
         model.lstm.bias.normal_(0, 0.5, generator=g)
         model.encoder.proj_bias.normal_(0, 0.5, generator=g)

@@ -1,0 +1,126 @@
+"""The biLM against a straightforward float64 implementation, for every option, and its invariances."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from elmo_core import InputError, StatefulBiLM, batch_to_ids, load_bilm
+
+from .conftest import SENTENCES, TINY_OPTIONS, make_model_dir, tiny_options
+from .reference_impl import ReferenceElmo
+
+VARIANTS = {
+    "default": TINY_OPTIONS,
+    "no_skip": tiny_options(lstm__use_skip_connections=False),
+    "tanh": tiny_options(char_cnn__activation="tanh"),
+    "one_layer": tiny_options(lstm__n_layers=1),
+    "three_layers": tiny_options(lstm__n_layers=3),
+    "no_clipping": tiny_options(lstm__cell_clip=0, lstm__proj_clip=0),
+    "no_highway": tiny_options(char_cnn__n_highway=0),
+    "no_projection_size_change": tiny_options(lstm__dim=8, lstm__projection_dim=8),
+}
+
+
+def _run(model, sentences):
+    with torch.inference_mode():
+        out = model.run(torch.from_numpy(batch_to_ids(sentences)))
+    return out.layers.numpy(), out.mask.numpy()
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_matches_reference_for_every_option(name, tmp_path):
+    options = VARIANTS[name]
+    model_dir = make_model_dir(tmp_path / name, options, seed=3, lstm_scale=2.0)
+    model = load_bilm(model_dir)
+    ref = ReferenceElmo(options, str(model_dir / "weights.hdf5"))
+    layers, mask = _run(model, SENTENCES)
+    assert layers.shape == (len(SENTENCES), options["lstm"]["n_layers"] + 1, max(map(len, SENTENCES)),
+                            2 * options["lstm"]["projection_dim"])
+    for b, sent in enumerate(SENTENCES):
+        want = ref.layers(sent)  # (L+1, n, 2P)
+        np.testing.assert_allclose(layers[b, :, : len(sent)], want, atol=1e-5, rtol=1e-5)
+        assert mask[b].sum() == len(sent)
+        assert not layers[b, :, len(sent):].any(), "padded positions must be zero"
+
+
+def test_variants_really_differ(tmp_path):
+    """Each option changes the output (so the parametrised test above exercises it)."""
+    outs = {}
+    for name in ("default", "no_skip", "tanh", "no_clipping", "no_highway"):
+        model = load_bilm(make_model_dir(tmp_path / name, VARIANTS[name], seed=3, lstm_scale=2.0))
+        outs[name] = _run(model, SENTENCES[:1])[0][0, -1]
+    for name in ("no_skip", "tanh", "no_clipping", "no_highway"):
+        assert np.abs(outs[name] - outs["default"]).max() > 1e-3, name
+    P = TINY_OPTIONS["lstm"]["projection_dim"]
+    assert np.abs(outs["default"][:, :P]).max() <= 3 * 2 + 1e-6  # clipped projection plus residual
+    assert np.abs(outs["no_clipping"]).max() > 3.0
+
+
+def test_batch_invariance(tiny_dir):
+    model = load_bilm(tiny_dir)
+    together, _ = _run(model, SENTENCES)
+    for b, sent in enumerate(SENTENCES):
+        alone, _ = _run(model, [sent])
+        np.testing.assert_allclose(together[b, :, : len(sent)], alone[0], atol=1e-5, rtol=0)
+    shuffled = [SENTENCES[i] for i in (4, 2, 0, 3, 1)]
+    again, _ = _run(model, shuffled + [["extra", "padding", "row"] * 9])
+    for k, i in enumerate((4, 2, 0, 3, 1)):
+        n = len(SENTENCES[i])
+        np.testing.assert_allclose(again[k, :, :n], together[i, :, :n], atol=1e-5, rtol=0)
+
+
+def test_dedup_gives_the_same_token_layer(tiny_dir):
+    model = load_bilm(tiny_dir)
+    ids = torch.from_numpy(batch_to_ids(SENTENCES + [["the", "the", "The", "cat"]]))
+    with torch.inference_mode():
+        a = model.run(ids, dedup=True).layers
+        b = model.run(ids, dedup=False).layers
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_layer0_is_token_representation_twice(tiny_dir):
+    model = load_bilm(tiny_dir)
+    layers, _ = _run(model, SENTENCES[:2])
+    P = TINY_OPTIONS["lstm"]["projection_dim"]
+    np.testing.assert_array_equal(layers[:, 0, :, :P], layers[:, 0, :, P:])
+
+
+def test_keep_boundaries(tiny_dir):
+    model = load_bilm(tiny_dir)
+    with torch.inference_mode():
+        out = model.run(torch.from_numpy(batch_to_ids([["a", "b"], ["c"]])), keep_boundaries=True)
+    assert out.layers.shape[2] == 4 and out.mask.sum(1).tolist() == [4, 3]
+    bos = out.layers[0, 0, 0]
+    torch.testing.assert_close(out.layers[1, 0, 0], bos)  # <S> has the same representation everywhere
+    torch.testing.assert_close(out.layers[0, 0, 3], out.layers[1, 0, 2])  # and so has </S>
+
+
+def test_stateful_carries_state_and_reset_clears_it(tiny_dir):
+    model = load_bilm(tiny_dir)
+    ids = torch.from_numpy(batch_to_ids(SENTENCES[:2]))
+    st = StatefulBiLM(model)
+    with torch.inference_mode():
+        first = st.run(ids).layers
+        second = st.run(ids).layers
+        st.reset()
+        third = st.run(ids).layers
+    torch.testing.assert_close(first, third)
+    assert (first[:, 1:] - second[:, 1:]).abs().max() > 1e-4
+    torch.testing.assert_close(first[:, 0], second[:, 0])  # the token layer has no state
+
+
+def test_non_left_aligned_ids_are_an_error(tiny_dir):
+    model = load_bilm(tiny_dir)
+    ids = batch_to_ids([["a", "b", "c"]])
+    ids[0, 1] = 0
+    with pytest.raises(InputError, match="left-aligned"):
+        model.run(torch.from_numpy(ids))
+
+
+def test_gradients_flow_in_training_mode(tiny_dir):
+    model = load_bilm(tiny_dir).train()
+    out = model.run(torch.from_numpy(batch_to_ids(SENTENCES)))
+    out.layers.sum().backward()
+    assert model.lstm.w_state.grad is not None and model.lstm.w_state.grad.abs().sum() > 0
+    assert model.encoder.char_embed.grad[0].abs().sum() == 0  # the padding row never learns

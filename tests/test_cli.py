@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from elmo_cli.main import main
+
+
+def test_info_prints_architecture_and_parameter_count(fixture_dir, capsys):
+    assert main(["info", str(fixture_dir / "options.json"), str(fixture_dir / "lm_weights.hdf5"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    # Summed by hand from the hdf5 shapes: char_embed 1,044 + CNN 2,188 + highway 62,000 + proj 2,000 + LSTM 37,888.
+    assert info["parameters"]["total"] == 105120
+    assert info["architecture"]["lstm"]["dim"] == 64 and info["output_layers"] == 3
+
+
+def test_info_on_a_bad_model_exits_2_with_a_message(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "elmo_cli", "info", str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert "no options.json" in r.stderr
+
+
+def test_console_script_is_installed(tiny_dir):
+    elmo = Path(sys.executable).parent / "elmo"
+    r = subprocess.run([str(elmo), "info", str(tiny_dir)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "params" in r.stdout and "2 layers, cell 24, projection 8" in r.stdout

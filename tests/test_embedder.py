@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from elmo_core import InputError
+from inference import Embedder
+
+from .conftest import SENTENCES, TINY_OPTIONS
+from .reference_impl import ReferenceElmo
+
+L1, D = TINY_OPTIONS["lstm"]["n_layers"] + 1, 2 * TINY_OPTIONS["lstm"]["projection_dim"]
+
+
+@pytest.fixture
+def emb(tiny_dir):
+    return Embedder.from_files(tiny_dir / "options.json", tiny_dir / "weights.hdf5")
+
+
+def test_all_layers_per_sentence_in_input_order(emb, tiny_dir):
+    ref = ReferenceElmo(TINY_OPTIONS, str(tiny_dir / "weights.hdf5"))
+    out = emb.embed_sentences(SENTENCES, batch_size=2)
+    assert [o.shape for o in out] == [(L1, len(s), D) for s in SENTENCES]
+    for o, s in zip(out, SENTENCES):
+        assert o.dtype == np.float32
+        np.testing.assert_allclose(o, ref.layers(s), atol=1e-5, rtol=1e-5)
+
+
+def test_batch_size_does_not_change_results(emb):
+    a = emb.embed_sentences(SENTENCES, batch_size=1)
+    b = emb.embed_sentences(SENTENCES, batch_size=64)
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x, y, atol=1e-5, rtol=0)
+
+
+def test_output_modes(emb):
+    layers = emb.embed_sentences(SENTENCES)
+    s = [0.2, 0.3, 0.5]
+    w = np.exp(s) / np.exp(s).sum()
+    mixed = emb.embed_sentences(SENTENCES, output="mixed", mix_weights=s, gamma=0.7)
+    top = emb.embed_sentences(SENTENCES, output="top")
+    avg = emb.embed_sentences(SENTENCES, output="average")
+    equal = emb.embed_sentences(SENTENCES, output="mixed")
+    for lay, m, t, a, e in zip(layers, mixed, top, avg, equal):
+        assert m.shape == (lay.shape[1], D)
+        np.testing.assert_allclose(m, 0.7 * np.einsum("l,ltd->td", w, lay), atol=1e-6)
+        np.testing.assert_array_equal(t, lay[-1])
+        np.testing.assert_allclose(a, lay.mean(0), atol=1e-6)
+        np.testing.assert_allclose(e, lay.mean(0), atol=1e-6)
+
+
+def test_layer_norm_mix_is_the_originals(emb):
+    """bilm-tf's weight_layers(use_layer_norm=True): one mean/variance over the unmasked values of each layer."""
+    sents = SENTENCES[:2]
+    layers = emb.embed_sentences(sents)
+    got = emb.embed_sentences(sents, output="mixed", layer_norm=True, batch_size=8)
+    normed = []
+    for j in range(L1):
+        vals = np.concatenate([lay[j].ravel() for lay in layers])
+        mean, var = vals.mean(), vals.var()
+        normed.append([(lay[j] - mean) / np.sqrt(var + 1e-12) for lay in layers])
+    for k in range(len(sents)):
+        want = sum(normed[j][k] for j in range(L1)) / L1
+        np.testing.assert_allclose(got[k], want, atol=1e-5)
+
+
+def test_empty_sentences_give_empty_arrays(emb):
+    out = emb.embed_sentences([[], ["word"], []], output="all")
+    assert out[0].shape == (L1, 0, D) and out[2].shape == (L1, 0, D) and out[1].shape == (L1, 1, D)
+    assert emb.embed_sentences([[]], output="mixed")[0].shape == (0, D)
+    assert emb.embed_sentences([]) == []
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"output": "bogus"}, "output must be one of"),
+    ({"output": "mixed", "mix_weights": [1.0, 2.0]}, "expected 3 values"),
+    ({"batch_size": 0}, "batch_size must be positive"),
+])
+def test_bad_arguments(emb, kwargs, message):
+    with pytest.raises(InputError, match=message):
+        emb.embed_sentences(SENTENCES, **kwargs)
+
+
+def test_bad_sentences(emb):
+    with pytest.raises(InputError, match="sentence 1 is str"):
+        emb.embed_sentences([["ok"], "not tokenized"])
+    with pytest.raises(InputError, match="token 1 is float"):
+        emb.embed_sentences([["ok", 1.5]])
+
+
+def test_from_files_rejects_other_backends(tiny_dir):
+    with pytest.raises(InputError, match="export directory"):
+        Embedder.from_files(tiny_dir / "options.json", tiny_dir / "weights.hdf5", backend="onnx")
+
+
+def test_model_directory_works_as_options(tiny_dir):
+    with Embedder.from_files(tiny_dir) as e:
+        assert e.embed_sentences([["hi"]], output="top")[0].shape == (1, D)

@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import shutil
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from elmo_core import WeightsError, batch_to_ids, load_bilm, save_model
+from elmo_core.model_io import resolve_model
+
+from .conftest import SENTENCES, tiny_options
+
+
+def _datasets(path):
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda n, o: out.__setitem__(n, o[...]) if isinstance(o, h5py.Dataset) else None)
+    return out
+
+
+def test_hdf5_round_trip_is_bit_exact(fixture_dir, tmp_path):
+    model = load_bilm(fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5")
+    save_model(model, tmp_path)
+    original, written = _datasets(fixture_dir / "lm_weights.hdf5"), _datasets(tmp_path / "weights.hdf5")
+    assert set(original) == set(written)
+    for name in original:
+        assert original[name].dtype == written[name].dtype, name
+        assert original[name].tobytes() == written[name].tobytes(), name
+
+
+def test_safetensors_round_trip(tiny_dir, tmp_path):
+    model = load_bilm(tiny_dir)
+    save_model(model, tmp_path / "native", fmt="safetensors")
+    assert resolve_model(tmp_path / "native").format == "safetensors"
+    again = load_bilm(tmp_path / "native")
+    ids = torch.from_numpy(batch_to_ids(SENTENCES))
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids)[0], again(ids)[0], atol=0, rtol=0)
+
+
+def test_mismatched_options_name_dataset_and_shapes(tiny_dir, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(tiny_dir / "weights.hdf5", other / "weights.hdf5")
+    import json
+    (other / "options.json").write_text(json.dumps(tiny_options(lstm__dim=32)))
+    with pytest.raises(WeightsError, match=r"'RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0' has shape \(16, 96\), expected \(16, 128\)"):
+        load_bilm(other)
+
+
+def test_missing_dataset(tiny_dir):
+    with h5py.File(tiny_dir / "weights.hdf5", "a") as f:
+        del f["CNN_proj/b_proj"]
+    with pytest.raises(WeightsError, match="'CNN_proj/b_proj' is missing"):
+        load_bilm(tiny_dir)
+
+
+def test_truncated_file(tiny_dir):
+    path = tiny_dir / "weights.hdf5"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(WeightsError, match="weights.hdf5"):
+        load_bilm(tiny_dir)
+
+
+def test_not_hdf5_and_missing_files(tmp_path, tiny_dir):
+    (tiny_dir / "weights.hdf5").write_text("hello")
+    with pytest.raises(WeightsError, match="not a readable HDF5 file"):
+        load_bilm(tiny_dir)
+    with pytest.raises(WeightsError, match="not a model directory"):
+        load_bilm(tmp_path / "nowhere")
+    with pytest.raises(WeightsError, match="weights file not found"):
+        load_bilm(tiny_dir / "options.json", tmp_path / "missing.hdf5")
+
+
+def test_corrupt_safetensors(tiny_dir, tmp_path):
+    save_model(load_bilm(tiny_dir), tmp_path / "n", fmt="safetensors")
+    (tmp_path / "n" / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(WeightsError, match="cannot read safetensors"):
+        load_bilm(tmp_path / "n")
+
+
+def test_padding_row_written_without_it(tiny_dir):
+    emb = _datasets(tiny_dir / "weights.hdf5")["char_embed"]
+    assert emb.shape == (261, 4)
+    model = load_bilm(tiny_dir)
+    assert not model.encoder.char_embed[0].any()
+    np.testing.assert_array_equal(model.encoder.char_embed[1:].detach().numpy(), emb)
