@@ -19,11 +19,14 @@ from .lstm import BiLstmStack, LstmState
 
 @dataclass
 class BiLMOutput:
-    """Shape: layers (B, L+1, T, 2P) zero at padding, mask (B, T) bool; state is per row."""
+    """Shape: layers (B, L+1, T, 2P) zero at padding, mask (B, T) bool.
+
+    ``state`` is each row's final (h, c), returned when a start state was given (stateful use).
+    """
 
     layers: torch.Tensor
     mask: torch.Tensor
-    state: LstmState
+    state: LstmState | None
 
 
 class BiLM(nn.Module):
@@ -75,7 +78,8 @@ class BiLM(nn.Module):
         tokens = self.embed_tokens(char_ids, mask, dedup)  # (B, T, P)
         x = self._with_boundaries(tokens, lengths)  # (B, T+2, P)
         full_mask = torch.arange(T + 2, device=x.device)[None, :] < (lengths + 2)[:, None]  # (B, T+2)
-        lstm_layers, new_state = self.lstm(x, lengths + 2, state)  # L x (B, T+2, 2P)
+        shortcut = state is None and not keep_boundaries  # the boundary outputs are dropped anyway
+        lstm_layers, new_state = self.lstm(x, lengths + 2, state, boundary_shortcut=shortcut)  # L x (B, T+2, 2P)
         m = full_mask[:, :, None].to(x.dtype)  # (B, T+2, 1)
         layers = torch.stack([torch.cat([x, x], dim=-1) * m] + [h * m for h in lstm_layers], dim=1)  # (B, L+1, T+2, 2P)
         if keep_boundaries:

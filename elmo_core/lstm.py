@@ -45,6 +45,23 @@ def lstm_step(gates: torch.Tensor, c_prev: torch.Tensor, w_proj: torch.Tensor,
     return h, c
 
 
+def lstm_step_inplace(gates: torch.Tensor, c_prev: torch.Tensor, w_proj: torch.Tensor,
+                      cell_clip: float | None, proj_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``lstm_step`` for inference, overwriting ``gates`` to save memory passes. Same shapes."""
+    C = c_prev.shape[-1]
+    gates[..., :C].sigmoid_()  # i
+    gates[..., C : 2 * C].tanh_()  # j
+    gates[..., 2 * C :].sigmoid_()  # f, o
+    i, j, f, o = gates.chunk(4, dim=-1)  # (D, N, C) each
+    c = torch.addcmul(f * c_prev, i, j)  # (D, N, C)
+    if cell_clip is not None:
+        c.clamp_(-cell_clip, cell_clip)
+    h = torch.bmm(o.mul_(torch.tanh(c)), w_proj)  # (D, N, P)
+    if proj_clip is not None:
+        h.clamp_(-proj_clip, proj_clip)
+    return h, c
+
+
 def reverse_index(lengths: torch.Tensor, t_max: int) -> torch.Tensor:
     """Index that reverses each row within its length and leaves padding in place (self-inverse).
 
@@ -85,61 +102,101 @@ class BiLstmStack(nn.Module):
         w = self.w_input
         return LstmState(w.new_zeros(L, 2, batch, P), w.new_zeros(L, 2, batch, C))
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor,
-                state: LstmState | None = None) -> tuple[list[torch.Tensor], LstmState]:
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, state: LstmState | None = None,
+                boundary_shortcut: bool = False) -> tuple[list[torch.Tensor], LstmState | None]:
         """Run every layer over length-masked rows.
+
+        ``boundary_shortcut`` (stateless, rows framed by <S> ... </S>): each direction's first
+        step sees the same boundary token from a zero state in every row, so it runs once and is
+        shared; its last step (the other boundary) feeds nothing that is kept, so it is skipped.
+        Outputs at that last position are then zero and no final state is returned.
 
         Shape: x (B, T, P) zero at padding, lengths (B,) -> L tensors (B, T, 2P), final state.
         """
         B, T, _ = x.shape
-        order = torch.argsort(lengths, descending=True, stable=True)  # (B,)
-        lengths_sorted = lengths[order]
-        rev = reverse_index(lengths_sorted, T)  # (T, B)
-        fwd = x[order].transpose(0, 1)  # (T, B, P)
-        xs = torch.stack([fwd, _reverse(fwd, rev)])  # (2, T, B, P)
-        active = [int(n) for n in (lengths_sorted[None, :] > torch.arange(T)[:, None]).sum(1).tolist()]
+        shortcut = boundary_shortcut and state is None and B > 0 and bool((lengths >= 2).all())
+        pack = _Packing(lengths, T, shared_first=shortcut)
+        xs = pack.pack(x)  # (2, N, P): both directions, real positions only
         state = state if state is not None else self.zero_state(B)
-        h0, c0 = state.h[:, :, order], state.c[:, :, order]  # (L, 2, B, P), (L, 2, B, C)
+        h0, c0 = state.h[:, :, pack.order], state.c[:, :, pack.order]  # (L, 2, B, P), (L, 2, B, C)
         outputs, h_fin, c_fin = [], [], []
         for layer in range(self.cfg.n_layers):
             if self.training and self.dropout > 0:
                 xs = nn.functional.dropout(xs, self.dropout, training=True)
-            out, h, c = self._run_layer(layer, xs, active, h0[layer], c0[layer])  # (2, T, B, P)
+            out, h, c = self._run_layer(layer, xs, pack, h0[layer], c0[layer])  # (2, N, P)
             if layer > 0 and self.cfg.use_skip_connections:
                 out = out + xs  # residual: the layer's input is added to its output
             outputs.append(out)
             h_fin.append(h)
             c_fin.append(c)
             xs = out
-        inverse = torch.argsort(order)
-        layers = [self._to_batch_major(o, rev)[inverse] for o in outputs]  # [(B, T, 2P)]
-        final = LstmState(torch.stack(h_fin)[:, :, inverse], torch.stack(c_fin)[:, :, inverse])
+        layers = [pack.unpack(o) for o in outputs]  # [(B, T, 2P)]
+        if shortcut:
+            return layers, None
+        final = LstmState(torch.stack(h_fin)[:, :, pack.inverse], torch.stack(c_fin)[:, :, pack.inverse])
         return layers, final
 
-    @staticmethod
-    def _to_batch_major(out: torch.Tensor, rev: torch.Tensor) -> torch.Tensor:
-        """Shape: (2, T, B, P) -> (B, T, 2P), the backward half put back in reading order."""
-        both = torch.cat([out[0], _reverse(out[1], rev)], dim=-1)  # (T, B, 2P)
-        return both.transpose(0, 1)
-
-    def _run_layer(self, layer: int, xs: torch.Tensor, active: list[int], h: torch.Tensor,
+    def _run_layer(self, layer: int, xs: torch.Tensor, pack: "_Packing", h: torch.Tensor,
                    c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Shape: xs (2, T, B, P), h (2, B, P), c (2, B, C) -> out (2, T, B, P), h, c."""
-        D, T, B, P = xs.shape
+        """Shape: xs (2, N, P), h (2, B, P), c (2, B, C) -> out (2, N, P), h, c."""
         bias = (self.bias[layer] + self.forget_offset)[:, None, :]  # (2, 1, 4C)
-        gx = torch.baddbmm(bias, xs.reshape(D, T * B, P), self.w_input[layer])  # (2, T*B, 4C)
-        gx = gx.view(D, T, B, -1)  # (2, T, B, 4C)
+        gx = torch.baddbmm(bias, xs, self.w_input[layer])  # (2, N, 4C): every step's input part at once
         w_state, w_proj = self.w_state[layer], self.w_proj[layer]
-        out = xs.new_zeros(D, T, B, P)  # (2, T, B, P)
         clips = (self.cfg.cell_clip, self.cfg.proj_clip)
-        for t in range(T):
-            n = active[t]
-            if n == 0:
-                break
-            gates = torch.baddbmm(gx[:, t, :n], h[:, :n], w_state)  # (2, n, 4C)
-            h_new, c_new = lstm_step(gates, c[:, :n], w_proj, *clips)
-            out[:, t, :n] = h_new
+        step = lstm_step if torch.is_grad_enabled() else lstm_step_inplace
+        B, outs = h.shape[1], []
+        for start, n in pack.steps:
+            gates = torch.baddbmm(gx[:, start : start + n], h[:, :n], w_state)  # (2, n, 4C)
+            h_new, c_new = step(gates, c[:, :n], w_proj, *clips)
+            outs.append(h_new)
             # Finished rows keep their state; no in-place update, so autograd works too.
-            h = h_new if n == B else torch.cat([h_new, h[:, n:]], dim=1)  # (2, B, P)
-            c = c_new if n == B else torch.cat([c_new, c[:, n:]], dim=1)  # (2, B, C)
-        return out, h, c
+            if n == B or pack.shared_first and start == 0:  # a shared first step holds for every row
+                h, c = h_new.expand_as(h), c_new.expand_as(c)
+            else:
+                h = torch.cat([h_new, h[:, n:]], dim=1)  # (2, B, P)
+                c = torch.cat([c_new, c[:, n:]], dim=1)  # (2, B, C)
+        return torch.cat(outs, dim=1), h, c
+
+
+class _Packing:
+    """Rows sorted by length, time-major, real positions only (as torch's PackedSequence).
+
+    Step t's active rows are the first n_t of the sorted batch and sit contiguously at
+    [offset_t, offset_t + n_t) of the packed axis. Direction 1 reads each row reversed within
+    its length, so both directions share the packing. With ``shared_first`` step 0 packs only
+    row 0, and unpacking copies its output to every row.
+    """
+
+    def __init__(self, lengths: torch.Tensor, t_max: int, shared_first: bool = False) -> None:
+        self.shared_first = shared_first
+        self.order = torch.argsort(lengths, descending=True, stable=True)  # (B,)
+        self.inverse = torch.argsort(self.order)  # (B,)
+        sorted_lengths = lengths[self.order]
+        self.rev = reverse_index(sorted_lengths, t_max)  # (T, B)
+        steps = sorted_lengths - 1 if shared_first else sorted_lengths  # the last step is skipped
+        real = torch.arange(t_max, device=lengths.device)[:, None] < steps[None, :]  # (T, B)
+        if shared_first:
+            real[0, 1:] = False
+        self.index = torch.nonzero(real.reshape(-1)).squeeze(1)  # (N,) into the flat (T*B) axis
+        counts = real.sum(1).tolist()
+        offsets = [0]
+        for n in counts[:-1]:
+            offsets.append(offsets[-1] + n)
+        self.steps = [(o, n) for o, n in zip(offsets, counts) if n > 0]
+        self.shape = (t_max, lengths.shape[0])
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """Shape: (B, T, P) -> (2, N, P)."""
+        fwd = x[self.order].transpose(0, 1)  # (T, B, P)
+        both = torch.stack([fwd, _reverse(fwd, self.rev)])  # (2, T, B, P)
+        return both.flatten(1, 2)[:, self.index]  # (2, N, P)
+
+    def unpack(self, packed: torch.Tensor) -> torch.Tensor:
+        """Shape: (2, N, P) -> (B, T, 2P), zero at padding, the backward half in reading order."""
+        T, B = self.shape
+        full = packed.new_zeros(2, T * B, packed.shape[-1]).index_copy(1, self.index, packed)  # (2, T*B, P)
+        if self.shared_first:
+            full[:, 1:B] = packed[:, :1]  # step 0 ran once for all rows
+        full = full.view(2, T, B, -1)
+        both = torch.cat([full[0], _reverse(full[1], self.rev)], dim=-1)  # (T, B, 2P)
+        return both.transpose(0, 1)[self.inverse]  # (B, T, 2P)

@@ -124,3 +124,14 @@ def test_gradients_flow_in_training_mode(tiny_dir):
     out.layers.sum().backward()
     assert model.lstm.w_state.grad is not None and model.lstm.w_state.grad.abs().sum() > 0
     assert model.encoder.char_embed.grad[0].abs().sum() == 0  # the padding row never learns
+
+
+def test_training_and_inference_steps_agree(tiny_dir):
+    """Inference uses an in-place LSTM step, training the functional one: same numbers."""
+    model = load_bilm(tiny_dir)
+    ids = torch.from_numpy(batch_to_ids(SENTENCES))
+    with torch.inference_mode():
+        fast = model.run(ids).layers
+    with torch.enable_grad():
+        slow = model.run(ids).layers.detach()
+    torch.testing.assert_close(fast, slow, atol=1e-6, rtol=0)

@@ -1,0 +1,132 @@
+"""biLM speed: our torch backend against AllenNLP's ELMo on the same weights and sentences, same run.
+
+Full-size published architecture (elmo_2x4096_512_2048cnn_2xhighway) with random weights written
+in the published hdf5 layout; batches of 64 real sentences of 20-30 tokens from the sotu package.
+Prints tokens/s (real tokens; boundaries not counted) for both, the ratio, our fraction of the
+fp32 bound, and the max difference of our outputs from a straightforward float64 computation.
+
+  python bench/bench_bilm.py [--threads 2] [--batches 8] [--peer /tmp/peer-allennlp/bin/python]
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from elmo_core import BiLM, ElmoConfig, batch_to_ids, save_model  # noqa: E402
+from elmo_core.init import init_bilm  # noqa: E402
+from elmo_core.text import sotu_fileids, sotu_sentences  # noqa: E402
+from inference import TorchBackend  # noqa: E402
+
+FULL_SIZE = {
+    "lstm": {"use_skip_connections": True, "projection_dim": 512, "cell_clip": 3, "proj_clip": 3,
+             "dim": 4096, "n_layers": 2},
+    "char_cnn": {"activation": "relu", "filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]],
+                 "n_highway": 2, "embedding": {"dim": 16}, "n_characters": 262, "max_characters_per_token": 50},
+}
+PEAK_FP32_FLOPS = 200e9  # this CPU, 2 threads (AVX-512)
+
+
+def flops_per_token(cfg: ElmoConfig) -> float:
+    """Multiply-adds x 2 for one real token (char-CNN once per token, LSTM both directions)."""
+    cc, ls = cfg.char_cnn, cfg.lstm
+    conv = sum(2 * cc.embedding_dim * w * n * (cc.max_characters_per_token - w + 1) for w, n in cc.filters)
+    F, P, C = cc.n_filters, ls.projection_dim, ls.dim
+    highway = cc.n_highway * 2 * F * 2 * F
+    lstm = ls.n_layers * 2 * 2 * (2 * P * 4 * C + C * P)
+    return conv + highway + 2 * F * P + lstm
+
+
+def full_size_model(workdir: Path) -> Path:
+    model_dir = workdir / "elmo_2x4096_512_2048cnn_2xhighway_random"
+    if not (model_dir / "weights.hdf5").is_file():
+        print(f"writing random full-size weights to {model_dir} ...", flush=True)
+        save_model(init_bilm(BiLM(ElmoConfig.from_dict(FULL_SIZE)), seed=0), model_dir)
+    return model_dir
+
+
+def bench_sentences(n: int) -> list[list[str]]:
+    """The first n sentences of 20-30 tokens, newest speeches first (modern English)."""
+    out = []
+    for s in sotu_sentences(list(reversed(sotu_fileids())), min_tokens=20, max_tokens=30):
+        out.append(s)
+        if len(out) == n:
+            return out
+    raise RuntimeError(f"only {len(out)} sentences of 20-30 tokens")
+
+
+def time_ours(backend: TorchBackend, batches: list[list[list[str]]]) -> tuple[float, list[np.ndarray]]:
+    backend.run(batch_to_ids(batches[0]))  # warm-up
+    ntok, outs, t0 = 0, [], time.perf_counter()
+    for b in batches[1:]:
+        layers, _ = backend.run(batch_to_ids(b))
+        outs.append(layers)
+        ntok += sum(map(len, b))
+    return ntok / (time.perf_counter() - t0), outs
+
+
+def run_peer(python: str, model_dir: Path, sent_file: Path, n_batches: int, bs: int, threads: int) -> dict[str, float]:
+    script = ROOT.parent / "shared" / "peers" / "allennlp_embed.py"
+    cmd = [python, str(script), str(model_dir / "options.json"), str(model_dir / "weights.hdf5"),
+           "--sentences", str(sent_file), "--bench", str(n_batches), "--batch-size", str(bs),
+           "--threads", str(threads), "--show", "0"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"AllenNLP peer failed:\n{r.stderr[-3000:]}")
+    found = dict(re.findall(r"BENCH (\S+):.*-> (\d+) tokens/s", r.stdout))
+    return {k: float(v) for k, v in found.items()}
+
+
+def check_against_reference(model_dir: Path, sentences: list[list[str]], ours: np.ndarray) -> float:
+    """Max |ours - float64 straightforward| over every layer of the given sentences."""
+    sys.path.insert(0, str(ROOT))
+    from tests.reference_impl import ReferenceElmo
+
+    ref = ReferenceElmo(FULL_SIZE, str(model_dir / "weights.hdf5"))
+    return max(float(np.abs(ours[i, :, : len(s)] - ref.layers(s)).max()) for i, s in enumerate(sentences))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batches", type=int, default=8)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--peer", default="/tmp/peer-allennlp/bin/python", help="python of the AllenNLP venv ('' to skip)")
+    ap.add_argument("--check", type=int, default=4, help="sentences checked against the float64 reference")
+    ap.add_argument("--workdir", type=Path, default=ROOT / ".cache" / "bench")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    a.workdir.mkdir(parents=True, exist_ok=True)
+    model_dir = full_size_model(a.workdir)
+    sents = bench_sentences((a.batches + 1) * a.batch_size)
+    batches = [sents[i * a.batch_size : (i + 1) * a.batch_size] for i in range(a.batches + 1)]
+    sent_file = a.workdir / "bench_sentences.txt"
+    sent_file.write_text("\n".join(" ".join(s) for s in sents) + "\n", encoding="utf-8")
+    cfg = ElmoConfig.from_dict(FULL_SIZE)
+    bound = PEAK_FP32_FLOPS / flops_per_token(cfg)
+    print(f"full-size biLM, {a.batches} batches x {a.batch_size} sentences "
+          f"({sum(map(len, sents[a.batch_size:])) / (a.batches * a.batch_size):.1f} tokens/sentence), "
+          f"threads={a.threads}, {flops_per_token(cfg) / 1e6:.0f} MFLOP/token, fp32 bound {bound:.0f} tokens/s")
+    ours, outs = time_ours(TorchBackend.from_files(model_dir, threads=a.threads), batches)
+    print(f"ours (torch fp32):       {ours:8.0f} tokens/s  ({ours / bound:.0%} of the fp32 bound)")
+    err = check_against_reference(model_dir, batches[1][: a.check], outs[0])
+    print(f"max |ours - float64 straightforward| over all layers of {a.check} sentences: {err:.2e} (target <= 1e-5)")
+    if a.peer and Path(a.peer).exists():
+        peer = run_peer(a.peer, model_dir, sent_file, a.batches, a.batch_size, a.threads)
+        for name, tps in peer.items():
+            print(f"AllenNLP {name:14s} {tps:8.0f} tokens/s   ours / AllenNLP = {ours / tps:.2f}x (target >= 2x)")
+    else:
+        print(f"AllenNLP peer not found at {a.peer!r}: run ../shared/peers/setup_allennlp.sh")
+
+
+if __name__ == "__main__":
+    main()
