@@ -34,10 +34,17 @@ def _step(b: _BiLMGraph, body: GraphBuilder, layer: int, d: int, h: str, c: str,
     return h_next, c_next, out
 
 
-def _scan_body(b: _BiLMGraph, layer: int, weights: list[tuple[str, str]]):  # type: ignore[no-untyped-def]
-    """The Scan body: states h/c of both directions, scan inputs gx_fwd, gx_bwd, m at step t."""
+def _scan_body(b: _BiLMGraph, layer: int):  # type: ignore[no-untyped-def]
+    """The Scan body: states h/c of both directions, scan inputs gx_fwd, gx_bwd, m at step t.
+
+    The recurrent weights are the body's own initializers (not outer-scope values), so that
+    quantizers and TensorRT see them as constants of the MatMuls that use them.
+    """
     P, C = b.cfg.lstm.projection_dim, b.cfg.lstm.dim
+    lstm = b.model.lstm
     body = GraphBuilder(b.spec.opset, prefix=f"l{layer}_")
+    weights = [(b.weight(_np(lstm.w_state[layer, d]), f"w_state_{d}", body),
+                b.weight(_np(lstm.w_proj[layer, d]), f"w_proj_{d}", body)) for d in range(2)]
     state_in, scan_in = [], []
     for name in DIRECTIONS:
         state_in += [helper.make_tensor_value_info(f"l{layer}_h_{name}_in", F32, ["batch", P]),
@@ -71,13 +78,11 @@ def lstm_layers(b: _BiLMGraph, xt: str, rev: str, mt: str) -> list[str]:
     outputs = []
     bias = _np(lstm.bias + lstm.forget_offset)  # (L, 2, 4C): TF's +1 forget bias folded in
     for layer in range(cfg.n_layers):
-        gx, weights = [], []
+        gx = []
         for d in range(2):
             w_in = b.weight(_np(lstm.w_input[layer, d]), f"w_input_{layer}_{d}")  # (P, 4C)
             gx.append(g.op("Add", [b.matmul(xs[d], w_in), g.const(bias[layer, d].astype(np.float32), "lstm_b")]))  # (T2, B, 4C)
-            weights.append((b.weight(_np(lstm.w_state[layer, d]), f"w_state_{layer}_{d}"),
-                            b.weight(_np(lstm.w_proj[layer, d]), f"w_proj_{layer}_{d}")))
-        body = _scan_body(b, layer, weights)
+        body = _scan_body(b, layer)
         res = g.op("Scan", [zeros_h, zeros_c, zeros_h, zeros_c, gx[0], gx[1], mt], n_out=6, num_scan_inputs=3, body=body)
         out = res[4:]  # (T2, B, P) each, bwd in reversed order
         if layer > 0 and cfg.use_skip_connections:

@@ -37,6 +37,14 @@ class Embedder:
                              f"(Embedder.from_onnx / from_tensorrt)")
         return cls(TorchBackend.from_files(options, weights, stateful=stateful, threads=threads), batch_size)
 
+    @classmethod
+    def from_onnx(cls, export_dir: str | Path, providers: Sequence[str] | None = None, threads: int | None = None,
+                  batch_size: int = 64, **kw: object) -> "Embedder":
+        """An `elmo export onnx` directory on ONNX Runtime (see inference.onnx_backend.OnnxBackend)."""
+        from .onnx_backend import OnnxBackend
+
+        return cls(OnnxBackend(export_dir, providers=providers, threads=threads, **kw), batch_size)  # type: ignore[arg-type]
+
     def close(self) -> None:
         self.backend.close()
 
