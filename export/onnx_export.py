@@ -7,7 +7,8 @@ from typing import Any, Sequence
 
 import onnx
 
-from elmo_core import load_bilm, resolve_model
+from elmo_core import BiLM, load_bilm, resolve_model
+from elmo_core.model_io import ModelFiles
 from elmo_core.model_io import file_sha256
 from inference.backends import TorchBackend
 
@@ -75,13 +76,24 @@ def export_onnx(model: str | Path, out_dir: str | Path, output: str = "all", mix
     path = out_dir / ONNX_NAME
     _save(proto, path, precision)
     del proto
+    manifest = _manifest(files, bilm, spec, path)
+    manifest["build_seconds"] = round(time.perf_counter() - t0, 2)
+    if validate:
+        manifest["parity"] = check_parity(ort_run(path, spec, threads), TorchBackend(bilm, threads=threads), spec, shapes)
+    else:
+        manifest["parity"] = {"passed": None, "note": "validation skipped (--no-validate)"}
+    write_manifest(out_dir, manifest)
+    return manifest
+
+
+def _manifest(files: ModelFiles, bilm: BiLM, spec: ExportSpec, path: Path) -> dict[str, Any]:
     saved = onnx.load(str(path), load_external_data=False)
     try:
         check_tensorrt_ops(saved)
         trt_ok, trt_note = True, "every op is in TensorRT's ONNX parser list"
     except UnsupportedOpError as e:
         trt_ok, trt_note = False, str(e)
-    manifest: dict[str, Any] = {
+    return {
         "kind": "onnx", "format_version": FORMAT_VERSION, "producer": producer(),
         "source": {"options": str(files.options), "weights": str(files.weights), "format": files.format,
                    "weights_sha256": file_sha256(files.weights), "options_sha256": file_sha256(files.options),
@@ -89,14 +101,6 @@ def export_onnx(model: str | Path, out_dir: str | Path, output: str = "all", mix
         "onnx": {"file": ONNX_NAME, "sha256": file_sha256(path), "bytes": path.stat().st_size, "opset": spec.opset,
                  "ir_version": saved.ir_version, "op_types": sorted(op_types(saved)),
                  "tensorrt_parsable": trt_ok, "tensorrt_note": trt_note},
-        "precision": precision, "inputs": [t.to_dict() for t in spec.inputs],
+        "precision": spec.precision, "inputs": [t.to_dict() for t in spec.inputs],
         "outputs": [t.to_dict() for t in spec.outputs], "spec": spec.to_dict(),
-        "build_seconds": round(time.perf_counter() - t0, 2),
     }
-    del saved
-    if validate:
-        manifest["parity"] = check_parity(ort_run(path, spec, threads), TorchBackend(bilm, threads=threads), spec, shapes)
-    else:
-        manifest["parity"] = {"passed": None, "note": "validation skipped (--no-validate)"}
-    write_manifest(out_dir, manifest)
-    return manifest

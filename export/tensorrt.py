@@ -96,19 +96,8 @@ def _parse(trt, network, onnx_path: Path, logger) -> None:  # type: ignore[no-un
         raise ExportError(f"{onnx_path}: TensorRT's ONNX parser failed: " + " | ".join(errors[:5]))
 
 
-def build_engine(onnx_dir: str | Path, out_dir: str | Path, min_bt: str | None = None, opt_bt: str | None = None,
-                 max_bt: str | None = None, fp16: bool = False, workspace_mb: int = DEFAULT_WORKSPACE_MB) -> dict[str, Any]:
-    """Build, serialize and describe an engine. Returns the manifest written beside it."""
-    onnx_manifest, spec = read_spec(onnx_dir, "onnx")
-    onnx_path = check_file(onnx_dir, onnx_manifest["onnx"])
-    if fp16 != (spec.precision == "fp16") or spec.precision not in ("fp32", "fp16"):
-        raise ExportError(f"{onnx_dir} is a {spec.precision} export; TensorRT builds strongly typed networks, so "
-                          f"--fp16 needs `elmo export onnx --precision fp16` and fp32 needs a fp32 export")
-    profile = profile_from_args(spec, min_bt, opt_bt, max_bt)
-    trt = import_tensorrt()
-    gpu = gpu_identity()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+def _serialize(trt, onnx_path: Path, profile: dict, workspace_mb: int, cache_path: Path) -> tuple[bytes, bool]:  # type: ignore[no-untyped-def]
+    """Parse, configure (workspace, profile, timing cache) and build; (engine bytes, strongly typed)."""
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     flags = 0
@@ -122,18 +111,34 @@ def build_engine(onnx_dir: str | Path, out_dir: str | Path, min_bt: str | None =
     for name, (lo, mid, hi) in profile.items():
         opt_profile.set_shape(name, lo, mid, hi)
     config.add_optimization_profile(opt_profile)
-    cache_path = out_dir / TIMING_CACHE_NAME
     cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.is_file() else b"")
     config.set_timing_cache(cache, ignore_mismatch=False)
-    t0 = time.perf_counter()
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise ExportError(f"TensorRT could not build an engine from {onnx_path} (see the TensorRT log above)")
-    (out_dir / ENGINE_NAME).write_bytes(bytes(serialized))
     cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
+    return bytes(serialized), bool(flags)
+
+
+def build_engine(onnx_dir: str | Path, out_dir: str | Path, min_bt: str | None = None, opt_bt: str | None = None,
+                 max_bt: str | None = None, fp16: bool = False, workspace_mb: int = DEFAULT_WORKSPACE_MB) -> dict[str, Any]:
+    """Build, serialize and describe an engine. Returns the manifest written beside it."""
+    onnx_manifest, spec = read_spec(onnx_dir, "onnx")
+    onnx_path = check_file(onnx_dir, onnx_manifest["onnx"])
+    if fp16 != (spec.precision == "fp16") or spec.precision not in ("fp32", "fp16"):
+        raise ExportError(f"{onnx_dir} is a {spec.precision} export; TensorRT builds strongly typed networks, so "
+                          f"--fp16 needs `elmo export onnx --precision fp16` and fp32 needs a fp32 export")
+    profile = profile_from_args(spec, min_bt, opt_bt, max_bt)
+    trt = import_tensorrt()
+    gpu = gpu_identity()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    engine, strongly_typed = _serialize(trt, onnx_path, profile, workspace_mb, out_dir / TIMING_CACHE_NAME)
+    (out_dir / ENGINE_NAME).write_bytes(engine)
     manifest = {
         "kind": "tensorrt", "format_version": FORMAT_VERSION, "producer": producer(),
-        "tensorrt": {"version": trt.__version__, "strongly_typed": bool(flags), "workspace_mb": workspace_mb},
+        "tensorrt": {"version": trt.__version__, "strongly_typed": strongly_typed, "workspace_mb": workspace_mb},
         "gpu": gpu, "precision": spec.precision,
         "profile": {name: {"min": list(s[0]), "opt": list(s[1]), "max": list(s[2])} for name, s in profile.items()},
         "engine": {"file": ENGINE_NAME, "sha256": file_sha256(out_dir / ENGINE_NAME)},

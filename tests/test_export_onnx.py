@@ -21,7 +21,7 @@ from export.onnx_ops import TENSORRT_SUPPORTED_OPS, TENSORRT_UNSUPPORTED_OPS, it
 from export.spec import VALIDATION_BATCHES, VALIDATION_TIMES, ExportSpec, Tolerance
 from export.validate import check_parity
 from inference.backends import TorchBackend
-from tests.conftest import TINY_OPTIONS, make_model_dir
+from conftest import TINY_OPTIONS, make_model_dir
 
 QUICK = ((1, 1), (3, 8), (2, 33))
 
