@@ -25,10 +25,9 @@ def tensorrt_status() -> tuple[bool, str]:
 
 def train_default_model(work: Path, minutes: float) -> Path:
     """Train the default model with `elmo train` on the default corpus; its model directory."""
-    from elmo_cli.main import build_parser, main
+    from elmo_cli.main import COMMAND_MODULES, main
 
-    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    if "train" not in commands or "sotu-corpus" not in commands:
+    if "training.cli" not in COMMAND_MODULES:  # `elmo train` and `elmo sotu-corpus` live there
         raise ExportError("no --model/MODEL given and this build has no `elmo train` (the training package); "
                           "pass MODEL=DIR with a published-format model (options.json + weights)")
     corpus, run = work / "corpus", work / "train"

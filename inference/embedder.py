@@ -45,6 +45,13 @@ class Embedder:
 
         return cls(OnnxBackend(export_dir, providers=providers, threads=threads, **kw), batch_size)  # type: ignore[arg-type]
 
+    @classmethod
+    def from_tensorrt(cls, engine_dir: str | Path, batch_size: int = 64) -> "Embedder":
+        """An `elmo export tensorrt` directory (needs the tensorrt extra and the GPU it was built for)."""
+        from .tensorrt_backend import TensorRTBackend
+
+        return cls(TensorRTBackend(engine_dir), batch_size)
+
     def close(self) -> None:
         self.backend.close()
 

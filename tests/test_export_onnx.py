@@ -147,3 +147,15 @@ def test_full_size_architecture_parity():
     par = check_parity(lambda ids: tuple(sess.run(None, {"char_ids": ids})), TorchBackend(bilm), spec,
                        ((1, 1), (3, 8), (1, 33)))
     assert par["max_abs"] <= 1e-4, par
+
+
+def test_bf16_graph_exports_for_tensorrt_but_cannot_validate_on_cpu(tiny_dir, tmp_path):
+    with pytest.raises(ExportError, match="ONNX Runtime cannot load the graph"):
+        export_onnx(tiny_dir, tmp_path / "v", precision="bf16", threads=1, shapes=((1, 1),))
+    m = export_onnx(tiny_dir, tmp_path / "n", precision="bf16", validate=False)
+    assert m["parity"]["passed"] is None and m["onnx"]["tensorrt_parsable"]
+    model = onnx.load(str(tmp_path / "n" / "model.onnx"))
+    onnx.checker.check_model(model, full_check=True)
+    types = {t.data_type for g in [model.graph] + [a.g for n in model.graph.node for a in n.attribute if a.g.name]
+             for t in g.initializer}
+    assert TensorProto.BFLOAT16 in types and TensorProto.FLOAT in types
