@@ -136,7 +136,7 @@ FULL = {"lstm": {"dim": 4096, "projection_dim": 512, "n_layers": 2, "cell_clip":
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("ELMO_SLOW"), reason="full-size biLM (93M params, ~3 GB RAM, ~1 min): "
+@pytest.mark.skipif(not os.environ.get("ELMO_SLOW"), reason="full-size biLM (93M params, ~3 GB RAM, ~15 s): "
                     "set ELMO_SLOW=1; bench/bench_onnx.py covers it too")
 def test_full_size_architecture_parity():
     import onnxruntime as ort
