@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 EXTRAS ?= dev
 
-.PHONY: install test info clean
+.PHONY: install test info clean engine
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,13 @@ test: install
 
 info: install
 	$(BIN)/elmo info $(MODEL)
+
+# make engine [MODEL=dir] [OUT=engine] [PRECISION=fp32|fp16|int8]: export ONNX, validate against torch,
+# then build a TensorRT engine (TensorRT + GPU present) or the optimized ONNX Runtime model; without
+# MODEL it trains the default model with `elmo train` first (when the training package is present).
+ENGINE_OUT ?= engine
+engine: install
+	$(BIN)/elmo engine $(if $(MODEL),--model $(MODEL)) --out $(if $(OUT),$(OUT),$(ENGINE_OUT)) $(if $(PRECISION),--precision $(PRECISION))
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

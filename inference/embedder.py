@@ -37,6 +37,21 @@ class Embedder:
                              f"(Embedder.from_onnx / from_tensorrt)")
         return cls(TorchBackend.from_files(options, weights, stateful=stateful, threads=threads), batch_size)
 
+    @classmethod
+    def from_onnx(cls, export_dir: str | Path, providers: Sequence[str] | None = None, threads: int | None = None,
+                  batch_size: int = 64, **kw: object) -> "Embedder":
+        """An `elmo export onnx` directory on ONNX Runtime (see inference.onnx_backend.OnnxBackend)."""
+        from .onnx_backend import OnnxBackend
+
+        return cls(OnnxBackend(export_dir, providers=providers, threads=threads, **kw), batch_size)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_tensorrt(cls, engine_dir: str | Path, batch_size: int = 64) -> "Embedder":
+        """An `elmo export tensorrt` directory (needs the tensorrt extra and the GPU it was built for)."""
+        from .tensorrt_backend import TensorRTBackend
+
+        return cls(TensorRTBackend(engine_dir), batch_size)
+
     def close(self) -> None:
         self.backend.close()
 

@@ -1,0 +1,90 @@
+"""`elmo export onnx`, `elmo export tensorrt` and `elmo engine` (export, validate, build the best engine)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from elmo_core.errors import InputError
+
+from .spec import DEFAULT_OPSET, PRECISIONS, SUPPORTED_OPSETS
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="export a model to ONNX or a TensorRT engine")
+    kinds = p.add_subparsers(dest="export_kind", required=True)
+    o = kinds.add_parser("onnx", help="model.onnx + manifest.json, validated against the torch backend")
+    o.add_argument("--model", required=True, help="model directory (options.json + weights), or options.json")
+    o.add_argument("--weights", help="weights file, when --model is an options.json")
+    o.add_argument("--out", required=True, help="output directory")
+    o.add_argument("--output", choices=("all", "mixed"), default="all", help="all layers, or the scalar mix")
+    o.add_argument("--mix", type=_floats, help="mixed: unnormalised layer weights s, comma-separated (softmax applied)")
+    o.add_argument("--gamma", type=float, default=1.0, help="mixed: the scale gamma")
+    o.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    o.add_argument("--opset", type=int, choices=SUPPORTED_OPSETS, default=DEFAULT_OPSET)
+    o.add_argument("--no-validate", action="store_true", help="skip the parity check (bf16 on CPU cannot run it)")
+    o.add_argument("--threads", type=int, help="threads for validation (torch and ONNX Runtime)")
+    o.add_argument("--json", action="store_true", help="print the manifest")
+    o.set_defaults(func=run_onnx)
+    t = kinds.add_parser("tensorrt", help="a serialized TensorRT engine from an ONNX export (needs the tensorrt extra)")
+    t.add_argument("--onnx", required=True, help="directory written by `elmo export onnx`")
+    t.add_argument("--out", required=True, help="output directory")
+    for flag, default in (("--min", "1,1"), ("--opt", "16,32"), ("--max", "64,256")):
+        t.add_argument(flag, dest=flag[2:] + "_bt", metavar="BATCH,LENGTH", help=f"profile {flag[2:]} (default {default})")
+    t.add_argument("--fp16", action="store_true", help="FP16 engine (needs an --precision fp16 ONNX export)")
+    t.add_argument("--workspace", type=int, default=4096, help="builder workspace in MiB (default 4096)")
+    t.set_defaults(func=run_tensorrt)
+    e = sub.add_parser("engine", help="export + validate, then build TensorRT (GPU) or the optimized ONNX Runtime model")
+    e.add_argument("--model", help="model directory with published weights; default: train one with `elmo train`")
+    e.add_argument("--out", default="engine", help="output directory (default ./engine)")
+    e.add_argument("--precision", choices=("fp32", "fp16", "int8"), default="fp32")
+    e.add_argument("--train-minutes", type=float, default=10.0, help="training budget when no --model is given")
+    e.add_argument("--threads", type=int)
+    e.set_defaults(func=run_engine)
+
+
+def run_onnx(args: argparse.Namespace) -> int:
+    from .onnx_export import export_onnx
+
+    m = export_onnx(args.model, args.out, args.output, args.mix, args.gamma, args.precision, args.opset,
+                    validate=not args.no_validate, threads=args.threads, weights=args.weights)
+    if args.json:
+        print(json.dumps(m, indent=2))
+        return 0
+    par = m["parity"]
+    print(f"wrote {Path(args.out) / m['onnx']['file']} ({m['onnx']['bytes'] / 1e6:.1f} MB, opset {m['onnx']['opset']}, "
+          f"{m['precision']}, output {m['spec']['output']}) and manifest.json")
+    if par.get("passed"):
+        print(f"parity vs torch on {len(par['shapes'])} shapes: max |diff| {par['max_abs']:.2e}, "
+              f"min token cosine {par['min_cosine']:.6f} (tolerance {par['tolerance']})")
+    else:
+        print(f"parity: {par.get('note')}")
+    print(f"TensorRT parser: {m['onnx']['tensorrt_note']}")
+    return 0
+
+
+def run_tensorrt(args: argparse.Namespace) -> int:
+    from .tensorrt import build_engine
+
+    if args.workspace <= 0:
+        raise InputError(f"--workspace must be positive MiB, got {args.workspace}")
+    m = build_engine(args.onnx, args.out, args.min_bt, args.opt_bt, args.max_bt, args.fp16, args.workspace)
+    print(f"wrote {Path(args.out) / m['engine']['file']}: TensorRT {m['tensorrt']['version']}, {m['gpu']['name']} "
+          f"(sm {m['gpu']['compute_capability']}), {m['precision']}, profile {m['profile']}")
+    return 0
+
+
+def run_engine(args: argparse.Namespace) -> int:
+    from .engine import make_engine
+
+    report = make_engine(args.model, args.out, args.precision, args.train_minutes, args.threads)
+    print(f"engine: {report['engine']} at {report['path']}")
+    print(f"why:    {report['why']}")
+    return 0

@@ -1,0 +1,75 @@
+"""manifest.json beside every exported artifact: what it is, where it came from, how it was checked."""
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+from elmo_core.model_io import file_sha256
+
+from .errors import ExportError
+from .spec import ExportSpec
+
+MANIFEST_NAME = "manifest.json"
+ONNX_NAME = "model.onnx"
+FORMAT_VERSION = 1
+
+
+def producer() -> dict[str, str]:
+    import onnx
+    import onnxruntime
+    import torch
+
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        own = version("elmo-pipeline")
+    except PackageNotFoundError:
+        own = "unknown"
+    return {"elmo_pipeline": own, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
+            "torch": torch.__version__, "python": platform.python_version()}
+
+
+def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> Path:
+    path = Path(out_dir) / MANIFEST_NAME
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def read_manifest(export_dir: str | Path, kind: str = "onnx") -> dict[str, Any]:
+    """The manifest of an export directory, checked for its kind ('onnx' or 'tensorrt')."""
+    path = Path(export_dir) / MANIFEST_NAME
+    if not path.is_file():
+        raise ExportError(f"{export_dir}: no {MANIFEST_NAME}; is this a directory written by `elmo export {kind}`?")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ExportError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("kind") != kind:
+        got = manifest.get("kind") if isinstance(manifest, dict) else None
+        raise ExportError(f"{path}: a {got!r} manifest, expected {kind!r} (use the `elmo export {kind}` output)")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ExportError(f"{path}: manifest format {manifest.get('format_version')}, this version reads "
+                          f"{FORMAT_VERSION}; re-export")
+    return manifest
+
+
+def read_spec(export_dir: str | Path, kind: str = "onnx") -> tuple[dict[str, Any], ExportSpec]:
+    manifest = read_manifest(export_dir, kind)
+    if "spec" not in manifest:
+        raise ExportError(f"{Path(export_dir) / MANIFEST_NAME}: no 'spec' section; re-export")
+    return manifest, ExportSpec.from_dict(manifest["spec"], str(Path(export_dir) / MANIFEST_NAME))
+
+
+def check_file(export_dir: str | Path, entry: dict[str, Any]) -> Path:
+    """The artifact a manifest entry names ({'file', 'sha256'}), verified against its hash."""
+    path = Path(export_dir) / entry["file"]
+    if not path.is_file():
+        raise ExportError(f"{path}: missing (named in {MANIFEST_NAME})")
+    digest = file_sha256(path)
+    if digest != entry["sha256"]:
+        raise ExportError(f"{path}: sha256 {digest[:12]}... does not match the manifest's {entry['sha256'][:12]}...; "
+                          f"the file was changed after export: re-export")
+    return path

@@ -1,0 +1,171 @@
+"""The export described as data: names, dtypes, dynamic axes, opset, precision, tolerances, shapes.
+
+The ONNX builder, the validator, the manifest, the ONNX Runtime and TensorRT backends and the
+TensorRT optimization profiles all read one ``ExportSpec``; nothing else hard-codes a name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from elmo_core import ElmoConfig
+
+from .errors import ExportError
+
+INPUT_NAME = "char_ids"
+MASK_NAME = "mask"
+OUTPUT_NAMES = {"all": "layers", "mixed": "mixed"}
+BATCH, TIME = "batch", "time"
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+SUPPORTED_OPSETS = (17, 18, 19, 20)  # TensorRT 10.x parses opset 9..20 (10.0) and later up to 24
+DEFAULT_OPSET = 17
+# Shapes the validator runs, none of them the shape the graph was traced or built with.
+VALIDATION_BATCHES = (1, 3, 17)
+VALIDATION_TIMES = (1, 8, 33, 130)
+# TensorRT optimization profile defaults: (batch, time) at min / opt / max.
+DEFAULT_PROFILE = ((1, 1), (16, 32), (64, 256))
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """A parity requirement: max |a - b| and/or the minimum per-token cosine similarity."""
+
+    max_abs: float | None = None
+    min_cosine: float | None = None
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"max_abs": self.max_abs, "min_cosine": self.min_cosine}
+
+
+# Against the torch backend in fp32, on CPU. Reduced precision is judged by cosine per token.
+TOLERANCES = {
+    "fp32": Tolerance(max_abs=1e-4),
+    "fp16": Tolerance(min_cosine=0.999),
+    "bf16": Tolerance(min_cosine=0.999),
+    "int8": Tolerance(min_cosine=0.99),
+}
+TENSORRT_TOLERANCES = {"fp32": Tolerance(max_abs=1e-3), "fp16": Tolerance(min_cosine=0.999)}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output. ``dims`` holds ints (fixed) or axis names (dynamic).
+
+    Shape: e.g. char_ids ('batch', 'time', 50).
+    """
+
+    name: str
+    dtype: str  # numpy dtype name: int32, float32, bool
+    dims: tuple[int | str, ...]
+
+    @property
+    def dynamic_axes(self) -> dict[int, str]:
+        return {i: d for i, d in enumerate(self.dims) if isinstance(d, str)}
+
+    def shape(self, batch: int, time: int) -> tuple[int, ...]:
+        sizes = {BATCH: batch, TIME: time}
+        return tuple(sizes[d] if isinstance(d, str) else d for d in self.dims)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.dims),
+                "dynamic_axes": {str(k): v for k, v in self.dynamic_axes.items()}}
+
+
+@dataclass(frozen=True)
+class ExportSpec:
+    """Everything the exported graph promises, derived from a model's config and the export options."""
+
+    n_layers: int  # L+1 output layers
+    dim: int  # 2P
+    max_chars: int  # C, characters per token
+    output: str = "all"
+    mix_weights: tuple[float, ...] | None = None  # unnormalised s (softmax applied), as ScalarMix
+    gamma: float = 1.0
+    precision: str = "fp32"
+    opset: int = DEFAULT_OPSET
+    validation_shapes: tuple[tuple[int, int], ...] = field(
+        default=tuple((b, t) for b in VALIDATION_BATCHES for t in VALIDATION_TIMES))
+
+    def __post_init__(self) -> None:
+        if self.output not in OUTPUT_NAMES:
+            raise ExportError(f"output must be one of {tuple(OUTPUT_NAMES)}, got {self.output!r}")
+        if self.precision not in PRECISIONS:
+            raise ExportError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.opset not in SUPPORTED_OPSETS:
+            raise ExportError(f"opset {self.opset} is not supported; use one of {SUPPORTED_OPSETS}")
+        if self.mix_weights is not None and len(self.mix_weights) != self.n_layers:
+            raise ExportError(f"--mix: expected {self.n_layers} weights (one per layer), got {len(self.mix_weights)}")
+        if self.output == "all" and (self.mix_weights is not None or self.gamma != 1.0):
+            raise ExportError("--mix/--gamma only apply to --output mixed")
+
+    @classmethod
+    def for_config(cls, config: ElmoConfig, output: str = "all", mix: Sequence[float] | None = None,
+                   gamma: float = 1.0, precision: str = "fp32", opset: int = DEFAULT_OPSET) -> "ExportSpec":
+        return cls(config.n_output_layers, config.output_dim, config.char_cnn.max_characters_per_token,
+                   output, tuple(float(m) for m in mix) if mix is not None else None, float(gamma), precision, opset)
+
+    # ---- tensors ---------------------------------------------------------------------------
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return (TensorSpec(INPUT_NAME, "int32", (BATCH, TIME, self.max_chars)),)
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        if self.output == "all":
+            main = TensorSpec(OUTPUT_NAMES["all"], "float32", (BATCH, self.n_layers, TIME, self.dim))
+        else:
+            main = TensorSpec(OUTPUT_NAMES["mixed"], "float32", (BATCH, TIME, self.dim))
+        return main, TensorSpec(MASK_NAME, "bool", (BATCH, TIME))
+
+    @property
+    def output_name(self) -> str:
+        return OUTPUT_NAMES[self.output]
+
+    @property
+    def tolerance(self) -> Tolerance:
+        return TOLERANCES[self.precision]
+
+    def normalized_mix(self) -> np.ndarray:
+        """gamma * softmax(s), computed in float64. Shape: (L+1,)."""
+        s = np.zeros(self.n_layers) if self.mix_weights is None else np.asarray(self.mix_weights, np.float64)
+        w = np.exp(s - s.max())
+        return self.gamma * w / w.sum()
+
+    # ---- TensorRT -----------------------------------------------------------------------------
+    def profile(self, min_bt: tuple[int, int], opt_bt: tuple[int, int],
+                max_bt: tuple[int, int]) -> dict[str, tuple[tuple[int, ...], ...]]:
+        """Optimization-profile shapes for every dynamic input.
+
+        Shape: {'char_ids': ((b, t, C) at min, at opt, at max)}.
+        """
+        for (b0, t0), (b1, t1) in ((min_bt, opt_bt), (opt_bt, max_bt)):
+            if not (1 <= b0 <= b1 and 1 <= t0 <= t1):
+                raise ExportError(f"profile must satisfy 1 <= min <= opt <= max per axis; got min {min_bt}, "
+                                  f"opt {opt_bt}, max {max_bt} as (batch, time)")
+        return {t.name: tuple(t.shape(b, n) for b, n in (min_bt, opt_bt, max_bt)) for t in self.inputs}
+
+    # ---- manifest -----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n_layers": self.n_layers, "dim": self.dim, "max_chars": self.max_chars, "output": self.output,
+            "mix_weights": list(self.mix_weights) if self.mix_weights is not None else None, "gamma": self.gamma,
+            "precision": self.precision, "opset": self.opset,
+            "validation_shapes": [list(s) for s in self.validation_shapes],
+            "inputs": [t.to_dict() for t in self.inputs], "outputs": [t.to_dict() for t in self.outputs],
+            "tolerance": self.tolerance.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "manifest") -> "ExportSpec":
+        try:
+            spec = cls(int(d["n_layers"]), int(d["dim"]), int(d["max_chars"]), d["output"],
+                       tuple(d["mix_weights"]) if d.get("mix_weights") is not None else None,
+                       float(d["gamma"]), d["precision"], int(d["opset"]),
+                       tuple((int(b), int(t)) for b, t in d["validation_shapes"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ExportError(f"{source}: invalid export spec ({type(e).__name__}: {e}); re-export the model") from None
+        if [t.to_dict() for t in spec.outputs] != d.get("outputs"):
+            raise ExportError(f"{source}: its outputs do not match this version's spec; re-export the model")
+        return spec

@@ -1,0 +1,163 @@
+"""`elmo export tensorrt`: a serialized TensorRT engine from an `elmo export onnx` directory.
+
+Written against the TensorRT 10 Python API (Builder, OnnxParser, IBuilderConfig, optimization
+profiles, timing cache, build_serialized_network). The network is strongly typed: precision comes
+from the ONNX graph's own types, so FP16 means an fp16 export (`elmo export onnx --precision fp16`,
+which keeps clips, cell state, reductions and the mix in fp32). TensorRT is the optional
+`tensorrt` extra and is imported only when used.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from elmo_core.model_io import file_sha256
+
+from .errors import EngineMismatchError, ExportError, TensorRTUnavailableError
+from .manifest import FORMAT_VERSION, check_file, producer, read_spec, write_manifest
+from .spec import DEFAULT_PROFILE, ExportSpec
+
+ENGINE_NAME = "model.engine"
+TIMING_CACHE_NAME = "timing.cache"
+DEFAULT_WORKSPACE_MB = 4096
+
+
+def import_tensorrt():  # type: ignore[no-untyped-def]
+    try:
+        import tensorrt as trt  # noqa: PLC0415 - optional extra
+    except ImportError:
+        raise TensorRTUnavailableError("TensorRT is not installed: `pip install '.[tensorrt]'` on a machine with an "
+                                       "NVIDIA GPU (its wheels come from NVIDIA's package index)") from None
+    return trt
+
+
+def import_cudart():  # type: ignore[no-untyped-def]
+    try:  # cuda-python >= 12.6 moved the runtime bindings
+        from cuda.bindings import runtime as cudart  # noqa: PLC0415
+    except ImportError:
+        try:
+            from cuda import cudart  # noqa: PLC0415
+        except ImportError:
+            raise TensorRTUnavailableError("cuda-python is not installed (part of the `tensorrt` extra)") from None
+    return cudart
+
+
+def cuda_check(result: tuple, what: str) -> Any:  # type: ignore[type-arg]
+    """cuda-python returns (error, *values); raise on an error, return the value(s)."""
+    err, *values = result
+    if int(err) != 0:
+        raise TensorRTUnavailableError(f"CUDA {what} failed: {err}")
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def gpu_identity(device: int = 0) -> dict[str, Any]:
+    """Name and compute capability of a CUDA device (what an engine is bound to)."""
+    cudart = import_cudart()
+    props = cuda_check(cudart.cudaGetDeviceProperties(device), "cudaGetDeviceProperties")
+    name = props.name.decode() if isinstance(props.name, bytes) else str(props.name)
+    return {"name": name.rstrip("\x00"), "compute_capability": f"{props.major}.{props.minor}"}
+
+
+def parse_bt(text: str, flag: str) -> tuple[int, int]:
+    """'batch,length' -> (batch, length), for --min/--opt/--max."""
+    try:
+        b, t = (int(v) for v in text.split(","))
+    except ValueError:
+        raise ExportError(f"{flag}: expected BATCH,LENGTH (two integers), got {text!r}") from None
+    return b, t
+
+
+def check_engine_manifest(manifest: dict[str, Any], trt_version: str, gpu: dict[str, Any]) -> None:
+    """Refuse an engine built by another TensorRT version or for another GPU (engines are not portable)."""
+    built = manifest.get("tensorrt", {})
+    problems = []
+    if built.get("version") != trt_version:
+        problems.append(f"built with TensorRT {built.get('version')}, running TensorRT {trt_version}")
+    for key, label in (("name", "GPU"), ("compute_capability", "compute capability")):
+        if manifest.get("gpu", {}).get(key) != gpu.get(key):
+            problems.append(f"built for {label} {manifest.get('gpu', {}).get(key)!r}, this is {gpu.get(key)!r}")
+    if problems:
+        raise EngineMismatchError("TensorRT engine mismatch: " + "; ".join(problems)
+                                  + ". Rebuild it here with `elmo export tensorrt --onnx DIR --out DIR`")
+
+
+def profile_from_args(spec: ExportSpec, min_bt: str | None, opt_bt: str | None,
+                      max_bt: str | None) -> dict[str, tuple[tuple[int, ...], ...]]:
+    lo, mid, hi = (parse_bt(v, f) if v else d for v, f, d in
+                   zip((min_bt, opt_bt, max_bt), ("--min", "--opt", "--max"), DEFAULT_PROFILE))
+    return spec.profile(lo, mid, hi)
+
+
+def _parse(trt, network, onnx_path: Path, logger) -> None:  # type: ignore[no-untyped-def]
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+        raise ExportError(f"{onnx_path}: TensorRT's ONNX parser failed: " + " | ".join(errors[:5]))
+
+
+def _serialize(trt, onnx_path: Path, profile: dict, workspace_mb: int, cache_path: Path) -> tuple[bytes, bool]:  # type: ignore[no-untyped-def]
+    """Parse, configure (workspace, profile, timing cache) and build; (engine bytes, strongly typed)."""
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    flags = 0
+    if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):  # always on (flag ignored) in TensorRT 11
+        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    network = builder.create_network(flags)
+    _parse(trt, network, onnx_path, logger)
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
+    opt_profile = builder.create_optimization_profile()
+    for name, (lo, mid, hi) in profile.items():
+        opt_profile.set_shape(name, lo, mid, hi)
+    config.add_optimization_profile(opt_profile)
+    cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.is_file() else b"")
+    config.set_timing_cache(cache, ignore_mismatch=False)
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise ExportError(f"TensorRT could not build an engine from {onnx_path} (see the TensorRT log above)")
+    cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
+    return bytes(serialized), bool(flags)
+
+
+def build_engine(onnx_dir: str | Path, out_dir: str | Path, min_bt: str | None = None, opt_bt: str | None = None,
+                 max_bt: str | None = None, fp16: bool = False, workspace_mb: int = DEFAULT_WORKSPACE_MB) -> dict[str, Any]:
+    """Build, serialize and describe an engine. Returns the manifest written beside it."""
+    onnx_manifest, spec = read_spec(onnx_dir, "onnx")
+    onnx_path = check_file(onnx_dir, onnx_manifest["onnx"])
+    if fp16 != (spec.precision == "fp16") or spec.precision not in ("fp32", "fp16"):
+        raise ExportError(f"{onnx_dir} is a {spec.precision} export; TensorRT builds strongly typed networks, so "
+                          f"--fp16 needs `elmo export onnx --precision fp16` and fp32 needs a fp32 export")
+    profile = profile_from_args(spec, min_bt, opt_bt, max_bt)
+    trt = import_tensorrt()
+    gpu = gpu_identity()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    engine, strongly_typed = _serialize(trt, onnx_path, profile, workspace_mb, out_dir / TIMING_CACHE_NAME)
+    (out_dir / ENGINE_NAME).write_bytes(engine)
+    manifest = {
+        "kind": "tensorrt", "format_version": FORMAT_VERSION, "producer": producer(),
+        "tensorrt": {"version": trt.__version__, "strongly_typed": strongly_typed, "workspace_mb": workspace_mb},
+        "gpu": gpu, "precision": spec.precision,
+        "profile": {name: {"min": list(s[0]), "opt": list(s[1]), "max": list(s[2])} for name, s in profile.items()},
+        "engine": {"file": ENGINE_NAME, "sha256": file_sha256(out_dir / ENGINE_NAME)},
+        "onnx": {"dir": str(onnx_dir), "sha256": onnx_manifest["onnx"]["sha256"]},
+        "source": onnx_manifest["source"], "spec": spec.to_dict(),
+        "inputs": [t.to_dict() for t in spec.inputs], "outputs": [t.to_dict() for t in spec.outputs],
+        "build_seconds": round(time.perf_counter() - t0, 1), "timing_cache": TIMING_CACHE_NAME,
+    }
+    write_manifest(out_dir, manifest)
+    return manifest
+
+
+def tensorrt_ep_providers(spec: ExportSpec, profile: dict[str, tuple[tuple[int, ...], ...]], fp16: bool,
+                          cache_dir: str | Path) -> list[Any]:
+    """ONNX Runtime's TensorRT execution provider (the alternative path), with CUDA as fallback."""
+    def shapes(k: int) -> str:
+        return ",".join(f"{name}:{'x'.join(str(d) for d in s[k])}" for name, s in profile.items())
+
+    options = {"trt_fp16_enable": fp16, "trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache_dir),
+               "trt_timing_cache_enable": True, "trt_profile_min_shapes": shapes(0),
+               "trt_profile_opt_shapes": shapes(1), "trt_profile_max_shapes": shapes(2)}
+    return [("TensorrtExecutionProvider", options), "CUDAExecutionProvider"]

@@ -1,0 +1,89 @@
+"""Parity of an exported graph against the torch backend; failures raise ParityError."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from elmo_core.chars import tokens_to_char_ids
+from inference.backends import TorchBackend
+from inference.outputs import reduce_layers
+
+from .errors import ParityError
+from .spec import ExportSpec, Tolerance
+
+RunFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+_ALPHABET = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;:'-!?") + ["é", "ü", "日本", "😀"]
+
+
+def random_char_ids(batch: int, time: int, rng: np.random.Generator, max_chars: int = 50) -> np.ndarray:
+    """Left-aligned character ids of random tokens: row 0 fills ``time``, others are shorter or empty.
+
+    Shape: -> (batch, time, max_chars) int32.
+    """
+    ids = np.zeros((batch, time, max_chars), np.int32)
+    for row in range(batch):
+        n = time if row == 0 else int(rng.integers(0, time + 1))
+        tokens = []
+        for _ in range(n):
+            size = int(rng.choice([1, 2, 3, 5, 8, 13, 60]))  # 60: longer than a token's 48 bytes
+            tokens.append("".join(rng.choice(_ALPHABET, size)))
+        if tokens:
+            ids[row, :n] = tokens_to_char_ids(tokens, max_chars)
+    return ids
+
+
+def token_cosines(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Cosine similarity of each real token's vectors (every layer when ``a`` has a layer axis).
+
+    Shape: a, b (B, [L+1,] T, D), mask (B, T) -> (n,) over real tokens.
+    """
+    if a.ndim == 4:
+        a, b = np.moveaxis(a, 1, -2), np.moveaxis(b, 1, -2)  # (B, T, L+1, D)
+    a, b = a[mask].astype(np.float64), b[mask].astype(np.float64)  # (N, [L+1,] D)
+    num = (a * b).sum(-1)
+    den = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
+    return (num / np.maximum(den, 1e-30)).reshape(-1)
+
+
+def reference(torch_backend: TorchBackend, spec: ExportSpec, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What the export must compute, from the torch backend. Shape: as the spec's outputs."""
+    layers, mask = torch_backend.run(ids)
+    if spec.output == "all":
+        return layers, mask
+    mix = spec.mix_weights if spec.mix_weights is not None else None
+    return reduce_layers(layers, mask, "mixed", mix, spec.gamma), mask
+
+
+def compare(got: tuple[np.ndarray, np.ndarray], want: tuple[np.ndarray, np.ndarray]) -> dict[str, float]:
+    (out, mask), (ref, ref_mask) = got, want
+    if out.shape != ref.shape or not np.array_equal(mask, ref_mask):
+        raise ParityError(f"shape or mask differs: got {out.shape}, expected {ref.shape}")
+    cos = token_cosines(out, ref, ref_mask)
+    return {"max_abs": float(np.abs(out.astype(np.float64) - ref).max(initial=0.0)),
+            "min_cosine": float(cos.min(initial=1.0))}
+
+
+def check_parity(run: RunFn, torch_backend: TorchBackend, spec: ExportSpec,
+                 shapes: Sequence[tuple[int, int]] | None = None, tolerance: Tolerance | None = None,
+                 seed: int = 0, label: str = "ONNX Runtime") -> dict[str, object]:
+    """Run ``run`` and the torch backend on random ids of each (batch, time); raise if out of tolerance.
+
+    Returns the figures (per shape and worst case) that go into manifest.json.
+    """
+    tol = tolerance or spec.tolerance
+    rng = np.random.default_rng(seed)
+    rows = []
+    for batch, time in shapes or spec.validation_shapes:
+        ids = random_char_ids(batch, time, rng, spec.max_chars)
+        rows.append({"batch": batch, "time": time, **compare(run(ids), reference(torch_backend, spec, ids))})
+    worst = {"max_abs": max(r["max_abs"] for r in rows), "min_cosine": min(r["min_cosine"] for r in rows)}
+    failed = [r for r in rows if (tol.max_abs is not None and not r["max_abs"] <= tol.max_abs)
+              or (tol.min_cosine is not None and not r["min_cosine"] >= tol.min_cosine)]
+    if failed:
+        r = failed[0]
+        raise ParityError(f"{label} differs from the torch backend beyond {tol.to_dict()} at batch {r['batch']}, "
+                          f"time {r['time']}: max |diff| {r['max_abs']:.3g}, min token cosine {r['min_cosine']:.6f} "
+                          f"({len(failed)} of {len(rows)} shapes fail)")
+    return {"against": "torch backend (fp32, CPU)", "tolerance": tol.to_dict(), "shapes": rows, **worst,
+            "passed": True}

@@ -1,0 +1,155 @@
+"""The ONNX Runtime backend: runs an `elmo export onnx` directory.
+
+Thread and graph-optimization settings are explicit; the optimized graph is cached beside the
+export (keyed by the ONNX file's sha256, the ONNX Runtime version, the providers and the level)
+so later sessions skip the optimization passes; with a GPU provider, inputs and outputs go through
+IOBinding.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from elmo_core import ElmoConfig
+from elmo_core.errors import InputError
+from export.errors import ExportError
+from export.manifest import check_file, read_spec
+
+from .backends import BackendBase
+
+GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "ROCMExecutionProvider")
+OPT_LEVELS = ("disable", "basic", "extended", "all")
+CACHE_DIR = ".ort_cache"
+
+
+def check_char_ids(char_ids: np.ndarray, max_chars: int) -> np.ndarray:
+    """Validate a batch of character ids as the torch backend does. Shape: (B, T, C) int32."""
+    ids = np.ascontiguousarray(char_ids)
+    if ids.ndim != 3 or ids.shape[2] != max_chars:
+        raise InputError(f"character ids must have shape (batch, time, {max_chars}), got {ids.shape}")
+    if ids.dtype != np.int32:
+        raise InputError(f"character ids must be int32, got {ids.dtype}")
+    mask = (ids > 0).any(-1)  # (B, T)
+    if not np.array_equal(mask, np.arange(ids.shape[1])[None, :] < mask.sum(1)[:, None]):
+        raise InputError("character ids must be left-aligned: padding tokens only after a row's last token")
+    return ids
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _level(name: str):  # type: ignore[no-untyped-def]
+    import onnxruntime as ort
+
+    levels = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+              "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+    if name not in levels:
+        raise InputError(f"graph optimization must be one of {OPT_LEVELS}, got {name!r}")
+    return levels[name]
+
+
+class OnnxBackend(BackendBase):
+    """An exported biLM on ONNX Runtime.
+
+    Shape: run(char_ids (B, T, C) int32) -> layers (B, L+1, T, 2P) float32, mask (B, T) bool.
+    A ``--output mixed`` export gives ``run_mixed`` -> (B, T, 2P) instead.
+    """
+
+    name = "onnx"
+
+    def __init__(self, export_dir: str | Path, providers: Sequence[str] | None = None, threads: int | None = None,
+                 optimization: str = "all", cache: bool = True) -> None:
+        import onnxruntime as ort
+
+        self.export_dir = Path(export_dir)
+        self.manifest, self.spec = read_spec(self.export_dir, "onnx")
+        self.config = ElmoConfig.from_dict(self.manifest["source"]["architecture"], "manifest architecture")
+        path = check_file(self.export_dir, self.manifest["onnx"])
+        self.providers = list(providers or ["CPUExecutionProvider"])  # names or (name, options) pairs
+        names = [p[0] if isinstance(p, tuple) else p for p in self.providers]
+        missing = [p for p in names if p not in ort.get_available_providers()]
+        if missing:
+            raise ExportError(f"ONNX Runtime providers {missing} are not available here "
+                              f"(available: {ort.get_available_providers()}); install the `gpu` extra for CUDA")
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads or 0  # 0: ONNX Runtime's default (one per core)
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3  # the cache is keyed by CPU model, so ORT's "hardware specific" warning is moot
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        self._cache_pending: tuple[Path, Path] | None = None
+        self.optimized_path, so.graph_optimization_level = self._cache(path, optimization, cache, so)
+        try:
+            self.session = ort.InferenceSession(str(self.optimized_path or path), so, providers=self.providers)
+        except Exception as e:  # onnxruntime raises its own untyped errors
+            raise ExportError(f"{path}: ONNX Runtime cannot load it with {self.providers} ({str(e)[:300]})") from None
+        if self._cache_pending is not None and self._cache_pending[0].is_file():
+            self._cache_pending[0].replace(self._cache_pending[1])
+        self.use_iobinding = any(p in GPU_PROVIDERS for p in self.session.get_providers())
+        self.threads = threads
+        self.output_names = [t.name for t in self.spec.outputs]
+
+    def _cache(self, path: Path, optimization: str, cache: bool, so):  # type: ignore[no-untyped-def]
+        """(cached optimized model or None, the level to load with); writes the cache on a miss."""
+        import onnxruntime as ort
+
+        level = _level(optimization)
+        if not cache or optimization == "disable":
+            return None, level
+        machine = f"{platform.machine()}|{_cpu_model()}"  # level 'all' may emit layouts for this CPU
+        key = hashlib.sha256(f"{self.manifest['onnx']['sha256']}|{ort.__version__}|{self.providers}|{optimization}|"
+                             f"{machine}".encode()).hexdigest()[:16]
+        cached = self.export_dir / CACHE_DIR / f"model.{optimization}.{key}.onnx"
+        if cached.is_file():  # already optimized for this ONNX Runtime and these providers
+            return cached, ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        try:
+            cached.parent.mkdir(exist_ok=True)
+        except OSError:  # read-only export directory: optimize in memory every time
+            return None, level
+        self._cache_pending = (cached.with_name(f".{cached.name}.{os.getpid()}.tmp"), cached)
+        so.optimized_model_filepath = str(self._cache_pending[0])  # renamed once the session exists
+        return None, level
+
+    @property
+    def output(self) -> str:
+        return self.spec.output
+
+    def _run(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ids = check_char_ids(char_ids, self.spec.max_chars)
+        feed_name = self.spec.inputs[0].name
+        if not self.use_iobinding:
+            out, mask = self.session.run(self.output_names, {feed_name: ids})
+            return out, mask
+        binding = self.session.io_binding()
+        binding.bind_cpu_input(feed_name, ids)
+        for name in self.output_names:
+            binding.bind_output(name, "cuda")
+        self.session.run_with_iobinding(binding)
+        out, mask = binding.copy_outputs_to_cpu()
+        return out, mask
+
+    def run(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.spec.output != "all":
+            raise ExportError(f"{self.export_dir} was exported with --output {self.spec.output}: it has no layers; "
+                              f"use run_mixed(), or export with --output all for the Embedder")
+        return self._run(char_ids)
+
+    def run_mixed(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Shape: (B, T, C) -> mixed (B, T, 2P), mask (B, T); only for --output mixed exports."""
+        if self.spec.output != "mixed":
+            raise ExportError(f"{self.export_dir} was exported with --output all; use run()")
+        return self._run(char_ids)
+
+    def close(self) -> None:
+        self.session = None  # type: ignore[assignment]

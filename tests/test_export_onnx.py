@@ -1,0 +1,161 @@
+"""ONNX export: graph structure (Scan, TensorRT-parsable ops, float mask reductions), hard parity, manifest."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto
+
+from elmo_core import BiLM, ElmoConfig, load_bilm
+from elmo_core.init import init_bilm
+from elmo_core.model_io import file_sha256
+from export.errors import ExportError, ParityError
+from export.onnx_export import export_onnx, ort_run
+from export.onnx_graph import build_onnx
+from export.onnx_ops import TENSORRT_SUPPORTED_OPS, TENSORRT_UNSUPPORTED_OPS, iter_nodes
+from export.spec import VALIDATION_BATCHES, VALIDATION_TIMES, ExportSpec, Tolerance
+from export.validate import check_parity
+from inference.backends import TorchBackend
+from conftest import TINY_OPTIONS, make_model_dir
+
+QUICK = ((1, 1), (3, 8), (2, 33))
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Two shared cores: torch's spinning worker threads make small models 100x slower under load."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def fixture_model(fixture_dir: Path) -> dict:
+    return {"model": fixture_dir / "options.json", "weights": fixture_dir / "lm_weights.hdf5"}
+
+
+def test_graph_is_scan_based_tensorrt_parsable_and_checked(tiny_dir):
+    bilm = load_bilm(tiny_dir)
+    model = build_onnx(bilm, ExportSpec.for_config(bilm.config))
+    onnx.checker.check_model(model, full_check=True)
+    top = [n.op_type for n in model.graph.node]
+    everything = [n.op_type for n in iter_nodes(model.graph)]
+    assert top.count("Scan") == bilm.config.lstm.n_layers  # one Scan over time per layer, not unrolled
+    assert "Loop" not in everything and not any(op.startswith("Sequence") for op in everything)
+    assert len(everything) > len(top)  # the walk went into the Scan bodies
+    unsupported = sorted({op for op in everything if op not in TENSORRT_SUPPORTED_OPS})
+    assert unsupported == [], f"ops TensorRT's ONNX parser does not support: {unsupported}"
+    assert not set(everything) & TENSORRT_UNSUPPORTED_OPS
+    # input projections for all timesteps: one MatMul per direction and layer, outside the Scan
+    n_hw = bilm.config.char_cnn.n_highway
+    assert top.count("MatMul") == 2 * bilm.config.lstm.n_layers + n_hw + 1
+
+
+def test_reductions_never_run_on_int64(tiny_dir):
+    bilm = load_bilm(tiny_dir)
+    model = onnx.shape_inference.infer_shapes(build_onnx(bilm, ExportSpec.for_config(bilm.config)))
+    types = {v.name: v.type.tensor_type.elem_type for v in list(model.graph.value_info) + list(model.graph.input)}
+    reductions = [n for n in iter_nodes(model.graph) if n.op_type.startswith("Reduce")]
+    assert reductions
+    for node in reductions:
+        assert types[node.input[0]] == TensorProto.FLOAT, f"{node.name} reduces a {types[node.input[0]]} tensor"
+
+
+def test_fixture_parity_on_every_spec_shape(fixture_dir, tmp_path):
+    m = export_onnx(out_dir=tmp_path, threads=1, **fixture_model(fixture_dir))
+    par = m["parity"]
+    shapes = {(r["batch"], r["time"]) for r in par["shapes"]}
+    assert shapes == {(b, t) for b in VALIDATION_BATCHES for t in VALIDATION_TIMES}
+    assert par["passed"] and par["max_abs"] <= 1e-4, par
+    assert all(r["max_abs"] <= 1e-4 for r in par["shapes"])
+    saved = json.loads((tmp_path / "manifest.json").read_text())
+    assert saved["source"]["weights_sha256"] == file_sha256(fixture_dir / "lm_weights.hdf5")
+    assert saved["onnx"]["sha256"] == file_sha256(tmp_path / "model.onnx")
+    assert saved["onnx"]["opset"] == 17 and saved["precision"] == "fp32" and saved["onnx"]["tensorrt_parsable"]
+    assert saved["inputs"] == [{"name": "char_ids", "dtype": "int32", "shape": ["batch", "time", 50],
+                                "dynamic_axes": {"0": "batch", "1": "time"}}]
+    assert [o["name"] for o in saved["outputs"]] == ["layers", "mask"]
+    assert saved["outputs"][0]["shape"] == ["batch", 3, "time", 32]
+    graph = onnx.load(str(tmp_path / "model.onnx"))
+    dims = [d.dim_param or d.dim_value for d in graph.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == ["batch", "time", 50]
+
+
+def test_parity_failure_raises_and_leaves_no_manifest(tiny_dir, tmp_path):
+    other = make_model_dir(tmp_path / "other", TINY_OPTIONS, seed=7)
+    export_onnx(other, tmp_path / "x", threads=1, shapes=QUICK)
+    spec = ExportSpec.for_config(load_bilm(tiny_dir).config)
+    wrong = ort_run(tmp_path / "x" / "model.onnx", spec, threads=1)  # another model's graph
+    with pytest.raises(ParityError, match="differs from the torch backend"):
+        check_parity(wrong, TorchBackend(load_bilm(tiny_dir)), spec, QUICK)
+    with pytest.raises(ParityError):  # an impossible tolerance fails too: nothing is only printed
+        export_onnx(tiny_dir, tmp_path / "y", threads=1, shapes=QUICK)  # passes
+        check_parity(ort_run(tmp_path / "y" / "model.onnx", spec, 1), TorchBackend(load_bilm(tiny_dir)), spec,
+                     QUICK, tolerance=Tolerance(max_abs=0.0, min_cosine=1.0 + 1e-9))
+
+
+@pytest.mark.parametrize("opset", [18, 20])
+def test_mixed_output_and_other_opsets(tiny_dir, tmp_path, opset):
+    m = export_onnx(tiny_dir, tmp_path, output="mixed", mix=[0.3, -1.0, 2.0], gamma=0.5, opset=opset,
+                    threads=1, shapes=QUICK)
+    assert m["parity"]["max_abs"] <= 1e-4 and m["outputs"][0]["shape"] == ["batch", "time", 16]
+    assert m["onnx"]["opset"] == opset
+
+
+@pytest.mark.parametrize("precision,ops", [("fp16", {"Cast", "MatMul"}), ("int8", {"MatMulInteger"})])
+def test_reduced_precision_variants(tiny_dir, tmp_path, precision, ops):
+    m = export_onnx(tiny_dir, tmp_path, precision=precision, threads=1, shapes=QUICK)
+    assert m["parity"]["min_cosine"] >= ExportSpec.for_config(load_bilm(tiny_dir).config,
+                                                             precision=precision).tolerance.min_cosine
+    assert ops <= set(m["onnx"]["op_types"])
+    assert m["onnx"]["tensorrt_parsable"] == (precision != "int8")
+    if precision == "int8":  # the recurrent MatMuls inside the Scan bodies are quantized too
+        body_ops = {n.op_type for n in iter_nodes(onnx.load(str(tmp_path / "model.onnx")).graph)}
+        assert "MatMul" not in body_ops
+
+
+def test_bad_export_options(tiny_dir, tmp_path):
+    with pytest.raises(ExportError, match="expected 3 weights"):
+        export_onnx(tiny_dir, tmp_path, output="mixed", mix=[1.0, 2.0])
+    with pytest.raises(ExportError, match="only apply to --output mixed"):
+        export_onnx(tiny_dir, tmp_path, gamma=2.0)
+    with pytest.raises(ExportError, match="opset 12 is not supported"):
+        export_onnx(tiny_dir, tmp_path, opset=12)
+
+
+FULL = {"lstm": {"dim": 4096, "projection_dim": 512, "n_layers": 2, "cell_clip": 3, "proj_clip": 3,
+                 "use_skip_connections": True},
+        "char_cnn": {"embedding": {"dim": 16}, "n_highway": 2, "n_characters": 262, "max_characters_per_token": 50,
+                     "filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]],
+                     "activation": "relu"}}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("ELMO_SLOW"), reason="full-size biLM (93M params, ~3 GB RAM, ~15 s): "
+                    "set ELMO_SLOW=1; bench/bench_onnx.py covers it too")
+def test_full_size_architecture_parity():
+    import onnxruntime as ort
+
+    bilm = init_bilm(BiLM(ElmoConfig.from_dict(FULL)), seed=0).eval()
+    spec = ExportSpec.for_config(bilm.config)
+    sess = ort.InferenceSession(build_onnx(bilm, spec).SerializeToString(), providers=["CPUExecutionProvider"])
+    par = check_parity(lambda ids: tuple(sess.run(None, {"char_ids": ids})), TorchBackend(bilm), spec,
+                       ((1, 1), (3, 8), (1, 33)))
+    assert par["max_abs"] <= 1e-4, par
+
+
+def test_bf16_graph_exports_for_tensorrt_but_cannot_validate_on_cpu(tiny_dir, tmp_path):
+    with pytest.raises(ExportError, match="ONNX Runtime cannot load the graph"):
+        export_onnx(tiny_dir, tmp_path / "v", precision="bf16", threads=1, shapes=((1, 1),))
+    m = export_onnx(tiny_dir, tmp_path / "n", precision="bf16", validate=False)
+    assert m["parity"]["passed"] is None and m["onnx"]["tensorrt_parsable"]
+    model = onnx.load(str(tmp_path / "n" / "model.onnx"))
+    onnx.checker.check_model(model, full_check=True)
+    types = {t.data_type for g in [model.graph] + [a.g for n in model.graph.node for a in n.attribute if a.g.name]
+             for t in g.initializer}
+    assert TensorProto.BFLOAT16 in types and TensorProto.FLOAT in types
