@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ from export.onnx_ops import TENSORRT_SUPPORTED_OPS, TENSORRT_UNSUPPORTED_OPS, it
 from export.spec import VALIDATION_BATCHES, VALIDATION_TIMES, ExportSpec, Tolerance
 from export.validate import check_parity
 from inference.backends import TorchBackend
-from conftest import TINY_OPTIONS, make_model_dir
+from .conftest import TINY_OPTIONS, make_model_dir
 
 QUICK = ((1, 1), (3, 8), (2, 33))
 
@@ -136,9 +135,8 @@ FULL = {"lstm": {"dim": 4096, "projection_dim": 512, "n_layers": 2, "cell_clip":
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("ELMO_SLOW"), reason="full-size biLM (93M params, ~3 GB RAM, ~15 s): "
-                    "set ELMO_SLOW=1; bench/bench_onnx.py covers it too")
 def test_full_size_architecture_parity():
+    """The published full-size architecture (93M params, ~3 GB RAM, ~15 s) on three of the spec's shapes."""
     import onnxruntime as ort
 
     bilm = init_bilm(BiLM(ElmoConfig.from_dict(FULL)), seed=0).eval()

@@ -14,7 +14,7 @@ from export.errors import EngineMismatchError, ExportError, TensorRTUnavailableE
 from export.onnx_export import export_onnx
 from export.spec import ExportSpec
 from export.tensorrt import build_engine, check_engine_manifest, parse_bt, profile_from_args, tensorrt_ep_providers
-from conftest import SENTENCES
+from .conftest import SENTENCES
 
 SPEC = ExportSpec(n_layers=3, dim=32, max_chars=50)
 MANIFEST = {"tensorrt": {"version": "10.13.0.35"}, "gpu": {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}}
