@@ -8,11 +8,13 @@ Padded positions neither change the state nor emit output.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
 
 from .config import LstmConfig
+from .packed_gemm import PackedLinear, packed_gemm_available
 
 
 @dataclass
@@ -45,18 +47,21 @@ def lstm_step(gates: torch.Tensor, c_prev: torch.Tensor, w_proj: torch.Tensor,
     return h, c
 
 
-def lstm_step_inplace(gates: torch.Tensor, c_prev: torch.Tensor, w_proj: torch.Tensor,
+def lstm_step_inplace(gates: torch.Tensor, c_prev: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor],
                       cell_clip: float | None, proj_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``lstm_step`` for inference, overwriting ``gates`` to save memory passes. Same shapes."""
+    """``lstm_step`` for inference, overwriting ``gates``; ``project`` applies W_P.
+
+    Shape: gates (..., N, 4C), c_prev (..., N, C) -> h (..., N, P), c (..., N, C).
+    """
     C = c_prev.shape[-1]
     gates[..., :C].sigmoid_()  # i
     gates[..., C : 2 * C].tanh_()  # j
     gates[..., 2 * C :].sigmoid_()  # f, o
-    i, j, f, o = gates.chunk(4, dim=-1)  # (D, N, C) each
-    c = torch.addcmul(f * c_prev, i, j)  # (D, N, C)
+    i, j, f, o = gates.chunk(4, dim=-1)  # (..., N, C) each
+    c = torch.addcmul(f * c_prev, i, j)  # (..., N, C)
     if cell_clip is not None:
         c.clamp_(-cell_clip, cell_clip)
-    h = torch.bmm(o.mul_(torch.tanh(c)), w_proj)  # (D, N, P)
+    h = project(o.mul_(torch.tanh(c)))  # (..., N, P)
     if proj_clip is not None:
         h.clamp_(-proj_clip, proj_clip)
     return h, c
@@ -141,13 +146,14 @@ class BiLstmStack(nn.Module):
         """Shape: xs (2, N, P), h (2, B, P), c (2, B, C) -> out (2, N, P), h, c."""
         bias = (self.bias[layer] + self.forget_offset)[:, None, :]  # (2, 1, 4C)
         gx = torch.baddbmm(bias, xs, self.w_input[layer])  # (2, N, 4C): every step's input part at once
-        w_state, w_proj = self.w_state[layer], self.w_proj[layer]
-        clips = (self.cfg.cell_clip, self.cfg.proj_clip)
-        step = lstm_step if torch.is_grad_enabled() else lstm_step_inplace
+        if torch.is_grad_enabled():
+            w_state, w_proj = self.w_state[layer], self.w_proj[layer]
+            step = lambda g, h_, c_: lstm_step(torch.baddbmm(g, h_, w_state), c_, w_proj, *self._clips)  # noqa: E731
+        else:
+            step = self._inference_step(layer)
         B, outs = h.shape[1], []
         for start, n in pack.steps:
-            gates = torch.baddbmm(gx[:, start : start + n], h[:, :n], w_state)  # (2, n, 4C)
-            h_new, c_new = step(gates, c[:, :n], w_proj, *clips)
+            h_new, c_new = step(gx[:, start : start + n], h[:, :n], c[:, :n])  # (2, n, P), (2, n, C)
             outs.append(h_new)
             # Finished rows keep their state; no in-place update, so autograd works too.
             if n == B or pack.shared_first and start == 0:  # a shared first step holds for every row
@@ -156,6 +162,35 @@ class BiLstmStack(nn.Module):
                 h = torch.cat([h_new, h[:, n:]], dim=1)  # (2, B, P)
                 c = torch.cat([c_new, c[:, n:]], dim=1)  # (2, B, C)
         return torch.cat(outs, dim=1), h, c
+
+    @property
+    def _clips(self) -> tuple[float | None, float | None]:
+        return self.cfg.cell_clip, self.cfg.proj_clip
+
+    def _inference_step(self, layer: int) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+        """One step of both directions without autograd: oneDNN pre-packed weights where available.
+
+        Shape: gx (2, n, 4C), h (2, n, P), c (2, n, C) -> h (2, n, P), c (2, n, C).
+        """
+        if not packed_gemm_available(self.w_state.device):
+            w_state, w_proj = self.w_state[layer], self.w_proj[layer]
+            return lambda gx, h, c: lstm_step_inplace(
+                torch.baddbmm(gx, h, w_state), c, lambda m: torch.bmm(m, w_proj), *self._clips)
+        packed = self._packed_weights()[layer]
+
+        def step(gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            hc = [lstm_step_inplace(w_s(h[d]).add_(gx[d]), c[d], w_p, *self._clips) for d, (w_s, w_p) in enumerate(packed)]
+            return torch.stack([hc[0][0], hc[1][0]]), torch.stack([hc[0][1], hc[1][1]])
+        return step
+
+    def _packed_weights(self) -> list[list[tuple[PackedLinear, PackedLinear]]]:
+        """Per layer and direction (W_h, W_P) packed once, repacked if the parameters change."""
+        key = (self.w_state._version, self.w_proj._version, self.w_state.data_ptr(), self.w_proj.data_ptr())
+        if getattr(self, "_packed_key", None) != key:
+            self._packed = [[(PackedLinear(self.w_state[l, d].detach()), PackedLinear(self.w_proj[l, d].detach()))
+                             for d in range(2)] for l in range(self.cfg.n_layers)]
+            self._packed_key = key
+        return self._packed
 
 
 class _Packing:
