@@ -90,6 +90,8 @@ def _embed_file(ray, job, f: InputFile, tmp: Path) -> None:
     worker_opts = EmbedOptions.coerce(opts, threads=opts.threads or 1).to_dict()
     blocks = max(opts.workers, -(-f.rows // opts.sort_window_rows))  # so every worker gets work
     ds = ray.data.read_parquet(str(f.path), columns=opts.input_columns, override_num_blocks=blocks)
+    if blocks > 1:  # Ray reads a file as one block; split it (text only, in order) to feed every worker
+        ds = ds.repartition(blocks, shuffle=False)
     ds = ds.map_batches(ElmoPredictor, fn_constructor_args=(str(job.model),),
                         fn_constructor_kwargs={"options": worker_opts}, batch_size=opts.sort_window_rows,
                         batch_format="pyarrow", concurrency=opts.workers, num_cpus=_worker_cpus(ray, opts),
