@@ -2,9 +2,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-EXTRAS ?= dev
+# ray: the Ray Data engine's test runs a real local cluster (about 30 s).
+EXTRAS ?= dev,ray
 
-.PHONY: install test info clean engine
+.PHONY: install test info clean engine demo embed bench-pipeline
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +28,17 @@ info: install
 ENGINE_OUT ?= engine
 engine: install
 	$(BIN)/elmo engine $(if $(MODEL),--model $(MODEL)) --out $(if $(OUT),$(OUT),$(ENGINE_OUT)) $(if $(PRECISION),--precision $(PRECISION))
+
+# The README's main command: sample corpus, model (MODEL=dir, else trained / random small), embed, show.
+demo: install
+	$(BIN)/elmo demo $(if $(MODEL),--model $(MODEL))
+
+# make embed INPUT=corpus/ OUT=vectors/ MODEL=dir [ARGS="--dtype float16 --resume"]
+embed: install
+	$(BIN)/elmo embed $(INPUT) $(OUT) --model $(MODEL) $(ARGS)
+
+bench-pipeline: install
+	$(BIN)/python bench/bench_pipeline.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -78,7 +78,7 @@ def run_peer(python: str, model_dir: Path, sent_file: Path, n_batches: int, bs: 
     script = ROOT.parent / "shared" / "peers" / "allennlp_embed.py"
     cmd = [python, str(script), str(model_dir / "options.json"), str(model_dir / "weights.hdf5"),
            "--sentences", str(sent_file), "--bench", str(n_batches), "--batch-size", str(bs),
-           "--threads", str(threads), "--show", "0"]
+           "--threads", str(threads), "--show", "1"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"AllenNLP peer failed:\n{r.stderr[-3000:]}")

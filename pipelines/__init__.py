@@ -1,1 +1,9 @@
-"""pipelines: see README."""
+"""pipelines: stream Parquet corpora through a biLM backend into Parquet ELMo vectors (``elmo embed``).
+
+See docs/pipelines.md for the output schema, resume semantics and windowing.
+"""
+from .job import embed_parquet
+from .options import EmbedOptions, OutputDirError
+from .predictor import ELMO_COLUMN, ElmoPredictor, elmo_type
+
+__all__ = ["embed_parquet", "EmbedOptions", "OutputDirError", "ElmoPredictor", "ELMO_COLUMN", "elmo_type"]

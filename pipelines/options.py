@@ -1,0 +1,134 @@
+"""The options of an ``elmo embed`` job, validated once, shared by the CLI, the API and both engines.
+
+Options split in two: those that change the output (they are part of the job's identity, and a
+resumed job must use the same ones) and those that only change how fast it runs.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping
+
+from elmo_core.errors import ElmoError, InputError
+from inference.outputs import OUTPUT_MODES
+
+BACKENDS = ("torch", "onnx", "tensorrt")
+ENGINES = ("local", "ray")
+DTYPES = ("float32", "float16")
+
+# Options that do not change a single output value; they may differ between a run and its resume.
+RUNTIME_ONLY = frozenset({"max_tokens_per_batch", "sort_window_rows", "workers", "threads", "quiet",
+                          "ray_address", "num_gpus_per_worker", "resume", "prefetch"})
+
+
+class OutputDirError(ElmoError):
+    """OUTPUT_DIR is not empty, holds another job's output, or holds files this job did not write."""
+
+
+@dataclass(frozen=True)
+class EmbedOptions:
+    """Everything ``elmo embed`` takes besides INPUT, OUTPUT_DIR and MODEL."""
+
+    backend: str = "torch"
+    text_column: str = "text"  # whitespace-tokenized text; ignored when tokens_column is set
+    tokens_column: str | None = None  # list<string>
+    id_column: str | None = None
+    keep_columns: tuple[str, ...] = ()
+    output: str = "mixed"  # mixed | all | top | average
+    mix: tuple[float, ...] | None = None  # scalar mix s (before softmax); None = equal weights
+    gamma: float = 1.0
+    dtype: str = "float32"
+    max_sentence_length: int = 256  # longer rows are embedded in windows, see pipelines.windows
+    window_context: int | None = None  # tokens of context each side of a window; None = max_len // 8
+    rows_per_shard: int = 100_000  # one output shard per this many rows of one input file
+    engine: str = "local"
+    max_tokens_per_batch: int = 4096  # padded tokens (rows x longest row) per backend call
+    sort_window_rows: int = 1024  # rows sorted by length together, then restored to input order
+    workers: int = 1  # Ray actors (the local engine runs one model)
+    threads: int | None = None  # torch intra-op threads; None = torch's default
+    prefetch: int = 4  # prepared windows queued ahead of the model
+    resume: bool = False
+    quiet: bool = False
+    ray_address: str | None = None
+    num_gpus_per_worker: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_choice("backend", self.backend, BACKENDS)
+        _check_choice("output", self.output, OUTPUT_MODES)
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("engine", self.engine, ENGINES)
+        for name in ("max_sentence_length", "rows_per_shard", "max_tokens_per_batch", "sort_window_rows",
+                     "workers", "prefetch"):
+            if int(getattr(self, name)) <= 0:
+                raise InputError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.max_tokens_per_batch < self.max_sentence_length:
+            raise InputError(f"max_tokens_per_batch ({self.max_tokens_per_batch}) must be at least "
+                             f"max_sentence_length ({self.max_sentence_length}) so one window fits a batch")
+        if not 0 <= self.context < (self.max_sentence_length + 1) // 2:
+            raise InputError(f"window_context must be in [0, max_sentence_length / 2), got {self.context}")
+        if self.mix is not None and self.output != "mixed":
+            raise InputError(f"--mix only applies to --output mixed (got --output {self.output})")
+        if self.num_gpus_per_worker < 0:
+            raise InputError(f"num_gpus_per_worker must be >= 0, got {self.num_gpus_per_worker}")
+
+    @property
+    def context(self) -> int:
+        return self.max_sentence_length // 8 if self.window_context is None else int(self.window_context)
+
+    @property
+    def input_columns(self) -> list[str]:
+        """The columns read from the input, in output order (id, kept columns), then the text."""
+        text = self.tokens_column or self.text_column
+        cols = ([self.id_column] if self.id_column else []) + list(self.keep_columns)
+        return cols + ([text] if text not in cols else [])
+
+    @property
+    def passthrough_columns(self) -> list[str]:
+        return ([self.id_column] if self.id_column else []) + list(self.keep_columns)
+
+    @classmethod
+    def coerce(cls, value: "EmbedOptions | Mapping[str, Any] | None" = None, **overrides: Any) -> "EmbedOptions":
+        """An EmbedOptions from an instance, a dict (e.g. from JSON) or keyword arguments."""
+        base = asdict(value) if isinstance(value, EmbedOptions) else dict(value or {})
+        base.update(overrides)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(base) - known)
+        if unknown:
+            raise InputError(f"unknown embed options {unknown}; known: {sorted(known)}")
+        if base.get("keep_columns") is not None:
+            base["keep_columns"] = _as_tuple(base["keep_columns"], str)
+        if base.get("mix") is not None:
+            base["mix"] = _as_tuple(base["mix"], float)
+        return cls(**base)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["keep_columns"] = list(self.keep_columns)
+        d["mix"] = list(self.mix) if self.mix is not None else None
+        d["window_context"] = self.context
+        return d
+
+    def identity(self) -> dict[str, Any]:
+        """The options that change the output, i.e. that a resumed job must keep."""
+        return {k: v for k, v in self.to_dict().items() if k not in RUNTIME_ONLY}
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise InputError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+def _as_tuple(value: Any, kind: type) -> tuple:
+    if isinstance(value, str):
+        value = [v for v in value.split(",") if v.strip()]
+    try:
+        return tuple(kind(v) for v in value)
+    except (TypeError, ValueError):
+        raise InputError(f"expected a comma-separated list of {kind.__name__}, got {value!r}") from None
+
+
+def digest(obj: Any) -> str:
+    """sha256 of a JSON-able object in canonical form."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+

@@ -1,0 +1,133 @@
+"""``ElmoPredictor``: the one class both engines run (the local loop, and Ray Data's map_batches).
+
+It loads the backend once in ``__init__``; ``__call__(batch) -> batch`` is pure: the batch's id and
+kept columns, in the same row order, plus the ``elmo`` column. The work is split in two so the
+local engine can overlap them: ``prepare`` (tokens, windows, buckets, character ids: CPU-light,
+run in a prefetch thread) and ``compute`` (the backend, the output mode, the Arrow column).
+
+Output column ``elmo`` (D = 2P, L+1 = the model's output layers, float = float32 or float16):
+  - output mixed / top / average: ``list<fixed_size_list<float, D>>``, one D-vector per token;
+  - output all: ``list<fixed_size_list<fixed_size_list<float, D>, L+1>>``: per token, its L+1
+    layers (layer 0 = the char-CNN token layer, then each biLSTM layer), i.e. (T, L+1, D) per row.
+A null text gives a null ``elmo``; an empty or whitespace-only text gives an empty list.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from elmo_core import batch_to_ids
+from elmo_core.errors import InputError
+from inference.outputs import reduce_layers
+
+from .backend_factory import open_backend
+from .options import EmbedOptions
+from .rows import Plan, plan_batches, row_tokens
+
+ELMO_COLUMN = "elmo"
+
+
+def elmo_type(dim: int, n_layers: int, output: str, dtype: str) -> pa.DataType:
+    """Shape: the Arrow type of the ``elmo`` column, see the module doc."""
+    item = pa.list_(pa.float16() if dtype == "float16" else pa.float32(), dim)
+    if output == "all":
+        item = pa.list_(item, n_layers)
+    return pa.list_(item)
+
+
+@dataclass
+class Prepared:
+    """A batch ready for the model: pass-through columns, the plan and each model batch's char ids."""
+
+    passthrough: pa.Table
+    plan: Plan
+    char_ids: list[np.ndarray]  # one (B, T, C) int32 per plan batch
+
+
+def _as_table(batch: Any) -> pa.Table:
+    if isinstance(batch, pa.Table):
+        return batch
+    if isinstance(batch, pa.RecordBatch):
+        return pa.Table.from_batches([batch])
+    if isinstance(batch, Mapping):
+        cols = {}
+        for name, values in batch.items():
+            if isinstance(values, np.ndarray) and values.dtype == object:
+                values = [v.tolist() if isinstance(v, np.ndarray) else v for v in values]
+            cols[name] = pa.array(values)
+        return pa.table(cols)
+    raise InputError(f"a batch must be a pyarrow Table/RecordBatch or a dict of arrays, got {type(batch).__name__}")
+
+
+class ElmoPredictor:
+    """Embeds batches of rows. ``options``: an EmbedOptions or its dict (Ray passes a dict).
+
+    Shape: a batch of R rows -> the same R rows (id + kept columns) + ``elmo`` (see module doc).
+    """
+
+    def __init__(self, model: str | Path, options: EmbedOptions | Mapping[str, Any] | None = None,
+                 **overrides: Any) -> None:
+        self.options = EmbedOptions.coerce(options, **overrides)
+        self.backend = open_backend(model, self.options.backend, self.options.threads)
+        self.config = self.backend.config
+        if self.options.mix is not None and len(self.options.mix) != self.config.n_output_layers:
+            raise InputError(f"--mix: the model has {self.config.n_output_layers} output layers, "
+                             f"got {len(self.options.mix)} weights")
+        self.dim, self.n_layers = self.config.output_dim, self.config.n_output_layers
+        self.type = elmo_type(self.dim, self.n_layers, self.options.output, self.options.dtype)
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __call__(self, batch: Any) -> Any:
+        out = self.compute(self.prepare(batch))
+        if isinstance(batch, Mapping):  # Ray's numpy format: numpy columns, elmo as an object array
+            result = {name: np.asarray(batch[name]) for name in self.options.passthrough_columns}
+            vectors = np.empty(out.num_rows, dtype=object)  # (R,) of (T_i, [L+1,] D) arrays or None
+            for i, v in enumerate(out[ELMO_COLUMN].to_pylist()):
+                vectors[i] = None if v is None else np.asarray(v, dtype=self.options.dtype)
+            result[ELMO_COLUMN] = vectors
+            return result
+        return out
+
+    def prepare(self, batch: Any) -> Prepared:
+        """Tokens, windows, length buckets and character ids of a batch (no model call)."""
+        table = _as_table(batch)
+        opts = self.options
+        text = opts.tokens_column or opts.text_column
+        missing = [c for c in opts.input_columns if c not in table.column_names]
+        if missing:
+            raise InputError(f"columns {missing} not in the batch; it has {table.column_names}")
+        rows = row_tokens(table.column(text), opts.tokens_column is not None, text)
+        plan = plan_batches(rows, opts.max_sentence_length, opts.context, opts.max_tokens_per_batch)
+        max_chars = self.config.char_cnn.max_characters_per_token
+        char_ids = [batch_to_ids(b.tokens, max_chars) for b in plan.batches]  # each (B, T, C)
+        return Prepared(table.select(opts.passthrough_columns), plan, char_ids)
+
+    def compute(self, prepared: Prepared) -> pa.Table:
+        """Run the backend on every model batch and assemble the ``elmo`` column in row order."""
+        opts, plan = self.options, prepared.plan
+        shape = (plan.tokens, self.n_layers, self.dim) if opts.output == "all" else (plan.tokens, self.dim)
+        out = np.empty(shape, dtype=np.float32)  # (N tokens, [L+1,] D)
+        for batch, ids in zip(plan.batches, prepared.char_ids):
+            layers, mask = self.backend.run(ids)  # (B, L+1, T, D), (B, T)
+            reduced = reduce_layers(layers, mask, opts.output, opts.mix, opts.gamma)  # (B, [L+1,] T, D)
+            for k, (dest, skip, n) in enumerate(batch.pieces):
+                if opts.output == "all":
+                    out[dest:dest + n] = reduced[k, :, skip:skip + n].transpose(1, 0, 2)  # (n, L+1, D)
+                else:
+                    out[dest:dest + n] = reduced[k, skip:skip + n]  # (n, D)
+        column = self._column(out, plan.lengths)
+        return prepared.passthrough.append_column(pa.field(ELMO_COLUMN, self.type), column)
+
+    def _column(self, out: np.ndarray, lengths: np.ndarray) -> pa.Array:
+        values = pa.array(out.reshape(-1).astype(self.options.dtype, copy=False))
+        item: pa.Array = pa.FixedSizeListArray.from_arrays(values, self.dim)
+        if self.options.output == "all":
+            item = pa.FixedSizeListArray.from_arrays(item, self.n_layers)
+        offsets = np.concatenate([[0], np.cumsum(np.maximum(lengths, 0))]).astype(np.int32)  # (R+1,)
+        return pa.ListArray.from_arrays(pa.array(offsets), item, type=self.type, mask=pa.array(lengths < 0))

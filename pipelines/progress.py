@@ -1,0 +1,51 @@
+"""A one-line progress bar on stderr (rows, tokens, tokens/s, ETA), refreshed at most twice a second."""
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class Progress:
+    """``update(rows, tokens)`` after each batch; ``close()`` ends the line. Silent when ``quiet``."""
+
+    def __init__(self, total_rows: int, done_rows: int = 0, quiet: bool = False, stream: TextIO | None = None,
+                 interval: float = 0.5) -> None:
+        self.total, self.rows, self.tokens = total_rows, done_rows, 0
+        self.start_rows = done_rows
+        self.quiet, self.stream, self.interval = quiet, stream or sys.stderr, interval
+        self.t0 = self.last = time.perf_counter()
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        if not self.tty:  # a log file: a line every 10 s, not a redraw
+            self.interval = max(self.interval, 10.0)
+
+    def update(self, rows: int, tokens: int) -> None:
+        self.rows += rows
+        self.tokens += tokens
+        now = time.perf_counter()
+        if not self.quiet and now - self.last >= self.interval:
+            self.last = now
+            self._draw(now, end="\r" if self.tty else "\n")
+
+    def line(self, now: float | None = None) -> str:
+        elapsed = max(1e-9, (now or time.perf_counter()) - self.t0)
+        rate_rows = (self.rows - self.start_rows) / elapsed
+        eta = (self.total - self.rows) / rate_rows if rate_rows > 0 else float("nan")
+        pct = 100.0 * self.rows / self.total if self.total else 100.0
+        eta_s = _duration(eta) if eta == eta else "?"
+        return (f"rows {self.rows:,}/{self.total:,} ({pct:5.1f}%) | tokens {self.tokens:,} | "
+                f"{self.tokens / elapsed:,.0f} tokens/s | elapsed {_duration(elapsed)} | ETA {eta_s}")
+
+    def _draw(self, now: float, end: str) -> None:
+        print(self.line(now).ljust(100), end=end, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if not self.quiet and self.tty:
+            print(file=self.stream, flush=True)

@@ -1,0 +1,183 @@
+"""``elmo embed`` with the local engine: vectors against the Embedder, schema, order, readers, bad input."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from elmo_cli.main import main
+from elmo_core.errors import InputError
+from inference import Embedder
+from pipelines import ElmoPredictor, OutputDirError, embed_parquet
+from pipelines.corpus import write_sample_corpus
+from pipelines.rows import window_spans
+
+ATOL = 1e-5
+FAST = dict(max_tokens_per_batch=2048, sort_window_rows=64, quiet=True)
+
+
+def rows_of(out: Path) -> pa.Table:
+    return ds.dataset(out, format="parquet").to_table()
+
+
+def check_against_embedder(table: pa.Table, texts: list, model: Path, output: str = "mixed", atol: float = ATOL):
+    ref = Embedder.from_files(model).embed_sentences([t.split() for t in texts if t is not None], output=output)
+    refs = iter(ref)
+    for i, (text, got) in enumerate(zip(texts, table.column("elmo").to_pylist())):
+        if text is None:
+            assert got is None, f"row {i}: null text must give a null vector"
+            continue
+        want = next(refs)
+        want = want.transpose(1, 0, 2) if output == "all" else want  # (T, L+1, D)
+        got = np.asarray(got, dtype=np.float32).reshape(want.shape)
+        np.testing.assert_allclose(got, want, atol=atol, rtol=0, err_msg=f"row {i}")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus")
+    write_sample_corpus(path, rows=160, files=2, row_group_rows=50)
+    return path
+
+
+def test_spans_cover_each_token_once_with_context():
+    for n, m, c in [(10, 4, 0), (100, 16, 2), (257, 256, 32), (1000, 256, 32), (33, 8, 3), (9, 5, 2)]:
+        spans = window_spans(n, m, c)
+        kept = [i for s in spans for i in range(s.keep_from, s.keep_to)]
+        assert kept == list(range(n))
+        for s in spans:
+            assert 0 <= s.start <= s.keep_from < s.keep_to <= s.end <= n and s.end - s.start <= m
+            assert s.keep_from == 0 or s.keep_from - s.start >= c
+            assert s.keep_to == n or s.end - s.keep_to >= c
+
+
+@pytest.mark.parametrize("output,dtype", [("mixed", "float32"), ("all", "float32"), ("top", "float16")])
+def test_local_vectors_match_embedder(corpus, tiny_dir, tmp_path, output, dtype):
+    out = tmp_path / "out"
+    m = embed_parquet(corpus, out, tiny_dir, id_column="id", keep_columns=["speech"], output=output, dtype=dtype,
+                      rows_per_shard=30, **FAST)
+    table = rows_of(out)
+    source = ds.dataset(corpus, format="parquet").to_table()
+    assert table.column_names == ["id", "speech", "elmo"]
+    assert table.column("id").to_pylist() == source.column("id").to_pylist()
+    assert m["rows"] == 160 and m["tokens"] == sum(len(t.split()) for t in source.column("text").to_pylist())
+    D = 16
+    inner = table.schema.field("elmo").type.value_type
+    assert pa.types.is_fixed_size_list(inner)
+    if output == "all":
+        assert inner.list_size == 3 and inner.value_type.list_size == D
+    else:
+        assert inner.list_size == D and inner.value_type == (pa.float16() if dtype == "float16" else pa.float32())
+    check_against_embedder(table, source.column("text").to_pylist(), tiny_dir, output,
+                           atol=2e-3 if dtype == "float16" else ATOL)
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith("part-")) == \
+        ["_SUCCESS", "_job.json", "_manifest.json"]
+    assert len(m["shards"]) == 6  # 80 rows a file, 30 rows a shard
+
+
+def test_duckdb_reads_output_in_input_order(corpus, tiny_dir, tmp_path):
+    duckdb = pytest.importorskip("duckdb", reason="duckdb is in the dev extra")
+    out = tmp_path / "out"
+    embed_parquet(corpus, out, tiny_dir, id_column="id", rows_per_shard=25, **FAST)
+    got = duckdb.sql(f"SELECT id, len(elmo) AS n FROM read_parquet('{out}/*.parquet')").fetchall()
+    source = ds.dataset(corpus, format="parquet").to_table()
+    assert [g[0] for g in got] == source.column("id").to_pylist()
+    assert [g[1] for g in got] == [len(t.split()) for t in source.column("text").to_pylist()]
+
+
+def test_null_empty_long_tokens_and_windows(tiny_dir, tmp_path):
+    long_row = " ".join(f"w{i % 23}" for i in range(70))
+    texts = ["a normal row .", None, "", "   \t ", "é" * 40 + " " + "x" * 80 + " ok", long_row, "last"]
+    pq.write_table(pa.table({"id": list(range(len(texts))), "text": texts}), tmp_path / "in.parquet")
+    out = tmp_path / "out"
+    m = embed_parquet(tmp_path / "in.parquet", out, tiny_dir, id_column="id", max_sentence_length=16,
+                      window_context=2, **FAST)
+    got = rows_of(out).column("elmo").to_pylist()
+    assert got[1] is None and got[2] == [] and got[3] == []
+    assert len(got[4]) == 3 and len(got[5]) == 70
+    assert m["null_rows"] == 1 and m["windowed_rows"] == 1
+    assert m["windows"] == len(window_spans(70, 16, 2)) == 6
+    short = [t if t is None or len(t.split()) <= 16 else "" for t in texts]
+    short_table = pa.table({"elmo": pa.array([g if t != long_row else [] for g, t in zip(got, texts)])})
+    check_against_embedder(short_table, short, tiny_dir)
+    # a windowed row: each window is embedded alone; the first window's kept tokens are its first 14
+    tokens = long_row.split()
+    first = Embedder.from_files(tiny_dir).embed_sentences([tokens[:16]], output="mixed")[0]  # (16, D)
+    np.testing.assert_allclose(np.asarray(got[5][:14], np.float32), first[:14], atol=ATOL, rtol=0)
+    second = Embedder.from_files(tiny_dir).embed_sentences([tokens[12:28]], output="mixed")[0]
+    np.testing.assert_allclose(np.asarray(got[5][14:26], np.float32), second[2:14], atol=ATOL, rtol=0)
+
+
+def test_tokens_column_and_mix(tiny_dir, tmp_path):
+    tokens = [["The", "cat", "sat"], None, [], ["Hi"]]
+    pq.write_table(pa.table({"toks": pa.array(tokens, pa.list_(pa.string()))}), tmp_path / "in.parquet")
+    embed_parquet(tmp_path / "in.parquet", tmp_path / "out", tiny_dir, tokens_column="toks", mix=[1.0, -1.0, 0.5],
+                  gamma=0.7, **FAST)
+    got = rows_of(tmp_path / "out").column("elmo").to_pylist()
+    assert got[1] is None and got[2] == []
+    want = Embedder.from_files(tiny_dir).embed_sentences([tokens[0], tokens[3]], output="mixed",
+                                                         mix_weights=[1.0, -1.0, 0.5], gamma=0.7)
+    np.testing.assert_allclose(np.asarray(got[0], np.float32), want[0], atol=ATOL, rtol=0)
+    np.testing.assert_allclose(np.asarray(got[3], np.float32), want[1], atol=ATOL, rtol=0)
+
+
+def test_predictor_is_pure_and_takes_dicts(tiny_dir):
+    predictor = ElmoPredictor(tiny_dir, id_column="id")
+    batch = pa.table({"id": [7, 8, 9], "text": ["a b c", None, "d"]})
+    first, second = predictor(batch), predictor(batch)
+    assert first.equals(second) and first.column("id").to_pylist() == [7, 8, 9]
+    as_dict = predictor({"id": np.array([7, 8, 9]), "text": np.array(["a b c", None, "d"], dtype=object)})
+    assert as_dict["elmo"][1] is None and as_dict["elmo"][0].shape == (3, 16)
+    np.testing.assert_array_equal(as_dict["elmo"][2], np.asarray(first.column("elmo")[2].as_py(), np.float32))
+
+
+def test_bad_inputs_are_named_and_write_nothing(tiny_dir, tmp_path):
+    pq.write_table(pa.table({"body": ["a b"], "n": [1]}), tmp_path / "ok.parquet")
+    with pytest.raises(InputError, match=r"\['text'\] not found; the columns are \['body', 'n'\]"):
+        embed_parquet(tmp_path / "ok.parquet", tmp_path / "o1", tiny_dir, **FAST)
+    assert not (tmp_path / "o1").exists()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    pq.write_table(pa.table({"text": ["a b"]}), bad / "a.parquet")
+    (bad / "b.parquet").write_bytes(b"this is not parquet at all")
+    with pytest.raises(InputError, match=r"b\.parquet: not a Parquet file or corrupt"):
+        embed_parquet(bad, tmp_path / "o2", tiny_dir, **FAST)
+    full = (bad / "a.parquet").read_bytes()
+    (bad / "b.parquet").write_bytes(full[: len(full) // 2] + full[-100:])  # a broken Parquet file
+    with pytest.raises(InputError, match=r"b\.parquet"):
+        embed_parquet(bad, tmp_path / "o3", tiny_dir, **FAST)
+    assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
+
+
+def test_output_dir_of_another_job_is_refused(corpus, tiny_dir, tmp_path):
+    out = tmp_path / "out"
+    embed_parquet(corpus, out, tiny_dir, rows_per_shard=100, **FAST)
+    with pytest.raises(OutputDirError, match="already holds this job's output; pass --resume"):
+        embed_parquet(corpus, out, tiny_dir, rows_per_shard=100, **FAST)
+    with pytest.raises(OutputDirError, match=r"another job's output \(different options \['dtype'\]\)"):
+        embed_parquet(corpus, out, tiny_dir, rows_per_shard=100, dtype="float16", resume=True, **FAST)
+    m = embed_parquet(corpus, out, tiny_dir, rows_per_shard=100, resume=True, max_tokens_per_batch=999, quiet=True)
+    assert m["this_run"]["shards"] == 0 and m["this_run"]["shards_kept"] == 2
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(OutputDirError, match="not empty"):
+        embed_parquet(corpus, tmp_path / "other", tiny_dir, **FAST)
+
+
+def test_cli_embed_and_errors(corpus, tiny_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["embed", str(corpus), str(out), "--model", str(tiny_dir), "--id-column", "id",
+                 "--dtype", "float16", "--quiet", "--json"]) == 0
+    manifest = json.loads(capsys.readouterr().out)
+    assert manifest == json.loads((out / "_manifest.json").read_text())
+    assert manifest["options"]["dtype"] == "float16" and manifest["rows"] == 160
+    assert manifest["model"]["sha256"] and manifest["this_run"]["tokens_per_second"] > 0
+    assert main(["embed", str(corpus), str(tmp_path / "o2"), "--model", str(tiny_dir), "--text-column", "nope"]) == 2
+    assert "['nope'] not found; the columns are ['id', 'speech', 'text']" in capsys.readouterr().err
+    assert main(["embed", str(corpus), str(tmp_path / "o3"), "--model", str(tiny_dir), "--backend", "tensorrt"]) == 2
+    assert "tensorrt" in capsys.readouterr().err

@@ -1,0 +1,76 @@
+"""Exactly once: a real ``elmo embed`` process is killed with SIGKILL mid-way, then resumed."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+
+from inference import Embedder
+from pipelines import embed_parquet
+from pipelines.corpus import write_sample_corpus
+
+ATOL = 1e-5
+
+
+def _shards(out: Path) -> list[Path]:
+    return sorted(out.glob("part-*.parquet")) if out.exists() else []
+
+
+def test_sigkill_then_resume_gives_every_row_exactly_once(tiny_dir, tmp_path):
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=900, files=2, row_group_rows=100)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "elmo_cli", "embed", str(corpus), str(out), "--model", str(tiny_dir),
+           "--id-column", "id", "--rows-per-shard", "30", "--sort-window-rows", "15", "--max-tokens-per-batch",
+           "300", "--threads", "1", "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while len(_shards(out)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, f"the run ended before it could be killed: {proc.communicate()}"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done_before = {p.name: p.stat().st_mtime_ns for p in _shards(out)}
+    assert 3 <= len(done_before) < 30 and not (out / "_SUCCESS").exists()
+
+    m = embed_parquet(corpus, out, tiny_dir, id_column="id", rows_per_shard=30, max_tokens_per_batch=2048,
+                      resume=True, quiet=True)
+    assert m["this_run"]["shards_kept"] == len(done_before) and len(m["shards"]) == 30
+    assert {p.name: p.stat().st_mtime_ns for p in _shards(out) if p.name in done_before} == done_before
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+    table = ds.dataset(out, format="parquet").to_table()
+    source = ds.dataset(corpus, format="parquet").to_table()
+    assert table.column("id").to_pylist() == source.column("id").to_pylist()  # each row once, in order
+    texts = source.column("text").to_pylist()
+    want = Embedder.from_files(tiny_dir).embed_sentences([t.split() for t in texts], output="mixed")
+    for i, got in enumerate(table.column("elmo").to_pylist()):
+        np.testing.assert_allclose(np.asarray(got, np.float32), want[i], atol=ATOL, rtol=0, err_msg=f"row {i}")
+    assert m["rows"] == 900 and m["tokens"] == sum(len(t.split()) for t in texts)
+
+
+def test_resume_redoes_a_damaged_shard(tiny_dir, tmp_path):
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=60, files=1)
+    out = tmp_path / "out"
+    opts = dict(id_column="id", rows_per_shard=20, quiet=True)
+    embed_parquet(corpus, out, tiny_dir, **opts)
+    first = ds.dataset(out, format="parquet").to_table()
+    victim = out / "part-00000-00001.parquet"
+    victim.write_bytes(victim.read_bytes()[:-200])  # truncated: its footer is gone
+    (out / ".part-00000-00002.parquet.tmp").write_bytes(b"half")
+    m = embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
+    assert m["this_run"]["shards"] == 1 and m["this_run"]["shards_kept"] == 2
+    again = ds.dataset(out, format="parquet").to_table()
+    assert again.column("id").to_pylist() == first.column("id").to_pylist()
+    for a, b in zip(first.column("elmo").to_pylist(), again.column("elmo").to_pylist()):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=ATOL, rtol=0)
+    with pytest.raises(Exception, match="not a shard of this job"):
+        (out / "part-00009-00000.parquet").write_bytes(b"x")
+        embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
