@@ -12,6 +12,7 @@ import pytest
 
 from elmo_cli.main import main
 from elmo_core.errors import InputError
+from elmo_core.model_io import file_sha256
 from inference import Embedder
 from pipelines import ElmoPredictor, OutputDirError, embed_parquet
 from pipelines.corpus import write_sample_corpus
@@ -181,3 +182,18 @@ def test_cli_embed_and_errors(corpus, tiny_dir, tmp_path, capsys):
     assert "['nope'] not found; the columns are ['id', 'speech', 'text']" in capsys.readouterr().err
     assert main(["embed", str(corpus), str(tmp_path / "o3"), "--model", str(tiny_dir), "--backend", "tensorrt"]) == 2
     assert "tensorrt" in capsys.readouterr().err
+
+
+def test_onnx_backend_gives_the_torch_vectors(corpus, tiny_dir, tmp_path):
+    """The same job through an ONNX export (ONNX Runtime) matches the torch backend's vectors."""
+    from export.onnx_export import export_onnx
+
+    export_onnx(tiny_dir, tmp_path / "onnx", shapes=((1, 1), (3, 8)), threads=1)
+    embed_parquet(corpus, tmp_path / "out", model=tmp_path / "onnx", backend="onnx", **FAST)
+    texts = ds.dataset(corpus, format="parquet").to_table(columns=["text"]).column("text").to_pylist()
+    table = rows_of(tmp_path / "out")
+    assert table.num_rows == len(texts)
+    check_against_embedder(table, texts, tiny_dir, atol=1e-4)
+    manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
+    assert manifest["options"]["backend"] == "onnx" and manifest["model"]["format"] == "onnx"
+    assert manifest["model"]["sha256"] == file_sha256(tmp_path / "onnx" / "model.onnx")
