@@ -15,6 +15,7 @@ from .char_encoder import CharEncoder
 from .config import ElmoConfig
 from .errors import InputError
 from .lstm import BiLstmStack, LstmState
+from .token_cache import TokenCache
 
 
 @dataclass
@@ -37,6 +38,7 @@ class BiLM(nn.Module):
         self.config = config
         self.encoder = CharEncoder(config.char_cnn, config.lstm.projection_dim)
         self.lstm = BiLstmStack(config.lstm, dropout=config.training.dropout)
+        self.token_cache: TokenCache | None = None  # optional, inference only (see TokenCache)
 
     def embed_tokens(self, char_ids: torch.Tensor, mask: torch.Tensor, dedup: bool = True) -> torch.Tensor:
         """Token representations, zero at padding; the char-CNN runs once per distinct token.
@@ -48,7 +50,10 @@ class BiLM(nn.Module):
         real = char_ids.reshape(-1, C)[flat_mask]  # (N, C)
         if dedup and real.shape[0] > 1:
             uniq, inverse = torch.unique(real, dim=0, return_inverse=True)  # (U, C), (N,)
-            emb = self.encoder(uniq)[inverse]  # (N, P)
+            if self.token_cache is not None and not torch.is_grad_enabled():
+                emb = self.token_cache.lookup(uniq, self.encoder, list(self.encoder.parameters()))[inverse]
+            else:
+                emb = self.encoder(uniq)[inverse]  # (N, P)
         else:
             emb = self.encoder(real)  # (N, P)
         out = emb.new_zeros(B * T, emb.shape[-1])  # (B*T, P)

@@ -13,6 +13,7 @@ import torch
 
 from elmo_core import BiLM, ElmoConfig, StatefulBiLM, load_bilm
 from elmo_core.errors import ElmoError
+from elmo_core.token_cache import TokenCache
 
 
 class Backend(Protocol):
@@ -45,15 +46,19 @@ class BackendBase:
 
 
 class TorchBackend(BackendBase):
-    """The PyTorch biLM. ``stateful=True`` carries each row's state across calls (original's mode)."""
+    """The PyTorch biLM. ``stateful=True`` carries each row's state across calls (original's mode).
+
+    ``token_cache``: how many distinct tokens' char-CNN outputs to keep across calls (0: none).
+    """
 
     name = "torch"
 
     def __init__(self, model: BiLM, stateful: bool = False, threads: int | None = None,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", token_cache: int = 50_000) -> None:
         if threads:
             torch.set_num_threads(threads)
         self.model = model.eval().to(device)
+        self.model.token_cache = TokenCache(token_cache) if token_cache > 0 else None
         self.device = torch.device(device)
         self.config = model.config
         self.stateful = StatefulBiLM(self.model) if stateful else None

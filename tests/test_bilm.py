@@ -135,3 +135,24 @@ def test_training_and_inference_steps_agree(tiny_dir):
     with torch.enable_grad():
         slow = model.run(ids).layers.detach()
     torch.testing.assert_close(fast, slow, atol=1e-6, rtol=0)
+
+
+def test_token_cache_gives_the_same_vectors_and_follows_weight_changes(tiny_dir):
+    from elmo_core.token_cache import TokenCache
+
+    model = load_bilm(tiny_dir)
+    ids = torch.from_numpy(batch_to_ids(SENTENCES))
+    with torch.inference_mode():
+        plain = model.run(ids).layers
+        model.token_cache = TokenCache(max_tokens=20)  # smaller than the vocabulary: some tokens never cached
+        first, second = model.run(ids).layers, model.run(ids).layers
+    assert model.token_cache.hits > 0 and len(model.token_cache.index) == 20
+    torch.testing.assert_close(first, plain, atol=1e-6, rtol=0)
+    torch.testing.assert_close(second, plain, atol=1e-6, rtol=0)
+    with torch.no_grad():
+        model.encoder.proj_bias.add_(1.0)
+    with torch.inference_mode():
+        changed = model.run(ids).layers
+    model.token_cache = None
+    with torch.inference_mode():
+        torch.testing.assert_close(changed, model.run(ids).layers, atol=1e-6, rtol=0)
