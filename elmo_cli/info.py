@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
-    a, ls, cc = info["architecture"], info["architecture"]["lstm"], info["architecture"]["char_cnn"]
+    ls, cc = info["architecture"]["lstm"], info["architecture"]["char_cnn"]
     print(f"model     {info['options']}  +  {info['weights']} ({info['format']})")
     print(f"char CNN  char dim {cc['embedding']['dim']}, filters {cc['filters']}, {cc['n_highway']} highway, "
           f"{cc['activation']}, {cc['max_characters_per_token']} chars/token")

@@ -47,6 +47,15 @@ def make_model_dir(path: Path, options: dict, seed: int = 0, fmt: str = "hdf5", 
     return path
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Code under test may set torch's thread count (backends take ``threads``); restore it after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def fixture_dir() -> Path:
     if not (FIXTURE / "lm_weights.hdf5").is_file():

@@ -4,10 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
-import torch
 from onnx import TensorProto
 
 from elmo_core import BiLM, ElmoConfig, load_bilm
@@ -23,15 +21,6 @@ from inference.backends import TorchBackend
 from .conftest import TINY_OPTIONS, make_model_dir
 
 QUICK = ((1, 1), (3, 8), (2, 33))
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Two shared cores: torch's spinning worker threads make small models 100x slower under load."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def fixture_model(fixture_dir: Path) -> dict:

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from elmo_cli.main import main
 from elmo_core import batch_to_ids
@@ -19,14 +18,6 @@ from inference.onnx_backend import CACHE_DIR, OnnxBackend
 from .conftest import SENTENCES
 
 QUICK = ((1, 1), (3, 8))
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture

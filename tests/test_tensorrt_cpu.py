@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from elmo_cli.main import build_parser, main
 from elmo_core import batch_to_ids
@@ -18,14 +17,6 @@ from .conftest import SENTENCES
 
 SPEC = ExportSpec(n_layers=3, dim=32, max_chars=50)
 MANIFEST = {"tensorrt": {"version": "10.13.0.35"}, "gpu": {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}}
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_profile_shapes_come_from_the_spec():
