@@ -11,7 +11,7 @@ import sys
 
 from elmo_core.errors import ElmoError
 
-COMMAND_MODULES = ("elmo_cli.info",)
+COMMAND_MODULES = ("elmo_cli.info", "training.cli")
 EXIT_ERROR, EXIT_INTERRUPTED = 2, 130
 
 
