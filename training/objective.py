@@ -90,7 +90,12 @@ def sampled_softmax_nll(h: torch.Tensor, targets: torch.Tensor, weight: torch.Te
     hits = targets[:, None] == ids[None, :]  # (N, S) accidental hits
     samp_logits = samp_logits.masked_fill(hits, float("-inf"))
     logits = torch.cat([true_logits[:, None], samp_logits], dim=1)  # (N, 1+S)
-    return torch.logsumexp(logits.float(), dim=1) - logits[:, 0].float()
+    logits = _at_least_fp32(logits)
+    return torch.logsumexp(logits, dim=1) - logits[:, 0]
+
+
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
 
 
 def full_softmax_nll(h: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
@@ -101,6 +106,6 @@ def full_softmax_nll(h: torch.Tensor, targets: torch.Tensor, weight: torch.Tenso
     """
     out = []
     for s in range(0, h.shape[0], chunk):
-        logits = torch.addmm(bias, h[s : s + chunk], weight.t()).float()  # (n, V)
+        logits = _at_least_fp32(torch.addmm(bias, h[s : s + chunk], weight.t()))  # (n, V)
         out.append(F.cross_entropy(logits, targets[s : s + chunk], reduction="none"))
     return torch.cat(out) if out else h.new_zeros(0)
