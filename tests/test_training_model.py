@@ -107,3 +107,11 @@ def test_trained_tiny_model_beats_unigram_perplexity(tmp_path):
     unigram = _unigram_perplexity(sents, sents, vocab)
     assert ppl["forward"] < 0.8 * unigram and ppl["backward"] < 0.8 * unigram, (ppl, unigram)
     assert abs(ppl["mean"] - math.sqrt(ppl["forward"] * ppl["backward"])) < 1e-6 * ppl["mean"]
+
+
+def test_bf16_autocast_step_runs(tmp_path):
+    p = write_corpus(tmp_path / "train.txt", sotu_sentences(limit=20))
+    trainer = Trainer(tiny_run(tmp_path, p, bf16=True), log=lambda s: None)
+    losses = _steps(trainer, 3)
+    assert all(math.isfinite(x) for x in losses) and trainer.state.h.dtype == torch.float32
+    assert trainer.lm.softmax_w.dtype == torch.float32  # autocast: parameters stay fp32

@@ -54,6 +54,19 @@ def test_output_files_reload_with_identical_vectors(trained):
     assert summary["valid"]["mean"] == pytest.approx(perplexity(lm, trained[2] / "valid.txt", vocab)["mean"], rel=1e-9)
 
 
+def test_run_dir_metrics_and_run_json(trained):
+    _, _, tmp, summary = trained
+    run = tmp / "run"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_rec = [r for r in records if "train_loss" in r]
+    valid_rec = [r for r in records if "valid_ppl_mean" in r]
+    assert train_rec and train_rec[-1]["step"] == 8 and train_rec[-1]["tokens_per_s"] > 0
+    assert valid_rec[-1]["valid_ppl_mean"] == pytest.approx(summary["valid"]["mean"])
+    info = json.loads((run / "run.json").read_text())
+    assert info["config"]["n_tokens_vocab"] == info["vocab_size"] and info["softmax"] == "sampled"
+    assert (run / "vocab.txt").read_text() == (run / "model" / "vocab.txt").read_text()
+
+
 def test_perplexity_cli(trained, capsys):
     _, model_dir, tmp, summary = trained
     assert cli(["perplexity", "--model", str(model_dir), "--data", str(tmp / "valid.txt"), "--json"]) == 0

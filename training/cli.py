@@ -79,6 +79,9 @@ def run_train(args: argparse.Namespace) -> int:
 def run_perplexity(args: argparse.Namespace) -> int:
     from .evaluate import load_language_model, perplexity
 
+    import torch
+
+    torch.set_flush_denormal(True)  # see Trainer: denormals slow CPU kernels ~10x
     lm, vocab = load_language_model(args.model)
     result = perplexity(lm.to(args.device), args.data, vocab, args.batch_size, args.max_sentences, args.column, args.device)
     if args.json:

@@ -38,8 +38,8 @@ def run_directions(lstm: BiLstmStack, xs: torch.Tensor, state: LstmState,
         h, c = state.h[layer], state.c[layer]  # (2, B, P), (2, B, C)
         w_state, w_proj = lstm.w_state[layer], lstm.w_proj[layer]
         outs = []
-        for t in range(T):
-            gates = torch.baddbmm(gx[:, t], h, w_state)  # (2, B, 4C)
+        for gx_t in gx.unbind(1):  # unbind: one gradient buffer for all steps, not one per step
+            gates = torch.baddbmm(gx_t, h, w_state)  # (2, B, 4C)
             h, c = lstm_step(gates, c, w_proj, cfg.cell_clip, cfg.proj_clip)  # (2, B, P), (2, B, C)
             outs.append(h)
         out = torch.stack(outs, dim=1)  # (2, T, B, P)
