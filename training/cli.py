@@ -68,7 +68,7 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    names = [f for f in TrainOptions.__dataclass_fields__ if f not in ("eval_batch_size",)]
+    names = list(TrainOptions.__dataclass_fields__)
     kw = {k: getattr(args, k) for k in names if hasattr(args, k)}
     kw["options"] = args.options or default_options_path()
     summary = train(TrainOptions(**kw), resume=args.resume, log=lambda s: print(s, flush=True))

@@ -54,6 +54,7 @@ class TrainOptions:
     keep_checkpoints: int = 2
     log_every: int = 10
     valid_sentences: int | None = 2000
+    final_valid_sentences: int | None = None  # None: the whole valid set at the end
     eval_batch_size: int = 32
     compile: bool = False
     bf16: bool = False
@@ -320,7 +321,7 @@ class Trainer:
         if self.progress.step > 0 and ck.latest_step(self.ckpt_dir, self.dist.world) != self.progress.step:
             self.save_checkpoint()
         model_dir = self.export(self.out / "model")
-        valid = self.evaluate(None)
+        valid = self.evaluate(self.opts.final_valid_sentences)
         summary = {"step": self.progress.step, "tokens": self.progress.tokens, "model": str(model_dir),
                    "valid": valid, "epoch": self.batcher.stream.epoch, "read": self.batcher.stream.stats.to_dict(),
                    "elapsed_s": self.progress.elapsed + time.perf_counter() - self._t0}
