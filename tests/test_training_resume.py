@@ -1,0 +1,57 @@
+"""Checkpoints: K steps, stop, resume, K more == 2K steps straight; and resume refusals."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from training import checkpoint as ck
+from training.errors import CheckpointError
+from training.trainer import train
+
+from .train_utils import sotu_sentences, tiny_run, write_corpus
+
+K = 6
+
+
+def _final_tensors(run_dir):
+    step = ck.latest_step(run_dir / "checkpoints", 1)
+    tensors, meta = ck.read(ck.main_path(run_dir / "checkpoints", step))
+    return step, tensors
+
+
+@pytest.mark.parametrize("bptt", [True, False])
+def test_resume_continues_exactly(tmp_path, bptt):
+    p = write_corpus(tmp_path / "train.txt", sotu_sentences(limit=40))
+    quiet = lambda s: None  # noqa: E731
+    common = dict(bptt=bptt, checkpoint_every=4, seed=5)  # dropout 0.1, sampled softmax, shuffle buffer
+    train(tiny_run(tmp_path, p, out="straight", max_steps=2 * K, **common), log=quiet)
+    train(tiny_run(tmp_path, p, out="split", max_steps=K, **common), log=quiet)
+    train(tiny_run(tmp_path, p, out="split", max_steps=2 * K, **common), resume=True, log=quiet)
+    s1, a = _final_tensors(tmp_path / "straight")
+    s2, b = _final_tensors(tmp_path / "split")
+    assert s1 == s2 == 2 * K and set(a) == set(b)
+    assert any(k.startswith("optim.") for k in a) and "rng.sampler" in a
+    for name in a:
+        assert torch.allclose(a[name].double(), b[name].double(), rtol=0, atol=1e-6), name
+    moved = (a["model.bilm.lstm.w_input"] - _initial(tmp_path, p)).abs().max()
+    assert moved > 1e-4  # training did change the weights
+
+
+def _initial(tmp_path, p):
+    from training.trainer import Trainer
+
+    return Trainer(tiny_run(tmp_path, p, out="init"), log=lambda s: None).lm.bilm.lstm.w_input.detach()
+
+
+def test_resume_refusals(tmp_path):
+    p = write_corpus(tmp_path / "train.txt", sotu_sentences(limit=10))
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        train(tiny_run(tmp_path, p, out="fresh", max_steps=1), resume=True, log=lambda s: None)
+    train(tiny_run(tmp_path, p, out="r", max_steps=2), log=lambda s: None)
+    with pytest.raises(CheckpointError, match="already holds checkpoints"):
+        train(tiny_run(tmp_path, p, out="r", max_steps=3), log=lambda s: None)
+    with pytest.raises(CheckpointError, match="differ"):
+        train(tiny_run(tmp_path, p, out="r", max_steps=3, batch_size=4), resume=True, log=lambda s: None)
+    (tmp_path / "r" / "checkpoints" / "ckpt-00000002.safetensors").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        train(tiny_run(tmp_path, p, out="r", max_steps=3), resume=True, log=lambda s: None)

@@ -1,0 +1,125 @@
+"""Streamed corpus readers: text (one whitespace-tokenized sentence a line, .gz too) and Parquet.
+
+A corpus is a file, a directory of shards or a glob. Records are read lazily, one shard at a time,
+so the corpus is never in memory whole. Invalid UTF-8 bytes are dropped (as the original does with
+``errors="ignore"``) and counted; empty records are skipped and counted by the caller.
+"""
+from __future__ import annotations
+
+import glob
+import gzip
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import CorpusError
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+TOKEN_COLUMNS = ("tokens", "text", "sentence")
+
+
+@dataclass
+class CorpusStats:
+    """Counts over what has been read so far (per pass over the corpus)."""
+
+    sentences: int = 0
+    tokens: int = 0
+    empty: int = 0
+    invalid_utf8: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def list_shards(path: str | Path) -> list[Path]:
+    """The shard files of a corpus: a file, every non-hidden file of a directory, or a glob."""
+    text = str(path)
+    if any(ch in text for ch in "*?["):
+        shards = sorted(Path(p) for p in glob.glob(text) if Path(p).is_file())
+        if not shards:
+            raise CorpusError(f"{text}: the glob matches no file; check the pattern")
+        return shards
+    p = Path(text)
+    if p.is_file():
+        return [p]
+    if p.is_dir():
+        shards = sorted(q for q in p.iterdir() if q.is_file() and not q.name.startswith("."))
+        if not shards:
+            raise CorpusError(f"{p}: the directory holds no corpus file (.txt, .gz, .parquet)")
+        return shards
+    raise CorpusError(f"{p}: no such file or directory; give a text/.gz/Parquet file, a directory or a glob")
+
+
+def _decode(line: bytes) -> tuple[str, bool]:
+    try:
+        return line.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return line.decode("utf-8", errors="ignore"), True
+
+
+def _iter_text(path: Path, skip: int) -> Iterator[tuple[list[str], bool]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            for i, line in enumerate(f):
+                if i < skip:
+                    continue
+                text, bad = _decode(line)
+                yield text.split(), bad
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+        raise CorpusError(f"{path}: cannot be read as {'gzip ' if opener is gzip.open else ''}text ({e})") from None
+
+
+def parquet_column(path: Path, schema: pa.Schema, column: str | None) -> str:
+    """The column holding the sentences: ``column`` if given, else the first of TOKEN_COLUMNS present."""
+    names = schema.names
+    if column is not None:
+        if column not in names:
+            raise CorpusError(f"{path}: no column {column!r}; the columns are {names}")
+        return column
+    for name in TOKEN_COLUMNS:
+        if name in names:
+            return name
+    raise CorpusError(f"{path}: no text column; expected one of {list(TOKEN_COLUMNS)} "
+                      f"(or pass --column), the columns are {names}")
+
+
+def _cell(value: object, path: Path, row: int, column: str) -> tuple[list[str], bool]:
+    if value is None:
+        return [], False
+    if isinstance(value, str):
+        return value.split(), False
+    if isinstance(value, bytes):
+        text, bad = _decode(value)
+        return text.split(), bad
+    if isinstance(value, list) and all(isinstance(t, str) for t in value):
+        return [t for t in value if t and not t.isspace()], False
+    raise CorpusError(f"{path}: row {row}, column {column!r}: expected a string or a list of strings, "
+                      f"got {type(value).__name__}")
+
+
+def _iter_parquet(path: Path, skip: int, column: str | None) -> Iterator[tuple[list[str], bool]]:
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as e:
+        raise CorpusError(f"{path}: not a readable Parquet file ({e})") from None
+    col = parquet_column(path, pf.schema_arrow, column)
+    row = 0
+    for batch in pf.iter_batches(batch_size=4096, columns=[col]):
+        if row + batch.num_rows <= skip:
+            row += batch.num_rows
+            continue
+        for value in batch.column(0).to_pylist():
+            if row >= skip:
+                yield _cell(value, path, row, col)
+            row += 1
+
+
+def iter_records(path: Path, skip: int = 0, column: str | None = None) -> Iterator[tuple[list[str], bool]]:
+    """Each record of one shard from record ``skip`` on: (tokens, had_invalid_utf8)."""
+    if path.suffix.lower() in PARQUET_SUFFIXES:
+        return _iter_parquet(path, skip, column)
+    return _iter_text(path, skip)

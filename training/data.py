@@ -1,0 +1,234 @@
+"""Training batches from a streamed corpus, with a resumable position.
+
+Two batchings, as ``Batch`` objects holding both directions' inputs and targets:
+
+* ``BpttBatcher`` (the original's): each of ``batch_size`` rows is a continuous stream of
+  sentences ``<S> w1 .. wn </S>``; a batch is the next ``unroll`` predictions of every row and the
+  LSTM state is carried from batch to batch (truncated BPTT). The forward LM reads
+  ``<S> w1 .. wn`` and predicts ``w1 .. wn </S>``; the backward LM reads the same sentences,
+  reversed, in the same order (``</S> wn .. w1`` predicting ``wn .. w1 <S>``), so both directions
+  have the same number of predictions per sentence and their windows line up.
+* ``SentenceBatcher``: ``batch_size`` whole sentences a batch, no state carried.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from elmo_core.chars import tokens_to_char_ids
+
+from .corpus import CorpusStats, iter_records, list_shards
+from .errors import CorpusError
+from .vocab import BOS, EOS, Vocab
+
+
+@dataclass
+class Batch:
+    """Shape: chars (2, B, T, C) int32 (direction 0 forward inputs, 1 backward inputs), targets
+    (2, B, T) int64 vocab ids, mask (B, T) bool (the same for both directions)."""
+
+    chars: torch.Tensor
+    targets: torch.Tensor
+    mask: torch.Tensor
+    stateful: bool
+    total_tokens: int = -1  # predictions per direction in the whole (all ranks') batch
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.mask.sum())
+
+    def rows(self, start: int, stop: int) -> "Batch":
+        """The batch rows [start, stop) (one data-parallel rank's share)."""
+        return Batch(self.chars[:, start:stop], self.targets[:, start:stop], self.mask[start:stop], self.stateful,
+                     int(self.mask[start:stop].sum()))
+
+
+class SentenceStream:
+    """Sentences of a corpus, pass after pass, optionally through a shuffle buffer.
+
+    The position
+    (epoch, shard, record, buffer and RNG) round-trips through ``state_dict`` as plain JSON.
+    """
+
+    def __init__(self, path: str | Path, n_epochs: int | None = 1, column: str | None = None,
+                 shuffle_buffer: int = 0, seed: int = 0) -> None:
+        self.path, self.shards, self.column = str(path), list_shards(path), column
+        self.n_epochs, self.buffer_size = n_epochs, shuffle_buffer
+        self.epoch = self.shard = self.record = self.seen = 0
+        self.exhausted = False
+        self.buffer: list[list[str]] = []
+        self.rng = random.Random(seed)
+        self.stats = CorpusStats()
+        self._it = None
+
+    def _end_of_pass(self) -> bool:
+        if self.epoch == 0 and self.stats.sentences == 0:
+            raise CorpusError(f"{self.path}: the corpus has no non-empty sentence "
+                              f"({self.stats.empty} empty records in {len(self.shards)} file(s))")
+        self.epoch, self.shard, self.record = self.epoch + 1, 0, 0
+        return self.n_epochs is not None and self.epoch >= self.n_epochs
+
+    def _next_raw(self) -> list[str] | None:
+        while not self.exhausted:
+            if self._it is None:
+                if self.shard >= len(self.shards):
+                    self.exhausted = self._end_of_pass()
+                    continue
+                self._it = iter_records(self.shards[self.shard], self.record, self.column)
+            item = next(self._it, None)
+            if item is None:
+                self._it, self.shard, self.record = None, self.shard + 1, 0
+                continue
+            tokens, bad = item
+            self.record, self.seen = self.record + 1, self.seen + 1
+            self.stats.invalid_utf8 += bad
+            if not tokens:
+                self.stats.empty += 1
+                continue
+            self.stats.sentences += 1
+            self.stats.tokens += len(tokens)
+            return tokens
+        return None
+
+    def next_sentence(self) -> list[str] | None:
+        if self.buffer_size <= 1:
+            return self._next_raw()
+        while len(self.buffer) < self.buffer_size:
+            s = self._next_raw()
+            if s is None:
+                break
+            self.buffer.append(s)
+        if not self.buffer:
+            return None
+        j = self.rng.randrange(len(self.buffer))
+        self.buffer[j], self.buffer[-1] = self.buffer[-1], self.buffer[j]
+        return self.buffer.pop()
+
+    def state_dict(self) -> dict:
+        version, internal, gauss = self.rng.getstate()
+        return {"epoch": self.epoch, "shard": self.shard, "record": self.record, "seen": self.seen,
+                "exhausted": self.exhausted, "buffer": self.buffer, "rng": [version, list(internal), gauss],
+                "stats": self.stats.to_dict(), "shards": [str(s) for s in self.shards]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["shards"] != [str(s) for s in self.shards]:
+            raise CorpusError(f"{self.path}: the corpus files differ from the checkpoint's; resume with the same --train")
+        self.epoch, self.shard, self.record, self.seen = state["epoch"], state["shard"], state["record"], state["seen"]
+        self.exhausted, self.buffer = state["exhausted"], [list(s) for s in state["buffer"]]
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self.stats = CorpusStats(**state["stats"])
+        self._it = None
+
+
+def _make_batch(vocab: Vocab, rows: list[tuple[list[str], list[str]]], width: int, max_chars: int,
+                stateful: bool, keep: tuple[int, int] | None = None) -> Batch:
+    """rows: per row and direction, the n input tokens followed by their n targets. ``keep``: only
+    rows [start, stop) are turned into ids (a data-parallel rank's share); ``total_tokens`` counts all."""
+    total = sum(len(f) // 2 for f, _ in rows)
+    if keep is not None:
+        rows = rows[keep[0] : keep[1]]
+    B = len(rows)
+    chars = np.zeros((2, B, width, max_chars), np.int32)  # (2, B, T, C)
+    targets = np.zeros((2, B, width), np.int64)  # (2, B, T)
+    mask = np.zeros((B, width), bool)  # (B, T)
+    for r, (fwd, bwd) in enumerate(rows):
+        n = len(fwd) // 2
+        if n == 0:
+            continue
+        mask[r, :n] = True
+        for d, seq in enumerate((fwd, bwd)):
+            chars[d, r, :n] = tokens_to_char_ids(seq[:n], max_chars)
+            targets[d, r, :n] = vocab.ids(seq[n:])
+    return Batch(torch.from_numpy(chars), torch.from_numpy(targets), torch.from_numpy(mask), stateful, total)
+
+
+class BpttBatcher:
+    """The original's stateful batches: ``batch_size`` continuous rows, ``unroll`` steps a batch."""
+
+    stateful = True
+
+    def __init__(self, stream: SentenceStream, vocab: Vocab, batch_size: int, unroll: int,
+                 max_chars: int = 50, keep: tuple[int, int] | None = None) -> None:
+        self.stream, self.vocab, self.B, self.U, self.max_chars = stream, vocab, batch_size, unroll, max_chars
+        self.keep = keep  # rows of the global batch this rank trains on
+        self.rows: list[list[str] | None] = [None] * batch_size  # each row's current <S> .. </S>
+        self.pos = [0] * batch_size  # predictions of that sentence already made
+
+    def _fill(self, r: int) -> tuple[list[str], list[str]]:
+        f_in, f_out, b_in, b_out = [], [], [], []
+        while len(f_in) < self.U:
+            sent = self.rows[r]
+            if sent is None or self.pos[r] >= len(sent) - 1:
+                words = self.stream.next_sentence()
+                if words is None:
+                    self.rows[r] = None
+                    break
+                sent = self.rows[r] = [BOS, *words, EOS]
+                self.pos[r] = 0
+            a = self.pos[r]
+            take = min(len(sent) - 1 - a, self.U - len(f_in))
+            rev = sent[::-1]
+            f_in += sent[a : a + take]
+            f_out += sent[a + 1 : a + 1 + take]
+            b_in += rev[a : a + take]
+            b_out += rev[a + 1 : a + 1 + take]
+            self.pos[r] = a + take
+        return f_in + f_out, b_in + b_out
+
+    def next_batch(self) -> Batch | None:
+        rows = [self._fill(r) for r in range(self.B)]
+        if not any(f for f, _ in rows):
+            return None
+        return _make_batch(self.vocab, rows, self.U, self.max_chars, True, self.keep)
+
+    def state_dict(self) -> dict:
+        return {"stream": self.stream.state_dict(), "rows": self.rows, "pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state["stream"])
+        if len(state["rows"]) != self.B:
+            raise CorpusError(f"the checkpoint has {len(state['rows'])} batch rows, not {self.B}; resume with the same --batch-size")
+        self.rows, self.pos = [list(r) if r is not None else None for r in state["rows"]], list(state["pos"])
+
+
+class SentenceBatcher:
+    """Whole sentences, ``batch_size`` a batch, each padded to the longest; no state carried."""
+
+    stateful = False
+
+    def __init__(self, stream: SentenceStream, vocab: Vocab, batch_size: int, max_chars: int = 50,
+                 keep: tuple[int, int] | None = None) -> None:
+        self.stream, self.vocab, self.B, self.max_chars, self.keep = stream, vocab, batch_size, max_chars, keep
+
+    def next_batch(self) -> Batch | None:
+        rows = []
+        while len(rows) < self.B:
+            words = self.stream.next_sentence()
+            if words is None:
+                break
+            sent = [BOS, *words, EOS]
+            rev = sent[::-1]
+            rows.append((sent[:-1] + sent[1:], rev[:-1] + rev[1:]))
+        if not rows:
+            return None
+        width = max(len(f) // 2 for f, _ in rows)
+        return _make_batch(self.vocab, rows, width, self.max_chars, False, self.keep)
+
+    def state_dict(self) -> dict:
+        return {"stream": self.stream.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state["stream"])
+
+
+def iter_sentences(path: str | Path, column: str | None = None):
+    """Every non-empty sentence of a corpus once, streamed (for evaluation and n-gram baselines)."""
+    for shard in list_shards(path):
+        for tokens, _ in iter_records(shard, 0, column):
+            if tokens:
+                yield tokens

@@ -1,0 +1,78 @@
+"""Perplexity with the full softmax: forward, backward and their mean (exp of the mean NLL)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+from elmo_core import ElmoConfig, resolve_model
+from elmo_core.errors import WeightsError
+from elmo_core.weights_hdf5 import load_hdf5_weights
+
+from .data import SentenceBatcher, SentenceStream
+from .errors import CorpusError
+from .model import LanguageModel
+from .vocab import Vocab
+
+SOFTMAX_NAME = "softmax.hdf5"
+
+
+@torch.no_grad()
+def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: int = 32,
+               max_sentences: int | None = None, column: str | None = None, device: str = "cpu") -> dict:
+    """Each sentence scored alone (<S> .. </S>, no carried state), every prediction counted.
+
+    Returns forward, backward, mean perplexity and the number of predictions per direction.
+    """
+    was_training = lm.training
+    lm.eval()
+    stream = SentenceStream(path, n_epochs=1, column=column)
+    batcher = SentenceBatcher(stream, vocab, batch_size, lm.config.char_cnn.max_characters_per_token)
+    sums, count, sentences = torch.zeros(2, dtype=torch.float64), 0, 0
+    while max_sentences is None or sentences < max_sentences:
+        batch = batcher.next_batch()
+        if batch is None:
+            break
+        if max_sentences is not None and sentences + batch.mask.shape[0] > max_sentences:
+            batch = batch.rows(0, max_sentences - sentences)
+        _, nll, _ = lm(batch.chars.to(device), batch.targets.to(device), batch.mask.to(device))
+        sums += nll.double().cpu()
+        count += batch.n_tokens
+        sentences += batch.mask.shape[0]
+    lm.train(was_training)
+    if count == 0:
+        raise CorpusError(f"{path}: no sentence to evaluate on")
+    fwd, bwd = (sums / count).tolist()
+    return {"forward": math.exp(fwd), "backward": math.exp(bwd), "mean": math.exp(0.5 * (fwd + bwd)),
+            "predictions": count, "sentences": sentences}
+
+
+def save_softmax(lm: LanguageModel, path: Path) -> None:
+    """Softmax weights beside the published weights: datasets softmax/W (V, P), softmax/b (V,)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with h5py.File(tmp, "w") as f:
+        f.create_dataset("softmax/W", data=lm.softmax_w.detach().cpu().numpy().astype(np.float32))
+        f.create_dataset("softmax/b", data=lm.softmax_b.detach().cpu().numpy().astype(np.float32))
+    tmp.replace(path)
+
+
+def load_language_model(model_dir: str | Path) -> tuple[LanguageModel, Vocab]:
+    """A trained model directory: options.json, weights.hdf5, softmax.hdf5 and vocab.txt."""
+    model_dir = Path(model_dir)
+    files = resolve_model(model_dir)
+    vocab = Vocab.load(model_dir / "vocab.txt")
+    lm = LanguageModel(ElmoConfig.from_json(files.options), len(vocab))
+    load_hdf5_weights(lm.bilm, files.weights)
+    sm = model_dir / SOFTMAX_NAME
+    if not sm.is_file():
+        raise WeightsError(f"{sm}: softmax weights not found; perplexity needs a model written by `elmo train`")
+    with h5py.File(sm, "r") as f:
+        for name, param in (("softmax/W", lm.softmax_w), ("softmax/b", lm.softmax_b)):
+            if name not in f or tuple(f[name].shape) != tuple(param.shape):
+                raise WeightsError(f"{sm}: dataset {name} missing or not of shape {tuple(param.shape)} "
+                                   f"(vocab.txt has {len(vocab)} words)")
+            param.data.copy_(torch.from_numpy(f[name][...]))
+    return lm.eval(), vocab

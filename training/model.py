@@ -1,0 +1,121 @@
+"""The bidirectional language model trained as the original: forward and backward LMs sharing the
+char-CNN token encoder and one softmax; loss = mean of the two directions' mean NLL.
+
+For training, both directions read their own (already ordered) input streams left to right, so
+``run_directions`` drives the parameters of ``BiLstmStack`` with separate forward and backward
+inputs, every row at full length (padding only ever trails a row and is masked in the loss).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from elmo_core import BiLM, ElmoConfig, LstmState
+from elmo_core.init import init_bilm
+from elmo_core.lstm import BiLstmStack, lstm_step
+
+from .objective import Candidates, LogUniformSampler, full_softmax_nll, sampled_softmax_nll
+
+
+def run_directions(lstm: BiLstmStack, xs: torch.Tensor, state: LstmState,
+                   training: bool) -> tuple[torch.Tensor, LstmState]:
+    """Both directions over their own inputs, each read left to right from ``state``.
+
+    Shape: xs (2, T, B, P) (direction 0 forward, 1 backward), state h (L, 2, B, P), c (L, 2, B, C)
+    -> top layer (2, T, B, P), final state.
+    """
+    cfg = lstm.cfg
+    D, T, B, P = xs.shape
+    h_fin, c_fin = [], []
+    for layer in range(cfg.n_layers):
+        if training and lstm.dropout > 0:
+            xs = F.dropout(xs, lstm.dropout, training=True)
+        bias = (lstm.bias[layer] + lstm.forget_offset)[:, None, :]  # (2, 1, 4C)
+        gx = torch.baddbmm(bias, xs.reshape(D, T * B, P), lstm.w_input[layer]).view(D, T, B, -1)  # (2, T, B, 4C)
+        h, c = state.h[layer], state.c[layer]  # (2, B, P), (2, B, C)
+        w_state, w_proj = lstm.w_state[layer], lstm.w_proj[layer]
+        outs = []
+        for gx_t in gx.unbind(1):  # unbind: one gradient buffer for all steps, not one per step
+            gates = torch.baddbmm(gx_t, h, w_state)  # (2, B, 4C)
+            h, c = lstm_step(gates, c, w_proj, cfg.cell_clip, cfg.proj_clip)  # (2, B, P), (2, B, C)
+            outs.append(h)
+        out = torch.stack(outs, dim=1)  # (2, T, B, P)
+        if layer > 0 and cfg.use_skip_connections:
+            out = out + xs
+        h_fin.append(h)
+        c_fin.append(c)
+        xs = out
+    return xs, LstmState(torch.stack(h_fin), torch.stack(c_fin))
+
+
+class LanguageModel(nn.Module):
+    """biLM + one softmax over ``n_vocab`` words.
+
+    Shape: chars (2, B, T, C), targets (2, B, T), mask (B, T) -> loss (), nll sums (2,).
+    """
+
+    def __init__(self, config: ElmoConfig, n_vocab: int) -> None:
+        super().__init__()
+        P = config.lstm.projection_dim
+        self.bilm = BiLM(config)
+        self.softmax_w = nn.Parameter(torch.empty(n_vocab, P))  # (V, P)
+        self.softmax_b = nn.Parameter(torch.zeros(n_vocab))  # (V,)
+
+    @property
+    def config(self) -> ElmoConfig:
+        return self.bilm.config
+
+    @property
+    def n_vocab(self) -> int:
+        return self.softmax_w.shape[0]
+
+    def initialise(self, seed: int) -> "LanguageModel":
+        """The original's initialisations; softmax W ~ N(0, 1/P), b = 0."""
+        init_bilm(self.bilm, seed)
+        g = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():
+            self.softmax_w.normal_(0.0, 1.0 / math.sqrt(self.softmax_w.shape[1]), generator=g)
+            self.softmax_b.zero_()
+        return self
+
+    def zero_state(self, batch: int) -> LstmState:
+        return self.bilm.lstm.zero_state(batch)
+
+    def top_layer(self, chars: torch.Tensor, mask: torch.Tensor,
+                  state: LstmState | None) -> tuple[torch.Tensor, LstmState]:
+        """Shape: chars (2, B, T, C), mask (B, T) -> top (2, B, T, P), final state."""
+        D, B, T, C = chars.shape
+        both_mask = mask[None].expand(D, B, T).reshape(D * B, T)  # (2B, T)
+        x = self.bilm.embed_tokens(chars.reshape(D * B, T, C), both_mask)  # (2B, T, P)
+        xs = x.view(D, B, T, -1).transpose(1, 2)  # (2, T, B, P)
+        state = state if state is not None else self.zero_state(B)
+        top, final = run_directions(self.bilm.lstm, xs, state, self.training)  # (2, T, B, P)
+        if self.training and self.bilm.lstm.dropout > 0:
+            top = F.dropout(top, self.bilm.lstm.dropout, training=True)
+        return top.transpose(1, 2), final  # (2, B, T, P)
+
+    def forward(self, chars: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
+                state: LstmState | None = None, candidates: tuple[Candidates, Candidates] | None = None,
+                sampler: LogUniformSampler | None = None,
+                normaliser: float | None = None) -> tuple[torch.Tensor, torch.Tensor, LstmState]:
+        """Mean of the two directions' mean NLL (sampled softmax when ``candidates`` are given).
+
+        ``normaliser``: the token count each direction's NLL sum is divided by (default: this
+        batch's; data-parallel ranks pass all ranks' tokens / ranks).
+
+        Shape: -> loss (), per-direction NLL sums (2,) detached, final state.
+        """
+        top, final = self.top_layer(chars, mask, state)  # (2, B, T, P)
+        losses, sums = [], []
+        for d in range(2):
+            h, y = top[d][mask], targets[d][mask]  # (N, P), (N,)
+            if candidates is not None:
+                nll = sampled_softmax_nll(h, y, self.softmax_w, self.softmax_b, candidates[d], sampler)
+            else:
+                nll = full_softmax_nll(h, y, self.softmax_w, self.softmax_b)
+            losses.append(nll.sum() / (normaliser if normaliser is not None else max(nll.numel(), 1)))
+            sums.append(nll.detach().sum())
+        return 0.5 * (losses[0] + losses[1]), torch.stack(sums), final

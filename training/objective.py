@@ -1,0 +1,111 @@
+"""The softmax objectives: TF-style sampled softmax (log-uniform candidates) and the full softmax.
+
+``LogUniformSampler`` reproduces TensorFlow's ``log_uniform_candidate_sampler(unique=True)``:
+P(k) = log((k + 2) / (k + 1)) / log(V + 1) (id k = k-th most frequent word); draws repeat until
+``n`` distinct candidates are found, and each id's expected count is ``-expm1(tries * log1p(-P))``.
+``sampled_softmax_nll`` then subtracts log(expected count) from every logit and removes accidental
+hits (a sampled candidate equal to a row's label), as ``tf.nn.sampled_softmax_loss`` does.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Candidates:
+    """Shape: ids (S,) int64 distinct; tries: how many draws it took to find them."""
+
+    ids: torch.Tensor
+    tries: int
+
+
+class LogUniformSampler:
+    """Distinct candidate ids from the log-uniform (Zipfian) distribution over ``range_max`` ids."""
+
+    def __init__(self, range_max: int, seed: int = 0) -> None:
+        self.range_max = range_max
+        self.log_range = math.log(range_max + 1)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def probability(self, ids: torch.Tensor) -> torch.Tensor:
+        """Shape: (N,) int64 -> (N,) float64."""
+        k = ids.double()
+        return torch.log((k + 2.0) / (k + 1.0)) / self.log_range
+
+    def expected_count(self, ids: torch.Tensor, n: int, tries: int) -> torch.Tensor:
+        """Shape: (N,) -> (N,) float32, TF's ExpectedCountHelper."""
+        p = self.probability(ids)
+        if tries == n:
+            return (p * n).float()
+        return (-torch.expm1(tries * torch.log1p(-p))).float()
+
+    def sample(self, n: int) -> Candidates:
+        """``n`` distinct ids (n < range_max) in draw order, and the number of draws."""
+        if not 0 < n < self.range_max:
+            raise ValueError(f"can sample 1..{self.range_max - 1} distinct ids, not {n}")
+        seen = torch.zeros(self.range_max, dtype=torch.bool)
+        picked: list[torch.Tensor] = []
+        have, tries = 0, 0
+        while have < n:
+            k = max(2 * (n - have), 64)
+            u = torch.rand(k, generator=self.generator, dtype=torch.float64)  # (k,)
+            draw = (torch.exp(u * self.log_range).long() - 1).clamp_(0, self.range_max - 1)  # (k,)
+            uniq, inverse = torch.unique(draw, return_inverse=True)
+            first = torch.full((uniq.numel(),), k, dtype=torch.long).scatter_reduce(
+                0, inverse, torch.arange(k), reduce="amin", include_self=True)  # (U,)
+            is_new = torch.zeros(k, dtype=torch.bool)
+            is_new[first] = True
+            is_new &= ~seen[draw]  # (k,)
+            count = torch.cumsum(is_new.long(), 0)  # (k,)
+            stop = int(torch.searchsorted(count, n - have)) if int(count[-1]) >= n - have else k - 1
+            new = draw[: stop + 1][is_new[: stop + 1]]
+            seen[new] = True
+            picked.append(new)
+            have, tries = have + new.numel(), tries + stop + 1
+        return Candidates(torch.cat(picked), tries)
+
+    def state(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def set_state(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
+
+
+def sampled_softmax_nll(h: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                        cand: Candidates, sampler: LogUniformSampler) -> torch.Tensor:
+    """Per-token sampled-softmax negative log-likelihood.
+
+    Shape: h (N, P), targets (N,), weight (V, P), bias (V,) -> (N,).
+    """
+    n = cand.ids.numel()
+    true_logq = torch.log(sampler.expected_count(targets.cpu(), n, cand.tries)).to(h.device)  # (N,)
+    samp_logq = torch.log(sampler.expected_count(cand.ids, n, cand.tries)).to(h.device)  # (S,)
+    ids = cand.ids.to(h.device)
+    true_logits = (h * weight[targets]).sum(-1) + bias[targets] - true_logq  # (N,)
+    samp_logits = torch.addmm(bias[ids], h, weight[ids].t()) - samp_logq  # (N, S)
+    hits = targets[:, None] == ids[None, :]  # (N, S) accidental hits
+    samp_logits = samp_logits.masked_fill(hits, float("-inf"))
+    logits = torch.cat([true_logits[:, None], samp_logits], dim=1)  # (N, 1+S)
+    logits = _at_least_fp32(logits)
+    return torch.logsumexp(logits, dim=1) - logits[:, 0]
+
+
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+
+
+def full_softmax_nll(h: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                     chunk: int = 4096) -> torch.Tensor:
+    """Per-token negative log-likelihood under the full softmax, ``chunk`` tokens at a time.
+
+    Shape: h (N, P), targets (N,), weight (V, P), bias (V,) -> (N,).
+    """
+    out = []
+    for s in range(0, h.shape[0], chunk):
+        logits = _at_least_fp32(torch.addmm(bias, h[s : s + chunk], weight.t()))  # (n, V)
+        out.append(F.cross_entropy(logits, targets[s : s + chunk], reduction="none"))
+    return torch.cat(out) if out else h.new_zeros(0)

@@ -1,0 +1,345 @@
+"""``elmo train``: the training loop (stateful truncated BPTT or sentence batches), checkpoints,
+exact resume, data-parallel ranks, progress and metrics, and the published-format output."""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from elmo_core import ElmoConfig, LstmState, save_model
+
+from . import checkpoint as ck
+from .data import BpttBatcher, SentenceBatcher, SentenceStream
+from .distributed import DistInfo, any_true, barrier, init_from_env, sum_all
+from .errors import CheckpointError, TrainingError
+from .evaluate import SOFTMAX_NAME, perplexity, save_softmax
+from .model import LanguageModel
+from .objective import LogUniformSampler
+from .vocab import Vocab, build_vocab
+
+OPTIMIZERS = ("adagrad", "adam")
+
+
+@dataclass
+class TrainOptions:
+    """Everything a run needs; saved as RUN_DIR/run.json. None means: from options.json."""
+
+    train: str
+    options: str
+    out: str
+    valid: str | None = None
+    vocab: str | None = None
+    min_count: int = 3
+    max_vocab: int | None = None
+    column: str | None = None
+    max_tokens: int | None = None
+    max_steps: int | None = None
+    epochs: int | None = None
+    max_minutes: float | None = None
+    batch_size: int | None = None
+    unroll: int | None = None
+    lr: float | None = None
+    optimizer: str = "adagrad"
+    seed: int = 0
+    device: str = "cpu"
+    bptt: bool = True
+    shuffle_buffer: int = 10000
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    valid_sentences: int | None = 2000
+    final_valid_sentences: int | None = None  # None: the whole valid set at the end
+    eval_batch_size: int = 32
+    compile: bool = False
+    bf16: bool = False
+    threads: int | None = None
+
+
+@dataclass
+class Progress:
+    step: int = 0
+    tokens: int = 0  # over all ranks
+    elapsed: float = 0.0  # seconds of training before this process started
+    nll: list[float] = field(default_factory=lambda: [0.0, 0.0])  # since the last log line
+    nll_tokens: int = 0
+
+
+def _log_line(p: Progress, rate: float, eta: float | None) -> str:
+    f, b = (x / max(p.nll_tokens, 1) for x in p.nll)
+    eta_s = "?" if eta is None else time.strftime("%H:%M:%S", time.gmtime(max(eta, 0)))
+    return (f"step {p.step:>7}  tokens {p.tokens:>11,}  {rate:>8,.0f} tok/s  loss {0.5 * (f + b):.4f}  "
+            f"ppl fwd {math.exp(min(f, 50)):.1f} bwd {math.exp(min(b, 50)):.1f}  ETA {eta_s}")
+
+
+class Trainer:
+    """One process of a run (rank ``dist.rank`` of ``dist.world``)."""
+
+    def __init__(self, opts: TrainOptions, log: Callable[[str], None] = print) -> None:
+        self.opts, self.log = opts, log
+        self.dist = init_from_env(opts.device)
+        self.out = Path(opts.out)
+        self.ckpt_dir = self.out / "checkpoints"
+        if opts.threads:
+            torch.set_num_threads(opts.threads)
+        if opts.optimizer not in OPTIMIZERS:
+            raise TrainingError(f"unknown optimizer {opts.optimizer!r}; use one of {OPTIMIZERS}")
+        # Saturated gates produce denormal floats, which make CPU kernels ~10x slower; flushing
+        # them to zero (values below 1e-38) is numerically immaterial.
+        torch.set_flush_denormal(True)
+        self.vocab = self._vocab()
+        self.config = self._config()
+        self.device = torch.device(opts.device)
+        self.lm = LanguageModel(self.config, len(self.vocab)).initialise(opts.seed).to(self.device)
+        self.optimizer = self._optimizer()
+        tr = self.config.training
+        n_neg = tr.n_negative_samples_batch
+        self.sampler = LogUniformSampler(len(self.vocab), opts.seed) if 0 < n_neg < len(self.vocab) else None
+        self.batcher = self._batcher()
+        self.net = DistributedDataParallel(self.lm) if self.dist.enabled else self.lm
+        self.step_fn = torch.compile(self.net) if opts.compile else self.net
+        torch.manual_seed(opts.seed * 1000 + self.dist.rank)  # dropout
+        self.state: LstmState | None = None
+        self.progress = Progress()
+        self._full_eval: tuple[int, dict | None] | None = None
+
+    # ---- setup ------------------------------------------------------------------------------
+    def _vocab(self) -> Vocab:
+        path = self.out / "vocab.txt"
+        if self.opts.vocab:
+            vocab = Vocab.load(self.opts.vocab)
+        elif any_true(self.dist, path.is_file()):  # collective: every rank takes the same branch
+            vocab = Vocab.load(path)
+        else:
+            vocab = None
+            if self.dist.is_main:
+                vocab = build_vocab(self.opts.train, self.opts.min_count, self.opts.max_vocab, self.opts.column)
+                self.out.mkdir(parents=True, exist_ok=True)
+                vocab.save(path)
+            barrier(self.dist)
+            vocab = vocab or Vocab.load(path)
+        if self.dist.is_main and not path.is_file():
+            self.out.mkdir(parents=True, exist_ok=True)
+            vocab.save(path)
+        return vocab
+
+    def _config(self) -> ElmoConfig:
+        o, base = self.opts, ElmoConfig.from_json(self.opts.options)
+        tr = base.training
+        return base.with_training(
+            n_tokens_vocab=len(self.vocab), batch_size=o.batch_size or tr.batch_size,
+            unroll_steps=o.unroll or tr.unroll_steps, n_epochs=o.epochs or tr.n_epochs)
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        params = list(self.lm.parameters())
+        if self.opts.optimizer == "adam":
+            return torch.optim.Adam(params, lr=self.opts.lr or 1e-3)
+        return torch.optim.Adagrad(params, lr=self.opts.lr or 0.2, initial_accumulator_value=1.0)
+
+    def _batcher(self) -> BpttBatcher | SentenceBatcher:
+        o, tr = self.opts, self.config.training
+        limited = any(v is not None for v in (o.max_tokens, o.max_steps, o.max_minutes))
+        epochs = o.epochs if o.epochs is not None else (None if limited else tr.n_epochs)
+        # Every rank reads the whole stream and builds the global batch's rows, keeping its own slice:
+        # the ranks together train on exactly the batch one process would (same BPTT rows too).
+        stream = SentenceStream(o.train, epochs, o.column, o.shuffle_buffer, o.seed)
+        B, W, r = tr.batch_size, self.dist.world, self.dist.rank
+        if B % W:
+            raise TrainingError(f"batch size {B} is not divisible by the {W} ranks")
+        keep, chars = (r * B // W, (r + 1) * B // W), self.config.char_cnn.max_characters_per_token
+        if o.bptt:
+            return BpttBatcher(stream, self.vocab, B, tr.unroll_steps, chars, keep)
+        return SentenceBatcher(stream, self.vocab, B, chars, keep)
+
+    # ---- one step ---------------------------------------------------------------------------
+    def train_step(self, batch) -> tuple[torch.Tensor, int]:
+        """Forward, backward, clip, update. Returns per-direction NLL sums (2,) and the token count."""
+        self.lm.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        n_neg = self.config.training.n_negative_samples_batch
+        cands = (self.sampler.sample(n_neg), self.sampler.sample(n_neg)) if self.sampler else None
+        dev = self.device
+        state = self.state if batch.stateful else None
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.opts.bf16):
+            # Each rank divides by (all ranks' tokens / ranks): DDP's gradient mean is then the
+            # gradient of the global mean NLL, however the tokens fall between ranks.
+            norm = batch.total_tokens / self.dist.world
+            loss, sums, final = self.step_fn(batch.chars.to(dev), batch.targets.to(dev), batch.mask.to(dev),
+                                             state, cands, self.sampler, norm)
+        if not torch.isfinite(loss):
+            raise TrainingError(f"step {self.progress.step + 1}: the loss is {loss.item()}; lower --lr")
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.lm.parameters(), self.config.training.all_clip_norm_val)
+        self.optimizer.step()
+        self.state = LstmState(final.h.detach().float(), final.c.detach().float()) if batch.stateful else None
+        return sums, batch.n_tokens
+
+    # ---- checkpoints ------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        step, r = self.progress.step, self.dist.rank
+        local = {"rng.torch": torch.get_rng_state()}
+        if self.state is not None:
+            local.update({"lstm.h": self.state.h, "lstm.c": self.state.c})
+        ck.write_atomic(ck.rank_path(self.ckpt_dir, step, r), local, {"data": self.batcher.state_dict(), "rank": r})
+        barrier(self.dist)
+        path = ck.main_path(self.ckpt_dir, step)
+        if self.dist.is_main:
+            tensors = {f"model.{k}": v for k, v in self.lm.state_dict().items()}
+            opt_tensors, opt_meta = ck.optimizer_tensors(self.optimizer)
+            tensors.update(opt_tensors)
+            if self.sampler is not None:
+                tensors["rng.sampler"] = self.sampler.state()
+            meta = {"step": step, "tokens": self.progress.tokens, "world": self.dist.world,
+                    "elapsed": self.progress.elapsed + time.perf_counter() - self._t0,
+                    "optimizer": opt_meta, "options": asdict(self.opts), "config": self.config.to_dict()}
+            ck.write_atomic(path, tensors, meta)
+            ck.prune(self.ckpt_dir, self.opts.keep_checkpoints)
+        barrier(self.dist)
+        return path
+
+    def _check_compatible(self, meta: dict) -> None:
+        if meta["world"] != self.dist.world:
+            raise CheckpointError(f"the checkpoint was written by {meta['world']} processes, this run has "
+                                  f"{self.dist.world}; resume with the same number of processes")
+        if meta["config"] != self.config.to_dict():
+            raise CheckpointError("the checkpoint's architecture or training options differ from this run's "
+                                  "(--options, --batch-size, --unroll, vocabulary); resume with the same ones")
+
+    def load_checkpoint(self) -> int:
+        step = ck.latest_step(self.ckpt_dir, self.dist.world)
+        if step is None:
+            raise CheckpointError(f"{self.ckpt_dir}: no complete checkpoint to resume from")
+        tensors, meta = ck.read(ck.main_path(self.ckpt_dir, step))
+        self._check_compatible(meta)
+        model = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+        self.lm.load_state_dict(model)
+        ck.load_optimizer(self.optimizer, tensors, meta["optimizer"])
+        if self.sampler is not None:
+            self.sampler.set_state(tensors["rng.sampler"])
+        local, lmeta = ck.read(ck.rank_path(self.ckpt_dir, step, self.dist.rank))
+        torch.set_rng_state(local["rng.torch"])
+        self.batcher.load_state_dict(lmeta["data"])
+        self.state = LstmState(local["lstm.h"].to(self.device), local["lstm.c"].to(self.device)) if "lstm.h" in local else None
+        self.progress = Progress(step=step, tokens=meta["tokens"], elapsed=meta["elapsed"])
+        return step
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def _should_stop(self, t_start: float) -> bool:
+        o, p = self.opts, self.progress
+        if o.max_steps is not None and p.step >= o.max_steps:
+            return True
+        if o.max_tokens is not None and p.tokens >= o.max_tokens:
+            return True
+        return o.max_minutes is not None and (time.perf_counter() - t_start) / 60 >= o.max_minutes
+
+    def _eta(self, rate: float, t_start: float) -> float | None:
+        o, p = self.opts, self.progress
+        etas = []
+        if o.max_minutes is not None:
+            etas.append(o.max_minutes * 60 - (time.perf_counter() - t_start))
+        if o.max_tokens is not None and rate > 0:
+            etas.append((o.max_tokens - p.tokens) / rate)
+        if o.max_steps is not None and p.step > 0:
+            etas.append((o.max_steps - p.step) * (time.perf_counter() - t_start) / max(p.step - self._step0, 1))
+        return min(etas) if etas else None
+
+    def _metrics(self, record: dict) -> None:
+        if self.dist.is_main:
+            with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def _log_progress(self, t_start: float) -> None:
+        p, (t_last, tokens_last) = self.progress, self._last_log
+        rate = (p.tokens - tokens_last) / max(time.perf_counter() - t_last, 1e-9)
+        self._last_log = (time.perf_counter(), p.tokens)
+        if self.dist.is_main:
+            self.log(_log_line(p, rate, self._eta(rate, t_start)))
+        f, b = (x / max(p.nll_tokens, 1) for x in p.nll)
+        self._metrics({"step": p.step, "tokens": p.tokens, "tokens_per_s": rate, "train_loss": 0.5 * (f + b),
+                       "train_ppl_fwd": math.exp(min(f, 50)), "train_ppl_bwd": math.exp(min(b, 50)),
+                       "elapsed_s": p.elapsed + time.perf_counter() - self._t0,
+                       "softmax": "sampled" if self.sampler else "full"})
+        p.nll, p.nll_tokens = [0.0, 0.0], 0
+
+    def evaluate(self, max_sentences: int | None) -> dict | None:
+        """Valid perplexity (full softmax) on rank 0, logged; None without --valid."""
+        if self._full_eval is not None and self._full_eval[0] == self.progress.step:
+            return self._full_eval[1]  # this step's periodic eval already covered the whole valid set
+        result = None
+        if self.opts.valid and self.dist.is_main:
+            result = perplexity(self.lm, self.opts.valid, self.vocab, self.opts.eval_batch_size,
+                                max_sentences, self.opts.column, self.opts.device)
+            self.log(f"valid  step {self.progress.step}  perplexity fwd {result['forward']:.2f} "
+                     f"bwd {result['backward']:.2f} mean {result['mean']:.2f}  ({result['predictions']:,} predictions)")
+            self._metrics({"step": self.progress.step, **{f"valid_ppl_{k}" if k in ("forward", "backward", "mean")
+                                                          else f"valid_{k}": v for k, v in result.items()}})
+        whole = result is not None and (max_sentences is None or result["sentences"] < max_sentences)
+        if any_true(self.dist, whole):
+            self._full_eval = (self.progress.step, result)
+        return result
+
+    def run(self, resume: bool = False) -> dict:
+        self._t0 = t_start = time.perf_counter()
+        if resume:
+            self.log(f"resuming from step {self.load_checkpoint()}") if self.dist.is_main else self.load_checkpoint()
+        elif ck.latest_step(self.ckpt_dir, self.dist.world) is not None:
+            raise CheckpointError(f"{self.out} already holds checkpoints; pass --resume or choose another --out")
+        self._write_run_json()
+        self._step0 = self.progress.step
+        self._last_log = (t_start, self.progress.tokens)
+        while not any_true(self.dist, self._should_stop(t_start)):
+            batch = self.batcher.next_batch()
+            if any_true(self.dist, batch is None):
+                break
+            sums, n = self.train_step(batch)
+            totals = sum_all(self.dist, torch.cat([sums.float().cpu(), torch.tensor([float(n)])]))
+            p = self.progress
+            p.step, p.tokens, p.nll_tokens = p.step + 1, p.tokens + int(totals[2]), p.nll_tokens + int(totals[2])
+            p.nll = [p.nll[0] + float(totals[0]), p.nll[1] + float(totals[1])]
+            if p.step % self.opts.log_every == 0:
+                self._log_progress(t_start)
+            if self.opts.checkpoint_every and p.step % self.opts.checkpoint_every == 0:
+                self.save_checkpoint()
+                self.evaluate(self.opts.valid_sentences)
+        return self._finish()
+
+    def _write_run_json(self) -> None:
+        if self.dist.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            info = {"options": asdict(self.opts), "config": self.config.to_dict(), "vocab_size": len(self.vocab),
+                    "world": self.dist.world, "softmax": "sampled" if self.sampler else "full"}
+            (self.out / "run.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+
+    def _finish(self) -> dict:
+        if self.progress.nll_tokens:
+            self._log_progress(self._t0)
+        if self.progress.step > 0 and ck.latest_step(self.ckpt_dir, self.dist.world) != self.progress.step:
+            self.save_checkpoint()
+        model_dir = self.export(self.out / "model")
+        valid = self.evaluate(self.opts.final_valid_sentences)
+        summary = {"step": self.progress.step, "tokens": self.progress.tokens, "model": str(model_dir),
+                   "valid": valid, "epoch": self.batcher.stream.epoch, "read": self.batcher.stream.stats.to_dict(),
+                   "elapsed_s": self.progress.elapsed + time.perf_counter() - self._t0}
+        if self.dist.is_main:
+            (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        return summary
+
+    def export(self, model_dir: Path) -> Path:
+        """options.json + weights.hdf5 (published layout), softmax.hdf5 and vocab.txt."""
+        if self.dist.is_main:
+            save_model(self.lm.bilm.cpu(), model_dir, "hdf5")
+            self.lm.to(self.device)
+            save_softmax(self.lm, model_dir / SOFTMAX_NAME)
+            self.vocab.save(model_dir / "vocab.txt")
+        barrier(self.dist)
+        return model_dir
+
+
+def train(opts: TrainOptions, resume: bool = False, log: Callable[[str], None] = print) -> dict:
+    """Train (or resume) a run; returns the summary also written to RUN_DIR/summary.json."""
+    return Trainer(opts, log).run(resume)

@@ -1,0 +1,78 @@
+"""The softmax vocabulary: ``<S>``, ``</S>``, ``<UNK>`` first, then words by descending count.
+
+The order matters: the log-uniform candidate sampler assumes id k is the k-th most frequent word.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .corpus import iter_records, list_shards
+from .errors import CorpusError
+
+BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
+SPECIALS = (BOS, EOS, UNK)
+
+
+class Vocab:
+    """Token <-> id. Shape: ``ids(tokens)`` (N,) int64, unknown words -> the ``<UNK>`` id."""
+
+    def __init__(self, tokens: Sequence[str]) -> None:
+        missing = [s for s in SPECIALS if s not in tokens]
+        if missing:
+            raise CorpusError(f"vocabulary lacks {missing}; it must hold <S>, </S> and <UNK>")
+        if len(set(tokens)) != len(tokens):
+            dup = next(t for t, c in Counter(tokens).items() if c > 1)
+            raise CorpusError(f"vocabulary lists {dup!r} twice")
+        self.tokens = list(tokens)
+        self.index = {t: i for i, t in enumerate(self.tokens)}
+        self.bos, self.eos, self.unk = (self.index[s] for s in SPECIALS)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def ids(self, tokens: Iterable[str]) -> np.ndarray:
+        get, unk = self.index.get, self.unk
+        return np.fromiter((get(t, unk) for t in tokens), dtype=np.int64)
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(t + "\n" for t in self.tokens), encoding="utf-8")
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Vocab":
+        path = Path(path)
+        if not path.is_file():
+            raise CorpusError(f"{path}: vocabulary file not found")
+        tokens = [line.strip() for line in path.read_text(encoding="utf-8", errors="ignore").splitlines()]
+        tokens = [t for t in tokens if t]
+        if not tokens:
+            raise CorpusError(f"{path}: the vocabulary file is empty")
+        return cls(tokens)
+
+
+def count_words(path: str | Path, column: str | None = None) -> Counter:
+    """Word counts over a whole corpus, streamed shard by shard."""
+    counts: Counter = Counter()
+    for shard in list_shards(path):
+        for tokens, _ in iter_records(shard, 0, column):
+            counts.update(tokens)
+    return counts
+
+
+def build_vocab(path: str | Path, min_count: int = 1, max_size: int | None = None,
+                column: str | None = None) -> Vocab:
+    """Words seen at least ``min_count`` times, the most frequent first (ties by spelling)."""
+    counts = count_words(path, column)
+    if not counts:
+        raise CorpusError(f"{path}: the corpus has no tokens; cannot build a vocabulary")
+    words = sorted((w for w, c in counts.items() if c >= min_count and w not in SPECIALS),
+                   key=lambda w: (-counts[w], w))
+    if max_size is not None:
+        words = words[: max(0, max_size - len(SPECIALS))]
+    return Vocab(list(SPECIALS) + words)
