@@ -8,6 +8,7 @@ Padded positions neither change the state nor emit output.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Callable
 
 import torch
@@ -120,8 +121,18 @@ class BiLstmStack(nn.Module):
         """
         B, T, _ = x.shape
         shortcut = boundary_shortcut and state is None and B > 0 and bool((lengths >= 2).all())
-        pack = _Packing(lengths, T, shared_first=shortcut)
-        xs = pack.pack(x)  # (2, N, P): both directions, real positions only
+        pack = Packing(lengths, T, shared_first=shortcut)
+        outputs, final = self.run_packed(pack.pack(x), pack, state)  # L x (2, N, P)
+        layers = [pack.unpack(o) for o in outputs]  # [(B, T, 2P)]
+        return layers, None if shortcut else final
+
+    def run_packed(self, xs: torch.Tensor, pack: "Packing",
+                   state: LstmState | None = None) -> tuple[list[torch.Tensor], LstmState]:
+        """Every layer over packed inputs of both directions (each read in its own order).
+
+        Shape: xs (2, N, P) -> L outputs (2, N, P), final state (rows in the caller's order).
+        """
+        B = pack.shape[1]
         state = state if state is not None else self.zero_state(B)
         h0, c0 = state.h[:, :, pack.order], state.c[:, :, pack.order]  # (L, 2, B, P), (L, 2, B, C)
         outputs, h_fin, c_fin = [], [], []
@@ -135,13 +146,9 @@ class BiLstmStack(nn.Module):
             h_fin.append(h)
             c_fin.append(c)
             xs = out
-        layers = [pack.unpack(o) for o in outputs]  # [(B, T, 2P)]
-        if shortcut:
-            return layers, None
-        final = LstmState(torch.stack(h_fin)[:, :, pack.inverse], torch.stack(c_fin)[:, :, pack.inverse])
-        return layers, final
+        return outputs, LstmState(torch.stack(h_fin)[:, :, pack.inverse], torch.stack(c_fin)[:, :, pack.inverse])
 
-    def _run_layer(self, layer: int, xs: torch.Tensor, pack: "_Packing", h: torch.Tensor,
+    def _run_layer(self, layer: int, xs: torch.Tensor, pack: "Packing", h: torch.Tensor,
                    c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Shape: xs (2, N, P), h (2, B, P), c (2, B, C) -> out (2, N, P), h, c."""
         bias = (self.bias[layer] + self.forget_offset)[:, None, :]  # (2, 1, 4C)
@@ -152,8 +159,9 @@ class BiLstmStack(nn.Module):
         else:
             step = self._inference_step(layer)
         B, outs = h.shape[1], []
-        for start, n in pack.steps:
-            h_new, c_new = step(gx[:, start : start + n], h[:, :n], c[:, :n])  # (2, n, P), (2, n, C)
+        # split: views whose gradients autograd joins with one cat (slicing per step would not)
+        for (start, n), gx_t in zip(pack.steps, gx.split([n for _, n in pack.steps], dim=1)):
+            h_new, c_new = step(gx_t, h[:, :n], c[:, :n])  # (2, n, P), (2, n, C)
             outs.append(h_new)
             # Finished rows keep their state; no in-place update, so autograd works too.
             if n == B or pack.shared_first and start == 0:  # a shared first step holds for every row
@@ -193,13 +201,14 @@ class BiLstmStack(nn.Module):
         return self._packed
 
 
-class _Packing:
+class Packing:
     """Rows sorted by length, time-major, real positions only (as torch's PackedSequence).
 
     Step t's active rows are the first n_t of the sorted batch and sit contiguously at
     [offset_t, offset_t + n_t) of the packed axis. Direction 1 reads each row reversed within
     its length, so both directions share the packing. With ``shared_first`` step 0 packs only
-    row 0, and unpacking copies its output to every row.
+    row 0, and unpacking copies its output to every row. ``Packing.full(B, T)``: every row runs
+    every step, so the packed axis is simply time-major (T*B).
     """
 
     def __init__(self, lengths: torch.Tensor, t_max: int, shared_first: bool = False) -> None:
@@ -213,12 +222,13 @@ class _Packing:
         if shared_first:
             real[0, 1:] = False
         self.index = torch.nonzero(real.reshape(-1)).squeeze(1)  # (N,) into the flat (T*B) axis
-        counts = real.sum(1).tolist()
-        offsets = [0]
-        for n in counts[:-1]:
-            offsets.append(offsets[-1] + n)
-        self.steps = [(o, n) for o, n in zip(offsets, counts) if n > 0]
+        counts = [n for n in real.sum(1).tolist() if n > 0]
+        self.steps = list(zip(accumulate([0] + counts[:-1]), counts))  # (offset, active rows) per step
         self.shape = (t_max, lengths.shape[0])
+
+    @classmethod
+    def full(cls, batch: int, t_max: int, device: torch.device | None = None) -> "Packing":
+        return cls(torch.full((batch,), t_max, dtype=torch.long, device=device), t_max)
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """Shape: (B, T, P) -> (2, N, P)."""

@@ -3,7 +3,7 @@
 The recurrent step multiplies a small batch (M <= 64 rows) by a 512 x 16384 matrix; oneDNN with
 weights reordered once into its blocked layout runs that noticeably faster than the default
 BLAS call on these CPUs. Same arithmetic (fp32 accumulate); inference only (no autograd).
-Where the op is missing (other builds, GPUs) ``PackedLinear`` falls back to a plain matmul.
+Callers check ``packed_gemm_available`` and use a plain batched matmul where it is False.
 """
 from __future__ import annotations
 
@@ -16,19 +16,13 @@ def packed_gemm_available(device: torch.device) -> bool:
 
 
 class PackedLinear:
-    """``x @ weight + bias`` with ``weight`` (K, N) as the original stores it.
+    """``x @ weight`` with ``weight`` (K, N) as the original stores it, reordered once.
 
     Shape: x (M, K) -> (M, N).
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, batch_hint: int = 64) -> None:
-        self.weight, self.bias = weight, bias
-        self.packed = None
-        if packed_gemm_available(weight.device):
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.t().contiguous(), batch_hint)  # (N, K) blocked
-            self.bias = None if bias is None else bias.contiguous()
+    def __init__(self, weight: torch.Tensor, batch_hint: int = 64) -> None:
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.t().contiguous(), batch_hint)  # (N, K) blocked
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None:
-            return x @ self.weight if self.bias is None else torch.addmm(self.bias, x, self.weight)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")

@@ -21,11 +21,15 @@ class TokenCache:
         self.key: tuple | None = None
         self.hits = self.misses = 0
 
+    def clear(self) -> None:
+        self.index.clear()
+        self.store = None
+
     def _check_version(self, params: list[torch.Tensor]) -> None:
         key = tuple((p._version, p.data_ptr()) for p in params)
         if key != self.key:
-            self.index.clear()
-            self.store, self.key = None, key
+            self.clear()
+            self.key = key
 
     def lookup(self, ids: torch.Tensor, encode: Callable[[torch.Tensor], torch.Tensor],
                params: list[torch.Tensor]) -> torch.Tensor:

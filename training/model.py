@@ -2,8 +2,8 @@
 char-CNN token encoder and one softmax; loss = mean of the two directions' mean NLL.
 
 For training, both directions read their own (already ordered) input streams left to right, so
-``run_directions`` drives the parameters of ``BiLstmStack`` with separate forward and backward
-inputs, every row at full length (padding only ever trails a row and is masked in the loss).
+``run_directions`` runs ``BiLstmStack.run_packed`` on separate forward and backward inputs,
+every row at full length (padding only ever trails a row and is masked in the loss).
 """
 from __future__ import annotations
 
@@ -15,40 +15,21 @@ from torch import nn
 
 from elmo_core import BiLM, ElmoConfig, LstmState
 from elmo_core.init import init_bilm
-from elmo_core.lstm import BiLstmStack, lstm_step
+from elmo_core.lstm import BiLstmStack, Packing
 
 from .objective import Candidates, LogUniformSampler, full_softmax_nll, sampled_softmax_nll
 
 
-def run_directions(lstm: BiLstmStack, xs: torch.Tensor, state: LstmState,
-                   training: bool) -> tuple[torch.Tensor, LstmState]:
-    """Both directions over their own inputs, each read left to right from ``state``.
+def run_directions(lstm: BiLstmStack, xs: torch.Tensor, state: LstmState) -> tuple[torch.Tensor, LstmState]:
+    """Both directions over their own inputs, each read left to right from ``state``: every row
+    runs every step, so the inputs are already packed time-major (BiLstmStack.run_packed).
 
     Shape: xs (2, T, B, P) (direction 0 forward, 1 backward), state h (L, 2, B, P), c (L, 2, B, C)
     -> top layer (2, T, B, P), final state.
     """
-    cfg = lstm.cfg
     D, T, B, P = xs.shape
-    h_fin, c_fin = [], []
-    for layer in range(cfg.n_layers):
-        if training and lstm.dropout > 0:
-            xs = F.dropout(xs, lstm.dropout, training=True)
-        bias = (lstm.bias[layer] + lstm.forget_offset)[:, None, :]  # (2, 1, 4C)
-        gx = torch.baddbmm(bias, xs.reshape(D, T * B, P), lstm.w_input[layer]).view(D, T, B, -1)  # (2, T, B, 4C)
-        h, c = state.h[layer], state.c[layer]  # (2, B, P), (2, B, C)
-        w_state, w_proj = lstm.w_state[layer], lstm.w_proj[layer]
-        outs = []
-        for gx_t in gx.unbind(1):  # unbind: one gradient buffer for all steps, not one per step
-            gates = torch.baddbmm(gx_t, h, w_state)  # (2, B, 4C)
-            h, c = lstm_step(gates, c, w_proj, cfg.cell_clip, cfg.proj_clip)  # (2, B, P), (2, B, C)
-            outs.append(h)
-        out = torch.stack(outs, dim=1)  # (2, T, B, P)
-        if layer > 0 and cfg.use_skip_connections:
-            out = out + xs
-        h_fin.append(h)
-        c_fin.append(c)
-        xs = out
-    return xs, LstmState(torch.stack(h_fin), torch.stack(c_fin))
+    outputs, final = lstm.run_packed(xs.reshape(D, T * B, P), Packing.full(B, T, xs.device), state)  # L x (2, T*B, P)
+    return outputs[-1].view(D, T, B, P), final
 
 
 class LanguageModel(nn.Module):
@@ -92,7 +73,7 @@ class LanguageModel(nn.Module):
         x = self.bilm.embed_tokens(chars.reshape(D * B, T, C), both_mask)  # (2B, T, P)
         xs = x.view(D, B, T, -1).transpose(1, 2)  # (2, T, B, P)
         state = state if state is not None else self.zero_state(B)
-        top, final = run_directions(self.bilm.lstm, xs, state, self.training)  # (2, T, B, P)
+        top, final = run_directions(self.bilm.lstm, xs, state)  # (2, T, B, P)
         if self.training and self.bilm.lstm.dropout > 0:
             top = F.dropout(top, self.bilm.lstm.dropout, training=True)
         return top.transpose(1, 2), final  # (2, B, T, P)
