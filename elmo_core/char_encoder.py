@@ -34,12 +34,29 @@ class CharEncoder(nn.Module):
         return torch.relu(x) if self.cfg.activation == "relu" else torch.tanh(x)
 
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
-        emb = F.embedding(char_ids.long(), self.char_embed, padding_idx=0)  # (N, C, E)
+        char_ids = self._trim_tail(char_ids)  # (N, C') with C' <= C: the same max-pool, less work
+        emb = F.embedding(char_ids.long(), self.char_embed, padding_idx=0)  # (N, C', E)
         emb = emb.transpose(1, 2)  # (N, E, C)
         pooled = [self._activation(conv(emb).amax(dim=-1)) for conv in self.convs]  # [(N, n_k)]
         x = torch.cat(pooled, dim=-1)  # (N, F)
         x = self.highway(x)  # (N, F)
         return torch.addmm(self.proj_bias, x, self.proj_weight)  # (N, P)
+
+    def _trim_tail(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """Drop trailing columns that only repeat each token's last id, keeping ``max width`` of them.
+
+        A window lying wholly in such a tail gives the same value wherever it lies, and one of each
+        width is kept, so every max-pool sees the same set of values: exact, not an approximation.
+
+        Shape: (N, C) -> (N, C'), C' = min(C, first all-tail column + widest filter).
+        """
+        N, C = char_ids.shape
+        if N == 0 or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+            return char_ids
+        varies = (char_ids != char_ids[:, -1:]).any(dim=0)  # (C,) a column where some token is not in its tail
+        last = int(torch.nonzero(varies).max()) + 1 if bool(varies.any()) else 0
+        keep = min(C, last + max(w for w, _ in self.cfg.filters))
+        return char_ids[:, :keep] if keep < C else char_ids
 
     def boundary_embeddings(self) -> torch.Tensor:
         """Shape: (2, P): the representations of <S> and </S>."""
