@@ -88,6 +88,9 @@ def main() -> None:
     # (docs/training.md); pass --optimizer adagrad for the original's setting.
     ap.add_argument("--optimizer", default="adam")
     ap.add_argument("--lr", type=float, default=0.002)
+    ap.add_argument("--lr-decay", default="none", choices=("none", "linear", "cosine"),
+                    help="decay to lr * --lr-final over the tokens the measured throughput reaches in --minutes")
+    ap.add_argument("--lr-final", type=float, default=0.1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-train", action="store_true", help="only the throughput comparison")
     a = ap.parse_args()
@@ -101,12 +104,17 @@ def main() -> None:
                         min_count=3, max_minutes=minutes, threads=a.threads, checkpoint_every=1000,
                         valid_sentences=valid_n or 2000, final_valid_sentences=valid_n, optimizer=a.optimizer, lr=a.lr, log_every=20)
     results = {"config": a.options, "threads": a.threads, "torch": torch.__version__,
-               "optimizer": a.optimizer, "lr": a.lr}
+               "optimizer": a.optimizer, "lr": a.lr, "lr_decay": a.lr_decay}
     trainer = Trainer(opts)
     tp = throughput(trainer, steps)
     results["throughput"] = tp
     print(f"THROUGHPUT ours {tp['tokens_per_s']['ours']:,.0f} tok/s, nn.LSTM(proj_size) "
           f"{tp['tokens_per_s']['nn.LSTM']:,.0f} tok/s, ratio {tp['ratio']:.2f} (target >= 0.7)", flush=True)
+    if a.lr_decay != "none":
+        # 0.9: periodic valid evaluations take some of the time
+        opts.lr_decay, opts.lr_final = a.lr_decay, a.lr_final
+        opts.lr_decay_tokens = int(0.9 * tp["tokens_per_s"]["ours"] * minutes * 60)
+        results["lr_decay_tokens"] = opts.lr_decay_tokens
     if not a.skip_train:
         results.update(_train_and_compare(opts, valid_n))
     (work / "results.json").write_text(json.dumps(results, indent=2) + "\n")

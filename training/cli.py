@@ -5,7 +5,7 @@ import argparse
 import json
 from importlib import resources
 
-from .trainer import OPTIMIZERS, TrainOptions, train
+from .trainer import LR_DECAYS, OPTIMIZERS, TrainOptions, train
 
 DEFAULT_OPTIONS = "small.json"
 
@@ -50,6 +50,10 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--unroll", type=int, help="BPTT steps per batch, default from options (20)")
     p.add_argument("--lr", type=float, help="default 0.2 (adagrad) / 1e-3 (adam)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adagrad")
+    p.add_argument("--lr-decay", choices=LR_DECAYS, default="none",
+                   help="decay the lr to lr * --lr-final over --lr-decay-tokens (default --max-tokens, else --max-steps)")
+    p.add_argument("--lr-decay-tokens", type=int, help="the decay's horizon in training tokens")
+    p.add_argument("--lr-final", type=float, default=0.1, help="final lr as a fraction of --lr (with --lr-decay)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR's latest checkpoint")
     p.add_argument("--device", default="cpu")

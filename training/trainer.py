@@ -24,6 +24,7 @@ from .objective import LogUniformSampler
 from .vocab import Vocab, build_vocab
 
 OPTIMIZERS = ("adagrad", "adam")
+LR_DECAYS = ("none", "linear", "cosine")
 
 
 @dataclass
@@ -46,6 +47,9 @@ class TrainOptions:
     unroll: int | None = None
     lr: float | None = None
     optimizer: str = "adagrad"
+    lr_decay: str = "none"  # linear/cosine to lr * lr_final over lr_decay_tokens (else --max-tokens/--max-steps)
+    lr_final: float = 0.1
+    lr_decay_tokens: int | None = None
     seed: int = 0
     device: str = "cpu"
     bptt: bool = True
@@ -89,6 +93,11 @@ class Trainer:
             torch.set_num_threads(opts.threads)
         if opts.optimizer not in OPTIMIZERS:
             raise TrainingError(f"unknown optimizer {opts.optimizer!r}; use one of {OPTIMIZERS}")
+        if opts.lr_decay not in LR_DECAYS:
+            raise TrainingError(f"unknown --lr-decay {opts.lr_decay!r}; use one of {LR_DECAYS}")
+        if opts.lr_decay != "none" and opts.lr_decay_tokens is None and opts.max_tokens is None \
+                and opts.max_steps is None:
+            raise TrainingError("--lr-decay needs a horizon: give --lr-decay-tokens, --max-tokens or --max-steps")
         # Saturated gates produce denormal floats, which make CPU kernels ~10x slower; flushing
         # them to zero (values below 1e-38) is numerically immaterial.
         torch.set_flush_denormal(True)
@@ -135,11 +144,25 @@ class Trainer:
             n_tokens_vocab=len(self.vocab), batch_size=o.batch_size or tr.batch_size,
             unroll_steps=o.unroll or tr.unroll_steps, n_epochs=o.epochs or tr.n_epochs)
 
+    @property
+    def base_lr(self) -> float:
+        return self.opts.lr or (1e-3 if self.opts.optimizer == "adam" else 0.2)
+
     def _optimizer(self) -> torch.optim.Optimizer:
         params = list(self.lm.parameters())
         if self.opts.optimizer == "adam":
-            return torch.optim.Adam(params, lr=self.opts.lr or 1e-3)
-        return torch.optim.Adagrad(params, lr=self.opts.lr or 0.2, initial_accumulator_value=1.0)
+            return torch.optim.Adam(params, lr=self.base_lr)
+        return torch.optim.Adagrad(params, lr=self.base_lr, initial_accumulator_value=1.0)
+
+    def current_lr(self) -> float:
+        """The learning rate for the next step: a function of progress only, so resume is exact."""
+        o, p = self.opts, self.progress
+        if o.lr_decay == "none":
+            return self.base_lr
+        horizon = o.lr_decay_tokens or o.max_tokens
+        done = min(1.0, p.tokens / horizon if horizon is not None else p.step / o.max_steps)
+        shape = 1.0 - done if o.lr_decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * done))
+        return self.base_lr * (o.lr_final + (1.0 - o.lr_final) * shape)
 
     def _batcher(self) -> BpttBatcher | SentenceBatcher:
         o, tr = self.opts, self.config.training
@@ -175,6 +198,8 @@ class Trainer:
             raise TrainingError(f"step {self.progress.step + 1}: the loss is {loss.item()}; lower --lr")
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.lm.parameters(), self.config.training.all_clip_norm_val)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.current_lr()
         self.optimizer.step()
         self.state = LstmState(final.h.detach().float(), final.c.detach().float()) if batch.stateful else None
         return sums, batch.n_tokens
