@@ -156,3 +156,25 @@ def test_token_cache_gives_the_same_vectors_and_follows_weight_changes(tiny_dir)
     model.token_cache = None
     with torch.inference_mode():
         torch.testing.assert_close(changed, model.run(ids).layers, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 3, 7])
+def test_input_projection_chunks_give_the_same_layers(tiny_dir, chunk_rows):
+    """Inference computes W_x x a few whole steps at a time into a reused buffer: same numbers.
+
+    Chunks smaller than one step (1, 3 rows: every step is its own chunk) and spanning several
+    steps (7) are compared with one chunk for the whole batch (the training path's single GEMM).
+    """
+    model = load_bilm(tiny_dir)
+    ids = torch.from_numpy(batch_to_ids(SENTENCES))
+    with torch.inference_mode():
+        whole = model.run(ids).layers
+    lstm = model.lstm
+    try:
+        lstm.input_chunk_rows = chunk_rows
+        with torch.inference_mode():
+            chunked = model.run(ids).layers
+    finally:
+        del lstm.input_chunk_rows  # back to the class default
+    assert lstm.input_chunk_rows >= ids.shape[0] * ids.shape[1] + 2 * ids.shape[0]  # whole ran as one chunk
+    torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-6)
