@@ -53,11 +53,13 @@ def make_engine(model: str | None, out: str | Path, precision: str = "fp32", tra
     out = Path(out)
     model_dir = Path(model) if model else train_default_model(out, train_minutes)
     onnx_dir = out / ("onnx" if precision == "fp32" else f"onnx-{precision}")
-    manifest = export_onnx(model_dir, onnx_dir, precision=precision, threads=threads)
+    usable, reason = tensorrt_status()
+    for_tensorrt = usable and precision in ("fp32", "fp16")
+    # An ONNX Runtime-only graph may run the char-CNN once per distinct token (Unique).
+    manifest = export_onnx(model_dir, onnx_dir, precision=precision, threads=threads, token_dedup=not for_tensorrt)
     par = manifest["parity"]
     validated = f"ONNX validated against torch (max |diff| {par['max_abs']:.1e}, min cosine {par['min_cosine']:.6f})"
-    usable, reason = tensorrt_status()
-    if usable and precision in ("fp32", "fp16"):
+    if for_tensorrt:
         m = build_engine(onnx_dir, out / "tensorrt", fp16=precision == "fp16")
         return {"engine": f"TensorRT {precision} engine", "path": str(out / "tensorrt" / m["engine"]["file"]),
                 "why": f"{reason}; {validated}", "onnx": str(onnx_dir)}

@@ -57,7 +57,7 @@ def ort_run(path: Path, spec: ExportSpec, threads: int | None = None, providers:
 def export_onnx(model: str | Path, out_dir: str | Path, output: str = "all", mix: Sequence[float] | None = None,
                 gamma: float = 1.0, precision: str = "fp32", opset: int = DEFAULT_OPSET, validate: bool = True,
                 shapes: Sequence[tuple[int, int]] | None = None, threads: int | None = None,
-                weights: str | Path | None = None) -> dict[str, Any]:
+                weights: str | Path | None = None, token_dedup: bool = False) -> dict[str, Any]:
     """Export a model directory (options.json + weights) to ``out_dir``/model.onnx + manifest.json.
 
     Validation against the torch backend runs on the spec's shapes (or ``shapes``) and raises
@@ -65,14 +65,15 @@ def export_onnx(model: str | Path, out_dir: str | Path, output: str = "all", mix
     """
     files = resolve_model(model, weights)
     bilm = load_bilm(files.options, files.weights)
-    spec = ExportSpec.for_config(bilm.config, output, mix, gamma, precision, opset)
+    spec = ExportSpec.for_config(bilm.config, output, mix, gamma, precision, opset, token_dedup)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # no manifest until this export has passed
     t0 = time.perf_counter()
     proto = build_onnx(bilm, spec)
     onnx.checker.check_model(proto, full_check=True)
-    check_tensorrt_ops(proto)  # our own graph must always be TensorRT-parsable before quantization
+    if not spec.token_dedup:  # our own graph is TensorRT-parsable before quantization, unless asked otherwise
+        check_tensorrt_ops(proto)
     path = out_dir / ONNX_NAME
     _save(proto, path, precision)
     del proto

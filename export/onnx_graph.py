@@ -52,9 +52,18 @@ class _BiLMGraph:
 
     # ---- char-CNN ---------------------------------------------------------------------------
     def char_cnn(self, ids: str) -> str:
-        """Shape: ids (B, T, C) int32 -> (B*T, P) float32."""
-        g, enc, C = self.g, self.model.encoder, self.spec.max_chars
+        """Shape: ids (B, T, C) int32 -> (B*T, P) float32; once per distinct token with ``token_dedup``."""
+        g, C = self.g, self.spec.max_chars
         flat = g.op("Reshape", [ids, g.const(np.array([-1, C], np.int64), "shape")])  # (N, C)
+        if not self.spec.token_dedup:
+            return self.token_encoder(flat)
+        # ONNX Runtime's Unique has no int32 kernel; ids < 263 are exact in int64.
+        distinct, _, inverse, _ = g.op("Unique", [g.cast(flat, TensorProto.INT64)], n_out=4, axis=0, sorted=0)  # (U, C), (N,)
+        return g.op("Gather", [self.token_encoder(distinct), inverse], axis=0)  # (N, P)
+
+    def token_encoder(self, flat: str) -> str:
+        """Shape: flat (N, C) int32/int64 character ids -> (N, P) float32."""
+        g, enc = self.g, self.model.encoder
         emb = g.op("Gather", [g.const(_np(enc.char_embed).astype(np.float32), "char_embed"), flat])  # (N, C, E)
         emb = g.op("Transpose", [emb], perm=[0, 2, 1])  # (N, E, C)
         emb = g.unsqueeze(emb, [2])  # (N, E, 1, C): Conv2D with (1, w) kernels

@@ -87,6 +87,9 @@ class ExportSpec:
     opset: int = DEFAULT_OPSET
     validation_shapes: tuple[tuple[int, int], ...] = field(
         default=tuple((b, t) for b in VALIDATION_BATCHES for t in VALIDATION_TIMES))
+    # The char-CNN runs once per distinct token of the batch (ONNX Unique, then a Gather back).
+    # ONNX Runtime only: TensorRT's parser has no Unique, so such a graph cannot become an engine.
+    token_dedup: bool = False
 
     def __post_init__(self) -> None:
         if self.output not in OUTPUT_NAMES:
@@ -102,9 +105,11 @@ class ExportSpec:
 
     @classmethod
     def for_config(cls, config: ElmoConfig, output: str = "all", mix: Sequence[float] | None = None,
-                   gamma: float = 1.0, precision: str = "fp32", opset: int = DEFAULT_OPSET) -> "ExportSpec":
+                   gamma: float = 1.0, precision: str = "fp32", opset: int = DEFAULT_OPSET,
+                   token_dedup: bool = False) -> "ExportSpec":
         return cls(config.n_output_layers, config.output_dim, config.char_cnn.max_characters_per_token,
-                   output, tuple(float(m) for m in mix) if mix is not None else None, float(gamma), precision, opset)
+                   output, tuple(float(m) for m in mix) if mix is not None else None, float(gamma), precision, opset,
+                   token_dedup=token_dedup)
 
     # ---- tensors ---------------------------------------------------------------------------
     @property
@@ -152,7 +157,7 @@ class ExportSpec:
             "n_layers": self.n_layers, "dim": self.dim, "max_chars": self.max_chars, "output": self.output,
             "mix_weights": list(self.mix_weights) if self.mix_weights is not None else None, "gamma": self.gamma,
             "precision": self.precision, "opset": self.opset,
-            "validation_shapes": [list(s) for s in self.validation_shapes],
+            "validation_shapes": [list(s) for s in self.validation_shapes], "token_dedup": self.token_dedup,
             "inputs": [t.to_dict() for t in self.inputs], "outputs": [t.to_dict() for t in self.outputs],
             "tolerance": self.tolerance.to_dict(),
         }
@@ -163,7 +168,8 @@ class ExportSpec:
             spec = cls(int(d["n_layers"]), int(d["dim"]), int(d["max_chars"]), d["output"],
                        tuple(d["mix_weights"]) if d.get("mix_weights") is not None else None,
                        float(d["gamma"]), d["precision"], int(d["opset"]),
-                       tuple((int(b), int(t)) for b, t in d["validation_shapes"]))
+                       tuple((int(b), int(t)) for b, t in d["validation_shapes"]),
+                       bool(d.get("token_dedup", False)))
         except (KeyError, TypeError, ValueError) as e:
             raise ExportError(f"{source}: invalid export spec ({type(e).__name__}: {e}); re-export the model") from None
         if [t.to_dict() for t in spec.outputs] != d.get("outputs"):

@@ -4,11 +4,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto
 
-from elmo_core import BiLM, ElmoConfig, load_bilm
+from elmo_core import BiLM, ElmoConfig, batch_to_ids, load_bilm
 from elmo_core.init import init_bilm
 from elmo_core.model_io import file_sha256
 from export.errors import ExportError, ParityError
@@ -146,3 +147,20 @@ def test_bf16_graph_exports_for_tensorrt_but_cannot_validate_on_cpu(tiny_dir, tm
     types = {t.data_type for g in [model.graph] + [a.g for n in model.graph.node for a in n.attribute if a.g.name]
              for t in g.initializer}
     assert TensorProto.BFLOAT16 in types and TensorProto.FLOAT in types
+
+
+def test_token_dedup_export_matches_torch_and_is_marked_onnxruntime_only(fixture_dir, tmp_path):
+    """--token-dedup: the char-CNN runs once per distinct token (Unique); parity holds on every spec shape."""
+    m = export_onnx(out_dir=tmp_path, threads=1, token_dedup=True, **fixture_model(fixture_dir))
+    assert m["parity"]["passed"] and m["parity"]["max_abs"] <= 1e-4
+    assert len(m["parity"]["shapes"]) == len(VALIDATION_BATCHES) * len(VALIDATION_TIMES)
+    assert "Unique" in m["onnx"]["op_types"] and not m["onnx"]["tensorrt_parsable"]
+    assert m["spec"]["token_dedup"] is True
+    from inference.onnx_backend import OnnxBackend
+
+    with OnnxBackend(tmp_path, threads=1) as backend:
+        assert backend.spec.token_dedup  # read back from the manifest
+        ids = batch_to_ids([["the", "the", "cat"], ["cat", "the"]])  # (2, 3, 50): repeats and a padded slot
+        layers, _ = backend.run(ids)
+        ref, _ = TorchBackend(load_bilm(fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5")).run(ids)
+        np.testing.assert_allclose(layers, ref, atol=1e-5, rtol=0)
