@@ -128,6 +128,10 @@ def build_engine(onnx_dir: str | Path, out_dir: str | Path, min_bt: str | None =
     if fp16 != (spec.precision == "fp16") or spec.precision not in ("fp32", "fp16"):
         raise ExportError(f"{onnx_dir} is a {spec.precision} export; TensorRT builds strongly typed networks, so "
                           f"--fp16 needs `elmo export onnx --precision fp16` and fp32 needs a fp32 export")
+    if not onnx_manifest["onnx"].get("tensorrt_parsable", True):
+        raise ExportError(f"{onnx_dir} holds ops TensorRT's ONNX parser does not take "
+                          f"({onnx_manifest['onnx'].get('tensorrt_note')}); export it for TensorRT with "
+                          f"`elmo export onnx` in fp32/fp16 without --token-dedup")
     profile = profile_from_args(spec, min_bt, opt_bt, max_bt)
     trt = import_tensorrt()
     gpu = gpu_identity()

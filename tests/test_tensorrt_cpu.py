@@ -64,6 +64,9 @@ def test_build_engine_checks_before_needing_a_gpu(tiny_dir, tmp_path, capsys):
         build_engine(tmp_path / "onnx", tmp_path / "trt", fp16=True)
     with pytest.raises(ExportError, match="no manifest.json"):
         build_engine(tmp_path, tmp_path / "trt")
+    export_onnx(tiny_dir, tmp_path / "dedup", threads=1, shapes=((1, 1),), token_dedup=True)
+    with pytest.raises(ExportError, match="Unique.*without --token-dedup"):
+        build_engine(tmp_path / "dedup", tmp_path / "trt")
     try:
         import tensorrt  # noqa: F401
     except ImportError:
