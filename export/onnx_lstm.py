@@ -75,16 +75,26 @@ def lstm_layers(b: _BiLMGraph, xt: str, rev: str, mt: str) -> list[str]:
     zeros_h = g.op("Expand", [g.const(np.zeros((1, P), np.float32), "h0"), g.op("Concat", [batch, g.const(np.array([P], np.int64))], axis=0)])
     zeros_c = g.op("Expand", [g.const(np.zeros((1, C), np.float32), "c0"), g.op("Concat", [batch, g.const(np.array([C], np.int64))], axis=0)])
     xs = [xt, g.op("GatherElements", [xt, rev], axis=0)]  # fwd natural, bwd reversed within length
+    # Each direction's last step reads the other boundary token of the longest row; its output is
+    # sliced away and nothing reads its state, so the Scan runs T2-1 steps and a zero step is
+    # appended (as the torch backend skips that step).
+    first_steps = (g.const(np.array([0], np.int64)), g.const(np.array([-1], np.int64)))
+    zero_step = g.op("Expand", [g.const(np.zeros((1, 1, P), np.float32), "zero_step"),
+                                g.op("Concat", [g.const(np.array([1], np.int64)), batch,
+                                                g.const(np.array([P], np.int64))], axis=0)])  # (1, B, P)
+    m_run = g.op("Slice", [mt, *first_steps])  # (T2-1, B, 1)
     outputs = []
     bias = _np(lstm.bias + lstm.forget_offset)  # (L, 2, 4C): TF's +1 forget bias folded in
     for layer in range(cfg.n_layers):
         gx = []
         for d in range(2):
             w_in = b.weight(_np(lstm.w_input[layer, d]), f"w_input_{layer}_{d}")  # (P, 4C)
-            gx.append(g.op("Add", [b.matmul(xs[d], w_in), g.const(bias[layer, d].astype(np.float32), "lstm_b")]))  # (T2, B, 4C)
+            x_run = g.op("Slice", [xs[d], *first_steps])  # (T2-1, B, P)
+            gx.append(g.op("Add", [b.matmul(x_run, w_in), g.const(bias[layer, d].astype(np.float32), "lstm_b")]))  # (T2-1, B, 4C)
         body = _scan_body(b, layer)
-        res = g.op("Scan", [zeros_h, zeros_c, zeros_h, zeros_c, gx[0], gx[1], mt], n_out=6, num_scan_inputs=3, body=body)
-        out = res[4:]  # (T2, B, P) each, bwd in reversed order
+        res = g.op("Scan", [zeros_h, zeros_c, zeros_h, zeros_c, gx[0], gx[1], m_run], n_out=6, num_scan_inputs=3,
+                   body=body)
+        out = [g.op("Concat", [o, zero_step], axis=0) for o in res[4:]]  # (T2, B, P) each, bwd in reversed order
         if layer > 0 and cfg.use_skip_connections:
             out = [g.op("Add", [o, x]) for o, x in zip(out, xs)]
         xs = out
