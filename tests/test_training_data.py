@@ -129,3 +129,29 @@ def test_sentence_batches_pad_and_mask(tmp_path):
     assert b.targets[0, 0].tolist() == vocab.ids(["a", "b", "c", "</S>"]).tolist()
     assert b.targets[1, 0].tolist() == vocab.ids(["c", "b", "a", "<S>"]).tolist()
     assert b.targets[1, 1, :2].tolist() == vocab.ids(["d", "<S>"]).tolist()
+
+
+def test_shuffling_reads_shards_in_a_new_random_order_each_pass(tmp_path):
+    """As bilm-tf picks shards at random: each pass reads every sentence once, shards in a new order."""
+    d = tmp_path / "shards"
+    d.mkdir()
+    for k in range(8):  # sentence "s<k> <i>": its shard is readable from its first token
+        (d / f"{k:02d}.txt").write_text("".join(f"s{k} {i}\n" for i in range(5)))
+    everything = sorted((f"s{k}", str(i)) for k in range(8) for i in range(5))
+
+    stream = SentenceStream(d, n_epochs=2, shuffle_buffer=2, seed=7)  # buffer 2: shards barely interleave
+    order0 = list(stream.order)
+    both = [stream.next_sentence() for _ in range(80)]
+    assert stream.next_sentence() is None
+    assert sorted(map(tuple, both)) == sorted(everything * 2)  # every sentence once per pass
+    assert order0 != list(range(8)) and stream._pass_order(1) != order0  # shuffled, anew each pass
+    first_seen = list(dict.fromkeys(s[0] for s in both[:30]))
+    assert first_seen == [f"s{k}" for k in order0][:len(first_seen)]  # read in that order
+    assert [s[0] for s in _read_all(d)[0]][::5] == [f"s{k}" for k in range(8)]  # no shuffling: corpus order
+
+    # the shard order is part of the position: a JSON round-trip mid-pass continues identically
+    a = SentenceStream(d, n_epochs=2, shuffle_buffer=2, seed=7)
+    head = [a.next_sentence() for _ in range(13)]
+    b = SentenceStream(d, n_epochs=2, shuffle_buffer=2, seed=99)  # another seed: the state decides
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    assert head + [b.next_sentence() for _ in range(67)] == both

