@@ -5,8 +5,9 @@
 
 Speed: tokens/s of Embedder.embed_sentences(output='mixed') per backend, and ratios vs torch and vs
 the first ONNX variant (plain fp32, the TensorRT-parsable graph). ``+dedup`` variants run the
-char-CNN once per distinct token of a batch (``--token-dedup``, ONNX Runtime only). Accuracy: per-token cosine and max |diff| of the mixed vectors against the torch fp32
-backend (target: cosine >= 0.999 for every token). bf16 is listed but ONNX Runtime's CPU provider
+char-CNN once per distinct token of a batch (``--token-dedup``, ONNX Runtime only). Accuracy:
+per-token cosine and max |diff| of the mixed vectors against the torch fp32 backend (target:
+cosine >= 0.999 for every token). bf16 is listed but ONNX Runtime's CPU provider
 has no bf16 MatMul kernel, so its graph only runs under TensorRT / GPU providers.
 """
 from __future__ import annotations

@@ -198,8 +198,9 @@ class Trainer:
             raise TrainingError(f"step {self.progress.step + 1}: the loss is {loss.item()}; lower --lr")
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.lm.parameters(), self.config.training.all_clip_norm_val)
+        lr = self.current_lr()
         for group in self.optimizer.param_groups:
-            group["lr"] = self.current_lr()
+            group["lr"] = lr
         self.optimizer.step()
         self.state = LstmState(final.h.detach().float(), final.c.detach().float()) if batch.stateful else None
         return sums, batch.n_tokens
