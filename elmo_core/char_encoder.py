@@ -19,6 +19,11 @@ class CharEncoder(nn.Module):
     Shape: (N, C) int ids -> (N, P).
     """
 
+    # Inference encodes at most this many tokens per pass: the widest convolution's output is
+    # (N, n_filters, C') before the max-pool, ~100 KB a token at full size, so one pass over the
+    # 2,000 distinct tokens of a batch briefly held ~0.5 GB. Tokens are independent: same values.
+    inference_chunk_tokens = 256
+
     def __init__(self, cfg: CharCnnConfig, projection_dim: int) -> None:
         super().__init__()
         self.cfg = cfg
@@ -34,6 +39,12 @@ class CharEncoder(nn.Module):
         return torch.relu(x) if self.cfg.activation == "relu" else torch.tanh(x)
 
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
+        n = self.inference_chunk_tokens
+        if char_ids.shape[0] > n and not torch.is_grad_enabled() and not _tracing():
+            return torch.cat([self._encode(part) for part in char_ids.split(n)])  # (N, P)
+        return self._encode(char_ids)
+
+    def _encode(self, char_ids: torch.Tensor) -> torch.Tensor:
         char_ids = self._trim_tail(char_ids)  # (N, C') with C' <= C: the same max-pool, less work
         emb = F.embedding(char_ids.long(), self.char_embed, padding_idx=0)  # (N, C', E)
         emb = emb.transpose(1, 2)  # (N, E, C)
@@ -51,7 +62,7 @@ class CharEncoder(nn.Module):
         Shape: (N, C) -> (N, C'), C' = min(C, first all-tail column + widest filter).
         """
         N, C = char_ids.shape
-        if N == 0 or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        if N == 0 or _tracing():
             return char_ids
         varies = (char_ids != char_ids[:, -1:]).any(dim=0)  # (C,) a column where some token is not in its tail
         last = int(torch.nonzero(varies).max()) + 1 if bool(varies.any()) else 0
@@ -61,3 +72,7 @@ class CharEncoder(nn.Module):
     def boundary_embeddings(self) -> torch.Tensor:
         """Shape: (2, P): the representations of <S> and </S>."""
         return self.forward(self.boundary_ids)
+
+
+def _tracing() -> bool:
+    return torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()

@@ -37,6 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="padded tokens (rows x longest row) per model call")
     run.add_argument("--sort-window-rows", type=int, default=d.sort_window_rows,
                      help="rows sorted by length together before batching")
+    run.add_argument("--sort-window-tokens", type=int, default=d.sort_window_tokens,
+                     help="at most this many tokens in one sort window (bounds memory; local engine)")
     run.add_argument("--rows-per-shard", type=int, default=d.rows_per_shard)
     run.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     run.add_argument("--engine", choices=ENGINES, default=d.engine)
@@ -52,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def options_from_args(args: argparse.Namespace) -> dict:
     names = ("backend", "text_column", "tokens_column", "id_column", "keep_columns", "output", "mix", "gamma",
              "dtype", "max_sentence_length", "window_context", "max_tokens_per_batch", "sort_window_rows",
-             "rows_per_shard", "threads", "engine", "workers", "ray_address", "num_gpus_per_worker", "resume",
+             "sort_window_tokens", "rows_per_shard", "threads", "engine", "workers", "ray_address", "num_gpus_per_worker", "resume",
              "quiet")
     return {n: getattr(args, n) for n in names}
 

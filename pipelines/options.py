@@ -18,8 +18,8 @@ ENGINES = ("local", "ray")
 DTYPES = ("float32", "float16")
 
 # Options that do not change a single output value; they may differ between a run and its resume.
-RUNTIME_ONLY = frozenset({"max_tokens_per_batch", "sort_window_rows", "workers", "threads", "quiet",
-                          "ray_address", "num_gpus_per_worker", "resume", "prefetch"})
+RUNTIME_ONLY = frozenset({"max_tokens_per_batch", "sort_window_rows", "sort_window_tokens", "workers",
+                          "threads", "quiet", "ray_address", "num_gpus_per_worker", "resume", "prefetch"})
 
 
 class OutputDirError(ElmoError):
@@ -45,6 +45,7 @@ class EmbedOptions:
     engine: str = "local"
     max_tokens_per_batch: int = 4096  # padded tokens (rows x longest row) per backend call
     sort_window_rows: int = 1024  # rows sorted by length together, then restored to input order
+    sort_window_tokens: int = 16_384  # ... and at most this many tokens (bounds a window's vectors)
     workers: int = 1  # Ray actors (the local engine runs one model)
     threads: int | None = None  # torch intra-op threads; None = torch's default
     prefetch: int = 4  # prepared windows queued ahead of the model
@@ -59,7 +60,7 @@ class EmbedOptions:
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("engine", self.engine, ENGINES)
         for name in ("max_sentence_length", "rows_per_shard", "max_tokens_per_batch", "sort_window_rows",
-                     "workers", "prefetch"):
+                     "sort_window_tokens", "workers", "prefetch"):
             if int(getattr(self, name)) <= 0:
                 raise InputError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.max_tokens_per_batch < self.max_sentence_length:

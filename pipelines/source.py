@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
@@ -102,30 +104,57 @@ def shards_of(files: list[InputFile], rows_per_shard: int) -> list[Shard]:
 
 
 def read_windows(file: InputFile, shards: list[Shard], opts: EmbedOptions) -> Iterator[tuple[Shard, pa.Table, bool]]:
-    """(shard, rows, is_last) for the given shards of one file, in order; at most ``sort_window_rows``
-    rows each, never across two shards. A shard with zero rows yields one empty table.
+    """(shard, rows, is_last) for the given shards of one file, in order; each window at most
+    ``sort_window_rows`` rows and ``sort_window_tokens`` tokens (a longer single row goes alone),
+    never across two shards. A shard with zero rows yields one empty table.
     Rows of shards not asked for are read and skipped (a resume re-reads text, not vectors).
+
+    The token bound keeps a window's vectors (tokens x D floats, x(L+1) for output all) the same
+    size whatever the corpus's sentence lengths, so memory does not grow with longer rows.
     """
     wanted = {s.chunk: s for s in shards}
     pending: list[pa.RecordBatch] = []
-    pending_rows, row = 0, 0  # rows buffered, and the file row of the first buffered one
+    pending_rows, pending_tokens, row = 0, 0, 0  # rows and tokens buffered, file row of the first one
     for batch in _batches(file, opts):
+        counts = _token_counts(batch, opts)  # (R,)
         while batch.num_rows:
             shard_end = min(file.rows, (row // opts.rows_per_shard + 1) * opts.rows_per_shard)
-            take = min(batch.num_rows, opts.sort_window_rows - pending_rows, shard_end - row - pending_rows)
+            fit = _rows_that_fit(counts, opts.sort_window_tokens - pending_tokens, pending_rows == 0)
+            take = min(batch.num_rows, opts.sort_window_rows - pending_rows, shard_end - row - pending_rows, fit)
             pending.append(batch.slice(0, take))
-            pending_rows, batch = pending_rows + take, batch.slice(take)
+            pending_rows, pending_tokens = pending_rows + take, pending_tokens + int(counts[:take].sum())
+            batch, counts = batch.slice(take), counts[take:]
             done = row + pending_rows == shard_end
-            if done or pending_rows == opts.sort_window_rows:
+            full = pending_rows == opts.sort_window_rows or (batch.num_rows > 0 and take == fit)
+            if done or full:
                 shard = wanted.get(row // opts.rows_per_shard)
                 if shard is not None:
                     yield shard, pa.Table.from_batches(pending), done
-                row, pending, pending_rows = row + pending_rows, [], 0
+                row, pending, pending_rows, pending_tokens = row + pending_rows, [], 0, 0
     if row != file.rows or pending_rows:
         raise InputError(f"{file.path}: read {row + pending_rows} rows, its footer says {file.rows}")
     for s in shards:
         if s.rows == 0:
             yield s, _empty_table(file, opts), True
+
+
+def _token_counts(batch: pa.RecordBatch, opts: EmbedOptions) -> np.ndarray:
+    """Shape: (R,) tokens per row (0 for null), to bound windows; a column of the wrong type counts
+    0 here and gets its clear error from the predictor."""
+    column = batch.column(opts.tokens_column or opts.text_column)
+    if opts.tokens_column and pa.types.is_list(column.type):
+        counts = pc.list_value_length(column)
+    elif not opts.tokens_column and (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        counts = pc.count_substring_regex(column, r"\S+")  # str.split's tokens, ASCII whitespace
+    else:
+        return np.zeros(batch.num_rows, np.int64)
+    return counts.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _rows_that_fit(counts: np.ndarray, room: int, at_least_one: bool) -> int:
+    """How many leading rows of ``counts`` fit in ``room`` tokens (at least one into an empty window)."""
+    fit = int(np.searchsorted(np.cumsum(counts), room, side="right"))
+    return max(fit, 1) if at_least_one else fit
 
 
 def _empty_table(file: InputFile, opts: EmbedOptions) -> pa.Table:

@@ -178,3 +178,21 @@ def test_input_projection_chunks_give_the_same_layers(tiny_dir, chunk_rows):
         del lstm.input_chunk_rows  # back to the class default
     assert lstm.input_chunk_rows >= ids.shape[0] * ids.shape[1] + 2 * ids.shape[0]  # whole ran as one chunk
     torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 5])
+def test_char_encoder_chunks_give_the_same_tokens(tiny_dir, chunk_tokens):
+    """Inference encodes the distinct tokens a few at a time (bounded conv activations): same
+    values as one pass over all of them, which is what the training (grad) path does."""
+    encoder = load_bilm(tiny_dir).encoder
+    ids = torch.from_numpy(batch_to_ids(SENTENCES)).reshape(-1, 50)  # (N, C) including padding rows
+    with torch.no_grad():
+        encoder.inference_chunk_tokens = chunk_tokens
+        try:
+            chunked = encoder(ids)
+        finally:
+            del encoder.inference_chunk_tokens
+        assert encoder.inference_chunk_tokens >= ids.shape[0]  # the default: one pass here
+        whole = encoder(ids)
+    assert ids.shape[0] > 5 * chunk_tokens
+    torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-6)

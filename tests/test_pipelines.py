@@ -81,6 +81,40 @@ def test_local_vectors_match_embedder(corpus, tiny_dir, tmp_path, output, dtype)
     assert len(m["shards"]) == 6  # 80 rows a file, 30 rows a shard
 
 
+def test_windows_are_bounded_by_tokens_and_cover_each_row_once(corpus):
+    """Each sort window holds at most ``sort_window_tokens`` tokens (a longer single row alone),
+    stays within one shard, and the windows give every row of the file once, in order."""
+    from pipelines.options import EmbedOptions
+    from pipelines.source import read_windows, scan_inputs, shards_of
+
+    opts = EmbedOptions.coerce(id_column="id", sort_window_rows=64, sort_window_tokens=200, rows_per_shard=30)
+    for file in scan_inputs(corpus, opts):
+        shards = shards_of([file], opts.rows_per_shard)
+        windows = list(read_windows(file, shards, opts))
+        ids, per_shard = [], {}
+        for shard, table, _ in windows:
+            counts = [len(t.split()) for t in table.column("text").to_pylist()]
+            assert sum(counts) <= 200 or len(counts) == 1, counts
+            assert table.num_rows <= 64
+            ids += table.column("id").to_pylist()
+            per_shard[shard.chunk] = per_shard.get(shard.chunk, 0) + table.num_rows
+        whole = pq.read_table(file.path)
+        assert ids == whole.column("id").to_pylist()
+        assert per_shard == {s.chunk: s.rows for s in shards}
+        assert len(windows) > len(shards)  # the token bound cut windows inside shards
+        assert [last for _, _, last in windows].count(True) == len(shards)
+
+
+def test_token_bound_of_windows_does_not_change_vectors(corpus, tiny_dir, tmp_path):
+    small, large = tmp_path / "small", tmp_path / "large"
+    embed_parquet(corpus, small, tiny_dir, id_column="id", sort_window_tokens=50, **FAST)
+    embed_parquet(corpus, large, tiny_dir, id_column="id", sort_window_tokens=100_000, **FAST)
+    a, b = rows_of(small), rows_of(large)
+    assert a.column("id").equals(b.column("id"))
+    for i, (x, y) in enumerate(zip(a.column("elmo").to_pylist(), b.column("elmo").to_pylist())):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=ATOL, rtol=0, err_msg=f"row {i}")
+
+
 def test_duckdb_reads_output_in_input_order(corpus, tiny_dir, tmp_path):
     duckdb = pytest.importorskip("duckdb", reason="duckdb is in the dev extra")
     out = tmp_path / "out"
