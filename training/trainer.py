@@ -13,6 +13,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from elmo_core import ElmoConfig, LstmState, save_model
+from elmo_core.lstm import lstm_step
 
 from . import checkpoint as ck
 from .data import BpttBatcher, SentenceBatcher, SentenceStream
@@ -111,7 +112,9 @@ class Trainer:
         self.sampler = LogUniformSampler(len(self.vocab), opts.seed) if 0 < n_neg < len(self.vocab) else None
         self.batcher = self._batcher()
         self.net = DistributedDataParallel(self.lm) if self.dist.enabled else self.lm
-        self.step_fn = torch.compile(self.net) if opts.compile else self.net
+        self.step_fn = self.net
+        if opts.compile:  # the LSTM cell only: see docs/training.md (whole-model inductor code crashed)
+            self.lm.bilm.lstm.train_cell = torch.compile(lstm_step, dynamic=False)
         torch.manual_seed(opts.seed * 1000 + self.dist.rank)  # dropout
         self.state: LstmState | None = None
         self.progress = Progress()
