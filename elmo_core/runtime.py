@@ -15,11 +15,7 @@ PRIMITIVE_CACHE_CAPACITY = "8"
 _CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
 
-def bound_primitive_caches() -> dict[str, str]:
-    """Cap oneDNN's and ideep's primitive caches (read at their first use, so call this early).
-
-    Returns the values in effect.
-    """
+def bound_primitive_caches() -> None:
+    """Cap oneDNN's and ideep's primitive caches (read at their first use, so call this early)."""
     for name in _CACHE_VARIABLES:
         os.environ.setdefault(name, PRIMITIVE_CACHE_CAPACITY)
-    return {name: os.environ[name] for name in _CACHE_VARIABLES}

@@ -142,7 +142,7 @@ def _token_counts(batch: pa.RecordBatch, opts: EmbedOptions) -> np.ndarray:
     """Shape: (R,) tokens per row (0 for null), to bound windows; a column of the wrong type counts
     0 here and gets its clear error from the predictor."""
     column = batch.column(opts.tokens_column or opts.text_column)
-    if opts.tokens_column and pa.types.is_list(column.type):
+    if opts.tokens_column and (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
         counts = pc.list_value_length(column)
     elif not opts.tokens_column and (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
         counts = pc.count_substring_regex(column, r"\S+")  # str.split's tokens, ASCII whitespace
