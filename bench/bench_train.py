@@ -102,7 +102,7 @@ def main() -> None:
     run = work / f"run-{time.strftime('%Y%m%d-%H%M%S')}"
     opts = TrainOptions(train=str(corpus / "train"), valid=str(corpus / "valid"), options=a.options, out=str(run),
                         min_count=3, max_minutes=minutes, threads=a.threads, checkpoint_every=1000,
-                        valid_sentences=valid_n or 2000, final_valid_sentences=valid_n, optimizer=a.optimizer, lr=a.lr, log_every=20)
+                        valid_sentences=valid_n or 500, final_valid_sentences=valid_n, optimizer=a.optimizer, lr=a.lr, log_every=20)
     results = {"config": a.options, "threads": a.threads, "torch": torch.__version__,
                "optimizer": a.optimizer, "lr": a.lr, "lr_decay": a.lr_decay}
     trainer = Trainer(opts)

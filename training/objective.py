@@ -85,13 +85,26 @@ def sampled_softmax_nll(h: torch.Tensor, targets: torch.Tensor, weight: torch.Te
     true_logq = torch.log(sampler.expected_count(targets.cpu(), n, cand.tries)).to(h.device)  # (N,)
     samp_logq = torch.log(sampler.expected_count(cand.ids, n, cand.tries)).to(h.device)  # (S,)
     ids = cand.ids.to(h.device)
-    true_logits = (h * weight[targets]).sum(-1) + bias[targets] - true_logq  # (N,)
-    samp_logits = torch.addmm(bias[ids], h, weight[ids].t()) - samp_logq  # (N, S)
-    hits = targets[:, None] == ids[None, :]  # (N, S) accidental hits
-    samp_logits = samp_logits.masked_fill(hits, float("-inf"))
-    logits = torch.cat([true_logits[:, None], samp_logits], dim=1)  # (N, 1+S)
-    logits = _at_least_fp32(logits)
-    return torch.logsumexp(logits, dim=1) - logits[:, 0]
+    true_logits = (h * F.embedding(targets, weight)).sum(-1) + bias[targets] - true_logq  # (N,)
+    # The log-q correction is folded into the bias: one (N, S) pass fewer.
+    samp_logits = _at_least_fp32(torch.addmm(bias[ids] - samp_logq, h, F.embedding(ids, weight).t()))  # (N, S)
+    _remove_accidental_hits(samp_logits, targets, ids, weight.shape[0])
+    # logsumexp over [true, sampled] without building the (N, 1+S) matrix
+    return torch.logaddexp(_at_least_fp32(true_logits), torch.logsumexp(samp_logits, dim=1)) - true_logits
+
+
+def _remove_accidental_hits(samp_logits: torch.Tensor, targets: torch.Tensor, ids: torch.Tensor, n_vocab: int) -> None:
+    """Where a row's label was also sampled, that candidate's logit gets -FLOAT_MAX, as TF's
+    ``compute_accidental_hits`` does (in place; O(N) lookups instead of an (N, S) comparison).
+
+    Shape: samp_logits (N, S), targets (N,), ids (S,) distinct.
+    """
+    position = torch.full((n_vocab,), -1, dtype=torch.long, device=ids.device)  # (V,) id -> candidate column
+    position[ids] = torch.arange(ids.numel(), device=ids.device)
+    col = position[targets]  # (N,)
+    rows = torch.nonzero(col >= 0).squeeze(1)  # (H,)
+    fill = torch.tensor(torch.finfo(samp_logits.dtype).min, dtype=samp_logits.dtype, device=samp_logits.device)
+    samp_logits.index_put_((rows, col[rows]), fill)
 
 
 def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
