@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .config import LstmConfig
+from .lstm_sequence import lstm_sequence
 from .packed_gemm import PackedLinear, packed_gemm_available
 
 
@@ -94,7 +95,9 @@ class BiLstmStack(nn.Module):
     # reused buffer: (2, 512, 4C) floats is 64 MiB at full size, where the whole batch at once
     # (2, N, 4C) was 512 MiB for a 4096-token batch. GEMMs of 512 rows run at full speed.
     input_chunk_rows = 512
-    # The training (autograd) path's cell; ``elmo train --compile`` swaps in a compiled one.
+    # The training (autograd) path's cell; ``elmo train --compile`` swaps in a compiled one. With the
+    # default cell (and no autocast) a layer's whole recurrence is one autograd function
+    # (lstm_sequence.LstmSequence): the same maths, a fused backward, batched weight gradients.
     train_cell: Callable[..., tuple[torch.Tensor, torch.Tensor]] = staticmethod(lstm_step)
 
     def __init__(self, cfg: LstmConfig, dropout: float = 0.0) -> None:
@@ -161,9 +164,11 @@ class BiLstmStack(nn.Module):
         bias = (self.bias[layer] + self.forget_offset)[:, None, :]  # (2, 1, 4C)
         if torch.is_grad_enabled():
             w_state, w_proj = self.w_state[layer], self.w_proj[layer]
+            gx = torch.baddbmm(bias, xs, self.w_input[layer])  # (2, N, 4C): every step's input part at once
+            if self.train_cell is lstm_step and not torch.is_autocast_enabled(xs.device.type):
+                return lstm_sequence(gx, h, c, w_state, w_proj, pack.steps, pack.shared_first, *self._clips)
             cell = self.train_cell
             step = lambda g, h_, c_: cell(torch.baddbmm(g, h_, w_state), c_, w_proj, *self._clips)  # noqa: E731
-            gx = torch.baddbmm(bias, xs, self.w_input[layer])  # (2, N, 4C): every step's input part at once
             # split: views whose gradients autograd joins with one cat (slicing per step would not)
             parts = gx.split([n for _, n in pack.steps], dim=1)
         else:

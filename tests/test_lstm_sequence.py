@@ -1,0 +1,67 @@
+"""The fused training recurrence (LstmSequence) against autograd over ``lstm_step``."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from elmo_core import batch_to_ids, load_bilm
+from elmo_core.lstm import BiLstmStack, Packing, lstm_step
+from elmo_core.lstm_sequence import lstm_sequence
+
+from .conftest import SENTENCES
+
+
+def _autograd_layer(gx, h, c, w_state, w_proj, steps, shared_first, cell_clip, proj_clip):
+    """The plain per-step loop that autograd differentiates (BiLstmStack's generic path)."""
+    B, outs = h.shape[1], []
+    for start, n in steps:
+        h_new, c_new = lstm_step(torch.baddbmm(gx[:, start : start + n], h[:, :n], w_state), c[:, :n],
+                                 w_proj, cell_clip, proj_clip)
+        outs.append(h_new)
+        if n == B or shared_first and start == 0:
+            h, c = h_new.expand_as(h), c_new.expand_as(c)
+        else:
+            h, c = torch.cat([h_new, h[:, n:]], 1), torch.cat([c_new, c[:, n:]], 1)
+    return torch.cat(outs, 1), h, c
+
+
+@pytest.mark.parametrize("lengths,shared", [([6, 6, 6], False), ([5, 3, 3, 1], False), ([6, 4, 2], True)])
+@pytest.mark.parametrize("clips", [(None, None), (1.0, 0.8)])
+def test_values_and_gradients_match_autograd(lengths, shared, clips):
+    g = torch.Generator().manual_seed(len(lengths))
+    pack = Packing(torch.tensor(lengths), max(lengths), shared_first=shared)
+    D, P, C, B, N = 2, 5, 7, len(lengths), sum(n for _, n in pack.steps)
+
+    def rand(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, generator=g, dtype=torch.float64)).requires_grad_()
+
+    inputs = [rand(D, N, 4 * C, scale=2.0), rand(D, B, P), rand(D, B, C, scale=2.0), rand(D, P, 4 * C), rand(D, C, P)]
+    want = _autograd_layer(*inputs, pack.steps, shared, *clips)
+    got = lstm_sequence(*inputs, pack.steps, shared, *clips)
+    if clips[0] is not None:  # the clips must really be active for the test to mean anything
+        assert float(want[0].detach().abs().max()) == pytest.approx(clips[1])
+    weights = [torch.randn(x.shape, generator=g, dtype=torch.float64) for x in want]
+    grads_want = torch.autograd.grad(sum((x * w).sum() for x, w in zip(want, weights)), inputs)
+    grads_got = torch.autograd.grad(sum((x * w).sum() for x, w in zip(got, weights)), inputs)
+    for a, b in zip(want, got):
+        torch.testing.assert_close(b, a, atol=1e-12, rtol=0)
+    for name, a, b in zip(("gx", "h0", "c0", "w_state", "w_proj"), grads_want, grads_got):
+        torch.testing.assert_close(b, a, atol=1e-12, rtol=1e-12, msg=lambda m: f"d/d{name}: {m}")
+
+
+def test_the_bilm_trains_through_it_with_the_same_gradients(tiny_dir, monkeypatch):
+    """The whole biLM in training mode: fused recurrence vs the generic autograd loop."""
+    ids = torch.from_numpy(batch_to_ids(SENTENCES))
+
+    def grads():
+        torch.manual_seed(0)  # the same dropout masks in both runs
+        model = load_bilm(tiny_dir).double().train()
+        model.run(ids.clone()).layers.pow(2).sum().backward()
+        return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+    fused = grads()
+    monkeypatch.setattr(BiLstmStack, "train_cell", staticmethod(lambda *a: lstm_step(*a)))  # not lstm_step itself
+    generic = grads()
+    assert set(fused) == set(generic) and "lstm.w_state" in fused
+    for k in fused:
+        torch.testing.assert_close(fused[k], generic[k], atol=1e-10, rtol=1e-10, msg=lambda m: f"{k}: {m}")
