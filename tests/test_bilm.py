@@ -181,18 +181,42 @@ def test_input_projection_chunks_give_the_same_layers(tiny_dir, chunk_rows):
 
 
 @pytest.mark.parametrize("chunk_tokens", [1, 5])
-def test_char_encoder_chunks_give_the_same_tokens(tiny_dir, chunk_tokens):
-    """Inference encodes the distinct tokens a few at a time (bounded conv activations): same
-    values as one pass over all of them, which is what the training (grad) path does."""
-    encoder = load_bilm(tiny_dir).encoder
+def test_char_encoder_chunks_give_the_same_tokens_and_gradients(tiny_dir, chunk_tokens):
+    """The encoder runs the tokens shortest first, a few at a time, each pass trimmed to its own
+    longest token: the same values and gradients as one pass over all of them."""
     ids = torch.from_numpy(batch_to_ids(SENTENCES)).reshape(-1, 50)  # (N, C) including padding rows
-    with torch.no_grad():
-        encoder.inference_chunk_tokens = chunk_tokens
-        try:
-            chunked = encoder(ids)
-        finally:
-            del encoder.inference_chunk_tokens
-        assert encoder.inference_chunk_tokens >= ids.shape[0]  # the default: one pass here
-        whole = encoder(ids)
+
+    def run(chunk):
+        encoder = load_bilm(tiny_dir).encoder.double()
+        encoder.chunk_tokens = chunk
+        with torch.no_grad():
+            inference = encoder(ids)
+        out = encoder(ids)
+        out.pow(2).sum().backward()
+        torch.testing.assert_close(inference, out.detach(), rtol=0, atol=0)
+        return out.detach(), {k: p.grad for k, p in encoder.named_parameters()}
+
     assert ids.shape[0] > 5 * chunk_tokens
-    torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-6)
+    chunked, chunked_grads = run(chunk_tokens)
+    whole, whole_grads = run(ids.shape[0])
+    torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-12)
+    for k in whole_grads:
+        torch.testing.assert_close(chunked_grads[k], whole_grads[k], rtol=1e-10, atol=1e-12, msg=lambda m: f"{k}: {m}")
+
+
+def test_unique_rows_is_exact_even_on_a_hash_collision():
+    from elmo_core.bilm import unique_rows
+
+    def check(x):
+        uniq, inverse = unique_rows(x)
+        assert torch.equal(uniq[inverse], x)
+        assert sorted(map(tuple, uniq.tolist())) == sorted(map(tuple, torch.unique(x, dim=0).tolist()))
+
+    g = torch.Generator().manual_seed(0)
+    check(torch.randint(0, 4, (500, 3), generator=g))  # many repeats
+    check(torch.from_numpy(batch_to_ids(SENTENCES)).reshape(-1, 50))
+    # Two distinct rows with the same hash (the map's coefficients are fixed per width): exact anyway.
+    coeffs = torch.randint(-(2**62), 2**62, (2,), generator=torch.Generator().manual_seed(2), dtype=torch.long)
+    collide = torch.tensor([[int(coeffs[1]), -int(coeffs[0])], [0, 0], [0, 0]])
+    check(collide)
+    assert unique_rows(collide)[0].shape == (2, 2)
