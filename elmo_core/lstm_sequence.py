@@ -1,9 +1,9 @@
 """One LSTM layer's whole recurrence as a single autograd function (training path).
 
-Autograd over ``lstm_step`` records ~15 small ops per step and computes each step's weight
-gradients as its own small matrix product. Here the forward loop saves only what the backward
-needs; every factor that does not depend on the backward carry is computed once for all steps
-after the loop; the backward loop does the sequential part (two matrix products and a few
+Autograd over ``lstm_step`` records ~15 small ops per step, differentiates each of them, and
+computes each step's weight gradients as its own small matrix product. Here the forward loop
+writes, per step, only the factors the backward multiplies by (gate derivatives, clip masks) into
+packed buffers; the backward loop does the sequential part (two matrix products and a few
 element-wise ops per step); and the weight gradients are one batched product over all steps.
 Same maths as ``lstm_step`` (TF gate order i, j, f, o; clamp gradients pass where
 ``-clip <= x <= clip``, as torch's), so gradients agree with autograd to rounding.
