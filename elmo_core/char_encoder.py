@@ -41,17 +41,19 @@ class CharEncoder(nn.Module):
         return torch.relu(x) if self.cfg.activation == "relu" else torch.tanh(x)
 
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
-        n = self.chunk_tokens
-        if char_ids.shape[0] <= n or _tracing():
+        if _tracing():
             return self._encode(char_ids)
-        varies = char_ids != char_ids[:, -1:]  # (N, C): not in the token's tail
-        length = (varies * torch.arange(1, char_ids.shape[1] + 1, device=char_ids.device)).amax(dim=1)  # (N,)
-        order = torch.argsort(length, stable=True)  # (N,) shortest first
-        encoded = torch.cat([self._encode(char_ids[part]) for part in order.split(n)])  # (N, P) in that order
+        lengths = _content_lengths(char_ids)  # (N,)
+        n = self.chunk_tokens
+        if char_ids.shape[0] <= n:
+            return self._encode(self._trim_tail(char_ids, lengths))
+        order = torch.argsort(lengths, stable=True)  # (N,) shortest first
+        encoded = torch.cat([self._encode(self._trim_tail(char_ids[part], lengths[part]))
+                             for part in order.split(n)])  # (N, P) in that order
         return encoded[torch.argsort(order)]  # (N, P)
 
     def _encode(self, char_ids: torch.Tensor) -> torch.Tensor:
-        char_ids = self._trim_tail(char_ids)  # (N, C') with C' <= C: the same max-pool, less work
+        """Shape: (N, C') ids, the tail already trimmed -> (N, P)."""
         emb = F.embedding(char_ids.long(), self.char_embed, padding_idx=0)  # (N, C', E)
         x = torch.cat(self._pooled(emb), dim=-1)  # (N, F)
         x = self.highway(x)  # (N, F)
@@ -75,25 +77,32 @@ class CharEncoder(nn.Module):
             out.append(self._activation(torch.matmul(windows, kernel).max(dim=1).values + conv.bias))  # (N, n)
         return out
 
-    def _trim_tail(self, char_ids: torch.Tensor) -> torch.Tensor:
+    def _trim_tail(self, char_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Drop trailing columns that only repeat each token's last id, keeping ``max width`` of them.
 
         A window lying wholly in such a tail gives the same value wherever it lies, and one of each
         width is kept, so every max-pool sees the same set of values: exact, not an approximation.
 
-        Shape: (N, C) -> (N, C'), C' = min(C, first all-tail column + widest filter).
+        Shape: (N, C), lengths (N,) from ``_content_lengths`` -> (N, C'), C' = min(C, longest + widest filter).
         """
         N, C = char_ids.shape
-        if N == 0 or _tracing():
+        if N == 0:
             return char_ids
-        varies = (char_ids != char_ids[:, -1:]).any(dim=0)  # (C,) a column where some token is not in its tail
-        last = int(torch.nonzero(varies).max()) + 1 if bool(varies.any()) else 0
-        keep = min(C, last + max(w for w, _ in self.cfg.filters))
+        keep = min(C, int(lengths.max()) + max(w for w, _ in self.cfg.filters))
         return char_ids[:, :keep] if keep < C else char_ids
 
     def boundary_embeddings(self) -> torch.Tensor:
         """Shape: (2, P): the representations of <S> and </S>."""
         return self.forward(self.boundary_ids)
+
+
+def _content_lengths(char_ids: torch.Tensor) -> torch.Tensor:
+    """Each token's length before its tail (the trailing run of its last id).
+
+    Shape: (N, C) -> (N,) long.
+    """
+    varies = char_ids != char_ids[:, -1:]  # (N, C): not in the token's tail
+    return (varies * torch.arange(1, char_ids.shape[1] + 1, device=char_ids.device)).amax(dim=1)  # (N,)
 
 
 def _tracing() -> bool:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .config import LstmConfig
-from .lstm_sequence import lstm_sequence
+from .lstm_sequence import carry_state, lstm_sequence
 from .packed_gemm import PackedLinear, packed_gemm_available
 
 
@@ -174,16 +174,11 @@ class BiLstmStack(nn.Module):
         else:
             step = self._inference_step(layer)
             parts = _input_parts(xs, bias, self.w_input[layer], pack.steps, self.input_chunk_rows)
-        B, outs = h.shape[1], []
+        outs = []
         for (start, n), gx_t in zip(pack.steps, parts):
             h_new, c_new = step(gx_t, h[:, :n], c[:, :n])  # (2, n, P), (2, n, C)
             outs.append(h_new)
-            # Finished rows keep their state; no in-place update, so autograd works too.
-            if n == B or pack.shared_first and start == 0:  # a shared first step holds for every row
-                h, c = h_new.expand_as(h), c_new.expand_as(c)
-            else:
-                h = torch.cat([h_new, h[:, n:]], dim=1)  # (2, B, P)
-                c = torch.cat([c_new, c[:, n:]], dim=1)  # (2, B, C)
+            h, c = carry_state(h, c, h_new, c_new, pack.shared_first and start == 0)  # (2, B, P), (2, B, C)
         return torch.cat(outs, dim=1), h, c
 
     @property

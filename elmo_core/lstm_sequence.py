@@ -59,10 +59,7 @@ class LstmSequence(torch.autograd.Function):
             if h_kept is not None:
                 torch.eq(h_new, h_raw, out=h_kept[:, sl])
             f_gate[:, sl], m_all[:, sl], h_prev[:, sl], out[:, sl] = f, m, h[:, :n], h_new
-            if n == B or shared_first and start == 0:
-                h, c = h_new.expand(D, B, P), c_new.expand(D, B, C)
-            else:
-                h, c = torch.cat([h_new, h[:, n:]], dim=1), torch.cat([c_new, c[:, n:]], dim=1)
+            h, c = carry_state(h, c, h_new, c_new, shared_first and start == 0)
         ctx.steps, ctx.shared_first, ctx.B = steps, shared_first, B
         ctx.save_for_backward(w_state, w_proj, h_prev, m_all, dc_factor, gate_factor, o_factor, f_gate, c_kept, h_kept)
         return out, h.contiguous(), c.contiguous()
@@ -104,6 +101,20 @@ class LstmSequence(torch.autograd.Function):
         d_ws = torch.bmm(h_prev.transpose(1, 2), d_gates_all)  # (D, P, 4C): all steps in one product
         d_wp = torch.bmm(m.transpose(1, 2), torch.cat(d_hraw[::-1], dim=1))  # (D, C, P)
         return d_gates_all, carry_h, carry_c, d_ws, d_wp, None, None, None, None
+
+
+def carry_state(h: torch.Tensor, c: torch.Tensor, h_new: torch.Tensor, c_new: torch.Tensor,
+                shared_step: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The state after a step that ran the first n rows: those rows take the new state, finished
+    rows keep theirs; a shared first step's state holds for every row. No in-place update, so
+    autograd can differentiate it too.
+
+    Shape: h (D, B, P), c (D, B, C), h_new (D, n, P), c_new (D, n, C) -> h (D, B, P), c (D, B, C).
+    """
+    if h_new.shape[1] == h.shape[1] or shared_step:
+        return h_new.expand_as(h), c_new.expand_as(c)
+    n = h_new.shape[1]
+    return torch.cat([h_new, h[:, n:]], dim=1), torch.cat([c_new, c[:, n:]], dim=1)
 
 
 def lstm_sequence(gx: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, w_state: torch.Tensor,
