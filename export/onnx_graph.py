@@ -64,15 +64,11 @@ class _BiLMGraph:
     def token_encoder(self, flat: str) -> str:
         """Shape: flat (N, C) int32/int64 character ids -> (N, P) float32."""
         g, enc = self.g, self.model.encoder
-        emb = g.op("Gather", [g.const(_np(enc.char_embed).astype(np.float32), "char_embed"), flat])  # (N, C, E)
-        emb = g.op("Transpose", [emb], perm=[0, 2, 1])  # (N, E, C)
-        emb = g.unsqueeze(emb, [2])  # (N, E, 1, C): Conv2D with (1, w) kernels
-        pooled = []
-        for conv in enc.convs:
-            w = g.const(_np(conv.weight)[:, :, None, :].astype(np.float32), "conv_w")  # (n, E, 1, w)
-            y = g.op("Conv", [emb, w, g.const(_np(conv.bias).astype(np.float32), "conv_b")])  # (N, n, 1, C-w+1)
-            y = g.reduce("ReduceMax", y, [2, 3])  # (N, n)
-            pooled.append(g.op("Relu" if enc.cfg.activation == "relu" else "Tanh", [y]))
+        if self.spec.token_dedup:  # the ONNX Runtime graph: as the torch encoder computes it
+            pooled = self.pooled_windows(self.trim_tail(flat))
+        else:  # the TensorRT-parsable graph: fixed-width Conv2D with (1, w) kernels
+            pooled = self.pooled_conv(flat)
+        pooled = [g.op("Relu" if enc.cfg.activation == "relu" else "Tanh", [y]) for y in pooled]  # (N, n_k) each
         x = g.op("Concat", pooled, axis=1)  # (N, F)
         F = enc.cfg.n_filters
         for k in range(enc.highway.n_layers):
@@ -83,6 +79,63 @@ class _BiLMGraph:
             x = g.op("Add", [x, g.op("Mul", [gate, g.op("Sub", [t, x])])])  # g*t + (1-g)*x
         w = self.weight(_np(enc.proj_weight), "proj_w")
         return g.op("Add", [self.matmul(x, w), g.const(_np(enc.proj_bias).astype(np.float32), "proj_b")])  # (N, P)
+
+    def embed(self, flat: str) -> str:
+        """Shape: (N, C') ids -> (N, C', E) character embeddings."""
+        return self.g.op("Gather", [self.g.const(_np(self.model.encoder.char_embed).astype(np.float32), "char_embed"), flat])
+
+    def pooled_conv(self, flat: str) -> list[str]:
+        """Each width's convolution over all C positions, max-pooled. Shape: (N, C) -> [(N, n_k)]."""
+        g = self.g
+        emb = g.unsqueeze(g.op("Transpose", [self.embed(flat)], perm=[0, 2, 1]), [2])  # (N, E, 1, C)
+        pooled = []
+        for conv in self.model.encoder.convs:
+            w = g.const(_np(conv.weight)[:, :, None, :].astype(np.float32), "conv_w")  # (n, E, 1, w)
+            y = g.op("Conv", [emb, w, g.const(_np(conv.bias).astype(np.float32), "conv_b")])  # (N, n, 1, C-w+1)
+            pooled.append(g.reduce("ReduceMax", y, [2, 3]))  # (N, n)
+        return pooled
+
+    def trim_tail(self, flat: str) -> str:
+        """Drop the columns past every token's content plus the widest filter, as CharEncoder._trim_tail.
+
+        A window wholly inside a token's tail (the trailing run of its last id) has the same value
+        wherever it lies and one of each width is kept, so the max-pools are unchanged (exact).
+        The kept width depends on the values, so TensorRT could not build it: ONNX Runtime graph only.
+
+        Shape: (N, C) -> (N, C'), C' = min(C, longest content + widest filter).
+        """
+        g, C = self.g, self.spec.max_chars
+        widest = max(w for w, _ in self.cfg.char_cnn.filters)
+        last = g.op("Slice", [flat, g.const(np.array([C - 1], np.int64)), g.const(np.array([C], np.int64)),
+                              g.const(np.array([1], np.int64))])  # (N, 1)
+        varies = g.cast(g.op("Not", [g.op("Equal", [flat, last])]), F32)  # (N, C)
+        position = g.const(np.arange(1, C + 1, dtype=np.float32), "position")  # (C,) 1-based
+        longest = g.reduce("ReduceMax", g.op("Mul", [varies, position]), [0, 1], keepdims=1)  # (1, 1), in float
+        keep = g.op("Min", [g.op("Add", [longest, g.const(np.float32(widest))]), g.const(np.float32(C))])
+        keep = g.op("Reshape", [g.cast(keep, TensorProto.INT64), g.const(np.array([1], np.int64))])  # [C']
+        return g.op("Slice", [flat, g.const(np.array([0], np.int64)), keep, g.const(np.array([1], np.int64))])
+
+    def pooled_windows(self, flat: str) -> list[str]:
+        """Each width's convolution as one MatMul over the unfolded windows (im2col), max-pooled, the
+        bias added after the max (the same value); fp32 in the fp16/bf16 graphs, quantized in int8.
+
+        Shape: (N, C') -> [(N, n_k)].
+        """
+        g, C = self.g, self.spec.max_chars
+        emb = self.embed(flat)  # (N, C', E)
+        E = self.cfg.char_cnn.embedding_dim
+        width = g.op("Shape", [flat], start=1, end=2)  # [C']
+        pooled = []
+        for (w, n), conv in zip(self.cfg.char_cnn.filters, self.model.encoder.convs):
+            starts = np.arange(C - w + 1, dtype=np.int64)[:, None] + np.arange(w, dtype=np.int64)  # (C-w+1, w)
+            n_win = g.op("Sub", [width, g.const(np.array([w - 1], np.int64))])  # [C'-w+1]
+            idx = g.op("Slice", [g.const(starts, "windows"), g.const(np.array([0], np.int64)), n_win])  # (C'-w+1, w)
+            windows = g.op("Reshape", [g.op("Gather", [emb, idx], axis=1),
+                                       g.const(np.array([0, 0, w * E], np.int64))])  # (N, C'-w+1, w*E)
+            kernel = _np(conv.weight).transpose(2, 1, 0).reshape(w * E, n).astype(np.float32)  # (w*E, n), (w, E) order
+            y = g.op("MatMul", [windows, g.const(kernel, "conv_w")])  # (N, C'-w+1, n), fp32 as the Conv path
+            pooled.append(g.op("Add", [g.reduce("ReduceMax", y, [1]), g.const(_np(conv.bias).astype(np.float32), "conv_b")]))
+        return pooled
 
     # ---- masks, boundaries --------------------------------------------------------------------
     def masks(self, ids: str) -> tuple[str, str]:

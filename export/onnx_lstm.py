@@ -1,4 +1,12 @@
-"""The biLSTM stack as one ONNX Scan over time per layer (both directions in one body)."""
+"""The biLSTM stack as one ONNX Scan over time per layer (both directions in one body).
+
+Each direction's input product is one 2D MatMul with its bias over all steps (ONNX Runtime fuses
+it into a Gemm; per-gate products measured slower). Padded steps emit zeros but need not hold the
+state: a row's padding only follows its valid steps (the backward direction reads each row
+reversed within its length), the Scan's final states are unused, and steps on the zero padding
+inputs keep the state finite (|c| grows by less than 1 a step, h is bounded), so no padded step
+reaches a valid output.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -10,32 +18,28 @@ from .onnx_ops import GraphBuilder
 DIRECTIONS = ("fwd", "bwd")
 
 
-def _step(b: _BiLMGraph, body: GraphBuilder, layer: int, d: int, h: str, c: str, gx: str, m: str,
-          keep: str, w_state: str, w_proj: str) -> tuple[str, str, str]:
-    """One LSTM step of one direction; padded rows (m = 0) keep their state and emit zeros.
+def _step(b: _BiLMGraph, body: GraphBuilder, h: str, c: str, gx: str, m: str,
+          w_state: str, w_proj: str) -> tuple[str, str, str]:
+    """One LSTM step of one direction; outputs at padding (m = 0) are zero.
 
     Shape: h (B, P), c (B, C), gx (B, 4C), m (B, 1) -> h, c, out (B, P).
     """
     cfg = b.cfg.lstm
     C = cfg.dim
-    gates = body.op("Add", [gx, b.matmul(h, w_state, body)])  # (B, 4C), forget offset in the bias
+    gates = body.op("Add", [gx, b.matmul(h, w_state, body)])  # (B, 4C), TF's gate order i, j, f, o
     i, j, f, o = body.op("Split", [gates, body.const(np.array([C] * 4, np.int64), "split")], n_out=4, axis=1)
-    c_new = body.op("Add", [body.op("Mul", [body.op("Sigmoid", [f]), c]),
-                            body.op("Mul", [body.op("Sigmoid", [i]), body.op("Tanh", [j])])])  # (B, C)
+    i, j, f, o = body.op("Sigmoid", [i]), body.op("Tanh", [j]), body.op("Sigmoid", [f]), body.op("Sigmoid", [o])
+    c_new = body.op("Add", [body.op("Mul", [f, c]), body.op("Mul", [i, j])])  # (B, C)
     if cfg.cell_clip is not None:
         c_new = body.op("Clip", [c_new, body.const(np.float32(-cfg.cell_clip)), body.const(np.float32(cfg.cell_clip))])
-    h_new = b.matmul(body.op("Mul", [body.op("Sigmoid", [o]), body.op("Tanh", [c_new])]), w_proj, body)  # (B, P)
+    h_new = b.matmul(body.op("Mul", [o, body.op("Tanh", [c_new])]), w_proj, body)  # (B, P)
     if cfg.proj_clip is not None:
         h_new = body.op("Clip", [h_new, body.const(np.float32(-cfg.proj_clip)), body.const(np.float32(cfg.proj_clip))])
-    out = body.op("Mul", [h_new, m])  # (B, P), zero at padding
-    # m in {0, 1}: x*1 + y*0 is exactly x, so finished rows keep their state bit for bit.
-    h_next = body.op("Add", [out, body.op("Mul", [h, keep])])  # (B, P)
-    c_next = body.op("Add", [body.op("Mul", [c_new, m]), body.op("Mul", [c, keep])])  # (B, C)
-    return h_next, c_next, out
+    return h_new, c_new, body.op("Mul", [h_new, m])  # out (B, P) zero at padding
 
 
 def _scan_body(b: _BiLMGraph, layer: int):  # type: ignore[no-untyped-def]
-    """The Scan body: states h/c of both directions, scan inputs gx_fwd, gx_bwd, m at step t.
+    """The Scan body: states h/c of both directions; scan inputs gx of each direction, m.
 
     The recurrent weights are the body's own initializers (not outer-scope values), so that
     quantizers and TensorRT see them as constants of the MatMuls that use them.
@@ -43,33 +47,42 @@ def _scan_body(b: _BiLMGraph, layer: int):  # type: ignore[no-untyped-def]
     P, C = b.cfg.lstm.projection_dim, b.cfg.lstm.dim
     lstm = b.model.lstm
     body = GraphBuilder(b.spec.opset, prefix=f"l{layer}_")
-    weights = [(b.weight(_np(lstm.w_state[layer, d]), f"w_state_{d}", body),
-                b.weight(_np(lstm.w_proj[layer, d]), f"w_proj_{d}", body)) for d in range(2)]
-    state_in, scan_in = [], []
+    state_in, scan_in, states, outs = [], [], [], []
     for name in DIRECTIONS:
         state_in += [helper.make_tensor_value_info(f"l{layer}_h_{name}_in", F32, ["batch", P]),
                      helper.make_tensor_value_info(f"l{layer}_c_{name}_in", F32, ["batch", C])]
         scan_in.append(helper.make_tensor_value_info(f"l{layer}_gx_{name}_t", F32, ["batch", 4 * C]))
     scan_in.append(helper.make_tensor_value_info(f"l{layer}_m_t", F32, ["batch", 1]))
-    m = f"l{layer}_m_t"
-    keep = body.op("Sub", [body.const(np.float32(1)), m])  # (B, 1)
-    states, outs = [], []
     for d, name in enumerate(DIRECTIONS):
-        h, c, out = _step(b, body, layer, d, f"l{layer}_h_{name}_in", f"l{layer}_c_{name}_in",
-                          f"l{layer}_gx_{name}_t", m, keep, *weights[d])
+        w_state = b.weight(_np(lstm.w_state[layer, d]), f"w_state_{d}", body)  # (P, 4C)
+        w_proj = b.weight(_np(lstm.w_proj[layer, d]), f"w_proj_{d}", body)  # (C, P)
+        h, c, out = _step(b, body, f"l{layer}_h_{name}_in", f"l{layer}_c_{name}_in", f"l{layer}_gx_{name}_t",
+                          f"l{layer}_m_t", w_state, w_proj)
         states += [h, c]
         outs.append(out)
     out_names = []
     for k, (src, dims) in enumerate(zip(states + outs, [P, C, P, C, P, P])):
         name = f"l{layer}_body_out{k}"
-        body.nodes.append(helper.make_node("Identity", [src], [name], name=f"l{layer}_body_id{k}"))
+        body.rename(src, name)  # the producer writes the body output itself: no Identity copy
         out_names.append(helper.make_tensor_value_info(name, F32, ["batch", dims]))
     return helper.make_graph(body.nodes, f"lstm_layer{layer}_step", state_in + scan_in, out_names, body.initializers)
 
 
+def _gate_inputs(b: _BiLMGraph, x_run: str, layer: int, d: int, shape_tbc: str) -> str:
+    """The input product and bias of all steps, as one 2D MatMul + Add (a Gemm in ONNX Runtime).
+
+    Shape: x_run (T2-1, B, P) -> (T2-1, B, 4C).
+    """
+    g, lstm = b.g, b.model.lstm
+    bias = _np(lstm.bias[layer, d] + lstm.forget_offset).astype(np.float32)  # (4C,): TF's +1 forget bias folded in
+    w_in = b.weight(_np(lstm.w_input[layer, d]), f"w_input_{layer}_{d}")  # (P, 4C)
+    x2 = g.op("Reshape", [x_run, g.const(np.array([-1, b.cfg.lstm.projection_dim], np.int64))])  # ((T2-1)*B, P)
+    return g.op("Reshape", [g.op("Add", [b.matmul(x2, w_in), g.const(bias, "lstm_b")]), shape_tbc])
+
+
 def lstm_layers(b: _BiLMGraph, xt: str, rev: str, mt: str) -> list[str]:
     """All LSTM layers. Shape: xt (T2, B, P), rev (T2, B, P) int64, mt (T2, B, 1) -> L x (B, T2, 2P)."""
-    g, lstm, cfg = b.g, b.model.lstm, b.cfg.lstm
+    g, cfg = b.g, b.cfg.lstm
     P, C = cfg.projection_dim, cfg.dim
     batch = g.op("Shape", [xt], start=1, end=2)  # [B]
     zeros_h = g.op("Expand", [g.const(np.zeros((1, P), np.float32), "h0"), g.op("Concat", [batch, g.const(np.array([P], np.int64))], axis=0)])
@@ -83,17 +96,12 @@ def lstm_layers(b: _BiLMGraph, xt: str, rev: str, mt: str) -> list[str]:
                                 g.op("Concat", [g.const(np.array([1], np.int64)), batch,
                                                 g.const(np.array([P], np.int64))], axis=0)])  # (1, B, P)
     m_run = g.op("Slice", [mt, *first_steps])  # (T2-1, B, 1)
+    shape_tbc = g.op("Concat", [g.const(np.array([-1], np.int64)), batch, g.const(np.array([4 * C], np.int64))], axis=0)
     outputs = []
-    bias = _np(lstm.bias + lstm.forget_offset)  # (L, 2, 4C): TF's +1 forget bias folded in
     for layer in range(cfg.n_layers):
-        gx = []
-        for d in range(2):
-            w_in = b.weight(_np(lstm.w_input[layer, d]), f"w_input_{layer}_{d}")  # (P, 4C)
-            x_run = g.op("Slice", [xs[d], *first_steps])  # (T2-1, B, P)
-            gx.append(g.op("Add", [b.matmul(x_run, w_in), g.const(bias[layer, d].astype(np.float32), "lstm_b")]))  # (T2-1, B, 4C)
-        body = _scan_body(b, layer)
-        res = g.op("Scan", [zeros_h, zeros_c, zeros_h, zeros_c, gx[0], gx[1], m_run], n_out=6, num_scan_inputs=3,
-                   body=body)
+        gx = [_gate_inputs(b, g.op("Slice", [xs[d], *first_steps]), layer, d, shape_tbc) for d in range(2)]
+        res = g.op("Scan", [zeros_h, zeros_c, zeros_h, zeros_c, *gx, m_run], n_out=6, num_scan_inputs=len(gx) + 1,
+                   body=_scan_body(b, layer))
         out = [g.op("Concat", [o, zero_step], axis=0) for o in res[4:]]  # (T2, B, P) each, bwd in reversed order
         if layer > 0 and cfg.use_skip_connections:
             out = [g.op("Add", [o, x]) for o, x in zip(out, xs)]
@@ -101,6 +109,3 @@ def lstm_layers(b: _BiLMGraph, xt: str, rev: str, mt: str) -> list[str]:
         both = g.op("Concat", [out[0], g.op("GatherElements", [out[1], rev], axis=0)], axis=2)  # (T2, B, 2P)
         outputs.append(g.op("Transpose", [both], perm=[1, 0, 2]))  # (B, T2, 2P)
     return outputs
-
-
-

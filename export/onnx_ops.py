@@ -55,6 +55,14 @@ class GraphBuilder:
         self.nodes.append(helper.make_node(op_type, inputs, outs, name=self.fresh(op_type), **attrs))
         return outs[0] if n_out == 1 else outs
 
+    def rename(self, old: str, new: str) -> None:
+        """Give a node output a fixed name (a graph output), everywhere it is produced and read."""
+        for node in self.nodes:
+            for names in (node.output, node.input):
+                for k, name in enumerate(names):
+                    if name == old:
+                        names[k] = new
+
     def const(self, value: np.ndarray | float | int | list, base: str = "const", dtype: object = None) -> str:
         """An initializer (constants are initializers: some TensorRT importers require that)."""
         arr = np.asarray(value, dtype=dtype)

@@ -43,6 +43,8 @@ def test_graph_is_scan_based_tensorrt_parsable_and_checked(tiny_dir):
     # input projections for all timesteps: one MatMul per direction and layer, outside the Scan
     n_hw = bilm.config.char_cnn.n_highway
     assert top.count("MatMul") == 2 * bilm.config.lstm.n_layers + n_hw + 1
+    body = next(n for n in model.graph.node if n.op_type == "Scan").attribute[0].g
+    assert [n.op_type for n in body.node].count("MatMul") == 2 * 2  # recurrent and projection, per direction
 
 
 def test_reductions_never_run_on_int64(tiny_dir):
