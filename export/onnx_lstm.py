@@ -68,7 +68,7 @@ def _scan_body(b: _BiLMGraph, layer: int):  # type: ignore[no-untyped-def]
     return helper.make_graph(body.nodes, f"lstm_layer{layer}_step", state_in + scan_in, out_names, body.initializers)
 
 
-def _gate_inputs(b: _BiLMGraph, x_run: str, layer: int, d: int, shape_tbc: str) -> str:
+def _input_product(b: _BiLMGraph, x_run: str, layer: int, d: int, shape_tbc: str) -> str:
     """The input product and bias of all steps, as one 2D MatMul + Add (a Gemm in ONNX Runtime).
 
     Shape: x_run (T2-1, B, P) -> (T2-1, B, 4C).
@@ -99,7 +99,7 @@ def lstm_layers(b: _BiLMGraph, xt: str, rev: str, mt: str) -> list[str]:
     shape_tbc = g.op("Concat", [g.const(np.array([-1], np.int64)), batch, g.const(np.array([4 * C], np.int64))], axis=0)
     outputs = []
     for layer in range(cfg.n_layers):
-        gx = [_gate_inputs(b, g.op("Slice", [xs[d], *first_steps]), layer, d, shape_tbc) for d in range(2)]
+        gx = [_input_product(b, g.op("Slice", [xs[d], *first_steps]), layer, d, shape_tbc) for d in range(2)]
         res = g.op("Scan", [zeros_h, zeros_c, zeros_h, zeros_c, *gx, m_run], n_out=6, num_scan_inputs=len(gx) + 1,
                    body=_scan_body(b, layer))
         out = [g.op("Concat", [o, zero_step], axis=0) for o in res[4:]]  # (T2, B, P) each, bwd in reversed order

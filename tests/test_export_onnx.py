@@ -166,3 +166,19 @@ def test_token_dedup_export_matches_torch_and_is_marked_onnxruntime_only(fixture
         layers, _ = backend.run(ids)
         ref, _ = TorchBackend(load_bilm(fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5")).run(ids)
         np.testing.assert_allclose(layers, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dedup", [False, True])
+def test_rows_do_not_depend_on_their_batch(tiny_dir, tmp_path, dedup):
+    """Padded steps do not hold the state: a row gives the same vectors alone and beside longer,
+    shorter and empty rows, in either graph, and zeros at its padding."""
+    export_onnx(tiny_dir, tmp_path, threads=1, shapes=((1, 1),), token_dedup=dedup)
+    run = ort_run(tmp_path / "model.onnx", ExportSpec.for_config(load_bilm(tiny_dir).config), 1)
+    row = "The cat sat on the mat .".split()
+    others = ["A much longer sentence , with punctuation and numbers like 1 , 2 in it .".split(), [], ["Hi"]]
+    alone, _ = run(batch_to_ids([row]))  # (1, L+1, T, 2P)
+    batched, mask = run(batch_to_ids([others[0], row, *others[1:]]))  # (4, L+1, T', 2P)
+    T = len(row)
+    np.testing.assert_allclose(batched[1, :, :T], alone[0], rtol=0, atol=1e-6)
+    assert not batched[1, :, T:].any() and not batched[2].any()  # zeros at padding and for the empty row
+    assert mask.sum(1).tolist() == [len(others[0]), T, 0, 1]
