@@ -6,11 +6,18 @@ state: a row's padding only follows its valid steps (the backward direction read
 reversed within its length), the Scan's final states are unused, and steps on the zero padding
 inputs keep the state finite (|c| grows by less than 1 a step, h is bounded), so no padded step
 reaches a valid output.
+
+Step 0 is the same for every row (each direction starts at a boundary token from the zero state:
+<S> forward, </S> backward), so its states and outputs are computed at export, in float64, and the
+Scan starts at step 1 from them (the torch backend computes that step once per batch).
 """
 from __future__ import annotations
 
 import numpy as np
+import torch
 from onnx import helper
+
+from elmo_core.lstm import lstm_step
 
 from .onnx_graph import F32, _BiLMGraph, _np
 from .onnx_ops import GraphBuilder
@@ -80,29 +87,55 @@ def _input_product(b: _BiLMGraph, x_run: str, layer: int, d: int, shape_tbc: str
     return g.op("Reshape", [g.op("Add", [b.matmul(x2, w_in), g.const(bias, "lstm_b")]), shape_tbc])
 
 
+def _first_steps(b: _BiLMGraph) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per layer, the states after step 0 of both directions (shared by all rows), in float64.
+
+    Shape: -> L x (h (2, 1, P), c (2, 1, C)); h is also the step's output.
+    """
+    lstm, cfg = b.model.lstm, b.cfg.lstm
+    with torch.no_grad():
+        x = b.model.encoder.boundary_embeddings().double()[:, None, :]  # (2, 1, P): <S> fwd, </S> bwd
+        steps = []
+        for layer in range(cfg.n_layers):
+            bias = (lstm.bias[layer] + lstm.forget_offset).double()[:, None, :]  # (2, 1, 4C)
+            gates = torch.baddbmm(bias, x, lstm.w_input[layer].double())  # (2, 1, 4C); zero state: no W_state term
+            h, c = lstm_step(gates, torch.zeros(2, 1, cfg.dim, dtype=torch.float64), lstm.w_proj[layer].double(),
+                             cfg.cell_clip, cfg.proj_clip)  # (2, 1, P), (2, 1, C)
+            steps.append((h.numpy(), c.numpy()))
+            x = h + x if layer > 0 and cfg.use_skip_connections else h  # (2, 1, P): the next layer's input
+    return steps
+
+
+def _over_batch(g: GraphBuilder, value: np.ndarray, batch: str, base: str) -> str:
+    """A constant with a batch axis of 1 just before its last axis, expanded to the batch.
+
+    Shape: (..., 1, n) -> (..., B, n).
+    """
+    shape = g.op("Concat", [g.const(np.array(value.shape[:-2], np.int64)), batch,
+                            g.const(np.array(value.shape[-1:], np.int64))], axis=0)
+    return g.op("Expand", [g.const(value.astype(np.float32), base), shape])
+
+
 def lstm_layers(b: _BiLMGraph, xt: str, rev: str, mt: str) -> list[str]:
     """All LSTM layers. Shape: xt (T2, B, P), rev (T2, B, P) int64, mt (T2, B, 1) -> L x (B, T2, 2P)."""
     g, cfg = b.g, b.cfg.lstm
     P, C = cfg.projection_dim, cfg.dim
     batch = g.op("Shape", [xt], start=1, end=2)  # [B]
-    zeros_h = g.op("Expand", [g.const(np.zeros((1, P), np.float32), "h0"), g.op("Concat", [batch, g.const(np.array([P], np.int64))], axis=0)])
-    zeros_c = g.op("Expand", [g.const(np.zeros((1, C), np.float32), "c0"), g.op("Concat", [batch, g.const(np.array([C], np.int64))], axis=0)])
     xs = [xt, g.op("GatherElements", [xt, rev], axis=0)]  # fwd natural, bwd reversed within length
-    # Each direction's last step reads the other boundary token of the longest row; its output is
-    # sliced away and nothing reads its state, so the Scan runs T2-1 steps and a zero step is
-    # appended (as the torch backend skips that step).
-    first_steps = (g.const(np.array([0], np.int64)), g.const(np.array([-1], np.int64)))
-    zero_step = g.op("Expand", [g.const(np.zeros((1, 1, P), np.float32), "zero_step"),
-                                g.op("Concat", [g.const(np.array([1], np.int64)), batch,
-                                                g.const(np.array([P], np.int64))], axis=0)])  # (1, B, P)
-    m_run = g.op("Slice", [mt, *first_steps])  # (T2-1, B, 1)
+    # Step 0 is a constant (_first_steps). Each direction's last step reads the other boundary
+    # token of the longest row; its output is sliced away and nothing reads its state, so the Scan
+    # runs steps 1 .. T2-2 and a zero step is appended (the torch backend skips that step too).
+    run = (g.const(np.array([1], np.int64)), g.const(np.array([-1], np.int64)))
+    zero_step = _over_batch(g, np.zeros((1, 1, P)), batch, "zero_step")  # (1, B, P)
+    m_run = g.op("Slice", [mt, *run])  # (T2-2, B, 1)
     shape_tbc = g.op("Concat", [g.const(np.array([-1], np.int64)), batch, g.const(np.array([4 * C], np.int64))], axis=0)
     outputs = []
-    for layer in range(cfg.n_layers):
-        gx = [_input_product(b, g.op("Slice", [xs[d], *first_steps]), layer, d, shape_tbc) for d in range(2)]
-        res = g.op("Scan", [zeros_h, zeros_c, zeros_h, zeros_c, *gx, m_run], n_out=6, num_scan_inputs=len(gx) + 1,
-                   body=_scan_body(b, layer))
-        out = [g.op("Concat", [o, zero_step], axis=0) for o in res[4:]]  # (T2, B, P) each, bwd in reversed order
+    for layer, (h0, c0) in enumerate(_first_steps(b)):
+        gx = [_input_product(b, g.op("Slice", [xs[d], *run]), layer, d, shape_tbc) for d in range(2)]
+        states = [_over_batch(g, v[d], batch, name) for d in range(2) for v, name in ((h0, "h1"), (c0, "c1"))]
+        res = g.op("Scan", [*states, *gx, m_run], n_out=6, num_scan_inputs=len(gx) + 1, body=_scan_body(b, layer))
+        out = [g.op("Concat", [_over_batch(g, h0[d:d + 1], batch, "out0"), o, zero_step], axis=0)
+               for d, o in enumerate(res[4:])]  # (T2, B, P) each, bwd in reversed order
         if layer > 0 and cfg.use_skip_connections:
             out = [g.op("Add", [o, x]) for o, x in zip(out, xs)]
         xs = out
