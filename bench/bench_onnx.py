@@ -110,7 +110,8 @@ def matmul_ceiling(shapes: list[tuple[int, int, int]], threads: int, work: Path)
                                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", N])], [w])
         fp32, int8 = work / f"mm_{K}_{N}.onnx", work / f"mm_{K}_{N}_int8.onnx"
         onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(fp32))
-        quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8, reduce_range=True)  # as --precision int8
+        quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8, reduce_range=True,
+                         per_channel=True)  # as --precision int8
         x, reps = rng.standard_normal((M, K)).astype(np.float32), max(3, int(2e9 / (M * K * N)))
         sessions = {name: ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
                     for name, path in (("fp32", fp32), ("int8", int8))}

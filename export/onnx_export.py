@@ -33,7 +33,7 @@ def _save(proto: onnx.ModelProto, path: Path, precision: str) -> None:
     # x86 u8s8 kernels saturate int16 intermediate sums with full 8-bit weights, which measurably
     # broke parity here (min token cosine 0.91 on the tiny model, 0.9995 with reduce_range).
     # per_channel: a scale per output column; full size, min token cosine 0.99978 (0.99964 per
-    # tensor) at the same speed.
+    # tensor), about 4 % slower: kept for trained weights, whose columns differ in scale.
     try:
         quantize_dynamic(str(tmp), str(path), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
                          reduce_range=True, per_channel=True, extra_options={"EnableSubgraph": True})
