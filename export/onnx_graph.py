@@ -82,7 +82,8 @@ class _BiLMGraph:
 
     def embed(self, flat: str) -> str:
         """Shape: (N, C') ids -> (N, C', E) character embeddings."""
-        return self.g.op("Gather", [self.g.const(_np(self.model.encoder.char_embed).astype(np.float32), "char_embed"), flat])
+        table = self.g.const(_np(self.model.encoder.char_embed).astype(np.float32), "char_embed")  # (n_chars, E)
+        return self.g.op("Gather", [table, flat])
 
     def pooled_conv(self, flat: str) -> list[str]:
         """Each width's convolution over all C positions, max-pooled. Shape: (N, C) -> [(N, n_k)]."""
@@ -134,7 +135,8 @@ class _BiLMGraph:
                                        g.const(np.array([0, 0, w * E], np.int64))])  # (N, C'-w+1, w*E)
             kernel = _np(conv.weight).transpose(2, 1, 0).reshape(w * E, n).astype(np.float32)  # (w*E, n), (w, E) order
             y = g.op("MatMul", [windows, g.const(kernel, "conv_w")])  # (N, C'-w+1, n), fp32 as the Conv path
-            pooled.append(g.op("Add", [g.reduce("ReduceMax", y, [1]), g.const(_np(conv.bias).astype(np.float32), "conv_b")]))
+            bias = g.const(_np(conv.bias).astype(np.float32), "conv_b")  # (n,)
+            pooled.append(g.op("Add", [g.reduce("ReduceMax", y, [1]), bias]))  # (N, n)
         return pooled
 
     # ---- masks, boundaries --------------------------------------------------------------------

@@ -76,14 +76,14 @@ def _scan_body(b: _BiLMGraph, layer: int):  # type: ignore[no-untyped-def]
 
 
 def _input_product(b: _BiLMGraph, x_run: str, layer: int, d: int, shape_tbc: str) -> str:
-    """The input product and bias of all steps, as one 2D MatMul + Add (a Gemm in ONNX Runtime).
+    """The input product and bias of all the Scan's steps, as one 2D MatMul + Add (a Gemm in ONNX Runtime).
 
-    Shape: x_run (T2-1, B, P) -> (T2-1, B, 4C).
+    Shape: x_run (S, B, P) -> (S, B, 4C).
     """
     g, lstm = b.g, b.model.lstm
     bias = _np(lstm.bias[layer, d] + lstm.forget_offset).astype(np.float32)  # (4C,): TF's +1 forget bias folded in
     w_in = b.weight(_np(lstm.w_input[layer, d]), f"w_input_{layer}_{d}")  # (P, 4C)
-    x2 = g.op("Reshape", [x_run, g.const(np.array([-1, b.cfg.lstm.projection_dim], np.int64))])  # ((T2-1)*B, P)
+    x2 = g.op("Reshape", [x_run, g.const(np.array([-1, b.cfg.lstm.projection_dim], np.int64))])  # (S*B, P)
     return g.op("Reshape", [g.op("Add", [b.matmul(x2, w_in), g.const(bias, "lstm_b")]), shape_tbc])
 
 
