@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from elmo_core import BiLM, ElmoConfig, save_model  # noqa: E402
 from elmo_core.init import init_bilm  # noqa: E402
-from export.onnx_export import export_onnx  # noqa: E402
+from export.onnx_export import export_onnx, quantize_int8  # noqa: E402
 from inference.embedder import Embedder  # noqa: E402
 
 FULL = {"lstm": {"dim": 4096, "projection_dim": 512, "n_layers": 2, "cell_clip": 3, "proj_clip": 3,
@@ -98,7 +98,6 @@ def matmul_ceiling(shapes: list[tuple[int, int, int]], threads: int, work: Path)
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
     rng, rows = np.random.default_rng(0), []
     so = ort.SessionOptions()
@@ -110,8 +109,7 @@ def matmul_ceiling(shapes: list[tuple[int, int, int]], threads: int, work: Path)
                                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", N])], [w])
         fp32, int8 = work / f"mm_{K}_{N}.onnx", work / f"mm_{K}_{N}_int8.onnx"
         onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(fp32))
-        quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8, reduce_range=True,
-                         per_channel=True)  # as --precision int8
+        quantize_int8(fp32, int8)  # as --precision int8
         x, reps = rng.standard_normal((M, K)).astype(np.float32), max(3, int(2e9 / (M * K * N)))
         sessions = {name: ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
                     for name, path in (("fp32", fp32), ("int8", int8))}

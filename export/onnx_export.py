@@ -20,23 +20,28 @@ from .spec import DEFAULT_OPSET, ExportSpec
 from .validate import check_parity
 
 
-def _save(proto: onnx.ModelProto, path: Path, precision: str) -> None:
-    """Write the graph; int8 runs ONNX Runtime's dynamic quantization of every MatMul weight."""
-    if precision != "int8":
-        onnx.save(proto, str(path))
-        return
+def quantize_int8(src: Path, dst: Path) -> None:
+    """ONNX Runtime's dynamic int8 quantization of every MatMul weight, as ``--precision int8``."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    tmp = path.with_name(".fp32." + path.name)
-    onnx.save(proto, str(tmp))
     # EnableSubgraph: the recurrent MatMuls live in the Scan bodies. reduce_range (7-bit weights):
     # x86 u8s8 kernels saturate int16 intermediate sums with full 8-bit weights, which measurably
     # broke parity here (min token cosine 0.91 on the tiny model, 0.9995 with reduce_range).
     # per_channel: a scale per output column; full size, min token cosine 0.99978 (0.99964 per
     # tensor), about 4 % slower: kept for trained weights, whose columns differ in scale.
+    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
+                     reduce_range=True, per_channel=True, extra_options={"EnableSubgraph": True})
+
+
+def _save(proto: onnx.ModelProto, path: Path, precision: str) -> None:
+    """Write the graph; int8 runs ONNX Runtime's dynamic quantization of every MatMul weight."""
+    if precision != "int8":
+        onnx.save(proto, str(path))
+        return
+    tmp = path.with_name(".fp32." + path.name)
+    onnx.save(proto, str(tmp))
     try:
-        quantize_dynamic(str(tmp), str(path), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
-                         reduce_range=True, per_channel=True, extra_options={"EnableSubgraph": True})
+        quantize_int8(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -36,6 +36,7 @@ class _BiLMGraph:
         self.model, self.spec, self.cfg = model, spec, model.config
         self.g = GraphBuilder(spec.opset)
         self.mm_type = MATMUL_TYPES[spec.precision]
+        self.boundaries = _np(model.encoder.boundary_embeddings())  # (2, P) float64: <S>, </S>
 
     # ---- helpers --------------------------------------------------------------------------
     def weight(self, value: np.ndarray, base: str, g: GraphBuilder | None = None) -> str:
@@ -156,7 +157,7 @@ class _BiLMGraph:
         Shape: tokens (B*T, P) -> x (B, T+2, P), full mask (B, T+2) float, positions (T+2,) float.
         """
         g, P = self.g, self.cfg.lstm.projection_dim
-        bos, eos = (_np(v).astype(np.float32) for v in self.model.encoder.boundary_embeddings())
+        bos, eos = self.boundaries.astype(np.float32)  # (P,) each
         tokens = g.op("Reshape", [tokens, g.op("Concat", [shape_bt, g.const(np.array([P], np.int64))], axis=0)])
         tokens = g.op("Mul", [tokens, g.unsqueeze(mask, [2])])  # (B, T, P) zero at padding
         b1p = g.op("Concat", [g.op("Slice", [shape_bt, g.const(np.array([0], np.int64)), g.const(np.array([1], np.int64))]),

@@ -94,7 +94,7 @@ def _first_steps(b: _BiLMGraph) -> list[tuple[np.ndarray, np.ndarray]]:
     """
     lstm, cfg = b.model.lstm, b.cfg.lstm
     with torch.no_grad():
-        x = b.model.encoder.boundary_embeddings().double()[:, None, :]  # (2, 1, P): <S> fwd, </S> bwd
+        x = torch.from_numpy(b.boundaries)[:, None, :]  # (2, 1, P) float64: <S> fwd, </S> bwd
         steps = []
         for layer in range(cfg.n_layers):
             bias = (lstm.bias[layer] + lstm.forget_offset).double()[:, None, :]  # (2, 1, 4C)
