@@ -42,11 +42,43 @@ def train_default_model(work: Path, minutes: float) -> Path:
     return run / "model"
 
 
-def make_engine(model: str | None, out: str | Path, precision: str = "fp32", train_minutes: float = 10.0,
-                threads: int | None = None) -> dict[str, Any]:
-    """Export + validate, then build TensorRT or the optimized ONNX Runtime model. Returns a report."""
+def cuda_provider_status() -> tuple[bool, str]:
+    """(present, reason): this ONNX Runtime has the CUDA provider (whether a GPU answers shows at load)."""
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        return True, f"onnxruntime {ort.__version__} has CUDAExecutionProvider"
+    return False, f"onnxruntime {ort.__version__} has no CUDAExecutionProvider (the `gpu` extra: onnxruntime-gpu)"
+
+
+def _ort_engine(onnx_dir: Path, cuda: bool, threads: int | None) -> tuple[str, str, str]:
+    """Load (and so optimize and cache) the export on CUDA if asked and possible, else on the CPU.
+
+    Returns (the provider it runs on, path of the cached optimized model, why not CUDA or '').
+    """
     from inference.onnx_backend import OnnxBackend
 
+    attempts = [["CUDAExecutionProvider"]] if cuda else []
+    why = ""
+    for providers in attempts + [["CPUExecutionProvider"]]:
+        try:
+            backend = OnnxBackend(onnx_dir, providers=providers, threads=threads)
+        except ExportError as e:
+            if providers == ["CPUExecutionProvider"]:
+                raise
+            why = str(e)
+            continue
+        cached = backend.optimized_path or next((onnx_dir / ".ort_cache").glob("model.all.*.onnx"), None)
+        backend.close()
+        return providers[0], str(cached or onnx_dir / "model.onnx"), why
+    raise AssertionError("unreachable: the CPU attempt returns or raises")
+
+
+def make_engine(model: str | None, out: str | Path, precision: str = "fp32", train_minutes: float = 10.0,
+                threads: int | None = None) -> dict[str, Any]:
+    """Export + validate, then build TensorRT, else the ONNX Runtime model optimized for CUDA, else for
+    the CPU. Returns a report: what was built, where, and why.
+    """
     from .onnx_export import export_onnx
     from .tensorrt import build_engine
 
@@ -55,8 +87,10 @@ def make_engine(model: str | None, out: str | Path, precision: str = "fp32", tra
     onnx_dir = out / ("onnx" if precision == "fp32" else f"onnx-{precision}")
     usable, reason = tensorrt_status()
     for_tensorrt = usable and precision in ("fp32", "fp16")
-    # An ONNX Runtime-only graph may run the char-CNN once per distinct token (Unique).
-    manifest = export_onnx(model_dir, onnx_dir, precision=precision, threads=threads, token_dedup=not for_tensorrt)
+    cuda, cuda_reason = cuda_provider_status()
+    # A CPU-only graph may run the char-CNN once per distinct token (Unique, a CPU kernel in ONNX Runtime).
+    manifest = export_onnx(model_dir, onnx_dir, precision=precision, threads=threads,
+                           token_dedup=not (for_tensorrt or cuda))
     par = manifest["parity"]
     validated = f"ONNX validated against torch (max |diff| {par['max_abs']:.1e}, min cosine {par['min_cosine']:.6f})"
     if for_tensorrt:
@@ -65,9 +99,8 @@ def make_engine(model: str | None, out: str | Path, precision: str = "fp32", tra
                 "why": f"{reason}; {validated}", "onnx": str(onnx_dir)}
     if usable:
         reason = f"{reason}, but a {precision} graph is ONNX Runtime-only (TensorRT takes fp32/fp16 exports)"
-    backend = OnnxBackend(onnx_dir, threads=threads)
-    cached = backend.optimized_path or next((onnx_dir / ".ort_cache").glob("model.all.*.onnx"), None)
-    backend.close()
-    return {"engine": f"ONNX Runtime optimized {precision} model (CPUExecutionProvider, level all)",
-            "path": str(cached or onnx_dir / "model.onnx"), "why": f"no TensorRT: {reason}; {validated}",
-            "onnx": str(onnx_dir)}
+    provider, path, cuda_failed = _ort_engine(onnx_dir, cuda, threads)
+    on_cuda = provider == "CUDAExecutionProvider"
+    why = f"no TensorRT: {reason}; {cuda_reason if on_cuda else 'no CUDA: ' + (cuda_failed or cuda_reason)}"
+    return {"engine": f"ONNX Runtime optimized {precision} model ({provider}, level all)", "path": path,
+            "why": f"{why}; {validated}", "onnx": str(onnx_dir)}

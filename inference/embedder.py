@@ -30,12 +30,17 @@ class Embedder:
 
     @classmethod
     def from_files(cls, options: str | Path, weights: str | Path | None = None, backend: str = "torch",
-                   stateful: bool = False, batch_size: int = 64, threads: int | None = None) -> "Embedder":
-        """Published ELMo files (options.json + weights .hdf5), or a model directory as ``options``."""
+                   stateful: bool = False, batch_size: int = 64, threads: int | None = None,
+                   device: str = "cpu") -> "Embedder":
+        """Published ELMo files (options.json + weights .hdf5), or a model directory as ``options``.
+
+        ``device``: where the torch backend runs ('cpu', 'cuda', 'cuda:1', ...).
+        """
         if backend != "torch":
             raise InputError(f"from_files builds the torch backend; for {backend!r} use its export directory "
                              f"(Embedder.from_onnx / from_tensorrt)")
-        return cls(TorchBackend.from_files(options, weights, stateful=stateful, threads=threads), batch_size)
+        return cls(TorchBackend.from_files(options, weights, stateful=stateful, threads=threads, device=device),
+                   batch_size)
 
     @classmethod
     def from_onnx(cls, export_dir: str | Path, providers: Sequence[str] | None = None, threads: int | None = None,

@@ -23,6 +23,11 @@ from export.manifest import check_file, read_spec
 from .backends import BackendBase
 
 GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "ROCMExecutionProvider")
+PROVIDER_HINTS = {
+    "CUDAExecutionProvider": "it needs the `gpu` extra (onnxruntime-gpu), a CUDA GPU and its CUDA/cuDNN libraries",
+    "TensorrtExecutionProvider": "it needs TensorRT's libraries (libnvinfer, the `tensorrt` extra) beside "
+                                 "onnxruntime-gpu; without them use CUDAExecutionProvider",
+}
 OPT_LEVELS = ("disable", "basic", "extended", "all")
 CACHE_DIR = ".ort_cache"
 
@@ -38,6 +43,21 @@ def check_char_ids(char_ids: np.ndarray, max_chars: int) -> np.ndarray:
     if not np.array_equal(mask, np.arange(ids.shape[1])[None, :] < mask.sum(1)[:, None]):
         raise InputError("character ids must be left-aligned: padding tokens only after a row's last token")
     return ids
+
+
+# Our defaults for the CUDA provider; options a caller passes win.
+# use_tf32 0: fp32 MatMuls in fp32. ONNX Runtime's default TF32 put a fp32 export 1.3e-3 from torch
+#   on the fixture model (beyond the 1e-3 GPU tolerance); ("CUDAExecutionProvider", {"use_tf32": 1})
+#   opts in (a few % faster at full size on an H100).
+# cudnn_conv_use_max_workspace 0: with the maximum workspace, cuDNN asked for 886 GB for the char-CNN
+#   convolution of a 512 x 50 token batch on an H100; the capped workspace fits.
+CUDA_DEFAULTS = {"use_tf32": 0, "cudnn_conv_use_max_workspace": 0}
+
+
+def _with_defaults(provider):  # type: ignore[no-untyped-def]
+    """A provider name or (name, options) pair, with our defaults filled in for CUDA."""
+    name, options = provider if isinstance(provider, tuple) else (provider, {})
+    return (name, {**CUDA_DEFAULTS, **options}) if name == "CUDAExecutionProvider" else provider
 
 
 def _cpu_model() -> str:
@@ -77,12 +97,14 @@ class OnnxBackend(BackendBase):
         self.manifest, self.spec = read_spec(self.export_dir, "onnx")
         self.config = ElmoConfig.from_dict(self.manifest["source"]["architecture"], "manifest architecture")
         path = check_file(self.export_dir, self.manifest["onnx"])
-        self.providers = list(providers or ["CPUExecutionProvider"])  # names or (name, options) pairs
+        self.providers = [_with_defaults(p) for p in providers or ["CPUExecutionProvider"]]  # (name, options) or names
         names = [p[0] if isinstance(p, tuple) else p for p in self.providers]
         missing = [p for p in names if p not in ort.get_available_providers()]
         if missing:
             raise ExportError(f"ONNX Runtime providers {missing} are not available here "
                               f"(available: {ort.get_available_providers()}); install the `gpu` extra for CUDA")
+        if any(n in GPU_PROVIDERS for n in names) and hasattr(ort, "preload_dlls"):
+            ort.preload_dlls()  # CUDA and cuDNN from the nvidia-* wheels, as onnxruntime-gpu documents
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads or 0  # 0: ONNX Runtime's default (one per core)
         so.inter_op_num_threads = 1
@@ -94,6 +116,10 @@ class OnnxBackend(BackendBase):
             self.session = ort.InferenceSession(str(self.optimized_path or path), so, providers=self.providers)
         except Exception as e:  # onnxruntime raises its own untyped errors
             raise ExportError(f"{path}: ONNX Runtime cannot load it with {self.providers} ({str(e)[:300]})") from None
+        active = self.session.get_providers()
+        if names[0] not in active:  # ORT falls back to the next provider when one fails to load
+            raise ExportError(f"ONNX Runtime could not enable {names[0]} (it runs {active}); "
+                              f"{PROVIDER_HINTS.get(names[0], 'see its log above')}")
         if self._cache_pending is not None and self._cache_pending[0].is_file():
             self._cache_pending[0].replace(self._cache_pending[1])
         self.use_iobinding = any(p in GPU_PROVIDERS for p in self.session.get_providers())
@@ -127,6 +153,14 @@ class OnnxBackend(BackendBase):
 
     def _run(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ids = check_char_ids(char_ids, self.spec.max_chars)
+        try:
+            return self._session_run(ids)
+        except Exception as e:  # onnxruntime raises its own untyped errors (out of memory, say)
+            raise ExportError(f"{self.export_dir}: ONNX Runtime failed on a batch of {ids.shape[0]} x {ids.shape[1]} "
+                              f"tokens ({self.session.get_providers()[0]}): {str(e)[-300:]}; a smaller batch_size "
+                              f"needs less memory") from None
+
+    def _session_run(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         feed_name = self.spec.inputs[0].name
         if not self.use_iobinding:
             out, mask = self.session.run(self.output_names, {feed_name: ids})

@@ -1,0 +1,82 @@
+"""GPU paths: the torch backend on CUDA, and ONNX Runtime's CUDA and TensorRT execution providers.
+
+Each test skips with its reason where there is no CUDA GPU or the provider is missing (CI has
+neither; the `gpu` extra installs onnxruntime-gpu). Tolerances are the issue's GPU ones
+(TENSORRT_TOLERANCES: fp32 max |diff| <= 1e-3, fp16 min token cosine >= 0.999), checked against the
+torch backend on the CPU in fp32, on the spec's validation shapes (not the export example).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from export.errors import ExportError
+from export.onnx_export import export_onnx
+from export.spec import TENSORRT_TOLERANCES, ExportSpec
+from export.tensorrt import profile_from_args, tensorrt_ep_providers
+from export.validate import check_parity
+from inference.backends import TorchBackend
+from inference.embedder import Embedder
+from inference.onnx_backend import OnnxBackend
+
+
+def _need_cuda() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU here (torch.cuda.is_available() is False)")
+
+
+def _need_provider(name: str) -> None:
+    import onnxruntime as ort
+
+    _need_cuda()
+    if name not in ort.get_available_providers():
+        pytest.skip(f"this onnxruntime {ort.__version__} has no {name} (it has {ort.get_available_providers()}); "
+                    f"the `gpu` extra installs onnxruntime-gpu")
+
+
+def _fixture_sentences(fixture_dir) -> list[list[str]]:
+    return [s.split() for batch in json.loads((fixture_dir / "sentences.json").read_text()) for s in batch]
+
+
+def test_torch_cuda_matches_cpu(fixture_dir):
+    _need_cuda()
+    files = (fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5")
+    sentences = _fixture_sentences(fixture_dir)
+    with Embedder.from_files(*files) as cpu, Embedder.from_files(*files, device="cuda") as gpu:
+        assert next(gpu.backend.model.parameters()).is_cuda
+        want = cpu.embed_sentences(sentences, batch_size=3)
+        got = gpu.embed_sentences(sentences, batch_size=3)
+    worst = max(float(np.abs(g - w).max(initial=0.0)) for g, w in zip(got, want))
+    assert worst <= TENSORRT_TOLERANCES["fp32"].max_abs, worst
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_onnx_cuda_provider_parity(fixture_dir, tmp_path, precision):
+    _need_provider("CUDAExecutionProvider")
+    m = export_onnx(fixture_dir / "options.json", tmp_path, precision=precision, threads=2, shapes=((1, 1),),
+                    weights=fixture_dir / "lm_weights.hdf5")
+    spec = ExportSpec.from_dict(m["spec"])
+    with OnnxBackend(tmp_path, providers=["CUDAExecutionProvider"]) as backend, \
+            TorchBackend.from_files(fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5") as ref:
+        assert backend.use_iobinding and backend.session.get_providers()[0] == "CUDAExecutionProvider"
+        figures = check_parity(backend.run, ref, spec, tolerance=TENSORRT_TOLERANCES[precision], label="ORT CUDA")
+    assert len(figures["shapes"]) == len(spec.validation_shapes) and np.isfinite(figures["max_abs"])
+
+
+def test_onnx_tensorrt_provider_parity_or_clear_error(fixture_dir, tmp_path):
+    """ONNX Runtime's TensorRT provider (the alternative path); without libnvinfer, a clear error."""
+    _need_provider("TensorrtExecutionProvider")
+    m = export_onnx(fixture_dir / "options.json", tmp_path / "onnx", threads=2, shapes=((1, 1),),
+                    weights=fixture_dir / "lm_weights.hdf5")
+    spec = ExportSpec.from_dict(m["spec"])
+    providers = tensorrt_ep_providers(spec, profile_from_args(spec, None, None, None), False, tmp_path / "trt")
+    try:
+        backend = OnnxBackend(tmp_path / "onnx", providers=providers)
+    except ExportError as e:
+        assert "could not enable TensorrtExecutionProvider" in str(e) and "libnvinfer" in str(e)
+        pytest.skip(f"TensorRT's libraries are not installed: {e}")
+    with backend, TorchBackend.from_files(fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5") as ref:
+        check_parity(backend.run, ref, spec, tolerance=TENSORRT_TOLERANCES["fp32"], label="ORT TensorRT EP")
