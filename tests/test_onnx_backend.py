@@ -122,3 +122,15 @@ def test_make_engine_without_tensorrt_builds_the_ort_model(tiny_dir, tmp_path, c
         assert "(CPUExecutionProvider, level all)" in out and "no CUDA: onnxruntime" in out
     report = make_engine(str(tiny_dir), tmp_path, threads=1)
     assert Path(report["path"]).is_file() and CACHE_DIR in report["path"]
+
+
+def test_cuda_provider_defaults_and_overrides():
+    from inference.onnx_backend import CUDA_DEFAULTS, _with_defaults
+
+    assert _with_defaults("CUDAExecutionProvider") == ("CUDAExecutionProvider", CUDA_DEFAULTS)
+    assert CUDA_DEFAULTS["use_tf32"] == 0 and CUDA_DEFAULTS["cudnn_conv_algo_search"] == "DEFAULT"
+    name, options = _with_defaults(("CUDAExecutionProvider", {"use_tf32": 1, "device_id": 1}))
+    assert name == "CUDAExecutionProvider" and options == {**CUDA_DEFAULTS, "use_tf32": 1, "device_id": 1}
+    assert _with_defaults("CPUExecutionProvider") == "CPUExecutionProvider"
+    trt = ("TensorrtExecutionProvider", {"trt_fp16_enable": True})
+    assert _with_defaults(trt) is trt
