@@ -129,7 +129,8 @@ class OnnxBackend(BackendBase):
                               f"{PROVIDER_HINTS.get(names[0], 'see its log above')}")
         if self._cache_pending is not None and self._cache_pending[0].is_file():
             self._cache_pending[0].replace(self._cache_pending[1])
-        self.use_iobinding = any(p in GPU_PROVIDERS for p in self.session.get_providers())
+        self.use_iobinding = any(p in GPU_PROVIDERS for p in active)
+        self.device_id = int(self.session.get_provider_options().get(active[0], {}).get("device_id", 0) or 0)
         self.threads = threads
         self.output_names = [t.name for t in self.spec.outputs]
 
@@ -175,7 +176,7 @@ class OnnxBackend(BackendBase):
         binding = self.session.io_binding()
         binding.bind_cpu_input(feed_name, ids)
         for name in self.output_names:
-            binding.bind_output(name, "cuda")
+            binding.bind_output(name, "cuda", self.device_id)
         self.session.run_with_iobinding(binding)
         out, mask = binding.copy_outputs_to_cpu()
         return out, mask

@@ -51,16 +51,37 @@ def _exported_file(model: Path, backend: str) -> Path:
     return found
 
 
-def open_backend(model: str | Path, backend: str = "torch", threads: int | None = None) -> Backend:
-    """A ready backend. ``model``: a published-format directory (torch) or an export directory."""
+def check_device(device: str) -> None:
+    """Refuse --device cuda where torch sees no GPU (before a job claims its output directory)."""
+    import torch
+
+    if device != "cpu" and not torch.cuda.is_available():
+        raise BackendUnavailableError(f"--device {device}: torch sees no CUDA GPU here (torch {torch.__version__}); "
+                                      f"use --device cpu")
+
+
+def onnx_providers(device: str) -> list:  # type: ignore[type-arg]
+    """ONNX Runtime providers for a --device: the CPU, or CUDA on GPU N (our CUDA defaults apply)."""
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    return [("CUDAExecutionProvider", {"device_id": int(device.partition(":")[2] or 0)})]
+
+
+def open_backend(model: str | Path, backend: str = "torch", threads: int | None = None,
+                 device: str = "cpu") -> Backend:
+    """A ready backend. ``model``: a published-format directory (torch) or an export directory.
+
+    ``device``: cpu, cuda or cuda:N for the torch and ONNX Runtime backends (TensorRT is always GPU 0's).
+    """
     model = Path(model)
     if backend == "torch":
-        return TorchBackend.from_files(model, threads=threads)
+        check_device(device)
+        return TorchBackend.from_files(model, threads=threads, device=device)
     if backend not in EXPORTED:
         raise InputError(f"unknown backend {backend!r}; use one of ['torch', {', '.join(map(repr, EXPORTED))}]")
     cls = _exported_class(backend)
     _exported_file(model, backend)  # a clear error before the backend's own
-    return cls(model, threads=threads) if backend == "onnx" else cls(model)
+    return cls(model, threads=threads, providers=onnx_providers(device)) if backend == "onnx" else cls(model)
 
 
 def model_identity(model: str | Path, backend: str = "torch") -> dict:

@@ -41,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="at most this many tokens in one sort window (bounds memory; local engine)")
     run.add_argument("--rows-per-shard", type=int, default=d.rows_per_shard)
     run.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    run.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N: where the torch / onnx backend runs")
     run.add_argument("--engine", choices=ENGINES, default=d.engine)
     run.add_argument("--workers", type=int, default=d.workers, help="Ray workers (model replicas)")
     run.add_argument("--ray-address", help="an existing Ray cluster (default: start a local one)")
@@ -55,7 +56,7 @@ def options_from_args(args: argparse.Namespace) -> dict:
     names = ("backend", "text_column", "tokens_column", "id_column", "keep_columns", "output", "mix", "gamma",
              "dtype", "max_sentence_length", "window_context", "max_tokens_per_batch", "sort_window_rows",
              "sort_window_tokens", "rows_per_shard", "threads", "engine", "workers", "ray_address",
-             "num_gpus_per_worker", "resume", "quiet")
+             "num_gpus_per_worker", "resume", "quiet", "device")
     return {n: getattr(args, n) for n in names}
 
 

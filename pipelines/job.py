@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 from elmo_core.errors import InputError
 
-from .backend_factory import model_identity
+from .backend_factory import check_device, model_identity
 from .options import EmbedOptions, digest
 from .predictor import ElmoPredictor
 from .prefetch import prefetch
@@ -126,6 +126,8 @@ def embed_parquet(input: str | Path, output_dir: str | Path, /, model: str | Pat
     Shape: each input row -> one output row with ``elmo`` (T, D) or, for output 'all', (T, L+1, D).
     """
     opts = EmbedOptions.coerce(options)
+    if opts.engine == "local":  # Ray's workers may have GPUs that this process does not see
+        check_device(opts.device)
     job = plan_job(input, output_dir, model, opts)
     shards = pending_shards(job) if opts.engine == "local" else []
     engine = _engine(opts.engine)
@@ -153,7 +155,7 @@ def _engine(name: str) -> Callable[[Job, list[Shard], Progress], tuple[list[dict
         return run_ray
 
     def local(job: Job, shards: list[Shard], progress: Progress) -> tuple[list[dict], dict]:
-        return run_local(job, shards, progress), {"name": "local", "threads": job.opts.threads}
+        return run_local(job, shards, progress), {"name": "local", "threads": job.opts.threads, "device": job.opts.device}
     return local
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
@@ -19,7 +20,8 @@ DTYPES = ("float32", "float16")
 
 # Options that do not change a single output value; they may differ between a run and its resume.
 RUNTIME_ONLY = frozenset({"max_tokens_per_batch", "sort_window_rows", "sort_window_tokens", "workers",
-                          "threads", "quiet", "ray_address", "num_gpus_per_worker", "resume", "prefetch"})
+                          "threads", "quiet", "ray_address", "num_gpus_per_worker", "resume", "prefetch",
+                          "device"})  # device: CPU and GPU agree to float rounding, as thread counts do
 
 
 class OutputDirError(ElmoError):
@@ -53,6 +55,7 @@ class EmbedOptions:
     quiet: bool = False
     ray_address: str | None = None
     num_gpus_per_worker: float = 0.0
+    device: str = "cpu"  # cpu | cuda | cuda:N: where the torch or ONNX Runtime backend runs
 
     def __post_init__(self) -> None:
         _check_choice("backend", self.backend, BACKENDS)
@@ -72,6 +75,11 @@ class EmbedOptions:
             raise InputError(f"--mix only applies to --output mixed (got --output {self.output})")
         if self.num_gpus_per_worker < 0:
             raise InputError(f"num_gpus_per_worker must be >= 0, got {self.num_gpus_per_worker}")
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise InputError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.engine == "ray" and self.device != "cpu" and not self.num_gpus_per_worker:
+            raise InputError(f"--device {self.device} with --engine ray needs --num-gpus-per-worker (e.g. 1) so "
+                             f"that Ray gives each worker its own GPU")
 
     @property
     def context(self) -> int:

@@ -72,7 +72,7 @@ class ElmoPredictor:
     def __init__(self, model: str | Path, options: EmbedOptions | Mapping[str, Any] | None = None,
                  **overrides: Any) -> None:
         self.options = EmbedOptions.coerce(options, **overrides)
-        self.backend = open_backend(model, self.options.backend, self.options.threads)
+        self.backend = open_backend(model, self.options.backend, self.options.threads, self.options.device)
         self.config = self.backend.config
         if self.options.mix is not None and len(self.options.mix) != self.config.n_output_layers:
             raise InputError(f"--mix: the model has {self.config.n_output_layers} output layers, "

@@ -1,4 +1,5 @@
-"""GPU paths: the torch backend on CUDA, and ONNX Runtime's CUDA and TensorRT execution providers.
+"""GPU paths: the torch backend on CUDA, ONNX Runtime's CUDA and TensorRT execution providers, and
+`elmo embed --device cuda`.
 
 Each test skips with its reason where there is no CUDA GPU or the provider is missing (CI has
 neither; the `gpu` extra installs onnxruntime-gpu). Tolerances are the issue's GPU ones
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow.dataset as ds
 import pytest
 import torch
 
@@ -21,6 +23,8 @@ from export.validate import check_parity
 from inference.backends import TorchBackend
 from inference.embedder import Embedder
 from inference.onnx_backend import OnnxBackend
+from pipelines import embed_parquet
+from pipelines.corpus import write_sample_corpus
 
 
 def _need_cuda() -> None:
@@ -80,3 +84,27 @@ def test_onnx_tensorrt_provider_parity_or_clear_error(fixture_dir, tmp_path):
         pytest.skip(f"TensorRT's libraries are not installed: {e}")
     with backend, TorchBackend.from_files(fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5") as ref:
         check_parity(backend.run, ref, spec, tolerance=TENSORRT_TOLERANCES["fp32"], label="ORT TensorRT EP")
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_embed_parquet_on_cuda_matches_cpu(tiny_dir, tmp_path, backend):
+    """`elmo embed --device cuda`: the same rows and, within the GPU tolerance, the same vectors."""
+    if backend == "onnx":
+        _need_provider("CUDAExecutionProvider")
+    _need_cuda()
+    corpus, model = tmp_path / "corpus", tiny_dir
+    write_sample_corpus(corpus, rows=120, files=2, row_group_rows=50)
+    if backend == "onnx":
+        export_onnx(tiny_dir, tmp_path / "onnx", threads=2, shapes=((1, 1),))
+        model = tmp_path / "onnx"
+    tables = {}
+    for device in ("cpu", "cuda"):
+        m = embed_parquet(corpus, tmp_path / device, model, backend=backend, device=device, id_column="id",
+                          max_tokens_per_batch=2048, sort_window_rows=64, quiet=True)
+        assert m["rows"] == 120 and m["engine"]["device"] == device
+        tables[device] = ds.dataset(tmp_path / device, format="parquet").to_table()
+    assert tables["cuda"].column("id").to_pylist() == tables["cpu"].column("id").to_pylist()
+    pairs = zip(tables["cuda"].column("elmo").to_pylist(), tables["cpu"].column("elmo").to_pylist())
+    worst = max(float(np.abs(np.asarray(g, np.float32) - np.asarray(w, np.float32)).max(initial=0.0))
+                for g, w in pairs if w is not None)
+    assert worst <= TENSORRT_TOLERANCES["fp32"].max_abs, worst

@@ -231,3 +231,27 @@ def test_onnx_backend_gives_the_torch_vectors(corpus, tiny_dir, tmp_path):
     manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
     assert manifest["options"]["backend"] == "onnx" and manifest["model"]["format"] == "onnx"
     assert manifest["model"]["sha256"] == file_sha256(tmp_path / "onnx" / "model.onnx")
+
+
+def test_device_option_is_checked_and_reaches_the_backend(corpus, tiny_dir, tmp_path, capsys):
+    import torch
+
+    from pipelines.backend_factory import BackendUnavailableError, onnx_providers, open_backend
+    from pipelines.options import EmbedOptions
+
+    with pytest.raises(InputError, match="device must be cpu, cuda or cuda:N, got 'gpu'"):
+        EmbedOptions(device="gpu")
+    with pytest.raises(InputError, match="needs --num-gpus-per-worker"):
+        EmbedOptions(engine="ray", device="cuda")
+    assert "device" not in EmbedOptions(device="cuda:1").identity()  # a resume may switch device
+    assert onnx_providers("cpu") == ["CPUExecutionProvider"]
+    assert onnx_providers("cuda:1") == [("CUDAExecutionProvider", {"device_id": 1})]
+    m = embed_parquet(corpus, tmp_path / "out", tiny_dir, device="cpu", **FAST)
+    assert m["engine"] == {"name": "local", "threads": None, "device": "cpu"}
+    if torch.cuda.is_available():
+        return  # tests/test_gpu.py runs it on the GPU
+    with pytest.raises(BackendUnavailableError, match="torch sees no CUDA GPU here"):
+        open_backend(tiny_dir, "torch", device="cuda")
+    assert main(["embed", str(corpus), str(tmp_path / "o2"), "--model", str(tiny_dir), "--device", "cuda"]) == 2
+    assert "--device cuda: torch sees no CUDA GPU here" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists()  # refused before the job claimed its output directory
