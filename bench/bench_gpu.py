@@ -113,12 +113,12 @@ def main() -> int:
     options = QUICK if args.quick else FULL
     sentences = sotu_sentences(args.sentences or (64 if args.quick else 2048))
     n_tokens, max_len = sum(map(len, sentences)), max(map(len, sentences))
-    work = Path(tempfile.mkdtemp(prefix="bench_gpu_"))
-    model_dir = work / "model"
-    save_model(init_bilm(BiLM(ElmoConfig.from_dict(options)), seed=0), model_dir)
     if not torch.cuda.is_available():
         print("no CUDA GPU here (torch.cuda.is_available() is False): nothing to measure")
         return 0
+    work = Path(tempfile.mkdtemp(prefix="bench_gpu_"))
+    model_dir = work / "model"
+    save_model(init_bilm(BiLM(ElmoConfig.from_dict(options)), seed=0), model_dir)
     gpu = torch.cuda.get_device_name(0)
     print(f"architecture {'quick' if args.quick else 'full-size'}: LSTM {options['lstm']['dim']}, projection "
           f"{options['lstm']['projection_dim']}; {len(sentences)} sotu sentences, {n_tokens} tokens; batch "

@@ -51,11 +51,20 @@ def _exported_file(model: Path, backend: str) -> Path:
     return found
 
 
-def check_device(device: str) -> None:
-    """Refuse --device cuda where torch sees no GPU (before a job claims its output directory)."""
+def check_device(device: str, backend: str = "torch") -> None:
+    """Refuse --device cuda where the backend cannot reach a GPU (before a job claims its output directory)."""
+    if device == "cpu" or backend == "tensorrt":  # TensorRT engines always run on the GPU
+        return
+    if backend == "onnx":
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise BackendUnavailableError(f"--device {device}: this onnxruntime {ort.__version__} has no "
+                                          f"CUDAExecutionProvider; install the `gpu` extra (onnxruntime-gpu)")
+        return
     import torch
 
-    if device != "cpu" and not torch.cuda.is_available():
+    if not torch.cuda.is_available():
         raise BackendUnavailableError(f"--device {device}: torch sees no CUDA GPU here (torch {torch.__version__}); "
                                       f"use --device cpu")
 
@@ -75,7 +84,7 @@ def open_backend(model: str | Path, backend: str = "torch", threads: int | None 
     """
     model = Path(model)
     if backend == "torch":
-        check_device(device)
+        check_device(device, backend)
         return TorchBackend.from_files(model, threads=threads, device=device)
     if backend not in EXPORTED:
         raise InputError(f"unknown backend {backend!r}; use one of ['torch', {', '.join(map(repr, EXPORTED))}]")

@@ -127,7 +127,7 @@ def embed_parquet(input: str | Path, output_dir: str | Path, /, model: str | Pat
     """
     opts = EmbedOptions.coerce(options)
     if opts.engine == "local":  # Ray's workers may have GPUs that this process does not see
-        check_device(opts.device)
+        check_device(opts.device, opts.backend)
     job = plan_job(input, output_dir, model, opts)
     shards = pending_shards(job) if opts.engine == "local" else []
     engine = _engine(opts.engine)

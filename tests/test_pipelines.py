@@ -255,3 +255,9 @@ def test_device_option_is_checked_and_reaches_the_backend(corpus, tiny_dir, tmp_
     assert main(["embed", str(corpus), str(tmp_path / "o2"), "--model", str(tiny_dir), "--device", "cuda"]) == 2
     assert "--device cuda: torch sees no CUDA GPU here" in capsys.readouterr().err
     assert not (tmp_path / "o2").exists()  # refused before the job claimed its output directory
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        with pytest.raises(BackendUnavailableError, match="has no CUDAExecutionProvider; install the `gpu` extra"):
+            embed_parquet(corpus, tmp_path / "o3", tiny_dir, backend="onnx", device="cuda", **FAST)
+        assert not (tmp_path / "o3").exists()
