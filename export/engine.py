@@ -42,36 +42,14 @@ def train_default_model(work: Path, minutes: float) -> Path:
     return run / "model"
 
 
-def cuda_provider_status() -> tuple[bool, str]:
-    """(present, reason): this ONNX Runtime has the CUDA provider (whether a GPU answers shows at load)."""
-    import onnxruntime as ort
+def _optimized(onnx_dir: Path, provider: str, threads: int | None) -> str:
+    """Load the export on ``provider`` (which optimizes it and caches the result); the cached model's path."""
+    from inference.onnx_backend import CACHE_DIR, OnnxBackend
 
-    if "CUDAExecutionProvider" in ort.get_available_providers():
-        return True, f"onnxruntime {ort.__version__} has CUDAExecutionProvider"
-    return False, f"onnxruntime {ort.__version__} has no CUDAExecutionProvider (the `gpu` extra: onnxruntime-gpu)"
-
-
-def _ort_engine(onnx_dir: Path, cuda: bool, threads: int | None) -> tuple[str, str, str]:
-    """Load (and so optimize and cache) the export on CUDA if asked and possible, else on the CPU.
-
-    Returns (the provider it runs on, path of the cached optimized model, why not CUDA or '').
-    """
-    from inference.onnx_backend import OnnxBackend
-
-    attempts = [["CUDAExecutionProvider"]] if cuda else []
-    why = ""
-    for providers in attempts + [["CPUExecutionProvider"]]:
-        try:
-            backend = OnnxBackend(onnx_dir, providers=providers, threads=threads)
-        except ExportError as e:
-            if providers == ["CPUExecutionProvider"]:
-                raise
-            why = str(e)
-            continue
-        cached = backend.optimized_path or next((onnx_dir / ".ort_cache").glob("model.all.*.onnx"), None)
-        backend.close()
-        return providers[0], str(cached or onnx_dir / "model.onnx"), why
-    raise AssertionError("unreachable: the CPU attempt returns or raises")
+    backend = OnnxBackend(onnx_dir, providers=[provider], threads=threads)
+    cached = backend.optimized_path or next((onnx_dir / CACHE_DIR).glob("model.all.*.onnx"), None)
+    backend.close()
+    return str(cached or onnx_dir / "model.onnx")
 
 
 def make_engine(model: str | None, out: str | Path, precision: str = "fp32", train_minutes: float = 10.0,
@@ -79,6 +57,8 @@ def make_engine(model: str | None, out: str | Path, precision: str = "fp32", tra
     """Export + validate, then build TensorRT, else the ONNX Runtime model optimized for CUDA, else for
     the CPU. Returns a report: what was built, where, and why.
     """
+    from inference.onnx_backend import cuda_provider_status
+
     from .onnx_export import export_onnx
     from .tensorrt import build_engine
 
@@ -87,7 +67,7 @@ def make_engine(model: str | None, out: str | Path, precision: str = "fp32", tra
     onnx_dir = out / ("onnx" if precision == "fp32" else f"onnx-{precision}")
     usable, reason = tensorrt_status()
     for_tensorrt = usable and precision in ("fp32", "fp16")
-    cuda, cuda_reason = cuda_provider_status()
+    cuda, cuda_reason = cuda_provider_status()  # present; whether a GPU answers shows when it loads
     # A CPU-only graph may run the char-CNN once per distinct token (Unique, a CPU kernel in ONNX Runtime).
     manifest = export_onnx(model_dir, onnx_dir, precision=precision, threads=threads,
                            token_dedup=not (for_tensorrt or cuda))
@@ -99,8 +79,14 @@ def make_engine(model: str | None, out: str | Path, precision: str = "fp32", tra
                 "why": f"{reason}; {validated}", "onnx": str(onnx_dir)}
     if usable:
         reason = f"{reason}, but a {precision} graph is ONNX Runtime-only (TensorRT takes fp32/fp16 exports)"
-    provider, path, cuda_failed = _ort_engine(onnx_dir, cuda, threads)
-    on_cuda = provider == "CUDAExecutionProvider"
-    why = f"no TensorRT: {reason}; {cuda_reason if on_cuda else 'no CUDA: ' + (cuda_failed or cuda_reason)}"
+    provider, path = "CUDAExecutionProvider", None
+    if cuda:
+        try:
+            path = _optimized(onnx_dir, provider, threads)
+        except ExportError as e:  # onnxruntime-gpu without a usable GPU: say so, build for the CPU
+            cuda_reason = str(e)
+    if path is None:
+        provider, path = "CPUExecutionProvider", _optimized(onnx_dir, "CPUExecutionProvider", threads)
+        cuda_reason = f"no CUDA: {cuda_reason}"
     return {"engine": f"ONNX Runtime optimized {precision} model ({provider}, level all)", "path": path,
-            "why": f"{why}; {validated}", "onnx": str(onnx_dir)}
+            "why": f"no TensorRT: {reason}; {cuda_reason}; {validated}", "onnx": str(onnx_dir)}

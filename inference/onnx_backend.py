@@ -57,6 +57,16 @@ def check_char_ids(char_ids: np.ndarray, max_chars: int) -> np.ndarray:
 CUDA_DEFAULTS = {"use_tf32": 0, "cudnn_conv_algo_search": "DEFAULT", "cudnn_conv_use_max_workspace": 0}
 
 
+def cuda_provider_status() -> tuple[bool, str]:
+    """(present, reason): this ONNX Runtime has the CUDA provider (whether a GPU answers shows at load)."""
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        return True, f"onnxruntime {ort.__version__} has CUDAExecutionProvider"
+    return False, (f"onnxruntime {ort.__version__} has no CUDAExecutionProvider; "
+                   f"install the `gpu` extra (onnxruntime-gpu)")
+
+
 def _with_defaults(provider):  # type: ignore[no-untyped-def]
     """A provider name or (name, options) pair, with our defaults filled in for CUDA."""
     name, options = provider if isinstance(provider, tuple) else (provider, {})

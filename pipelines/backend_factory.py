@@ -56,11 +56,11 @@ def check_device(device: str, backend: str = "torch") -> None:
     if device == "cpu" or backend == "tensorrt":  # TensorRT engines always run on the GPU
         return
     if backend == "onnx":
-        import onnxruntime as ort
+        from inference.onnx_backend import cuda_provider_status
 
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise BackendUnavailableError(f"--device {device}: this onnxruntime {ort.__version__} has no "
-                                          f"CUDAExecutionProvider; install the `gpu` extra (onnxruntime-gpu)")
+        present, reason = cuda_provider_status()
+        if not present:
+            raise BackendUnavailableError(f"--device {device}: {reason}")
         return
     import torch
 
