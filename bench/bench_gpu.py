@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_onnx import FULL, QUICK, accuracy, sotu_sentences, timed_alternating  # noqa: E402
 from elmo_core import BiLM, ElmoConfig, save_model  # noqa: E402
 from elmo_core.init import init_bilm  # noqa: E402
-from export.errors import ExportError, TensorRTUnavailableError  # noqa: E402
-from export.manifest import read_spec  # noqa: E402
+from inference.errors import ExportError, TensorRTUnavailableError  # noqa: E402
+from inference.export_manifest import read_spec  # noqa: E402
 from export.onnx_export import export_onnx  # noqa: E402
-from export.spec import TENSORRT_TOLERANCES  # noqa: E402
+from inference.export_spec import TENSORRT_TOLERANCES  # noqa: E402
 from export.tensorrt import build_engine, profile_from_args, tensorrt_ep_providers  # noqa: E402
 from inference.embedder import Embedder  # noqa: E402
 from inference.onnx_backend import OnnxBackend  # noqa: E402

@@ -35,12 +35,12 @@ from export.onnx_export import export_onnx
 from inference import Embedder, reduce_layers
 from pipelines import ElmoPredictor, embed_parquet
 from pipelines.corpus import write_sample_corpus
-from pipelines.demo import SMALL_OPTIONS
 from pipelines.source import read_windows, scan_inputs, shards_of
+from training.recipes import default_options_path
 
 
 def make_model(path: Path, quick: bool) -> Path:
-    config = ElmoConfig.from_dict(SMALL_OPTIONS) if quick else ElmoConfig()  # default = published 5.5B arch
+    config = ElmoConfig.from_json(default_options_path()) if quick else ElmoConfig()  # default = published 5.5B arch
     if not (path / "options.json").is_file():
         save_model(init_bilm(BiLM(config), seed=0), path)
     return path

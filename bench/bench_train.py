@@ -22,7 +22,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kneser_ney import fwd_bwd_perplexity  # noqa: E402
 
-from training.cli import default_options_path  # noqa: E402
+from training.recipes import default_options_path  # noqa: E402
 from training.data import iter_sentences  # noqa: E402
 from training.model import LanguageModel  # noqa: E402
 from training.sotu_corpus import write_sotu_corpus  # noqa: E402

@@ -1,7 +1,8 @@
 """``elmo``: the command line. Library code raises typed errors; only this module maps them to exit codes.
 
-Each subcommand lives in its package's ``cli`` module with ``register(subparsers)``; the modules
-are listed here.
+Each subcommand lives in an ``elmo_cli.cmd_*`` module with ``register(subparsers)``; those modules
+are the only place where argparse meets the library, and where work spanning packages (train,
+then export; corpus, model, embed) is composed.
 """
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ import sys
 
 from elmo_core.errors import ElmoError
 
-COMMAND_MODULES = (
-    "elmo_cli.info", "training.cli", "export.cli", "pipelines.cli", "pipelines.corpus", "pipelines.demo",
-)
+COMMAND_MODULES = ("elmo_cli.cmd_info", "elmo_cli.cmd_train", "elmo_cli.cmd_export", "elmo_cli.cmd_embed",
+                   "elmo_cli.cmd_demo")
 EXIT_ERROR, EXIT_INTERRUPTED = 2, 130
 
 

@@ -1,11 +1,7 @@
-"""Typed errors of the export package (the CLI maps every ElmoError to exit code 2)."""
+"""Typed errors raised while building an export (reading one raises inference.errors.ExportError)."""
 from __future__ import annotations
 
-from elmo_core.errors import ElmoError
-
-
-class ExportError(ElmoError):
-    """An export that cannot be built, written or read back (bad spec, manifest or graph)."""
+from inference.errors import ExportError
 
 
 class ParityError(ExportError):
@@ -14,11 +10,3 @@ class ParityError(ExportError):
 
 class UnsupportedOpError(ExportError):
     """A graph that uses an ONNX op TensorRT's ONNX parser does not support."""
-
-
-class EngineMismatchError(ExportError):
-    """A TensorRT engine built for another TensorRT version, GPU or ONNX graph than the running one."""
-
-
-class TensorRTUnavailableError(ExportError):
-    """TensorRT (the `tensorrt` extra) or a CUDA GPU is not available on this machine."""

@@ -8,15 +8,15 @@ from typing import Any, Sequence
 import onnx
 
 from elmo_core import BiLM, load_bilm, resolve_model
-from elmo_core.model_io import ModelFiles
-from elmo_core.model_io import file_sha256
+from elmo_core.model_io import ModelFiles, file_sha256
 from inference.backends import TorchBackend
+from inference.errors import ExportError
+from inference.export_manifest import FORMAT_VERSION, MANIFEST_NAME, ONNX_NAME, producer, write_manifest
+from inference.export_spec import DEFAULT_OPSET, ExportSpec
 
-from .errors import ExportError, UnsupportedOpError
-from .manifest import FORMAT_VERSION, MANIFEST_NAME, ONNX_NAME, producer, write_manifest
+from .errors import UnsupportedOpError
 from .onnx_graph import build_onnx
-from .onnx_ops import check_tensorrt_ops, op_types
-from .spec import DEFAULT_OPSET, ExportSpec
+from .tensorrt_ops import check_tensorrt_ops, op_types
 from .validate import check_parity
 
 

@@ -19,13 +19,13 @@ from onnx import helper
 
 from elmo_core.lstm import lstm_step
 
-from .onnx_graph import F32, _BiLMGraph, _np
-from .onnx_ops import GraphBuilder
+from .onnx_builder import GraphBuilder
+from .onnx_context import F32, GraphContext, np64
 
 DIRECTIONS = ("fwd", "bwd")
 
 
-def _step(b: _BiLMGraph, body: GraphBuilder, h: str, c: str, gx: str, m: str,
+def _step(b: GraphContext, body: GraphBuilder, h: str, c: str, gx: str, m: str,
           w_state: str, w_proj: str) -> tuple[str, str, str]:
     """One LSTM step of one direction; outputs at padding (m = 0) are zero.
 
@@ -45,7 +45,7 @@ def _step(b: _BiLMGraph, body: GraphBuilder, h: str, c: str, gx: str, m: str,
     return h_new, c_new, body.op("Mul", [h_new, m])  # out (B, P) zero at padding
 
 
-def _scan_body(b: _BiLMGraph, layer: int):  # type: ignore[no-untyped-def]
+def _scan_body(b: GraphContext, layer: int):  # type: ignore[no-untyped-def]
     """The Scan body: states h/c of both directions; scan inputs gx of each direction, m.
 
     The recurrent weights are the body's own initializers (not outer-scope values), so that
@@ -61,8 +61,8 @@ def _scan_body(b: _BiLMGraph, layer: int):  # type: ignore[no-untyped-def]
         scan_in.append(helper.make_tensor_value_info(f"l{layer}_gx_{name}_t", F32, ["batch", 4 * C]))
     scan_in.append(helper.make_tensor_value_info(f"l{layer}_m_t", F32, ["batch", 1]))
     for d, name in enumerate(DIRECTIONS):
-        w_state = b.weight(_np(lstm.w_state[layer, d]), f"w_state_{d}", body)  # (P, 4C)
-        w_proj = b.weight(_np(lstm.w_proj[layer, d]), f"w_proj_{d}", body)  # (C, P)
+        w_state = b.weight(np64(lstm.w_state[layer, d]), f"w_state_{d}", body)  # (P, 4C)
+        w_proj = b.weight(np64(lstm.w_proj[layer, d]), f"w_proj_{d}", body)  # (C, P)
         h, c, out = _step(b, body, f"l{layer}_h_{name}_in", f"l{layer}_c_{name}_in", f"l{layer}_gx_{name}_t",
                           f"l{layer}_m_t", w_state, w_proj)
         states += [h, c]
@@ -75,19 +75,19 @@ def _scan_body(b: _BiLMGraph, layer: int):  # type: ignore[no-untyped-def]
     return helper.make_graph(body.nodes, f"lstm_layer{layer}_step", state_in + scan_in, out_names, body.initializers)
 
 
-def _input_product(b: _BiLMGraph, x_run: str, layer: int, d: int, shape_tbc: str) -> str:
+def _input_product(b: GraphContext, x_run: str, layer: int, d: int, shape_tbc: str) -> str:
     """The input product and bias of all the Scan's steps, as one 2D MatMul + Add (a Gemm in ONNX Runtime).
 
     Shape: x_run (S, B, P) -> (S, B, 4C).
     """
     g, lstm = b.g, b.model.lstm
-    bias = _np(lstm.bias[layer, d] + lstm.forget_offset).astype(np.float32)  # (4C,): TF's +1 forget bias folded in
-    w_in = b.weight(_np(lstm.w_input[layer, d]), f"w_input_{layer}_{d}")  # (P, 4C)
+    bias = np64(lstm.bias[layer, d] + lstm.forget_offset).astype(np.float32)  # (4C,): TF's +1 forget bias folded in
+    w_in = b.weight(np64(lstm.w_input[layer, d]), f"w_input_{layer}_{d}")  # (P, 4C)
     x2 = g.op("Reshape", [x_run, g.const(np.array([-1, b.cfg.lstm.projection_dim], np.int64))])  # (S*B, P)
     return g.op("Reshape", [g.op("Add", [b.matmul(x2, w_in), g.const(bias, "lstm_b")]), shape_tbc])
 
 
-def _first_steps(b: _BiLMGraph) -> list[tuple[np.ndarray, np.ndarray]]:
+def _first_steps(b: GraphContext) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per layer, the states after step 0 of both directions (shared by all rows), in float64.
 
     Shape: -> L x (h (2, 1, P), c (2, 1, C)); h is also the step's output.
@@ -116,7 +116,7 @@ def _over_batch(g: GraphBuilder, value: np.ndarray, batch: str, base: str) -> st
     return g.op("Expand", [g.const(value.astype(np.float32), base), shape])
 
 
-def lstm_layers(b: _BiLMGraph, xt: str, rev: str, mt: str) -> list[str]:
+def lstm_layers(b: GraphContext, xt: str, rev: str, mt: str) -> list[str]:
     """All LSTM layers. Shape: xt (T2, B, P), rev (T2, B, P) int64, mt (T2, B, 1) -> L x (B, T2, 2P)."""
     g, cfg = b.g, b.cfg.lstm
     P, C = cfg.projection_dim, cfg.dim

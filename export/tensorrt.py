@@ -13,50 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from elmo_core.model_io import file_sha256
+from inference.errors import ExportError
+from inference.export_manifest import ENGINE_NAME, FORMAT_VERSION, check_file, producer, read_spec, write_manifest
+from inference.export_spec import DEFAULT_PROFILE, ExportSpec
+from inference.tensorrt_runtime import gpu_identity, import_tensorrt
 
-from .errors import EngineMismatchError, ExportError, TensorRTUnavailableError
-from .manifest import FORMAT_VERSION, check_file, producer, read_spec, write_manifest
-from .spec import DEFAULT_PROFILE, ExportSpec
-
-ENGINE_NAME = "model.engine"
 TIMING_CACHE_NAME = "timing.cache"
 DEFAULT_WORKSPACE_MB = 4096
-
-
-def import_tensorrt():  # type: ignore[no-untyped-def]
-    try:
-        import tensorrt as trt  # noqa: PLC0415 - optional extra
-    except ImportError:
-        raise TensorRTUnavailableError("TensorRT is not installed: `pip install '.[tensorrt]'` on a machine with an "
-                                       "NVIDIA GPU (its wheels come from NVIDIA's package index)") from None
-    return trt
-
-
-def import_cudart():  # type: ignore[no-untyped-def]
-    try:  # cuda-python >= 12.6 moved the runtime bindings
-        from cuda.bindings import runtime as cudart  # noqa: PLC0415
-    except ImportError:
-        try:
-            from cuda import cudart  # noqa: PLC0415
-        except ImportError:
-            raise TensorRTUnavailableError("cuda-python is not installed (part of the `tensorrt` extra)") from None
-    return cudart
-
-
-def cuda_check(result: tuple, what: str) -> Any:  # type: ignore[type-arg]
-    """cuda-python returns (error, *values); raise on an error, return the value(s)."""
-    err, *values = result
-    if int(err) != 0:
-        raise TensorRTUnavailableError(f"CUDA {what} failed: {err}")
-    return values[0] if len(values) == 1 else tuple(values)
-
-
-def gpu_identity(device: int = 0) -> dict[str, Any]:
-    """Name and compute capability of a CUDA device (what an engine is bound to)."""
-    cudart = import_cudart()
-    props = cuda_check(cudart.cudaGetDeviceProperties(device), "cudaGetDeviceProperties")
-    name = props.name.decode() if isinstance(props.name, bytes) else str(props.name)
-    return {"name": name.rstrip("\x00"), "compute_capability": f"{props.major}.{props.minor}"}
 
 
 def parse_bt(text: str, flag: str) -> tuple[int, int]:
@@ -66,20 +29,6 @@ def parse_bt(text: str, flag: str) -> tuple[int, int]:
     except ValueError:
         raise ExportError(f"{flag}: expected BATCH,LENGTH (two integers), got {text!r}") from None
     return b, t
-
-
-def check_engine_manifest(manifest: dict[str, Any], trt_version: str, gpu: dict[str, Any]) -> None:
-    """Refuse an engine built by another TensorRT version or for another GPU (engines are not portable)."""
-    built = manifest.get("tensorrt", {})
-    problems = []
-    if built.get("version") != trt_version:
-        problems.append(f"built with TensorRT {built.get('version')}, running TensorRT {trt_version}")
-    for key, label in (("name", "GPU"), ("compute_capability", "compute capability")):
-        if manifest.get("gpu", {}).get(key) != gpu.get(key):
-            problems.append(f"built for {label} {manifest.get('gpu', {}).get(key)!r}, this is {gpu.get(key)!r}")
-    if problems:
-        raise EngineMismatchError("TensorRT engine mismatch: " + "; ".join(problems)
-                                  + ". Rebuild it here with `elmo export tensorrt --onnx DIR --out DIR`")
 
 
 def profile_from_args(spec: ExportSpec, min_bt: str | None, opt_bt: str | None,

@@ -9,8 +9,9 @@ from elmo_core.chars import tokens_to_char_ids
 from inference.backends import TorchBackend
 from inference.outputs import reduce_layers
 
+from inference.export_spec import ExportSpec, Tolerance
+
 from .errors import ParityError
-from .spec import ExportSpec, Tolerance
 
 RunFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 _ALPHABET = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;:'-!?") + ["é", "ü", "日本", "😀"]

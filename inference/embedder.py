@@ -10,10 +10,9 @@ from elmo_core import batch_to_ids
 from elmo_core.chars import check_sentences
 from elmo_core.errors import InputError
 
-from .backends import Backend, TorchBackend
+from .backends import Backend
 from .outputs import check_output, reduce_layers
-
-BACKENDS = ("torch", "onnx", "tensorrt")
+from .registry import open_backend
 
 
 class Embedder:
@@ -29,6 +28,11 @@ class Embedder:
         self.config = backend.config
 
     @classmethod
+    def open(cls, model: str | Path, backend: str = "torch", batch_size: int = 64, **options: object) -> "Embedder":
+        """Any backend of the registry (see ``inference.registry.open_backend`` for ``options``)."""
+        return cls(open_backend(model, backend, **options), batch_size)  # type: ignore[arg-type]
+
+    @classmethod
     def from_files(cls, options: str | Path, weights: str | Path | None = None, backend: str = "torch",
                    stateful: bool = False, batch_size: int = 64, threads: int | None = None,
                    device: str = "cpu") -> "Embedder":
@@ -39,23 +43,21 @@ class Embedder:
         if backend != "torch":
             raise InputError(f"from_files builds the torch backend; for {backend!r} use its export directory "
                              f"(Embedder.from_onnx / from_tensorrt)")
-        return cls(TorchBackend.from_files(options, weights, stateful=stateful, threads=threads, device=device),
-                   batch_size)
+        return cls.open(options, "torch", batch_size, weights=weights, stateful=stateful, threads=threads,
+                        device=device)
 
     @classmethod
     def from_onnx(cls, export_dir: str | Path, providers: Sequence[str] | None = None, threads: int | None = None,
                   batch_size: int = 64, **kw: object) -> "Embedder":
-        """An `elmo export onnx` directory on ONNX Runtime (see inference.onnx_backend.OnnxBackend)."""
-        from .onnx_backend import OnnxBackend
-
-        return cls(OnnxBackend(export_dir, providers=providers, threads=threads, **kw), batch_size)  # type: ignore[arg-type]
+        """An `elmo export onnx` directory on ONNX Runtime (see inference.onnx_backend.OnnxBackend);
+        ``providers`` default to the CPU's."""
+        return cls.open(export_dir, "onnx", batch_size, providers=providers or ["CPUExecutionProvider"],
+                        threads=threads, **kw)
 
     @classmethod
     def from_tensorrt(cls, engine_dir: str | Path, batch_size: int = 64) -> "Embedder":
         """An `elmo export tensorrt` directory (needs the tensorrt extra and the GPU it was built for)."""
-        from .tensorrt_backend import TensorRTBackend
-
-        return cls(TensorRTBackend(engine_dir), batch_size)
+        return cls.open(engine_dir, "tensorrt", batch_size)
 
     def close(self) -> None:
         self.backend.close()

@@ -17,10 +17,10 @@ import numpy as np
 
 from elmo_core import ElmoConfig
 from elmo_core.errors import InputError
-from export.errors import ExportError
-from export.manifest import check_file, read_spec
 
 from .backends import BackendBase
+from .errors import ExportError
+from .export_manifest import check_file, read_spec
 
 GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "ROCMExecutionProvider")
 PROVIDER_HINTS = {

@@ -12,12 +12,12 @@ import numpy as np
 
 from elmo_core import ElmoConfig
 from elmo_core.errors import InputError
-from export.errors import ExportError
-from export.manifest import check_file, read_spec
-from export.tensorrt import check_engine_manifest, cuda_check, gpu_identity, import_cudart, import_tensorrt
 
 from .backends import BackendBase
+from .errors import ExportError
+from .export_manifest import check_file, read_spec
 from .onnx_backend import check_char_ids
+from .tensorrt_runtime import check_engine_manifest, cuda_check, gpu_identity, import_cudart, import_tensorrt
 
 
 class _DeviceBuffer:

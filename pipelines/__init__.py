@@ -4,6 +4,7 @@ See docs/pipelines.md for the output schema, resume semantics and windowing.
 """
 from .job import embed_parquet
 from .options import EmbedOptions, OutputDirError
-from .predictor import ELMO_COLUMN, ElmoPredictor, elmo_type
+from .predictor import ElmoPredictor
+from .schema import ELMO_COLUMN, elmo_type
 
 __all__ = ["embed_parquet", "EmbedOptions", "OutputDirError", "ElmoPredictor", "ELMO_COLUMN", "elmo_type"]

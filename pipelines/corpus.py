@@ -5,7 +5,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import re
 from pathlib import Path
 from typing import Iterator
@@ -62,17 +61,3 @@ def write_sample_corpus(out_dir: str | Path, rows: int = 2000, files: int = 2, r
         tmp.replace(path)
         paths.append(path)
     return paths
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sample-corpus", help="write a sample Parquet corpus of State of the Union sentences")
-    p.add_argument("out_dir")
-    p.add_argument("--rows", type=int, default=2000)
-    p.add_argument("--files", type=int, default=2)
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    paths = write_sample_corpus(args.out_dir, args.rows, args.files)
-    print(f"wrote {args.rows} sentences into {len(paths)} files under {args.out_dir} (columns id, speech, text)")
-    return 0

@@ -1,4 +1,4 @@
-"""``embed_parquet``: one ``elmo embed`` job, from checks to ``_SUCCESS``, with the local engine.
+"""``embed_parquet``: one ``elmo embed`` job, from checks to ``_SUCCESS``; the local runner.
 
 Order of work: every input footer and column is checked, the model is hashed, OUTPUT_DIR is
 claimed (``_job.json``), finished shards are verified and kept, the rest are (re)done, then
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from elmo_core.errors import InputError
+from inference.registry import check_device, model_identity
 
-from .backend_factory import check_device, model_identity
 from .options import EmbedOptions, digest
 from .predictor import ElmoPredictor
 from .prefetch import prefetch
@@ -80,7 +80,7 @@ def _windows(shards: list[Shard], predictor: ElmoPredictor, opts: EmbedOptions) 
 
 
 def run_local(job: Job, shards: list[Shard], progress: Progress) -> list[dict]:
-    """The local engine: one model, prepare in a prefetch thread, compute and write here."""
+    """The local runner: one model, prepare in a prefetch thread, compute and write here."""
     predictor = ElmoPredictor(job.model, job.opts)
     records: list[dict] = []
     writer: ShardWriter | None = None
@@ -102,7 +102,7 @@ def run_local(job: Job, shards: list[Shard], progress: Progress) -> list[dict]:
     return records
 
 
-def manifest(job: Job, records: list[dict], seconds: float, engine_info: dict) -> dict:
+def manifest(job: Job, records: list[dict], seconds: float, runner_info: dict) -> dict:
     records = sorted(records, key=lambda r: (r["input_file"], r["row_start"]))
     total = {k: sum(r[k] for r in records) for k in ("rows", "tokens", "windows", "windowed_rows", "null_rows")}
     new = [r for r in records if r.get("new")]
@@ -114,7 +114,7 @@ def manifest(job: Job, records: list[dict], seconds: float, engine_info: dict) -
         "this_run": {"shards": len(new), "shards_kept": len(records) - len(new), "rows": sum(r["rows"] for r in new),
                      "tokens": new_tokens, "seconds": round(seconds, 3),
                      "tokens_per_second": round(new_tokens / seconds, 1) if seconds > 0 else None},
-        "engine": engine_info,
+        "engine": runner_info,  # the runner, named as its --engine flag
     }
 
 
@@ -130,12 +130,12 @@ def embed_parquet(input: str | Path, output_dir: str | Path, /, model: str | Pat
         check_device(opts.device, opts.backend)
     job = plan_job(input, output_dir, model, opts)
     shards = pending_shards(job) if opts.engine == "local" else []
-    engine = _engine(opts.engine)
+    runner = _runner(opts.engine)
     done_rows = sum(r["rows"] for r in job.kept)
     progress = Progress(job.total_rows, done_rows, quiet=opts.quiet)
     t0 = time.perf_counter()
     try:
-        new, info = engine(job, shards, progress)
+        new, info = runner(job, shards, progress)
     finally:
         progress.close()
     seconds = time.perf_counter() - t0
@@ -149,9 +149,9 @@ def embed_parquet(input: str | Path, output_dir: str | Path, /, model: str | Pat
     return result
 
 
-def _engine(name: str) -> Callable[[Job, list[Shard], Progress], tuple[list[dict], dict]]:
+def _runner(name: str) -> Callable[[Job, list[Shard], Progress], tuple[list[dict], dict]]:
     if name == "ray":
-        from .ray_engine import run_ray
+        from .ray_runner import run_ray
         return run_ray
 
     def local(job: Job, shards: list[Shard], progress: Progress) -> tuple[list[dict], dict]:

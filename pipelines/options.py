@@ -1,4 +1,4 @@
-"""The options of an ``elmo embed`` job, validated once, shared by the CLI, the API and both engines.
+"""The options of an ``elmo embed`` job, validated once, shared by the CLI, the API and both runners.
 
 Options split in two: those that change the output (they are part of the job's identity, and a
 resumed job must use the same ones) and those that only change how fast it runs.
@@ -13,8 +13,8 @@ from typing import Any, Mapping
 
 from elmo_core.errors import ElmoError, InputError
 from inference.outputs import OUTPUT_MODES
+from inference.registry import BACKEND_NAMES
 
-BACKENDS = ("torch", "onnx", "tensorrt")
 ENGINES = ("local", "ray")
 DTYPES = ("float32", "float16")
 
@@ -41,14 +41,14 @@ class EmbedOptions:
     mix: tuple[float, ...] | None = None  # scalar mix s (before softmax); None = equal weights
     gamma: float = 1.0
     dtype: str = "float32"
-    max_sentence_length: int = 256  # longer rows are embedded in windows, see pipelines.windows
+    max_sentence_length: int = 256  # longer rows are embedded in windows, see pipelines.rows
     window_context: int | None = None  # tokens of context each side of a window; None = max_len // 8
     rows_per_shard: int = 100_000  # one output shard per this many rows of one input file
-    engine: str = "local"
+    engine: str = "local"  # the runner (--engine local|ray): where the batches run, not what computes them
     max_tokens_per_batch: int = 4096  # padded tokens (rows x longest row) per backend call
     sort_window_rows: int = 1024  # rows sorted by length together, then restored to input order
     sort_window_tokens: int = 16_384  # ... and at most this many tokens (bounds a window's vectors)
-    workers: int = 1  # Ray actors (the local engine runs one model)
+    workers: int = 1  # Ray actors (the local runner runs one model)
     threads: int | None = None  # torch intra-op threads; None = torch's default
     prefetch: int = 4  # prepared windows queued ahead of the model
     resume: bool = False
@@ -58,7 +58,7 @@ class EmbedOptions:
     device: str = "cpu"  # cpu | cuda | cuda:N: where the torch or ONNX Runtime backend runs
 
     def __post_init__(self) -> None:
-        _check_choice("backend", self.backend, BACKENDS)
+        _check_choice("backend", self.backend, BACKEND_NAMES)
         _check_choice("output", self.output, OUTPUT_MODES)
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("engine", self.engine, ENGINES)

@@ -1,15 +1,11 @@
-"""``ElmoPredictor``: the one class both engines run (the local loop, and Ray Data's map_batches).
+"""``ElmoPredictor``: the one class both runners run (the local loop, and Ray Data's map_batches).
 
 It loads the backend once in ``__init__``; ``__call__(batch) -> batch`` is pure: the batch's id and
 kept columns, in the same row order, plus the ``elmo`` column. The work is split in two so the
-local engine can overlap them: ``prepare`` (tokens, windows, buckets, character ids: CPU-light,
+local runner can overlap them: ``prepare`` (tokens, windows, buckets, character ids: CPU-light,
 run in a prefetch thread) and ``compute`` (the backend, the output mode, the Arrow column).
 
-Output column ``elmo`` (D = 2P, L+1 = the model's output layers, float = float32 or float16):
-  - output mixed / top / average: ``list<fixed_size_list<float, D>>``, one D-vector per token;
-  - output all: ``list<fixed_size_list<fixed_size_list<float, D>, L+1>>``: per token, its L+1
-    layers (layer 0 = the char-CNN token layer, then each biLSTM layer), i.e. (T, L+1, D) per row.
-A null text gives a null ``elmo``; an empty or whitespace-only text gives an empty list.
+The output columns and their types are ``pipelines.schema``'s.
 """
 from __future__ import annotations
 
@@ -23,20 +19,11 @@ import pyarrow as pa
 from elmo_core import batch_to_ids
 from elmo_core.errors import InputError
 from inference.outputs import reduce_layers
+from inference.registry import open_backend
 
-from .backend_factory import open_backend
 from .options import EmbedOptions
 from .rows import Plan, plan_batches, row_tokens
-
-ELMO_COLUMN = "elmo"
-
-
-def elmo_type(dim: int, n_layers: int, output: str, dtype: str) -> pa.DataType:
-    """Shape: the Arrow type of the ``elmo`` column, see the module doc."""
-    item = pa.list_(pa.float16() if dtype == "float16" else pa.float32(), dim)
-    if output == "all":
-        item = pa.list_(item, n_layers)
-    return pa.list_(item)
+from .schema import ELMO_COLUMN, elmo_type
 
 
 @dataclass
@@ -72,7 +59,7 @@ class ElmoPredictor:
     def __init__(self, model: str | Path, options: EmbedOptions | Mapping[str, Any] | None = None,
                  **overrides: Any) -> None:
         self.options = EmbedOptions.coerce(options, **overrides)
-        self.backend = open_backend(model, self.options.backend, self.options.threads, self.options.device)
+        self.backend = open_backend(model, self.options.backend, threads=self.options.threads, device=self.options.device)
         self.config = self.backend.config
         if self.options.mix is not None and len(self.options.mix) != self.config.n_output_layers:
             raise InputError(f"--mix: the model has {self.config.n_output_layers} output layers, "

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .options import OutputDirError
+from .schema import parquet_options
 from .source import Shard
 
 JOB_FILE, MANIFEST_FILE, SUCCESS_FILE = "_job.json", "_manifest.json", "_SUCCESS"
@@ -50,9 +51,7 @@ class ShardWriter:
         self.final = out_dir / shard.name
         self.tmp = out_dir / f".{shard.name}.tmp"
         self.rows = self.tokens = self.windows = self.windowed_rows = self.null_rows = 0
-        vectors_and_lists = [f.name for f in schema if pa.types.is_list(f.type) or pa.types.is_floating(f.type)]
-        self.writer = pq.ParquetWriter(self.tmp, schema, compression="snappy", write_page_checksum=True,
-                                       use_dictionary=[f.name for f in schema if f.name not in vectors_and_lists])
+        self.writer = pq.ParquetWriter(self.tmp, schema, **parquet_options(schema))
 
     def write(self, table: pa.Table, tokens: int, windows: int, windowed_rows: int) -> None:
         self.writer.write_table(table, row_group_size=max(1, table.num_rows))

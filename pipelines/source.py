@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from elmo_core.errors import InputError
 
 from .options import EmbedOptions
-from .predictor import ELMO_COLUMN
+from .schema import ELMO_COLUMN
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,12 @@ from onnx import TensorProto
 from elmo_core import BiLM, ElmoConfig, batch_to_ids, load_bilm
 from elmo_core.init import init_bilm
 from elmo_core.model_io import file_sha256
-from export.errors import ExportError, ParityError
+from export.errors import ParityError
+from inference.errors import ExportError
 from export.onnx_export import export_onnx, ort_run
 from export.onnx_graph import build_onnx
-from export.onnx_ops import TENSORRT_SUPPORTED_OPS, TENSORRT_UNSUPPORTED_OPS, iter_nodes
-from export.spec import VALIDATION_BATCHES, VALIDATION_TIMES, ExportSpec, Tolerance
+from export.tensorrt_ops import TENSORRT_SUPPORTED_OPS, TENSORRT_UNSUPPORTED_OPS, iter_nodes
+from inference.export_spec import VALIDATION_BATCHES, VALIDATION_TIMES, ExportSpec, Tolerance
 from export.validate import check_parity
 from inference.backends import TorchBackend
 from .conftest import TINY_OPTIONS, make_model_dir

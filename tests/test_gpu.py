@@ -15,9 +15,9 @@ import pyarrow.dataset as ds
 import pytest
 import torch
 
-from export.errors import ExportError
+from inference.errors import ExportError
 from export.onnx_export import export_onnx
-from export.spec import TENSORRT_TOLERANCES, ExportSpec
+from inference.export_spec import TENSORRT_TOLERANCES, ExportSpec
 from export.tensorrt import profile_from_args, tensorrt_ep_providers
 from export.validate import check_parity
 from inference.backends import TorchBackend

@@ -11,8 +11,8 @@ import pytest
 from elmo_cli.main import main
 from elmo_core import batch_to_ids
 from elmo_core.errors import InputError
-from export.engine import make_engine
-from export.errors import ExportError
+from export.build import build_for_machine
+from inference.errors import ExportError
 from export.onnx_export import export_onnx
 from inference.embedder import Embedder
 from inference.onnx_backend import CACHE_DIR, OnnxBackend
@@ -120,7 +120,7 @@ def test_make_engine_without_tensorrt_builds_the_ort_model(tiny_dir, tmp_path, c
     assert "ONNX Runtime optimized fp32 model" in out and "no TensorRT: TensorRT is not installed" in out
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         assert "(CPUExecutionProvider, level all)" in out and "no CUDA: onnxruntime" in out
-    report = make_engine(str(tiny_dir), tmp_path, threads=1)
+    report = build_for_machine(str(tiny_dir), tmp_path, threads=1)
     assert Path(report["path"]).is_file() and CACHE_DIR in report["path"]
 
 

@@ -236,7 +236,8 @@ def test_onnx_backend_gives_the_torch_vectors(corpus, tiny_dir, tmp_path):
 def test_device_option_is_checked_and_reaches_the_backend(corpus, tiny_dir, tmp_path, capsys):
     import torch
 
-    from pipelines.backend_factory import BackendUnavailableError, onnx_providers, open_backend
+    from inference.errors import BackendUnavailableError
+    from inference.registry import onnx_providers, open_backend
     from pipelines.options import EmbedOptions
 
     with pytest.raises(InputError, match="device must be cpu, cuda or cuda:N, got 'gpu'"):

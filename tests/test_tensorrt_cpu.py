@@ -9,10 +9,11 @@ import pytest
 
 from elmo_cli.main import build_parser, main
 from elmo_core import batch_to_ids
-from export.errors import EngineMismatchError, ExportError, TensorRTUnavailableError
+from inference.errors import EngineMismatchError, ExportError, TensorRTUnavailableError
 from export.onnx_export import export_onnx
-from export.spec import ExportSpec
-from export.tensorrt import build_engine, check_engine_manifest, parse_bt, profile_from_args, tensorrt_ep_providers
+from inference.export_spec import ExportSpec
+from export.tensorrt import build_engine, parse_bt, profile_from_args, tensorrt_ep_providers
+from inference.tensorrt_runtime import check_engine_manifest
 from .conftest import SENTENCES
 
 SPEC = ExportSpec(n_layers=3, dim=32, max_chars=50)
@@ -78,7 +79,7 @@ def test_build_engine_checks_before_needing_a_gpu(tiny_dir, tmp_path, capsys):
 
 def _gpu_engine_dir(tiny_dir: Path, tmp_path: Path, precision: str) -> Path:
     pytest.importorskip("tensorrt", reason="TensorRT is the optional `tensorrt` extra (GPU machines only)")
-    from export.tensorrt import gpu_identity
+    from inference.tensorrt_runtime import gpu_identity
 
     try:
         gpu_identity()
@@ -91,7 +92,7 @@ def _gpu_engine_dir(tiny_dir: Path, tmp_path: Path, precision: str) -> Path:
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_tensorrt_engine_parity(tiny_dir, tmp_path, precision):
-    from export.spec import TENSORRT_TOLERANCES
+    from inference.export_spec import TENSORRT_TOLERANCES
     from export.validate import compare
     from inference.backends import TorchBackend
     from inference.tensorrt_backend import TensorRTBackend

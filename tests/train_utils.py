@@ -56,4 +56,5 @@ def ddp_worker(rank: int, world: int, port: int, opts: TrainOptions) -> None:
         train(opts, log=lambda s: None)
     finally:
         if dist.is_initialized():
+            dist.barrier()  # both ranks past their last collective before the group is torn down
             dist.destroy_process_group()

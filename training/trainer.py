@@ -17,7 +17,7 @@ from elmo_core.lstm import lstm_step
 
 from . import checkpoint as ck
 from .data import BpttBatcher, SentenceBatcher, SentenceStream
-from .distributed import DistInfo, any_true, barrier, init_from_env, sum_all
+from .distributed import any_true, barrier, init_from_env, sum_all
 from .errors import CheckpointError, TrainingError
 from .evaluate import SOFTMAX_NAME, perplexity, save_softmax
 from .model import LanguageModel

@@ -1,16 +1,21 @@
-"""``elmo embed INPUT OUTPUT_DIR --model MODEL``: Parquet text in, Parquet ELMo vectors out."""
+"""``elmo embed INPUT OUTPUT_DIR --model MODEL`` (Parquet text in, Parquet ELMo vectors out) and
+``elmo sample-corpus OUT_DIR`` (a Parquet corpus of State of the Union sentences)."""
 from __future__ import annotations
 
 import argparse
 import json
 
-from .job import embed_parquet
-from .options import BACKENDS, DTYPES, ENGINES, EmbedOptions
+from inference.outputs import OUTPUT_MODES
+from inference.registry import BACKEND_NAMES
+from pipelines.corpus import write_sample_corpus
+from pipelines.job import embed_parquet
+from pipelines.options import DTYPES, ENGINES, EmbedOptions
 
-OUTPUTS = ("mixed", "all", "top", "average")
+OUTPUTS = ("mixed",) + tuple(m for m in OUTPUT_MODES if m != "mixed")  # the default first
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    _register_sample_corpus(sub)
     d = EmbedOptions()
     p = sub.add_parser("embed", help="embed a Parquet corpus into Parquet ELMo vectors (local or Ray)",
                        description="Stream Parquet rows through a biLM; write one Parquet shard per input "
@@ -18,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("input", help="a Parquet file, a directory of them, or a glob")
     p.add_argument("output_dir", help="output directory (new or empty; or this job's, with --resume)")
     p.add_argument("--model", required=True, help="model directory (options.json + weights), or an export dir")
-    p.add_argument("--backend", choices=BACKENDS, default=d.backend)
+    p.add_argument("--backend", choices=BACKEND_NAMES, default=d.backend)
     cols = p.add_argument_group("columns")
     cols.add_argument("--text-column", default=d.text_column, help="whitespace-tokenized text (default: text)")
     cols.add_argument("--tokens-column", help="list<string> tokens (instead of --text-column)")
@@ -64,4 +69,18 @@ def run_embed(args: argparse.Namespace) -> int:
     manifest = embed_parquet(args.input, args.output_dir, args.model, **options_from_args(args))
     if args.json:
         print(json.dumps(manifest, indent=2))
+    return 0
+
+
+def _register_sample_corpus(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sample-corpus", help="write a sample Parquet corpus of State of the Union sentences")
+    p.add_argument("out_dir")
+    p.add_argument("--rows", type=int, default=2000)
+    p.add_argument("--files", type=int, default=2)
+    p.set_defaults(func=run_sample_corpus)
+
+
+def run_sample_corpus(args: argparse.Namespace) -> int:
+    paths = write_sample_corpus(args.out_dir, args.rows, args.files)
+    print(f"wrote {args.rows} sentences into {len(paths)} files under {args.out_dir} (columns id, speech, text)")
     return 0

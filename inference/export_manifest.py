@@ -1,4 +1,7 @@
-"""manifest.json beside every exported artifact: what it is, where it came from, how it was checked."""
+"""manifest.json beside every exported artifact: what it is, where it came from, how it was checked.
+
+The export format's one home: `elmo export` writes it, the ONNX Runtime and TensorRT backends read it.
+"""
 from __future__ import annotations
 
 import json
@@ -9,10 +12,11 @@ from typing import Any
 from elmo_core.model_io import file_sha256
 
 from .errors import ExportError
-from .spec import ExportSpec
+from .export_spec import ExportSpec
 
 MANIFEST_NAME = "manifest.json"
-ONNX_NAME = "model.onnx"
+ONNX_NAME = "model.onnx"  # an `elmo export onnx` directory's graph
+ENGINE_NAME = "model.engine"  # an `elmo export tensorrt` directory's serialized engine
 FORMAT_VERSION = 1
 
 

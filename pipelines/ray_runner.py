@@ -1,5 +1,5 @@
-"""The Ray Data engine: ``read_parquet -> map_batches(ElmoPredictor) -> write_parquet``, one input file
-at a time, with the same predictor class, output schema and vectors as the local engine.
+"""The Ray Data runner (``--engine ray``): ``read_parquet -> map_batches(ElmoPredictor) -> write_parquet``, one input file
+at a time, with the same predictor class, output schema and vectors as the local runner.
 
 Unit of work and of resume: one input file. Its output is written by Ray into ``.ray-IIIII/``
 (hidden from readers), then renamed in Ray's (order-preserving) task order to
@@ -22,6 +22,7 @@ from .options import EmbedOptions
 from .predictor import ElmoPredictor
 from .progress import Progress
 from .rows import row_tokens, window_spans
+from .schema import COMPRESSION
 from .sink import clean_strays, write_json_atomic
 from .source import InputFile
 
@@ -96,7 +97,7 @@ def _embed_file(ray, job, f: InputFile, tmp: Path) -> None:
                         fn_constructor_kwargs={"options": worker_opts}, batch_size=opts.sort_window_rows,
                         batch_format="pyarrow", concurrency=opts.workers, num_cpus=_worker_cpus(ray, opts),
                         num_gpus=opts.num_gpus_per_worker or None)
-    ds.write_parquet(str(tmp), compression="snappy")
+    ds.write_parquet(str(tmp), compression=COMPRESSION, write_page_checksum=True)
 
 
 def _part_index(path: Path) -> tuple:

@@ -1,37 +1,10 @@
-"""A small ONNX graph-building helper and the list of ops TensorRT's ONNX parser supports."""
+"""A small ONNX graph-building helper: unique names, constants as initializers, opset-aware reductions."""
 from __future__ import annotations
-
-from typing import Iterator
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .errors import UnsupportedOpError
-
-# Ops marked supported ("Y") in onnx-tensorrt's docs/operators.md for TensorRT 10.x
-# (github.com/onnx/onnx-tensorrt, docs/operators.md: "TensorRT 10.15 supports operators in the
-# inclusive range of opset 9 to opset 24"). Only the subset a biLM could plausibly use is listed;
-# everything this project's graphs emit must be in it. Sequence*, Unique, NonZero-free.
-TENSORRT_SUPPORTED_OPS = frozenset({
-    "Abs", "Add", "And", "ArgMax", "ArgMin", "Cast", "CastLike", "Ceil", "Clip", "Concat", "Constant",
-    "ConstantOfShape", "Conv", "CumSum", "Div", "Einsum", "Equal", "Erf", "Exp", "Expand", "Flatten", "Floor",
-    "Gather", "GatherElements", "GatherND", "Gemm", "Greater", "GreaterOrEqual", "Identity", "If", "Less",
-    "LessOrEqual", "Log", "Loop", "LSTM", "MatMul", "Max", "MaxPool", "Min", "Mod", "Mul", "Neg", "Not", "Or",
-    "Pad", "Pow", "Range", "Reciprocal", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Relu", "Reshape",
-    "ReverseSequence", "Scan", "Shape", "Sigmoid", "Sign", "Size", "Slice", "Softmax", "Split", "Sqrt",
-    "Squeeze", "Sub", "Sum", "Tanh", "Tile", "Transpose", "Unsqueeze", "Where", "Xor",
-})
-# Marked "N" there; a graph with any of these cannot be parsed (kept to make the test explicit).
-TENSORRT_UNSUPPORTED_OPS = frozenset({
-    "SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert", "SequenceLength",
-    "SequenceMap", "SplitToSequence", "ConcatFromSequence", "Unique", "DynamicQuantizeLinear", "MatMulInteger",
-    "ConvInteger", "Optional", "OptionalGetElement", "OptionalHasElement",
-})
-
-NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
-              np.dtype(np.int32): TensorProto.INT32, np.dtype(np.int64): TensorProto.INT64,
-              np.dtype(bool): TensorProto.BOOL}
 DTYPE_NAMES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16,
                "int32": TensorProto.INT32, "int64": TensorProto.INT64, "bool": TensorProto.BOOL}
 
@@ -100,26 +73,3 @@ def _to_bf16_bits(value: np.ndarray) -> bytes:
     bits = np.ascontiguousarray(value, np.float32).view(np.uint32).astype(np.uint64)
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
     return rounded.tobytes()
-
-
-def iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    """Every node of a graph and, recursively, of its subgraphs (Scan/Loop/If bodies)."""
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from iter_nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from iter_nodes(g)
-
-
-def op_types(model: onnx.ModelProto) -> set[str]:
-    return {n.op_type for n in iter_nodes(model.graph)}
-
-
-def check_tensorrt_ops(model: onnx.ModelProto) -> None:
-    """Raise UnsupportedOpError naming every op TensorRT's ONNX parser cannot import."""
-    bad = sorted(op for op in op_types(model) if op not in TENSORRT_SUPPORTED_OPS)
-    if bad:
-        raise UnsupportedOpError(f"ops not supported by TensorRT's ONNX parser: {bad}")

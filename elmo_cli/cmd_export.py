@@ -1,4 +1,5 @@
-"""`elmo export onnx`, `elmo export tensorrt` and `elmo engine` (export, validate, build the best engine)."""
+"""`elmo export onnx`, `elmo export tensorrt` and `elmo engine` (a model, trained if none is given,
+exported, validated and built into the fastest runtime artifact here)."""
 from __future__ import annotations
 
 import argparse
@@ -6,8 +7,7 @@ import json
 from pathlib import Path
 
 from elmo_core.errors import InputError
-
-from .spec import DEFAULT_OPSET, PRECISIONS, SUPPORTED_OPSETS
+from inference.export_spec import DEFAULT_OPSET, PRECISIONS, SUPPORTED_OPSETS
 
 
 def _floats(text: str) -> list[float]:
@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--workspace", type=int, default=4096, help="builder workspace in MiB (default 4096)")
     t.set_defaults(func=run_tensorrt)
     e = sub.add_parser("engine", help="export + validate, then build TensorRT (GPU) or the optimized ONNX Runtime model")
-    e.add_argument("--model", help="model directory with published weights; default: train one with `elmo train`")
+    e.add_argument("--model", help="model directory with published weights; default: train the default model first")
     e.add_argument("--out", default="engine", help="output directory (default ./engine)")
     e.add_argument("--precision", choices=("fp32", "fp16", "int8"), default="fp32")
     e.add_argument("--train-minutes", type=float, default=10.0, help="training budget when no --model is given")
@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_onnx(args: argparse.Namespace) -> int:
-    from .onnx_export import export_onnx
+    from export.onnx_export import export_onnx
 
     m = export_onnx(args.model, args.out, args.output, args.mix, args.gamma, args.precision, args.opset,
                     validate=not args.no_validate, threads=args.threads, weights=args.weights,
@@ -74,7 +74,7 @@ def run_onnx(args: argparse.Namespace) -> int:
 
 
 def run_tensorrt(args: argparse.Namespace) -> int:
-    from .tensorrt import build_engine
+    from export.tensorrt import build_engine
 
     if args.workspace <= 0:
         raise InputError(f"--workspace must be positive MiB, got {args.workspace}")
@@ -85,9 +85,14 @@ def run_tensorrt(args: argparse.Namespace) -> int:
 
 
 def run_engine(args: argparse.Namespace) -> int:
-    from .engine import make_engine
+    from export.build import build_for_machine
 
-    report = make_engine(args.model, args.out, args.precision, args.train_minutes, args.threads)
-    print(f"engine: {report['engine']} at {report['path']}")
+    model = args.model
+    if model is None:
+        from training.recipes import train_default_model
+
+        model = train_default_model(Path(args.out), args.train_minutes, log=lambda s: print(s, flush=True))
+    report = build_for_machine(model, args.out, args.precision, args.threads)
+    print(f"engine: {report['artifact']} at {report['path']}")
     print(f"why:    {report['why']}")
     return 0

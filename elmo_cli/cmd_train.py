@@ -3,16 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from importlib import resources
 
-from .trainer import LR_DECAYS, OPTIMIZERS, TrainOptions, train
-
-DEFAULT_OPTIONS = "small.json"
-
-
-def default_options_path() -> str:
-    """The shipped small config (char filters totalling 512, 1 highway, LSTM 1024 / 128, 2 layers)."""
-    return str(resources.files("training") / "configs" / DEFAULT_OPTIONS)
+from training.recipes import DEFAULT_OPTIONS, default_options_path
+from training.trainer import LR_DECAYS, OPTIMIZERS, TrainOptions, train
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -81,9 +74,9 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_perplexity(args: argparse.Namespace) -> int:
-    from .evaluate import load_language_model, perplexity
-
     import torch
+
+    from training.evaluate import load_language_model, perplexity
 
     torch.set_flush_denormal(True)  # see Trainer: denormals slow CPU kernels ~10x
     lm, vocab = load_language_model(args.model)
@@ -98,7 +91,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
 
 
 def run_sotu_corpus(args: argparse.Namespace) -> int:
-    from .sotu_corpus import write_sotu_corpus
+    from training.sotu_corpus import write_sotu_corpus
 
     for split, c in write_sotu_corpus(args.out_dir, args.valid_every).items():
         print(f"{split}: {c['speeches']} speeches, {c['sentences']:,} sentences, {c['tokens']:,} tokens")

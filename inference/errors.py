@@ -1,0 +1,22 @@
+"""Typed errors of the inference package and of the export format it reads (the CLI maps every
+ElmoError to exit code 2)."""
+from __future__ import annotations
+
+from elmo_core.errors import ElmoError, InputError
+
+
+class ExportError(ElmoError):
+    """An export that cannot be built, written or read back (bad spec, manifest or graph), or a
+    backend run on one that fails."""
+
+
+class EngineMismatchError(ExportError):
+    """A TensorRT engine built for another TensorRT version, GPU or ONNX graph than the running one."""
+
+
+class TensorRTUnavailableError(ExportError):
+    """TensorRT (the `tensorrt` extra) or a CUDA GPU is not available on this machine."""
+
+
+class BackendUnavailableError(InputError):
+    """The backend asked for is unknown, not installed, or cannot reach the device asked for."""

@@ -1,0 +1,128 @@
+"""The one registry of backends: their names, how each is opened on a device, and what identifies
+the model it runs.
+
+``Embedder.from_*``, ``elmo embed`` (both runners) and the servers open backends only here. The
+torch backend is always there; the ONNX Runtime and TensorRT backends are imported only when
+asked for, so a machine without onnxruntime-gpu or TensorRT still runs the torch backend.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from elmo_core.model_io import file_sha256, resolve_model
+
+from .backends import Backend
+from .errors import BackendUnavailableError
+from .export_manifest import ENGINE_NAME, ONNX_NAME
+
+
+@dataclass(frozen=True)
+class BackendKind:
+    """One backend: where its class lives and what its model argument is."""
+
+    name: str
+    module: str
+    class_name: str
+    artifact: str | None  # the file an export directory holds; None: a published-format model
+    install: str  # what to install when its module cannot be imported
+
+
+BACKENDS = {k.name: k for k in (
+    BackendKind("torch", "inference.backends", "TorchBackend", None, "the base package"),
+    BackendKind("onnx", "inference.onnx_backend", "OnnxBackend", ONNX_NAME,
+                "onnxruntime (base package; the `gpu` extra for CUDA)"),
+    BackendKind("tensorrt", "inference.tensorrt_backend", "TensorRTBackend", ENGINE_NAME,
+                "the `tensorrt` extra, on a machine with an NVIDIA GPU"),
+)}
+BACKEND_NAMES = tuple(BACKENDS)
+
+
+def backend_kind(name: str) -> BackendKind:
+    if name not in BACKENDS:
+        raise BackendUnavailableError(f"unknown backend {name!r}; use one of {list(BACKEND_NAMES)}")
+    return BACKENDS[name]
+
+
+def _backend_class(kind: BackendKind) -> type:
+    try:
+        module = importlib.import_module(kind.module)
+    except ImportError as e:
+        raise BackendUnavailableError(f"backend {kind.name}: {kind.module} cannot be imported ({e}); "
+                                      f"install {kind.install}, or use the torch backend") from None
+    return getattr(module, kind.class_name)
+
+
+def artifact_file(model: str | Path, backend: str) -> Path:
+    """The exported file an ONNX / TensorRT backend runs: ``model`` itself, or the one its directory holds."""
+    kind, model = backend_kind(backend), Path(model)
+    if kind.artifact is None or model.is_file():
+        return model
+    found = model / kind.artifact
+    if not found.is_file():
+        candidates = sorted(model.glob("*" + Path(kind.artifact).suffix)) if model.is_dir() else []
+        if len(candidates) != 1:
+            raise BackendUnavailableError(f"{model}: backend {backend} needs an export directory holding "
+                                          f"{kind.artifact} (`elmo export {backend}`)")
+        found = candidates[0]
+    return found
+
+
+def check_device(device: str, backend: str = "torch") -> None:
+    """Refuse a GPU device the backend cannot reach (callers check before they write anything)."""
+    if device == "cpu" or backend == "tensorrt":  # TensorRT engines always run on the GPU
+        return
+    if backend == "onnx":
+        from .onnx_backend import cuda_provider_status
+
+        present, reason = cuda_provider_status()
+        if not present:
+            raise BackendUnavailableError(f"--device {device}: {reason}")
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise BackendUnavailableError(f"--device {device}: torch sees no CUDA GPU here (torch {torch.__version__}); "
+                                      f"use --device cpu")
+
+
+def onnx_providers(device: str) -> list:  # type: ignore[type-arg]
+    """ONNX Runtime providers for a device: the CPU, or CUDA on GPU N (our CUDA defaults apply)."""
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    return [("CUDAExecutionProvider", {"device_id": int(device.partition(":")[2] or 0)})]
+
+
+def open_backend(model: str | Path, backend: str = "torch", *, threads: int | None = None, device: str = "cpu",
+                 weights: str | Path | None = None, providers: Sequence[Any] | None = None,
+                 **options: Any) -> Backend:
+    """A ready backend on ``device`` (cpu, cuda or cuda:N; TensorRT engines run on GPU 0).
+
+    ``model``: a published-format directory or options.json (+ ``weights``) for torch; an export
+    directory for onnx / tensorrt. ``providers`` (onnx) overrides the ones ``device`` implies;
+    ``options`` go to the backend's constructor (torch: ``stateful``, ``token_cache``; onnx:
+    ``optimization``, ``cache``).
+    """
+    kind = backend_kind(backend)
+    if providers is None:
+        check_device(device, backend)
+    cls = _backend_class(kind)
+    if backend == "torch":
+        return cls.from_files(model, weights, threads=threads, device=device, **options)
+    artifact_file(model, backend)  # a clear error before the backend's own
+    if backend == "onnx":
+        return cls(model, providers=list(providers) if providers is not None else onnx_providers(device),
+                   threads=threads, **options)
+    return cls(model, **options)
+
+
+def model_identity(model: str | Path, backend: str = "torch") -> dict:
+    """What identifies the model a backend runs: its files and their sha256."""
+    model = Path(model)
+    if backend_kind(backend).artifact is None:
+        files = resolve_model(model)
+        return {"path": str(model.resolve()), "format": files.format,
+                "sha256": file_sha256(files.weights), "options_sha256": file_sha256(files.options)}
+    return {"path": str(model.resolve()), "format": backend, "sha256": file_sha256(artifact_file(model, backend))}

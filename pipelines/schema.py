@@ -1,0 +1,39 @@
+"""The output's one schema and Parquet settings, used by every writer (local and Ray runners).
+
+Output columns: the ``--id-column``, the ``--keep-columns`` (as in the input), then ``elmo``
+(D = 2P, L+1 = the model's output layers, float = float32 or float16):
+  - output mixed / top / average: ``list<fixed_size_list<float, D>>``, one D-vector per token;
+  - output all: ``list<fixed_size_list<fixed_size_list<float, D>, L+1>>``: per token, its L+1
+    layers (layer 0 = the char-CNN token layer, then each biLSTM layer), i.e. (T, L+1, D) per row.
+A null text gives a null ``elmo``; an empty or whitespace-only text gives an empty list.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+ELMO_COLUMN = "elmo"
+COMPRESSION = "snappy"
+
+
+def elmo_type(dim: int, n_layers: int, output: str, dtype: str) -> pa.DataType:
+    """Shape: the Arrow type of the ``elmo`` column, see the module doc."""
+    item = pa.list_(pa.float16() if dtype == "float16" else pa.float32(), dim)
+    if output == "all":
+        item = pa.list_(item, n_layers)
+    return pa.list_(item)
+
+
+def output_schema(passthrough: pa.Schema, dim: int, n_layers: int, output: str, dtype: str) -> pa.Schema:
+    """The passed-through columns (id, kept columns, in order) followed by ``elmo``."""
+    return passthrough.append(pa.field(ELMO_COLUMN, elmo_type(dim, n_layers, output, dtype)))
+
+
+def parquet_options(schema: pa.Schema) -> dict[str, Any]:
+    """``pyarrow.parquet.ParquetWriter`` keyword arguments for an output shard: page checksums on;
+    dictionary encoding only for the passed-through columns that are not floats or lists
+    (dictionaries of float vectors cost time and save nothing)."""
+    vectors_and_lists = {f.name for f in schema if pa.types.is_list(f.type) or pa.types.is_floating(f.type)}
+    return {"compression": COMPRESSION, "write_page_checksum": True,
+            "use_dictionary": [f.name for f in schema if f.name not in vectors_and_lists]}

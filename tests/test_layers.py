@@ -1,0 +1,107 @@
+"""The packages' layers point one way: each module imports only from its own package and from
+the packages below it, never from a sibling or one above, and no package-level cycle exists.
+
+    elmo_core <- inference <- export, training <- pipelines, serving <- elmo_cli
+
+Parsed with ``ast`` (every import statement, including those inside functions), so a lazy
+import cannot hide an upward dependency.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Package -> layer. A package may import packages of a lower layer only (and itself).
+LAYERS = {"elmo_core": 0, "inference": 1, "export": 2, "training": 2, "pipelines": 3, "serving": 3, "elmo_cli": 4}
+
+
+def imported_packages(path: Path) -> set[tuple[str, int]]:
+    """(top-level project package, line) of every absolute import in a module."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        found |= {(n.split(".")[0], node.lineno) for n in names if n.split(".")[0] in LAYERS}
+    return found
+
+
+def package_edges() -> dict[tuple[str, str], list[str]]:
+    """(importer, imported) package pairs -> where (module:line)."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for package in LAYERS:
+        for module in sorted((ROOT / package).rglob("*.py")):
+            for imported, line in imported_packages(module):
+                if imported != package:
+                    edges.setdefault((package, imported), []).append(f"{module.relative_to(ROOT)}:{line}")
+    return edges
+
+
+def test_every_package_of_the_tree_has_a_layer():
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests", "bench"}
+    assert packages <= set(LAYERS), f"packages without a layer in LAYERS: {sorted(packages - set(LAYERS))}"
+
+
+def test_imports_point_down_only():
+    bad = [f"{a} (layer {LAYERS[a]}) imports {b} (layer {LAYERS[b]}) at {', '.join(where)}"
+           for (a, b), where in package_edges().items() if LAYERS[b] >= LAYERS[a]]
+    assert not bad, "upward or sideways imports:\n" + "\n".join(bad)
+
+
+def test_no_package_level_cycle():
+    graph: dict[str, set[str]] = {}
+    for a, b in package_edges():
+        graph.setdefault(a, set()).add(b)
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(n == goal or (n not in seen and reaches(n, goal, seen | {n})) for n in graph.get(start, ()))
+
+    cycles = sorted(p for p in graph if reaches(p, p, set()))
+    assert not cycles, f"packages on an import cycle: {cycles}"
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Every project module -> the project modules it imports (relative imports resolved)."""
+    files = {".".join(f.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): f
+             for package in LAYERS for f in (ROOT / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, f in files.items():
+        here = name if f.name == "__init__.py" else name.rpartition(".")[0]
+        deps = set()
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(here.split(".")[: len(here.split(".")) - node.level + 1]) if node.level else ""
+                module = ".".join(p for p in (base, node.module or "") if p)
+                deps |= {f"{module}.{a.name}" if f"{module}.{a.name}" in files else module for a in node.names}
+        graph[name] = {d for d in deps if d in files and d != name}
+    return graph
+
+
+def test_no_module_level_cycle():
+    graph = module_graph()
+
+    def path_back(start: str) -> list[str] | None:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    return path + [start]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, path + [nxt]))
+        return None
+
+    cycles = [" -> ".join(c) for c in map(path_back, sorted(graph)) if c]
+    assert not cycles, "modules on an import cycle:\n" + "\n".join(cycles)
+
+
+def test_the_check_sees_an_upward_import(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from elmo_cli.main import main\n    import export.build\n")
+    assert imported_packages(module) == {("elmo_cli", 2), ("export", 3)}

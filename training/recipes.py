@@ -1,0 +1,40 @@
+"""Ready-made runs: the shipped default config and "train the default model".
+
+`elmo engine` without ``--model`` and `elmo demo` both get their model from ``train_default_model``.
+"""
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+from .errors import TrainingError
+from .sotu_corpus import write_sotu_corpus
+from .trainer import TrainOptions, train
+
+DEFAULT_OPTIONS = "small.json"
+
+
+def default_options_path() -> str:
+    """The shipped small config (char filters totalling 512, 1 highway, LSTM 1024 / 128, 2 layers)."""
+    return str(resources.files("training") / "configs" / DEFAULT_OPTIONS)
+
+
+def train_default_model(work: str | Path, minutes: float, log: Callable[[str], None] = print) -> Path:
+    """The shipped config trained for ``minutes`` on the sotu speeches (split by speech, written to
+    WORK/corpus); returns its model directory, WORK/train/model. A model already there is reused.
+    """
+    work = Path(work)
+    corpus, run = work / "corpus", work / "train"
+    if (run / "model" / "options.json").is_file():
+        log(f"reusing the model trained before at {run / 'model'}")
+        return run / "model"
+    if not (corpus / "valid").is_dir():
+        write_sotu_corpus(corpus)
+    opts = TrainOptions(train=str(corpus / "train"), valid=str(corpus / "valid"), options=default_options_path(),
+                        out=str(run), max_minutes=minutes)
+    log(f"training the default model for {minutes:g} min ({opts.options}) into {run}")
+    train(opts, resume=(run / "checkpoints").is_dir(), log=log)
+    if not (run / "model" / "options.json").is_file():
+        raise TrainingError(f"training wrote no model directory at {run / 'model'}")
+    return run / "model"
