@@ -103,8 +103,3 @@ def batch_to_ids(sentences: Sequence[Sequence[str]], max_chars: int = 50) -> np.
     cols = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     out[rows, cols] = ids
     return out
-
-
-def mask_from_ids(char_ids: np.ndarray) -> np.ndarray:
-    """Shape: (B, T, C) -> (B, T) bool, True where the token is real."""
-    return (char_ids > 0).any(axis=-1)

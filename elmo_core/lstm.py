@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .config import LstmConfig
+from .lstm_cell import lstm_step, lstm_step_inplace
 from .lstm_sequence import carry_state, lstm_sequence
 from .packed_gemm import PackedLinear, packed_gemm_available
 
@@ -31,42 +32,6 @@ class LstmState:
 
     def detach(self) -> "LstmState":
         return LstmState(self.h.detach(), self.c.detach())
-
-
-def lstm_step(gates: torch.Tensor, c_prev: torch.Tensor, w_proj: torch.Tensor,
-              cell_clip: float | None, proj_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One LSTM step from its pre-activations (TF gate order i, j, f, o; forget offset already in).
-
-    Shape: gates (D, N, 4C), c_prev (D, N, C), w_proj (D, C, P) -> h (D, N, P), c (D, N, C).
-    """
-    i, j, f, o = gates.chunk(4, dim=-1)  # (D, N, C) each
-    c = torch.sigmoid(f) * c_prev + torch.sigmoid(i) * torch.tanh(j)  # (D, N, C)
-    if cell_clip is not None:
-        c = c.clamp(-cell_clip, cell_clip)
-    h = torch.bmm(torch.sigmoid(o) * torch.tanh(c), w_proj)  # (D, N, P)
-    if proj_clip is not None:
-        h = h.clamp(-proj_clip, proj_clip)
-    return h, c
-
-
-def lstm_step_inplace(gates: torch.Tensor, c_prev: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor],
-                      cell_clip: float | None, proj_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``lstm_step`` for inference, overwriting ``gates``; ``project`` applies W_P.
-
-    Shape: gates (..., N, 4C), c_prev (..., N, C) -> h (..., N, P), c (..., N, C).
-    """
-    C = c_prev.shape[-1]
-    gates[..., :C].sigmoid_()  # i
-    gates[..., C : 2 * C].tanh_()  # j
-    gates[..., 2 * C :].sigmoid_()  # f, o
-    i, j, f, o = gates.chunk(4, dim=-1)  # (..., N, C) each
-    c = torch.addcmul(f * c_prev, i, j)  # (..., N, C)
-    if cell_clip is not None:
-        c.clamp_(-cell_clip, cell_clip)
-    h = project(o.mul_(torch.tanh(c)))  # (..., N, P)
-    if proj_clip is not None:
-        h.clamp_(-proj_clip, proj_clip)
-    return h, c
 
 
 def reverse_index(lengths: torch.Tensor, t_max: int) -> torch.Tensor:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from onnx import helper
 
-from elmo_core.lstm import lstm_step
+from elmo_core.lstm_cell import lstm_step
 
 from .onnx_builder import GraphBuilder
 from .onnx_context import F32, GraphContext, np64
@@ -25,9 +25,10 @@ from .onnx_context import F32, GraphContext, np64
 DIRECTIONS = ("fwd", "bwd")
 
 
-def _step(b: GraphContext, body: GraphBuilder, h: str, c: str, gx: str, m: str,
-          w_state: str, w_proj: str) -> tuple[str, str, str]:
-    """One LSTM step of one direction; outputs at padding (m = 0) are zero.
+def lstm_step_graph(b: GraphContext, body: GraphBuilder, h: str, c: str, gx: str, m: str,
+                    w_state: str, w_proj: str) -> tuple[str, str, str]:
+    """One LSTM step of one direction as ONNX ops: ``elmo_core.lstm_cell.lstm_step`` (the reference)
+    plus the recurrent product; outputs at padding (m = 0) are zero.
 
     Shape: h (B, P), c (B, C), gx (B, 4C), m (B, 1) -> h, c, out (B, P).
     """
@@ -63,7 +64,7 @@ def _scan_body(b: GraphContext, layer: int):  # type: ignore[no-untyped-def]
     for d, name in enumerate(DIRECTIONS):
         w_state = b.weight(np64(lstm.w_state[layer, d]), f"w_state_{d}", body)  # (P, 4C)
         w_proj = b.weight(np64(lstm.w_proj[layer, d]), f"w_proj_{d}", body)  # (C, P)
-        h, c, out = _step(b, body, f"l{layer}_h_{name}_in", f"l{layer}_c_{name}_in", f"l{layer}_gx_{name}_t",
+        h, c, out = lstm_step_graph(b, body, f"l{layer}_h_{name}_in", f"l{layer}_c_{name}_in", f"l{layer}_gx_{name}_t",
                           f"l{layer}_m_t", w_state, w_proj)
         states += [h, c]
         outs.append(out)

@@ -73,10 +73,6 @@ class ModelBatch:
     tokens: list[Sequence[str]]
     pieces: list[tuple[int, int, int]]
 
-    @property
-    def padded_tokens(self) -> int:
-        return len(self.tokens) * max(map(len, self.tokens))
-
 
 @dataclass
 class Plan:

@@ -1,50 +1,16 @@
 from __future__ import annotations
 
-import copy
 import os
 
 # Tests run tiny models, often beside other processes (Ray workers, DDP ranks): OpenMP spinning
 # on 2 cores then costs far more than it gives. Benchmarks set their own thread counts.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-from pathlib import Path
+from pathlib import Path  # noqa: E402
 
-import pytest
-import torch
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
-from elmo_core import BiLM, ElmoConfig, save_model
-from elmo_core.init import init_bilm
-
-FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "elmo_tf_reference"
-
-TINY_OPTIONS = {
-    "lstm": {"dim": 24, "projection_dim": 8, "n_layers": 2, "cell_clip": 3, "proj_clip": 3,
-             "use_skip_connections": True},
-    "char_cnn": {"embedding": {"dim": 4}, "filters": [[1, 4], [2, 8], [3, 8]], "n_highway": 1,
-                 "n_characters": 262, "max_characters_per_token": 50, "activation": "relu"},
-}
-
-
-def tiny_options(**overrides) -> dict:
-    """TINY_OPTIONS with 'lstm.x' / 'char_cnn.x' keys overridden."""
-    opts = copy.deepcopy(TINY_OPTIONS)
-    for key, value in overrides.items():
-        section, name = key.split("__")
-        opts[section][name] = value
-    return opts
-
-
-def make_model_dir(path: Path, options: dict, seed: int = 0, fmt: str = "hdf5", lstm_scale: float = 1.0) -> Path:
-    """A random model in ``path``; ``lstm_scale`` > 1 drives cells and projections past the clips."""
-    model = init_bilm(BiLM(ElmoConfig.from_dict(options)), seed=seed)
-    with torch.no_grad():  # random biases too, so every parameter matters
-        for w in (model.lstm.w_input, model.lstm.w_state, model.lstm.w_proj):
-            w.mul_(lstm_scale)
-        g = torch.Generator().manual_seed(seed + 1)
-        model.lstm.bias.normal_(0, 0.5, generator=g)
-        model.encoder.proj_bias.normal_(0, 0.5, generator=g)
-        model.encoder.convs[0].bias.normal_(0, 0.5, generator=g)
-    save_model(model, path, fmt)
-    return path
+from tests.helpers import FIXTURE, TINY_OPTIONS, make_model_dir  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -66,12 +32,3 @@ def fixture_dir() -> Path:
 @pytest.fixture
 def tiny_dir(tmp_path: Path) -> Path:
     return make_model_dir(tmp_path / "tiny", TINY_OPTIONS)
-
-
-SENTENCES = [
-    "The cat sat on the mat .".split(),
-    ["Hi"],
-    "A much longer sentence , with punctuation and numbers like 1 , 2 and 1790 in it .".split(),
-    ["Café", "naïve", "日本語", "😀", "x" * 70],
-    "Short one".split(),
-]

@@ -13,7 +13,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from elmo_core import ElmoConfig, LstmState, save_model
-from elmo_core.lstm import lstm_step
+from elmo_core.lstm_cell import lstm_step
 
 from . import checkpoint as ck
 from .data import BpttBatcher, SentenceBatcher, SentenceStream

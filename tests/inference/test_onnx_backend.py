@@ -16,7 +16,7 @@ from inference.errors import ExportError
 from export.onnx_export import export_onnx
 from inference.embedder import Embedder
 from inference.onnx_backend import CACHE_DIR, OnnxBackend
-from .conftest import SENTENCES
+from tests.helpers import SENTENCES
 
 QUICK = ((1, 1), (3, 8))
 

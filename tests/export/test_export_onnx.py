@@ -20,7 +20,7 @@ from export.tensorrt_ops import TENSORRT_SUPPORTED_OPS, TENSORRT_UNSUPPORTED_OPS
 from inference.export_spec import VALIDATION_BATCHES, VALIDATION_TIMES, ExportSpec, Tolerance
 from export.validate import check_parity
 from inference.backends import TorchBackend
-from .conftest import TINY_OPTIONS, make_model_dir
+from tests.helpers import TINY_OPTIONS, make_model_dir
 
 QUICK = ((1, 1), (3, 8), (2, 33))
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +15,10 @@ from inference import Embedder
 from training.evaluate import load_language_model, perplexity
 from training.trainer import Trainer
 
-from .train_utils import sotu_sentences, tiny_run, write_corpus
+from tests.training.train_utils import sotu_sentences, tiny_run, write_corpus
 
 PEER = Path("/tmp/peer-allennlp/bin/python")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SENTS = [["The", "Congress", "met", "."], ["Peace", "and", "plenty", "with", "which", "we", "are", "blessed"], ["Hi"]]
 
 

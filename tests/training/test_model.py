@@ -15,7 +15,7 @@ from training.objective import Candidates, LogUniformSampler, full_softmax_nll, 
 from training.trainer import Trainer
 from training.vocab import Vocab, build_vocab
 
-from .train_utils import TINY_LM_OPTIONS, sotu_sentences, tiny_run, write_corpus, write_options
+from tests.training.train_utils import TINY_LM_OPTIONS, sotu_sentences, tiny_run, write_corpus, write_options
 
 
 def test_training_directions_match_the_inference_bilm(tmp_path):

@@ -10,7 +10,7 @@ import torch
 from elmo_core import WeightsError, batch_to_ids, load_bilm, save_model
 from elmo_core.model_io import resolve_model
 
-from .conftest import SENTENCES, tiny_options
+from tests.helpers import SENTENCES, tiny_options
 
 
 def _datasets(path):

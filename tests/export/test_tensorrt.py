@@ -14,7 +14,7 @@ from export.onnx_export import export_onnx
 from inference.export_spec import ExportSpec
 from export.tensorrt import build_engine, parse_bt, profile_from_args, tensorrt_ep_providers
 from inference.tensorrt_runtime import check_engine_manifest
-from .conftest import SENTENCES
+from tests.helpers import SENTENCES
 
 SPEC = ExportSpec(n_layers=3, dim=32, max_chars=50)
 MANIFEST = {"tensorrt": {"version": "10.13.0.35"}, "gpu": {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}}

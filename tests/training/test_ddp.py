@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 from training import checkpoint as ck
 from training.trainer import train
 
-from .train_utils import ddp_worker, sotu_sentences, tiny_run, write_corpus, write_options
+from tests.training.train_utils import ddp_worker, sotu_sentences, tiny_run, write_corpus, write_options
 
 STEPS = 5
 

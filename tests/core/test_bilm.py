@@ -7,8 +7,8 @@ import torch
 
 from elmo_core import InputError, StatefulBiLM, batch_to_ids, load_bilm
 
-from .conftest import SENTENCES, TINY_OPTIONS, make_model_dir, tiny_options
-from .reference_impl import ReferenceElmo
+from tests.helpers import SENTENCES, TINY_OPTIONS, make_model_dir, tiny_options
+from tests.reference_impl import ReferenceElmo
 
 VARIANTS = {
     "default": TINY_OPTIONS,

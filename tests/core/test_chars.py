@@ -6,7 +6,7 @@ import pytest
 from elmo_core import InputError, batch_to_ids, tokens_to_char_ids
 from elmo_core.chars import bos_ids, eos_ids
 
-from .reference_impl import char_ids as reference_char_ids
+from tests.reference_impl import char_ids as reference_char_ids
 
 TOKENS = ["The", "cat", "", "Café", "日本語", "😀", "x" * 70, "é" * 30, "<S>", "</S>", "<S>x", "a\ud800b", "1790"]
 

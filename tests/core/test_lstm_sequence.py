@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from elmo_core import batch_to_ids, load_bilm
-from elmo_core.lstm import BiLstmStack, Packing, lstm_step
+from elmo_core.lstm import BiLstmStack, Packing
+from elmo_core.lstm_cell import lstm_step
 from elmo_core.lstm_sequence import lstm_sequence
 
-from .conftest import SENTENCES
+from tests.helpers import SENTENCES
 
 
 def _autograd_layer(gx, h, c, w_state, w_proj, steps, shared_first, cell_clip, proj_clip):

@@ -6,8 +6,8 @@ import pytest
 from elmo_core import InputError
 from inference import Embedder
 
-from .conftest import SENTENCES, TINY_OPTIONS
-from .reference_impl import ReferenceElmo
+from tests.helpers import SENTENCES, TINY_OPTIONS
+from tests.reference_impl import ReferenceElmo
 
 L1, D = TINY_OPTIONS["lstm"]["n_layers"] + 1, 2 * TINY_OPTIONS["lstm"]["projection_dim"]
 

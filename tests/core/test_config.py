@@ -6,7 +6,7 @@ import pytest
 
 from elmo_core import ConfigError, ElmoConfig
 
-from .conftest import TINY_OPTIONS
+from tests.helpers import TINY_OPTIONS
 
 
 def test_published_options_round_trip(fixture_dir, tmp_path):
