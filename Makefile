@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # ray: the Ray Data engine's test runs a real local cluster (about 30 s).
 EXTRAS ?= dev,ray
 
-.PHONY: install test info clean engine demo embed bench-pipeline
+.PHONY: install test info clean engine demo embed
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,21 +24,18 @@ info: install
 
 # make engine [MODEL=dir] [OUT=engine] [PRECISION=fp32|fp16|int8]: export ONNX, validate against torch,
 # then build a TensorRT engine (TensorRT + GPU present) or the optimized ONNX Runtime model; without
-# MODEL it trains the default model with `elmo train` first (when the training package is present).
+# MODEL it trains the default model first.
 ENGINE_OUT ?= engine
 engine: install
 	$(BIN)/elmo engine $(if $(MODEL),--model $(MODEL)) --out $(if $(OUT),$(OUT),$(ENGINE_OUT)) $(if $(PRECISION),--precision $(PRECISION))
 
-# The README's main command: sample corpus, model (MODEL=dir, else trained / random small), embed, show.
+# The README's main command: sample corpus, model (MODEL=dir, else the default model trained), embed, show.
 demo: install
 	$(BIN)/elmo demo $(if $(MODEL),--model $(MODEL))
 
 # make embed INPUT=corpus/ OUT=vectors/ MODEL=dir [ARGS="--dtype float16 --resume"]
 embed: install
 	$(BIN)/elmo embed $(INPUT) $(OUT) --model $(MODEL) $(ARGS)
-
-bench-pipeline: install
-	$(BIN)/python bench/bench_pipeline.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
