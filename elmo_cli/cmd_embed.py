@@ -1,5 +1,6 @@
-"""``elmo embed INPUT OUTPUT_DIR --model MODEL`` (Parquet text in, Parquet ELMo vectors out) and
-``elmo sample-corpus OUT_DIR`` (a Parquet corpus of State of the Union sentences)."""
+"""``elmo embed INPUT OUTPUT_DIR --model MODEL`` (Parquet text in, Parquet ELMo vectors out),
+``elmo verify OUTPUT_DIR`` (check a finished output) and ``elmo sample-corpus OUT_DIR`` (a Parquet
+corpus of State of the Union sentences)."""
 from __future__ import annotations
 
 import argparse
@@ -10,12 +11,14 @@ from inference.registry import BACKEND_NAMES
 from pipelines.corpus import write_sample_corpus
 from pipelines.job import embed_parquet
 from pipelines.options import DTYPES, ENGINES, EmbedOptions
+from pipelines.verify import verify_output
 
 OUTPUTS = ("mixed",) + tuple(m for m in OUTPUT_MODES if m != "mixed")  # the default first
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     _register_sample_corpus(sub)
+    _register_verify(sub)
     d = EmbedOptions()
     p = sub.add_parser("embed", help="embed a Parquet corpus into Parquet ELMo vectors (local or Ray)",
                        description="Stream Parquet rows through a biLM; write one Parquet shard per input "
@@ -23,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("input", help="a Parquet file, a directory of them, or a glob")
     p.add_argument("output_dir", help="output directory (new or empty; or this job's, with --resume)")
     p.add_argument("--model", required=True, help="model directory (options.json + weights), or an export dir")
+    p.add_argument("--weights", help="the weights file, when --model's directory holds several (or --model is "
+                                     "an options.json)")
     p.add_argument("--backend", choices=BACKEND_NAMES, default=d.backend)
     cols = p.add_argument_group("columns")
     cols.add_argument("--text-column", default=d.text_column, help="whitespace-tokenized text (default: text)")
@@ -52,6 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--ray-address", help="an existing Ray cluster (default: start a local one)")
     run.add_argument("--num-gpus-per-worker", type=float, default=d.num_gpus_per_worker)
     run.add_argument("--resume", action="store_true", help="keep verified shards, redo the rest")
+    run.add_argument("--verify-inputs", action="store_true",
+                     help="hash every input file's bytes into the job (an edit that keeps size and mtime is seen)")
     run.add_argument("--quiet", action="store_true", help="no progress bar and summary")
     run.add_argument("--json", action="store_true", help="print the manifest as JSON on stdout")
     p.set_defaults(func=run_embed)
@@ -61,7 +68,7 @@ def options_from_args(args: argparse.Namespace) -> dict:
     names = ("backend", "text_column", "tokens_column", "id_column", "keep_columns", "output", "mix", "gamma",
              "dtype", "max_sentence_length", "window_context", "max_tokens_per_batch", "sort_window_rows",
              "sort_window_tokens", "rows_per_shard", "threads", "engine", "workers", "ray_address",
-             "num_gpus_per_worker", "resume", "quiet", "device")
+             "num_gpus_per_worker", "resume", "quiet", "device", "weights", "verify_inputs")
     return {n: getattr(args, n) for n in names}
 
 
@@ -83,4 +90,25 @@ def _register_sample_corpus(sub: argparse._SubParsersAction) -> None:
 def run_sample_corpus(args: argparse.Namespace) -> int:
     paths = write_sample_corpus(args.out_dir, args.rows, args.files)
     print(f"wrote {args.rows} sentences into {len(paths)} files under {args.out_dir} (columns id, speech, text)")
+    return 0
+
+
+def _register_verify(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("verify", help="check a finished elmo embed OUTPUT_DIR (rows, order, checksums) "
+                                      "without recomputing vectors")
+    p.add_argument("output_dir")
+    p.add_argument("--no-inputs", action="store_true", help="do not match output rows to the input files")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_verify)
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    report = verify_output(args.output_dir, check_inputs=not args.no_inputs)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    not_checked = f"; inputs not checked (changed or absent): {report['inputs_not_checked']}" \
+        if report["inputs_not_checked"] else ""
+    print(f"{args.output_dir}: OK: {report['shards']} shards, {report['rows']:,} rows, {report['tokens']:,} tokens; "
+          f"checksums match; rows in input order against {report['inputs_checked']} input file(s){not_checked}")
     return 0

@@ -3,18 +3,30 @@
 Each subcommand lives in an ``elmo_cli.cmd_*`` module with ``register(subparsers)``; those modules
 are the only place where argparse meets the library, and where work spanning packages (train,
 then export; corpus, model, embed) is composed.
+
+Exit codes: 0 done, 2 an error (the message names the file, row, column or option and what to
+do), 130 interrupted (SIGINT, Ctrl-C), 143 terminated (SIGTERM). SIGTERM stops a command the way
+Ctrl-C does: the library's cleanup runs (temporary files removed, finished work kept).
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
-
-from elmo_core.errors import ElmoError
+import threading
 
 COMMAND_MODULES = ("elmo_cli.cmd_info", "elmo_cli.cmd_train", "elmo_cli.cmd_export", "elmo_cli.cmd_embed",
                    "elmo_cli.cmd_demo")
-EXIT_ERROR, EXIT_INTERRUPTED = 2, 130
+EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TERMINATED = 2, 130, 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where SIGINT would raise KeyboardInterrupt, so the same cleanup runs."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,16 +37,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _run(argv: list[str] | None) -> int:
+    command = "elmo"
     try:
-        return int(args.func(args) or 0)
-    except ElmoError as e:
-        print(f"elmo {args.command}: error: {e}", file=sys.stderr)
-        return EXIT_ERROR
+        from elmo_core.errors import ElmoError
+
+        args = build_parser().parse_args(argv)
+        command = f"elmo {args.command}"
+        try:
+            return int(args.func(args) or 0)
+        except ElmoError as e:
+            print(f"{command}: error: {e}", file=sys.stderr)
+            return EXIT_ERROR
+        except OSError as e:  # one the library did not expect (it wraps those it does)
+            where = f"{e.filename}: " if e.filename else ""
+            print(f"{command}: error: {where}{e.strerror or e}", file=sys.stderr)
+            return EXIT_ERROR
+    except Terminated:
+        print(f"{command}: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
-        print(f"elmo {args.command}: interrupted", file=sys.stderr)
+        print(f"{command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def main(argv: list[str] | None = None) -> int:
+    if threading.current_thread() is not threading.main_thread():  # signal handlers need the main thread
+        return _run(argv)
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return _run(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

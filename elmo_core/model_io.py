@@ -32,25 +32,52 @@ class ModelFiles:
 
 
 def resolve_model(path: str | Path, weights: str | Path | None = None) -> ModelFiles:
-    """A model directory (options.json + weights.hdf5 / model.safetensors / one *.hdf5), or files."""
+    """A model's options and weights: a directory, or an options file (then ``weights`` is required).
+
+    In a directory: ``options.json``, else the one ``*options*.json``; ``model.safetensors`` or
+    ``weights.hdf5``, else the one ``*.hdf5`` that is not a softmax (``*softmax*``), preferring
+    names with ``weights`` (the published ``elmo_..._options.json`` / ``elmo_..._weights.hdf5`` /
+    ``elmo_..._softmax_weights.hdf5`` side by side). ``weights`` names the file explicitly.
+    """
     path = Path(path)
-    if weights is not None:
-        return ModelFiles(path, Path(weights))
+    if path.is_file() and path.suffix == ".json":
+        if weights is None:
+            raise WeightsError(f"{path}: an options file needs its weights file too (--weights FILE), "
+                               f"or pass the model's directory")
+        return ModelFiles(path, _existing(Path(weights)))
     if not path.is_dir():
-        raise WeightsError(f"{path}: not a model directory; pass a directory or OPTIONS and WEIGHTS files")
-    options = path / OPTIONS_NAME
-    if not options.is_file():
-        jsons = sorted(path.glob("*options*.json"))
-        if len(jsons) != 1:
-            raise WeightsError(f"{path}: no {OPTIONS_NAME} in this directory")
-        options = jsons[0]
+        raise WeightsError(f"{path}: not a model directory or options.json; pass a directory or OPTIONS and WEIGHTS files")
+    options = _options_in(path)
+    return ModelFiles(options, _existing(Path(weights)) if weights is not None else _weights_in(path))
+
+
+def _existing(path: Path) -> Path:
+    if not path.is_file():
+        raise WeightsError(f"{path}: weights file not found")
+    return path
+
+
+def _options_in(path: Path) -> Path:
+    if (path / OPTIONS_NAME).is_file():
+        return path / OPTIONS_NAME
+    jsons = sorted(path.glob("*options*.json"))
+    if len(jsons) != 1:
+        raise WeightsError(f"{path}: no {OPTIONS_NAME} in this directory"
+                           + (f" and several *options*.json {[p.name for p in jsons]}" if jsons else ""))
+    return jsons[0]
+
+
+def _weights_in(path: Path) -> Path:
     for name in (NATIVE_NAME, HDF5_NAME):
         if (path / name).is_file():
-            return ModelFiles(options, path / name)
-    hdf5 = sorted(path.glob("*.hdf5"))
-    if len(hdf5) == 1:
-        return ModelFiles(options, hdf5[0])
-    raise WeightsError(f"{path}: expected {HDF5_NAME} or {NATIVE_NAME} (found {[p.name for p in hdf5]})")
+            return path / name
+    hdf5 = sorted(p for p in path.glob("*.hdf5") if "softmax" not in p.name)
+    named = [p for p in hdf5 if "weights" in p.name]
+    for found in (hdf5, named):
+        if len(found) == 1:
+            return found[0]
+    raise WeightsError(f"{path}: expected {HDF5_NAME}, {NATIVE_NAME} or one *weights*.hdf5 (found "
+                       f"{[p.name for p in path.glob('*.hdf5')]}); name the file with --weights")
 
 
 def load_bilm(path: str | Path, weights: str | Path | None = None) -> BiLM:

@@ -96,6 +96,21 @@ def load_hdf5_weights(model: BiLM, path: str | Path) -> None:
     with f:
         for load in (_load_char_embed, _load_cnn, _load_highway, _load_projection, _load_lstm):
             load(f, model)
+        _check_all_used(f, model)
+
+
+def _check_all_used(f: h5py.File, model: BiLM) -> None:
+    # Strict: a dataset the options do not use (a layer or highway more than the options say)
+    # means the options do not describe these weights, even though every dataset they name fits.
+    stored: list[str] = []
+    f.visititems(lambda name, obj: stored.append(name) if isinstance(obj, h5py.Dataset) else None)
+    unused = sorted(set(stored) - set(_tensors_for_hdf5(model)))
+    if unused:
+        cfg = model.config
+        raise WeightsError(
+            f"{f.filename}: datasets {unused[:6]}{' ...' if len(unused) > 6 else ''} are not used by options.json "
+            f"({cfg.lstm.n_layers} LSTM layers, {cfg.char_cnn.n_highway} highway layers, "
+            f"{len(cfg.char_cnn.filters)} filters); do the options belong to these weights?")
 
 
 def _tensors_for_hdf5(model: BiLM) -> dict[str, np.ndarray]:
@@ -121,11 +136,11 @@ def _tensors_for_hdf5(model: BiLM) -> dict[str, np.ndarray]:
     return out
 
 
-def save_hdf5_weights(model: BiLM, path: str | Path, extra: dict[str, np.ndarray] | None = None) -> None:
-    """Write ``model`` in the published layout (plus ``extra`` datasets, e.g. softmax weights)."""
+def save_hdf5_weights(model: BiLM, path: str | Path) -> None:
+    """Write ``model`` in the published layout."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     with h5py.File(tmp, "w") as f:
-        for name, value in {**_tensors_for_hdf5(model), **(extra or {})}.items():
+        for name, value in _tensors_for_hdf5(model).items():
             f.create_dataset(name, data=np.ascontiguousarray(value, dtype=np.float32))
     tmp.replace(path)

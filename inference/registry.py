@@ -118,11 +118,11 @@ def open_backend(model: str | Path, backend: str = "torch", *, threads: int | No
     return cls(model, **options)
 
 
-def model_identity(model: str | Path, backend: str = "torch") -> dict:
+def model_identity(model: str | Path, backend: str = "torch", weights: str | Path | None = None) -> dict:
     """What identifies the model a backend runs: its files and their sha256."""
     model = Path(model)
     if backend_kind(backend).artifact is None:
-        files = resolve_model(model)
+        files = resolve_model(model, weights)
         return {"path": str(model.resolve()), "format": files.format,
                 "sha256": file_sha256(files.weights), "options_sha256": file_sha256(files.options)}
     return {"path": str(model.resolve()), "format": backend, "sha256": file_sha256(artifact_file(model, backend))}

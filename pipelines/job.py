@@ -1,29 +1,38 @@
 """``embed_parquet``: one ``elmo embed`` job, from checks to ``_SUCCESS``; the local runner.
 
-Order of work: every input footer and column is checked, the model is hashed, OUTPUT_DIR is
-claimed (``_job.json``), finished shards are verified and kept, the rest are (re)done, then
-``_manifest.json`` and ``_SUCCESS`` are written. A kill at any point leaves only complete shards
-(renamed when done) and temporaries that the next ``--resume`` deletes.
+Order of work: everything that needs no write is checked first (every input footer, column and
+column type, one schema across the files, the model loaded and matched to its weights, the
+device); then OUTPUT_DIR is locked (one job at a time) and claimed (``_job.json``); finished
+shards are verified byte for byte and kept, the rest are (re)done; ``_manifest.json`` and
+``_SUCCESS`` come last. A kill at any point leaves only complete, committed shards and
+temporaries that the next ``--resume`` deletes; any failure removes its temporaries.
 """
 from __future__ import annotations
 
-import itertools
+import contextlib
+import errno
+import json
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import pyarrow as pa
+
 from elmo_core.errors import InputError
+from elmo_core.model_io import file_sha256
 from inference.registry import check_device, model_identity
 
-from .options import EmbedOptions, digest
+from .lock import OutputDirLock
+from .options import EmbedOptions, OutputDirError, digest
 from .predictor import ElmoPredictor
-from .prefetch import prefetch
+from .shard_loop import embed_shards
 from .progress import Progress
-from .sink import MANIFEST_FILE, SUCCESS_FILE, ShardWriter, claim_output_dir, clean_strays, verify_shard, \
-    write_json_atomic
-from .source import InputFile, Shard, read_windows, scan_inputs, shards_of
+from .schema import output_schema
+from .sink import COMMITS_DIR, COUNTS, JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, claim_output_dir, clean_strays, \
+    commit_path, discard_shard, remove_temporaries, verify_shard, write_json_atomic
+from .source import InputFile, Shard, passthrough_schema, scan_inputs, shards_of
 
 
 @dataclass
@@ -33,8 +42,10 @@ class Job:
     model: Path
     opts: EmbedOptions
     files: list[InputFile]
+    schema: pa.Schema  # every shard's
     identity: dict
     digest: str
+    predictor: ElmoPredictor | None = None  # the local runner's, loaded before anything is written
     kept: list[dict] = field(default_factory=list)  # records of shards verified and kept
 
     @property
@@ -43,12 +54,41 @@ class Job:
 
 
 def plan_job(input: str | Path, output: str | Path, model: str | Path, opts: EmbedOptions) -> Job:
+    """Every check that writes nothing: inputs, their one schema, the model (loaded), the device."""
+    out = Path(output)
+    if out.exists() and not out.is_dir():
+        raise OutputDirError(f"{out}: exists and is not a directory; OUTPUT_DIR must be a directory (new or empty)")
+    if opts.engine == "local":  # Ray's workers may have GPUs that this process does not see
+        check_device(opts.device, opts.backend)
     files = scan_inputs(input, opts)
-    identity = {"inputs": [{"path": str(f.path), "rows": f.rows, "bytes": f.size} for f in files],
-                "model": model_identity(model, opts.backend), "options": opts.identity()}
-    job = Job(str(input), Path(output), Path(model), opts, files, identity, digest(identity))
-    claim_output_dir(job.out, identity, job.digest, opts.resume)
-    return job
+    passthrough = passthrough_schema(files, opts)
+    predictor = ElmoPredictor(model, opts)  # the model's own errors (files, options vs weights) come now
+    config = predictor.config
+    if opts.engine != "local":
+        predictor.close()  # Ray's workers load their own
+        predictor = None
+    schema = output_schema(passthrough, config.output_dim, config.n_output_layers, opts.output, opts.dtype)
+    identity = {"inputs": [f.identity() for f in files],
+                "model": model_identity(model, opts.backend, opts.weights), "options": opts.identity()}
+    return Job(str(input), out, Path(model), opts, files, schema, identity, digest(identity), predictor)
+
+
+def _check_input_contents(job: Job) -> None:
+    """--verify-inputs: every input file's sha256, recorded in _job.json by the first run, compared by later ones."""
+    path = job.out / JOB_FILE
+    record = json.loads(path.read_text())
+    hashes = {str(f.path): file_sha256(f.path) for f in job.files}
+    if "input_sha256" not in record:
+        if any((job.out / COMMITS_DIR).glob("*.json")):
+            raise OutputDirError(f"{job.out}: --verify-inputs needs the input hashes of the run that wrote these "
+                                 f"shards, and that run did not hash its inputs; rerun without --verify-inputs "
+                                 f"or start a new OUTPUT_DIR with it")
+        write_json_atomic(path, {**record, "input_sha256": hashes})
+        return
+    changed = sorted(p for p, h in hashes.items() if record["input_sha256"].get(p) != h)
+    if changed:
+        raise OutputDirError(f"{job.out}: input files changed since the shards were written: {changed[:3]} "
+                             f"(content sha256); restore them, or start a new OUTPUT_DIR")
 
 
 def pending_shards(job: Job) -> list[Shard]:
@@ -57,65 +97,97 @@ def pending_shards(job: Job) -> list[Shard]:
     clean_strays(job.out, {s.name for s in shards}.__contains__)
     pending = []
     for s in shards:
-        path = job.out / s.name
-        record = verify_shard(path, s, job.digest) if path.exists() else None
+        record = verify_shard(job.out, s, job.digest) if (job.out / s.name).exists() else None
         if record is None:
-            path.unlink(missing_ok=True)
+            discard_shard(job.out, s.name)
             pending.append(s)
         else:
             job.kept.append(record)
     return pending
 
 
-def _windows(shards: list[Shard], predictor: ElmoPredictor, opts: EmbedOptions) -> Iterator[tuple]:
-    for file, group in itertools.groupby(shards, key=lambda s: s.file):
-        offset = None
-        try:
-            for shard, table, last in read_windows(file, list(group), opts):
-                offset = shard.start
-                yield shard, predictor.prepare(table), last
-        except InputError as e:
-            where = f" (shard {offset} + rows)" if offset is not None else ""
-            raise InputError(f"{file.path}{where}: {e}") from None
+def run_local(job: Job, shards: list[Shard], progress: Progress) -> tuple[list[dict], dict]:
+    """The local runner: the job's one model, in this process."""
+    records = embed_shards(job.predictor, shards, job.out, job.schema, job.digest, progress.update)
+    return records, {"name": "local", "threads": job.opts.threads, "device": job.opts.device}
 
 
-def run_local(job: Job, shards: list[Shard], progress: Progress) -> list[dict]:
-    """The local runner: one model, prepare in a prefetch thread, compute and write here."""
-    predictor = ElmoPredictor(job.model, job.opts)
-    records: list[dict] = []
-    writer: ShardWriter | None = None
-    try:
-        for shard, prepared, last in prefetch(_windows(shards, predictor, job.opts), job.opts.prefetch):
-            table = predictor.compute(prepared)
-            if writer is None:
-                writer = ShardWriter(job.out, shard, table.schema, job.digest)
-            plan = prepared.plan
-            writer.write(table, plan.tokens, plan.windows, plan.windowed_rows)
-            progress.update(table.num_rows, plan.tokens)
-            if last:
-                records.append(writer.commit())
-                writer = None
-    finally:
-        if writer is not None:
-            writer.abort()
-        predictor.close()
-    return records
+def _final_check(job: Job, records: list[dict]) -> None:
+    """Before _SUCCESS: every shard of the job is committed, present at its committed size, and
+    together they hold every input row once (each was checksummed when committed or kept)."""
+    expected = {s.name: s for s in shards_of(job.files, job.opts.rows_per_shard)}
+    by_name = {r["file"]: r for r in records}
+    for name, s in expected.items():
+        r = by_name.get(name)
+        path = job.out / name
+        if r is None or r["rows"] != s.rows or not path.is_file() or path.stat().st_size != r["bytes"] \
+                or not commit_path(job.out, name).is_file():
+            raise OutputDirError(f"{path}: not committed as this job's rows {s.start}..{s.start + s.rows} of "
+                                 f"{s.file.path}; rerun with --resume")
+    if sum(r["rows"] for r in records) != job.total_rows:
+        raise OutputDirError(f"{job.out}: the shards hold {sum(r['rows'] for r in records)} rows, the inputs "
+                             f"{job.total_rows}; rerun with --resume")
 
 
 def manifest(job: Job, records: list[dict], seconds: float, runner_info: dict) -> dict:
     records = sorted(records, key=lambda r: (r["input_file"], r["row_start"]))
-    total = {k: sum(r[k] for r in records) for k in ("rows", "tokens", "windows", "windowed_rows", "null_rows")}
+    total = {k: sum(r.get(k, 0) for r in records) for k in COUNTS}
     new = [r for r in records if r.get("new")]
     new_tokens = sum(r["tokens"] for r in new)
     return {
-        "format": "elmo-pipeline/embed/1", "input": job.input, "inputs": job.identity["inputs"],
+        "format": "elmo-pipeline/embed/2", "input": job.input, "inputs": job.identity["inputs"],
         "model": job.identity["model"], "options": job.opts.to_dict(), "job_digest": job.digest,
-        **total, "shards": [{k: r[k] for k in ("file", "input_file", "row_start", "rows", "tokens")} for r in records],
+        "schema": job.schema.to_string(show_schema_metadata=False), **total,
+        "shards": [{k: r[k] for k in ("file", "input_file", "row_start", "rows", "tokens", "sha256", "bytes")}
+                   for r in records],
         "this_run": {"shards": len(new), "shards_kept": len(records) - len(new), "rows": sum(r["rows"] for r in new),
                      "tokens": new_tokens, "seconds": round(seconds, 3),
                      "tokens_per_second": round(new_tokens / seconds, 1) if seconds > 0 else None},
         "engine": runner_info,  # the runner, named as its --engine flag
     }
+
+
+@contextlib.contextmanager
+def _os_errors(out: Path) -> Iterator[None]:
+    """An OS error (disk full, read-only file system, no permission, ...) as an ElmoError naming the path."""
+    try:
+        yield
+    except OSError as e:
+        where = e.filename or out
+        hint = {errno.ENOSPC: "the disk is full: free space, then rerun with --resume (finished shards are kept)",
+                errno.EROFS: "the file system is read-only: choose another OUTPUT_DIR",
+                errno.EACCES: "permission denied: choose an OUTPUT_DIR you can write",
+                errno.EDQUOT: "the disk quota is exceeded: free space, then rerun with --resume"}.get(e.errno or 0)
+        if hint is None and "No space left on device" in str(e):
+            hint = "the disk is full: free space, then rerun with --resume (finished shards are kept)"
+        kind = OutputDirError if str(where).startswith(str(out)) else InputError
+        raise kind(f"{where}: {e.strerror or e}" + (f"; {hint}" if hint else "")) from None
+
+
+def _run(job: Job) -> dict:
+    """The job's part that writes, under OUTPUT_DIR's lock."""
+    opts = job.opts
+    claim_output_dir(job.out, job.identity, job.digest, opts.resume)
+    if opts.verify_inputs:
+        _check_input_contents(job)
+    shards = pending_shards(job)
+    progress = Progress(job.total_rows, sum(r["rows"] for r in job.kept), quiet=opts.quiet)
+    t0 = time.perf_counter()
+    try:
+        new, info = _runner(opts.engine)(job, shards, progress)
+    except BaseException:
+        remove_temporaries(job.out)  # a runner's writers may have died with it (Ray workers)
+        raise
+    finally:
+        progress.close()
+    seconds = time.perf_counter() - t0
+    for r in new:
+        r["new"] = True
+    _final_check(job, job.kept + new)
+    result = manifest(job, job.kept + new, seconds, info)
+    write_json_atomic(job.out / MANIFEST_FILE, result)
+    (job.out / SUCCESS_FILE).write_text("")
+    return result
 
 
 def embed_parquet(input: str | Path, output_dir: str | Path, /, model: str | Path, **options: Any) -> dict:
@@ -126,24 +198,15 @@ def embed_parquet(input: str | Path, output_dir: str | Path, /, model: str | Pat
     Shape: each input row -> one output row with ``elmo`` (T, D) or, for output 'all', (T, L+1, D).
     """
     opts = EmbedOptions.coerce(options)
-    if opts.engine == "local":  # Ray's workers may have GPUs that this process does not see
-        check_device(opts.device, opts.backend)
     job = plan_job(input, output_dir, model, opts)
-    shards = pending_shards(job) if opts.engine == "local" else []
-    runner = _runner(opts.engine)
-    done_rows = sum(r["rows"] for r in job.kept)
-    progress = Progress(job.total_rows, done_rows, quiet=opts.quiet)
-    t0 = time.perf_counter()
     try:
-        new, info = runner(job, shards, progress)
+        with _os_errors(job.out):
+            job.out.mkdir(parents=True, exist_ok=True)
+            with OutputDirLock(job.out):
+                result = _run(job)
     finally:
-        progress.close()
-    seconds = time.perf_counter() - t0
-    for r in new:
-        r["new"] = True
-    result = manifest(job, job.kept + new, seconds, info)
-    write_json_atomic(job.out / MANIFEST_FILE, result)
-    (job.out / SUCCESS_FILE).write_text("")
+        if job.predictor is not None:
+            job.predictor.close()
     if not opts.quiet:
         print(summary_line(result, job.out), file=sys.stderr)
     return result
@@ -153,15 +216,13 @@ def _runner(name: str) -> Callable[[Job, list[Shard], Progress], tuple[list[dict
     if name == "ray":
         from .ray_runner import run_ray
         return run_ray
-
-    def local(job: Job, shards: list[Shard], progress: Progress) -> tuple[list[dict], dict]:
-        return run_local(job, shards, progress), {"name": "local", "threads": job.opts.threads, "device": job.opts.device}
-    return local
+    return run_local
 
 
 def summary_line(m: dict, out: Path) -> str:
     run = m["this_run"]
     kept = f", {run['shards_kept']} shards kept from a previous run" if run["shards_kept"] else ""
+    bad = f", {m['invalid_utf8']:,} with invalid UTF-8 dropped" if m.get("invalid_utf8") else ""
     return (f"elmo embed: {m['rows']:,} rows, {m['tokens']:,} tokens ({m['windowed_rows']:,} rows in "
-            f"{m['windows']:,} windows, {m['null_rows']:,} null) -> {out} ({len(m['shards'])} shards{kept}); "
+            f"{m['windows']:,} windows, {m['null_rows']:,} null{bad}) -> {out} ({len(m['shards'])} shards{kept}); "
             f"this run {run['tokens']:,} tokens in {run['seconds']:.1f} s = {run['tokens_per_second'] or 0:,.0f} tokens/s")

@@ -19,9 +19,11 @@ ENGINES = ("local", "ray")
 DTYPES = ("float32", "float16")
 
 # Options that do not change a single output value; they may differ between a run and its resume.
+# weights: the model's identity (its sha256) is part of the job's, whatever names its file;
+# device: CPU and GPU agree to float rounding, as thread counts do.
 RUNTIME_ONLY = frozenset({"max_tokens_per_batch", "sort_window_rows", "sort_window_tokens", "workers",
                           "threads", "quiet", "ray_address", "num_gpus_per_worker", "resume", "prefetch",
-                          "device"})  # device: CPU and GPU agree to float rounding, as thread counts do
+                          "device", "weights", "verify_inputs"})
 
 
 class OutputDirError(ElmoError):
@@ -56,6 +58,8 @@ class EmbedOptions:
     ray_address: str | None = None
     num_gpus_per_worker: float = 0.0
     device: str = "cpu"  # cpu | cuda | cuda:N: where the torch or ONNX Runtime backend runs
+    weights: str | None = None  # the weights file, when MODEL's directory holds several (torch backend)
+    verify_inputs: bool = False  # hash every input file's bytes into the job's identity (see docs)
 
     def __post_init__(self) -> None:
         _check_choice("backend", self.backend, BACKEND_NAMES)
@@ -77,6 +81,9 @@ class EmbedOptions:
             raise InputError(f"num_gpus_per_worker must be >= 0, got {self.num_gpus_per_worker}")
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise InputError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.weights is not None and self.backend != "torch":
+            raise InputError(f"--weights names a published-format weights file (--backend torch); --backend "
+                             f"{self.backend} takes an export directory as --model")
         if self.engine == "ray" and self.device != "cpu" and not self.num_gpus_per_worker:
             raise InputError(f"--device {self.device} with --engine ray needs --num-gpus-per-worker (e.g. 1) so "
                              f"that Ray gives each worker its own GPU")

@@ -33,6 +33,7 @@ class Prepared:
     passthrough: pa.Table
     plan: Plan
     char_ids: list[np.ndarray]  # one (B, T, C) int32 per plan batch
+    invalid_utf8: int = 0  # strings whose invalid UTF-8 bytes were dropped
 
 
 def _as_table(batch: Any) -> pa.Table:
@@ -59,7 +60,8 @@ class ElmoPredictor:
     def __init__(self, model: str | Path, options: EmbedOptions | Mapping[str, Any] | None = None,
                  **overrides: Any) -> None:
         self.options = EmbedOptions.coerce(options, **overrides)
-        self.backend = open_backend(model, self.options.backend, threads=self.options.threads, device=self.options.device)
+        self.backend = open_backend(model, self.options.backend, threads=self.options.threads, device=self.options.device,
+                                    **({"weights": self.options.weights} if self.options.weights else {}))
         self.config = self.backend.config
         if self.options.mix is not None and len(self.options.mix) != self.config.n_output_layers:
             raise InputError(f"--mix: the model has {self.config.n_output_layers} output layers, "
@@ -89,11 +91,11 @@ class ElmoPredictor:
         missing = [c for c in opts.input_columns if c not in table.column_names]
         if missing:
             raise InputError(f"columns {missing} not in the batch; it has {table.column_names}")
-        rows = row_tokens(table.column(text), opts.tokens_column is not None, text)
+        rows, invalid_utf8 = row_tokens(table.column(text), opts.tokens_column is not None, text)
         plan = plan_batches(rows, opts.max_sentence_length, opts.context, opts.max_tokens_per_batch)
         max_chars = self.config.char_cnn.max_characters_per_token
         char_ids = [batch_to_ids(b.tokens, max_chars) for b in plan.batches]  # each (B, T, C)
-        return Prepared(table.select(opts.passthrough_columns), plan, char_ids)
+        return Prepared(table.select(opts.passthrough_columns), plan, char_ids, invalid_utf8)
 
     def compute(self, prepared: Prepared) -> pa.Table:
         """Run the backend on every model batch and assemble the ``elmo`` column in row order."""

@@ -43,27 +43,65 @@ def window_spans(n: int, max_len: int, context: int) -> list[Span]:
         keep_from = keep_to
 
 
+def window_counts(lengths: np.ndarray, max_len: int, context: int) -> tuple[int, int]:
+    """(windows, rows cut into windows) for rows of these token counts (-1 or 0: none)."""
+    long = lengths[lengths > max_len]
+    return sum(len(window_spans(int(n), max_len, context)) for n in long), int(long.size)
+
+
 def _is_string(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
 
 
-def row_tokens(column: pa.Array | pa.ChunkedArray, tokens_column: bool, name: str) -> list[list[str] | None]:
-    """Token lists of a text column (whitespace split) or a list<string> column; None for null rows."""
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t)
+
+
+def check_text_type(t: pa.DataType, tokens_column: bool, where: str) -> None:
+    """A text column is a string; a tokens column a list of strings."""
+    if tokens_column and not (_is_list(t) and _is_string(t.value_type)):
+        raise InputError(f"{where}: --tokens-column must be list<string>, found {t}")
+    if not tokens_column and not _is_string(t):
+        raise InputError(f"{where}: --text-column must be a string column, found {t}"
+                         + (" (use --tokens-column for list<string>)" if _is_list(t) else ""))
+
+
+def _to_pylist(column: pa.Array | pa.ChunkedArray) -> tuple[list, int]:
+    """The values as Python objects, and how many rows held invalid UTF-8. Invalid bytes are
+    dropped, as the original reads its text (``errors="ignore"``); Arrow does not check strings it
+    reads from Parquet, so a file may hold them."""
+    try:
+        return column.to_pylist(), 0
+    except UnicodeDecodeError:
+        pass
     t = column.type
-    if tokens_column:
-        if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t)) \
-                or not _is_string(t.value_type):
-            raise InputError(f"--tokens-column '{name}' must be list<string>, found {t}")
-        rows = column.to_pylist()
-        for i, row in enumerate(rows):
-            if row is not None and any(tok is None for tok in row):
-                raise InputError(f"column '{name}', row {i} of the batch: a token is null "
-                                 f"(tokens must be strings; drop or replace null tokens)")
-        return rows
-    if not _is_string(t):
-        raise InputError(f"--text-column '{name}' must be a string column, found {t}"
-                         + (" (use --tokens-column for list<string>)" if pa.types.is_list(t) else ""))
-    return [None if s is None else s.split() for s in column.to_pylist()]
+    as_bytes = column.cast(pa.list_(pa.binary()) if _is_list(t) else pa.binary()).to_pylist()
+    bad = 0
+
+    def decode(b: bytes) -> str:
+        nonlocal bad
+        try:
+            return b.decode("utf-8")
+        except UnicodeDecodeError:
+            bad += 1
+            return b.decode("utf-8", errors="ignore")
+    values = [None if v is None else [None if b is None else decode(b) for b in v] if _is_list(t) else decode(v)
+              for v in as_bytes]
+    return values, bad
+
+
+def row_tokens(column: pa.Array | pa.ChunkedArray, tokens_column: bool, name: str) -> tuple[list[list[str] | None], int]:
+    """Token lists of a text column (whitespace split) or a list<string> column, None for null rows;
+    and the number of strings with invalid UTF-8 (their bad bytes dropped)."""
+    check_text_type(column.type, tokens_column, f"column '{name}'")
+    rows, bad = _to_pylist(column)
+    if not tokens_column:
+        return [None if s is None else s.split() for s in rows], bad
+    for i, row in enumerate(rows):
+        if row is not None and any(tok is None for tok in row):
+            raise InputError(f"column '{name}', row {i} of the batch: a token is null "
+                             f"(tokens must be strings; drop or replace null tokens)")
+    return rows, bad
 
 
 @dataclass

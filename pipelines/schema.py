@@ -37,3 +37,13 @@ def parquet_options(schema: pa.Schema) -> dict[str, Any]:
     vectors_and_lists = {f.name for f in schema if pa.types.is_list(f.type) or pa.types.is_floating(f.type)}
     return {"compression": COMPRESSION, "write_page_checksum": True,
             "use_dictionary": [f.name for f in schema if f.name not in vectors_and_lists]}
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` in ``schema``: the same names and types; nullability and field metadata follow the
+    schema (an input file may mark its id column non-nullable)."""
+    if table.schema.equals(schema):
+        return table
+    if table.schema.names != schema.names or any(a.type != b.type for a, b in zip(table.schema, schema)):
+        raise ValueError(f"a batch has the schema {table.schema}, the output's is {schema}")
+    return pa.Table.from_arrays(table.columns, schema=schema)

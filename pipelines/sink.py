@@ -1,31 +1,41 @@
-"""The output side: shards written under a temporary name then renamed, the job file that makes
-OUTPUT_DIR belong to one job, and the verification that makes ``--resume`` exactly once.
+"""The output side: shards written under a temporary name, checksummed, then renamed; the job file
+that makes OUTPUT_DIR belong to one job; the verification that makes ``--resume`` exactly once.
 
 Layout of OUTPUT_DIR (everything but the shards starts with ``_`` or ``.``, so readers skip it):
-  part-IIIII-KKKKK.parquet   shard K of input file I (see pipelines.source)
-  .part-IIIII-KKKKK.parquet.tmp   a shard being written (deleted or redone on resume)
-  _job.json                  the job's identity: input files, model sha256, options
-  _manifest.json             counts, timing, options (written when every shard is done)
-  _SUCCESS                   written last
-Each shard's Parquet footer holds ``elmo.shard`` (JSON: job digest, input file and rows, counts),
-checked on resume together with the footer's row count.
+  part-IIIII-KKKKK.parquet         shard K of input file I (see pipelines.source)
+  .part-IIIII-KKKKK.parquet.tmp    a shard being written (deleted on failure and on resume)
+  _shards/part-IIIII-KKKKK.json    the shard's commit: the sha256 and size of its bytes, its counts
+  _job.json                        the job's identity: input files, model sha256, options
+  _manifest.json                   counts, timing, options, every shard and its sha256 (at the end)
+  _SUCCESS                         written last, after every shard was verified
+  .elmo.lock                       held by the running job (pipelines.lock)
+Each shard's Parquet footer also holds ``elmo.shard`` (job digest, input file, first row, rows).
+A shard counts as done only when its bytes match its commit record: ``--resume`` and
+``elmo verify`` read every byte, so a torn or altered shard is found and redone.
 """
 from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .options import OutputDirError
-from .schema import parquet_options
+from elmo_core.model_io import file_sha256
+
+from .options import EmbedOptions, OutputDirError
+from .rows import window_counts
+from .schema import ELMO_COLUMN, conform, parquet_options
 from .source import Shard
 
-JOB_FILE, MANIFEST_FILE, SUCCESS_FILE = "_job.json", "_manifest.json", "_SUCCESS"
+JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, COMMITS_DIR = "_job.json", "_manifest.json", "_SUCCESS", "_shards"
 SHARD_KEY = b"elmo.shard"
+COUNTS = ("rows", "tokens", "windows", "windowed_rows", "null_rows", "invalid_utf8")
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -43,48 +53,65 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-class ShardWriter:
-    """Streams one shard's tables to ``.NAME.tmp``; ``commit`` adds the footer record and renames."""
+def commit_path(out_dir: Path, shard_name: str) -> Path:
+    return out_dir / COMMITS_DIR / f"{shard_name.removesuffix('.parquet')}.json"
 
-    def __init__(self, out_dir: Path, shard: Shard, schema: pa.Schema, job_digest: str) -> None:
-        self.shard, self.job_digest = shard, job_digest
+
+class ShardWriter:
+    """Streams one shard's tables to ``.NAME.tmp`` in the job's schema; ``commit`` adds the footer
+    record, checksums the file, writes its commit record and renames it."""
+
+    def __init__(self, out_dir: Path, shard: Shard, schema: pa.Schema, job_digest: str, opts: EmbedOptions) -> None:
+        self.out, self.shard, self.schema, self.job_digest, self.opts = out_dir, shard, schema, job_digest, opts
         self.final = out_dir / shard.name
         self.tmp = out_dir / f".{shard.name}.tmp"
-        self.rows = self.tokens = self.windows = self.windowed_rows = self.null_rows = 0
+        self.counts = dict.fromkeys(COUNTS, 0)
         self.writer = pq.ParquetWriter(self.tmp, schema, **parquet_options(schema))
 
-    def write(self, table: pa.Table, tokens: int, windows: int, windowed_rows: int) -> None:
+    def write(self, table: pa.Table, invalid_utf8: int = 0) -> None:
+        """Shape: R rows of the shard, in input order, with the job's output columns."""
+        table = conform(table, self.schema)
         self.writer.write_table(table, row_group_size=max(1, table.num_rows))
-        self.rows += table.num_rows
-        self.tokens += tokens
-        self.windows += windows
-        self.windowed_rows += windowed_rows
-        self.null_rows += table.column(table.num_columns - 1).null_count
+        lengths = pc.list_value_length(table.column(ELMO_COLUMN)).fill_null(-1).to_numpy(zero_copy_only=False)
+        windows, windowed = window_counts(lengths, self.opts.max_sentence_length, self.opts.context)
+        for key, n in (("rows", table.num_rows), ("tokens", int(np.maximum(lengths, 0).sum())), ("windows", windows),
+                       ("windowed_rows", windowed), ("null_rows", int((lengths < 0).sum())),
+                       ("invalid_utf8", invalid_utf8)):
+            self.counts[key] += n
 
-    def record(self) -> dict:
+    def footer_record(self) -> dict:
         s = self.shard
         return {"job": self.job_digest, "file": s.name, "input_file": s.file.index, "input_path": str(s.file.path),
-                "row_start": s.start, "rows": self.rows, "tokens": self.tokens, "windows": self.windows,
-                "windowed_rows": self.windowed_rows, "null_rows": self.null_rows}
+                "row_start": s.start, **self.counts}
 
     def commit(self) -> dict:
-        if self.rows != self.shard.rows:
+        if self.counts["rows"] != self.shard.rows:
             self.abort()
-            raise OutputDirError(f"{self.shard.name}: wrote {self.rows} rows, the input has {self.shard.rows}")
-        record = self.record()
+            raise OutputDirError(f"{self.shard.name}: wrote {self.counts['rows']} rows, the input has {self.shard.rows}")
+        record = self.footer_record()
         self.writer.add_key_value_metadata({SHARD_KEY: json.dumps(record, sort_keys=True)})
         self.writer.close()
         _fsync(self.tmp)
+        record.update(sha256=file_sha256(self.tmp), bytes=self.tmp.stat().st_size,
+                      writer=f"{socket.gethostname()}:{os.getpid()}")
+        commit = commit_path(self.out, self.shard.name)
+        commit.parent.mkdir(exist_ok=True)
+        write_json_atomic(commit, record)
         os.replace(self.tmp, self.final)
+        _fsync(self.out)
         return record
 
     def abort(self) -> None:
-        self.writer.close()
+        """Drop the temporary file (after a failure: closing may fail too, e.g. on a full disk)."""
+        try:
+            self.writer.close()
+        except OSError:
+            pass  # the file is deleted next; a full disk cannot flush it
         self.tmp.unlink(missing_ok=True)
 
 
-def shard_record(path: Path) -> dict | None:
-    """The ``elmo.shard`` record of a finished shard, or None if the file is unreadable or lacks one."""
+def footer_record(path: Path) -> dict | None:
+    """The ``elmo.shard`` record of a shard's footer (plus its row count), or None if unreadable."""
     try:
         meta = pq.read_metadata(path)
     except (pa.ArrowInvalid, pa.ArrowException, OSError):
@@ -92,29 +119,50 @@ def shard_record(path: Path) -> dict | None:
     raw = (meta.metadata or {}).get(SHARD_KEY)
     if raw is None:
         return None
-    record = json.loads(raw)
-    record["footer_rows"] = meta.num_rows
-    return record
+    return {**json.loads(raw), "footer_rows": meta.num_rows}
 
 
-def verify_shard(path: Path, shard: Shard, job_digest: str) -> dict | None:
-    """The shard's record if it is this job's, for these input rows, and complete; else None."""
-    record = shard_record(path)
-    if record is None:
-        return None
-    ok = (record.get("job") == job_digest and record.get("input_file") == shard.file.index
-          and record.get("row_start") == shard.start and record.get("rows") == shard.rows
-          and record.get("footer_rows") == shard.rows)
-    return record if ok else None
+def check_shard(out_dir: Path, name: str, job_digest: str, file_index: int, row_start: int, rows: int) -> tuple[dict | None, str]:
+    """(commit record, "") if shard ``name`` is this job's, for these input rows, complete and
+    byte-for-byte what was committed; else (None, why not)."""
+    path, commit = out_dir / name, commit_path(out_dir, name)
+    try:
+        record = json.loads(commit.read_text())
+    except (OSError, ValueError):
+        return None, "no readable commit record"
+    if not path.is_file() or path.stat().st_size != record.get("bytes"):
+        return None, "missing, or its size differs from its commit record"
+    if file_sha256(path) != record.get("sha256"):
+        return None, "its bytes differ from its commit record (sha256)"
+    footer = footer_record(path)
+    want = {"job": job_digest, "input_file": file_index, "row_start": row_start, "rows": rows}
+    if footer is None or footer.get("footer_rows") != rows or any(footer.get(k) != v for k, v in want.items()) \
+            or any(record.get(k) != v for k, v in want.items()):
+        return None, "its footer or commit record does not describe this job's rows"
+    return record, ""
+
+
+def verify_shard(out_dir: Path, shard: Shard, job_digest: str) -> dict | None:
+    """The shard's commit record if it is done (see ``check_shard``), else None."""
+    return check_shard(out_dir, shard.name, job_digest, shard.file.index, shard.start, shard.rows)[0]
+
+
+def discard_shard(out_dir: Path, name: str) -> None:
+    (out_dir / name).unlink(missing_ok=True)
+    commit_path(out_dir, name).unlink(missing_ok=True)
 
 
 def claim_output_dir(out_dir: Path, job: dict, job_digest: str, resume: bool) -> None:
-    """Make OUTPUT_DIR this job's: refuse a non-empty one without --resume, and another job's always."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Make OUTPUT_DIR this job's: refuse a non-empty one without --resume, and another job's always.
+    The caller holds OUTPUT_DIR's lock."""
     job_path = out_dir / JOB_FILE
-    visible = sorted(p.name for p in out_dir.iterdir() if not p.name.startswith("."))
+    names = sorted(p.name for p in out_dir.iterdir() if not p.name.startswith("."))  # dot-files: lock, temporaries
     if job_path.is_file():
-        theirs = json.loads(job_path.read_text())
+        try:
+            theirs = json.loads(job_path.read_text())
+        except ValueError:
+            raise OutputDirError(f"{job_path}: not valid JSON; this OUTPUT_DIR was not written by elmo embed, or "
+                                 f"was damaged: delete it to start over") from None
         if theirs.get("digest") != job_digest:
             raise OutputDirError(f"{out_dir} holds another job's output ({_difference(theirs, job)}); "
                                  f"use another OUTPUT_DIR, or delete this one to start over")
@@ -122,14 +170,19 @@ def claim_output_dir(out_dir: Path, job: dict, job_digest: str, resume: bool) ->
             raise OutputDirError(f"{out_dir} already holds this job's output; pass --resume to finish or "
                                  f"verify it, or use another OUTPUT_DIR")
         return
-    if visible:
-        raise OutputDirError(f"{out_dir} is not empty and holds no {JOB_FILE} ({visible[:5]}...); "
+    if names:
+        raise OutputDirError(f"{out_dir} is not empty and holds no {JOB_FILE} ({names[:5]}...); "
                              f"give an empty or new OUTPUT_DIR")
     write_json_atomic(job_path, {**job, "digest": job_digest})
 
 
 def _difference(theirs: dict, ours: dict) -> str:
     diffs = [k for k in ("inputs", "model", "options") if theirs.get(k) != ours.get(k)]
+    if "inputs" in diffs:
+        a, b = theirs.get("inputs", []), ours.get("inputs", [])
+        changed = sorted({i.get("path") for i in a} ^ {i.get("path") for i in b}
+                         | {x.get("path") for x, y in zip(a, b) if x != y})
+        diffs[diffs.index("inputs")] = f"inputs changed: {changed[:3]}"
     if "options" in diffs:
         a, b = theirs.get("options", {}), ours.get("options", {})
         changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
@@ -137,15 +190,20 @@ def _difference(theirs: dict, ours: dict) -> str:
     return "different " + ", ".join(diffs or ["job"])
 
 
+def remove_temporaries(out_dir: Path) -> list[str]:
+    """Delete the job's temporary files (``.*.tmp``, here and under _shards/); return their names."""
+    found = [p for d in (out_dir, out_dir / COMMITS_DIR) if d.is_dir() for p in d.glob(".*.tmp")]
+    for p in found:
+        p.unlink(missing_ok=True)
+    return sorted(str(p.relative_to(out_dir)) for p in found)
+
+
 def clean_strays(out_dir: Path, expected: Callable[[str], bool]) -> list[str]:
     """Delete temporaries, refuse shards this job would not write; return the removed names."""
-    removed = []
     for p in sorted(out_dir.iterdir()):
-        if p.name.startswith(".") and p.name.endswith(".tmp"):
-            p.unlink()
-            removed.append(p.name)
-        elif not p.name.startswith(("_", ".")) and not expected(p.name):
+        if not p.name.startswith(("_", ".")) and not expected(p.name):
             raise OutputDirError(f"{out_dir}: {p.name} is not a shard of this job; move it away and rerun")
+    removed = remove_temporaries(out_dir)
     for name in (MANIFEST_FILE, SUCCESS_FILE):
         (out_dir / name).unlink(missing_ok=True)
     return removed

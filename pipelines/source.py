@@ -8,6 +8,8 @@ as ``part-{i:05d}-{k:05d}.parquet``. Sorting the output names therefore gives th
 from __future__ import annotations
 
 import glob
+import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -21,15 +23,25 @@ import pyarrow.parquet as pq
 from elmo_core.errors import InputError
 
 from .options import EmbedOptions
+from .rows import check_text_type
 from .schema import ELMO_COLUMN
 
 
 @dataclass(frozen=True)
 class InputFile:
+    """An input file as the job first saw it; ``identity`` changes when the file is edited."""
+
     index: int
     path: Path
     rows: int
     size: int
+    mtime_ns: int
+    footer_sha256: str  # the Parquet footer: schema, row groups, their offsets and statistics
+    schema: pa.Schema
+
+    def identity(self) -> dict:
+        return {"path": str(self.path), "rows": self.rows, "bytes": self.size, "mtime_ns": self.mtime_ns,
+                "footer_sha256": self.footer_sha256}
 
 
 @dataclass(frozen=True)
@@ -72,7 +84,8 @@ def _open(path: Path) -> pq.ParquetFile:
 
 
 def check_schema(schema: pa.Schema, opts: EmbedOptions, where: str) -> None:
-    """Every column the job reads exists, and none is called like the output column."""
+    """Every column the job reads exists, the text column has a usable type, and no column is
+    called like the output column."""
     names = schema.names
     missing = [c for c in opts.input_columns if c not in names]
     if missing:
@@ -81,6 +94,17 @@ def check_schema(schema: pa.Schema, opts: EmbedOptions, where: str) -> None:
                          f"(choose with --text-column / --tokens-column / --id-column / --keep-columns)")
     if ELMO_COLUMN in opts.passthrough_columns:
         raise InputError(f"{where}: a kept column is named '{ELMO_COLUMN}', the output column's name")
+    text = opts.tokens_column or opts.text_column
+    check_text_type(schema.field(text).type, opts.tokens_column is not None, f"{where}: column '{text}'")
+
+
+def footer_sha256(path: Path) -> str:
+    """sha256 of a Parquet file's footer (its last 8 bytes give the footer's length)."""
+    with open(path, "rb") as f:
+        f.seek(-8, os.SEEK_END)
+        n = int.from_bytes(f.read(4), "little")
+        f.seek(-8 - n, os.SEEK_END)
+        return hashlib.sha256(f.read(n)).hexdigest()
 
 
 def scan_inputs(spec: str | Path, opts: EmbedOptions) -> list[InputFile]:
@@ -89,8 +113,27 @@ def scan_inputs(spec: str | Path, opts: EmbedOptions) -> list[InputFile]:
     for i, path in enumerate(resolve_inputs(spec)):
         pf = _open(path)
         check_schema(pf.schema_arrow, opts, str(path))
-        files.append(InputFile(i, path.resolve(), pf.metadata.num_rows, path.stat().st_size))
+        st = path.stat()
+        files.append(InputFile(i, path.resolve(), pf.metadata.num_rows, st.st_size, st.st_mtime_ns,
+                               footer_sha256(path), pf.schema_arrow))
     return files
+
+
+def passthrough_schema(files: list[InputFile], opts: EmbedOptions) -> pa.Schema:
+    """The id and kept columns' one type each, the same in every input file (else an error naming
+    the files, the column and the types): every shard is then written with one schema."""
+    fields = []
+    for name in opts.passthrough_columns:
+        types: dict[pa.DataType, list[str]] = {}
+        for f in files:
+            types.setdefault(f.schema.field(name).type, []).append(f.path.name)
+        if len(types) > 1:
+            found = "; ".join(f"{t} in {', '.join(paths[:3])}{' ...' if len(paths) > 3 else ''}"
+                              for t, paths in types.items())
+            raise InputError(f"column '{name}' has different types in the input files ({found}); every file "
+                             f"must give it one type: rewrite the odd files with that type, or leave the column out")
+        fields.append(pa.field(name, next(iter(types))))
+    return pa.schema(fields)
 
 
 def shards_of(files: list[InputFile], rows_per_shard: int) -> list[Shard]:
@@ -158,12 +201,7 @@ def _rows_that_fit(counts: np.ndarray, room: int, at_least_one: bool) -> int:
 
 
 def _empty_table(file: InputFile, opts: EmbedOptions) -> pa.Table:
-    schema = file_schema(file)
-    return pa.table({c: pa.array([], type=schema.field(c).type) for c in opts.input_columns})
-
-
-def file_schema(file: InputFile) -> pa.Schema:
-    return _open(file.path).schema_arrow
+    return pa.table({c: pa.array([], type=file.schema.field(c).type) for c in opts.input_columns})
 
 
 def _batches(file: InputFile, opts: EmbedOptions) -> Iterator[pa.RecordBatch]:

@@ -50,6 +50,22 @@ def test_mismatched_options_name_dataset_and_shapes(tiny_dir, tmp_path):
         load_bilm(other)
 
 
+@pytest.mark.parametrize("fewer, unused", [
+    ({"lstm__n_layers": 1}, "RNN_0/RNN/MultiRNNCell/Cell1/LSTMCell/B"),
+    ({"char_cnn__n_highway": 0}, "CNN_high_0/W_carry"),
+])
+def test_options_that_use_fewer_layers_than_the_file_are_refused(tiny_dir, tmp_path, fewer, unused):
+    """Options naming fewer layers fit every dataset they read; the datasets left over are the error."""
+    import json
+
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(tiny_dir / "weights.hdf5", other / "weights.hdf5")
+    (other / "options.json").write_text(json.dumps(tiny_options(**fewer)))
+    with pytest.raises(WeightsError, match=rf"datasets \['{unused}'.* are not used by options.json"):
+        load_bilm(other)
+
+
 def test_missing_dataset(tiny_dir):
     with h5py.File(tiny_dir / "weights.hdf5", "a") as f:
         del f["CNN_proj/b_proj"]
@@ -88,3 +104,22 @@ def test_padding_row_written_without_it(tiny_dir):
     model = load_bilm(tiny_dir)
     assert not model.encoder.char_embed[0].any()
     np.testing.assert_array_equal(model.encoder.char_embed[1:].detach().numpy(), emb)
+
+
+def test_a_directory_of_published_file_names(tiny_dir, tmp_path):
+    """The published files side by side: *_options.json, *_weights.hdf5 and *_softmax_weights.hdf5."""
+    d = tmp_path / "published"
+    d.mkdir()
+    shutil.copy(tiny_dir / "options.json", d / "elmo_tiny_options.json")
+    shutil.copy(tiny_dir / "weights.hdf5", d / "elmo_tiny_weights.hdf5")
+    with h5py.File(d / "elmo_tiny_softmax_weights.hdf5", "w") as f:
+        f.create_dataset("softmax/W", data=np.zeros((5, 8), np.float32))
+    files = resolve_model(d)
+    assert (files.options.name, files.weights.name) == ("elmo_tiny_options.json", "elmo_tiny_weights.hdf5")
+    assert load_bilm(d).config.lstm.dim == 24
+    shutil.copy(tiny_dir / "weights.hdf5", d / "elmo_tiny_weights_v2.hdf5")
+    with pytest.raises(WeightsError, match="name the file with --weights"):
+        resolve_model(d)
+    assert resolve_model(d, d / "elmo_tiny_weights_v2.hdf5").weights.name == "elmo_tiny_weights_v2.hdf5"
+    with pytest.raises(WeightsError, match="needs its weights file too"):
+        resolve_model(d / "elmo_tiny_options.json")

@@ -77,7 +77,9 @@ def test_local_vectors_match_embedder(corpus, tiny_dir, tmp_path, output, dtype)
     check_against_embedder(table, source.column("text").to_pylist(), tiny_dir, output,
                            atol=2e-3 if dtype == "float16" else ATOL)
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith("part-")) == \
-        ["_SUCCESS", "_job.json", "_manifest.json"]
+        [".elmo.lock", "_SUCCESS", "_job.json", "_manifest.json", "_shards"]
+    assert sorted(p.name for p in (out / "_shards").iterdir()) == \
+        sorted(p.name.replace(".parquet", ".json") for p in out.glob("part-*.parquet"))
     assert len(m["shards"]) == 6  # 80 rows a file, 30 rows a shard
 
 

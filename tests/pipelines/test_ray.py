@@ -1,14 +1,19 @@
-"""The Ray Data engine on a real local Ray cluster (2 CPUs, 2 workers): same schema and vectors as local."""
+"""The Ray runner on a real local Ray cluster (2 CPUs): the same schema, rows, order and vectors as
+the local runner, the shards spread over the workers, input order in every shard over repeated
+runs, and resume shard by shard."""
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 
 from pipelines import embed_parquet
 from pipelines.corpus import write_sample_corpus
 
-ray = pytest.importorskip("ray", reason="Ray Data is the optional 'ray' extra (pip install -e '.[ray]')")
+ray = pytest.importorskip("ray", reason="Ray is the optional 'ray' extra (pip install -e '.[ray]')")
 
 
 @pytest.fixture(scope="module")
@@ -18,10 +23,11 @@ def ray_cluster():
     ray.shutdown()
 
 
-def test_ray_engine_matches_local_and_resumes(ray_cluster, tiny_dir, tmp_path):
+def test_ray_runner_matches_local_and_resumes(ray_cluster, tiny_dir, tmp_path):
     corpus = tmp_path / "corpus"
     write_sample_corpus(corpus, rows=240, files=2, row_group_rows=40)
-    opts = dict(id_column="id", keep_columns=["speech"], sort_window_rows=40, max_sentence_length=24, quiet=True)
+    opts = dict(id_column="id", keep_columns=["speech"], sort_window_rows=40, max_sentence_length=24,
+                rows_per_shard=50, quiet=True)
     local = embed_parquet(corpus, tmp_path / "local", tiny_dir, **opts)
     remote = embed_parquet(corpus, tmp_path / "ray", tiny_dir, engine="ray", workers=2, **opts)
     a = ds.dataset(tmp_path / "local", format="parquet").to_table()
@@ -33,10 +39,27 @@ def test_ray_engine_matches_local_and_resumes(ray_cluster, tiny_dir, tmp_path):
     for key in ("rows", "tokens", "windows", "windowed_rows", "null_rows"):
         assert local[key] == remote[key], key
     assert remote["windowed_rows"] > 0 and remote["engine"]["name"] == "ray"
-    assert len(list((tmp_path / "ray").glob("part-00000-*.parquet"))) >= 2  # both workers had blocks
+    writers = {json.loads(p.read_text())["writer"] for p in (tmp_path / "ray" / "_shards").glob("*.json")}
+    assert len(remote["shards"]) == 6 and len(writers) == 2  # 3 shards a file, spread over both workers
 
-    (tmp_path / "ray" / "_ray-00001.json").unlink()  # as if killed before file 1 was committed
+    (tmp_path / "ray" / "_shards" / "part-00001-00001.json").unlink()  # as if killed before that commit
     again = embed_parquet(corpus, tmp_path / "ray", tiny_dir, engine="ray", workers=2, resume=True, **opts)
-    assert again["this_run"]["shards"] == 1 and again["this_run"]["shards_kept"] == 1
+    assert again["this_run"]["shards"] == 1 and again["this_run"]["shards_kept"] == 5
     c = ds.dataset(tmp_path / "ray", format="parquet").to_table()
     assert c.column("id").to_pylist() == list(range(240))
+
+
+def test_ray_rows_in_input_order_in_every_shard_over_runs(ray_cluster, tiny_dir, tmp_path):
+    """What broke before: --workers 1 gave rows 0-999, 1024-1999, 1000-1023 in a shard."""
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=600, files=2, row_group_rows=64)
+    for run in range(5):
+        out = tmp_path / f"run{run}"
+        embed_parquet(corpus, out, tiny_dir, engine="ray", workers=1 + run % 2, id_column="id", quiet=True,
+                      sort_window_rows=16 + 24 * run, rows_per_shard=[1000, 130, 64, 300, 97][run])
+        ids = []
+        for shard in sorted(out.glob("part-*.parquet")):
+            part = pq.read_table(shard, columns=["id"]).column("id").to_pylist()
+            assert part == sorted(part) and part == list(range(part[0], part[0] + len(part))), (run, shard.name)
+            ids += part
+        assert ids == list(range(600)), run

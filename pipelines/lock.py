@@ -1,0 +1,65 @@
+"""One job at a time per OUTPUT_DIR: an exclusive ``flock`` on ``OUTPUT_DIR/.elmo.lock``.
+
+The kernel releases the lock when its holder exits, however it exits (kill -9 included), so a
+lock is never stale. The file is never deleted (deleting it would let a second job lock a new
+file while the first still holds the old one); it holds the holder's pid, host and command line,
+which a refused job quotes. Its name starts with '.', so Parquet readers and the "is OUTPUT_DIR
+empty" check skip it.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from .options import OutputDirError
+
+LOCK_FILE = ".elmo.lock"
+
+
+class OutputDirLock:
+    """``with OutputDirLock(out):`` holds OUTPUT_DIR for the block, or raises OutputDirError naming the holder."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.path = Path(out_dir) / LOCK_FILE
+        self.fd: int | None = None
+
+    def __enter__(self) -> "OutputDirLock":
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise OutputDirError(
+                f"{self.path.parent} is in use by another elmo embed job ({holder}); one job at a time per "
+                f"OUTPUT_DIR: wait for it to finish or stop it (a stopped or killed job releases the lock "
+                f"itself), then rerun with --resume") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                  "command": " ".join(sys.argv)[:500]}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        holder = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        return "holder unknown"
+    return (f"pid {holder.get('pid')} on host {holder.get('host')}, since {holder.get('since')}: "
+            f"{holder.get('command', '')}")

@@ -1,0 +1,116 @@
+"""``elmo verify OUTPUT_DIR``: check a finished ``elmo embed`` output without recomputing vectors.
+
+What is checked: ``_SUCCESS``, ``_job.json`` and ``_manifest.json`` agree; every shard listed is
+there, no other ``part-*`` file is; each shard's bytes match the sha256 committed for it and its
+footer describes its input rows; per input file, the shards cover rows 0..N-1 once, in name
+order. Where the input files are still there unchanged (same size, mtime and footer), each output
+row is matched to its input row: the same id (with ``--id-column``) and as many vectors as the
+row has tokens (null for null), which shows every row is in input order.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .options import EmbedOptions, OutputDirError
+from .rows import row_tokens
+from .schema import ELMO_COLUMN
+from .sink import JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, check_shard
+from .source import footer_sha256
+
+
+class VerificationError(OutputDirError):
+    """An output that is not what its job committed."""
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise VerificationError(f"{path}: missing; is this a finished elmo embed OUTPUT_DIR? (a job that did not "
+                                f"finish: rerun it with --resume)") from None
+    except ValueError as e:
+        raise VerificationError(f"{path}: not valid JSON ({e})") from None
+
+
+def _shard_problems(out: Path, manifest: dict, job: dict) -> list[str]:
+    problems = []
+    listed = {s["file"]: s for s in manifest["shards"]}
+    on_disk = {p.name for p in out.glob("part-*.parquet")}
+    problems += [f"{n}: listed in {MANIFEST_FILE} but missing" for n in sorted(set(listed) - on_disk)]
+    problems += [f"{n}: not a shard of this job" for n in sorted(on_disk - set(listed))]
+    for name, s in sorted(listed.items()):
+        if name not in on_disk:
+            continue
+        record, why = check_shard(out, name, job["digest"], s["input_file"], s["row_start"], s["rows"])
+        if record is None or record.get("sha256") != s.get("sha256"):
+            problems.append(f"{name}: {why or 'its commit record differs from ' + MANIFEST_FILE}")
+    for i, inp in enumerate(job["inputs"]):
+        starts = sorted((s["row_start"], s["rows"]) for s in listed.values() if s["input_file"] == i)
+        covered = 0
+        for start, rows in starts:
+            if start != covered:
+                problems.append(f"input {inp['path']}: rows {covered}..{start - 1} are in no shard, or twice")
+            covered = max(covered, start + rows)
+        if covered != inp["rows"]:
+            problems.append(f"input {inp['path']}: shards cover {covered} of its {inp['rows']} rows")
+    return problems
+
+
+def _unchanged(inp: dict) -> bool:
+    p = Path(inp["path"])
+    if not p.is_file():
+        return False
+    st = p.stat()
+    return st.st_size == inp["bytes"] and st.st_mtime_ns == inp["mtime_ns"] and footer_sha256(p) == inp["footer_sha256"]
+
+
+def _row_problems(out: Path, shard: dict, inp: dict, inputs: pa.Table, opts: EmbedOptions) -> list[str]:
+    """Each output row against its input row: the id, and the vector count against the token count."""
+    text = opts.tokens_column or opts.text_column
+    source = inputs.slice(shard["row_start"], shard["rows"])
+    got = pq.read_table(out / shard["file"], columns=[c for c in (opts.id_column, ELMO_COLUMN) if c])
+    problems = []
+    if opts.id_column and got.column(opts.id_column).to_pylist() != source.column(opts.id_column).to_pylist():
+        problems.append(f"{shard['file']}: its {opts.id_column} column is not the input's rows "
+                        f"{shard['row_start']}.. in order")
+    tokens, _ = row_tokens(source.column(text), opts.tokens_column is not None, text)
+    want = np.array([-1 if t is None else len(t) for t in tokens])
+    have = pc.list_value_length(got.column(ELMO_COLUMN)).fill_null(-1).to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(want != have)
+    if bad.size:
+        problems.append(f"{shard['file']}: row {shard['row_start'] + int(bad[0])} of {inp['path']} has "
+                        f"{want[bad[0]]} tokens but {have[bad[0]]} vectors ({bad.size} rows differ)")
+    return problems
+
+
+def verify_output(out_dir: str | Path, check_inputs: bool = True) -> dict:
+    """A report of a finished output; raises VerificationError listing every problem found."""
+    out = Path(out_dir)
+    if not out.is_dir():
+        raise VerificationError(f"{out}: not a directory")
+    job, manifest = _read_json(out / JOB_FILE), _read_json(out / MANIFEST_FILE)
+    problems = [] if (out / SUCCESS_FILE).is_file() else [f"{SUCCESS_FILE} is missing: the job did not finish"]
+    if manifest.get("job_digest") != job.get("digest"):
+        problems.append(f"{MANIFEST_FILE} is another job's than {JOB_FILE}")
+    problems += _shard_problems(out, manifest, job)
+    opts = EmbedOptions.coerce(manifest["options"], resume=False)
+    checked, skipped = 0, []
+    for i, inp in enumerate(job["inputs"]):
+        if not check_inputs or not _unchanged(inp):
+            skipped.append(inp["path"])
+            continue
+        columns = [c for c in (opts.id_column, opts.tokens_column or opts.text_column) if c]
+        inputs = pq.read_table(inp["path"], columns=columns)
+        for shard in (s for s in manifest["shards"] if s["input_file"] == i):
+            problems += _row_problems(out, shard, inp, inputs, opts)
+        checked += 1
+    if problems:
+        raise VerificationError(f"{out}: {len(problems)} problem(s):\n  " + "\n  ".join(problems[:20]))
+    return {"ok": True, "shards": len(manifest["shards"]), "rows": manifest["rows"], "tokens": manifest["tokens"],
+            "inputs_checked": checked, "inputs_not_checked": skipped}

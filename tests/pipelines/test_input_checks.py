@@ -1,0 +1,132 @@
+"""Inputs and models under abuse: files whose columns disagree, a model or input that cannot work
+(refused before OUTPUT_DIR is touched, so fixing the cause and rerunning works), inputs edited
+between a run and its resume, invalid UTF-8, the published file names and --weights."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from inference import Embedder
+from pipelines import embed_parquet
+from pipelines.verify import verify_output
+
+ELMO = [sys.executable, "-m", "elmo_cli"]
+
+
+def elmo(*args: object) -> subprocess.CompletedProcess:
+    return subprocess.run(ELMO + [str(a) for a in args], capture_output=True, text=True, timeout=180)
+
+
+def write(path: Path, **columns: pa.Array) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+TEXTS = ["The cat sat on the mat .", "Green ideas sleep .", "A third row"]
+
+
+def test_columns_of_different_types_across_files_are_refused_before_anything_is_written(tiny_dir, tmp_path):
+    write(tmp_path / "in" / "a.parquet", id=pa.array([1, 2], pa.int64()), text=pa.array(TEXTS[:2]))
+    write(tmp_path / "in" / "b.parquet", id=pa.array(["x", "y"]), text=pa.array(TEXTS[1:]))
+    out = tmp_path / "out"
+    r = elmo("embed", tmp_path / "in", out, "--model", tiny_dir, "--id-column", "id")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "column 'id' has different types in the input files (int64 in a.parquet; string in b.parquet)" in r.stderr
+    assert not out.exists()
+    r = elmo("embed", tmp_path / "in", out, "--model", tiny_dir)  # without the column: fine
+    assert r.returncode == 0, r.stderr
+    assert verify_output(out)["rows"] == 4
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("truncated weights", "is it truncated or of another format?"),
+    ("unknown options key", "unknown key(s) ['bogus']"),
+    ("int64 text column", "--text-column must be a string column, found int64"),
+    ("fewer layers in the options", "are not used by options.json"),
+])
+def test_a_job_that_cannot_work_writes_nothing_and_runs_once_fixed(tiny_dir, tmp_path, damage, message):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dir, model)
+    corpus = write(tmp_path / "in" / "a.parquet", text=pa.array(TEXTS))
+    if damage == "truncated weights":
+        data = (model / "weights.hdf5").read_bytes()
+        (model / "weights.hdf5").write_bytes(data[: len(data) // 2])
+    elif damage == "unknown options key":
+        (model / "options.json").write_text(json.dumps({**json.loads((model / "options.json").read_text()), "bogus": 1}))
+    elif damage == "fewer layers in the options":
+        options = json.loads((model / "options.json").read_text())
+        options["lstm"]["n_layers"] = 1
+        (model / "options.json").write_text(json.dumps(options))
+    else:
+        write(corpus, text=pa.array([1, 2, 3], pa.int64()))
+    out = tmp_path / "out"
+    r = elmo("embed", corpus, out, "--model", model)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (out / "_job.json").exists()
+    shutil.rmtree(model)
+    shutil.copytree(tiny_dir, model)
+    write(corpus, text=pa.array(TEXTS))
+    r = elmo("embed", corpus, out, "--model", model)  # the same command, once the cause is fixed
+    assert r.returncode == 0, r.stderr
+
+
+def test_an_edit_that_keeps_the_size_is_seen_on_resume(tiny_dir, tmp_path):
+    corpus = write(tmp_path / "in" / "a.parquet", text=pa.array(TEXTS))
+    out = tmp_path / "out"
+    embed_parquet(corpus, out, tiny_dir, quiet=True, verify_inputs=True)
+    stat = corpus.stat()
+    write(corpus, text=pa.array([t.replace("Green", "Gxeen") for t in TEXTS]))
+    assert corpus.stat().st_size == stat.st_size
+    r = elmo("embed", corpus, out, "--model", tiny_dir, "--resume")
+    assert r.returncode == 2 and "another job's output (different inputs changed" in r.stderr, r.stderr
+    os.utime(corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the edit hidden from size and mtime
+    r = elmo("embed", corpus, out, "--model", tiny_dir, "--resume", "--verify-inputs")
+    assert r.returncode == 2 and "input files changed since the shards were written" in r.stderr, r.stderr
+
+
+def test_invalid_utf8_bytes_are_dropped_as_the_original_does_and_counted(tiny_dir, tmp_path):
+    raw = [b"The cat sat .", b"lone \xed\xa0\x80surrogate here", b"fine"]  # ED A0 80: a UTF-16 surrogate
+    offsets = np.cumsum([0] + [len(b) for b in raw]).astype(np.int32)
+    text = pa.Array.from_buffers(pa.string(), len(raw), [None, pa.py_buffer(offsets.tobytes()),
+                                                         pa.py_buffer(b"".join(raw))])
+    corpus = write(tmp_path / "in" / "a.parquet", id=pa.array([0, 1, 2]), text=text)
+    out = tmp_path / "out"
+    r = elmo("embed", corpus, out, "--model", tiny_dir, "--id-column", "id")
+    assert r.returncode == 0, r.stderr
+    assert "1 with invalid UTF-8 dropped" in r.stderr
+    m = json.loads((out / "_manifest.json").read_text())
+    assert m["invalid_utf8"] == 1 and m["rows"] == 3
+    got = ds.dataset(out, format="parquet").to_table().column("elmo").to_pylist()
+    want = Embedder.from_files(tiny_dir).embed_sentences([b.decode("utf-8", "ignore").split() for b in raw],
+                                                         output="mixed")
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g, np.float32), w, atol=1e-5, rtol=0)
+
+
+def test_published_file_names_and_weights_flag(tiny_dir, tmp_path):
+    model = tmp_path / "published"
+    model.mkdir()
+    shutil.copy(tiny_dir / "options.json", model / "elmo_tiny_options.json")
+    shutil.copy(tiny_dir / "weights.hdf5", model / "elmo_tiny_weights.hdf5")
+    shutil.copy(tiny_dir / "weights.hdf5", model / "elmo_tiny_softmax_weights.hdf5")  # never taken as the biLM
+    corpus = write(tmp_path / "in" / "a.parquet", text=pa.array(TEXTS))
+    assert elmo("embed", corpus, tmp_path / "o1", "--model", model).returncode == 0
+    shutil.copy(tiny_dir / "weights.hdf5", model / "elmo_tiny_weights_v2.hdf5")
+    r = elmo("embed", corpus, tmp_path / "o2", "--model", model)
+    assert r.returncode == 2 and "name the file with --weights" in r.stderr
+    r = elmo("embed", corpus, tmp_path / "o2", "--model", model, "--weights", model / "elmo_tiny_weights_v2.hdf5")
+    assert r.returncode == 0, r.stderr
+    r = elmo("embed", corpus, tmp_path / "o3", "--model", model / "elmo_tiny_options.json",
+             "--weights", model / "elmo_tiny_weights.hdf5")
+    assert r.returncode == 0, r.stderr

@@ -1,0 +1,164 @@
+"""OUTPUT_DIR under abuse: one job at a time (a real lock held by a real process, then SIGKILLed),
+concurrent resumes, shards verified byte for byte, SIGTERM, a full disk and a read-only file
+system (real tmpfs mounts, as root), OUTPUT_DIR being a file. Every wait is bounded."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+
+from pipelines import embed_parquet
+from pipelines.corpus import write_sample_corpus
+from pipelines.verify import VerificationError, verify_output
+
+ELMO = [sys.executable, "-m", "elmo_cli"]
+SLOW = ["--rows-per-shard", "30", "--sort-window-rows", "15", "--max-tokens-per-batch", "300", "--threads", "1"]
+
+
+def elmo(*args: object, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(ELMO + [str(a) for a in args], capture_output=True, text=True, timeout=timeout)
+
+
+def start_embed(corpus: Path, out: Path, model: Path, *extra: str) -> subprocess.Popen:
+    cmd = ELMO + ["embed", str(corpus), str(out), "--model", str(model), "--id-column", "id", "--quiet", *SLOW, *extra]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_commits(out: Path, proc: subprocess.Popen, n: int) -> None:
+    deadline = time.monotonic() + 120
+    while len(list((out / "_shards").glob("*.json"))) < n and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, f"the job ended before it could be interrupted: {proc.communicate()}"
+
+
+def temporaries(out: Path) -> list[str]:
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*.tmp"))
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    write_sample_corpus(tmp_path / "corpus", rows=900, files=2, row_group_rows=100)
+    return tmp_path / "corpus"
+
+
+def test_a_job_on_a_locked_output_dir_is_refused_naming_the_holder(corpus, tiny_dir, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pipelines.lock import OutputDirLock; "
+                               "OutputDirLock(sys.argv[1]).__enter__(); print('locked', flush=True); time.sleep(120)",
+                               str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        r = elmo("embed", corpus, out, "--model", tiny_dir, "--quiet")
+        assert r.returncode == 2, r.stderr
+        assert f"in use by another elmo embed job (pid {holder.pid} on host {socket.gethostname()}" in r.stderr
+        assert not (out / "_job.json").exists() and "Traceback" not in r.stderr
+    finally:
+        holder.kill()  # SIGKILL: the kernel releases the lock, nothing is left to clean
+        holder.wait()
+    r = elmo("embed", corpus, out, "--model", tiny_dir, "--quiet", "--rows-per-shard", "300")
+    assert r.returncode == 0, r.stderr
+    assert verify_output(out)["rows"] == 900
+
+
+def test_two_resumes_at_once_after_sigkill_leave_one_verified_output(corpus, tiny_dir, tmp_path):
+    """What broke before: both ran, one wrote _SUCCESS over a shard the other had half written."""
+    out = tmp_path / "out"
+    first = start_embed(corpus, out, tiny_dir)
+    wait_for_commits(out, first, 3)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    a = start_embed(corpus, out, tiny_dir, "--resume", "--sort-window-rows", "64", "--max-tokens-per-batch", "8192")
+    b = start_embed(corpus, out, tiny_dir, "--resume")
+    results = [(p.wait(timeout=180), p.communicate()[1]) for p in (a, b)]
+    assert {rc for rc, _ in results} <= {0, 2} and 0 in {rc for rc, _ in results}, results
+    for rc, err in results:
+        assert rc == 0 or "in use by another elmo embed job" in err, err  # the loser is refused, never half-runs
+    report = verify_output(out)
+    assert report["rows"] == 900 and report["inputs_checked"] == 2
+    again = embed_parquet(corpus, out, tiny_dir, id_column="id", rows_per_shard=30, resume=True, quiet=True)
+    assert again["this_run"]["shards"] == 0 and again["this_run"]["shards_kept"] == 30
+
+
+def test_verify_finds_an_altered_shard_and_resume_redoes_only_it(corpus, tiny_dir, tmp_path):
+    out = tmp_path / "out"
+    opts = dict(id_column="id", rows_per_shard=100, quiet=True)
+    embed_parquet(corpus, out, tiny_dir, **opts)
+    assert elmo("verify", out).returncode == 0
+    before = ds.dataset(out, format="parquet").to_table()
+    victim = out / "part-00000-00002.parquet"
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 3] ^= 0x5A  # one byte inside a data page: the footer still reads fine
+    victim.write_bytes(bytes(data))
+    r = elmo("verify", out)
+    assert r.returncode == 2 and "part-00000-00002.parquet: its bytes differ from its commit record" in r.stderr
+    with pytest.raises(VerificationError, match="1 problem"):
+        verify_output(out)
+    m = embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
+    assert m["this_run"]["shards"] == 1 and m["this_run"]["shards_kept"] == 9
+    after = ds.dataset(out, format="parquet").to_table()
+    assert after.column("id").to_pylist() == before.column("id").to_pylist()
+    for x, y in zip(before.column("elmo").to_pylist(), after.column("elmo").to_pylist()):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6, rtol=0)
+    assert verify_output(out)["shards"] == 10
+
+
+def test_sigterm_stops_like_ctrl_c_and_resume_finishes(corpus, tiny_dir, tmp_path):
+    out = tmp_path / "out"
+    proc = start_embed(corpus, out, tiny_dir)
+    wait_for_commits(out, proc, 2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "elmo embed: terminated" in err and "Traceback" not in err, err
+    assert temporaries(out) == [] and not (out / "_SUCCESS").exists()
+    r = elmo("embed", corpus, out, "--model", tiny_dir, "--id-column", "id", "--quiet", "--resume", *SLOW)
+    assert r.returncode == 0, r.stderr
+    assert verify_output(out)["rows"] == 900
+
+
+def test_output_dir_that_is_a_file_is_a_clear_error(corpus, tiny_dir, tmp_path):
+    target = tmp_path / "vectors"
+    target.write_text("not a directory")
+    r = elmo("embed", corpus, target, "--model", tiny_dir)
+    assert r.returncode == 2 and f"{target}: exists and is not a directory" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path):
+    """A real tmpfs of 300 KiB (root only; skipped with the reason elsewhere)."""
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mount)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_full_disk_is_a_clear_error_and_resume_finishes_after_freeing_space(corpus, tiny_dir, small_fs):
+    out = small_fs / "out"
+    args = ["embed", corpus, out, "--model", tiny_dir, "--id-column", "id", "--rows-per-shard", "100", "--quiet"]
+    r = elmo(*args)
+    assert r.returncode == 2 and "No space left on device" in r.stderr and "--resume" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and temporaries(out) == []
+    committed = sorted(p.name for p in out.glob("part-*.parquet"))
+    assert 0 < len(committed) < 9
+    subprocess.run(["mount", "-o", "remount,size=20m", str(small_fs)], check=True)
+    r = elmo(*args, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert verify_output(out)["rows"] == 900
+
+
+def test_a_read_only_file_system_is_a_clear_error(corpus, tiny_dir, small_fs):
+    subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
+    r = elmo("embed", corpus, small_fs / "out", "--model", tiny_dir)
+    assert r.returncode == 2 and "Read-only file system" in r.stderr and "choose another OUTPUT_DIR" in r.stderr
+    assert "Traceback" not in r.stderr
