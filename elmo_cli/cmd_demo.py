@@ -45,7 +45,7 @@ def _cosines(vectors: list[np.ndarray]) -> np.ndarray:
     return m @ m.T  # (K, K)
 
 
-def show_word(vectors: Path, model: Path, word: str, limit: int = 5) -> None:
+def show_word(vectors: Path, model: Path, word: str, weights: str | None = None, limit: int = 5) -> None:
     found = word_contexts(vectors, word, limit)
     if len(found) < 2:
         print(f"'{word}' occurs fewer than twice in the corpus; try another --word")
@@ -54,7 +54,7 @@ def show_word(vectors: Path, model: Path, word: str, limit: int = 5) -> None:
     for i, (text, k, _) in enumerate(found):
         tokens = text.split()
         print(f"  [{i}] ...{' '.join(tokens[max(0, k - 6):k])} *{word}* {' '.join(tokens[k + 1:k + 7])}...")
-    layer0 = Embedder.from_files(model).embed_sentences([t.split() for t, _, _ in found], output="all")
+    layer0 = Embedder.from_files(model, weights).embed_sentences([t.split() for t, _, _ in found], output="all")
     context_free = _cosines([layer0[i][0, k] for i, (_, k, _) in enumerate(found)])
     contextual = _cosines([v for _, _, v in found])
     np.set_printoptions(precision=3, suppress=True)
@@ -67,6 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="sample corpus -> elmo embed -> a word's vectors in different contexts")
     p.add_argument("--work-dir", default="runs/demo")
     p.add_argument("--model", help="model directory (default: train the default model)")
+    p.add_argument("--weights", help="the weights file, when --model's directory holds several")
     p.add_argument("--rows", type=int, default=2000)
     p.add_argument("--word", default="state")
     p.add_argument("--train-minutes", type=float, default=3.0)
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     model, how = get_model(work, args.model, args.train_minutes)
     print(f"model   {model}: {how}")
     manifest = embed_parquet(corpus, vectors, model=model, keep_columns=["text"], id_column="id",
-                             resume=(vectors / "_job.json").is_file(), quiet=True)
+                             resume=(vectors / "_job.json").is_file(), quiet=True, weights=args.weights)
     print(summary_line(manifest, vectors))
-    show_word(vectors, model, args.word)
+    show_word(vectors, model, args.word, args.weights)
     return 0

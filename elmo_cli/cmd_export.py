@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     kinds = p.add_subparsers(dest="export_kind", required=True)
     o = kinds.add_parser("onnx", help="model.onnx + manifest.json, validated against the torch backend")
     o.add_argument("--model", required=True, help="model directory (options.json + weights), or options.json")
-    o.add_argument("--weights", help="weights file, when --model is an options.json")
+    o.add_argument("--weights", help="the weights file, when --model's directory holds several (or is an options.json)")
     o.add_argument("--out", required=True, help="output directory")
     o.add_argument("--output", choices=("all", "mixed"), default="all", help="all layers, or the scalar mix")
     o.add_argument("--mix", type=_floats, help="mixed: unnormalised layer weights s, comma-separated (softmax applied)")
@@ -47,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--model", help="model directory with published weights; default: train the default model first")
     e.add_argument("--out", default="engine", help="output directory (default ./engine)")
     e.add_argument("--precision", choices=("fp32", "fp16", "int8"), default="fp32")
+    e.add_argument("--weights", help="the weights file, when --model's directory holds several (or is an options.json)")
     e.add_argument("--train-minutes", type=float, default=10.0, help="training budget when no --model is given")
     e.add_argument("--threads", type=int)
     e.set_defaults(func=run_engine)
@@ -92,7 +93,7 @@ def run_engine(args: argparse.Namespace) -> int:
         from training.recipes import train_default_model
 
         model = train_default_model(Path(args.out), args.train_minutes, log=lambda s: print(s, flush=True))
-    report = build_for_machine(model, args.out, args.precision, args.threads)
+    report = build_for_machine(model, args.out, args.precision, args.threads, args.weights)
     print(f"engine: {report['artifact']} at {report['path']}")
     print(f"why:    {report['why']}")
     return 0

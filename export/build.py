@@ -27,7 +27,7 @@ def _optimized(onnx_dir: Path, provider: str, threads: int | None) -> str:
 
 
 def build_for_machine(model_dir: str | Path, out: str | Path, precision: str = "fp32",
-                      threads: int | None = None) -> dict[str, Any]:
+                      threads: int | None = None, weights: str | Path | None = None) -> dict[str, Any]:
     """Export + validate, then build TensorRT, else the ONNX Runtime model optimized for CUDA, else for
     the CPU. Returns a report: what was built (``artifact``), where (``path``), and ``why``.
     """
@@ -37,7 +37,7 @@ def build_for_machine(model_dir: str | Path, out: str | Path, precision: str = "
     for_tensorrt = usable and precision in ("fp32", "fp16")
     cuda, cuda_reason = cuda_provider_status()  # present; whether a GPU answers shows when it loads
     # A CPU-only graph may run the char-CNN once per distinct token (Unique, a CPU kernel in ONNX Runtime).
-    manifest = export_onnx(model_dir, onnx_dir, precision=precision, threads=threads,
+    manifest = export_onnx(model_dir, onnx_dir, precision=precision, threads=threads, weights=weights,
                            token_dedup=not (for_tensorrt or cuda))
     par = manifest["parity"]
     validated = f"ONNX validated against torch (max |diff| {par['max_abs']:.1e}, min cosine {par['min_cosine']:.6f})"
