@@ -93,14 +93,34 @@ class BiLM(nn.Module):
         x = torch.cat([bos.expand(B, 1, P), tokens, tokens.new_zeros(B, 1, P)], dim=1)  # (B, T+2, P)
         return x + is_eos[:, :, None] * eos
 
-    def run(self, char_ids: torch.Tensor, state: LstmState | None = None,
-            keep_boundaries: bool = False, dedup: bool = True) -> BiLMOutput:
-        """The biLM on a batch of left-aligned sentences (boundary tokens are added here)."""
+    @staticmethod
+    def _mask(char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Shape: (B, T, C) -> mask (B, T) bool, lengths (B,); rows must be left-aligned."""
         mask = (char_ids > 0).any(dim=-1)  # (B, T)
         lengths = mask.sum(dim=1)  # (B,)
         T = char_ids.shape[1]
         if not torch.equal(mask, torch.arange(T, device=mask.device)[None, :] < lengths[:, None]):
             raise InputError("character ids must be left-aligned: padding tokens only after a row's last token")
+        return mask, lengths
+
+    def run_combined(self, char_ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stateless biLM's layers combined as ``sum_j weights[j] * layer_j`` without building
+        them: a scalar mix with its weights normalised (``gamma * softmax(s)``), the top layer
+        (one-hot) or their average (1 / (L+1) each). See ``BiLstmStack.forward_combined``.
+
+        Shape: char_ids (B, T, C), weights (L+1,) -> (B, T, 2P) zero at padding, mask (B, T).
+        """
+        mask, lengths = self._mask(char_ids)
+        T = char_ids.shape[1]
+        x = self._with_boundaries(self.embed_tokens(char_ids, mask), lengths)  # (B, T+2, P)
+        combined = self.lstm.forward_combined(x, lengths + 2, weights.to(x.dtype))  # (B, T+2, 2P)
+        return combined[:, 1 : T + 1] * mask[:, :, None].to(x.dtype), mask  # (B, T, 2P)
+
+    def run(self, char_ids: torch.Tensor, state: LstmState | None = None,
+            keep_boundaries: bool = False, dedup: bool = True) -> BiLMOutput:
+        """The biLM on a batch of left-aligned sentences (boundary tokens are added here)."""
+        mask, lengths = self._mask(char_ids)
+        T = char_ids.shape[1]
         tokens = self.embed_tokens(char_ids, mask, dedup)  # (B, T, P)
         x = self._with_boundaries(tokens, lengths)  # (B, T+2, P)
         full_mask = torch.arange(T + 2, device=x.device)[None, :] < (lengths + 2)[:, None]  # (B, T+2)

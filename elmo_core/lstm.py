@@ -101,6 +101,25 @@ class BiLstmStack(nn.Module):
         layers = [pack.unpack(o) for o in outputs]  # [(B, T, 2P)]
         return layers, None if shortcut else final
 
+    def forward_combined(self, x: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """``sum_j weights[j] * layer_j`` of the stateless stack (rows framed by <S> ... </S>, as
+        ``forward`` with ``boundary_shortcut``), layer 0 being ``[x; x]``. The layers are combined
+        while packed (the packed input is layer 0 of both directions, each in its own reading
+        order) and unpacked once, instead of L+1 unpacks and a stack: the inference fast path of
+        a scalar mix, top or average (``elmo_core.scalar_mix.ScalarMix`` is the reference).
+
+        Shape: x (B, T, P) zero at padding, lengths (B,) >= 2, weights (L+1,) -> (B, T, 2P); zero at
+        padding and at each row's last position (the boundary the shortcut skips).
+        """
+        B, T, _ = x.shape
+        pack = Packing(lengths, T, shared_first=B > 0)
+        xs = pack.pack(x)  # (2, N, P)
+        outputs, _ = self.run_packed(xs, pack)  # L x (2, N, P)
+        combined = xs * weights[0]
+        for w, out in zip(weights[1:].tolist(), outputs):
+            combined.add_(out, alpha=w)
+        return pack.unpack(combined)
+
     def run_packed(self, xs: torch.Tensor, pack: "Packing",
                    state: LstmState | None = None) -> tuple[list[torch.Tensor], LstmState]:
         """Every layer over packed inputs of both directions (each read in its own order).

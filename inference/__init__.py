@@ -1,6 +1,6 @@
 """Run a biLM with PyTorch, ONNX Runtime or TensorRT behind one interface."""
 from .backends import Backend, BackendBase, TorchBackend
 from .embedder import Embedder
-from .outputs import OUTPUT_MODES, reduce_layers
+from .outputs import OUTPUT_MODES, combine_layers, layer_weights, reduce_layers
 
-__all__ = ["Backend", "BackendBase", "TorchBackend", "Embedder", "OUTPUT_MODES", "reduce_layers"]
+__all__ = ["Backend", "BackendBase", "TorchBackend", "Embedder", "OUTPUT_MODES", "combine_layers", "layer_weights", "reduce_layers"]

@@ -15,6 +15,10 @@ from elmo_core import BiLM, ElmoConfig, StatefulBiLM, load_bilm
 from elmo_core.errors import ElmoError
 from elmo_core.token_cache import TokenCache
 
+from .outputs import combine_layers
+
+_TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16}
+
 
 class Backend(Protocol):
     config: ElmoConfig
@@ -30,10 +34,22 @@ class Backend(Protocol):
 
 
 class BackendBase:
-    """Context-manager plumbing shared by every backend."""
+    """Context-manager plumbing and the generic ``run_combined`` shared by every backend."""
 
     name = "base"
     config: ElmoConfig
+
+    def run(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def run_combined(self, char_ids: np.ndarray, weights: np.ndarray,
+                     dtype: np.dtype | type = np.float32) -> tuple[np.ndarray, np.ndarray]:
+        """``sum_j weights[j] * layer_j`` (see ``inference.outputs.layer_weights``), in ``dtype``.
+
+        Shape: char_ids (B, T, C), weights (L+1,) -> (B, T, 2P), mask (B, T).
+        """
+        layers, mask = self.run(char_ids)
+        return combine_layers(layers, weights).astype(dtype, copy=False), mask
 
     def close(self) -> None:
         pass
@@ -72,6 +88,18 @@ class TorchBackend(BackendBase):
         with torch.inference_mode():
             out = self.stateful.run(ids) if self.stateful else self.model.run(ids)
         return out.layers.float().cpu().numpy(), out.mask.cpu().numpy()
+
+    def run_combined(self, char_ids: np.ndarray, weights: np.ndarray,
+                     dtype: np.dtype | type = np.float32) -> tuple[np.ndarray, np.ndarray]:
+        """The layers combined on the device before the copy, and copied in ``dtype`` (stateless;
+        a stateful backend combines after ``run``)."""
+        if self.stateful:
+            return super().run_combined(char_ids, weights, dtype)
+        ids = torch.from_numpy(np.ascontiguousarray(char_ids)).to(self.device)
+        with torch.inference_mode():
+            combined, mask = self.model.run_combined(ids, torch.from_numpy(weights).to(self.device))  # (B, T, 2P)
+            combined = combined.to(_TORCH_DTYPES[np.dtype(dtype)])
+        return combined.cpu().numpy(), mask.cpu().numpy()
 
     def reset_state(self) -> None:
         if self.stateful is None:

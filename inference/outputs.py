@@ -39,3 +39,31 @@ def reduce_layers(layers: np.ndarray, mask: np.ndarray, output: str, mix_weights
     with torch.inference_mode():
         mixed = mix(torch.from_numpy(layers), torch.from_numpy(mask))  # (B, T, D)
     return (mixed * torch.from_numpy(mask)[:, :, None]).numpy()
+
+
+def layer_weights(output: str, n_layers: int, mix_weights: Sequence[float] | None = None,
+                  gamma: float = 1.0) -> np.ndarray | None:
+    """The output mode as one weight per layer, where it is a linear combination of the layers:
+    top (one-hot), average (1 / (L+1) each), mixed (``gamma * softmax(s)``, ScalarMix's own
+    normalisation); None for all. ``reduce_layers`` is the reference these weights must match.
+
+    Shape: -> (L+1,) float64, or None.
+    """
+    check_output(output, n_layers, mix_weights)
+    if output == "all":
+        return None
+    if output == "top":
+        return np.eye(n_layers)[-1]
+    if output == "average":
+        return np.full(n_layers, 1.0 / n_layers)
+    mix = ScalarMix(n_layers, mix_weights, gamma)
+    with torch.no_grad():
+        return (mix.gamma.double() * mix.normalized_weights().double()).numpy()
+
+
+def combine_layers(layers: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """``sum_j weights[j] * layers[:, j]`` (layers are zero at padding, so the result is too).
+
+    Shape: layers (B, L+1, T, D), weights (L+1,) -> (B, T, D) float32.
+    """
+    return np.einsum("bltd,l->btd", layers, weights.astype(np.float32), optimize=True)

@@ -28,6 +28,7 @@ from .lock import OutputDirLock
 from .options import EmbedOptions, OutputDirError, digest
 from .predictor import ElmoPredictor
 from .shard_loop import embed_shards
+from .stages import StageClock
 from .progress import Progress
 from .schema import output_schema
 from .sink import COMMITS_DIR, COUNTS, JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, claim_output_dir, clean_strays, \
@@ -46,6 +47,7 @@ class Job:
     identity: dict
     digest: str
     predictor: ElmoPredictor | None = None  # the local runner's, loaded before anything is written
+    clock: StageClock = field(default_factory=StageClock)  # seconds per stage, all runners
     kept: list[dict] = field(default_factory=list)  # records of shards verified and kept
 
     @property
@@ -108,7 +110,7 @@ def pending_shards(job: Job) -> list[Shard]:
 
 def run_local(job: Job, shards: list[Shard], progress: Progress) -> tuple[list[dict], dict]:
     """The local runner: the job's one model, in this process."""
-    records = embed_shards(job.predictor, shards, job.out, job.schema, job.digest, progress.update)
+    records = embed_shards(job.predictor, shards, job.out, job.schema, job.digest, progress.update, job.clock)
     return records, {"name": "local", "threads": job.opts.threads, "device": job.opts.device}
 
 
@@ -185,6 +187,7 @@ def _run(job: Job) -> dict:
         r["new"] = True
     _final_check(job, job.kept + new)
     result = manifest(job, job.kept + new, seconds, info)
+    result["stages"] = job.clock.report(seconds, opts.device)
     write_json_atomic(job.out / MANIFEST_FILE, result)
     (job.out / SUCCESS_FILE).write_text("")
     return result
@@ -225,4 +228,11 @@ def summary_line(m: dict, out: Path) -> str:
     bad = f", {m['invalid_utf8']:,} with invalid UTF-8 dropped" if m.get("invalid_utf8") else ""
     return (f"elmo embed: {m['rows']:,} rows, {m['tokens']:,} tokens ({m['windowed_rows']:,} rows in "
             f"{m['windows']:,} windows, {m['null_rows']:,} null{bad}) -> {out} ({len(m['shards'])} shards{kept}); "
-            f"this run {run['tokens']:,} tokens in {run['seconds']:.1f} s = {run['tokens_per_second'] or 0:,.0f} tokens/s")
+            f"this run {run['tokens']:,} tokens in {run['seconds']:.1f} s = {run['tokens_per_second'] or 0:,.0f} tokens/s"
+            + (f"; stages: {_stage_line(m['stages'])}" if m.get("stages") else ""))
+
+
+def _stage_line(stages: dict) -> str:
+    busy = f", device busy {stages['device_busy']:.0%}" if "device_busy" in stages else ""
+    return ", ".join(f"{k} {v:.1f} s" for k, v in stages["seconds"].items()) + \
+        f" (overlapping); {stages['process_cpu_seconds']:.1f} CPU s{busy}"

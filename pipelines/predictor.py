@@ -18,12 +18,13 @@ import pyarrow as pa
 
 from elmo_core import batch_to_ids
 from elmo_core.errors import InputError
-from inference.outputs import reduce_layers
+from inference.outputs import layer_weights
 from inference.registry import open_backend
 
 from .options import EmbedOptions
 from .rows import Plan, plan_batches, row_tokens
 from .schema import ELMO_COLUMN, elmo_type
+from .stages import StageClock
 
 
 @dataclass
@@ -68,6 +69,7 @@ class ElmoPredictor:
                              f"got {len(self.options.mix)} weights")
         self.dim, self.n_layers = self.config.output_dim, self.config.n_output_layers
         self.type = elmo_type(self.dim, self.n_layers, self.options.output, self.options.dtype)
+        self.weights = layer_weights(self.options.output, self.n_layers, self.options.mix, self.options.gamma)
 
     def close(self) -> None:
         self.backend.close()
@@ -97,24 +99,34 @@ class ElmoPredictor:
         char_ids = [batch_to_ids(b.tokens, max_chars) for b in plan.batches]  # each (B, T, C)
         return Prepared(table.select(opts.passthrough_columns), plan, char_ids, invalid_utf8)
 
-    def compute(self, prepared: Prepared) -> pa.Table:
-        """Run the backend on every model batch and assemble the ``elmo`` column in row order."""
-        opts, plan = self.options, prepared.plan
+    def compute(self, prepared: Prepared, clock: StageClock | None = None) -> pa.Table:
+        """Run the backend on every model batch and assemble the ``elmo`` column in row order.
+
+        Every output mode but ``all`` is a combination of the layers, computed by the backend
+        (on its device, before the copy, in the output dtype); rows go to their place in one
+        gather per batch.
+        """
+        opts, plan, clock = self.options, prepared.plan, clock or StageClock()
         shape = (plan.tokens, self.n_layers, self.dim) if opts.output == "all" else (plan.tokens, self.dim)
-        out = np.empty(shape, dtype=np.float32)  # (N tokens, [L+1,] D)
+        out = np.empty(shape, dtype=opts.dtype)  # (N tokens, [L+1,] D)
         for batch, ids in zip(plan.batches, prepared.char_ids):
-            layers, mask = self.backend.run(ids)  # (B, L+1, T, D), (B, T)
-            reduced = reduce_layers(layers, mask, opts.output, opts.mix, opts.gamma)  # (B, [L+1,] T, D)
-            for k, (dest, skip, n) in enumerate(batch.pieces):
-                if opts.output == "all":
-                    out[dest:dest + n] = reduced[k, :, skip:skip + n].transpose(1, 0, 2)  # (n, L+1, D)
+            with clock.stage("model"):
+                if self.weights is None:
+                    layers, _ = self.backend.run(ids)  # (B, L+1, T, D)
+                    reduced = layers.transpose(0, 2, 1, 3)  # (B, T, L+1, D)
                 else:
-                    out[dest:dest + n] = reduced[k, skip:skip + n]  # (n, D)
-        column = self._column(out, plan.lengths)
-        return prepared.passthrough.append_column(pa.field(ELMO_COLUMN, self.type), column)
+                    reduced, _ = self.backend.run_combined(ids, self.weights, out.dtype)  # (B, T, D)
+            with clock.stage("assemble"):
+                rows, cols, dest = batch.gather_index()  # (n,) each
+                out[dest] = reduced[rows, cols]
+        with clock.stage("assemble"):
+            column = self._column(out, plan.lengths)
+            return prepared.passthrough.append_column(pa.field(ELMO_COLUMN, self.type), column)
 
     def _column(self, out: np.ndarray, lengths: np.ndarray) -> pa.Array:
-        values = pa.array(out.reshape(-1).astype(self.options.dtype, copy=False))
+        """Shape: out (N, [L+1,] D) in the output dtype, lengths (R,) (-1: null) -> R list values."""
+        value_type = pa.float16() if out.dtype == np.float16 else pa.float32()
+        values = pa.Array.from_buffers(value_type, out.size, [None, pa.py_buffer(out)])  # no copy
         item: pa.Array = pa.FixedSizeListArray.from_arrays(values, self.dim)
         if self.options.output == "all":
             item = pa.FixedSizeListArray.from_arrays(item, self.n_layers)

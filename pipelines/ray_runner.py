@@ -23,6 +23,7 @@ from .predictor import ElmoPredictor
 from .progress import Progress
 from .shard_loop import embed_shards
 from .source import Shard
+from .stages import StageClock
 
 
 class ShardWorker:
@@ -31,8 +32,10 @@ class ShardWorker:
     def __init__(self, model: str, options: dict) -> None:
         self.predictor = ElmoPredictor(model, options)
 
-    def embed(self, shard: Shard, out: Path, schema: pa.Schema, job_digest: str) -> dict:
-        return embed_shards(self.predictor, [shard], out, schema, job_digest)[0]
+    def embed(self, shard: Shard, out: Path, schema: pa.Schema, job_digest: str) -> tuple[dict, dict]:
+        """(the shard's commit record, seconds per stage)."""
+        clock = StageClock()
+        return embed_shards(self.predictor, [shard], out, schema, job_digest, clock=clock)[0], clock.seconds
 
 
 def _init_ray(opts: EmbedOptions):  # type: ignore[no-untyped-def]
@@ -66,8 +69,10 @@ def run_ray(job, shards: list[Shard], progress: Progress) -> tuple[list[dict], d
     records = []
     try:
         pool = ActorPool(actors)
-        for record in pool.map_unordered(lambda a, s: a.embed.remote(s, job.out, job.schema, job.digest), shards):
+        for record, seconds in pool.map_unordered(lambda a, s: a.embed.remote(s, job.out, job.schema, job.digest),
+                                                  shards):
             records.append(record)
+            job.clock.add(seconds)
             progress.update(record["rows"], record["tokens"])
     finally:
         for a in actors:

@@ -111,6 +111,15 @@ class ModelBatch:
     tokens: list[Sequence[str]]
     pieces: list[tuple[int, int, int]]
 
+    def gather_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(batch row, position, output row) of every token this batch places.
+
+        Shape: -> three (n,) int64 arrays, n = the tokens kept from this batch.
+        """
+        dest0, skip, n = (np.array(v, dtype=np.int64) for v in zip(*self.pieces))  # (K,) each
+        within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)  # (n,) position within its piece
+        return np.repeat(np.arange(len(n)), n), np.repeat(skip, n) + within, np.repeat(dest0, n) + within
+
 
 @dataclass
 class Plan:

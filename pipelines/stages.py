@@ -1,0 +1,50 @@
+"""Where a job's time goes: wall seconds per stage, summed over the windows, and the process's CPU
+seconds, reported in the summary and ``_manifest.json`` so a user sees what bounds the job.
+
+Stages: ``read`` (Parquet rows into windows), ``prepare`` (tokens, windows of long rows, length
+buckets, character ids), ``model`` (the backend, including the copy of what is written to the
+host), ``assemble`` (rows to their place, the Arrow column), ``write`` (Parquet encoding, the
+file, commit checksums). ``read`` and ``prepare`` run in the prefetch thread beside the others,
+so the stages overlap and their sum can exceed the job's wall time. On a GPU, ``model`` over the
+wall time is the share of time the device had work (``device_busy``).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Iterator
+
+STAGES = ("read", "prepare", "model", "assemble", "write")
+
+
+class StageClock:
+    """Thread-safe wall-second totals per stage."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(STAGES, 0.0)
+        self._lock = threading.Lock()
+        self._cpu0 = time.process_time()
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.seconds[name] += time.perf_counter() - t0
+
+    def add(self, seconds: dict[str, float]) -> None:
+        """Add another clock's totals (a Ray worker's)."""
+        with self._lock:
+            for k, v in seconds.items():
+                self.seconds[k] += v
+
+    def report(self, wall: float, device: str) -> dict:
+        out = {"seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+               "process_cpu_seconds": round(time.process_time() - self._cpu0, 3), "wall_seconds": round(wall, 3)}
+        if device != "cpu" and wall > 0:
+            out["device_busy"] = round(min(1.0, self.seconds["model"] / wall), 3)
+        return out
+

@@ -1,0 +1,32 @@
+"""``BiLM.run_combined`` (layers combined while packed, unpacked once) against the reference:
+``ScalarMix`` over the layers ``BiLM.run`` returns."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from elmo_core import ScalarMix, batch_to_ids, load_bilm
+from tests.helpers import SENTENCES, make_model_dir, tiny_options
+
+
+@pytest.mark.parametrize("options", [{}, {"lstm__use_skip_connections": False, "lstm__n_layers": 3}])
+@pytest.mark.parametrize("kind", ["top", "average", "mixed"])
+def test_combined_layers_equal_the_scalar_mix_of_the_layers(tmp_path, options, kind):
+    model = load_bilm(make_model_dir(tmp_path / "m", tiny_options(**options), lstm_scale=3.0))
+    ids = torch.from_numpy(batch_to_ids(SENTENCES + [[], ["One"]]))  # an empty and a one-token row too
+    L1 = model.config.n_output_layers
+    s, gamma = torch.linspace(-1.0, 2.0, L1), 1.7
+    with torch.no_grad():
+        out = model.run(ids)
+        m = out.mask[:, :, None].float()
+        if kind == "mixed":
+            mix = ScalarMix(L1, s.tolist(), gamma)
+            ref, weights = mix(out.layers, out.mask) * m, gamma * mix.normalized_weights()
+        elif kind == "top":
+            ref, weights = out.layers[:, -1], torch.eye(L1)[-1]
+        else:
+            ref, weights = out.layers.mean(dim=1), torch.full((L1,), 1.0 / L1)
+        got, mask = model.run_combined(ids, weights)
+    assert torch.equal(mask, out.mask)
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=0)
+    assert not got[~mask].any()

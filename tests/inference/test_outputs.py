@@ -1,0 +1,40 @@
+"""Output modes as layer weights (``layer_weights``) and every backend's ``run_combined`` against the
+reference ``reduce_layers``, in float32 and float16."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from elmo_core import batch_to_ids
+from inference import Embedder, layer_weights, reduce_layers
+from inference.backends import BackendBase
+from tests.helpers import SENTENCES
+
+
+@pytest.mark.parametrize("output, mix, gamma", [("top", None, 1.0), ("average", None, 1.0), ("mixed", None, 1.0),
+                                                ("mixed", [0.5, -2.0, 1.0], 0.7)])
+def test_run_combined_equals_reduce_layers(tiny_dir, output, mix, gamma):
+    backend = Embedder.from_files(tiny_dir).backend
+    ids = batch_to_ids(SENTENCES + [[]])
+    layers, mask = backend.run(ids)
+    want = reduce_layers(layers, mask, output, mix, gamma)  # (B, T, D)
+    weights = layer_weights(output, 3, mix, gamma)
+    got, got_mask = backend.run_combined(ids, weights)
+    np.testing.assert_array_equal(got_mask, mask)
+    np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+    generic, _ = BackendBase.run_combined(backend, ids, weights)  # what the ONNX / TensorRT backends do
+    np.testing.assert_allclose(generic, want, atol=1e-6, rtol=0)
+    half, _ = backend.run_combined(ids, weights, np.float16)
+    assert half.dtype == np.float16
+    np.testing.assert_allclose(half.astype(np.float32), want, atol=2e-3, rtol=2e-3)
+
+
+def test_all_has_no_layer_weights_and_the_stateful_backend_combines_after_run(tiny_dir):
+    assert layer_weights("all", 3) is None
+    stateful = Embedder.from_files(tiny_dir, stateful=True).backend
+    ids = batch_to_ids(SENTENCES)
+    weights = layer_weights("average", 3)
+    got, mask = stateful.run_combined(ids, weights)  # from the zero state, as the run after the reset
+    stateful.reset_state()
+    layers, _ = stateful.run(ids)
+    np.testing.assert_allclose(got, reduce_layers(layers, mask, "average"), atol=1e-6, rtol=0)
