@@ -113,8 +113,8 @@ class BiLM(nn.Module):
         mask, lengths = self._mask(char_ids)
         T = char_ids.shape[1]
         x = self._with_boundaries(self.embed_tokens(char_ids, mask), lengths)  # (B, T+2, P)
-        combined = self.lstm.forward_combined(x, lengths + 2, weights.to(x.dtype))  # (B, T+2, 2P)
-        return combined[:, 1 : T + 1] * mask[:, :, None].to(x.dtype), mask  # (B, T, 2P)
+        combined = self.lstm.forward_combined(x, lengths + 2, weights.to(x.dtype), slice(1, T + 1), mask)  # (B, T, 2P)
+        return combined, mask
 
     def run(self, char_ids: torch.Tensor, state: LstmState | None = None,
             keep_boundaries: bool = False, dedup: bool = True) -> BiLMOutput:

@@ -44,11 +44,6 @@ def reverse_index(lengths: torch.Tensor, t_max: int) -> torch.Tensor:
     return torch.where(t < lengths[None, :], rev, t)
 
 
-def _reverse(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Shape: x (T, B, D), index (T, B) -> (T, B, D)."""
-    return torch.gather(x, 0, index[:, :, None].expand_as(x))
-
-
 class BiLstmStack(nn.Module):
     """L layers of forward and backward LSTMs with projection; residual connections above layer 0.
 
@@ -60,6 +55,11 @@ class BiLstmStack(nn.Module):
     # reused buffer: (2, 512, 4C) floats is 64 MiB at full size, where the whole batch at once
     # (2, N, 4C) was 512 MiB for a 4096-token batch. GEMMs of 512 rows run at full speed.
     input_chunk_rows = 512
+    # Pre-packed oneDNN products for the recurrent step only from this many weights per matrix
+    # (P x 4C) up. Measured on a 2-core AMD EPYC, model alone: full size (512 x 16384) 570 vs 488
+    # tokens/s with and without; the shipped small config (128 x 4096) 7.0k vs 7.6k; a 512 x 32 one
+    # 35k vs 45k: on small matrices oneDNN's per-shape primitive set-up costs more than it saves.
+    packed_gemm_min_weights = 1 << 22
     # The training (autograd) path's cell; ``elmo train --compile`` swaps in a compiled one. With the
     # default cell (and no autocast) a layer's whole recurrence is one autograd function
     # (lstm_sequence.LstmSequence): the same maths, a fused backward, batched weight gradients.
@@ -101,24 +101,29 @@ class BiLstmStack(nn.Module):
         layers = [pack.unpack(o) for o in outputs]  # [(B, T, 2P)]
         return layers, None if shortcut else final
 
-    def forward_combined(self, x: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def forward_combined(self, x: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor,
+                         positions: slice = slice(None), keep: torch.Tensor | None = None) -> torch.Tensor:
         """``sum_j weights[j] * layer_j`` of the stateless stack (rows framed by <S> ... </S>, as
         ``forward`` with ``boundary_shortcut``), layer 0 being ``[x; x]``. The layers are combined
         while packed (the packed input is layer 0 of both directions, each in its own reading
         order) and unpacked once, instead of L+1 unpacks and a stack: the inference fast path of
         a scalar mix, top or average (``elmo_core.scalar_mix.ScalarMix`` is the reference).
 
-        Shape: x (B, T, P) zero at padding, lengths (B,) >= 2, weights (L+1,) -> (B, T, 2P); zero at
-        padding and at each row's last position (the boundary the shortcut skips).
+        Shape: x (B, T, P) zero at padding, lengths (B,) >= 2, weights (L+1,) -> (B, T', 2P) for
+        ``positions`` (default all T), zero at padding, where ``keep`` (B, T') is False, and at each
+        row's last position (the boundary the shortcut skips).
         """
-        B, T, _ = x.shape
+        B, T, P = x.shape
         pack = Packing(lengths, T, shared_first=B > 0)
         xs = pack.pack(x)  # (2, N, P)
         outputs, _ = self.run_packed(xs, pack)  # L x (2, N, P)
-        combined = xs * weights[0]
+        N = xs.shape[1]
+        combined = xs.new_empty(2, N + 1, P)  # the last row stays zero: unpacking reads it for padding
+        combined[:, N] = 0
+        torch.mul(xs, weights[0], out=combined[:, :N])
         for w, out in zip(weights[1:].tolist(), outputs):
-            combined.add_(out, alpha=w)
-        return pack.unpack(combined)
+            combined[:, :N].add_(out, alpha=w)
+        return pack.unpack(combined, positions, keep)
 
     def run_packed(self, xs: torch.Tensor, pack: "Packing",
                    state: LstmState | None = None) -> tuple[list[torch.Tensor], LstmState]:
@@ -134,8 +139,8 @@ class BiLstmStack(nn.Module):
             if self.training and self.dropout > 0:
                 xs = nn.functional.dropout(xs, self.dropout, training=True)
             out, h, c = self._run_layer(layer, xs, pack, h0[layer], c0[layer])  # (2, N, P)
-            if layer > 0 and self.cfg.use_skip_connections:
-                out = out + xs  # residual: the layer's input is added to its output
+            if layer > 0 and self.cfg.use_skip_connections:  # residual: the layer's input is added to its output
+                out = out.add_(xs) if not torch.is_grad_enabled() else out + xs
             outputs.append(out)
             h_fin.append(h)
             c_fin.append(c)
@@ -146,18 +151,16 @@ class BiLstmStack(nn.Module):
                    c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Shape: xs (2, N, P), h (2, B, P), c (2, B, C) -> out (2, N, P), h, c."""
         bias = (self.bias[layer] + self.forget_offset)[:, None, :]  # (2, 1, 4C)
-        if torch.is_grad_enabled():
-            w_state, w_proj = self.w_state[layer], self.w_proj[layer]
-            gx = torch.baddbmm(bias, xs, self.w_input[layer])  # (2, N, 4C): every step's input part at once
-            if self.train_cell is lstm_step and not torch.is_autocast_enabled(xs.device.type):
-                return lstm_sequence(gx, h, c, w_state, w_proj, pack.steps, pack.shared_first, *self._clips)
-            cell = self.train_cell
-            step = lambda g, h_, c_: cell(torch.baddbmm(g, h_, w_state), c_, w_proj, *self._clips)  # noqa: E731
-            # split: views whose gradients autograd joins with one cat (slicing per step would not)
-            parts = gx.split([n for _, n in pack.steps], dim=1)
-        else:
-            step = self._inference_step(layer)
-            parts = _input_parts(xs, bias, self.w_input[layer], pack.steps, self.input_chunk_rows)
+        if not torch.is_grad_enabled():
+            return self._run_layer_inference(layer, xs, pack, h, c, bias)
+        w_state, w_proj = self.w_state[layer], self.w_proj[layer]
+        gx = torch.baddbmm(bias, xs, self.w_input[layer])  # (2, N, 4C): every step's input part at once
+        if self.train_cell is lstm_step and not torch.is_autocast_enabled(xs.device.type):
+            return lstm_sequence(gx, h, c, w_state, w_proj, pack.steps, pack.shared_first, *self._clips)
+        cell = self.train_cell
+        step = lambda g, h_, c_: cell(torch.baddbmm(g, h_, w_state), c_, w_proj, *self._clips)  # noqa: E731
+        # split: views whose gradients autograd joins with one cat (slicing per step would not)
+        parts = gx.split([n for _, n in pack.steps], dim=1)
         outs = []
         for (start, n), gx_t in zip(pack.steps, parts):
             h_new, c_new = step(gx_t, h[:, :n], c[:, :n])  # (2, n, P), (2, n, C)
@@ -165,24 +168,46 @@ class BiLstmStack(nn.Module):
             h, c = carry_state(h, c, h_new, c_new, pack.shared_first and start == 0)  # (2, B, P), (2, B, C)
         return torch.cat(outs, dim=1), h, c
 
+    def _run_layer_inference(self, layer: int, xs: torch.Tensor, pack: "Packing", h: torch.Tensor, c: torch.Tensor,
+                             bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``_run_layer`` without autograd: each step's output is written straight into one buffer and
+        the state is updated in place (the autograd path concatenates instead).
+
+        Shape: xs (2, N, P), h (2, B, P), c (2, B, C), bias (2, 1, 4C) -> out (2, N, P), h, c.
+        """
+        out = xs.new_empty(xs.shape[0], xs.shape[1], self.cfg.projection_dim)  # (2, N, P)
+        h, c = h.clone(), c.clone()  # (2, B, P), (2, B, C): this layer's state, updated in place
+        step = self._inference_step(layer)
+        parts = _input_parts(xs, bias, self.w_input[layer], pack.steps, self.input_chunk_rows)
+        for (start, n), gx_t in zip(pack.steps, parts):
+            h_new = step(gx_t, h[:, :n], c[:, :n])  # (2, n, P); c[:, :n] now holds the new cell state
+            out[:, start : start + n] = h_new
+            if pack.shared_first and start == 0:  # step 0 ran once: its state holds for every row
+                h[:], c[:] = h_new, c[:, :1].clone()
+            else:
+                h[:, :n] = h_new
+        return out, h, c
+
     @property
     def _clips(self) -> tuple[float | None, float | None]:
         return self.cfg.cell_clip, self.cfg.proj_clip
 
-    def _inference_step(self, layer: int) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-        """One step of both directions without autograd: oneDNN pre-packed weights where available.
+    def _inference_step(self, layer: int) -> Callable[..., torch.Tensor]:
+        """One step of both directions without autograd: oneDNN pre-packed weights for large matrices on x86.
 
-        Shape: gx (2, n, 4C), h (2, n, P), c (2, n, C) -> h (2, n, P), c (2, n, C).
+        Shape: gx (2, n, 4C), h (2, n, P), c (2, n, C) -> h (2, n, P); ``c`` is updated in place.
         """
-        if not packed_gemm_available(self.w_state.device):
+        if not packed_gemm_available(self.w_state.device) or self.w_state[0, 0].numel() < self.packed_gemm_min_weights:
             w_state, w_proj = self.w_state[layer], self.w_proj[layer]
             return lambda gx, h, c: lstm_step_inplace(
-                torch.baddbmm(gx, h, w_state), c, lambda m: torch.bmm(m, w_proj), *self._clips)
+                torch.baddbmm(gx, h, w_state), c, lambda m: torch.bmm(m, w_proj), *self._clips)[0]
         packed = self._packed_weights()[layer]
 
-        def step(gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            hc = [lstm_step_inplace(w_s(h[d]).add_(gx[d]), c[d], w_p, *self._clips) for d, (w_s, w_p) in enumerate(packed)]
-            return torch.stack([hc[0][0], hc[1][0]]), torch.stack([hc[0][1], hc[1][1]])
+        def step(gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+            h_new = h.new_empty(h.shape)  # (2, n, P)
+            for d, (w_s, w_p) in enumerate(packed):
+                h_new[d] = lstm_step_inplace(w_s(h[d]).add_(gx[d]), c[d], w_p, *self._clips)[0]
+            return h_new
         return step
 
     def _packed_weights(self) -> list[list[tuple[PackedLinear, PackedLinear]]]:
@@ -226,6 +251,10 @@ class Packing:
     its length, so both directions share the packing. With ``shared_first`` step 0 packs only
     row 0, and unpacking copies its output to every row. ``Packing.full(B, T)``: every row runs
     every step, so the packed axis is simply time-major (T*B).
+
+    Packing and unpacking are one indexed gather each: ``sources`` (2, N) says where each packed
+    position reads in the (B*T) axis, ``targets`` (2, B*T) which packed position each time step
+    of each row comes from (N: none, a zero row).
     """
 
     def __init__(self, lengths: torch.Tensor, t_max: int, shared_first: bool = False) -> None:
@@ -233,15 +262,27 @@ class Packing:
         self.order = torch.argsort(lengths, descending=True, stable=True)  # (B,)
         self.inverse = torch.argsort(self.order)  # (B,)
         sorted_lengths = lengths[self.order]
-        self.rev = reverse_index(sorted_lengths, t_max)  # (T, B)
+        rev = reverse_index(sorted_lengths, t_max)  # (T, B)
         steps = sorted_lengths - 1 if shared_first else sorted_lengths  # the last step is skipped
         real = torch.arange(t_max, device=lengths.device)[:, None] < steps[None, :]  # (T, B)
         if shared_first:
             real[0, 1:] = False
-        self.index = torch.nonzero(real.reshape(-1)).squeeze(1)  # (N,) into the flat (T*B) axis
+        index = torch.nonzero(real.reshape(-1)).squeeze(1)  # (N,) into the flat (T*B) axis
         counts = [n for n in real.sum(1).tolist() if n > 0]
         self.steps = list(zip(accumulate([0] + counts[:-1]), counts))  # (offset, active rows) per step
-        self.shape = (t_max, lengths.shape[0])
+        B = lengths.shape[0]
+        self.shape = (t_max, B)
+        t, ranked = index // max(B, 1), index % max(B, 1)  # (N,) step and sorted row of each packed position
+        row = self.order[ranked] * t_max  # (N,)
+        self.sources = torch.stack([row + t, row + rev[t, ranked]])  # (2, N): forward, backward reading order
+        N = index.numel()
+        self.targets = torch.full((2, B * t_max), N, dtype=torch.long, device=lengths.device)  # (2, B*T)
+        for d in range(2):
+            self.targets[d, self.sources[d]] = torch.arange(N, device=lengths.device)
+        if shared_first and B > 1:  # step 0 ran once (packed position 0); every row reads it
+            first = self.order * t_max  # (B,) each row's step 0, in sorted order
+            self.targets[0, first] = 0
+            self.targets[1, first + rev[0]] = 0
 
     @classmethod
     def full(cls, batch: int, t_max: int, device: torch.device | None = None) -> "Packing":
@@ -249,16 +290,21 @@ class Packing:
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """Shape: (B, T, P) -> (2, N, P)."""
-        fwd = x[self.order].transpose(0, 1)  # (T, B, P)
-        both = torch.stack([fwd, _reverse(fwd, self.rev)])  # (2, T, B, P)
-        return both.flatten(1, 2)[:, self.index]  # (2, N, P)
+        return x.reshape(-1, x.shape[-1])[self.sources]  # (2, N, P)
 
-    def unpack(self, packed: torch.Tensor) -> torch.Tensor:
-        """Shape: (2, N, P) -> (B, T, 2P), zero at padding, the backward half in reading order."""
+    def unpack(self, packed: torch.Tensor, positions: slice = slice(None), keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Shape: (2, N, P) -> (B, T', 2P), zero at padding, the backward half in reading order.
+
+        ``positions``: the time steps wanted (default all T); ``keep`` (B, T') bool: the positions
+        to fill, the others zero. ``packed`` may carry one more row, all zero (2, N+1, P); else one
+        is added.
+        """
         T, B = self.shape
-        full = packed.new_zeros(2, T * B, packed.shape[-1]).index_copy(1, self.index, packed)  # (2, T*B, P)
-        if self.shared_first:
-            full[:, 1:B] = packed[:, :1]  # step 0 ran once for all rows
-        full = full.view(2, T, B, -1)
-        both = torch.cat([full[0], _reverse(full[1], self.rev)], dim=-1)  # (T, B, 2P)
-        return both.transpose(0, 1)[self.inverse]  # (B, T, 2P)
+        N = self.sources.shape[1]
+        if packed.shape[1] == N:
+            packed = torch.cat([packed, packed.new_zeros(2, 1, packed.shape[-1])], dim=1)  # (2, N+1, P)
+        targets = self.targets.view(2, B, T)[:, :, positions]  # (2, B, T')
+        if keep is not None:
+            targets = torch.where(keep, targets, N)
+        index = torch.stack([targets[0], targets[1] + (N + 1)], dim=-1)  # (B, T', 2) into both directions
+        return packed.reshape(2 * (N + 1), -1)[index].flatten(2)  # (B, T', 2P)

@@ -44,17 +44,18 @@ def lstm_step(gates: torch.Tensor, c_prev: torch.Tensor, w_proj: torch.Tensor,
 
 def lstm_step_inplace(gates: torch.Tensor, c_prev: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor],
                       cell_clip: float | None, proj_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``lstm_step`` for inference: overwrites ``gates`` instead of allocating, and ``project``
-    applies W_P (a pre-packed oneDNN product on x86 CPUs). No autograd.
+    """``lstm_step`` for inference, in place: ``gates`` is overwritten and ``c_prev`` (a view into the
+    caller's state buffer) becomes the new cell state, which is returned; ``project`` applies W_P
+    (a pre-packed oneDNN product on x86 CPUs). No autograd.
 
-    Shape: gates (..., N, 4C), c_prev (..., N, C) -> h (..., N, P), c (..., N, C).
+    Shape: gates (..., N, 4C), c_prev (..., N, C) -> h (..., N, P), c (..., N, C) (c_prev itself).
     """
     C = c_prev.shape[-1]
     gates[..., :C].sigmoid_()  # i
     gates[..., C : 2 * C].tanh_()  # j
     gates[..., 2 * C :].sigmoid_()  # f, o
     i, j, f, o = gates.chunk(4, dim=-1)  # (..., N, C) each
-    c = torch.addcmul(f * c_prev, i, j)  # (..., N, C)
+    c = c_prev.mul_(f).addcmul_(i, j)  # (..., N, C): f c_prev + i j, in c_prev's buffer
     if cell_clip is not None:
         c.clamp_(-cell_clip, cell_clip)
     h = project(o.mul_(torch.tanh(c)))  # (..., N, P)

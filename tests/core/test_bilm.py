@@ -28,8 +28,16 @@ def _run(model, sentences):
     return out.layers.numpy(), out.mask.numpy()
 
 
+@pytest.mark.parametrize("prepacked", [False, True], ids=["plain-gemm", "prepacked-gemm"])
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_matches_reference_for_every_option(name, tmp_path):
+def test_matches_reference_for_every_option(name, prepacked, tmp_path, monkeypatch):
+    """Both recurrent-product paths: the tiny models take the plain one unless pre-packing is forced."""
+    from elmo_core.lstm import BiLstmStack
+    from elmo_core.packed_gemm import packed_gemm_available
+
+    if prepacked and not packed_gemm_available(torch.device("cpu")):
+        pytest.skip("this torch build has no oneDNN pre-packed linear (non-x86 CPU)")
+    monkeypatch.setattr(BiLstmStack, "packed_gemm_min_weights", 0 if prepacked else 1 << 62)
     options = VARIANTS[name]
     model_dir = make_model_dir(tmp_path / name, options, seed=3, lstm_scale=2.0)
     model = load_bilm(model_dir)

@@ -15,7 +15,9 @@ def test_inplace_step_equals_the_reference(clips):
     c_prev = torch.randn(D, N, C, generator=g, dtype=torch.float64)  # (D, N, C)
     w_proj = torch.randn(D, C, P, generator=g, dtype=torch.float64)  # (D, C, P)
     h_ref, c_ref = lstm_step(gates, c_prev, w_proj, *clips)
-    h, c = lstm_step_inplace(gates.clone(), c_prev, lambda m: torch.bmm(m, w_proj), *clips)
+    state = c_prev.clone()
+    h, c = lstm_step_inplace(gates.clone(), state, lambda m: torch.bmm(m, w_proj), *clips)
+    assert c is state  # updated in the caller's buffer
     torch.testing.assert_close(h, h_ref, rtol=0, atol=1e-12)
     torch.testing.assert_close(c, c_ref, rtol=0, atol=1e-12)
     if clips[0] is not None:
