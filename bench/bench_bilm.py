@@ -36,16 +36,6 @@ FULL_SIZE = {
 PEAK_FP32_FLOPS = 200e9  # this CPU, 2 threads (AVX-512)
 
 
-def flops_per_token(cfg: ElmoConfig) -> float:
-    """Multiply-adds x 2 for one real token (char-CNN once per token, LSTM both directions)."""
-    cc, ls = cfg.char_cnn, cfg.lstm
-    conv = sum(2 * cc.embedding_dim * w * n * (cc.max_characters_per_token - w + 1) for w, n in cc.filters)
-    F, P, C = cc.n_filters, ls.projection_dim, ls.dim
-    highway = cc.n_highway * 2 * F * 2 * F
-    lstm = ls.n_layers * 2 * 2 * (2 * P * 4 * C + C * P)
-    return conv + highway + 2 * F * P + lstm
-
-
 def full_size_model(workdir: Path) -> Path:
     model_dir = workdir / "elmo_2x4096_512_2048cnn_2xhighway_random"
     if not (model_dir / "weights.hdf5").is_file():
@@ -120,10 +110,10 @@ def main() -> None:
     sent_file = a.workdir / "bench_sentences.txt"
     sent_file.write_text("\n".join(" ".join(s) for s in sents) + "\n", encoding="utf-8")
     cfg = ElmoConfig.from_dict(FULL_SIZE)
-    bound = PEAK_FP32_FLOPS / flops_per_token(cfg)
+    bound = PEAK_FP32_FLOPS / cfg.flops_per_token
     print(f"full-size biLM, {a.batches} batches x {a.batch_size} sentences "
           f"({sum(map(len, sents[a.batch_size:])) / (a.batches * a.batch_size):.1f} tokens/sentence), "
-          f"threads={a.threads}, {flops_per_token(cfg) / 1e6:.0f} MFLOP/token, fp32 bound {bound:.0f} tokens/s")
+          f"threads={a.threads}, {cfg.flops_per_token / 1e6:.0f} MFLOP/token, fp32 bound {bound:.0f} tokens/s")
     print(f"character ids: {char_ids_rate(sents) / 1e6:.2f}M tokens/s on one core (target >= 1M)")
     backend = TorchBackend.from_files(model_dir, threads=a.threads)
     ours, outs = time_ours(backend, batches)

@@ -7,13 +7,14 @@ Each run is a fresh process. ``--baseline REV`` runs the same job with the code 
 (a git worktree) in the same session, taking turns with this tree; each figure is the best of
 ``--repeats``. The stage seconds of this tree's best run are printed too.
 
-    python bench/bench_host.py [--rows 40000] [--repeats 2] [--dtype float16] [--baseline REV]
+    python bench/bench_host.py [--rows 40000] [--repeats 2] [--dtype float16] [--threads N] [--baseline REV]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,7 +26,9 @@ TINY = {"lstm": {"dim": 8, "projection_dim": 512, "n_layers": 2, "cell_clip": 3,
         "char_cnn": {"embedding": {"dim": 4}, "filters": [[1, 4]], "n_highway": 0, "n_characters": 262,
                      "max_characters_per_token": 50, "activation": "relu"}}
 JOB = ("import json, sys; from pipelines import embed_parquet; "
-       "m = embed_parquet(sys.argv[1], sys.argv[2], sys.argv[3], dtype=sys.argv[4], output='mixed', quiet=True); "
+       "threads = int(sys.argv[5]) or None; "
+       "m = embed_parquet(sys.argv[1], sys.argv[2], sys.argv[3], dtype=sys.argv[4], output='mixed', quiet=True, "
+       "threads=threads); "
        "print(json.dumps({'tokens_per_s': m['this_run']['tokens_per_second'], 'tokens': m['tokens'], "
        "'stages': m.get('stages')}))")
 
@@ -44,8 +47,8 @@ def prepare(work: Path, rows: int) -> tuple[Path, Path]:
     return model, corpus
 
 
-def run_job(tree: Path, corpus: Path, out: Path, model: Path, dtype: str) -> dict:
-    r = subprocess.run([sys.executable, "-c", JOB, str(corpus), str(out), str(model), dtype], cwd=tree,
+def run_job(tree: Path, corpus: Path, out: Path, model: Path, dtype: str, threads: int) -> dict:
+    r = subprocess.run([sys.executable, "-c", JOB, str(corpus), str(out), str(model), dtype, str(threads)], cwd=tree,
                        env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"the job failed in {tree}:\n{r.stderr[-3000:]}")
@@ -58,6 +61,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--dtype", default="float16", choices=("float16", "float32"))
     ap.add_argument("--baseline", help="a git revision to time in turns with this tree")
+    ap.add_argument("--threads", type=int, default=0, help="the job's --threads (default: torch's)")
     ap.add_argument("--work", type=Path, help="work directory (default: a temporary one)")
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_host_"))
@@ -73,7 +77,9 @@ def main() -> None:
     best: dict[str, dict] = {}
     for rep in range(args.repeats):
         for name, tree in trees.items():
-            result = run_job(tree, corpus, work / f"out-{name.replace(' ', '_')}-{rep}", model, args.dtype)
+            out = work / f"out-{name.replace(' ', '_')}-{rep}"
+            shutil.rmtree(out, ignore_errors=True)
+            result = run_job(tree, corpus, out, model, args.dtype, args.threads)
             print(f"  {name:>20}, run {rep + 1}: {result['tokens_per_s']:>9,.0f} tokens/s", flush=True)
             if name not in best or result["tokens_per_s"] > best[name]["tokens_per_s"]:
                 best[name] = result

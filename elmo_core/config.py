@@ -81,6 +81,17 @@ class ElmoConfig:
     def n_output_layers(self) -> int:
         return self.lstm.n_layers + 1
 
+    @property
+    def flops_per_token(self) -> float:
+        """Multiply-adds x 2 for one real token: the char-CNN once (every position of the 50), the
+        highway and projection, both directions of every LSTM layer. Full size: 204 MFLOP."""
+        cc, ls = self.char_cnn, self.lstm
+        conv = sum(2 * cc.embedding_dim * w * n * (cc.max_characters_per_token - w + 1) for w, n in cc.filters)
+        F, P, C = cc.n_filters, ls.projection_dim, ls.dim
+        highway = cc.n_highway * 2 * F * 2 * F
+        lstm = ls.n_layers * 2 * 2 * (2 * P * 4 * C + C * P)
+        return conv + highway + 2 * F * P + lstm
+
     # ---- options.json ---------------------------------------------------------------------
     @classmethod
     def from_dict(cls, options: dict[str, Any], source: str = "options") -> "ElmoConfig":

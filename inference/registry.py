@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from elmo_core import ElmoConfig
 from elmo_core.model_io import file_sha256, resolve_model
 
 from .backends import Backend
 from .errors import BackendUnavailableError
-from .export_manifest import ENGINE_NAME, ONNX_NAME
+from .export_manifest import ENGINE_NAME, ONNX_NAME, read_manifest
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,14 @@ def open_backend(model: str | Path, backend: str = "torch", *, threads: int | No
         return cls(model, providers=list(providers) if providers is not None else onnx_providers(device),
                    threads=threads, **options)
     return cls(model, **options)
+
+
+def model_config(model: str | Path, backend: str = "torch", weights: str | Path | None = None) -> ElmoConfig:
+    """The architecture a backend would run, read without loading the model."""
+    if backend_kind(backend).artifact is None:
+        return ElmoConfig.from_json(resolve_model(model, weights).options)
+    manifest = read_manifest(model, backend)
+    return ElmoConfig.from_dict(manifest["source"]["architecture"], f"{model}: manifest architecture")
 
 
 def model_identity(model: str | Path, backend: str = "torch", weights: str | Path | None = None) -> dict:

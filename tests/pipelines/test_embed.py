@@ -264,3 +264,17 @@ def test_device_option_is_checked_and_reaches_the_backend(corpus, tiny_dir, tmp_
         with pytest.raises(BackendUnavailableError, match="has no CUDAExecutionProvider; install the `gpu` extra"):
             embed_parquet(corpus, tmp_path / "o3", tiny_dir, backend="onnx", device="cuda", **FAST)
         assert not (tmp_path / "o3").exists()
+
+
+def test_default_threads_leave_a_core_to_the_job_when_the_model_is_cheap(tiny_dir):
+    import os
+
+    from elmo_core import ElmoConfig
+    from pipelines.predictor import default_threads
+
+    cores = len(os.sched_getaffinity(0))
+    assert ElmoConfig().flops_per_token == pytest.approx(204.26e6, rel=1e-3)  # the published full size
+    assert default_threads(ElmoConfig(), "cpu") is None  # compute-bound: the backend's default, every core
+    assert default_threads(ElmoConfig(), "cuda") == max(1, cores - 1)
+    tiny = ElmoConfig.from_json(tiny_dir / "options.json")
+    assert default_threads(tiny, "cpu") == max(1, cores - 1)
