@@ -11,6 +11,7 @@ from inference.registry import BACKEND_NAMES
 from pipelines.corpus import write_sample_corpus
 from pipelines.job import embed_parquet
 from pipelines.options import DTYPES, ENGINES, EmbedOptions
+from pipelines.schema import COMPRESSIONS
 from pipelines.verify import verify_output
 
 OUTPUTS = ("mixed",) + tuple(m for m in OUTPUT_MODES if m != "mixed")  # the default first
@@ -39,6 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     out.add_argument("--mix", help="scalar mix weights s0,s1,... (before softmax; default equal)")
     out.add_argument("--gamma", type=float, default=d.gamma)
     out.add_argument("--dtype", choices=DTYPES, default=d.dtype)
+    out.add_argument("--compression", choices=COMPRESSIONS, default=d.compression,
+                     help="of the output shards (measured: all about as fast; zstd 8%% smaller in float16)")
     out.add_argument("--max-sentence-length", type=int, default=d.max_sentence_length,
                      help="longer rows are embedded in overlapping windows and joined back")
     out.add_argument("--window-context", type=int, help="context tokens each side of a window (default M/8)")
@@ -68,7 +71,7 @@ def options_from_args(args: argparse.Namespace) -> dict:
     names = ("backend", "text_column", "tokens_column", "id_column", "keep_columns", "output", "mix", "gamma",
              "dtype", "max_sentence_length", "window_context", "max_tokens_per_batch", "sort_window_rows",
              "sort_window_tokens", "rows_per_shard", "threads", "engine", "workers", "ray_address",
-             "num_gpus_per_worker", "resume", "quiet", "device", "weights", "verify_inputs")
+             "num_gpus_per_worker", "resume", "quiet", "device", "weights", "verify_inputs", "compression")
     return {n: getattr(args, n) for n in names}
 
 

@@ -15,6 +15,8 @@ from elmo_core.errors import ElmoError, InputError
 from inference.outputs import OUTPUT_MODES
 from inference.registry import BACKEND_NAMES
 
+from .schema import COMPRESSIONS
+
 ENGINES = ("local", "ray")
 DTYPES = ("float32", "float16")
 
@@ -23,7 +25,7 @@ DTYPES = ("float32", "float16")
 # device: CPU and GPU agree to float rounding, as thread counts do.
 RUNTIME_ONLY = frozenset({"max_tokens_per_batch", "sort_window_rows", "sort_window_tokens", "workers",
                           "threads", "quiet", "ray_address", "num_gpus_per_worker", "resume", "prefetch",
-                          "device", "weights", "verify_inputs"})
+                          "device", "weights", "verify_inputs", "compression"})
 
 
 class OutputDirError(ElmoError):
@@ -60,12 +62,14 @@ class EmbedOptions:
     device: str = "cpu"  # cpu | cuda | cuda:N: where the torch or ONNX Runtime backend runs
     weights: str | None = None  # the weights file, when MODEL's directory holds several (torch backend)
     verify_inputs: bool = False  # hash every input file's bytes into the job's identity (see docs)
+    compression: str = "snappy"  # of the output shards: snappy | none | lz4 | zstd (the same values)
 
     def __post_init__(self) -> None:
         _check_choice("backend", self.backend, BACKEND_NAMES)
         _check_choice("output", self.output, OUTPUT_MODES)
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("engine", self.engine, ENGINES)
+        _check_choice("compression", self.compression, COMPRESSIONS)
         for name in ("max_sentence_length", "rows_per_shard", "max_tokens_per_batch", "sort_window_rows",
                      "sort_window_tokens", "workers", "prefetch"):
             if int(getattr(self, name)) <= 0:

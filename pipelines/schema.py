@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 ELMO_COLUMN = "elmo"
-COMPRESSION = "snappy"
+COMPRESSIONS = ("snappy", "none", "lz4", "zstd")  # of the output shards; measured in docs/pipelines.md
 
 
 def elmo_type(dim: int, n_layers: int, output: str, dtype: str) -> pa.DataType:
@@ -30,12 +30,13 @@ def output_schema(passthrough: pa.Schema, dim: int, n_layers: int, output: str, 
     return passthrough.append(pa.field(ELMO_COLUMN, elmo_type(dim, n_layers, output, dtype)))
 
 
-def parquet_options(schema: pa.Schema) -> dict[str, Any]:
-    """``pyarrow.parquet.ParquetWriter`` keyword arguments for an output shard: page checksums on;
-    dictionary encoding only for the passed-through columns that are not floats or lists
-    (dictionaries of float vectors cost time and save nothing)."""
+def parquet_options(schema: pa.Schema, compression: str = COMPRESSIONS[0]) -> dict[str, Any]:
+    """``pyarrow.parquet.ParquetWriter`` keyword arguments for an output shard: ``compression`` for
+    every column (the vectors are nearly all of it), page checksums on; dictionary encoding only
+    for the passed-through columns that are not floats or lists (dictionaries of float vectors
+    cost time and save nothing)."""
     vectors_and_lists = {f.name for f in schema if pa.types.is_list(f.type) or pa.types.is_floating(f.type)}
-    return {"compression": COMPRESSION, "write_page_checksum": True,
+    return {"compression": compression, "write_page_checksum": True,
             "use_dictionary": [f.name for f in schema if f.name not in vectors_and_lists]}
 
 

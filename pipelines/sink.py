@@ -66,7 +66,7 @@ class ShardWriter:
         self.final = out_dir / shard.name
         self.tmp = out_dir / f".{shard.name}.tmp"
         self.counts = dict.fromkeys(COUNTS, 0)
-        self.writer = pq.ParquetWriter(self.tmp, schema, **parquet_options(schema))
+        self.writer = pq.ParquetWriter(self.tmp, schema, **parquet_options(schema, opts.compression))
 
     def write(self, table: pa.Table, invalid_utf8: int = 0) -> None:
         """Shape: R rows of the shard, in input order, with the job's output columns."""

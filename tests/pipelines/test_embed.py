@@ -278,3 +278,17 @@ def test_default_threads_leave_a_core_to_the_job_when_the_model_is_cheap(tiny_di
     assert default_threads(ElmoConfig(), "cuda") == max(1, cores - 1)
     tiny = ElmoConfig.from_json(tiny_dir / "options.json")
     assert default_threads(tiny, "cpu") == max(1, cores - 1)
+
+
+def test_compression_of_the_vector_column(corpus, tiny_dir, tmp_path):
+    base = embed_parquet(corpus, tmp_path / "snappy", tiny_dir, **FAST)
+    m = embed_parquet(corpus, tmp_path / "zstd", tiny_dir, compression="zstd", **FAST)
+    assert m["options"]["compression"] == "zstd" and base["options"]["compression"] == "snappy"
+    shard = sorted((tmp_path / "zstd").glob("part-*.parquet"))[0]
+    meta = pq.ParquetFile(shard).metadata.row_group(0)
+    assert {meta.column(i).compression for i in range(meta.num_columns)} == {"ZSTD"}
+    a = ds.dataset(tmp_path / "snappy", format="parquet").to_table()
+    b = ds.dataset(tmp_path / "zstd", format="parquet").to_table()
+    assert a.equals(b)
+    with pytest.raises(InputError, match="compression must be one of"):
+        embed_parquet(corpus, tmp_path / "bad", tiny_dir, compression="gzip", **FAST)
