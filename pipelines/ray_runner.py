@@ -12,6 +12,7 @@ The driver holds OUTPUT_DIR's lock, hands out shards and collects their commit r
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,6 +22,7 @@ from elmo_core.errors import InputError
 from .options import EmbedOptions
 from .predictor import ElmoPredictor
 from .progress import Progress
+from .reaper import descendants, reap_with
 from .shard_loop import embed_shards
 from .source import Shard
 from .stages import StageClock
@@ -44,7 +46,10 @@ def _init_ray(opts: EmbedOptions):  # type: ignore[no-untyped-def]
     except ImportError:
         raise InputError("--engine ray needs Ray: pip install -e '.[ray]'") from None
     if not ray.is_initialized():
+        before = set(descendants(os.getpid()))
         ray.init(address=opts.ray_address, include_dashboard=False, log_to_driver=not opts.quiet)
+        if opts.ray_address is None:  # a local cluster of our own: it ends with this process, however it ends
+            reap_with(os.getpid(), [p for p in descendants(os.getpid()) if p not in before])
     return ray
 
 

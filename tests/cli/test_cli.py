@@ -27,3 +27,18 @@ def test_console_script_is_installed(tiny_dir):
     r = subprocess.run([str(elmo), "info", str(tiny_dir)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "params" in r.stdout and "2 layers, cell 24, projection 8" in r.stdout
+
+
+def test_a_signal_during_imports_exits_cleanly(tiny_dir, tmp_path):
+    """Ctrl-C or SIGTERM while the command's modules are still importing (torch takes ~1-2 s):
+    a one-line message and the signal's exit code, no traceback."""
+    import signal
+    import time
+
+    for sig, code, word in ((signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")):
+        proc = subprocess.Popen([sys.executable, "-m", "elmo_cli", "info", str(tiny_dir)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        time.sleep(0.3)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == code and word in err and "Traceback" not in err, (sig, proc.returncode, err)

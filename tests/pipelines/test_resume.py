@@ -74,3 +74,36 @@ def test_resume_redoes_a_damaged_shard(tiny_dir, tmp_path):
     with pytest.raises(Exception, match="not a shard of this job"):
         (out / "part-00009-00000.parquet").write_bytes(b"x")
         embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
+
+
+def test_sigkill_of_a_ray_driver_takes_its_local_cluster_with_it(tiny_dir, tmp_path):
+    pytest.importorskip("ray", reason="Ray is the optional 'ray' extra")
+    from pipelines.reaper import descendants
+
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=900, files=2, row_group_rows=100)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "elmo_cli", "embed", str(corpus), str(out), "--model", str(tiny_dir), "--engine",
+           "ray", "--workers", "1", "--rows-per-shard", "30", "--sort-window-rows", "15", "--threads", "1", "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not list((out / "_shards").glob("*.json")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the run ended before it could be killed: {proc.communicate()}"
+    cluster = descendants(proc.pid)
+    assert cluster, "the driver started no processes"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    def running(pid: int) -> bool:  # a zombie (state Z) has ended; only its parent's wait() is missing
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 30
+    while any(map(running, cluster)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [p for p in cluster if running(p)]
+    assert not left, f"processes of the killed driver's Ray cluster still run: {left}"
+    r = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
