@@ -45,7 +45,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     out.add_argument("--max-sentence-length", type=int, default=d.max_sentence_length,
                      help="longer rows are embedded in overlapping windows and joined back")
     out.add_argument("--window-context", type=int, help="context tokens each side of a window (default M/8)")
-    run = p.add_argument_group("running")
+    _add_running_arguments(p.add_argument_group("running"), d)
+    p.set_defaults(func=run_embed)
+
+
+def _add_running_arguments(run: argparse._ArgumentGroup, d: EmbedOptions) -> None:
+    """The options that change how fast a job runs and how it resumes, not what it writes."""
     run.add_argument("--max-tokens-per-batch", type=int, default=d.max_tokens_per_batch,
                      help="padded tokens (rows x longest row) per model call")
     run.add_argument("--sort-window-rows", type=int, default=d.sort_window_rows,
@@ -64,7 +69,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="hash every input file's bytes into the job (an edit that keeps size and mtime is seen)")
     run.add_argument("--quiet", action="store_true", help="no progress bar and summary")
     run.add_argument("--json", action="store_true", help="print the manifest as JSON on stdout")
-    p.set_defaults(func=run_embed)
 
 
 def options_from_args(args: argparse.Namespace) -> dict:

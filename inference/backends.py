@@ -1,7 +1,8 @@
 """Backends run the biLM on character ids; the Embedder and the pipelines only see this interface.
 
 A backend is a context manager with ``run(char_ids) -> (layers, mask)`` on numpy arrays:
-char_ids (B, T, C) int32 without boundary tokens -> layers (B, L+1, T, 2P) float32, mask (B, T) bool.
+char_ids (B, T, C) int32 without boundary tokens -> layers (B, L+1, T, 2P) float32, mask (B, T) bool;
+and ``run_combined(char_ids, weights, dtype) -> (sum_j weights[j] * layer_j (B, T, 2P), mask)``.
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ class Backend(Protocol):
     name: str
 
     def run(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def run_combined(self, char_ids: np.ndarray, weights: np.ndarray,
+                     dtype: np.dtype | type = np.float32) -> tuple[np.ndarray, np.ndarray]: ...
 
     def close(self) -> None: ...
 
