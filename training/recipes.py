@@ -32,7 +32,7 @@ def train_default_model(work: str | Path, minutes: float, log: Callable[[str], N
     if not (corpus / "valid").is_dir():
         write_sotu_corpus(corpus)
     opts = TrainOptions(train=str(corpus / "train"), valid=str(corpus / "valid"), options=default_options_path(),
-                        out=str(run), max_minutes=minutes)
+                        out=str(run), max_minutes=minutes, final_valid_sentences=2000)  # a quick check, not the full split
     log(f"training the default model for {minutes:g} min ({opts.options}) into {run}")
     train(opts, resume=(run / "checkpoints").is_dir(), log=log)
     if not (run / "model" / "options.json").is_file():
