@@ -5,6 +5,7 @@ from .config import CharCnnConfig, ElmoConfig, LstmConfig, TrainingConfig
 from .errors import ConfigError, ElmoError, InputError, WeightsError
 from .lstm import LstmState
 from .model_io import ModelFiles, load_bilm, resolve_model, save_model
+from .pooling import POOLS, pool_tokens
 from .runtime import bound_primitive_caches
 from .scalar_mix import ScalarMix
 
@@ -13,5 +14,6 @@ bound_primitive_caches()  # before torch builds any oneDNN primitive (importing 
 __all__ = [
     "BiLM", "BiLMOutput", "StatefulBiLM", "batch_to_ids", "tokens_to_char_ids", "CharCnnConfig",
     "ElmoConfig", "LstmConfig", "TrainingConfig", "ConfigError", "ElmoError", "InputError",
-    "WeightsError", "LstmState", "ModelFiles", "load_bilm", "resolve_model", "save_model", "ScalarMix",
+    "WeightsError", "LstmState", "ModelFiles", "load_bilm", "resolve_model", "save_model", "ScalarMix", "POOLS",
+    "pool_tokens",
 ]

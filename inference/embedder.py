@@ -5,8 +5,9 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
+import torch
 
-from elmo_core import batch_to_ids
+from elmo_core import POOLS, batch_to_ids, pool_tokens
 from elmo_core.chars import check_sentences
 from elmo_core.errors import InputError
 
@@ -90,23 +91,33 @@ class Embedder:
 
     def embed_sentences(self, sentences: Sequence[Sequence[str]], batch_size: int | None = None,
                         output: str = "all", mix_weights: Sequence[float] | None = None, gamma: float = 1.0,
-                        layer_norm: bool = False) -> list[np.ndarray]:
+                        layer_norm: bool = False, pool: str | None = None) -> list[np.ndarray | None]:
         """Vectors of each sentence, in input order.
 
         ``output``: 'all' gives (L+1, T_i, 2P) per sentence; 'top', 'average' and 'mixed' give
         (T_i, 2P). ``mix_weights`` are the scalar mix's unnormalised s (softmax applied).
-        An empty sentence gives an empty array.
+        An empty sentence gives an empty array. ``pool`` 'mean' or 'max' gives one vector per
+        sentence instead, over its tokens only: (L+1, 2P) for 'all', else (2P,); None for an
+        empty sentence.
         """
         check_sentences(sentences)
         check_output(output, self.config.n_output_layers, mix_weights)
+        if pool is not None and pool not in POOLS:
+            raise InputError(f"pool must be None or one of {POOLS}, got {pool!r}")
         batch_size = self.batch_size if batch_size is None else batch_size
         if batch_size <= 0:
             raise InputError(f"batch_size must be positive, got {batch_size}")
         results: list[np.ndarray | None] = [None] * len(sentences)
         for rows in self._batches(sentences, batch_size):
             layers, mask = self.embed_batch([sentences[i] for i in rows])
-            reduced = reduce_layers(layers, mask, output, mix_weights, gamma, layer_norm)
+            reduced = reduce_layers(layers, mask, output, mix_weights, gamma, layer_norm)  # (B, [L+1,] T, D)
+            if pool is not None:
+                tokens = np.moveaxis(reduced, 2, 1) if output == "all" else reduced  # (B, T, [L+1,] D)
+                pooled = pool_tokens(torch.from_numpy(tokens), torch.from_numpy(mask), pool).numpy()  # (B, [L+1,] D)
+                for k, i in enumerate(rows):
+                    results[i] = pooled[k].astype(np.float32) if len(sentences[i]) else None
+                continue
             for k, i in enumerate(rows):
                 n = len(sentences[i])
                 results[i] = np.ascontiguousarray(reduced[k, :, :n] if output == "all" else reduced[k, :n])
-        return results  # type: ignore[return-value]
+        return results

@@ -1,0 +1,27 @@
+"""Sentence vectors: a sentence's token vectors pooled into one, masked so padding never enters.
+
+``mean`` sums the real tokens and divides by their count; ``max`` takes each dimension's
+largest value over the real tokens. A sentence with no token has no vector (NaN rows here; the
+callers turn them into None / null).
+"""
+from __future__ import annotations
+
+import torch
+
+from .errors import InputError
+
+POOLS = ("mean", "max")
+
+
+def pool_tokens(x: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
+    """Shape: x (B, T, ...) token vectors (any trailing dims, e.g. (L+1, D)), mask (B, T) bool
+    -> (B, ...) in float32 or wider; NaN where a row has no token."""
+    if how not in POOLS:
+        raise InputError(f"pool must be one of {POOLS}, got {how!r}")
+    x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    m = mask.reshape(mask.shape + (1,) * (x.dim() - 2))  # (B, T, 1, ...)
+    if how == "mean":
+        count = mask.sum(dim=1).to(x.dtype).reshape((-1,) + (1,) * (x.dim() - 2))  # (B, 1, ...)
+        return torch.where(m, x, 0).sum(dim=1) / count  # 0 / 0 = NaN for an empty row
+    pooled = torch.where(m, x, float("-inf")).amax(dim=1)  # (B, ...)
+    return torch.where(mask.any(dim=1).reshape((-1,) + (1,) * (x.dim() - 2)), pooled, float("nan"))
