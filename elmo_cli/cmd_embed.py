@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from elmo_core.pooling import POOLS
 from inference.outputs import OUTPUT_MODES
 from inference.registry import BACKEND_NAMES
 from pipelines.corpus import write_sample_corpus
@@ -37,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     cols.add_argument("--keep-columns", default="", help="comma-separated columns copied to the output")
     out = p.add_argument_group("vectors")
     out.add_argument("--output", choices=OUTPUTS, default=d.output)
+    out.add_argument("--pool", choices=POOLS, help="one vector per row, pooled over its tokens (null for an empty row)")
     out.add_argument("--mix", help="scalar mix weights s0,s1,... (before softmax; default equal)")
     out.add_argument("--gamma", type=float, default=d.gamma)
     out.add_argument("--dtype", choices=DTYPES, default=d.dtype)
@@ -72,7 +74,7 @@ def _add_running_arguments(run: argparse._ArgumentGroup, d: EmbedOptions) -> Non
 
 
 def options_from_args(args: argparse.Namespace) -> dict:
-    names = ("backend", "text_column", "tokens_column", "id_column", "keep_columns", "output", "mix", "gamma",
+    names = ("backend", "text_column", "tokens_column", "id_column", "keep_columns", "output", "pool", "mix", "gamma",
              "dtype", "max_sentence_length", "window_context", "max_tokens_per_batch", "sort_window_rows",
              "sort_window_tokens", "rows_per_shard", "threads", "engine", "workers", "ray_address",
              "num_gpus_per_worker", "resume", "quiet", "device", "weights", "verify_inputs", "compression")

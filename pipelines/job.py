@@ -69,7 +69,7 @@ def plan_job(input: str | Path, output: str | Path, model: str | Path, opts: Emb
     if opts.engine != "local":
         predictor.close()  # Ray's workers load their own
         predictor = None
-    schema = output_schema(passthrough, config.output_dim, config.n_output_layers, opts.output, opts.dtype)
+    schema = output_schema(passthrough, config.output_dim, config.n_output_layers, opts.output, opts.dtype, opts.pool)
     identity = {"inputs": [f.identity() for f in files],
                 "model": model_identity(model, opts.backend, opts.weights), "options": opts.identity()}
     return Job(str(input), out, Path(model), opts, files, schema, identity, digest(identity), predictor)

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
 from elmo_core.errors import ElmoError, InputError
+from elmo_core.pooling import POOLS
 from inference.outputs import OUTPUT_MODES
 from inference.registry import BACKEND_NAMES
 
@@ -42,6 +43,7 @@ class EmbedOptions:
     id_column: str | None = None
     keep_columns: tuple[str, ...] = ()
     output: str = "mixed"  # mixed | all | top | average
+    pool: str | None = None  # mean | max: one vector per row (over its tokens) instead of one per token
     mix: tuple[float, ...] | None = None  # scalar mix s (before softmax); None = equal weights
     gamma: float = 1.0
     dtype: str = "float32"
@@ -70,6 +72,8 @@ class EmbedOptions:
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("engine", self.engine, ENGINES)
         _check_choice("compression", self.compression, COMPRESSIONS)
+        if self.pool is not None:
+            _check_choice("pool", self.pool, POOLS)
         for name in ("max_sentence_length", "rows_per_shard", "max_tokens_per_batch", "sort_window_rows",
                      "sort_window_tokens", "workers", "prefetch"):
             if int(getattr(self, name)) <= 0:

@@ -87,7 +87,7 @@ class ElmoPredictor:
             raise InputError(f"--mix: the model has {self.config.n_output_layers} output layers, "
                              f"got {len(self.options.mix)} weights")
         self.dim, self.n_layers = self.config.output_dim, self.config.n_output_layers
-        self.type = elmo_type(self.dim, self.n_layers, self.options.output, self.options.dtype)
+        self.type = elmo_type(self.dim, self.n_layers, self.options.output, self.options.dtype, self.options.pool)
         self.weights = layer_weights(self.options.output, self.n_layers, self.options.mix, self.options.gamma)
 
     def close(self) -> None:
@@ -127,7 +127,7 @@ class ElmoPredictor:
         """
         opts, plan, clock = self.options, prepared.plan, clock or StageClock()
         shape = (plan.tokens, self.n_layers, self.dim) if opts.output == "all" else (plan.tokens, self.dim)
-        out = np.empty(shape, dtype=opts.dtype)  # (N tokens, [L+1,] D)
+        out = np.empty(shape, dtype=np.float32 if opts.pool else opts.dtype)  # (N tokens, [L+1,] D)
         for batch, ids in zip(plan.batches, prepared.char_ids):
             with clock.stage("model"):
                 if self.weights is None:
@@ -139,8 +139,28 @@ class ElmoPredictor:
                 rows, cols, dest = batch.gather_index()  # (n,) each
                 out[dest] = reduced[rows, cols]
         with clock.stage("assemble"):
-            column = self._column(out, plan.lengths)
+            column = self._pooled(out, plan.lengths) if opts.pool else self._column(out, plan.lengths)
             return prepared.passthrough.append_column(pa.field(ELMO_COLUMN, self.type), column)
+
+    def _pooled(self, out: np.ndarray, lengths: np.ndarray) -> pa.Array:
+        """Each row's tokens pooled (over all of its windows: they are joined in ``out`` already).
+
+        Shape: out (N, [L+1,] D) float32, lengths (R,) (-1: null) -> R vectors, null where no token.
+        """
+        n = np.maximum(lengths, 0)  # (R,)
+        starts = (np.cumsum(n) - n)[n > 0]  # (R',) of the rows that have tokens
+        rows = np.full((len(lengths),) + out.shape[1:], np.nan, np.float32)  # (R, [L+1,] D)
+        if starts.size:
+            if self.options.pool == "mean":
+                rows[n > 0] = np.add.reduceat(out, starts, axis=0) / n[n > 0].reshape((-1,) + (1,) * (out.ndim - 1))
+            else:
+                rows[n > 0] = np.maximum.reduceat(out, starts, axis=0)
+        values = np.ascontiguousarray(rows, dtype=self.options.dtype)
+        value_type = pa.float16() if values.dtype == np.float16 else pa.float32()
+        inner: pa.Array = pa.Array.from_buffers(value_type, values.size, [None, pa.py_buffer(values)])
+        if self.options.output == "all":  # (R, L+1, D): the layers' vectors, then the rows' lists of layers
+            inner = pa.FixedSizeListArray.from_arrays(inner, self.dim)
+        return pa.FixedSizeListArray.from_arrays(inner, type=self.type, mask=pa.array(n == 0))
 
     def _column(self, out: np.ndarray, lengths: np.ndarray) -> pa.Array:
         """Shape: out (N, [L+1,] D) in the output dtype, lengths (R,) (-1: null) -> R list values."""

@@ -6,6 +6,9 @@ Output columns: the ``--id-column``, the ``--keep-columns`` (as in the input), t
   - output all: ``list<fixed_size_list<fixed_size_list<float, D>, L+1>>``: per token, its L+1
     layers (layer 0 = the char-CNN token layer, then each biLSTM layer), i.e. (T, L+1, D) per row.
 A null text gives a null ``elmo``; an empty or whitespace-only text gives an empty list.
+With ``--pool mean|max`` the column holds one vector per row instead (the outer list dropped:
+``fixed_size_list<float, D>``, or ``fixed_size_list<fixed_size_list<float, D>, L+1>`` for output
+all), pooled over the row's tokens; null for a null or empty text.
 """
 from __future__ import annotations
 
@@ -17,17 +20,18 @@ ELMO_COLUMN = "elmo"
 COMPRESSIONS = ("snappy", "none", "lz4", "zstd")  # of the output shards; measured in docs/pipelines.md
 
 
-def elmo_type(dim: int, n_layers: int, output: str, dtype: str) -> pa.DataType:
+def elmo_type(dim: int, n_layers: int, output: str, dtype: str, pool: str | None = None) -> pa.DataType:
     """Shape: the Arrow type of the ``elmo`` column, see the module doc."""
     item = pa.list_(pa.float16() if dtype == "float16" else pa.float32(), dim)
     if output == "all":
         item = pa.list_(item, n_layers)
-    return pa.list_(item)
+    return item if pool else pa.list_(item)
 
 
-def output_schema(passthrough: pa.Schema, dim: int, n_layers: int, output: str, dtype: str) -> pa.Schema:
+def output_schema(passthrough: pa.Schema, dim: int, n_layers: int, output: str, dtype: str,
+                  pool: str | None = None) -> pa.Schema:
     """The passed-through columns (id, kept columns, in order) followed by ``elmo``."""
-    return passthrough.append(pa.field(ELMO_COLUMN, elmo_type(dim, n_layers, output, dtype)))
+    return passthrough.append(pa.field(ELMO_COLUMN, elmo_type(dim, n_layers, output, dtype, pool)))
 
 
 def parquet_options(schema: pa.Schema, compression: str = COMPRESSIONS[0]) -> dict[str, Any]:

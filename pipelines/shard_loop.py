@@ -68,7 +68,7 @@ class _WriterThread:
         self.thread.start()
 
     def put(self, item: tuple | None) -> None:
-        """Queue (shard, table, invalid_utf8, last), or None to finish; waits while the queue is full."""
+        """Queue (shard, table, row lengths, invalid_utf8, last), or None to finish; waits while full."""
         while True:
             if self.error is not None:
                 raise self.error
@@ -89,10 +89,10 @@ class _WriterThread:
                     continue
                 if item is None:
                     return
-                shard, table, invalid_utf8, last = item
+                shard, table, lengths, invalid_utf8, last = item
                 with self.clock.stage("write"):
                     writer = writer or ShardWriter(self.args[0], shard, *self.args[1:])
-                    writer.write(table, invalid_utf8)
+                    writer.write(table, lengths, invalid_utf8)
                     if last:
                         self.records.append(writer.commit())
                         writer = None
@@ -126,7 +126,7 @@ def embed_shards(predictor: ElmoPredictor, shards: list[Shard], out: Path, schem
     try:
         for shard, prepared, last in prefetch(_windows(shards, predictor, opts, clock), opts.prefetch):
             table = predictor.compute(prepared, clock)
-            writer.put((shard, table, prepared.invalid_utf8, last))
+            writer.put((shard, table, prepared.plan.lengths, prepared.invalid_utf8, last))
             on_batch(table.num_rows, prepared.plan.tokens)
         return writer.close()
     finally:

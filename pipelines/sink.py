@@ -23,19 +23,18 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from elmo_core.model_io import file_sha256
 
 from .options import EmbedOptions, OutputDirError
 from .rows import window_counts
-from .schema import ELMO_COLUMN, conform, parquet_options
+from .schema import conform, parquet_options
 from .source import Shard
 
 JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, COMMITS_DIR = "_job.json", "_manifest.json", "_SUCCESS", "_shards"
 SHARD_KEY = b"elmo.shard"
-COUNTS = ("rows", "tokens", "windows", "windowed_rows", "null_rows", "invalid_utf8")
+COUNTS = ("rows", "tokens", "windows", "windowed_rows", "null_rows", "empty_rows", "invalid_utf8")
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -68,15 +67,15 @@ class ShardWriter:
         self.counts = dict.fromkeys(COUNTS, 0)
         self.writer = pq.ParquetWriter(self.tmp, schema, **parquet_options(schema, opts.compression))
 
-    def write(self, table: pa.Table, invalid_utf8: int = 0) -> None:
-        """Shape: R rows of the shard, in input order, with the job's output columns."""
+    def write(self, table: pa.Table, lengths: np.ndarray, invalid_utf8: int = 0) -> None:
+        """Shape: R rows of the shard, in input order, with the job's output columns; lengths (R,)
+        each row's tokens (-1: null text)."""
         table = conform(table, self.schema)
         self.writer.write_table(table, row_group_size=max(1, table.num_rows))
-        lengths = pc.list_value_length(table.column(ELMO_COLUMN)).fill_null(-1).to_numpy(zero_copy_only=False)
         windows, windowed = window_counts(lengths, self.opts.max_sentence_length, self.opts.context)
         for key, n in (("rows", table.num_rows), ("tokens", int(np.maximum(lengths, 0).sum())), ("windows", windows),
                        ("windowed_rows", windowed), ("null_rows", int((lengths < 0).sum())),
-                       ("invalid_utf8", invalid_utf8)):
+                       ("empty_rows", int((lengths == 0).sum())), ("invalid_utf8", invalid_utf8)):
             self.counts[key] += n
 
     def footer_record(self) -> dict:

@@ -81,7 +81,12 @@ def _row_problems(out: Path, shard: dict, inp: dict, inputs: pa.Table, opts: Emb
                         f"{shard['row_start']}.. in order")
     tokens, _ = row_tokens(source.column(text), opts.tokens_column is not None, text)
     want = np.array([-1 if t is None else len(t) for t in tokens])
-    have = pc.list_value_length(got.column(ELMO_COLUMN)).fill_null(-1).to_numpy(zero_copy_only=False)
+    column = got.column(ELMO_COLUMN)
+    if opts.pool:  # one vector per row: present exactly where the row has tokens
+        want = np.where(want > 0, 1, -1)
+        have = np.where(column.is_null().to_numpy(zero_copy_only=False), -1, 1)
+    else:
+        have = pc.list_value_length(column).fill_null(-1).to_numpy(zero_copy_only=False)
     bad = np.flatnonzero(want != have)
     if bad.size:
         problems.append(f"{shard['file']}: row {shard['row_start'] + int(bad[0])} of {inp['path']} has "

@@ -17,6 +17,7 @@ from inference import Embedder
 from pipelines import ElmoPredictor, OutputDirError, embed_parquet
 from pipelines.corpus import write_sample_corpus
 from pipelines.rows import window_spans
+from pipelines.verify import verify_output
 
 ATOL = 1e-5
 FAST = dict(max_tokens_per_batch=2048, sort_window_rows=64, quiet=True)
@@ -292,3 +293,28 @@ def test_compression_of_the_vector_column(corpus, tiny_dir, tmp_path):
     assert a.equals(b)
     with pytest.raises(InputError, match="compression must be one of"):
         embed_parquet(corpus, tmp_path / "bad", tiny_dir, compression="gzip", **FAST)
+
+
+@pytest.mark.parametrize("output, pool", [("mixed", "mean"), ("all", "max")])
+def test_pooled_rows_pool_each_rows_token_vectors(tiny_dir, tmp_path, output, pool):
+    """One vector per row, pooled over all of its tokens (a long row over all of its windows), null
+    for null or empty text; against the same job's per-token output."""
+    texts = ["The cat sat on the mat .", None, "", "   ", " ".join(["word"] * 40) + " end", "Hi"]
+    corpus = tmp_path / "in" / "a.parquet"
+    corpus.parent.mkdir()
+    pq.write_table(pa.table({"id": list(range(len(texts))), "text": pa.array(texts, pa.string())}), corpus)
+    opts = dict(id_column="id", output=output, max_sentence_length=16, window_context=2, quiet=True)
+    m = embed_parquet(corpus, tmp_path / "pooled", tiny_dir, pool=pool, **opts)
+    embed_parquet(corpus, tmp_path / "tokens", tiny_dir, **opts)
+    assert m["null_rows"] == 1 and m["empty_rows"] == 2 and m["windowed_rows"] == 1
+    pooled = ds.dataset(tmp_path / "pooled", format="parquet").to_table()
+    assert pa.types.is_fixed_size_list(pooled.schema.field("elmo").type)
+    tokens = ds.dataset(tmp_path / "tokens", format="parquet").to_table().column("elmo").to_pylist()
+    for i, (got, tok) in enumerate(zip(pooled.column("elmo").to_pylist(), tokens)):
+        if not tok:  # null or no token
+            assert got is None, i
+            continue
+        tok = np.asarray(tok, np.float32)  # (T, [L+1,] D)
+        want = tok.mean(axis=0) if pool == "mean" else tok.max(axis=0)
+        np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=1e-5, rtol=1e-5, err_msg=str(i))
+    assert verify_output(tmp_path / "pooled")["rows"] == len(texts)
