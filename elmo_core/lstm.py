@@ -7,6 +7,7 @@ Padded positions neither change the state nor emit output.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Callable, Iterator
@@ -254,7 +255,8 @@ class Packing:
 
     Packing and unpacking are one indexed gather each: ``sources`` (2, N) says where each packed
     position reads in the (B*T) axis, ``targets`` (2, B*T) which packed position each time step
-    of each row comes from (N: none, a zero row).
+    of each row comes from (N: none, a zero row). Both are built on first use: training runs
+    ``Packing.full`` every step and never packs or unpacks.
     """
 
     def __init__(self, lengths: torch.Tensor, t_max: int, shared_first: bool = False) -> None:
@@ -262,27 +264,37 @@ class Packing:
         self.order = torch.argsort(lengths, descending=True, stable=True)  # (B,)
         self.inverse = torch.argsort(self.order)  # (B,)
         sorted_lengths = lengths[self.order]
-        rev = reverse_index(sorted_lengths, t_max)  # (T, B)
+        self._rev = reverse_index(sorted_lengths, t_max)  # (T, B)
         steps = sorted_lengths - 1 if shared_first else sorted_lengths  # the last step is skipped
         real = torch.arange(t_max, device=lengths.device)[:, None] < steps[None, :]  # (T, B)
         if shared_first:
             real[0, 1:] = False
-        index = torch.nonzero(real.reshape(-1)).squeeze(1)  # (N,) into the flat (T*B) axis
+        self._index = torch.nonzero(real.reshape(-1)).squeeze(1)  # (N,) into the flat (T*B) axis
         counts = [n for n in real.sum(1).tolist() if n > 0]
         self.steps = list(zip(accumulate([0] + counts[:-1]), counts))  # (offset, active rows) per step
-        B = lengths.shape[0]
-        self.shape = (t_max, B)
-        t, ranked = index // max(B, 1), index % max(B, 1)  # (N,) step and sorted row of each packed position
-        row = self.order[ranked] * t_max  # (N,)
-        self.sources = torch.stack([row + t, row + rev[t, ranked]])  # (2, N): forward, backward reading order
-        N = index.numel()
-        self.targets = torch.full((2, B * t_max), N, dtype=torch.long, device=lengths.device)  # (2, B*T)
+        self.shape = (t_max, lengths.shape[0])
+
+    @functools.cached_property
+    def sources(self) -> torch.Tensor:
+        """Shape: (2, N): where each packed position reads in the (B*T) axis, per direction."""
+        T, B = self.shape
+        t, ranked = self._index // max(B, 1), self._index % max(B, 1)  # (N,) step and sorted row
+        row = self.order[ranked] * T  # (N,)
+        return torch.stack([row + t, row + self._rev[t, ranked]])  # forward, backward reading order
+
+    @functools.cached_property
+    def targets(self) -> torch.Tensor:
+        """Shape: (2, B*T): the packed position each row's time step comes from (N: a zero row)."""
+        T, B = self.shape
+        N = self._index.numel()
+        targets = torch.full((2, B * T), N, dtype=torch.long, device=self.order.device)
         for d in range(2):
-            self.targets[d, self.sources[d]] = torch.arange(N, device=lengths.device)
-        if shared_first and B > 1:  # step 0 ran once (packed position 0); every row reads it
-            first = self.order * t_max  # (B,) each row's step 0, in sorted order
-            self.targets[0, first] = 0
-            self.targets[1, first + rev[0]] = 0
+            targets[d, self.sources[d]] = torch.arange(N, device=self.order.device)
+        if self.shared_first and B > 1:  # step 0 ran once (packed position 0); every row reads it
+            first = self.order * T  # (B,) each row's step 0, in sorted order
+            targets[0, first] = 0
+            targets[1, first + self._rev[0]] = 0
+        return targets
 
     @classmethod
     def full(cls, batch: int, t_max: int, device: torch.device | None = None) -> "Packing":

@@ -2,7 +2,8 @@
 
 ``mean`` sums the real tokens and divides by their count; ``max`` takes each dimension's
 largest value over the real tokens. A sentence with no token has no vector (NaN rows here; the
-callers turn them into None / null).
+callers turn them into None / null). ``pool_tokens`` is the reference; the pipeline pools ragged
+rows without padding them (``pipelines.predictor.ElmoPredictor._pooled``, tested against it).
 """
 from __future__ import annotations
 

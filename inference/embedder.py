@@ -52,8 +52,7 @@ class Embedder:
                   batch_size: int = 64, **kw: object) -> "Embedder":
         """An `elmo export onnx` directory on ONNX Runtime (see inference.onnx_backend.OnnxBackend);
         ``providers`` default to the CPU's."""
-        return cls.open(export_dir, "onnx", batch_size, providers=providers or ["CPUExecutionProvider"],
-                        threads=threads, **kw)
+        return cls.open(export_dir, "onnx", batch_size, providers=providers, threads=threads, **kw)
 
     @classmethod
     def from_tensorrt(cls, engine_dir: str | Path, batch_size: int = 64) -> "Embedder":

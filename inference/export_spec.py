@@ -13,6 +13,7 @@ import numpy as np
 from elmo_core import ElmoConfig
 
 from .errors import ExportError
+from .outputs import layer_weights
 
 INPUT_NAME = "char_ids"
 MASK_NAME = "mask"
@@ -133,10 +134,8 @@ class ExportSpec:
         return TOLERANCES[self.precision]
 
     def normalized_mix(self) -> np.ndarray:
-        """gamma * softmax(s), computed in float64. Shape: (L+1,)."""
-        s = np.zeros(self.n_layers) if self.mix_weights is None else np.asarray(self.mix_weights, np.float64)
-        w = np.exp(s - s.max())
-        return self.gamma * w / w.sum()
+        """gamma * softmax(s), computed in float64 (``inference.outputs.layer_weights``). Shape: (L+1,)."""
+        return layer_weights("mixed", self.n_layers, self.mix_weights, self.gamma)
 
     # ---- TensorRT -----------------------------------------------------------------------------
     def profile(self, min_bt: tuple[int, int], opt_bt: tuple[int, int],

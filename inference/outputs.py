@@ -45,7 +45,8 @@ def layer_weights(output: str, n_layers: int, mix_weights: Sequence[float] | Non
                   gamma: float = 1.0) -> np.ndarray | None:
     """The output mode as one weight per layer, where it is a linear combination of the layers:
     top (one-hot), average (1 / (L+1) each), mixed (``gamma * softmax(s)``, ScalarMix's own
-    normalisation); None for all. ``reduce_layers`` is the reference these weights must match.
+    normalisation, in float64); None for all. ``reduce_layers`` is the reference these weights
+    must match; the mixed ONNX export bakes the same weights in (``ExportSpec.normalized_mix``).
 
     Shape: -> (L+1,) float64, or None.
     """
@@ -56,9 +57,9 @@ def layer_weights(output: str, n_layers: int, mix_weights: Sequence[float] | Non
         return np.eye(n_layers)[-1]
     if output == "average":
         return np.full(n_layers, 1.0 / n_layers)
-    mix = ScalarMix(n_layers, mix_weights, gamma)
+    mix = ScalarMix(n_layers, mix_weights, gamma)  # its parameters, normalised here in float64
     with torch.no_grad():
-        return (mix.gamma.double() * mix.normalized_weights().double()).numpy()
+        return (mix.gamma.double() * torch.softmax(mix.scalars.double(), dim=0)).numpy()
 
 
 def combine_layers(layers: np.ndarray, weights: np.ndarray) -> np.ndarray:

@@ -143,7 +143,9 @@ class ElmoPredictor:
             return prepared.passthrough.append_column(pa.field(ELMO_COLUMN, self.type), column)
 
     def _pooled(self, out: np.ndarray, lengths: np.ndarray) -> pa.Array:
-        """Each row's tokens pooled (over all of its windows: they are joined in ``out`` already).
+        """Each row's tokens pooled (over all of its windows: they are joined in ``out`` already):
+        ``elmo_core.pooling.pool_tokens`` for ragged rows, without padding them (by ``reduceat``
+        over the row offsets); tested against it.
 
         Shape: out (N, [L+1,] D) float32, lengths (R,) (-1: null) -> R vectors, null where no token.
         """

@@ -298,7 +298,11 @@ def test_compression_of_the_vector_column(corpus, tiny_dir, tmp_path):
 @pytest.mark.parametrize("output, pool", [("mixed", "mean"), ("all", "max")])
 def test_pooled_rows_pool_each_rows_token_vectors(tiny_dir, tmp_path, output, pool):
     """One vector per row, pooled over all of its tokens (a long row over all of its windows), null
-    for null or empty text; against the same job's per-token output."""
+    for null or empty text; against the reference ``pool_tokens`` over the same job's per-token output."""
+    import torch
+
+    from elmo_core import pool_tokens
+
     texts = ["The cat sat on the mat .", None, "", "   ", " ".join(["word"] * 40) + " end", "Hi"]
     corpus = tmp_path / "in" / "a.parquet"
     corpus.parent.mkdir()
@@ -314,7 +318,7 @@ def test_pooled_rows_pool_each_rows_token_vectors(tiny_dir, tmp_path, output, po
         if not tok:  # null or no token
             assert got is None, i
             continue
-        tok = np.asarray(tok, np.float32)  # (T, [L+1,] D)
-        want = tok.mean(axis=0) if pool == "mean" else tok.max(axis=0)
+        tok = torch.from_numpy(np.asarray(tok, np.float32))[None]  # (1, T, [L+1,] D)
+        want = pool_tokens(tok, torch.ones(tok.shape[:2], dtype=torch.bool), pool)[0].numpy()  # the reference
         np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=1e-5, rtol=1e-5, err_msg=str(i))
     assert verify_output(tmp_path / "pooled")["rows"] == len(texts)
