@@ -2,8 +2,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# ray: the Ray Data engine's test runs a real local cluster (about 30 s).
-EXTRAS ?= dev,ray
+# ray: the Ray Data engine's test runs a real local cluster (about 30 s); serve: elmo serve's tests.
+EXTRAS ?= dev,ray,serve
 
 .PHONY: install test info clean engine demo embed
 

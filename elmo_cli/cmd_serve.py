@@ -1,0 +1,76 @@
+"""``elmo serve MODEL``: ELMo vectors over HTTP with dynamic batching (see docs/serving.md), on this
+machine (uvicorn) or on a Ray cluster (Ray Serve, ``--engine ray``)."""
+from __future__ import annotations
+
+import argparse
+import signal
+from dataclasses import fields
+
+from elmo_core.errors import InputError
+from inference.registry import BACKEND_NAMES, check_device, model_config
+from serving.limits import ServeLimits
+
+HELP = {
+    "max_batch_tokens": "padded tokens (sentences x longest) per model batch",
+    "max_wait_ms": "how long the oldest queued sentence waits for others to join its batch",
+    "max_queue": "sentences waiting for the model; a request that does not fit gets 503 + Retry-After",
+    "max_request_sentences": "sentences (or texts, or inputs) one request may hold (else 413)",
+    "max_sentence_tokens": "tokens one sentence may hold (else 413)",
+    "max_body_bytes": "bytes of one request body (else 413)",
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve ELMo vectors over HTTP (/embed, /v1/embeddings, /metrics)",
+                       description="Serve a model over HTTP with dynamic batching; prints `listening on URL` "
+                                   "once the model is loaded and warmed up (see docs/serving.md).")
+    p.add_argument("model", help="model directory (options.json + weights), or an export dir for onnx / tensorrt")
+    p.add_argument("--weights", help="the weights file, when MODEL's directory holds several")
+    p.add_argument("--backend", choices=BACKEND_NAMES, default="torch")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--threads", type=int, help="the model's threads (default: the backend's)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8080, help="0: any free port (the `listening on` line says which)")
+    limits = p.add_argument_group("limits")
+    for f in fields(ServeLimits):
+        limits.add_argument(f"--{f.name.replace('_', '-')}", type=float if f.name == "max_wait_ms" else int,
+                            default=f.default, help=f"{HELP[f.name]} (default {f.default})")
+    p.add_argument("--quiet", action="store_true", help="no access log line per request")
+    ray = p.add_argument_group("ray serve")
+    ray.add_argument("--engine", choices=("local", "ray"), default="local")
+    ray.add_argument("--replicas", type=int, default=1, help="Ray Serve replicas of the model")
+    ray.add_argument("--num-gpus-per-replica", type=float, default=0.0)
+    ray.add_argument("--ray-address", help="an existing Ray cluster (default: start a local one)")
+    p.set_defaults(func=run_serve)
+
+
+def _limits(args: argparse.Namespace) -> ServeLimits:
+    return ServeLimits(**{f.name: getattr(args, f.name) for f in fields(ServeLimits)})
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """uvicorn re-raises the signal that stopped it once it is done; a served-out stop exits 0."""
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    limits = _limits(args)
+    check_device(args.device, args.backend)
+    model_config(args.model, args.backend, args.weights)  # a bad model fails here, before binding the port
+    try:
+        from serving.server import run_server
+        from serving.service import ModelSource, ServingState
+    except ImportError as e:
+        raise InputError(f"elmo serve needs the `serve` extra: pip install 'elmo-pipeline[serve]' ({e})") from e
+    source = ModelSource(args.model, args.backend, args.device, args.weights, args.threads)
+    if args.engine == "ray":
+        from serving.ray_serve import run_ray_serve
+
+        return run_ray_serve(source, limits, args.host, args.port, args.replicas, args.num_gpus_per_replica,
+                             args.ray_address, args.quiet)
+    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        run_server(ServingState(source, limits), args.host, args.port, args.quiet)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0

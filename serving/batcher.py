@@ -1,0 +1,189 @@
+"""Dynamic batching across requests: the sentences of concurrent requests are pooled into model
+batches under a padded-token budget and run by one model thread.
+
+A request's sentences queue as separate items, so a large request may span several batches and a
+batch may hold sentences of many requests. A batch takes queued sentences of the oldest one's
+output spec in arrival order while ``sentences x longest sentence`` stays within
+``max_batch_tokens``; it starts as soon as it is full, or when its oldest sentence has waited
+``max_wait_ms``. The model function sorts a batch by length (``Embedder.embed_sentences``), and
+every backend is stateless here, so a sentence's vectors do not depend on its batch-mates.
+
+The event loop only enqueues and awaits; the model thread never touches the loop except through
+``call_soon_threadsafe``. A request whose awaiting task is cancelled (its client went away) has
+its queued sentences removed at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Sequence
+
+from .errors import NotReady, QueueFull
+from .limits import ServeLimits
+from .metrics import ServeMetrics
+
+# (spec, sentences) -> one result per sentence, in order; ``spec`` is the requests' output spec.
+RunBatch = Callable[[Hashable, list[Sequence[str]]], Sequence[Any]]
+
+
+@dataclass(eq=False)
+class _Ticket:
+    """One request: where its results go and how many are still missing."""
+
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    results: list
+    remaining: int
+    cancelled: bool = False
+
+
+@dataclass(eq=False)
+class _Item:
+    tokens: Sequence[str]
+    spec: Hashable
+    ticket: _Ticket
+    index: int
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+def _resolve(future: asyncio.Future, value: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
+
+
+def _deliver(ticket: _Ticket, value: Any, error: BaseException | None) -> None:
+    try:
+        ticket.loop.call_soon_threadsafe(_resolve, ticket.future, value, error)
+    except RuntimeError:  # its event loop is closed: nobody waits for this request any more
+        pass
+
+
+class DynamicBatcher:
+    """Queues sentences from any event loop and runs them through ``run_batch`` on one thread."""
+
+    def __init__(self, run_batch: RunBatch, limits: ServeLimits, metrics: ServeMetrics | None = None) -> None:
+        self._run_batch, self.limits, self.metrics = run_batch, limits, metrics
+        self._queue: list[_Item] = []
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._loop, name="elmo-batcher", daemon=True)
+
+    def start(self) -> "DynamicBatcher":
+        self._thread.start()
+        return self
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop taking requests, finish the queued ones, and stop the model thread."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def depth(self) -> int:
+        """Sentences waiting for the model."""
+        return len(self._queue)
+
+    async def submit(self, spec: Hashable, sentences: Sequence[Sequence[str]]) -> list:
+        """The results of ``run_batch`` for each sentence, in order. Raises QueueFull when the
+        queue has no room for all of them (nothing is queued then), NotReady once closing."""
+        if not sentences:
+            return []
+        loop = asyncio.get_running_loop()
+        ticket = _Ticket(loop, loop.create_future(), [None] * len(sentences), len(sentences))
+        with self._cond:
+            if self._closing:
+                raise NotReady("the server is shutting down")
+            if len(self._queue) + len(sentences) > self.limits.max_queue:
+                raise QueueFull(f"the queue holds {len(self._queue)} sentences (max_queue "
+                                f"{self.limits.max_queue}); this request has {len(sentences)}: retry later")
+            now = time.monotonic()
+            self._queue.extend(_Item(s, spec, ticket, i, now) for i, s in enumerate(sentences))
+            self._depth_changed()
+            self._cond.notify()
+        try:
+            return await ticket.future
+        except asyncio.CancelledError:
+            self._cancel(ticket)
+            raise
+
+    def _cancel(self, ticket: _Ticket) -> None:
+        with self._cond:
+            ticket.cancelled = True
+            kept = [item for item in self._queue if item.ticket is not ticket]
+            dropped = len(self._queue) - len(kept)
+            self._queue = kept
+            self._depth_changed()
+        if self.metrics and dropped:
+            self.metrics.cancelled_sentences.inc(dropped)
+
+    def _depth_changed(self) -> None:
+        if self.metrics:
+            self.metrics.queue_depth.set(len(self._queue))
+
+    def _select(self) -> tuple[list[int], bool]:
+        """Queue positions of the next batch (the oldest item's spec, in arrival order, within the
+        token budget) and whether it is full (the next eligible sentence would not fit)."""
+        spec, chosen, longest = self._queue[0].spec, [], 0
+        for pos, item in enumerate(self._queue):
+            if item.spec != spec:
+                continue
+            n = max(longest, len(item.tokens), 1)
+            if (len(chosen) + 1) * n > self.limits.max_batch_tokens:
+                return chosen, True
+            chosen.append(pos)
+            longest = n
+        return chosen, False
+
+    def _next_batch(self) -> list[_Item] | None:
+        """Blocks until a batch is due; None once closing with nothing queued."""
+        max_wait = self.limits.max_wait_ms / 1000
+        with self._cond:
+            while True:
+                if not self._queue:
+                    if self._closing:
+                        return None
+                    self._cond.wait()
+                    continue
+                chosen, full = self._select()
+                wait = self._queue[0].enqueued + max_wait - time.monotonic()
+                if full or wait <= 0 or self._closing:
+                    taken = set(chosen)
+                    batch = [self._queue[p] for p in chosen]
+                    self._queue = [item for p, item in enumerate(self._queue) if p not in taken]
+                    self._depth_changed()
+                    return batch
+                self._cond.wait(wait)
+
+    def _loop(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            self._run(batch)
+
+    def _run(self, batch: list[_Item]) -> None:
+        start = time.monotonic()
+        results: Sequence[Any] = ()
+        error: BaseException | None = None
+        try:
+            results = self._run_batch(batch[0].spec, [item.tokens for item in batch])
+        except Exception as e:  # delivered to each waiting request (a 500); the thread goes on
+            error = e
+        if self.metrics:
+            self.metrics.observe_batch(batch, start, time.monotonic() - start)
+        for k, item in enumerate(batch):
+            ticket = item.ticket
+            if ticket.cancelled:
+                continue
+            if error is not None:
+                _deliver(ticket, None, error)
+                continue
+            ticket.results[item.index] = results[k]
+            ticket.remaining -= 1
+            if ticket.remaining == 0:
+                _deliver(ticket, ticket.results, None)

@@ -1,0 +1,98 @@
+"""Pure ASGI middleware (no BaseHTTPMiddleware: it would hide the client's disconnect from the
+handlers): the body-size limit, and the access log + request metrics."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+import orjson
+
+from .metrics import ServeMetrics
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+access_log = logging.getLogger("elmo.serving.access")
+CLIENT_CLOSED = 499  # nginx's code for "the client closed the connection before the answer"
+
+
+async def send_error(send: Send, status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> None:
+    body = orjson.dumps({"error": {"type": kind, "message": message}})
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodyLimit:
+    """Reads a request's whole body before the app does, refusing (413, naming ``max_body_bytes``)
+    one over the limit, whether it declares its length or streams it in chunks."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._refuse(send, int(declared))
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                return await self._refuse(send, size)
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: waits for the client's disconnect
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send: Send, size: int) -> None:
+        await send_error(send, 413, "limit_exceeded", f"request body of {size} bytes or more is over max_body_bytes "
+                         f"({self.max_bytes}): send fewer sentences a request", {"connection": "close"})
+
+
+class AccessLog:
+    """One log line and the request metrics per HTTP request: route, status, time."""
+
+    def __init__(self, app: ASGIApp, metrics: ServeMetrics, routes: frozenset[str]) -> None:
+        self.app, self.metrics, self.routes = app, metrics, routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started, status = time.monotonic(), CLIENT_CLOSED
+
+        async def watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception:
+            status = 500 if status == CLIENT_CLOSED else status
+            raise
+        finally:
+            route = scope["path"] if scope["path"] in self.routes else "other"
+            self.metrics.observe_request(route, status, started)
+            client = scope.get("client") or ("-", 0)
+            access_log.info('%s:%s "%s %s" %d %.1fms', client[0], client[1], scope["method"], scope["path"],
+                            status, (time.monotonic() - started) * 1000)

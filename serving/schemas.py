@@ -1,0 +1,54 @@
+"""The HTTP API's request bodies (pydantic: validation, 422s naming the field, the OpenAPI document).
+
+``POST /embed`` takes tokenized ``sentences`` or whitespace-split ``texts``; ``POST /v1/embeddings``
+takes OpenAI's body. Limits (sentences, tokens, bytes) are checked by the app, not here: they are
+413s, not 422s.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, FiniteFloat, StrictStr, model_validator
+
+Output = Literal["mixed", "top", "average", "all"]
+Pool = Literal["none", "mean", "max"]
+Encoding = Literal["float", "base64"]
+
+
+class EmbedRequest(BaseModel):
+    """``{"sentences": [["The", "cat"], ...]}`` or ``{"texts": ["The cat", ...]}``, plus options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sentences: list[list[StrictStr]] | None = None
+    texts: list[StrictStr] | None = None
+    output: Output = "mixed"
+    mix: list[FiniteFloat] | None = None  # the scalar mix's s before softmax, one per layer (default equal)
+    gamma: FiniteFloat = 1.0
+    pool: Pool = "none"
+    encoding: Encoding = "float"  # base64: each embedding's little-endian float32 bytes
+
+    @model_validator(mode="after")
+    def _one_input(self) -> "EmbedRequest":
+        if (self.sentences is None) == (self.texts is None):
+            raise ValueError("give exactly one of 'sentences' (lists of tokens) or 'texts' (strings)")
+        return self
+
+    def token_lists(self) -> list[list[str]]:
+        return self.sentences if self.sentences is not None else [t.split() for t in self.texts or []]
+
+
+class OpenAIEmbeddingRequest(BaseModel):
+    """OpenAI's embeddings body: ``input`` a string or a list of strings (token-id inputs are
+    refused: ELMo reads characters)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input: StrictStr | list[StrictStr]
+    model: str | None = None
+    encoding_format: Encoding = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)

@@ -1,0 +1,75 @@
+"""Run the app on one machine with uvicorn: bind first (port 0 = any free port), load the model
+while /health answers, print ``listening on http://HOST:PORT`` once ready.
+
+SIGTERM or SIGINT stop accepting connections, let the requests in flight finish (their queued
+sentences included), close the model and return; a model that fails to load stops the server
+and ``run_server`` raises its error.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+from typing import Callable
+
+import uvicorn
+
+from .app import create_app
+from .service import ServingState
+
+GRACEFUL_TIMEOUT_S = 60.0  # requests still running this long after SIGTERM are cancelled
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (IPv4 or IPv6; port 0: a free one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def configure_logging(quiet: bool) -> None:
+    """The access log (one line per request) and the server's messages, on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    for name in ("elmo.serving", "elmo.serving.access"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler] if name == "elmo.serving" else []
+        logger.setLevel(logging.WARNING if quiet else logging.INFO)
+
+
+def make_server(state: ServingState, host: str = "127.0.0.1", port: int = 0,
+                quiet: bool = False) -> tuple[uvicorn.Server, socket.socket, str]:
+    """The uvicorn server of ``state``'s app, its bound socket and its URL (not started yet)."""
+    sock = bind(host, port)
+    config = uvicorn.Config(create_app(state), log_level="warning" if quiet else "info", access_log=False,
+                            lifespan="on", timeout_graceful_shutdown=GRACEFUL_TIMEOUT_S, log_config=None)
+    server = uvicorn.Server(config)
+
+    def failed(error: BaseException) -> None:
+        server.should_exit = True
+
+    state.on_failure = failed
+    return server, sock, url(host, sock.getsockname()[1])
+
+
+def run_server(state: ServingState, host: str = "127.0.0.1", port: int = 0, quiet: bool = False,
+               announce: Callable[[str], None] | None = None) -> None:
+    """Serve until SIGTERM / SIGINT. ``announce`` gets ``listening on URL`` once the model is ready
+    (default: printed on stdout)."""
+    configure_logging(quiet)
+    server, sock, address = make_server(state, host, port, quiet)
+    say = announce or (lambda line: print(line, flush=True))
+    state.on_ready = lambda: say(f"listening on {address}")
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    if state.error is not None:
+        raise state.error

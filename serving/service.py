@@ -1,0 +1,152 @@
+"""What a server runs: the model (``SentencePredictor``), the batcher in front of it, and the
+loading / warm-up / ready / closing life cycle (``ServingState``), shared by uvicorn and Ray Serve."""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from inference import Embedder
+from inference.outputs import check_output
+
+from .batcher import DynamicBatcher
+from .errors import NotReady
+from .limits import ServeLimits
+from .metrics import ServeMetrics
+
+log = logging.getLogger("elmo.serving")
+
+# What the warm-up runs before /ready says 200: a short and a long sentence, every output path.
+_WARM_UP = [["The", "cat", "sat", "on", "the", "mat", "."], ["Warm"] * 40]
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """What a request wants from the model; sentences of one spec can share a batch."""
+
+    output: str = "mixed"
+    mix: tuple[float, ...] | None = None
+    gamma: float = 1.0
+    pool: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the model comes from and where it runs (``inference.registry.open_backend``'s terms)."""
+
+    model: str
+    backend: str = "torch"
+    device: str = "cpu"
+    weights: str | None = None
+    threads: int | None = None
+
+    @property
+    def name(self) -> str:
+        return Path(self.model).resolve().name
+
+
+class SentencePredictor:
+    """Loads the backend in ``__init__``; ``__call__(spec, sentences)`` is pure: each sentence's
+    vectors, as ``Embedder.embed_sentences`` gives them for that sentence alone.
+
+    Shape: B sentences -> B arrays: (T_i, [L+1,] D), or ([L+1,] D) pooled (None if empty).
+    """
+
+    def __init__(self, source: ModelSource) -> None:
+        weights = {"weights": source.weights} if source.weights else {}
+        self.embedder = Embedder.open(source.model, source.backend, threads=source.threads, device=source.device,
+                                      **weights)
+        self.config = self.embedder.config
+
+    def check(self, spec: OutputSpec) -> None:
+        """InputError (a 422) for a spec this model cannot serve, before it is queued."""
+        check_output(spec.output, self.config.n_output_layers, spec.mix)
+
+    def __call__(self, spec: OutputSpec, sentences: list[Sequence[str]]) -> list[np.ndarray | None]:
+        return self.embedder.embed_sentences(sentences, batch_size=len(sentences), output=spec.output,
+                                             mix_weights=spec.mix, gamma=spec.gamma, pool=spec.pool)
+
+    def warm_up(self) -> None:
+        for spec in (OutputSpec(), OutputSpec("all"), OutputSpec(pool="mean")):
+            self(spec, _WARM_UP)
+
+    def close(self) -> None:
+        self.embedder.close()
+
+
+class ServingState:
+    """The model's life cycle in a server: ``start`` loads and warms it on a thread (the server
+    answers /health meanwhile, and /ready 503), then starts the batcher and calls ``on_ready``; a
+    load failure is kept in ``error`` and reported through ``on_failure``."""
+
+    def __init__(self, source: ModelSource, limits: ServeLimits, metrics: ServeMetrics | None = None) -> None:
+        self.source, self.limits = source, limits
+        self.metrics = metrics or ServeMetrics()
+        self.predictor: SentencePredictor | None = None
+        self.batcher: DynamicBatcher | None = None
+        self.error: BaseException | None = None
+        self.on_ready: Callable[[], None] | None = None
+        self.on_failure: Callable[[BaseException], None] | None = None
+        self._ready = threading.Event()
+        self._closing = False
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set() and not self._closing
+
+    def start(self) -> None:
+        threading.Thread(target=self._load, name="elmo-model-loader", daemon=True).start()
+
+    def _load(self) -> None:
+        try:
+            predictor = SentencePredictor(self.source)
+            predictor.warm_up()
+        except Exception as e:  # reported to the server, which stops and shows it
+            self.error = e
+            log.error("loading %s failed: %s", self.source.model, e)
+            if self.on_failure:
+                self.on_failure(e)
+            return
+        if self._closing:  # stopped while loading
+            predictor.close()
+            return
+        self.predictor = predictor
+        self.batcher = DynamicBatcher(predictor, self.limits, self.metrics).start()
+        self._ready.set()
+        if self.on_ready:
+            self.on_ready()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return self._ready.wait(timeout)
+
+    def serving(self) -> tuple[SentencePredictor, DynamicBatcher]:
+        """The predictor and batcher, or NotReady (a 503) while loading or closing."""
+        if self._closing:
+            raise NotReady("the server is shutting down")
+        if self.predictor is None or self.batcher is None:
+            raise NotReady("the model is still loading" if self.error is None else f"the model failed to load: "
+                                                                                     f"{self.error}", retry_after=5)
+        return self.predictor, self.batcher
+
+    def close(self) -> None:
+        """Finish the queued sentences, stop the batcher, release the model."""
+        self._closing = True
+        if self.batcher is not None:
+            self.batcher.close()
+        if self.predictor is not None:
+            self.predictor.close()
+
+    def info(self) -> dict:
+        config = self.predictor.config if self.predictor else None
+        return {
+            "model": self.source.name, "path": str(Path(self.source.model).resolve()),
+            "backend": self.source.backend, "device": self.source.device, "ready": self.ready,
+            "dim": config.output_dim if config else None, "layers": config.n_output_layers if config else None,
+            "max_characters_per_token": config.char_cnn.max_characters_per_token if config else None,
+            "outputs": ["mixed", "top", "average", "all"], "pools": ["none", "mean", "max"],
+            "limits": self.limits.as_dict(),
+        }

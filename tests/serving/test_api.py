@@ -1,0 +1,170 @@
+"""``elmo serve`` answered over real HTTP: every sentence gets exactly its own vectors under
+concurrency, every error code comes from a real bad request, and the server outlives them all."""
+from __future__ import annotations
+
+import random
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from inference import Embedder
+from tests.helpers import SENTENCES, TINY_OPTIONS, make_model_dir
+
+from .server_utils import ServerProcess, decode, metric, reference
+
+LIMITS = ["--max-request-sentences", "8", "--max-sentence-tokens", "40", "--max-body-bytes", "20000",
+          "--max-queue", "256", "--max-batch-tokens", "400", "--max-wait-ms", "20"]
+L1, D = 3, 2 * TINY_OPTIONS["lstm"]["projection_dim"]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model_dir(tmp_path_factory.mktemp("serve") / "tiny", TINY_OPTIONS)
+
+
+@pytest.fixture(scope="module")
+def server(model: Path):
+    srv = ServerProcess(model, *LIMITS)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def embedder(model: Path) -> Embedder:
+    return Embedder.open(model)
+
+
+def _corpus(n: int, seed: int) -> list[list[str]]:
+    rng = random.Random(seed)
+    words = [t for s in SENTENCES for t in s]
+    return [[rng.choice(words) for _ in range(rng.randint(1, 40))] for _ in range(n)]
+
+
+def _request(url: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{url}/embed", json=body, timeout=60)
+
+
+def test_concurrent_requests_get_exactly_their_own_sentences(server: ServerProcess, embedder: Embedder):
+    rng = random.Random(0)
+    corpus = _corpus(120, seed=1) + SENTENCES + [[]]
+    bodies = []
+    for _ in range(40):
+        output = rng.choice(["mixed", "top", "average", "all"])
+        body = {"sentences": rng.sample(corpus, rng.randint(1, 8)), "output": output,
+                "pool": rng.choice(["none", "mean", "max"]), "encoding": rng.choice(["float", "base64"])}
+        if output == "mixed" and rng.random() < 0.5:
+            body |= {"mix": [rng.uniform(-1, 1) for _ in range(L1)], "gamma": rng.uniform(0.5, 2)}
+        bodies.append(body)
+    before = metric(httpx.get(f"{server.url}/metrics").text, "elmo_batch_sentences_count")
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda b: _request(server.url, b), bodies))
+    for body, answer in zip(bodies, answers):
+        assert answer.status_code == 200, answer.text
+        got = answer.json()
+        assert got["dim"] == D and len(got["embeddings"]) == len(body["sentences"])
+        assert got["usage"] == {"sentences": len(body["sentences"]), "tokens": sum(map(len, body["sentences"]))}
+        pool_ = None if body["pool"] == "none" else body["pool"]
+        for tokens, value in zip(body["sentences"], got["embeddings"]):
+            want = reference(embedder, tokens, body["output"], pool_, body.get("mix"), body.get("gamma", 1.0))
+            if want is None:
+                assert value is None
+                continue
+            np.testing.assert_allclose(decode(value, body["encoding"], want.shape), want, atol=1e-5, rtol=0)
+    sentences = sum(len(b["sentences"]) for b in bodies)
+    batches = metric(httpx.get(f"{server.url}/metrics").text, "elmo_batch_sentences_count") - before
+    assert batches < sentences, f"{sentences} sentences ran in {batches} batches: nothing was batched"
+
+
+def test_texts_are_whitespace_split(server: ServerProcess, embedder: Embedder):
+    got = _request(server.url, {"texts": ["The cat  sat\ton the mat ."], "output": "top"}).json()
+    want = reference(embedder, "The cat sat on the mat .".split(), "top")
+    np.testing.assert_allclose(np.asarray(got["embeddings"][0], np.float32), want, atol=1e-5, rtol=0)
+
+
+BAD_REQUESTS = [
+    ({"sentences": [["The", 3]]}, 422, "sentences[0][1]"),
+    ({"sentences": ["The cat"]}, 422, "sentences[0]"),
+    ({"sentences": [["a"]], "texts": ["a"]}, 422, "exactly one"),
+    ({}, 422, "exactly one"),
+    ({"sentences": [["a"]], "output": "bottom"}, 422, "output"),
+    ({"sentences": [["a"]], "mix": [0.0, 1.0]}, 422, "mix"),
+    ({"sentences": [["a"]], "pool": "median"}, 422, "pool"),
+    ({"sentences": [["a"]], "surprise": 1}, 422, "surprise"),
+    ({"sentences": [["a"]] * 9}, 413, "max_request_sentences"),
+    ({"texts": ["a"] * 9}, 413, "max_request_sentences"),
+    ({"sentences": [["a"], ["w"] * 41]}, 413, "max_sentence_tokens"),
+    ({"sentences": [["wordy" * 20] * 30] * 8}, 413, "max_body_bytes"),
+]
+
+
+@pytest.mark.parametrize("body,status,names", BAD_REQUESTS)
+def test_each_bad_request_gets_its_code_and_a_json_error(server: ServerProcess, body: dict, status: int, names: str):
+    answer = _request(server.url, body)
+    assert answer.status_code == status, answer.text
+    error = answer.json()["error"]
+    assert set(error) == {"type", "message"} and names in error["message"], error
+    assert error["type"] == {422: "invalid_request", 413: "limit_exceeded"}[status]
+
+
+def test_malformed_bodies_and_unknown_routes(server: ServerProcess):
+    bad_json = httpx.post(f"{server.url}/embed", content=b'{"sentences": [["a"]', timeout=10,
+                          headers={"content-type": "application/json"})
+    assert bad_json.status_code == 422 and bad_json.json()["error"]["type"] == "invalid_request"
+    chunked = httpx.post(f"{server.url}/embed", content=iter([b'{"texts": ["' + b"a " * 6000, b'"]}'] * 2),
+                         timeout=10)  # no content-length: streamed past max_body_bytes
+    assert chunked.status_code == 413 and "max_body_bytes" in chunked.json()["error"]["message"]
+    missing = httpx.get(f"{server.url}/nowhere")
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found"
+    wrong_method = httpx.get(f"{server.url}/embed")
+    assert wrong_method.status_code == 405
+
+
+def test_garbage_on_the_socket_does_not_kill_the_server(server: ServerProcess):
+    host, port = server.url.removeprefix("http://").split(":")
+    for garbage in (b"\x00\xff\x13 not http\r\n\r\n", b"POST /embed HTTP/1.1\r\nContent-Length: 50\r\n\r\n{"):
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(garbage)
+            s.shutdown(socket.SHUT_WR)
+            s.recv(1000)
+    assert httpx.get(f"{server.url}/health").json() == {"status": "alive"}
+    assert _request(server.url, {"texts": ["still here"]}).status_code == 200
+
+
+def test_health_ready_info_and_metrics(server: ServerProcess):
+    assert httpx.get(f"{server.url}/health").json() == {"status": "alive"}
+    assert httpx.get(f"{server.url}/ready").status_code == 200
+    info = httpx.get(f"{server.url}/info").json()
+    assert (info["dim"], info["layers"], info["backend"], info["device"]) == (D, L1, "torch", "cpu")
+    assert info["limits"]["max_request_sentences"] == 8 and info["limits"]["max_wait_ms"] == 20
+    _request(server.url, {"texts": ["one two three"]})
+    text = httpx.get(f"{server.url}/metrics").text
+    for name in ("elmo_requests_total", "elmo_queue_depth", "elmo_batch_sentences", "elmo_batch_tokens",
+                 "elmo_queue_wait_seconds", "elmo_model_seconds", "elmo_tokens_total"):
+        assert f"# TYPE {name} " in text, name
+    assert 'elmo_requests_total{route="/embed",status="200"}' in text
+    assert metric(text, "elmo_tokens_total") >= 3 and metric(text, "elmo_queue_depth") == 0
+    assert httpx.get(f"{server.url}/openapi.json").json()["paths"].keys() >= {"/embed", "/v1/embeddings"}
+
+
+def test_openai_route_with_the_openai_client(server: ServerProcess, embedder: Embedder):
+    openai = pytest.importorskip("openai", reason="the openai client (dev extra) is not installed")
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    texts = ["The cat sat on the mat .", "Café naïve 日本語"]
+    # No encoding_format: the client asks for base64 and decodes it itself; given one, it hands it over.
+    for fmt in (None, "float", "base64"):
+        answer = client.embeddings.create(input=texts, model="elmo", **({"encoding_format": fmt} if fmt else {}))
+        assert [d.index for d in answer.data] == [0, 1] and answer.usage.prompt_tokens == 10
+        for text, item in zip(texts, answer.data):
+            want = reference(embedder, text.split(), "mixed", "mean")
+            got = decode(item.embedding, "base64" if fmt == "base64" else "float", want.shape)
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    one = httpx.post(f"{server.url}/v1/embeddings", json={"input": "Hi"}).json()
+    assert one["object"] == "list" and one["data"][0]["object"] == "embedding" and len(one["data"][0]["embedding"]) == D
+    for body, names in (({"input": ["a", ""]}, "input[1]"), ({"input": "a", "dimensions": 7}, "dimensions"),
+                        ({"input": [1, 2]}, "input")):
+        bad = httpx.post(f"{server.url}/v1/embeddings", json=body)
+        assert bad.status_code == 422 and names in bad.json()["error"]["message"], bad.text
