@@ -18,11 +18,11 @@ from pathlib import Path
 import pyarrow as pa
 
 from elmo_core.errors import InputError
+from elmo_core.reaper import descendants, reap_with
 
 from .options import EmbedOptions
 from .predictor import ElmoPredictor
 from .progress import Progress
-from .reaper import descendants, reap_with
 from .shard_loop import embed_shards
 from .source import Shard
 from .stages import StageClock

@@ -92,13 +92,17 @@ class ServingState:
         self.on_ready: Callable[[], None] | None = None
         self.on_failure: Callable[[BaseException], None] | None = None
         self._ready = threading.Event()
-        self._closing = False
+        self._closing = self._started = False
 
     @property
     def ready(self) -> bool:
         return self._ready.is_set() and not self._closing
 
     def start(self) -> None:
+        """Load and warm up the model on a thread (once: a second call does nothing)."""
+        if self._started:
+            return
+        self._started = True
         threading.Thread(target=self._load, name="elmo-model-loader", daemon=True).start()
 
     def _load(self) -> None:

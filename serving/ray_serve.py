@@ -1,0 +1,101 @@
+"""``elmo serve --engine ray``: the same app and batcher as a Ray Serve deployment, one per replica.
+
+Each replica builds ``create_app`` around its own ``ServingState`` (its batcher batches the
+requests Ray Serve routes to it) and is ready only once its model is loaded and warmed up. The
+limits map onto Ray Serve's: a replica takes at most ``max_queue`` requests at once (each has at
+least one sentence, so that never leaves its batcher's queue short), and callers queue at most
+``max_queue`` more before Ray Serve answers 503 itself.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+from elmo_core.errors import InputError
+from elmo_core.reaper import descendants, reap_with
+
+from .app import create_app
+from .limits import ServeLimits
+from .server import url
+from .service import ModelSource, ServingState
+
+LOAD_TIMEOUT_S = 600.0
+
+
+def _ray() -> Any:
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        raise InputError("--engine ray needs Ray Serve: pip install 'elmo-pipeline[ray,serve]'") from None
+    return ray, serve
+
+
+class ElmoReplica:
+    """One Ray Serve replica: a ServingState, loaded before the replica counts as started."""
+
+    def __init__(self, source: ModelSource, limits: ServeLimits) -> None:
+        self.state = ServingState(source, limits)
+        self.state.start()
+        if not self.state.wait_ready(LOAD_TIMEOUT_S):
+            raise self.state.error or TimeoutError(f"{source.model} not loaded in {LOAD_TIMEOUT_S:.0f} s")
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return create_app(self.state)
+
+    def check_health(self) -> None:
+        if self.state.error is not None:
+            raise self.state.error
+
+
+def deployment(source: ModelSource, limits: ServeLimits, replicas: int, num_gpus: float, cpus: float) -> Any:
+    """The bound Ray Serve application of ``replicas`` ElmoReplicas."""
+    _, serve = _ray()
+    ingress = serve.deployment(serve.ingress()(ElmoReplica), name="elmo")
+    return ingress.options(
+        num_replicas=replicas, max_ongoing_requests=limits.max_queue, max_queued_requests=limits.max_queue,
+        ray_actor_options={"num_cpus": cpus, "num_gpus": num_gpus},
+    ).bind(source, limits)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def run_ray_serve(source: ModelSource, limits: ServeLimits, host: str = "127.0.0.1", port: int = 0,
+                  replicas: int = 1, num_gpus: float = 0.0, ray_address: str | None = None,
+                  quiet: bool = False) -> int:
+    """Deploy on a Ray cluster (a local one of our own without ``ray_address``), print ``listening on
+    URL`` once every replica is ready, serve until SIGTERM / SIGINT, then tear it all down."""
+    if replicas < 1:
+        raise InputError(f"--replicas must be at least 1, got {replicas}")
+    ray, serve = _ray()
+    stop = threading.Event()
+    before = set(descendants(os.getpid()))
+    ray.init(address=ray_address, include_dashboard=False, log_to_driver=not quiet)
+    # After ray.init, which installs handlers of its own that abort the driver on SIGTERM.
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        if ray_address is None:  # a local cluster of our own: it ends with this process, however it ends
+            reap_with(os.getpid(), [p for p in descendants(os.getpid()) if p not in before])
+        port = port or _free_port(host)
+        cpus = float(source.threads or max(1.0, ray.cluster_resources().get("CPU", 1.0) // replicas))
+        source = ModelSource(str(Path(source.model).resolve()), source.backend, source.device,  # replicas' cwd differs
+                             str(Path(source.weights).resolve()) if source.weights else None, int(cpus))
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(deployment(source, limits, replicas, num_gpus, cpus), name="elmo", route_prefix="/")
+        print(f"listening on {url(host, port)}", flush=True)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0

@@ -1,0 +1,52 @@
+"""``elmo serve --engine ray``: two Ray Serve replicas on a real local Ray cluster answer exactly
+what the local server answers, and SIGTERM tears the cluster down."""
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+
+from tests.helpers import SENTENCES, TINY_OPTIONS, make_model_dir
+
+from .server_utils import ServerProcess, decode
+
+pytest.importorskip("ray.serve", reason="Ray Serve (the ray and serve extras) is not installed")
+pytestmark = pytest.mark.slow
+
+
+def test_two_replicas_answer_what_the_local_server_answers(tmp_path: Path):
+    model = make_model_dir(tmp_path / "tiny", TINY_OPTIONS)
+    rng = random.Random(0)
+    bodies = [{"sentences": rng.sample(SENTENCES, rng.randint(1, 5)), "output": rng.choice(["mixed", "all"]),
+               "pool": rng.choice(["none", "mean"]), "encoding": rng.choice(["float", "base64"])} for _ in range(24)]
+    local = ServerProcess(model, "--quiet")
+    try:
+        want = [httpx.post(f"{local.url}/embed", json=b, timeout=60).json() for b in bodies]
+    finally:
+        local.stop()
+    ray_server = ServerProcess(model, "--engine", "ray", "--replicas", "2", "--quiet", timeout=180)
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda b: httpx.post(f"{ray_server.url}/embed", json=b, timeout=60), bodies))
+        for body, answer, expected in zip(bodies, got, want):
+            assert answer.status_code == 200, answer.text
+            for g, w in zip(answer.json()["embeddings"], expected["embeddings"], strict=True):
+                shape = np.asarray(decode(w, body["encoding"], (-1,))).shape
+                np.testing.assert_allclose(decode(g, body["encoding"], shape), decode(w, body["encoding"], shape),
+                                           atol=1e-5, rtol=0)
+        bad = httpx.post(f"{ray_server.url}/embed", json={"sentences": [["a", 3]]}, timeout=30)
+        assert bad.status_code == 422 and "sentences[0][1]" in bad.json()["error"]["message"]
+        assert httpx.get(f"{ray_server.url}/info", timeout=30).json()["dim"] == 16
+        cluster = psutil.Process(ray_server.proc.pid).children(recursive=True)
+        assert cluster, "the local Ray cluster runs below the server"
+        ray_server.terminate()
+        assert ray_server.wait(120) == 0, "\n".join(ray_server.stderr[-20:])
+        gone, alive = psutil.wait_procs(cluster, timeout=60)
+        assert not alive, f"left running after SIGTERM: {[p.pid for p in alive]}"
+    finally:
+        ray_server.stop()
