@@ -12,7 +12,7 @@ from elmo_core.chars import check_sentences
 from elmo_core.errors import InputError
 
 from .backends import Backend
-from .outputs import check_output, reduce_layers
+from .outputs import check_output, layer_weights, reduce_layers
 from .registry import open_backend
 
 
@@ -107,9 +107,18 @@ class Embedder:
         if batch_size <= 0:
             raise InputError(f"batch_size must be positive, got {batch_size}")
         results: list[np.ndarray | None] = [None] * len(sentences)
+        # top / average / mixed are weighted sums of the layers, which a stateless backend computes
+        # before copying them out (reduce_layers is the reference it is tested against).
+        weights = None if layer_norm or self.stateful else layer_weights(output, self.config.n_output_layers,
+                                                                          mix_weights, gamma)
         for rows in self._batches(sentences, batch_size):
-            layers, mask = self.embed_batch([sentences[i] for i in rows])
-            reduced = reduce_layers(layers, mask, output, mix_weights, gamma, layer_norm)  # (B, [L+1,] T, D)
+            batch = [sentences[i] for i in rows]
+            if weights is not None and max(map(len, batch)) > 0:
+                reduced, mask = self.backend.run_combined(batch_to_ids(batch, self.config.char_cnn.max_characters_per_token),
+                                                          weights)  # (B, T, D)
+            else:
+                layers, mask = self.embed_batch(batch)
+                reduced = reduce_layers(layers, mask, output, mix_weights, gamma, layer_norm)  # (B, [L+1,] T, D)
             if pool is not None:
                 tokens = np.moveaxis(reduced, 2, 1) if output == "all" else reduced  # (B, T, [L+1,] D)
                 pooled = pool_tokens(torch.from_numpy(tokens), torch.from_numpy(mask), pool).numpy()  # (B, [L+1,] D)

@@ -1,0 +1,130 @@
+"""The dynamic batcher on its own: which sentences share a batch, the token budget, the wait,
+the order results come back in, and a model error reaching every request of its batch."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from serving.batcher import DynamicBatcher
+from serving.errors import QueueFull
+from serving.limits import ServeLimits
+
+
+class Recorder:
+    """A model function that answers each sentence with (spec, its tokens) and keeps every batch."""
+
+    def __init__(self, fail_on: str | None = None, hold: threading.Event | None = None) -> None:
+        self.batches: list[tuple[object, list[list[str]]]] = []
+        self.fail_on, self.hold = fail_on, hold
+
+    def __call__(self, spec, sentences):  # type: ignore[no-untyped-def]
+        if self.hold is not None:
+            self.hold.wait(10)
+        self.batches.append((spec, [list(s) for s in sentences]))
+        if self.fail_on is not None and any(self.fail_on in s for s in sentences):
+            raise RuntimeError("model failure")
+        return [(spec, tuple(s)) for s in sentences]
+
+
+def words(n: int, tag: str = "w") -> list[str]:
+    return [f"{tag}{i}" for i in range(n)]
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+def test_results_come_back_per_request_in_order_and_specs_never_mix():
+    rec = Recorder()
+    batcher = DynamicBatcher(rec, ServeLimits(max_wait_ms=50)).start()
+
+    async def main():  # type: ignore[no-untyped-def]
+        requests = [("a", [words(3, "x"), words(1, "y")]), ("b", [words(2, "z")]), ("a", [words(5, "q")])]
+        return requests, await asyncio.gather(*(batcher.submit(spec, s) for spec, s in requests))
+
+    requests, answers = run(main())
+    batcher.close()
+    for (spec, sentences), answer in zip(requests, answers):
+        assert answer == [(spec, tuple(s)) for s in sentences]
+    assert all(len({spec}) == 1 for spec, _ in rec.batches)
+    assert sorted(len(b) for _, b in rec.batches) == [1, 3]  # the two 'a' requests shared a batch
+
+
+def test_a_batch_keeps_to_the_token_budget_takes_the_oldest_and_groups_lengths():
+    hold = threading.Event()
+    rec = Recorder(hold=hold)
+    limits = ServeLimits(max_batch_tokens=40, max_sentence_tokens=20, max_wait_ms=0)
+    batcher = DynamicBatcher(rec, limits).start()
+    lengths = [20, 2, 19, 3, 18, 2, 4, 20]
+
+    async def main():  # type: ignore[no-untyped-def]
+        first = asyncio.ensure_future(batcher.submit("s", [words(1, "first")]))  # occupies the model
+        await asyncio.sleep(0.1)
+        rest = [asyncio.ensure_future(batcher.submit("s", [words(n, f"r{i}_")])) for i, n in enumerate(lengths)]
+        await asyncio.sleep(0.1)
+        hold.set()
+        await asyncio.gather(first, *rest)
+
+    run(main())
+    batcher.close()
+    batches = [[len(s) for s in b] for _, b in rec.batches[1:]]
+    assert sorted(n for b in batches for n in b) == sorted(lengths)
+    assert all(len(b) * max(b) <= 40 for b in batches), batches
+    assert batches[0][0] == 20  # the oldest goes first, with its nearest lengths
+    assert sorted(batches[0]) == [20, 20], batches  # its own length first; 3 x 20 > 40: full
+    assert any(sorted(b) == [2, 2, 3, 4] for b in batches), batches  # the short ones together
+
+
+def test_max_wait_gathers_requests_and_a_lone_one_waits_no_longer():
+    rec = Recorder()
+    batcher = DynamicBatcher(rec, ServeLimits(max_wait_ms=300)).start()
+
+    async def main():  # type: ignore[no-untyped-def]
+        t0 = time.monotonic()
+        first = asyncio.ensure_future(batcher.submit("s", [["a"]]))
+        await asyncio.sleep(0.1)
+        await asyncio.gather(first, batcher.submit("s", [["b"]]))
+        return time.monotonic() - t0
+
+    elapsed = run(main())
+    batcher.close()
+    assert [len(b) for _, b in rec.batches] == [2]
+    assert 0.25 < elapsed < 2.0
+
+
+def test_a_full_queue_refuses_the_whole_request():
+    hold = threading.Event()
+    rec = Recorder(hold=hold)
+    batcher = DynamicBatcher(rec, ServeLimits(max_queue=4, max_request_sentences=4, max_wait_ms=0)).start()
+
+    async def main():  # type: ignore[no-untyped-def]
+        busy = asyncio.ensure_future(batcher.submit("s", [["a"]]))
+        await asyncio.sleep(0.1)  # taken by the model, which holds
+        queued = asyncio.ensure_future(batcher.submit("s", [["b"]] * 3))
+        await asyncio.sleep(0.05)
+        with pytest.raises(QueueFull, match="max_queue 4"):
+            await batcher.submit("s", [["c"]] * 2)
+        assert batcher.depth == 3
+        hold.set()
+        return await asyncio.gather(busy, queued)
+
+    busy, queued = run(main())
+    batcher.close()
+    assert busy == [("s", ("a",))] and queued == [("s", ("b",))] * 3
+
+
+def test_a_model_error_reaches_every_request_of_its_batch_and_the_batcher_goes_on():
+    rec = Recorder(fail_on="boom")
+    batcher = DynamicBatcher(rec, ServeLimits(max_wait_ms=100)).start()
+
+    async def main():  # type: ignore[no-untyped-def]
+        return await asyncio.gather(batcher.submit("s", [["boom"]]), batcher.submit("s", [["fine"]]),
+                                    return_exceptions=True)
+
+    answers = run(main())
+    assert all(isinstance(a, RuntimeError) for a in answers)
+    assert run(batcher.submit("s", [["after"]])) == [("s", ("after",))]
+    batcher.close()
