@@ -43,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--fp16", action="store_true", help="FP16 engine (needs an --precision fp16 ONNX export)")
     t.add_argument("--workspace", type=int, default=4096, help="builder workspace in MiB (default 4096)")
     t.set_defaults(func=run_tensorrt)
+    _register_triton(kinds)
     e = sub.add_parser("engine", help="export + validate, then build TensorRT (GPU) or the optimized ONNX Runtime model")
     e.add_argument("--model", help="model directory with published weights; default: train the default model first")
     e.add_argument("--out", default="engine", help="output directory (default ./engine)")
@@ -51,6 +52,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--train-minutes", type=float, default=10.0, help="training budget when no --model is given")
     e.add_argument("--threads", type=int)
     e.set_defaults(func=run_engine)
+
+
+def _register_triton(kinds: argparse._SubParsersAction) -> None:
+    r = kinds.add_parser("triton", help="a Triton Inference Server model repository (Python backend, ragged "
+                                        "sentences; see docs/serving.md)")
+    r.add_argument("--model", required=True, help="model directory, or an export directory for onnx / tensorrt")
+    r.add_argument("--weights", help="the weights file, when --model's directory holds several")
+    r.add_argument("--out", required=True, help="the model repository (created; may hold other models)")
+    r.add_argument("--name", default="elmo", help="the model's name in the repository")
+    r.add_argument("--backend", choices=("torch", "onnx", "tensorrt"), default="torch")
+    r.add_argument("--kind", choices=("cpu", "gpu"), default="cpu", help="instance kind")
+    r.add_argument("--instances", type=int, default=1, help="model instances (each loads the model)")
+    r.add_argument("--max-batch-size", type=int, default=64, help="sentences per request and per batch")
+    r.add_argument("--max-queue-delay-us", type=int, default=2000, help="the dynamic batcher's wait")
+    r.add_argument("--threads", type=int, help="the backend's threads per instance")
+    r.set_defaults(func=run_triton)
+
+
+def run_triton(args: argparse.Namespace) -> int:
+    from serving.triton_repo import TritonOptions, write_triton_repository
+
+    options = TritonOptions(args.name, args.backend, args.kind, args.instances, args.max_batch_size,
+                            args.max_queue_delay_us, args.threads)
+    target = write_triton_repository(args.model, args.out, options, args.weights)
+    print(f"wrote {target} (config.pbtxt, 1/model.py, 1/model/): tritonserver --model-repository {args.out}")
+    return 0
 
 
 def run_onnx(args: argparse.Namespace) -> int:
