@@ -18,7 +18,7 @@ class ServeLimits:
     """
 
     max_batch_tokens: int = 4096
-    max_wait_ms: float = 2.0
+    max_wait_ms: float = 0.0  # on a CPU a batch runs ~100 ms+: requests arriving meanwhile batch anyway
     max_queue: int = 1024
     max_request_sentences: int = 256
     max_sentence_tokens: int = 256
