@@ -42,6 +42,7 @@ def tiny_run(tmp: Path, train: Path, out: str = "run", **kw) -> TrainOptions:
 def ddp_worker(rank: int, world: int, port: int, opts: TrainOptions) -> None:
     """mp.spawn target: one rank of a gloo process group, as torchrun would set it up."""
     import os
+    import sys
 
     import torch.distributed as dist
 
@@ -56,3 +57,8 @@ def ddp_worker(rank: int, world: int, port: int, opts: TrainOptions) -> None:
         if dist.is_initialized():
             dist.barrier()  # both ranks past their last collective before the group is torn down
             dist.destroy_process_group()
+    # Trained and checkpointed: leave without the interpreter's teardown, where a gloo thread now
+    # and then aborts the process ("terminate called without an active exception", SIGABRT).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
