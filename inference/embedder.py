@@ -72,9 +72,13 @@ class Embedder:
     def stateful(self) -> bool:
         return getattr(self.backend, "stateful", None) is not None
 
+    def _char_ids(self, sentences: Sequence[Sequence[str]]) -> np.ndarray:
+        """Shape: B sentences -> (B, T, C) int32."""
+        return batch_to_ids(sentences, self.config.char_cnn.max_characters_per_token)
+
     def embed_batch(self, sentences: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
         """One backend call. Shape: B sentences -> layers (B, L+1, T, 2P), mask (B, T)."""
-        ids = batch_to_ids(sentences, self.config.char_cnn.max_characters_per_token)
+        ids = self._char_ids(sentences)
         if ids.shape[1] == 0:
             L1, D = self.config.n_output_layers, self.config.output_dim
             return np.zeros((len(sentences), L1, 0, D), np.float32), np.zeros((len(sentences), 0), bool)
@@ -114,8 +118,7 @@ class Embedder:
         for rows in self._batches(sentences, batch_size):
             batch = [sentences[i] for i in rows]
             if weights is not None and max(map(len, batch)) > 0:
-                reduced, mask = self.backend.run_combined(batch_to_ids(batch, self.config.char_cnn.max_characters_per_token),
-                                                          weights)  # (B, T, D)
+                reduced, mask = self.backend.run_combined(self._char_ids(batch), weights)  # (B, T, D)
             else:
                 layers, mask = self.embed_batch(batch)
                 reduced = reduce_layers(layers, mask, output, mix_weights, gamma, layer_norm)  # (B, [L+1,] T, D)

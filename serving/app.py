@@ -85,13 +85,14 @@ async def unless_disconnected(request: Request, work: Awaitable[list]) -> list |
 
 
 def _validation_message(exc: RequestValidationError) -> str:
+    errors = exc.errors()
     parts = []
-    for err in exc.errors()[:5]:
+    for err in errors[:5]:
         loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.get("loc", ())).lstrip(".")
         parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
-    if any(e.get("loc") == ("body",) and e.get("type") == "model_attributes_type" for e in exc.errors()):
+    if any(e.get("loc") == ("body",) and e.get("type") == "model_attributes_type" for e in errors):
         parts.append("send a JSON object with the header Content-Type: application/json")
-    return "; ".join(parts) + (f" (and {len(exc.errors()) - 5} more)" if len(exc.errors()) > 5 else "")
+    return "; ".join(parts) + (f" (and {len(errors) - 5} more)" if len(errors) > 5 else "")
 
 
 def _install_error_handlers(app: FastAPI) -> None:

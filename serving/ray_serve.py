@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from elmo_core.reaper import descendants, reap_with
 
 from .app import create_app
 from .limits import ServeLimits
-from .server import url
+from .server import bind, url
 from .service import ModelSource, ServingState
 
 LOAD_TIMEOUT_S = 600.0
@@ -63,9 +62,8 @@ def deployment(source: ModelSource, limits: ServeLimits, replicas: int, num_gpus
 
 
 def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    with bind(host, 0) as sock:
+        return sock.getsockname()[1]
 
 
 def run_ray_serve(source: ModelSource, limits: ServeLimits, host: str = "127.0.0.1", port: int = 0,

@@ -11,7 +11,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from inference import Embedder
-from inference.outputs import check_output
+from elmo_core import POOLS
+from inference.outputs import OUTPUT_MODES, check_output
 
 from .batcher import DynamicBatcher
 from .errors import NotReady
@@ -151,6 +152,6 @@ class ServingState:
             "backend": self.source.backend, "device": self.source.device, "ready": self.ready,
             "dim": config.output_dim if config else None, "layers": config.n_output_layers if config else None,
             "max_characters_per_token": config.char_cnn.max_characters_per_token if config else None,
-            "outputs": ["mixed", "top", "average", "all"], "pools": ["none", "mean", "max"],
+            "outputs": list(OUTPUT_MODES), "pools": ["none", *POOLS],
             "limits": self.limits.as_dict(),
         }
