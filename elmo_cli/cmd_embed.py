@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from elmo_cli.cmd_tokens import add_token_embedding_arguments
 from elmo_core.pooling import POOLS
 from inference.outputs import OUTPUT_MODES
 from inference.registry import BACKEND_NAMES
@@ -61,6 +62,7 @@ def _add_running_arguments(run: argparse._ArgumentGroup, d: EmbedOptions) -> Non
                      help="at most this many tokens in one sort window (bounds memory; local engine)")
     run.add_argument("--rows-per-shard", type=int, default=d.rows_per_shard)
     run.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    add_token_embedding_arguments(run)
     run.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N: where the torch / onnx backend runs")
     run.add_argument("--engine", choices=ENGINES, default=d.engine)
     run.add_argument("--workers", type=int, default=d.workers, help="Ray workers (model replicas)")
@@ -77,7 +79,8 @@ def options_from_args(args: argparse.Namespace) -> dict:
     names = ("backend", "text_column", "tokens_column", "id_column", "keep_columns", "output", "pool", "mix", "gamma",
              "dtype", "max_sentence_length", "window_context", "max_tokens_per_batch", "sort_window_rows",
              "sort_window_tokens", "rows_per_shard", "threads", "engine", "workers", "ray_address",
-             "num_gpus_per_worker", "resume", "quiet", "device", "weights", "verify_inputs", "compression")
+             "num_gpus_per_worker", "resume", "quiet", "device", "weights", "verify_inputs", "compression",
+             "token_embeddings", "token_vocab")
     return {n: getattr(args, n) for n in names}
 
 

@@ -6,6 +6,7 @@ import argparse
 import signal
 from dataclasses import fields
 
+from elmo_cli.cmd_tokens import add_token_embedding_arguments
 from elmo_core.errors import InputError
 from inference.registry import BACKEND_NAMES, check_device, model_config
 from serving.limits import ServeLimits
@@ -29,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=BACKEND_NAMES, default="torch")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, help="the model's threads (default: the backend's)")
+    add_token_embedding_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8080, help="0: any free port (the `listening on` line says which)")
     limits = p.add_argument_group("limits")
@@ -61,7 +63,8 @@ def run_serve(args: argparse.Namespace) -> int:
         from serving.service import ModelSource, ServingState
     except ImportError as e:
         raise InputError(f"elmo serve needs the `serve` extra: pip install 'elmo-pipeline[serve]' ({e})") from e
-    source = ModelSource(args.model, args.backend, args.device, args.weights, args.threads)
+    source = ModelSource(args.model, args.backend, args.device, args.weights, args.threads, args.token_embeddings,
+                         args.token_vocab)
     if args.engine == "ray":
         from serving.ray_serve import run_ray_serve
 

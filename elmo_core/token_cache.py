@@ -19,11 +19,27 @@ class TokenCache:
         self.index: dict[bytes, int] = {}
         self.store: torch.Tensor | None = None  # (capacity, P)
         self.key: tuple | None = None
+        self.filled = 0  # rows of ``store`` in use
         self.hits = self.misses = 0
 
     def clear(self) -> None:
         self.index.clear()
         self.store = None
+        self.filled = 0
+
+    def preload(self, ids: torch.Tensor, vectors: torch.Tensor, params: list[torch.Tensor]) -> None:
+        """Hold ``vectors`` for the tokens ``ids`` (a token-embedding file), besides the
+        ``max_tokens`` filled on the fly; dropped like the rest if the parameters change.
+
+        Shape: ids (V, C), vectors (V, P).
+        """
+        self._check_version(params)
+        self.clear()
+        keys = [row.tobytes() for row in ids.to(torch.int32).cpu().numpy()]
+        self.store = vectors.new_empty(len(keys) + self.max_tokens, vectors.shape[1])  # (V + capacity, P)
+        self.store[: len(keys)] = vectors
+        self.index = dict(zip(keys, range(len(keys))))
+        self.filled = len(keys)
 
     def _check_version(self, params: list[torch.Tensor]) -> None:
         key = tuple((p._version, p.data_ptr()) for p in params)
@@ -53,10 +69,11 @@ class TokenCache:
         return out
 
     def _insert(self, keys: list[bytes], values: torch.Tensor) -> None:
-        room = self.max_tokens - len(self.index)
+        room = self.store.shape[0] - self.filled
         if room <= 0:
             return
         keys, values = keys[:room], values[:room]
-        start = len(self.index)
+        start = self.filled
         self.store[start : start + len(keys)] = values
         self.index.update((k, start + i) for i, k in enumerate(keys))
+        self.filled += len(keys)

@@ -15,6 +15,7 @@ import torch
 from elmo_core import BiLM, ElmoConfig, StatefulBiLM, load_bilm
 from elmo_core.errors import ElmoError
 from elmo_core.token_cache import TokenCache
+from elmo_core.token_embeddings import preload_token_cache, read_token_embeddings
 
 from .outputs import combine_layers
 
@@ -69,16 +70,22 @@ class TorchBackend(BackendBase):
     """The PyTorch biLM. ``stateful=True`` carries each row's state across calls (original's mode).
 
     ``token_cache``: how many distinct tokens' char-CNN outputs to keep across calls (0: none).
+    ``token_embeddings``: a token-embedding file (``elmo dump-tokens``, or the original's with its
+    ``token_vocab``) whose tokens skip the char-CNN, besides the ``token_cache`` ones.
     """
 
     name = "torch"
 
     def __init__(self, model: BiLM, stateful: bool = False, threads: int | None = None,
-                 device: str = "cpu", token_cache: int = 50_000) -> None:
+                 device: str = "cpu", token_cache: int = 50_000, token_embeddings: str | Path | None = None,
+                 token_vocab: str | Path | None = None) -> None:
         if threads:
             torch.set_num_threads(threads)
         self.model = model.eval().to(device)
-        self.model.token_cache = TokenCache(token_cache) if token_cache > 0 else None
+        cache = TokenCache(token_cache) if token_cache > 0 or token_embeddings is not None else None
+        if token_embeddings is not None:
+            preload_token_cache(self.model, read_token_embeddings(token_embeddings, token_vocab), cache)
+        self.model.token_cache = cache
         self.device = torch.device(device)
         self.config = model.config
         self.stateful = StatefulBiLM(self.model) if stateful else None

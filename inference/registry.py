@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from elmo_core import ElmoConfig
+from elmo_core import ElmoConfig, InputError
 from elmo_core.model_io import file_sha256, resolve_model
 
 from .backends import Backend
@@ -107,6 +107,9 @@ def open_backend(model: str | Path, backend: str = "torch", *, threads: int | No
     ``optimization``, ``cache``).
     """
     kind = backend_kind(backend)
+    if backend != "torch" and options.get("token_embeddings") is not None:
+        raise InputError(f"token embeddings are used by the torch backend only; the {backend} backend runs "
+                         f"the char-CNN inside its graph (leave --token-embeddings out, or use --backend torch)")
     if providers is None:
         check_device(device, backend)
     cls = _backend_class(kind)

@@ -26,7 +26,8 @@ DTYPES = ("float32", "float16")
 # device: CPU and GPU agree to float rounding, as thread counts do.
 RUNTIME_ONLY = frozenset({"max_tokens_per_batch", "sort_window_rows", "sort_window_tokens", "workers",
                           "threads", "quiet", "ray_address", "num_gpus_per_worker", "resume", "prefetch",
-                          "device", "weights", "verify_inputs", "compression"})
+                          "device", "weights", "verify_inputs", "compression", "token_embeddings",
+                          "token_vocab"})
 
 
 class OutputDirError(ElmoError):
@@ -65,6 +66,8 @@ class EmbedOptions:
     weights: str | None = None  # the weights file, when MODEL's directory holds several (torch backend)
     verify_inputs: bool = False  # hash every input file's bytes into the job's identity (see docs)
     compression: str = "snappy"  # of the output shards: snappy | none | lz4 | zstd (the same values)
+    token_embeddings: str | None = None  # a token-embedding file whose tokens skip the char-CNN (torch)
+    token_vocab: str | None = None  # the vocabulary of a token-embedding file that does not list its tokens
 
     def __post_init__(self) -> None:
         _check_choice("backend", self.backend, BACKEND_NAMES)
@@ -92,9 +95,21 @@ class EmbedOptions:
         if self.weights is not None and self.backend != "torch":
             raise InputError(f"--weights names a published-format weights file (--backend torch); --backend "
                              f"{self.backend} takes an export directory as --model")
+        if self.token_embeddings is not None and self.backend != "torch":
+            raise InputError(f"--token-embeddings is used by --backend torch; --backend {self.backend} runs the "
+                             f"char-CNN inside its graph")
+        if self.token_vocab is not None and self.token_embeddings is None:
+            raise InputError("--token-vocab names the rows of a --token-embeddings file; pass that file too")
         if self.engine == "ray" and self.device != "cpu" and not self.num_gpus_per_worker:
             raise InputError(f"--device {self.device} with --engine ray needs --num-gpus-per-worker (e.g. 1) so "
                              f"that Ray gives each worker its own GPU")
+
+    @property
+    def token_options(self) -> dict[str, str]:
+        """The torch backend's token-embedding options, where given."""
+        if self.token_embeddings is None:
+            return {}
+        return {"token_embeddings": self.token_embeddings, "token_vocab": self.token_vocab}
 
     @property
     def context(self) -> int:

@@ -81,7 +81,7 @@ class ElmoPredictor:
         self.options = opts = EmbedOptions.coerce(options, **overrides)
         threads = opts.threads or default_threads(model_config(model, opts.backend, opts.weights), opts.device)
         self.backend = open_backend(model, opts.backend, threads=threads, device=opts.device,
-                                    **({"weights": opts.weights} if opts.weights else {}))
+                                    **({"weights": opts.weights} if opts.weights else {}), **opts.token_options)
         self.config = self.backend.config
         if self.options.mix is not None and len(self.options.mix) != self.config.n_output_layers:
             raise InputError(f"--mix: the model has {self.config.n_output_layers} output layers, "

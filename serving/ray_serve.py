@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +85,9 @@ def run_ray_serve(source: ModelSource, limits: ServeLimits, host: str = "127.0.0
             reap_with(os.getpid(), [p for p in descendants(os.getpid()) if p not in before])
         port = port or _free_port(host)
         cpus = float(source.threads or max(1.0, ray.cluster_resources().get("CPU", 1.0) // replicas))
-        source = ModelSource(str(Path(source.model).resolve()), source.backend, source.device,  # replicas' cwd differs
-                             str(Path(source.weights).resolve()) if source.weights else None, int(cpus))
+        source = replace(source, model=_absolute(source.model), weights=_absolute(source.weights),  # replicas' cwd differs
+                         threads=int(cpus), token_embeddings=_absolute(source.token_embeddings),
+                         token_vocab=_absolute(source.token_vocab))
         serve.start(http_options={"host": host, "port": port})
         serve.run(deployment(source, limits, replicas, num_gpus, cpus), name="elmo", route_prefix="/")
         print(f"listening on {url(host, port)}", flush=True)
@@ -97,3 +99,7 @@ def run_ray_serve(source: ModelSource, limits: ServeLimits, host: str = "127.0.0
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def _absolute(path: str | None) -> str | None:
+    return str(Path(path).resolve()) if path else None

@@ -44,6 +44,8 @@ class ModelSource:
     device: str = "cpu"
     weights: str | None = None
     threads: int | None = None
+    token_embeddings: str | None = None  # see inference.backends.TorchBackend
+    token_vocab: str | None = None
 
     @property
     def name(self) -> str:
@@ -58,9 +60,11 @@ class SentencePredictor:
     """
 
     def __init__(self, source: ModelSource) -> None:
-        weights = {"weights": source.weights} if source.weights else {}
+        options = {"weights": source.weights} if source.weights else {}
+        if source.token_embeddings:
+            options.update(token_embeddings=source.token_embeddings, token_vocab=source.token_vocab)
         self.embedder = Embedder.open(source.model, source.backend, threads=source.threads, device=source.device,
-                                      **weights)
+                                      **options)
         self.config = self.embedder.config
 
     def check(self, spec: OutputSpec) -> None:
