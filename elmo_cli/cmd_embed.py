@@ -10,7 +10,9 @@ from elmo_cli.cmd_tokens import add_token_embedding_arguments
 from elmo_core.pooling import POOLS
 from inference.outputs import OUTPUT_MODES
 from inference.registry import BACKEND_NAMES
+from elmo_core.errors import InputError
 from pipelines.corpus import write_sample_corpus
+from pipelines.hdf5_output import embed_to_hdf5, is_text_input
 from pipelines.job import embed_parquet
 from pipelines.options import DTYPES, ENGINES, EmbedOptions
 from pipelines.schema import COMPRESSIONS
@@ -26,8 +28,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("embed", help="embed a Parquet corpus into Parquet ELMo vectors (local or Ray)",
                        description="Stream Parquet rows through a biLM; write one Parquet shard per input "
                                    "file chunk into OUTPUT_DIR (see docs/pipelines.md).")
-    p.add_argument("input", help="a Parquet file, a directory of them, or a glob")
-    p.add_argument("output_dir", help="output directory (new or empty; or this job's, with --resume)")
+    p.add_argument("input", help="a Parquet file, a directory of them, or a glob; with --format hdf5 also a text file "
+                                 "of one whitespace-tokenized sentence per line")
+    p.add_argument("output_dir", help="output directory (new or empty; or this job's, with --resume); with --format "
+                                      "hdf5 the file to write")
+    p.add_argument("--format", choices=("parquet", "hdf5"), default="parquet",
+                   help="hdf5: the file `allennlp elmo` writes (one dataset per sentence, sentence_to_index)")
+    p.add_argument("--use-sentence-keys", action="store_true",
+                   help="--format hdf5: key each dataset by its sentence instead of its index")
     p.add_argument("--model", required=True, help="model directory (options.json + weights), or an export dir")
     p.add_argument("--weights", help="the weights file, when --model's directory holds several (or --model is "
                                      "an options.json)")
@@ -85,6 +93,17 @@ def options_from_args(args: argparse.Namespace) -> dict:
 
 
 def run_embed(args: argparse.Namespace) -> int:
+    if args.format == "hdf5":
+        result = embed_to_hdf5(args.input, args.output_dir, args.model, use_sentence_keys=args.use_sentence_keys,
+                               **options_from_args(args))
+        if args.json:
+            print(json.dumps(result, indent=2))
+        return 0
+    if args.use_sentence_keys:
+        raise InputError("--use-sentence-keys keys the datasets of --format hdf5; add --format hdf5")
+    if args.output_dir.endswith((".hdf5", ".h5")) or is_text_input(args.input):
+        raise InputError(f"{args.input} -> {args.output_dir}: a text INPUT or an .hdf5 output is --format hdf5 "
+                         f"(allennlp elmo's layout); add --format hdf5")
     manifest = embed_parquet(args.input, args.output_dir, args.model, **options_from_args(args))
     if args.json:
         print(json.dumps(manifest, indent=2))
