@@ -12,10 +12,15 @@ import torch
 from torch import nn
 
 from .char_encoder import CharEncoder
+from .chars import ByteTokenizer
 from .config import ElmoConfig
-from .errors import InputError
+from .dictionaries import DictionaryTokenizer
+from .errors import ConfigError, InputError
 from .lstm import BiLstmStack, LstmState
 from .token_cache import TokenCache
+
+
+Tokenizer = ByteTokenizer | DictionaryTokenizer
 
 
 @dataclass
@@ -54,10 +59,20 @@ def unique_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class BiLM(nn.Module):
     """Shape: char ids (B, T, C) -> layers (B, L+1, T, 2P), mask (B, T)."""
 
-    def __init__(self, config: ElmoConfig) -> None:
+    def __init__(self, config: ElmoConfig, tokenizer: Tokenizer | None = None) -> None:
         super().__init__()
         self.config = config
-        self.encoder = CharEncoder(config.char_cnn, config.lstm.projection_dim)
+        if tokenizer is None:
+            if config.dictionaries is not None:
+                raise ConfigError("this model takes token ids from its dictionaries; load it with load_bilm(model dir) "
+                                  "or pass its DictionaryTokenizer")
+            tokenizer = ByteTokenizer(config.char_cnn.max_characters_per_token)
+        if tokenizer.width != config.token_width:
+            raise ConfigError(f"the tokenizer gives {tokenizer.width} ids a token, the model takes {config.token_width}")
+        self.tokenizer = tokenizer  # sentences -> token ids: ``tokenizer.batch(sentences)`` (B, T, W)
+        d = config.dictionaries
+        self.encoder = CharEncoder(config.char_cnn, config.lstm.projection_dim, tokenizer.boundary_ids(),
+                                   config.char_rows, (d.n_words, d.word_dim) if d is not None and d.words else None)
         self.lstm = BiLstmStack(config.lstm, dropout=config.training.dropout)
         self.token_cache: TokenCache | None = None  # optional, inference only (see TokenCache)
 

@@ -14,9 +14,11 @@ from .highway import Highway
 class CharEncoder(nn.Module):
     """Token representations from character ids.
 
-    Row 0 of the char embedding is the all-zero padding row (ids are shifted by +1).
+    Row 0 of the char embedding is the all-zero padding row (ids are shifted by +1). With a word
+    embedding (``words`` = (n_words, word_dim), dictionary models), each token's ids carry its
+    word id (+1) after its C characters, and the projection's input is ``[word vector; char-CNN]``.
 
-    Shape: (N, C) int ids -> (N, P).
+    Shape: (N, W) int ids, W = C (+1 with words) -> (N, P).
     """
 
     # Tokens are encoded at most this many per pass, shortest first, so each pass trims to its own
@@ -26,21 +28,33 @@ class CharEncoder(nn.Module):
     # same values.
     chunk_tokens = 256
 
-    def __init__(self, cfg: CharCnnConfig, projection_dim: int) -> None:
+    def __init__(self, cfg: CharCnnConfig, projection_dim: int, boundary_ids: np.ndarray | None = None,
+                 char_rows: int = 262, words: tuple[int, int] | None = None) -> None:
         super().__init__()
         self.cfg = cfg
-        self.char_embed = nn.Parameter(torch.empty(262, cfg.embedding_dim))  # (262, E), row 0 = padding
+        self.char_embed = nn.Parameter(torch.empty(char_rows, cfg.embedding_dim))  # (rows, E), row 0 = padding
         self.convs = nn.ModuleList(nn.Conv1d(cfg.embedding_dim, n, w) for w, n in cfg.filters)
         self.highway = Highway(cfg.n_filters, cfg.n_highway)
-        self.proj_weight = nn.Parameter(torch.empty(cfg.n_filters, projection_dim))  # (F, P) as TF stores it
+        word_dim = words[1] if words else 0
+        self.word_embed = nn.Parameter(torch.empty(words[0] + 1, word_dim)) if words else None  # (n_words+1, Dw)
+        self.proj_weight = nn.Parameter(torch.empty(word_dim + cfg.n_filters, projection_dim))  # (Dw+F, P) as TF stores it
         self.proj_bias = nn.Parameter(torch.zeros(projection_dim))  # (P,)
-        markers = np.stack([bos_ids(cfg.max_characters_per_token), eos_ids(cfg.max_characters_per_token)])
-        self.register_buffer("boundary_ids", torch.from_numpy(markers).long(), persistent=False)  # (2, C)
+        if boundary_ids is None:
+            boundary_ids = np.stack([bos_ids(cfg.max_characters_per_token), eos_ids(cfg.max_characters_per_token)])
+        self.register_buffer("boundary_ids", torch.from_numpy(boundary_ids).long(), persistent=False)  # (2, W)
 
     def _activation(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(x) if self.cfg.activation == "relu" else torch.tanh(x)
 
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
+        if self.word_embed is not None:
+            words = F.embedding(char_ids[:, -1].long(), self.word_embed)  # (N, Dw)
+            chars = self._char_features(char_ids[:, :-1])  # (N, F)
+            return torch.addmm(self.proj_bias, torch.cat([words, chars], dim=-1), self.proj_weight)  # (N, P)
+        return torch.addmm(self.proj_bias, self._char_features(char_ids), self.proj_weight)  # (N, P)
+
+    def _char_features(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """The char-CNN and highway layers. Shape: (N, C) -> (N, F)."""
         if _tracing():
             return self._encode(char_ids)
         lengths = _content_lengths(char_ids)  # (N,)
@@ -49,15 +63,14 @@ class CharEncoder(nn.Module):
             return self._encode(self._trim_tail(char_ids, lengths))
         order = torch.argsort(lengths, stable=True)  # (N,) shortest first
         encoded = torch.cat([self._encode(self._trim_tail(char_ids[part], lengths[part]))
-                             for part in order.split(n)])  # (N, P) in that order
-        return encoded[torch.argsort(order)]  # (N, P)
+                             for part in order.split(n)])  # (N, F) in that order
+        return encoded[torch.argsort(order)]  # (N, F)
 
     def _encode(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """Shape: (N, C') ids, the tail already trimmed -> (N, P)."""
+        """Shape: (N, C') ids, the tail already trimmed -> (N, F)."""
         emb = F.embedding(char_ids.long(), self.char_embed, padding_idx=0)  # (N, C', E)
         x = torch.cat(self._pooled(emb), dim=-1)  # (N, F)
-        x = self.highway(x)  # (N, F)
-        return torch.addmm(self.proj_bias, x, self.proj_weight)  # (N, P)
+        return self.highway(x)  # (N, F)
 
     def _pooled(self, emb: torch.Tensor) -> list[torch.Tensor]:
         """Each width's convolution, max-pooled over positions, then the activation.

@@ -7,7 +7,7 @@ that 0 means an all-padding (masked) token.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -93,13 +93,38 @@ def batch_to_ids(sentences: Sequence[Sequence[str]], max_chars: int = 50) -> np.
     Shape: B sentences -> (B, T_max, max_chars) int32; a token is real where any id is non-zero.
     Boundary tokens are not added: the model adds them.
     """
+    return ByteTokenizer(max_chars).batch(sentences)
+
+
+def pad_batch(sentences: Sequence[Sequence[str]], ids_of: Callable[[list[str]], np.ndarray], width: int) -> np.ndarray:
+    """Each sentence's token ids (``ids_of`` on all tokens at once) in a zero-padded batch.
+
+    Shape: B sentences -> (B, T_max, width) int32.
+    """
     check_sentences(sentences)
     lengths = [len(s) for s in sentences]
-    t_max = max(lengths, default=0)
-    out = np.zeros((len(sentences), t_max, max_chars), dtype=np.int32)  # (B, T, C)
+    out = np.zeros((len(sentences), max(lengths, default=0), width), dtype=np.int32)  # (B, T, W)
     flat = [t for s in sentences for t in s]
-    ids = tokens_to_char_ids(flat, max_chars)  # (N, C)
     rows = np.repeat(np.arange(len(sentences)), lengths)
     cols = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    out[rows, cols] = ids
+    out[rows, cols] = ids_of(flat)
     return out
+
+
+class ByteTokenizer:
+    """The published models' token ids: UTF-8 bytes (see the module doc).
+
+    Shape: ``token_ids`` N tokens -> (N, C); ``batch`` -> (B, T, C); ``boundary_ids`` (2, C) for <S>, </S>.
+    """
+
+    def __init__(self, max_chars: int = 50) -> None:
+        self.max_chars = self.width = max_chars
+
+    def token_ids(self, tokens: Sequence[str]) -> np.ndarray:
+        return tokens_to_char_ids(tokens, self.max_chars)
+
+    def batch(self, sentences: Sequence[Sequence[str]]) -> np.ndarray:
+        return pad_batch(sentences, self.token_ids, self.width)
+
+    def boundary_ids(self) -> np.ndarray:
+        return np.stack([bos_ids(self.max_chars), eos_ids(self.max_chars)])

@@ -59,6 +59,22 @@ class TrainingConfig:
 
 
 @dataclass(frozen=True)
+class DictionaryConfig:
+    """Token ids from dictionaries instead of UTF-8 bytes, as ELMoForManyLangs models take them
+    (``dictionaries`` in options.json, our extension; see ``elmo_core.dictionaries``).
+
+    ``chars`` / ``words``: dictionary files beside options.json (``token\tid`` lines). With
+    ``words``, each token also has a word embedding (``word_dim`` wide, ``n_words`` ids) placed
+    before the char-CNN's output in the projection's input.
+    """
+
+    chars: str = "char.dic"
+    words: str | None = None
+    word_dim: int = 0
+    n_words: int = 0
+
+
+@dataclass(frozen=True)
 class ElmoConfig:
     """A whole biLM architecture.
 
@@ -69,9 +85,21 @@ class ElmoConfig:
     char_cnn: CharCnnConfig = field(default_factory=CharCnnConfig)
     lstm: LstmConfig = field(default_factory=LstmConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    dictionaries: DictionaryConfig | None = None
 
     def __post_init__(self) -> None:
         _validate(self)
+
+    @property
+    def token_width(self) -> int:
+        """Ids per token: its characters, then its word id where the model has word embeddings."""
+        d = self.dictionaries
+        return self.char_cnn.max_characters_per_token + (1 if d is not None and d.words else 0)
+
+    @property
+    def char_rows(self) -> int:
+        """Rows of the char embedding, row 0 the all-zero padding row."""
+        return self.char_cnn.n_characters if self.dictionaries is not None else 262
 
     @property
     def output_dim(self) -> int:
@@ -128,6 +156,8 @@ class ElmoConfig:
                 "activation": cc.activation,
             },
         }
+        if self.dictionaries is not None:
+            out["dictionaries"] = {k: v for k, v in asdict(self.dictionaries).items() if v is not None}
         # bilm-tf writes its training keys beside the architecture; AllenNLP ignores them.
         out.update({k: v for k, v in asdict(self.training).items() if v is not None})
         return out
@@ -228,7 +258,7 @@ def _parse_training(d: dict[str, Any], where: str) -> TrainingConfig:
 
 def _from_options(options: Any, source: str) -> ElmoConfig:
     _check_type(options, (dict,), source)
-    _unknown(set(options), {"lstm", "char_cnn"} | _TRAIN_KEYS, source)
+    _unknown(set(options), {"lstm", "char_cnn", "dictionaries"} | _TRAIN_KEYS, source)
     if "char_cnn" not in options:
         raise ConfigError(f"{source}: no 'char_cnn' section; only character-based ELMo models are supported")
     if "lstm" not in options:
@@ -237,7 +267,22 @@ def _from_options(options: Any, source: str) -> ElmoConfig:
         char_cnn=_parse_char_cnn(options["char_cnn"], f"{source}: char_cnn"),
         lstm=_parse_lstm(options["lstm"], f"{source}: lstm"),
         training=_parse_training(options, source),
+        dictionaries=_parse_dictionaries(options["dictionaries"], f"{source}: dictionaries")
+        if "dictionaries" in options else None,
     )
+
+
+def _parse_dictionaries(d: Any, where: str) -> DictionaryConfig:
+    _check_type(d, (dict,), where)
+    _unknown(set(d), {f.name for f in fields(DictionaryConfig)}, where)
+    kw: dict[str, Any] = {}
+    for k in ("chars", "words"):
+        if k in d:
+            kw[k] = _check_type(d[k], (str,), f"{where}.{k}")
+    for k in ("word_dim", "n_words"):
+        if k in d:
+            kw[k] = _check_type(d[k], (int,), f"{where}.{k}")
+    return DictionaryConfig(**kw)
 
 
 # ---- validation -------------------------------------------------------------------------------
@@ -258,7 +303,9 @@ def _validate(cfg: ElmoConfig) -> None:
             raise ConfigError(f"char_cnn.filters width {w} exceeds max_characters_per_token {cc.max_characters_per_token}")
     if cc.n_highway < 0:
         raise ConfigError(f"char_cnn.n_highway must be >= 0, got {cc.n_highway}")
-    if cc.n_characters not in (261, 262):
+    if cfg.dictionaries is not None:
+        _validate_dictionaries(cfg.dictionaries, cc)
+    elif cc.n_characters not in (261, 262):
         raise ConfigError(f"char_cnn.n_characters must be 262 (or 261 as bilm-tf trains), got {cc.n_characters}")
     if cc.max_characters_per_token < 3:
         raise ConfigError(f"char_cnn.max_characters_per_token must be >= 3, got {cc.max_characters_per_token}")
@@ -270,3 +317,14 @@ def _validate(cfg: ElmoConfig) -> None:
         raise ConfigError("bidirectional: false is not supported; ELMo is a biLM")
     if not 0.0 <= tr.dropout < 1.0:
         raise ConfigError(f"dropout must be in [0, 1), got {tr.dropout}")
+
+
+def _validate_dictionaries(d: DictionaryConfig, cc: CharCnnConfig) -> None:
+    if cc.n_characters < 8:
+        raise ConfigError(f"char_cnn.n_characters must be at least 8 (the padding row and 7 markers), got {cc.n_characters}")
+    if cc.max_characters_per_token < 7:
+        raise ConfigError(f"char_cnn.max_characters_per_token must be >= 7 with dictionaries (a boundary token "
+                          f"'<bos>' is 5 characters plus two markers), got {cc.max_characters_per_token}")
+    if (d.words is None) != (d.word_dim == 0) or (d.words is None) != (d.n_words == 0):
+        raise ConfigError(f"dictionaries: words, word_dim and n_words go together (a word embedding input), "
+                          f"got words={d.words!r}, word_dim={d.word_dim}, n_words={d.n_words}")

@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from .bilm import BiLM
 from .config import ElmoConfig
+from .dictionaries import CHAR_SPECIALS, WORD_SPECIALS, DictionaryTokenizer, read_dictionary
 from .errors import WeightsError
 from .weights_hdf5 import load_hdf5_weights, save_hdf5_weights
 
@@ -60,6 +61,8 @@ def _existing(path: Path) -> Path:
 def _options_in(path: Path) -> Path:
     if (path / OPTIONS_NAME).is_file():
         return path / OPTIONS_NAME
+    if (path / "config.json").is_file() and (path / "encoder.pkl").is_file():
+        raise WeightsError(f"{path}: an ELMoForManyLangs model; convert it first: elmo convert-efml {path} OUT_DIR")
     jsons = sorted(path.glob("*options*.json"))
     if len(jsons) != 1:
         raise WeightsError(f"{path}: no {OPTIONS_NAME} in this directory"
@@ -83,7 +86,8 @@ def _weights_in(path: Path) -> Path:
 def load_bilm(path: str | Path, weights: str | Path | None = None) -> BiLM:
     """Load a biLM from a model directory or from options + weights files, in eval mode."""
     files = resolve_model(path, weights)
-    model = BiLM(ElmoConfig.from_json(files.options))
+    config = ElmoConfig.from_json(files.options)
+    model = BiLM(config, load_tokenizer(config, files.options.parent) if config.dictionaries is not None else None)
     if files.format == "safetensors":
         load_native_weights(model, files.weights)
     else:
@@ -111,7 +115,11 @@ def save_model(model: BiLM, out_dir: str | Path, fmt: str = "hdf5") -> ModelFile
     """Write options.json and the weights (``fmt`` 'hdf5' = published layout, or 'safetensors')."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if model.encoder.word_embed is not None and fmt == "hdf5":
+        raise WeightsError("the published hdf5 layout has no word embedding; save this model as safetensors")
     model.config.to_json(out_dir / OPTIONS_NAME)
+    if isinstance(model.tokenizer, DictionaryTokenizer):
+        save_dictionaries(model.tokenizer, model.config, out_dir)
     if fmt == "hdf5":
         save_hdf5_weights(model, out_dir / HDF5_NAME)
         return ModelFiles(out_dir / OPTIONS_NAME, out_dir / HDF5_NAME)
@@ -134,3 +142,25 @@ def file_sha256(path: str | Path) -> str:
 
 def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def load_tokenizer(config: ElmoConfig, model_dir: Path) -> DictionaryTokenizer:
+    """A dictionary model's tokenizer, from the dictionary files its options name."""
+    d = config.dictionaries
+    assert d is not None
+    chars = read_dictionary(model_dir / d.chars, CHAR_SPECIALS)
+    words = read_dictionary(model_dir / d.words, WORD_SPECIALS) if d.words else None
+    if len(chars) + 1 != config.char_cnn.n_characters:
+        raise WeightsError(f"{model_dir / d.chars}: {len(chars)} characters, but the options say n_characters "
+                           f"{config.char_cnn.n_characters} (entries + the padding row)")
+    if words is not None and len(words) != d.n_words:
+        raise WeightsError(f"{model_dir / d.words}: {len(words)} words, but the options say n_words {d.n_words}")
+    return DictionaryTokenizer(chars, words, config.char_cnn.max_characters_per_token)
+
+
+def save_dictionaries(tokenizer: DictionaryTokenizer, config: ElmoConfig, out_dir: Path) -> None:
+    d = config.dictionaries
+    assert d is not None
+    named = [(d.chars, tokenizer.chars)] + ([(d.words, tokenizer.words)] if d.words and tokenizer.words else [])
+    for name, table in named:
+        (out_dir / name).write_text("".join(f"{t}\t{i}\n" for t, i in table.items()), encoding="utf-8")

@@ -19,7 +19,6 @@ import numpy as np
 import torch
 
 from .bilm import BiLM
-from .chars import tokens_to_char_ids
 from .errors import ElmoError
 from .token_cache import TokenCache
 
@@ -58,7 +57,7 @@ def compute_token_embeddings(model: BiLM, tokens: Sequence[str], chunk: int = 40
 
     Shape: V tokens -> (V, P) float32.
     """
-    ids = tokens_to_char_ids(tokens, model.config.char_cnn.max_characters_per_token)  # (V, C)
+    ids = model.tokenizer.token_ids(tokens)  # (V, W)
     device = next(model.parameters()).device
     out = np.empty((len(tokens), model.config.lstm.projection_dim), dtype=np.float32)  # (V, P)
     with torch.inference_mode():
@@ -127,7 +126,7 @@ def preload_token_cache(model: BiLM, table: TokenEmbeddings, cache: TokenCache, 
     """Put a file's vectors into ``cache`` so that its tokens skip the char-CNN, after checking
     that this model computes the same vectors for a spread of its rows (atol = rtol = 1e-4): a file
     dumped from another model is an error, not silently wrong vectors."""
-    ids = torch.from_numpy(tokens_to_char_ids(table.tokens, model.config.char_cnn.max_characters_per_token))  # (V, C)
+    ids = torch.from_numpy(model.tokenizer.token_ids(table.tokens))  # (V, W)
     vectors = torch.from_numpy(table.vectors)  # (V, P)
     P = model.config.lstm.projection_dim
     if vectors.shape[1] != P:

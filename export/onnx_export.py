@@ -72,6 +72,10 @@ def export_onnx(model: str | Path, out_dir: str | Path, output: str = "all", mix
     """
     files = resolve_model(model, weights)
     bilm = load_bilm(files.options, files.weights)
+    if bilm.config.dictionaries is not None:
+        raise ExportError(f"{files.options}: a model with dictionaries (ELMoForManyLangs) does not export to ONNX "
+                          f"yet: its token ids come from char.dic / word.dic, which the exported backends do not "
+                          f"read; run it with --backend torch")
     spec = ExportSpec.for_config(bilm.config, output, mix, gamma, precision, opset, token_dedup)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 
 from elmo_core import BiLM, ElmoConfig, StatefulBiLM, load_bilm
+from elmo_core.bilm import Tokenizer
+from elmo_core.chars import ByteTokenizer
 from elmo_core.errors import ElmoError
 from elmo_core.token_cache import TokenCache
 from elmo_core.token_embeddings import preload_token_cache, read_token_embeddings
@@ -43,6 +45,11 @@ class BackendBase:
 
     name = "base"
     config: ElmoConfig
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """Sentences -> the token ids ``run`` takes: ``tokenizer.batch(sentences)`` (B, T, W)."""
+        return ByteTokenizer(self.config.char_cnn.max_characters_per_token)
 
     def run(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
@@ -93,6 +100,10 @@ class TorchBackend(BackendBase):
     @classmethod
     def from_files(cls, path: str | Path, weights: str | Path | None = None, **kw: object) -> "TorchBackend":
         return cls(load_bilm(path, weights), **kw)  # type: ignore[arg-type]
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.model.tokenizer
 
     def run(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ids = torch.from_numpy(np.ascontiguousarray(char_ids)).to(self.device)

@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from elmo_core import BiLM, ScalarMix, StatefulBiLM, batch_to_ids, load_bilm
+from elmo_core import BiLM, ScalarMix, StatefulBiLM, load_bilm
 from elmo_core.errors import InputError
 
 
@@ -90,7 +90,7 @@ class Elmo(nn.Module):
 
     def forward(self, inputs: torch.Tensor | Sequence[Sequence[str]]) -> dict:
         ids = self._char_ids(inputs)  # (..., T, C)
-        lead, (T, C) = ids.shape[:-2], ids.shape[-2:]
+        lead, (T, C) = ids.shape[:-2], ids.shape[-2:]  # C: ids a token (its characters, +1 with words)
         with torch.set_grad_enabled(self.requires_grad and torch.is_grad_enabled()):
             out = self._run(ids.reshape(-1, T, C))  # layers (B, L+1, T+2, D), mask (B, T+2)
         layers, full_mask = out.layers, out.mask
@@ -121,9 +121,9 @@ class Elmo(nn.Module):
     def _char_ids(self, inputs: torch.Tensor | Sequence[Sequence[str]]) -> torch.Tensor:
         device = next(self.bilm.parameters()).device
         if isinstance(inputs, torch.Tensor):
-            if inputs.dim() < 3 or inputs.shape[-1] != self.bilm.config.char_cnn.max_characters_per_token:
-                raise InputError(f"inputs: expected character ids (..., T, "
-                                 f"{self.bilm.config.char_cnn.max_characters_per_token}), got {tuple(inputs.shape)}")
+            if inputs.dim() < 3 or inputs.shape[-1] != self.bilm.config.token_width:
+                raise InputError(f"inputs: expected character ids (..., T, {self.bilm.config.token_width}), "
+                                 f"got {tuple(inputs.shape)}")
             return inputs.to(device)
-        ids = batch_to_ids(inputs, self.bilm.config.char_cnn.max_characters_per_token)  # (B, T, C)
+        ids = self.bilm.tokenizer.batch(inputs)  # (B, T, W)
         return torch.from_numpy(ids).to(device)

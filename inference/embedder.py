@@ -7,7 +7,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from elmo_core import POOLS, batch_to_ids, pool_tokens
+from elmo_core import POOLS, pool_tokens
 from elmo_core.chars import check_sentences
 from elmo_core.errors import InputError
 
@@ -73,8 +73,8 @@ class Embedder:
         return getattr(self.backend, "stateful", None) is not None
 
     def _char_ids(self, sentences: Sequence[Sequence[str]]) -> np.ndarray:
-        """Shape: B sentences -> (B, T, C) int32."""
-        return batch_to_ids(sentences, self.config.char_cnn.max_characters_per_token)
+        """Shape: B sentences -> (B, T, W) int32 token ids (W = C characters, +1 with words)."""
+        return self.backend.tokenizer.batch(sentences)
 
     def embed_batch(self, sentences: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
         """One backend call. Shape: B sentences -> layers (B, L+1, T, 2P), mask (B, T)."""

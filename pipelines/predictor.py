@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 import pyarrow as pa
 
-from elmo_core import ElmoConfig, batch_to_ids
+from elmo_core import ElmoConfig
 from elmo_core.errors import InputError
 from inference.outputs import layer_weights
 from inference.registry import model_config, open_backend
@@ -114,8 +114,7 @@ class ElmoPredictor:
             raise InputError(f"columns {missing} not in the batch; it has {table.column_names}")
         rows, invalid_utf8 = row_tokens(table.column(text), opts.tokens_column is not None, text)
         plan = plan_batches(rows, opts.max_sentence_length, opts.context, opts.max_tokens_per_batch)
-        max_chars = self.config.char_cnn.max_characters_per_token
-        char_ids = [batch_to_ids(b.tokens, max_chars) for b in plan.batches]  # each (B, T, C)
+        char_ids = [self.backend.tokenizer.batch(b.tokens) for b in plan.batches]  # each (B, T, W)
         return Prepared(table.select(opts.passthrough_columns), plan, char_ids, invalid_utf8)
 
     def compute(self, prepared: Prepared, clock: StageClock | None = None) -> pa.Table:

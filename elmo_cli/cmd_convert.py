@@ -1,0 +1,28 @@
+"""``elmo convert-efml SRC OUT``: an ELMoForManyLangs model directory in our format (options.json
+with its ``dictionaries``, char.dic / word.dic, model.safetensors), which every command loads."""
+from __future__ import annotations
+
+import argparse
+
+from elmo_core import save_model
+from elmo_core.efml import load_efml
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("convert-efml", help="convert an ELMoForManyLangs model directory (HIT-SCIR) to ours",
+                       description="Read an ELMoForManyLangs model directory (config.json, char.dic, word.dic, "
+                                   "token_embedder.pkl, encoder.pkl; the .pkl files are read as plain tensors, "
+                                   "never unpickled) and write it as options.json + model.safetensors + dictionaries.")
+    p.add_argument("src", help="the ELMoForManyLangs model directory")
+    p.add_argument("out", help="the directory to write")
+    p.set_defaults(func=run_convert)
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    model = load_efml(args.src)
+    files = save_model(model, args.out, "safetensors")
+    cfg = model.config
+    words = f", words {cfg.dictionaries.n_words:,} x {cfg.dictionaries.word_dim}" if cfg.dictionaries.words else ""
+    print(f"wrote {files.options.parent}: characters {cfg.char_cnn.n_characters - 1:,}{words}, "
+          f"{cfg.n_output_layers} layers of {cfg.output_dim}")
+    return 0

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Builds the peer environment: HIT-SCIR ELMoForManyLangs (PyPI `elmoformanylangs` 0.0.4.post2,
+# identical to the GitHub HEAD b3de5f1) on torch 2.13.0 (CPU), Python 3.11.
+# Its declared deps are unpinned (torch, h5py, numpy, overrides); we pin them here.
+#   - overrides==3.1.0: modules/highway.py decorates Highway.forward with @overrides; overrides 7.x
+#     checks it against torch.nn.Module.forward at import time and raises
+#     "TypeError: Highway.forward: return type `Tensor` is not a `NoneType`". 3.1.0 (the version
+#     AllenNLP of that era pinned) only checks that the name exists in a base class.
+#   - torch 2.13: Model.load_model calls torch.load(...) without weights_only; the >=2.6 default
+#     (weights_only=True) still loads the plain state-dict pickles, so no shim is needed.
+# Usage: scripts/setup_elmoformanylangs.sh [VENV_DIR]   (default /tmp/peer-efml)
+set -euo pipefail
+V=${1:-/tmp/peer-efml}
+[ -x "$V/bin/python" ] && "$V/bin/python" -c "import elmoformanylangs, h5py" 2>/dev/null && { echo "$V ready"; exit 0; }
+python3 -m venv "$V"
+"$V/bin/pip" install -q torch==2.13.0
+"$V/bin/pip" install -q --no-deps elmoformanylangs==0.0.4.post2
+"$V/bin/pip" install -q "numpy<3" h5py overrides==3.1.0
+"$V/bin/python" -c "import elmoformanylangs, h5py"
+echo "$V ready"
