@@ -15,20 +15,26 @@ from .onnx_context import F32, GraphContext, np64
 
 
 def char_cnn(b: GraphContext, ids: str) -> str:
-    """Shape: ids (B, T, C) int32 -> (B*T, P) float32; once per distinct token with ``token_dedup``."""
-    g, C = b.g, b.spec.max_chars
-    flat = g.op("Reshape", [ids, g.const(np.array([-1, C], np.int64), "shape")])  # (N, C)
+    """Shape: ids (B, T, W) int32 -> (B*T, P) float32; once per distinct token with ``token_dedup``."""
+    g, W = b.g, b.spec.max_chars
+    flat = g.op("Reshape", [ids, g.const(np.array([-1, W], np.int64), "shape")])  # (N, W)
     if not b.spec.token_dedup:
         return token_encoder(b, flat)
-    # ONNX Runtime's Unique has no int32 kernel; ids < 263 are exact in int64.
-    distinct, _, inverse, _ = g.op("Unique", [g.cast(flat, TensorProto.INT64)], n_out=4, axis=0, sorted=0)  # (U, C), (N,)
+    # ONNX Runtime's Unique has no int32 kernel; int32 ids are exact in int64.
+    distinct, _, inverse, _ = g.op("Unique", [g.cast(flat, TensorProto.INT64)], n_out=4, axis=0, sorted=0)  # (U, W), (N,)
     return g.op("Gather", [token_encoder(b, distinct), inverse], axis=0)  # (N, P)
 
 
 
 def token_encoder(b: GraphContext, flat: str) -> str:
-    """Shape: flat (N, C) int32/int64 character ids -> (N, P) float32."""
+    """Shape: flat (N, W) int32/int64 token ids -> (N, P) float32."""
     g, enc = b.g, b.model.encoder
+    words = None
+    if enc.word_embed is not None:  # the last column is the word id (dictionary models)
+        C = b.cfg.char_cnn.max_characters_per_token
+        words = g.op("Gather", [g.const(np64(enc.word_embed).astype(np.float32), "word_embed"),
+                                g.op("Squeeze", [_columns(b, flat, C, C + 1), g.const(np.array([1], np.int64))])])  # (N, Dw)
+        flat = _columns(b, flat, 0, C)  # (N, C)
     if b.spec.token_dedup:  # the ONNX Runtime graph: as the torch encoder computes it
         pooled = pooled_windows(b, trim_tail(b, flat))
     else:  # the TensorRT-parsable graph: fixed-width Conv2D with (1, w) kernels
@@ -42,9 +48,18 @@ def token_encoder(b: GraphContext, flat: str) -> str:
         t, gate = g.op("Split", [proj, g.const(np.array([F, F], np.int64), "split")], n_out=2, axis=1)
         t, gate = g.op("Relu", [t]), g.op("Sigmoid", [gate])  # (N, F) each
         x = g.op("Add", [x, g.op("Mul", [gate, g.op("Sub", [t, x])])])  # g*t + (1-g)*x
+    if words is not None:
+        x = g.op("Concat", [words, x], axis=1)  # (N, Dw+F): the word vector first, as CharEncoder
     w = b.weight(np64(enc.proj_weight), "proj_w")
     return g.op("Add", [b.matmul(x, w), g.const(np64(enc.proj_bias).astype(np.float32), "proj_b")])  # (N, P)
 
+
+
+def _columns(b: GraphContext, flat: str, start: int, end: int) -> str:
+    """Shape: (N, W) -> (N, end - start)."""
+    g = b.g
+    return g.op("Slice", [flat, g.const(np.array([start], np.int64)), g.const(np.array([end], np.int64)),
+                          g.const(np.array([1], np.int64))])
 
 
 def embed(b: GraphContext, flat: str) -> str:
@@ -76,7 +91,7 @@ def trim_tail(b: GraphContext, flat: str) -> str:
 
     Shape: (N, C) -> (N, C'), C' = min(C, longest content + widest filter).
     """
-    g, C = b.g, b.spec.max_chars
+    g, C = b.g, b.cfg.char_cnn.max_characters_per_token
     widest = max(w for w, _ in b.cfg.char_cnn.filters)
     last = g.op("Slice", [flat, g.const(np.array([C - 1], np.int64)), g.const(np.array([C], np.int64)),
                           g.const(np.array([1], np.int64))])  # (N, 1)
@@ -95,7 +110,7 @@ def pooled_windows(b: GraphContext, flat: str) -> list[str]:
 
     Shape: (N, C') -> [(N, n_k)].
     """
-    g, C = b.g, b.spec.max_chars
+    g, C = b.g, b.cfg.char_cnn.max_characters_per_token
     emb = embed(b, flat)  # (N, C', E)
     E = b.cfg.char_cnn.embedding_dim
     width = g.op("Shape", [flat], start=1, end=2)  # [C']

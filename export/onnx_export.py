@@ -8,7 +8,8 @@ from typing import Any, Sequence
 import onnx
 
 from elmo_core import BiLM, load_bilm, resolve_model
-from elmo_core.model_io import ModelFiles, file_sha256
+from elmo_core.dictionaries import DictionaryTokenizer
+from elmo_core.model_io import ModelFiles, file_sha256, save_dictionaries
 from inference.backends import TorchBackend
 from inference.errors import ExportError
 from inference.export_manifest import FORMAT_VERSION, MANIFEST_NAME, ONNX_NAME, producer, write_manifest
@@ -72,10 +73,6 @@ def export_onnx(model: str | Path, out_dir: str | Path, output: str = "all", mix
     """
     files = resolve_model(model, weights)
     bilm = load_bilm(files.options, files.weights)
-    if bilm.config.dictionaries is not None:
-        raise ExportError(f"{files.options}: a model with dictionaries (ELMoForManyLangs) does not export to ONNX "
-                          f"yet: its token ids come from char.dic / word.dic, which the exported backends do not "
-                          f"read; run it with --backend torch")
     spec = ExportSpec.for_config(bilm.config, output, mix, gamma, precision, opset, token_dedup)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -87,6 +84,8 @@ def export_onnx(model: str | Path, out_dir: str | Path, output: str = "all", mix
         check_tensorrt_ops(proto)
     path = out_dir / ONNX_NAME
     _save(proto, path, precision)
+    if isinstance(bilm.tokenizer, DictionaryTokenizer):  # the exported backends tokenize with them
+        save_dictionaries(bilm.tokenizer, bilm.config, out_dir)
     del proto
     manifest = _manifest(files, bilm, spec, path)
     manifest["build_seconds"] = round(time.perf_counter() - t0, 2)

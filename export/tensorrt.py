@@ -8,6 +8,8 @@ which keeps clips, cell state, reductions and the mix in fp32). TensorRT is the 
 """
 from __future__ import annotations
 
+import shutil
+
 import time
 from pathlib import Path
 from typing import Any
@@ -89,6 +91,7 @@ def build_engine(onnx_dir: str | Path, out_dir: str | Path, min_bt: str | None =
     t0 = time.perf_counter()
     engine, strongly_typed = _serialize(trt, onnx_path, profile, workspace_mb, out_dir / TIMING_CACHE_NAME)
     (out_dir / ENGINE_NAME).write_bytes(engine)
+    copy_dictionaries(onnx_manifest["source"]["architecture"], Path(onnx_dir), out_dir)
     manifest = {
         "kind": "tensorrt", "format_version": FORMAT_VERSION, "producer": producer(),
         "tensorrt": {"version": trt.__version__, "strongly_typed": strongly_typed, "workspace_mb": workspace_mb},
@@ -114,3 +117,10 @@ def tensorrt_ep_providers(spec: ExportSpec, profile: dict[str, tuple[tuple[int, 
                "trt_timing_cache_enable": True, "trt_profile_min_shapes": shapes(0),
                "trt_profile_opt_shapes": shapes(1), "trt_profile_max_shapes": shapes(2)}
     return [("TensorrtExecutionProvider", options), "CUDAExecutionProvider"]
+
+
+def copy_dictionaries(architecture: dict, src: Path, dst: Path) -> None:
+    """A dictionary model's char.dic / word.dic, which the engine's backend tokenizes with."""
+    for name in (architecture.get("dictionaries") or {}).get("chars"), (architecture.get("dictionaries") or {}).get("words"):
+        if name:
+            shutil.copyfile(src / name, dst / name)

@@ -5,7 +5,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from elmo_core.chars import tokens_to_char_ids
+from elmo_core.bilm import Tokenizer
 from inference.backends import TorchBackend
 from inference.outputs import reduce_layers
 
@@ -17,12 +17,13 @@ RunFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 _ALPHABET = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;:'-!?") + ["é", "ü", "日本", "😀"]
 
 
-def random_char_ids(batch: int, time: int, rng: np.random.Generator, max_chars: int = 50) -> np.ndarray:
-    """Left-aligned character ids of random tokens: row 0 fills ``time``, others are shorter or empty.
+def random_char_ids(batch: int, time: int, rng: np.random.Generator, tokenizer: Tokenizer) -> np.ndarray:
+    """Left-aligned token ids (the model's tokenizer) of random tokens: row 0 fills ``time``, others
+    are shorter or empty.
 
-    Shape: -> (batch, time, max_chars) int32.
+    Shape: -> (batch, time, W) int32.
     """
-    ids = np.zeros((batch, time, max_chars), np.int32)
+    ids = np.zeros((batch, time, tokenizer.width), np.int32)
     for row in range(batch):
         n = time if row == 0 else int(rng.integers(0, time + 1))
         tokens = []
@@ -30,7 +31,7 @@ def random_char_ids(batch: int, time: int, rng: np.random.Generator, max_chars: 
             size = int(rng.choice([1, 2, 3, 5, 8, 13, 60]))  # 60: longer than a token's 48 bytes
             tokens.append("".join(rng.choice(_ALPHABET, size)))
         if tokens:
-            ids[row, :n] = tokens_to_char_ids(tokens, max_chars)
+            ids[row, :n] = tokenizer.token_ids(tokens)
     return ids
 
 
@@ -76,7 +77,7 @@ def check_parity(run: RunFn, torch_backend: TorchBackend, spec: ExportSpec,
     rng = np.random.default_rng(seed)
     rows = []
     for batch, time in shapes or spec.validation_shapes:
-        ids = random_char_ids(batch, time, rng, spec.max_chars)
+        ids = random_char_ids(batch, time, rng, torch_backend.tokenizer)
         rows.append({"batch": batch, "time": time, **compare(run(ids), reference(torch_backend, spec, ids))})
     worst = {"max_abs": max(r["max_abs"] for r in rows), "min_cosine": min(r["min_cosine"] for r in rows)}
     failed = [r for r in rows if (tol.max_abs is not None and not r["max_abs"] <= tol.max_abs)

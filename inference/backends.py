@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from elmo_core import BiLM, ElmoConfig, StatefulBiLM, load_bilm
+from elmo_core.model_io import load_tokenizer
 from elmo_core.bilm import Tokenizer
 from elmo_core.chars import ByteTokenizer
 from elmo_core.errors import ElmoError
@@ -45,11 +46,18 @@ class BackendBase:
 
     name = "base"
     config: ElmoConfig
+    artifact_dir: Path | None = None  # an export's directory: a dictionary model's dictionaries are there
 
     @property
     def tokenizer(self) -> Tokenizer:
         """Sentences -> the token ids ``run`` takes: ``tokenizer.batch(sentences)`` (B, T, W)."""
-        return ByteTokenizer(self.config.char_cnn.max_characters_per_token)
+        if self.config.dictionaries is None:
+            return ByteTokenizer(self.config.char_cnn.max_characters_per_token)
+        if getattr(self, "_tokenizer", None) is None:
+            if self.artifact_dir is None:
+                raise ElmoError(f"{self.name}: a dictionary model's backend needs the directory of its dictionaries")
+            self._tokenizer = load_tokenizer(self.config, self.artifact_dir)
+        return self._tokenizer
 
     def run(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError

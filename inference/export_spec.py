@@ -80,7 +80,7 @@ class ExportSpec:
 
     n_layers: int  # L+1 output layers
     dim: int  # 2P
-    max_chars: int  # C, characters per token
+    max_chars: int  # W, ids per token: its C characters (+1, its word id, with a word embedding)
     output: str = "all"
     mix_weights: tuple[float, ...] | None = None  # unnormalised s (softmax applied), as ScalarMix
     gamma: float = 1.0
@@ -108,7 +108,7 @@ class ExportSpec:
     def for_config(cls, config: ElmoConfig, output: str = "all", mix: Sequence[float] | None = None,
                    gamma: float = 1.0, precision: str = "fp32", opset: int = DEFAULT_OPSET,
                    token_dedup: bool = False) -> "ExportSpec":
-        return cls(config.n_output_layers, config.output_dim, config.char_cnn.max_characters_per_token,
+        return cls(config.n_output_layers, config.output_dim, config.token_width,
                    output, tuple(float(m) for m in mix) if mix is not None else None, float(gamma), precision, opset,
                    token_dedup=token_dedup)
 

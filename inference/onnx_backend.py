@@ -106,7 +106,7 @@ class OnnxBackend(BackendBase):
                  optimization: str = "all", cache: bool = True) -> None:
         import onnxruntime as ort
 
-        self.export_dir = Path(export_dir)
+        self.export_dir = self.artifact_dir = Path(export_dir)
         self.manifest, self.spec = read_spec(self.export_dir, "onnx")
         self.config = ElmoConfig.from_dict(self.manifest["source"]["architecture"], "manifest architecture")
         path = check_file(self.export_dir, self.manifest["onnx"])

@@ -46,7 +46,7 @@ class TensorRTBackend(BackendBase):
 
     def __init__(self, engine_dir: str | Path) -> None:
         trt, self.cudart = import_tensorrt(), import_cudart()
-        self.engine_dir = Path(engine_dir)
+        self.engine_dir = self.artifact_dir = Path(engine_dir)
         self.manifest, self.spec = read_spec(self.engine_dir, "tensorrt")
         check_engine_manifest(self.manifest, trt.__version__, gpu_identity())
         path = check_file(self.engine_dir, self.manifest["engine"])

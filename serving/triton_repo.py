@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elmo_core.errors import InputError
-from elmo_core.model_io import resolve_model
+from elmo_core.config import ElmoConfig
+from elmo_core.model_io import HDF5_NAME, NATIVE_NAME, OPTIONS_NAME, resolve_model
 from inference.registry import BACKEND_NAMES, artifact_file, model_config
 
 MODEL_CODE = Path(__file__).with_name("triton_model.py")
@@ -79,8 +80,12 @@ def _copy_model(model: Path, backend: str, weights: str | None, dest: Path) -> N
     if backend == "torch":
         files = resolve_model(model, weights)
         dest.mkdir(parents=True)
-        shutil.copy2(files.options, dest / "options.json")
-        shutil.copy2(files.weights, dest / ("weights" + files.weights.suffix))
+        shutil.copy2(files.options, dest / OPTIONS_NAME)
+        shutil.copy2(files.weights, dest / (NATIVE_NAME if files.format == "safetensors" else HDF5_NAME))
+        dictionaries = ElmoConfig.from_json(files.options).dictionaries
+        for name in (dictionaries.chars, dictionaries.words) if dictionaries is not None else ():
+            if name:
+                shutil.copy2(files.options.parent / name, dest / name)
     else:
         artifact_file(model, backend)  # a clear error for a directory that is not such an export
         shutil.copytree(model, dest)
