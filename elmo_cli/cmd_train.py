@@ -31,8 +31,18 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--valid", help="held-out corpus for perplexity")
     p.add_argument("--options", default=None, help=f"options.json (default: the shipped {DEFAULT_OPTIONS})")
     p.add_argument("--out", required=True, help="run directory")
-    p.add_argument("--vocab", help="vocabulary file (<S>, </S>, <UNK> and words by frequency); default: built")
-    p.add_argument("--min-count", type=int, default=3, help="built vocabulary: words seen at least N times")
+    p.add_argument("--vocab", help="vocabulary file (<S>, </S>, <UNK> and words by frequency); default: built "
+                                   "(with --init-from: the model's vocabulary, default MODEL_DIR/vocab.txt)")
+    p.add_argument("--min-count", type=int, default=3,
+                   help="built vocabulary (or --extend-vocab): words seen at least N times")
+    init = p.add_argument_group("fine-tuning (continue pretraining a model on your domain)")
+    init.add_argument("--init-from", help="model directory to start from (published options.json + weights, or ours)")
+    init.add_argument("--softmax", help="its softmax weights (softmax/W (V, P), softmax/b (V,)); default: MODEL_DIR's "
+                                        "*softmax*.hdf5, else a fresh softmax")
+    init.add_argument("--extend-vocab", action="store_true",
+                      help="add the corpus words seen >= --min-count times that the vocabulary lacks (new softmax rows)")
+    init.add_argument("--freeze-encoder-steps", type=int, default=0,
+                      help="train only the softmax for the first N steps (for a fresh softmax)")
     p.add_argument("--max-vocab", type=int, help="built vocabulary: at most N entries")
     p.add_argument("--column", help="Parquet column (default: tokens, text or sentence)")
     p.add_argument("--max-tokens", type=int)
@@ -67,7 +77,7 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     names = list(TrainOptions.__dataclass_fields__)
     kw = {k: getattr(args, k) for k in names if hasattr(args, k)}
-    kw["options"] = args.options or default_options_path()
+    kw["options"] = args.options or (None if args.init_from else default_options_path())
     summary = train(TrainOptions(**kw), resume=args.resume, log=lambda s: print(s, flush=True))
     print(json.dumps(summary, indent=2))
     return 0

@@ -20,6 +20,7 @@ from .data import BpttBatcher, SentenceBatcher, SentenceStream
 from .distributed import any_true, barrier, init_from_env, sum_all
 from .errors import CheckpointError, TrainingError
 from .evaluate import SOFTMAX_NAME, perplexity, save_softmax
+from .init_from import extend_vocabulary, init_source, load_initial_weights
 from .model import LanguageModel
 from .objective import LogUniformSampler
 from .vocab import Vocab, build_vocab
@@ -33,7 +34,7 @@ class TrainOptions:
     """Everything a run needs; saved as RUN_DIR/run.json. None means: from options.json."""
 
     train: str
-    options: str
+    options: str | None  # None with init_from: the model's own
     out: str
     valid: str | None = None
     vocab: str | None = None
@@ -64,6 +65,10 @@ class TrainOptions:
     compile: bool = False
     bf16: bool = False
     threads: int | None = None
+    init_from: str | None = None  # a model directory to continue pretraining (see training.init_from)
+    softmax: str | None = None  # its softmax file
+    extend_vocab: bool = False  # add the corpus words (>= min_count) its vocabulary lacks
+    freeze_encoder_steps: int = 0  # train only the softmax for the first N steps
 
 
 @dataclass
@@ -102,10 +107,14 @@ class Trainer:
         # Saturated gates produce denormal floats, which make CPU kernels ~10x slower; flushing
         # them to zero (values below 1e-38) is numerically immaterial.
         torch.set_flush_denormal(True)
+        self.source = init_source(opts.init_from, opts.vocab, opts.softmax) if opts.init_from else None
         self.vocab = self._vocab()
         self.config = self._config()
         self.device = torch.device(opts.device)
-        self.lm = LanguageModel(self.config, len(self.vocab)).initialise(opts.seed).to(self.device)
+        self.lm = LanguageModel(self.config, len(self.vocab)).initialise(opts.seed)
+        if self.source is not None:
+            load_initial_weights(self.lm, self.source, self.vocab)
+        self.lm.to(self.device)
         self.optimizer = self._optimizer()
         tr = self.config.training
         n_neg = tr.n_negative_samples_batch
@@ -123,14 +132,14 @@ class Trainer:
     # ---- setup ------------------------------------------------------------------------------
     def _vocab(self) -> Vocab:
         path = self.out / "vocab.txt"
-        if self.opts.vocab:
+        if self.opts.vocab and self.source is None:
             vocab = Vocab.load(self.opts.vocab)
         elif any_true(self.dist, path.is_file()):  # collective: every rank takes the same branch
             vocab = Vocab.load(path)
         else:
             vocab = None
             if self.dist.is_main:
-                vocab = build_vocab(self.opts.train, self.opts.min_count, self.opts.max_vocab, self.opts.column)
+                vocab = self._new_vocab()
                 self.out.mkdir(parents=True, exist_ok=True)
                 vocab.save(path)
             barrier(self.dist)
@@ -140,8 +149,17 @@ class Trainer:
             vocab.save(path)
         return vocab
 
+    def _new_vocab(self) -> Vocab:
+        o = self.opts
+        if self.source is None:
+            return build_vocab(o.train, o.min_count, o.max_vocab, o.column)
+        return extend_vocabulary(self.source.vocab, o.train, o.min_count, o.column) if o.extend_vocab else self.source.vocab
+
     def _config(self) -> ElmoConfig:
-        o, base = self.opts, ElmoConfig.from_json(self.opts.options)
+        o = self.opts
+        if self.source is not None and o.options:
+            raise TrainingError("--options and --init-from both name an architecture; leave --options out")
+        base = ElmoConfig.from_json(self.source.files.options if self.source is not None else o.options)
         tr = base.training
         return base.with_training(
             n_tokens_vocab=len(self.vocab), batch_size=o.batch_size or tr.batch_size,
@@ -200,6 +218,9 @@ class Trainer:
         if not torch.isfinite(loss):
             raise TrainingError(f"step {self.progress.step + 1}: the loss is {loss.item()}; lower --lr")
         loss.backward()
+        if self.progress.step < self.opts.freeze_encoder_steps:  # zero gradients leave Adam and Adagrad still
+            for p in self.lm.bilm.parameters():
+                p.grad = None
         torch.nn.utils.clip_grad_norm_(self.lm.parameters(), self.config.training.all_clip_norm_val)
         lr = self.current_lr()
         for group in self.optimizer.param_groups:
