@@ -33,6 +33,7 @@ import pyarrow.dataset as ds
 
 from elmo_core.errors import InputError
 from inference import Embedder
+from inference.registry import model_config
 
 from .options import EmbedOptions
 from .predictor import default_threads
@@ -97,7 +98,7 @@ def embed_to_hdf5(input: str | Path, out: str | Path, /, model: str | Path, use_
     sentences = text_sentences(Path(input)) if is_text_input(input) else parquet_sentences(input, opts)
     if not is_text_input(input):
         resolve_inputs(input)  # a missing INPUT is named before the model loads
-    threads = opts.threads or default_threads(_config(model, opts), opts.device)
+    threads = opts.threads or default_threads(model_config(model, opts.backend, opts.weights), opts.device)
     weights = {"weights": opts.weights} if opts.weights else {}
     start = time.perf_counter()
     tmp = out.with_name(f".{out.name}.tmp")
@@ -113,12 +114,6 @@ def embed_to_hdf5(input: str | Path, out: str | Path, /, model: str | Path, use_
         print(f"wrote {out}: {counts['sentences']:,} sentences, {counts['tokens']:,} tokens in "
               f"{result['seconds']:.1f} s", file=sys.stderr)
     return result
-
-
-def _config(model: str | Path, opts: EmbedOptions):  # type: ignore[no-untyped-def]
-    from inference.registry import model_config
-
-    return model_config(model, opts.backend, opts.weights)
 
 
 def _write(f: h5py.File, embedder: Embedder, sentences: Iterator[tuple[str, list[str]]], opts: EmbedOptions,
