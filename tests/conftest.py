@@ -5,6 +5,7 @@ import os
 # Tests run tiny models, often beside other processes (Ray workers, DDP ranks): OpenMP spinning
 # on 2 cores then costs far more than it gives. Benchmarks set their own thread counts.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+import shutil  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -27,6 +28,16 @@ def fixture_dir() -> Path:
     if not (FIXTURE / "lm_weights.hdf5").is_file():
         pytest.skip(f"the shared TF reference fixture is absent ({FIXTURE}); CI has ../shared beside the clone")
     return FIXTURE
+
+
+@pytest.fixture
+def fixture_model(fixture_dir: Path, tmp_path: Path) -> Path:
+    """The TF reference model as a model directory (options.json + weights.hdf5)."""
+    model = tmp_path / "fixture_model"
+    model.mkdir()
+    shutil.copy(fixture_dir / "options.json", model / "options.json")
+    shutil.copy(fixture_dir / "lm_weights.hdf5", model / "weights.hdf5")
+    return model
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 file's tokens never reach the char-CNN)."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import h5py
@@ -21,15 +20,6 @@ from pipelines.corpus import write_sample_corpus
 from tests.helpers import make_model_dir, tiny_options
 
 ATOL = 1e-5
-
-
-@pytest.fixture
-def fixture_model(fixture_dir: Path, tmp_path: Path) -> Path:
-    model = tmp_path / "model"
-    model.mkdir()
-    shutil.copy(fixture_dir / "options.json", model / "options.json")
-    shutil.copy(fixture_dir / "lm_weights.hdf5", model / "weights.hdf5")
-    return model
 
 
 def test_dump_tokens_matches_the_original_file(fixture_model, fixture_dir, tmp_path):

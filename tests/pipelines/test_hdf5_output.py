@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -29,17 +28,9 @@ def read(path: Path) -> dict:
         return {k: (f[k][()], f[k].dtype, f[k].shape) for k in f}
 
 
-@pytest.fixture
-def model(fixture_dir: Path, tmp_path: Path) -> Path:
-    out = tmp_path / "model"
-    out.mkdir()
-    shutil.copy(fixture_dir / "options.json", out / "options.json")
-    shutil.copy(fixture_dir / "lm_weights.hdf5", out / "weights.hdf5")
-    return out
-
-
 @pytest.mark.slow
-def test_same_file_as_allennlp_elmo(model, tmp_path):
+def test_same_file_as_allennlp_elmo(fixture_model, tmp_path):
+    model = fixture_model
     if not PEER.is_file():
         pytest.skip(f"AllenNLP 0.9.0 side venv absent ({PEER}); build it with scripts/setup_allennlp09.sh")
     text = tmp_path / "in.txt"
