@@ -6,7 +6,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .chars import bos_ids, eos_ids
 from .config import CharCnnConfig
 from .highway import Highway
 
@@ -28,7 +27,7 @@ class CharEncoder(nn.Module):
     # same values.
     chunk_tokens = 256
 
-    def __init__(self, cfg: CharCnnConfig, projection_dim: int, boundary_ids: np.ndarray | None = None,
+    def __init__(self, cfg: CharCnnConfig, projection_dim: int, boundary_ids: np.ndarray,
                  char_rows: int = 262, words: tuple[int, int] | None = None) -> None:
         super().__init__()
         self.cfg = cfg
@@ -39,8 +38,7 @@ class CharEncoder(nn.Module):
         self.word_embed = nn.Parameter(torch.empty(words[0] + 1, word_dim)) if words else None  # (n_words+1, Dw)
         self.proj_weight = nn.Parameter(torch.empty(word_dim + cfg.n_filters, projection_dim))  # (Dw+F, P) as TF stores it
         self.proj_bias = nn.Parameter(torch.zeros(projection_dim))  # (P,)
-        if boundary_ids is None:
-            boundary_ids = np.stack([bos_ids(cfg.max_characters_per_token), eos_ids(cfg.max_characters_per_token)])
+        # (2, W): the ids of <S> and </S> as the model's tokenizer writes them
         self.register_buffer("boundary_ids", torch.from_numpy(boundary_ids).long(), persistent=False)  # (2, W)
 
     def _activation(self, x: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ from elmo_core import BiLM, ElmoConfig, StatefulBiLM, load_bilm
 from elmo_core.model_io import load_tokenizer
 from elmo_core.bilm import Tokenizer
 from elmo_core.chars import ByteTokenizer
-from elmo_core.errors import ElmoError
+from elmo_core.errors import ElmoError, InputError
 from elmo_core.token_cache import TokenCache
 from elmo_core.token_embeddings import preload_token_cache, read_token_embeddings
 
@@ -51,12 +51,13 @@ class BackendBase:
     @property
     def tokenizer(self) -> Tokenizer:
         """Sentences -> the token ids ``run`` takes: ``tokenizer.batch(sentences)`` (B, T, W)."""
-        if self.config.dictionaries is None:
-            return ByteTokenizer(self.config.char_cnn.max_characters_per_token)
         if getattr(self, "_tokenizer", None) is None:
-            if self.artifact_dir is None:
+            if self.config.dictionaries is None:
+                self._tokenizer = ByteTokenizer(self.config.char_cnn.max_characters_per_token)
+            elif self.artifact_dir is None:
                 raise ElmoError(f"{self.name}: a dictionary model's backend needs the directory of its dictionaries")
-            self._tokenizer = load_tokenizer(self.config, self.artifact_dir)
+            else:
+                self._tokenizer = load_tokenizer(self.config, self.artifact_dir)
         return self._tokenizer
 
     def run(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -96,6 +97,8 @@ class TorchBackend(BackendBase):
                  token_vocab: str | Path | None = None) -> None:
         if threads:
             torch.set_num_threads(threads)
+        if token_vocab is not None and token_embeddings is None:
+            raise InputError("token_vocab (--token-vocab) names the rows of a token-embedding file; pass that file too")
         self.model = model.eval().to(device)
         cache = TokenCache(token_cache) if token_cache > 0 or token_embeddings is not None else None
         if token_embeddings is not None:

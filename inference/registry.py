@@ -107,7 +107,7 @@ def open_backend(model: str | Path, backend: str = "torch", *, threads: int | No
     ``optimization``, ``cache``).
     """
     kind = backend_kind(backend)
-    if backend != "torch" and options.get("token_embeddings") is not None:
+    if backend != "torch" and (options.get("token_embeddings") or options.get("token_vocab")):
         raise InputError(f"token embeddings are used by the torch backend only; the {backend} backend runs "
                          f"the char-CNN inside its graph (leave --token-embeddings out, or use --backend torch)")
     if providers is None:

@@ -95,11 +95,6 @@ class EmbedOptions:
         if self.weights is not None and self.backend != "torch":
             raise InputError(f"--weights names a published-format weights file (--backend torch); --backend "
                              f"{self.backend} takes an export directory as --model")
-        if self.token_embeddings is not None and self.backend != "torch":
-            raise InputError(f"--token-embeddings is used by --backend torch; --backend {self.backend} runs the "
-                             f"char-CNN inside its graph")
-        if self.token_vocab is not None and self.token_embeddings is None:
-            raise InputError("--token-vocab names the rows of a --token-embeddings file; pass that file too")
         if self.engine == "ray" and self.device != "cpu" and not self.num_gpus_per_worker:
             raise InputError(f"--device {self.device} with --engine ray needs --num-gpus-per-worker (e.g. 1) so "
                              f"that Ray gives each worker its own GPU")
@@ -107,7 +102,7 @@ class EmbedOptions:
     @property
     def token_options(self) -> dict[str, str]:
         """The torch backend's token-embedding options, where given."""
-        if self.token_embeddings is None:
+        if self.token_embeddings is None and self.token_vocab is None:
             return {}
         return {"token_embeddings": self.token_embeddings, "token_vocab": self.token_vocab}
 

@@ -61,7 +61,7 @@ class SentencePredictor:
 
     def __init__(self, source: ModelSource) -> None:
         options = {"weights": source.weights} if source.weights else {}
-        if source.token_embeddings:
+        if source.token_embeddings or source.token_vocab:
             options.update(token_embeddings=source.token_embeddings, token_vocab=source.token_vocab)
         self.embedder = Embedder.open(source.model, source.backend, threads=source.threads, device=source.device,
                                       **options)

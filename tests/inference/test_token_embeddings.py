@@ -74,6 +74,8 @@ def test_a_file_from_another_model_or_vocabulary_is_refused(fixture_model, fixtu
     narrow = make_model_dir(tmp_path / "narrow", tiny_options(), seed=3)
     with pytest.raises(TokenEmbeddingsError, match="16-wide but the model's projection is 8"):
         Embedder.open(narrow, token_embeddings=original, token_vocab=vocab)
+    with pytest.raises(InputError, match="names the rows of a token-embedding file; pass that file too"):
+        Embedder.open(fixture_model, token_vocab=vocab)
     with pytest.raises(InputError, match="torch backend only"):
         Embedder.open(tmp_path, "onnx", token_embeddings=original)
 
