@@ -5,7 +5,8 @@ import argparse
 import json
 
 from training.recipes import DEFAULT_OPTIONS, default_options_path
-from training.trainer import LR_DECAYS, OPTIMIZERS, TrainOptions, train
+from training.optim import LR_DECAYS, OPTIMIZERS, RECIPES, Recipe
+from training.trainer import SOFTMAX_UPDATES, TrainOptions, train
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,12 +52,22 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-minutes", type=float)
     p.add_argument("--batch-size", type=int, help="global batch (rows), default from options")
     p.add_argument("--unroll", type=int, help="BPTT steps per batch, default from options (20)")
-    p.add_argument("--lr", type=float, help="default 0.2 (adagrad) / 1e-3 (adam)")
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adagrad")
-    p.add_argument("--lr-decay", choices=LR_DECAYS, default="none",
-                   help="decay the lr to lr * --lr-final over --lr-decay-tokens (default --max-tokens, else --max-steps)")
-    p.add_argument("--lr-decay-tokens", type=int, help="the decay's horizon in training tokens")
-    p.add_argument("--lr-final", type=float, default=0.1, help="final lr as a fraction of --lr (with --lr-decay)")
+    opt = p.add_argument_group("optimizer (a recipe; the flags override its fields)")
+    opt.add_argument("--recipe", choices=tuple(RECIPES), default="default",
+                     help="default: " + _describe(RECIPES["default"]) + "; bilm-tf (the original's): "
+                     + _describe(RECIPES["bilm-tf"]))
+    opt.add_argument("--optimizer", choices=OPTIMIZERS, help="the recipe's; another keeps its usual lr "
+                     "(adam 1e-3, adagrad 0.2) unless --lr is given")
+    opt.add_argument("--lr", type=float, help="peak learning rate (the recipe's)")
+    opt.add_argument("--warmup-steps", type=int, help="linear warm-up of the lr over N steps (the recipe's)")
+    opt.add_argument("--lr-decay", choices=LR_DECAYS,
+                     help="decay the lr to lr * --lr-final over --lr-decay-tokens, else over the run's nearest "
+                     "limit (--max-minutes, --max-tokens, --max-steps) (the recipe's)")
+    opt.add_argument("--lr-decay-tokens", type=int, help="the decay's horizon in training tokens")
+    opt.add_argument("--lr-final", type=float, help="final lr as a fraction of --lr (the recipe's)")
+    opt.add_argument("--softmax-updates", choices=SOFTMAX_UPDATES, default="sparse",
+                     help="with the sampled softmax: update only the softmax rows a step reads (sparse, as "
+                     "bilm-tf; Adam is then lazy on those rows) or all of them (dense)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR's latest checkpoint")
     p.add_argument("--device", default="cpu")
@@ -72,6 +83,12 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bf16", action="store_true", help="bf16 autocast")
     p.add_argument("--threads", type=int)
     p.set_defaults(func=run_train)
+
+
+def _describe(r: Recipe) -> str:
+    decay = f", {r.lr_decay} decay to {r.lr_final:g}x over the run's limit" if r.lr_decay != "none" else ", constant"
+    warm = f", {r.warmup_steps} warm-up steps" if r.warmup_steps else ""
+    return f"{r.optimizer} lr {r.lr:g}{warm}{decay}"
 
 
 def run_train(args: argparse.Namespace) -> int:

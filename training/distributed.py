@@ -55,3 +55,12 @@ def sum_all(info: DistInfo, values: torch.Tensor) -> torch.Tensor:
     if info.enabled:
         dist.all_reduce(t)
     return t
+
+
+def max_all(info: DistInfo, value: float) -> float:
+    """The largest of the ranks' ``value``s, on every rank."""
+    if not info.enabled:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())

@@ -18,6 +18,7 @@ from elmo_core.init import init_bilm
 from elmo_core.lstm import BiLstmStack, Packing
 
 from .objective import Candidates, LogUniformSampler, full_softmax_nll, sampled_softmax_nll
+from .sparse_softmax import SoftmaxRows
 
 
 def run_directions(lstm: BiLstmStack, xs: torch.Tensor, state: LstmState) -> tuple[torch.Tensor, LstmState]:
@@ -81,8 +82,12 @@ class LanguageModel(nn.Module):
     def forward(self, chars: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
                 state: LstmState | None = None, candidates: tuple[Candidates, Candidates] | None = None,
                 sampler: LogUniformSampler | None = None,
-                normaliser: float | None = None) -> tuple[torch.Tensor, torch.Tensor, LstmState]:
+                normaliser: float | None = None,
+                rows: SoftmaxRows | None = None) -> tuple[torch.Tensor, torch.Tensor, LstmState]:
         """Mean of the two directions' mean NLL (sampled softmax when ``candidates`` are given).
+
+        ``rows``: the softmax rows the step reads, gathered as leaves for sparse updates
+        (training.sparse_softmax); the loss then reads them instead of the whole softmax.
 
         ``normaliser``: the token count each direction's NLL sum is divided by (default: this
         batch's; data-parallel ranks pass all ranks' tokens / ranks).
@@ -94,7 +99,8 @@ class LanguageModel(nn.Module):
         for d in range(2):
             h, y = top[d][mask], targets[d][mask]  # (N, P), (N,)
             if candidates is not None:
-                nll = sampled_softmax_nll(h, y, self.softmax_w, self.softmax_b, candidates[d], sampler)
+                w, b, ids = (self.softmax_w, self.softmax_b, None) if rows is None else (rows.w, rows.b, rows.ids)
+                nll = sampled_softmax_nll(h, y, w, b, candidates[d], sampler, ids)
             else:
                 nll = full_softmax_nll(h, y, self.softmax_w, self.softmax_b)
             losses.append(nll.sum() / (normaliser if normaliser is not None else max(nll.numel(), 1)))

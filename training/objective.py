@@ -76,15 +76,21 @@ class LogUniformSampler:
 
 
 def sampled_softmax_nll(h: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                        cand: Candidates, sampler: LogUniformSampler) -> torch.Tensor:
+                        cand: Candidates, sampler: LogUniformSampler,
+                        row_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token sampled-softmax negative log-likelihood.
 
-    Shape: h (N, P), targets (N,), weight (V, P), bias (V,) -> (N,).
+    ``row_ids``: the sorted vocabulary ids whose rows ``weight`` and ``bias`` hold (sparse updates
+    gather only the rows a step reads; see training.sparse_softmax); None: all V rows.
+
+    Shape: h (N, P), targets (N,), weight (V or R, P), bias (V or R,) -> (N,).
     """
     n = cand.ids.numel()
     true_logq = torch.log(sampler.expected_count(targets.cpu(), n, cand.tries)).to(h.device)  # (N,)
     samp_logq = torch.log(sampler.expected_count(cand.ids, n, cand.tries)).to(h.device)  # (S,)
     ids = cand.ids.to(h.device)
+    if row_ids is not None:  # vocabulary ids -> rows of the gathered weight and bias
+        targets, ids = torch.searchsorted(row_ids, targets), torch.searchsorted(row_ids, ids)
     true_logits = (h * F.embedding(targets, weight)).sum(-1) + bias[targets] - true_logq  # (N,)
     # The log-q correction is folded into the bias: one (N, S) pass fewer.
     samp_logits = _at_least_fp32(torch.addmm(bias[ids] - samp_logq, h, F.embedding(ids, weight).t()))  # (N, S)

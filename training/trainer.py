@@ -17,16 +17,17 @@ from elmo_core.lstm_cell import lstm_step
 
 from . import checkpoint as ck
 from .data import BpttBatcher, SentenceBatcher, SentenceStream
-from .distributed import any_true, barrier, init_from_env, sum_all
+from .distributed import any_true, barrier, init_from_env, max_all, sum_all
 from .errors import CheckpointError, TrainingError
 from .evaluate import SOFTMAX_NAME, perplexity, save_softmax
 from .init_from import extend_vocabulary, init_source, load_initial_weights
 from .model import LanguageModel
 from .objective import LogUniformSampler
+from .optim import Recipe, resolve
+from .sparse_softmax import SoftmaxRows, SparseSoftmax, clip_grad_norm_
 from .vocab import Vocab, build_vocab
 
-OPTIMIZERS = ("adagrad", "adam")
-LR_DECAYS = ("none", "linear", "cosine")
+SOFTMAX_UPDATES = ("sparse", "dense")
 
 
 @dataclass
@@ -47,11 +48,14 @@ class TrainOptions:
     max_minutes: float | None = None
     batch_size: int | None = None
     unroll: int | None = None
+    recipe: str = "default"  # training.optim.RECIPES; the fields below override it
     lr: float | None = None
-    optimizer: str = "adagrad"
-    lr_decay: str = "none"  # linear/cosine to lr * lr_final over lr_decay_tokens (else --max-tokens/--max-steps)
-    lr_final: float = 0.1
+    optimizer: str | None = None
+    warmup_steps: int | None = None
+    lr_decay: str | None = None  # linear/cosine to lr * lr_final over lr_decay_tokens (else the run's limit)
+    lr_final: float | None = None
     lr_decay_tokens: int | None = None
+    softmax_updates: str = "sparse"  # with the sampled softmax: update only the rows a step reads
     seed: int = 0
     device: str = "cpu"
     bptt: bool = True
@@ -97,13 +101,13 @@ class Trainer:
         self.ckpt_dir = self.out / "checkpoints"
         if opts.threads:
             torch.set_num_threads(opts.threads)
-        if opts.optimizer not in OPTIMIZERS:
-            raise TrainingError(f"unknown optimizer {opts.optimizer!r}; use one of {OPTIMIZERS}")
-        if opts.lr_decay not in LR_DECAYS:
-            raise TrainingError(f"unknown --lr-decay {opts.lr_decay!r}; use one of {LR_DECAYS}")
-        if opts.lr_decay != "none" and opts.lr_decay_tokens is None and opts.max_tokens is None \
-                and opts.max_steps is None:
-            raise TrainingError("--lr-decay needs a horizon: give --lr-decay-tokens, --max-tokens or --max-steps")
+        self.recipe: Recipe = resolve(opts.recipe, opts.optimizer, opts.lr, opts.warmup_steps, opts.lr_decay,
+                                      opts.lr_final)
+        if opts.softmax_updates not in SOFTMAX_UPDATES:
+            raise TrainingError(f"unknown --softmax-updates {opts.softmax_updates!r}; use one of {SOFTMAX_UPDATES}")
+        if opts.lr_decay not in (None, "none") and not self._has_horizon():
+            raise TrainingError("--lr-decay needs a horizon: give --lr-decay-tokens, --max-tokens, --max-steps "
+                                "or --max-minutes")
         # Saturated gates produce denormal floats, which make CPU kernels ~10x slower; flushing
         # them to zero (values below 1e-38) is numerically immaterial.
         torch.set_flush_denormal(True)
@@ -115,10 +119,15 @@ class Trainer:
         if self.source is not None:
             load_initial_weights(self.lm, self.source, self.vocab)
         self.lm.to(self.device)
-        self.optimizer = self._optimizer()
-        tr = self.config.training
-        n_neg = tr.n_negative_samples_batch
+        n_neg = self.config.training.n_negative_samples_batch
         self.sampler = LogUniformSampler(len(self.vocab), opts.seed) if 0 < n_neg < len(self.vocab) else None
+        self.sparse = None
+        if self.sampler is not None and opts.softmax_updates == "sparse":
+            # SparseSoftmax updates (and, data-parallel, reduces) the softmax, not autograd nor DDP.
+            self.sparse = SparseSoftmax(self.lm.softmax_w, self.lm.softmax_b, self.recipe.optimizer)
+            self.lm.softmax_w.requires_grad_(False)
+            self.lm.softmax_b.requires_grad_(False)
+        self.optimizer = self.recipe.build(self._dense_params())
         self.batcher = self._batcher()
         self.net = DistributedDataParallel(self.lm) if self.dist.enabled else self.lm
         self.step_fn = self.net
@@ -165,25 +174,34 @@ class Trainer:
             n_tokens_vocab=len(self.vocab), batch_size=o.batch_size or tr.batch_size,
             unroll_steps=o.unroll or tr.unroll_steps, n_epochs=o.epochs or tr.n_epochs)
 
-    @property
-    def base_lr(self) -> float:
-        return self.opts.lr or (1e-3 if self.opts.optimizer == "adam" else 0.2)
+    def _dense_params(self) -> list[torch.nn.Parameter]:
+        """What the (dense) optimizer updates: everything but the softmax when its rows are sparse."""
+        return [p for p in self.lm.parameters() if p.requires_grad]
 
-    def _optimizer(self) -> torch.optim.Optimizer:
-        params = list(self.lm.parameters())
-        if self.opts.optimizer == "adam":
-            return torch.optim.Adam(params, lr=self.base_lr)
-        return torch.optim.Adagrad(params, lr=self.base_lr, initial_accumulator_value=1.0)
+    def _has_horizon(self) -> bool:
+        o = self.opts
+        return any(v is not None for v in (o.lr_decay_tokens, o.max_tokens, o.max_steps, o.max_minutes))
+
+    def _elapsed(self) -> float:
+        """Seconds trained in this run, before this process and in it."""
+        return self.progress.elapsed + time.perf_counter() - self._t0
+
+    def horizon_done(self) -> float | None:
+        """The fraction of the run's horizon trained: ``--lr-decay-tokens``, else the nearest of its
+        limits (tokens, steps, minutes); None without one. A function of progress (and, with
+        ``--max-minutes``, of the run's training time, the same on every rank)."""
+        o, p = self.opts, self.progress
+        if o.lr_decay_tokens is not None:
+            return p.tokens / o.lr_decay_tokens
+        done = [p.tokens / o.max_tokens] if o.max_tokens else []
+        done += [p.step / o.max_steps] if o.max_steps else []
+        if o.max_minutes:
+            done.append(max_all(self.dist, self._elapsed() / (o.max_minutes * 60)))
+        return max(done) if done else None
 
     def current_lr(self) -> float:
-        """The learning rate for the next step: a function of progress only, so resume is exact."""
-        o, p = self.opts, self.progress
-        if o.lr_decay == "none":
-            return self.base_lr
-        horizon = o.lr_decay_tokens or o.max_tokens
-        done = min(1.0, p.tokens / horizon if horizon is not None else p.step / o.max_steps)
-        shape = 1.0 - done if o.lr_decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * done))
-        return self.base_lr * (o.lr_final + (1.0 - o.lr_final) * shape)
+        """The learning rate for the next step: a function of progress, so resume continues the schedule."""
+        return self.recipe.lr_at(self.progress.step, self.horizon_done())
 
     def _batcher(self) -> BpttBatcher | SentenceBatcher:
         o, tr = self.opts, self.config.training
@@ -208,26 +226,37 @@ class Trainer:
         n_neg = self.config.training.n_negative_samples_batch
         cands = (self.sampler.sample(n_neg), self.sampler.sample(n_neg)) if self.sampler else None
         dev = self.device
+        rows = self.sparse.gather(batch.targets[:, batch.mask], cands) if self.sparse and cands else None
         state = self.state if batch.stateful else None
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.opts.bf16):
             # Each rank divides by (all ranks' tokens / ranks): DDP's gradient mean is then the
             # gradient of the global mean NLL, however the tokens fall between ranks.
             norm = batch.total_tokens / self.dist.world
             loss, sums, final = self.step_fn(batch.chars.to(dev), batch.targets.to(dev), batch.mask.to(dev),
-                                             state, cands, self.sampler, norm)
+                                             state, cands, self.sampler, norm, rows)
         if not torch.isfinite(loss):
             raise TrainingError(f"step {self.progress.step + 1}: the loss is {loss.item()}; lower --lr")
         loss.backward()
         if self.progress.step < self.opts.freeze_encoder_steps:  # zero gradients leave Adam and Adagrad still
             for p in self.lm.bilm.parameters():
                 p.grad = None
-        torch.nn.utils.clip_grad_norm_(self.lm.parameters(), self.config.training.all_clip_norm_val)
+        self._update(rows)
+        self.state = LstmState(final.h.detach().float(), final.c.detach().float()) if batch.stateful else None
+        return sums, batch.n_tokens
+
+    def _update(self, rows: SoftmaxRows | None) -> None:
+        """Clip the whole gradient's norm, then the optimizer step (and the softmax rows' one)."""
+        clip = self.config.training.all_clip_norm_val
         lr = self.current_lr()
+        if rows is None:
+            torch.nn.utils.clip_grad_norm_(self.lm.parameters(), clip)
+        else:
+            rows = self.sparse.reduce(self.dist, rows)
+            clip_grad_norm_(self._dense_params(), rows, clip)
+            self.sparse.step(rows, lr)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
-        self.state = LstmState(final.h.detach().float(), final.c.detach().float()) if batch.stateful else None
-        return sums, batch.n_tokens
 
     # ---- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
@@ -244,9 +273,11 @@ class Trainer:
             tensors.update(opt_tensors)
             if self.sampler is not None:
                 tensors["rng.sampler"] = self.sampler.state()
-            meta = {"step": step, "tokens": self.progress.tokens, "world": self.dist.world,
-                    "elapsed": self.progress.elapsed + time.perf_counter() - self._t0,
-                    "optimizer": opt_meta, "options": asdict(self.opts), "config": self.config.to_dict()}
+            sparse_tensors, sparse_meta = self.sparse.state_tensors() if self.sparse is not None else ({}, None)
+            tensors.update(sparse_tensors)
+            meta = {"step": step, "tokens": self.progress.tokens, "world": self.dist.world, "elapsed": self._elapsed(),
+                    "optimizer": opt_meta, "softmax_updates": sparse_meta, "options": asdict(self.opts),
+                    "config": self.config.to_dict()}
             ck.write_atomic(path, tensors, meta)
             ck.prune(self.ckpt_dir, self.opts.keep_checkpoints)
         barrier(self.dist)
@@ -256,6 +287,9 @@ class Trainer:
         if meta["world"] != self.dist.world:
             raise CheckpointError(f"the checkpoint was written by {meta['world']} processes, this run has "
                                   f"{self.dist.world}; resume with the same number of processes")
+        if (meta.get("softmax_updates") is None) != (self.sparse is None):
+            raise CheckpointError("the checkpoint's softmax updates (--softmax-updates) differ from this run's; "
+                                  "resume with the same ones")
         if meta["config"] != self.config.to_dict():
             raise CheckpointError("the checkpoint's architecture or training options differ from this run's "
                                   "(--options, --batch-size, --unroll, vocabulary); resume with the same ones")
@@ -269,6 +303,8 @@ class Trainer:
         model = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
         self.lm.load_state_dict(model)
         ck.load_optimizer(self.optimizer, tensors, meta["optimizer"])
+        if self.sparse is not None:
+            self.sparse.load_state(tensors, meta["softmax_updates"])
         if self.sampler is not None:
             self.sampler.set_state(tensors["rng.sampler"])
         local, lmeta = ck.read(ck.rank_path(self.ckpt_dir, step, self.dist.rank))
@@ -285,13 +321,13 @@ class Trainer:
             return True
         if o.max_tokens is not None and p.tokens >= o.max_tokens:
             return True
-        return o.max_minutes is not None and (time.perf_counter() - t_start) / 60 >= o.max_minutes
+        return o.max_minutes is not None and self._elapsed() / 60 >= o.max_minutes
 
     def _eta(self, rate: float, t_start: float) -> float | None:
         o, p = self.opts, self.progress
         etas = []
         if o.max_minutes is not None:
-            etas.append(o.max_minutes * 60 - (time.perf_counter() - t_start))
+            etas.append(o.max_minutes * 60 - self._elapsed())
         if o.max_tokens is not None and rate > 0:
             etas.append((o.max_tokens - p.tokens) / rate)
         if o.max_steps is not None and p.step > 0:

