@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 import sys
 import time
 from pathlib import Path
@@ -60,7 +61,9 @@ def throughput(trainer: Trainer, steps: int, rounds: int = 2) -> dict:
     ours_lm = trainer.lm
     torch_lm = TorchLstmLM(trainer.config, len(trainer.vocab))
     torch_lm.load_state_dict(ours_lm.state_dict(), strict=False)
-    torch_opt = torch.optim.Adagrad(torch_lm.parameters(), lr=0.2, initial_accumulator_value=1.0)
+    # the same recipe; the softmax rows are updated by trainer.sparse (sampled softmax) for both
+    torch_opt = trainer.recipe.build([p for n, p in torch_lm.named_parameters()
+                                      if trainer.sparse is None or not n.startswith("softmax")])
     timings = {"ours": 0.0, "nn.LSTM": 0.0}
     tokens = 0
     for r in range(rounds + 1):  # round 0 warms up
@@ -84,13 +87,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1-minute training, 300 valid sentences, short timing")
     ap.add_argument("--work", default="runs/bench_train", help="corpus and run directory")
     ap.add_argument("--options", default=default_options_path())
-    # Adam: after 1 minute, valid mean perplexity 378 vs 1261 with the original's Adagrad 0.2
-    # (docs/training.md); pass --optimizer adagrad for the original's setting.
-    ap.add_argument("--optimizer", default="adam")
-    ap.add_argument("--lr", type=float, default=0.002)
-    ap.add_argument("--lr-decay", default="none", choices=("none", "linear", "cosine"),
-                    help="decay to lr * --lr-final over the tokens the measured throughput reaches in --minutes")
-    ap.add_argument("--lr-final", type=float, default=0.1)
+    # elmo train's defaults (training.optim.RECIPES); --recipe bilm-tf for the original's Adagrad 0.2
+    ap.add_argument("--recipe", default="default")
+    ap.add_argument("--optimizer")
+    ap.add_argument("--lr", type=float)
+    ap.add_argument("--lr-decay", choices=("none", "linear", "cosine"),
+                    help="decay to lr * --lr-final over --minutes (default: the recipe's)")
+    ap.add_argument("--lr-final", type=float)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-train", action="store_true", help="only the throughput comparison")
     a = ap.parse_args()
@@ -102,19 +105,14 @@ def main() -> None:
     run = work / f"run-{time.strftime('%Y%m%d-%H%M%S')}"
     opts = TrainOptions(train=str(corpus / "train"), valid=str(corpus / "valid"), options=a.options, out=str(run),
                         min_count=3, max_minutes=minutes, threads=a.threads, checkpoint_every=1000,
-                        valid_sentences=valid_n or 500, final_valid_sentences=valid_n, optimizer=a.optimizer, lr=a.lr, log_every=20)
-    results = {"config": a.options, "threads": a.threads, "torch": torch.__version__,
-               "optimizer": a.optimizer, "lr": a.lr, "lr_decay": a.lr_decay}
+                        valid_sentences=valid_n or 500, final_valid_sentences=valid_n, recipe=a.recipe,
+                        optimizer=a.optimizer, lr=a.lr, lr_decay=a.lr_decay, lr_final=a.lr_final, log_every=20)
     trainer = Trainer(opts)
+    results = {"config": a.options, "threads": a.threads, "torch": torch.__version__, "recipe": asdict(trainer.recipe)}
     tp = throughput(trainer, steps)
     results["throughput"] = tp
     print(f"THROUGHPUT ours {tp['tokens_per_s']['ours']:,.0f} tok/s, nn.LSTM(proj_size) "
           f"{tp['tokens_per_s']['nn.LSTM']:,.0f} tok/s, ratio {tp['ratio']:.2f} (target >= 0.7)", flush=True)
-    if a.lr_decay != "none":
-        # 0.9: periodic valid evaluations take some of the time
-        opts.lr_decay, opts.lr_final = a.lr_decay, a.lr_final
-        opts.lr_decay_tokens = int(0.9 * tp["tokens_per_s"]["ours"] * minutes * 60)
-        results["lr_decay_tokens"] = opts.lr_decay_tokens
     if not a.skip_train:
         results.update(_train_and_compare(opts, valid_n))
     (work / "results.json").write_text(json.dumps(results, indent=2) + "\n")

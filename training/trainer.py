@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -24,6 +24,7 @@ from .init_from import extend_vocabulary, init_source, load_initial_weights
 from .model import LanguageModel
 from .objective import LogUniformSampler
 from .optim import Recipe, resolve
+from .progress import Limits, Progress, log_line
 from .sparse_softmax import SoftmaxRows, SparseSoftmax, clip_grad_norm_
 from .vocab import Vocab, build_vocab
 
@@ -75,27 +76,12 @@ class TrainOptions:
     freeze_encoder_steps: int = 0  # train only the softmax for the first N steps
 
 
-@dataclass
-class Progress:
-    step: int = 0
-    tokens: int = 0  # over all ranks
-    elapsed: float = 0.0  # seconds of training before this process started
-    nll: list[float] = field(default_factory=lambda: [0.0, 0.0])  # since the last log line
-    nll_tokens: int = 0
-
-
-def _log_line(p: Progress, rate: float, eta: float | None) -> str:
-    f, b = (x / max(p.nll_tokens, 1) for x in p.nll)
-    eta_s = "?" if eta is None else time.strftime("%H:%M:%S", time.gmtime(max(eta, 0)))
-    return (f"step {p.step:>7}  tokens {p.tokens:>11,}  {rate:>8,.0f} tok/s  loss {0.5 * (f + b):.4f}  "
-            f"ppl fwd {math.exp(min(f, 50)):.1f} bwd {math.exp(min(b, 50)):.1f}  ETA {eta_s}")
-
-
 class Trainer:
     """One process of a run (rank ``dist.rank`` of ``dist.world``)."""
 
     def __init__(self, opts: TrainOptions, log: Callable[[str], None] = print) -> None:
         self.opts, self.log = opts, log
+        self.limits = Limits(opts.max_tokens, opts.max_steps, opts.max_minutes)
         self.dist = init_from_env(opts.device)
         self.out = Path(opts.out)
         self.ckpt_dir = self.out / "checkpoints"
@@ -187,17 +173,13 @@ class Trainer:
         return self.progress.elapsed + time.perf_counter() - self._t0
 
     def horizon_done(self) -> float | None:
-        """The fraction of the run's horizon trained: ``--lr-decay-tokens``, else the nearest of its
-        limits (tokens, steps, minutes); None without one. A function of progress (and, with
-        ``--max-minutes``, of the run's training time, the same on every rank)."""
-        o, p = self.opts, self.progress
-        if o.lr_decay_tokens is not None:
-            return p.tokens / o.lr_decay_tokens
-        done = [p.tokens / o.max_tokens] if o.max_tokens else []
-        done += [p.step / o.max_steps] if o.max_steps else []
-        if o.max_minutes:
-            done.append(max_all(self.dist, self._elapsed() / (o.max_minutes * 60)))
-        return max(done) if done else None
+        """The fraction of the lr horizon trained: ``--lr-decay-tokens``, else the nearest of the
+        run's limits; None without one. A function of progress (and, with ``--max-minutes``, of the
+        run's training time, taken as the largest over the ranks so that they agree)."""
+        if self.opts.lr_decay_tokens is not None:
+            return self.progress.tokens / self.opts.lr_decay_tokens
+        elapsed = max_all(self.dist, self._elapsed()) if self.limits.minutes else self._elapsed()
+        return self.limits.done(self.progress, elapsed)
 
     def current_lr(self) -> float:
         """The learning rate for the next step: a function of progress, so resume continues the schedule."""
@@ -315,25 +297,6 @@ class Trainer:
         return step
 
     # ---- the loop ---------------------------------------------------------------------------
-    def _should_stop(self, t_start: float) -> bool:
-        o, p = self.opts, self.progress
-        if o.max_steps is not None and p.step >= o.max_steps:
-            return True
-        if o.max_tokens is not None and p.tokens >= o.max_tokens:
-            return True
-        return o.max_minutes is not None and self._elapsed() / 60 >= o.max_minutes
-
-    def _eta(self, rate: float, t_start: float) -> float | None:
-        o, p = self.opts, self.progress
-        etas = []
-        if o.max_minutes is not None:
-            etas.append(o.max_minutes * 60 - self._elapsed())
-        if o.max_tokens is not None and rate > 0:
-            etas.append((o.max_tokens - p.tokens) / rate)
-        if o.max_steps is not None and p.step > 0:
-            etas.append((o.max_steps - p.step) * (time.perf_counter() - t_start) / max(p.step - self._step0, 1))
-        return min(etas) if etas else None
-
     def _metrics(self, record: dict) -> None:
         if self.dist.is_main:
             with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as f:
@@ -344,11 +307,12 @@ class Trainer:
         rate = (p.tokens - tokens_last) / max(time.perf_counter() - t_last, 1e-9)
         self._last_log = (time.perf_counter(), p.tokens)
         if self.dist.is_main:
-            self.log(_log_line(p, rate, self._eta(rate, t_start)))
+            s_per_step = (time.perf_counter() - t_start) / (p.step - self._step0) if p.step > self._step0 else None
+            self.log(log_line(p, rate, self.limits.eta(p, self._elapsed(), rate, s_per_step)))
         f, b = (x / max(p.nll_tokens, 1) for x in p.nll)
         self._metrics({"step": p.step, "tokens": p.tokens, "tokens_per_s": rate, "train_loss": 0.5 * (f + b),
                        "train_ppl_fwd": math.exp(min(f, 50)), "train_ppl_bwd": math.exp(min(b, 50)),
-                       "elapsed_s": p.elapsed + time.perf_counter() - self._t0,
+                       "elapsed_s": self._elapsed(),
                        "softmax": "sampled" if self.sampler else "full"})
         p.nll, p.nll_tokens = [0.0, 0.0], 0
 
@@ -378,7 +342,7 @@ class Trainer:
         self._write_run_json()
         self._step0 = self.progress.step
         self._last_log = (t_start, self.progress.tokens)
-        while not any_true(self.dist, self._should_stop(t_start)):
+        while not any_true(self.dist, self.limits.reached(self.progress, self._elapsed())):
             batch = self.batcher.next_batch()
             if any_true(self.dist, batch is None):
                 break

@@ -1,0 +1,51 @@
+"""A run's progress and its limits: when to stop, how far along the lr horizon, the log line."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Progress:
+    step: int = 0
+    tokens: int = 0  # over all ranks
+    elapsed: float = 0.0  # seconds of training before this process started
+    nll: list[float] = field(default_factory=lambda: [0.0, 0.0])  # since the last log line
+    nll_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The run's limits (the first reached stops it); None: no such limit. ``minutes`` counts the
+    run's training time over resumes, as ``tokens`` and ``steps`` count its progress."""
+
+    tokens: int | None = None
+    steps: int | None = None
+    minutes: float | None = None
+
+    def reached(self, p: Progress, elapsed: float) -> bool:
+        return ((self.steps is not None and p.step >= self.steps)
+                or (self.tokens is not None and p.tokens >= self.tokens)
+                or (self.minutes is not None and elapsed / 60 >= self.minutes))
+
+    def done(self, p: Progress, elapsed: float) -> float | None:
+        """The fraction of the nearest limit reached (None without a limit)."""
+        fractions = [p.tokens / self.tokens] if self.tokens else []
+        fractions += [p.step / self.steps] if self.steps else []
+        fractions += [elapsed / (self.minutes * 60)] if self.minutes else []
+        return max(fractions) if fractions else None
+
+    def eta(self, p: Progress, elapsed: float, tokens_per_s: float, s_per_step: float | None) -> float | None:
+        """Seconds to the nearest limit at the current rates (None: unknown)."""
+        etas = [self.minutes * 60 - elapsed] if self.minutes is not None else []
+        etas += [(self.tokens - p.tokens) / tokens_per_s] if self.tokens is not None and tokens_per_s > 0 else []
+        etas += [(self.steps - p.step) * s_per_step] if self.steps is not None and s_per_step is not None else []
+        return min(etas) if etas else None
+
+
+def log_line(p: Progress, rate: float, eta: float | None) -> str:
+    f, b = (x / max(p.nll_tokens, 1) for x in p.nll)
+    eta_s = "?" if eta is None else time.strftime("%H:%M:%S", time.gmtime(max(eta, 0)))
+    return (f"step {p.step:>7}  tokens {p.tokens:>11,}  {rate:>8,.0f} tok/s  loss {0.5 * (f + b):.4f}  "
+            f"ppl fwd {math.exp(min(f, 50)):.1f} bwd {math.exp(min(b, 50)):.1f}  ETA {eta_s}")
