@@ -58,7 +58,7 @@ class Recipe:
 
 
 RECIPES = {
-    "default": Recipe("adam", 0.003, warmup_steps=20, lr_decay="cosine", lr_final=0.1),
+    "default": Recipe("adam", 0.005, warmup_steps=20, lr_decay="cosine", lr_final=0.1),
     "bilm-tf": Recipe("adagrad", 0.2),
 }
 

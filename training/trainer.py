@@ -122,6 +122,7 @@ class Trainer:
         torch.manual_seed(opts.seed * 1000 + self.dist.rank)  # dropout
         self.state: LstmState | None = None
         self.progress = Progress()
+        self._t0 = time.perf_counter()  # run() restarts it
         self._full_eval: tuple[int, dict | None] | None = None
 
     # ---- setup ------------------------------------------------------------------------------
