@@ -7,6 +7,7 @@ only there to reproduce the original TensorFlow code.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -17,6 +18,7 @@ from .config import ElmoConfig
 from .dictionaries import DictionaryTokenizer
 from .errors import ConfigError, InputError
 from .lstm import BiLstmStack, LstmState
+from .precision import matmul_dtype
 from .token_cache import TokenCache
 
 
@@ -75,6 +77,27 @@ class BiLM(nn.Module):
                                    config.char_rows, (d.n_words, d.word_dim) if d is not None and d.words else None)
         self.lstm = BiLstmStack(config.lstm, dropout=config.training.dropout)
         self.token_cache: TokenCache | None = None  # optional, inference only (see TokenCache)
+        self.precision = "fp32"  # inference's matrix products (see set_precision)
+        # Inference: what run_combined calls instead of ``lstm.forward_combined`` (same signature and
+        # result), e.g. inference.cuda_graphs.GraphedStack (the recurrence replayed as CUDA graphs).
+        self.lstm_combined: Callable[..., torch.Tensor] | None = None
+
+    def set_precision(self, precision: str) -> "BiLM":
+        """Inference's matrix products in fp32, tf32, bf16 or fp16 (``elmo_core.precision``); the
+        caller enters ``tf32_products`` around tf32 runs. Training is not affected."""
+        self.lstm.matmul_dtype = matmul_dtype(precision)
+        self.precision = precision
+        if self.token_cache is not None:
+            self.token_cache.clear()
+        return self
+
+    def _encode(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """The char-CNN, under autocast in bf16 / fp16 inference; fp32 out. Shape: (N, C) -> (N, P)."""
+        low = self.lstm.matmul_dtype
+        if low == torch.float32 or torch.is_grad_enabled():
+            return self.encoder(char_ids)
+        with torch.autocast(char_ids.device.type, dtype=low):
+            return self.encoder(char_ids).float()
 
     def embed_tokens(self, char_ids: torch.Tensor, mask: torch.Tensor, dedup: bool = True) -> torch.Tensor:
         """Token representations, zero at padding; the char-CNN runs once per distinct token.
@@ -87,11 +110,11 @@ class BiLM(nn.Module):
         if dedup and real.shape[0] > 1:
             uniq, inverse = unique_rows(real)  # (U, C), (N,)
             if self.token_cache is not None and not torch.is_grad_enabled():
-                emb = self.token_cache.lookup(uniq, self.encoder, list(self.encoder.parameters()))[inverse]
+                emb = self.token_cache.lookup(uniq, self._encode, list(self.encoder.parameters()))[inverse]
             else:
-                emb = self.encoder(uniq)[inverse]  # (N, P)
+                emb = self._encode(uniq)[inverse]  # (N, P)
         else:
-            emb = self.encoder(real)  # (N, P)
+            emb = self._encode(real)  # (N, P)
         out = emb.new_zeros(B * T, emb.shape[-1])  # (B*T, P)
         out[flat_mask] = emb
         return out.view(B, T, -1)
@@ -128,7 +151,8 @@ class BiLM(nn.Module):
         mask, lengths = self._mask(char_ids)
         T = char_ids.shape[1]
         x = self._with_boundaries(self.embed_tokens(char_ids, mask), lengths)  # (B, T+2, P)
-        combined = self.lstm.forward_combined(x, lengths + 2, weights.to(x.dtype), slice(1, T + 1), mask)  # (B, T, 2P)
+        run = self.lstm_combined or self.lstm.forward_combined
+        combined = run(x, lengths + 2, weights.to(x.dtype), slice(1, T + 1), mask)  # (B, T, 2P)
         return combined, mask
 
     def run(self, char_ids: torch.Tensor, state: LstmState | None = None,

@@ -19,6 +19,7 @@ from .config import LstmConfig
 from .lstm_cell import lstm_step, lstm_step_inplace
 from .lstm_sequence import carry_state, lstm_sequence
 from .packed_gemm import PackedLinear, packed_gemm_available
+from .precision import low_bmm
 
 
 @dataclass
@@ -65,6 +66,9 @@ class BiLstmStack(nn.Module):
     # default cell (and no autocast) a layer's whole recurrence is one autograd function
     # (lstm_sequence.LstmSequence): the same maths, a fused backward, batched weight gradients.
     train_cell: Callable[..., tuple[torch.Tensor, torch.Tensor]] = staticmethod(lstm_step)
+    # Inference only: the type the matrix products' inputs are rounded to (bf16 / fp16 copies of the
+    # weights, results in fp32; see elmo_core.precision). Training ignores it.
+    matmul_dtype: torch.dtype = torch.float32
 
     def __init__(self, cfg: LstmConfig, dropout: float = 0.0) -> None:
         super().__init__()
@@ -106,25 +110,32 @@ class BiLstmStack(nn.Module):
                          positions: slice = slice(None), keep: torch.Tensor | None = None) -> torch.Tensor:
         """``sum_j weights[j] * layer_j`` of the stateless stack (rows framed by <S> ... </S>, as
         ``forward`` with ``boundary_shortcut``), layer 0 being ``[x; x]``. The layers are combined
-        while packed (the packed input is layer 0 of both directions, each in its own reading
-        order) and unpacked once, instead of L+1 unpacks and a stack: the inference fast path of
-        a scalar mix, top or average (``elmo_core.scalar_mix.ScalarMix`` is the reference).
+        while packed (see ``combine_packed``) and unpacked once, instead of L+1 unpacks and a
+        stack: the inference fast path of a scalar mix, top or average
+        (``elmo_core.scalar_mix.ScalarMix`` is the reference).
 
         Shape: x (B, T, P) zero at padding, lengths (B,) >= 2, weights (L+1,) -> (B, T', 2P) for
         ``positions`` (default all T), zero at padding, where ``keep`` (B, T') is False, and at each
         row's last position (the boundary the shortcut skips).
         """
-        B, T, P = x.shape
-        pack = Packing(lengths, T, shared_first=B > 0)
-        xs = pack.pack(x)  # (2, N, P)
+        pack = Packing(lengths, x.shape[1], shared_first=x.shape[0] > 0)
+        return pack.unpack(self.combine_packed(pack.pack(x), pack, weights), positions, keep)
+
+    def combine_packed(self, xs: torch.Tensor, pack: "Packing", weights: torch.Tensor) -> torch.Tensor:
+        """``sum_j weights[j] * layer_j`` over packed inputs (the packed input is layer 0 of both
+        directions, each in its own reading order), plus one zero row for ``Packing.unpack``.
+        Stateless. Nothing here waits on the device, so it can be captured in a CUDA graph.
+
+        Shape: xs (2, N, P), weights (L+1,) -> (2, N+1, P).
+        """
         outputs, _ = self.run_packed(xs, pack)  # L x (2, N, P)
-        N = xs.shape[1]
+        N, P = xs.shape[1], xs.shape[2]
         combined = xs.new_empty(2, N + 1, P)  # the last row stays zero: unpacking reads it for padding
         combined[:, N] = 0
         torch.mul(xs, weights[0], out=combined[:, :N])
-        for w, out in zip(weights[1:].tolist(), outputs):
-            combined[:, :N].add_(out, alpha=w)
-        return pack.unpack(combined, positions, keep)
+        for j, out in enumerate(outputs, start=1):
+            combined[:, :N].addcmul_(out, weights[j])
+        return combined
 
     def run_packed(self, xs: torch.Tensor, pack: "Packing",
                    state: LstmState | None = None) -> tuple[list[torch.Tensor], LstmState]:
@@ -179,7 +190,7 @@ class BiLstmStack(nn.Module):
         out = xs.new_empty(xs.shape[0], xs.shape[1], self.cfg.projection_dim)  # (2, N, P)
         h, c = h.clone(), c.clone()  # (2, B, P), (2, B, C): this layer's state, updated in place
         step = self._inference_step(layer)
-        parts = _input_parts(xs, bias, self.w_input[layer], pack.steps, self.input_chunk_rows)
+        parts = _input_parts(xs, bias, self._matmul_weights()[0][layer], pack.steps, self.input_chunk_rows)
         for (start, n), gx_t in zip(pack.steps, parts):
             h_new = step(gx_t, h[:, :n], c[:, :n])  # (2, n, P); c[:, :n] now holds the new cell state
             out[:, start : start + n] = h_new
@@ -198,6 +209,10 @@ class BiLstmStack(nn.Module):
 
         Shape: gx (2, n, 4C), h (2, n, P), c (2, n, C) -> h (2, n, P); ``c`` is updated in place.
         """
+        if self.matmul_dtype != torch.float32:
+            w_state, w_proj = (w[layer] for w in self._matmul_weights()[1:])  # (2, P, 4C), (2, C, P) reduced
+            return lambda gx, h, c: lstm_step_inplace(
+                low_bmm(h, w_state).add_(gx), c, lambda m: low_bmm(m, w_proj), *self._clips)[0]
         if not packed_gemm_available(self.w_state.device) or self.w_state[0, 0].numel() < self.packed_gemm_min_weights:
             w_state, w_proj = self.w_state[layer], self.w_proj[layer]
             return lambda gx, h, c: lstm_step_inplace(
@@ -210,6 +225,21 @@ class BiLstmStack(nn.Module):
                 h_new[d] = lstm_step_inplace(w_s(h[d]).add_(gx[d]), c[d], w_p, *self._clips)[0]
             return h_new
         return step
+
+    def _matmul_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(W_in, W_h, W_P) in ``matmul_dtype``: the parameters themselves in fp32, else copies made
+        once (remade if the parameters or the type change).
+
+        Shape: (L, 2, P, 4C), (L, 2, P, 4C), (L, 2, C, P).
+        """
+        params = (self.w_input, self.w_state, self.w_proj)
+        if self.matmul_dtype == torch.float32:
+            return tuple(w.detach() for w in params)  # type: ignore[return-value]
+        key = (self.matmul_dtype,) + tuple((w._version, w.data_ptr()) for w in params)
+        if getattr(self, "_matmul_key", None) != key:
+            self._matmul_copies = tuple(w.detach().to(self.matmul_dtype) for w in params)
+            self._matmul_key = key
+        return self._matmul_copies
 
     def _packed_weights(self) -> list[list[tuple[PackedLinear, PackedLinear]]]:
         """Per layer and direction (W_h, W_P) packed once, repacked if the parameters change."""
@@ -226,6 +256,7 @@ def _input_parts(xs: torch.Tensor, bias: torch.Tensor, w_input: torch.Tensor, st
     """Each step's input pre-activations, computed a chunk of whole steps at a time (inference only).
 
     The chunk buffer is reused: each part must be consumed before the next is drawn.
+    ``w_input`` in bf16 / fp16: the product's inputs are rounded to that type, its result is fp32.
     Shape: xs (2, N, P), bias (2, 1, 4C), w_input (2, P, 4C) -> per step (2, n_t, 4C).
     """
     buf: torch.Tensor | None = None
@@ -239,7 +270,11 @@ def _input_parts(xs: torch.Tensor, bias: torch.Tensor, w_input: torch.Tensor, st
         if buf is None or buf.numel() < size:
             buf = xs.new_empty(max(size, 2 * min(chunk_rows, xs.shape[1]) * w_input.shape[-1]))  # flat
         gx = buf[:size].view(2, rows, -1)  # (2, rows, 4C), contiguous
-        torch.baddbmm(bias, xs[:, start:start + rows], w_input, out=gx)
+        x = xs[:, start:start + rows]  # (2, rows, P)
+        if w_input.dtype == xs.dtype:
+            torch.baddbmm(bias, x, w_input, out=gx)
+        else:
+            torch.add(torch.bmm(x.to(w_input.dtype), w_input), bias, out=gx)
         yield from gx.split([n for _, n in steps[i:j]], dim=1)
         i = j
 
@@ -250,8 +285,10 @@ class Packing:
     Step t's active rows are the first n_t of the sorted batch and sit contiguously at
     [offset_t, offset_t + n_t) of the packed axis. Direction 1 reads each row reversed within
     its length, so both directions share the packing. With ``shared_first`` step 0 packs only
-    row 0, and unpacking copies its output to every row. ``Packing.full(B, T)``: every row runs
-    every step, so the packed axis is simply time-major (T*B).
+    row 0, and unpacking copies its output to every row. ``every_step``: every row runs every step
+    (padding included, after each row's real steps in both directions), so the packed axis is
+    (T*B) time-major whatever the lengths: the static shape CUDA graphs need
+    (``inference.cuda_graphs``). ``Packing.full(B, T)``: rows all T long.
 
     Packing and unpacking are one indexed gather each: ``sources`` (2, N) says where each packed
     position reads in the (B*T) axis, ``targets`` (2, B*T) which packed position each time step
@@ -259,15 +296,18 @@ class Packing:
     ``Packing.full`` every step and never packs or unpacks.
     """
 
-    def __init__(self, lengths: torch.Tensor, t_max: int, shared_first: bool = False) -> None:
-        self.shared_first = shared_first
+    def __init__(self, lengths: torch.Tensor, t_max: int, shared_first: bool = False,
+                 every_step: bool = False) -> None:
+        self.shared_first = shared_first and not every_step
         self.order = torch.argsort(lengths, descending=True, stable=True)  # (B,)
         self.inverse = torch.argsort(self.order)  # (B,)
         sorted_lengths = lengths[self.order]
         self._rev = reverse_index(sorted_lengths, t_max)  # (T, B)
         steps = sorted_lengths - 1 if shared_first else sorted_lengths  # the last step is skipped
         real = torch.arange(t_max, device=lengths.device)[:, None] < steps[None, :]  # (T, B)
-        if shared_first:
+        if every_step:  # the packed axis is (T*B) time-major, whatever the lengths
+            real = torch.ones_like(real)
+        elif shared_first:
             real[0, 1:] = False
         self._index = torch.nonzero(real.reshape(-1)).squeeze(1)  # (N,) into the flat (T*B) axis
         counts = [n for n in real.sum(1).tolist() if n > 0]

@@ -1,0 +1,71 @@
+"""Reduced-precision inference (``elmo_core.precision``): the matrix products in bf16 / fp16, the
+rest in fp32; every token's cosine >= 0.999 against fp32, every layer, on the TF reference model
+and its real sentences (the GPU figures are in tests/gpu and bench/bench_gpu.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from elmo_core import load_bilm
+from elmo_core.errors import InputError
+from elmo_core.precision import check_precision
+from inference.backends import TorchBackend
+from pipelines.options import EmbedOptions
+
+
+def _model_and_ids(fixture_dir):
+    model = load_bilm(fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5").eval()
+    sentences = [s.split() for batch in json.loads((fixture_dir / "sentences.json").read_text()) for s in batch]
+    return model, torch.from_numpy(model.tokenizer.batch(sentences))
+
+
+def _min_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=-1).min())
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_reduced_precision_keeps_every_token_and_layer_within_cosine(fixture_dir, precision):
+    model, ids = _model_and_ids(fixture_dir)
+    weights = torch.tensor([0.2, 0.5, 0.3])
+    with torch.inference_mode():
+        ref, (ref_mixed, mask) = model.run(ids), model.run_combined(ids, weights)
+        model.set_precision(precision)
+        low, (low_mixed, _) = model.run(ids), model.run_combined(ids, weights)
+    for layer in range(ref.layers.shape[1]):
+        cos = _min_cosine(low.layers[:, layer][mask], ref.layers[:, layer][mask])
+        assert cos >= 0.999, (precision, layer, cos)
+    assert _min_cosine(low_mixed[mask], ref_mixed[mask]) >= 0.999
+    assert (low.layers - ref.layers).abs().max() > 1e-5  # the products really ran in the reduced type
+    assert low.layers.dtype == torch.float32 and not low_mixed[~mask].any()
+    assert model.lstm._matmul_weights()[1].dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def test_back_to_fp32_is_bit_identical(fixture_dir):
+    model, ids = _model_and_ids(fixture_dir)
+    with torch.inference_mode():
+        before = model.run(ids).layers
+        model.set_precision("bf16").run(ids)
+        after = model.set_precision("fp32").run(ids).layers
+    assert torch.equal(before, after)
+
+
+def test_training_ignores_the_inference_precision(fixture_dir):
+    model, ids = _model_and_ids(fixture_dir)
+    want = model.run(ids).layers.detach()  # autograd path, fp32
+    got = model.set_precision("bf16").run(ids).layers.detach()
+    assert torch.equal(got, want)
+
+
+def test_unknown_or_misplaced_precisions_are_named(tmp_path, fixture_dir):
+    with pytest.raises(InputError, match="precision must be one of"):
+        check_precision("fp8", "cpu")
+    with pytest.raises(InputError, match="tf32 is a CUDA tensor-core mode"):
+        TorchBackend.from_files(fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5", precision="tf32")
+    with pytest.raises(InputError, match="tf32 is a CUDA"):
+        EmbedOptions(precision="tf32")
+    with pytest.raises(InputError, match="chosen at export"):
+        EmbedOptions(backend="onnx", precision="bf16")
+    assert "precision" not in EmbedOptions().identity()  # fp32 jobs keep the identity they always had
+    assert EmbedOptions(precision="bf16").identity()["precision"] == "bf16"  # a resume must keep it
