@@ -8,6 +8,7 @@ import json
 
 from elmo_cli.cmd_tokens import add_token_embedding_arguments
 from elmo_core.pooling import POOLS
+from elmo_core.precision import PRECISIONS
 from inference.outputs import OUTPUT_MODES
 from inference.registry import BACKEND_NAMES
 from elmo_core.errors import InputError
@@ -51,6 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     out.add_argument("--mix", help="scalar mix weights s0,s1,... (before softmax; default equal)")
     out.add_argument("--gamma", type=float, default=d.gamma)
     out.add_argument("--dtype", choices=DTYPES, default=d.dtype)
+    out.add_argument("--precision", choices=PRECISIONS, default=d.precision,
+                     help="the torch backend's matrix products (tf32: CUDA only; see docs/pipelines.md)")
     out.add_argument("--compression", choices=COMPRESSIONS, default=d.compression,
                      help="of the output shards (measured: all about as fast; zstd 8%% smaller in float16)")
     out.add_argument("--max-sentence-length", type=int, default=d.max_sentence_length,
@@ -88,7 +91,7 @@ def options_from_args(args: argparse.Namespace) -> dict:
              "dtype", "max_sentence_length", "window_context", "max_tokens_per_batch", "sort_window_rows",
              "sort_window_tokens", "rows_per_shard", "threads", "engine", "workers", "ray_address",
              "num_gpus_per_worker", "resume", "quiet", "device", "weights", "verify_inputs", "compression",
-             "token_embeddings", "token_vocab")
+             "token_embeddings", "token_vocab", "precision")
     return {n: getattr(args, n) for n in names}
 
 

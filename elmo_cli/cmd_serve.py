@@ -8,6 +8,7 @@ from dataclasses import fields
 
 from elmo_cli.cmd_tokens import add_token_embedding_arguments
 from elmo_core.errors import InputError
+from elmo_core.precision import PRECISIONS, check_precision
 from inference.registry import BACKEND_NAMES, check_device, model_config
 from serving.limits import ServeLimits
 
@@ -30,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=BACKEND_NAMES, default="torch")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, help="the model's threads (default: the backend's)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="the torch backend's matrix products (tf32: CUDA only)")
     add_token_embedding_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8080, help="0: any free port (the `listening on` line says which)")
@@ -57,6 +60,9 @@ def _ignore(signum: int, frame: object) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     limits = _limits(args)
     check_device(args.device, args.backend)
+    check_precision(args.precision, "cuda" if args.device.startswith("cuda") else "cpu")
+    if args.precision != "fp32" and args.backend != "torch":
+        raise InputError(f"--precision is the torch backend's; an {args.backend} model's precision is chosen at export")
     model_config(args.model, args.backend, args.weights)  # a bad model fails here, before binding the port
     try:
         from serving.server import run_server
@@ -64,7 +70,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise InputError(f"elmo serve needs the `serve` extra: pip install 'elmo-pipeline[serve]' ({e})") from e
     source = ModelSource(args.model, args.backend, args.device, args.weights, args.threads, args.token_embeddings,
-                         args.token_vocab)
+                         args.token_vocab, args.precision)
     if args.engine == "ray":
         from serving.ray_serve import run_ray_serve
 

@@ -7,19 +7,22 @@ and ``run_combined(char_ids, weights, dtype) -> (sum_j weights[j] * layer_j (B, 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 import torch
 
 from elmo_core import BiLM, ElmoConfig, StatefulBiLM, load_bilm
 from elmo_core.model_io import load_tokenizer
+from elmo_core.precision import check_precision, tf32_products
 from elmo_core.bilm import Tokenizer
 from elmo_core.chars import ByteTokenizer
 from elmo_core.errors import ElmoError, InputError
 from elmo_core.token_cache import TokenCache
 from elmo_core.token_embeddings import preload_token_cache, read_token_embeddings
 
+from .cuda_graphs import GraphedStack
+from .host_copy import PinnedCopies
 from .outputs import combine_layers
 
 _TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16}
@@ -72,6 +75,14 @@ class BackendBase:
         layers, mask = self.run(char_ids)
         return combine_layers(layers, weights).astype(dtype, copy=False), mask
 
+    def submit_combined(self, char_ids: np.ndarray, weights: np.ndarray, dtype: np.dtype | type = np.float32
+                        ) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+        """``run_combined`` started: the callable returns its result. A backend on a GPU returns
+        before the device is done (see ``TorchBackend``), so the caller can do host work meanwhile;
+        the result must be read before two more batches are submitted."""
+        result = self.run_combined(char_ids, weights, dtype)
+        return lambda: result
+
     def close(self) -> None:
         pass
 
@@ -88,18 +99,27 @@ class TorchBackend(BackendBase):
     ``token_cache``: how many distinct tokens' char-CNN outputs to keep across calls (0: none).
     ``token_embeddings``: a token-embedding file (``elmo dump-tokens``, or the original's with its
     ``token_vocab``) whose tokens skip the char-CNN, besides the ``token_cache`` ones.
+    ``precision``: fp32, tf32 (CUDA), bf16 or fp16 matrix products (``elmo_core.precision``).
+    ``cuda_graphs``: the stateless recurrence of ``run_combined`` replayed as CUDA graphs
+    (``inference.cuda_graphs``); default on for a CUDA device.
     """
 
     name = "torch"
 
     def __init__(self, model: BiLM, stateful: bool = False, threads: int | None = None,
                  device: str = "cpu", token_cache: int = 50_000, token_embeddings: str | Path | None = None,
-                 token_vocab: str | Path | None = None) -> None:
+                 token_vocab: str | Path | None = None, precision: str = "fp32",
+                 cuda_graphs: bool | None = None) -> None:
+        check_precision(precision, device)
+        is_cuda = torch.device(device).type == "cuda"
+        if cuda_graphs and not is_cuda:
+            raise InputError(f"cuda_graphs needs a CUDA device, got {device!r}")
         if threads:
             torch.set_num_threads(threads)
         if token_vocab is not None and token_embeddings is None:
             raise InputError("token_vocab (--token-vocab) names the rows of a token-embedding file; pass that file too")
-        self.model = model.eval().to(device)
+        self.model = model.eval().to(device).set_precision(precision)
+        self.precision = precision
         cache = TokenCache(token_cache) if token_cache > 0 or token_embeddings is not None else None
         if token_embeddings is not None:
             preload_token_cache(self.model, read_token_embeddings(token_embeddings, token_vocab), cache)
@@ -107,6 +127,9 @@ class TorchBackend(BackendBase):
         self.device = torch.device(device)
         self.config = model.config
         self.stateful = StatefulBiLM(self.model) if stateful else None
+        if (is_cuda if cuda_graphs is None else cuda_graphs) and not stateful:
+            self.model.lstm_combined = GraphedStack(self.model.lstm)
+        self._copies, self._mask_copies = PinnedCopies(), PinnedCopies()  # used on CUDA only
 
     @classmethod
     def from_files(cls, path: str | Path, weights: str | Path | None = None, **kw: object) -> "TorchBackend":
@@ -118,7 +141,7 @@ class TorchBackend(BackendBase):
 
     def run(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ids = torch.from_numpy(np.ascontiguousarray(char_ids)).to(self.device)
-        with torch.inference_mode():
+        with torch.inference_mode(), tf32_products(self.precision == "tf32"):
             out = self.stateful.run(ids) if self.stateful else self.model.run(ids)
         return out.layers.float().cpu().numpy(), out.mask.cpu().numpy()
 
@@ -129,10 +152,23 @@ class TorchBackend(BackendBase):
         if self.stateful:
             return super().run_combined(char_ids, weights, dtype)
         ids = torch.from_numpy(np.ascontiguousarray(char_ids)).to(self.device)
-        with torch.inference_mode():
+        with torch.inference_mode(), tf32_products(self.precision == "tf32"):
             combined, mask = self.model.run_combined(ids, torch.from_numpy(weights).to(self.device))  # (B, T, 2P)
             combined = combined.to(_TORCH_DTYPES[np.dtype(dtype)])
         return combined.cpu().numpy(), mask.cpu().numpy()
+
+    def submit_combined(self, char_ids: np.ndarray, weights: np.ndarray, dtype: np.dtype | type = np.float32
+                        ) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+        """On CUDA: the batch's work and its copy to pinned host memory are queued and this returns;
+        the next batch is launched while this one's result is read out."""
+        if self.stateful or self.device.type != "cuda":
+            return super().submit_combined(char_ids, weights, dtype)
+        ids = torch.from_numpy(np.ascontiguousarray(char_ids)).to(self.device, non_blocking=True)
+        with torch.inference_mode(), tf32_products(self.precision == "tf32"):
+            combined, mask = self.model.run_combined(ids, torch.from_numpy(weights).to(self.device))  # (B, T, 2P)
+            vectors = self._copies.start(combined.to(_TORCH_DTYPES[np.dtype(dtype)]))
+            row_mask = self._mask_copies.start(mask)
+        return lambda: (vectors(), row_mask())
 
     def reset_state(self) -> None:
         if self.stateful is None:

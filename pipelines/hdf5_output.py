@@ -104,7 +104,7 @@ def embed_to_hdf5(input: str | Path, out: str | Path, /, model: str | Path, use_
     tmp = out.with_name(f".{out.name}.tmp")
     try:
         with Embedder.open(model, opts.backend, threads=threads, device=opts.device, **weights,
-                           **opts.token_options) as embedder, h5py.File(tmp, "w") as f:
+                           **opts.backend_options) as embedder, h5py.File(tmp, "w") as f:
             counts = _write(f, embedder, sentences, opts, use_sentence_keys)
         os.replace(tmp, out)
     finally:

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from elmo_core.errors import ElmoError, InputError
 from elmo_core.pooling import POOLS
+from elmo_core.precision import check_precision
 from inference.outputs import OUTPUT_MODES
 from inference.registry import BACKEND_NAMES
 
@@ -68,6 +69,7 @@ class EmbedOptions:
     compression: str = "snappy"  # of the output shards: snappy | none | lz4 | zstd (the same values)
     token_embeddings: str | None = None  # a token-embedding file whose tokens skip the char-CNN (torch)
     token_vocab: str | None = None  # the vocabulary of a token-embedding file that does not list its tokens
+    precision: str = "fp32"  # the torch backend's matrix products: fp32 | tf32 (CUDA) | bf16 | fp16
 
     def __post_init__(self) -> None:
         _check_choice("backend", self.backend, BACKEND_NAMES)
@@ -95,16 +97,21 @@ class EmbedOptions:
         if self.weights is not None and self.backend != "torch":
             raise InputError(f"--weights names a published-format weights file (--backend torch); --backend "
                              f"{self.backend} takes an export directory as --model")
+        check_precision(self.precision, "cuda" if self.device.startswith("cuda") else "cpu")
+        if self.precision != "fp32" and self.backend != "torch":
+            raise InputError(f"--precision {self.precision} is the torch backend's; an {self.backend} model's "
+                             f"precision is chosen at export (elmo export onnx --precision)")
         if self.engine == "ray" and self.device != "cpu" and not self.num_gpus_per_worker:
             raise InputError(f"--device {self.device} with --engine ray needs --num-gpus-per-worker (e.g. 1) so "
                              f"that Ray gives each worker its own GPU")
 
     @property
-    def token_options(self) -> dict[str, str]:
-        """The torch backend's token-embedding options, where given."""
-        if self.token_embeddings is None and self.token_vocab is None:
-            return {}
-        return {"token_embeddings": self.token_embeddings, "token_vocab": self.token_vocab}
+    def backend_options(self) -> dict[str, str]:
+        """The torch backend's own options (token embeddings, precision), where given."""
+        options = {"precision": self.precision} if self.precision != "fp32" else {}
+        if self.token_embeddings is not None or self.token_vocab is not None:
+            options.update(token_embeddings=self.token_embeddings, token_vocab=self.token_vocab)
+        return options
 
     @property
     def context(self) -> int:
@@ -144,8 +151,11 @@ class EmbedOptions:
         return d
 
     def identity(self) -> dict[str, Any]:
-        """The options that change the output, i.e. that a resumed job must keep."""
-        return {k: v for k, v in self.to_dict().items() if k not in RUNTIME_ONLY}
+        """The options that change the output, i.e. that a resumed job must keep. fp32, the
+        precision of every job written before the option existed, is left out so that those
+        jobs keep their identity."""
+        return {k: v for k, v in self.to_dict().items()
+                if k not in RUNTIME_ONLY and not (k == "precision" and v == "fp32")}
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -81,7 +81,7 @@ class ElmoPredictor:
         self.options = opts = EmbedOptions.coerce(options, **overrides)
         threads = opts.threads or default_threads(model_config(model, opts.backend, opts.weights), opts.device)
         self.backend = open_backend(model, opts.backend, threads=threads, device=opts.device,
-                                    **({"weights": opts.weights} if opts.weights else {}), **opts.token_options)
+                                    **({"weights": opts.weights} if opts.weights else {}), **opts.backend_options)
         self.config = self.backend.config
         if self.options.mix is not None and len(self.options.mix) != self.config.n_output_layers:
             raise InputError(f"--mix: the model has {self.config.n_output_layers} output layers, "
@@ -122,24 +122,37 @@ class ElmoPredictor:
 
         Every output mode but ``all`` is a combination of the layers, computed by the backend
         (on its device, before the copy, in the output dtype); rows go to their place in one
-        gather per batch.
+        gather per batch. Each batch is submitted before the previous one is placed, so on a GPU
+        the host's placing overlaps the device's next batch (``Backend.submit_combined``).
         """
         opts, plan, clock = self.options, prepared.plan, clock or StageClock()
         shape = (plan.tokens, self.n_layers, self.dim) if opts.output == "all" else (plan.tokens, self.dim)
         out = np.empty(shape, dtype=np.float32 if opts.pool else opts.dtype)  # (N tokens, [L+1,] D)
+        pending = None  # the previous batch: its result is read while this one runs (on a GPU)
         for batch, ids in zip(plan.batches, prepared.char_ids):
             with clock.stage("model"):
                 if self.weights is None:
                     layers, _ = self.backend.run(ids)  # (B, L+1, T, D)
-                    reduced = layers.transpose(0, 2, 1, 3)  # (B, T, L+1, D)
+                    result = lambda layers=layers: (layers.transpose(0, 2, 1, 3), None)  # noqa: E731  (B, T, L+1, D)
                 else:
-                    reduced, _ = self.backend.run_combined(ids, self.weights, out.dtype)  # (B, T, D)
-            with clock.stage("assemble"):
-                rows, cols, dest = batch.gather_index()  # (n,) each
-                out[dest] = reduced[rows, cols]
+                    result = self.backend.submit_combined(ids, self.weights, out.dtype)  # -> (B, T, D)
+            if pending is not None:
+                self._place(out, *pending, clock)
+            pending = batch, result
+        if pending is not None:
+            self._place(out, *pending, clock)
         with clock.stage("assemble"):
             column = self._pooled(out, plan.lengths) if opts.pool else self._column(out, plan.lengths)
             return prepared.passthrough.append_column(pa.field(ELMO_COLUMN, self.type), column)
+
+    @staticmethod
+    def _place(out: np.ndarray, batch: Any, result: Callable[[], tuple[np.ndarray, Any]], clock: StageClock) -> None:
+        """A batch's vectors into their rows' places in ``out`` (one gather)."""
+        with clock.stage("model"):
+            reduced, _ = result()  # (B, T, [L+1,] D)
+        with clock.stage("assemble"):
+            rows, cols, dest = batch.gather_index()  # (n,) each
+            out[dest] = reduced[rows, cols]
 
     def _pooled(self, out: np.ndarray, lengths: np.ndarray) -> pa.Array:
         """Each row's tokens pooled (over all of its windows: they are joined in ``out`` already):

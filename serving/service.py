@@ -46,6 +46,7 @@ class ModelSource:
     threads: int | None = None
     token_embeddings: str | None = None  # see inference.backends.TorchBackend
     token_vocab: str | None = None
+    precision: str = "fp32"  # the torch backend's matrix products (elmo_core.precision)
 
     @property
     def name(self) -> str:
@@ -63,6 +64,8 @@ class SentencePredictor:
         options = {"weights": source.weights} if source.weights else {}
         if source.token_embeddings or source.token_vocab:
             options.update(token_embeddings=source.token_embeddings, token_vocab=source.token_vocab)
+        if source.precision != "fp32":
+            options["precision"] = source.precision
         self.embedder = Embedder.open(source.model, source.backend, threads=source.threads, device=source.device,
                                       **options)
         self.config = self.embedder.config
@@ -153,7 +156,8 @@ class ServingState:
         config = self.predictor.config if self.predictor else None
         return {
             "model": self.source.name, "path": str(Path(self.source.model).resolve()),
-            "backend": self.source.backend, "device": self.source.device, "ready": self.ready,
+            "backend": self.source.backend, "device": self.source.device, "precision": self.source.precision,
+            "ready": self.ready,
             "dim": config.output_dim if config else None, "layers": config.n_output_layers if config else None,
             "max_characters_per_token": config.char_cnn.max_characters_per_token if config else None,
             "outputs": list(OUTPUT_MODES), "pools": ["none", *POOLS],

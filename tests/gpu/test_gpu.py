@@ -1,5 +1,5 @@
-"""GPU paths: the torch backend on CUDA, ONNX Runtime's CUDA and TensorRT execution providers, and
-`elmo embed --device cuda`.
+"""GPU paths: the torch backend on CUDA (its precisions, its CUDA graphs), ONNX Runtime's CUDA and
+TensorRT execution providers, and `elmo embed --device cuda`.
 
 Each test skips with its reason where there is no CUDA GPU or the provider is missing (CI has
 neither; the `gpu` extra installs onnxruntime-gpu). Tolerances are the issue's GPU ones
@@ -21,6 +21,7 @@ from inference.export_spec import TENSORRT_TOLERANCES, ExportSpec
 from export.tensorrt import profile_from_args, tensorrt_ep_providers
 from export.validate import check_parity
 from inference.backends import TorchBackend
+from inference.cuda_graphs import GraphedStack
 from inference.embedder import Embedder
 from inference.onnx_backend import OnnxBackend
 from pipelines import embed_parquet
@@ -108,3 +109,45 @@ def test_embed_parquet_on_cuda_matches_cpu(tiny_dir, tmp_path, backend):
     worst = max(float(np.abs(np.asarray(g, np.float32) - np.asarray(w, np.float32)).max(initial=0.0))
                 for g, w in pairs if w is not None)
     assert worst <= TENSORRT_TOLERANCES["fp32"].max_abs, worst
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "fp16"])
+def test_torch_cuda_precisions_against_cpu_fp32(fixture_dir, precision):
+    """Every layer (``run``, eager) and the mix (``run_combined``, CUDA graphs) against CPU fp32:
+    fp32 max |diff| <= 1e-3; tf32, bf16, fp16 every token's cosine >= 0.999."""
+    _need_cuda()
+    files = (fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5")
+    ids = TorchBackend.from_files(*files).tokenizer.batch(_fixture_sentences(fixture_dir))
+    weights = np.array([0.2, 0.5, 0.3], np.float32)
+    tol = TENSORRT_TOLERANCES[precision]
+    with TorchBackend.from_files(*files) as cpu, TorchBackend.from_files(*files, device="cuda", precision=precision) as gpu:
+        assert isinstance(gpu.model.lstm_combined, GraphedStack)
+        pairs = [(gpu.run(ids)[0][:, j], cpu.run(ids)[0][:, j]) for j in range(3)]  # (B, T, 2P) per layer
+        pairs.append((gpu.run_combined(ids, weights)[0], cpu.run_combined(ids, weights)[0]))
+        mask = cpu.run(ids)[1]
+        assert gpu.model.lstm_combined.captures >= 1
+    for got, want in pairs:
+        got, want = got[mask].astype(np.float64), want[mask].astype(np.float64)  # (N, 2P)
+        if tol.max_abs is not None:
+            assert np.abs(got - want).max() <= tol.max_abs
+        cos = (got * want).sum(1) / np.maximum(np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1), 1e-30)
+        assert cos.min() >= (tol.min_cosine or 0.999), cos.min()
+
+
+def test_cuda_graph_replays_equal_eager_cuda(fixture_dir):
+    """Graphs per (rows, steps) bucket, replayed for other batches of the bucket, give the eager path's vectors."""
+    _need_cuda()
+    files = (fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5")
+    sentences = _fixture_sentences(fixture_dir)
+    weights = np.array([0.2, 0.5, 0.3], np.float32)
+    with TorchBackend.from_files(*files, device="cuda") as graphed, \
+            TorchBackend.from_files(*files, device="cuda", cuda_graphs=False) as eager:
+        assert eager.model.lstm_combined is None
+        for start in range(0, len(sentences) - 5, 2):  # overlapping batches: several replays per bucket
+            ids = graphed.tokenizer.batch(sentences[start : start + 6])
+            got, mask = graphed.run_combined(ids, weights)
+            want, want_mask = eager.run_combined(ids, weights)
+            assert np.array_equal(mask, want_mask)
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+        stack = graphed.model.lstm_combined
+        assert stack.replays > stack.captures >= 1 and len(stack.graphs) == stack.captures

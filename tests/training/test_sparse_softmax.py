@@ -62,7 +62,7 @@ def test_lazy_adam_is_adam_on_rows_read_every_step():
 
 
 def test_lazy_adam_matches_sparse_adam_and_leaves_other_rows_alone():
-    (w, b), (w2, b2) = _params(2), _params(2)
+    (w, b), (w2, _) = _params(2), _params(2)
     start = w.detach().clone()
     sparse = SparseSoftmax(w, b, "adam")
     ref = torch.optim.SparseAdam([w2], lr=0.01)
