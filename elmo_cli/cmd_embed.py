@@ -77,6 +77,8 @@ def _add_running_arguments(run: argparse._ArgumentGroup, d: EmbedOptions) -> Non
     run.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N: where the torch / onnx backend runs")
     run.add_argument("--engine", choices=ENGINES, default=d.engine)
     run.add_argument("--workers", type=int, default=d.workers, help="Ray workers (model replicas)")
+    run.add_argument("--writer-threads", type=int, default=d.writer_threads,
+                     help="shards encoded to Parquet at once (per worker); see docs/pipelines.md")
     run.add_argument("--ray-address", help="an existing Ray cluster (default: start a local one)")
     run.add_argument("--num-gpus-per-worker", type=float, default=d.num_gpus_per_worker)
     run.add_argument("--resume", action="store_true", help="keep verified shards, redo the rest")
@@ -89,8 +91,8 @@ def _add_running_arguments(run: argparse._ArgumentGroup, d: EmbedOptions) -> Non
 def options_from_args(args: argparse.Namespace) -> dict:
     names = ("backend", "text_column", "tokens_column", "id_column", "keep_columns", "output", "pool", "mix", "gamma",
              "dtype", "max_sentence_length", "window_context", "max_tokens_per_batch", "sort_window_rows",
-             "sort_window_tokens", "rows_per_shard", "threads", "engine", "workers", "ray_address",
-             "num_gpus_per_worker", "resume", "quiet", "device", "weights", "verify_inputs", "compression",
+             "sort_window_tokens", "rows_per_shard", "threads", "engine", "workers", "writer_threads",
+             "ray_address", "num_gpus_per_worker", "resume", "quiet", "device", "weights", "verify_inputs", "compression",
              "token_embeddings", "token_vocab", "precision")
     return {n: getattr(args, n) for n in names}
 

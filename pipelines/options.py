@@ -26,7 +26,7 @@ DTYPES = ("float32", "float16")
 # weights: the model's identity (its sha256) is part of the job's, whatever names its file;
 # device: CPU and GPU agree to float rounding, as thread counts do.
 RUNTIME_ONLY = frozenset({"max_tokens_per_batch", "sort_window_rows", "sort_window_tokens", "workers",
-                          "threads", "quiet", "ray_address", "num_gpus_per_worker", "resume", "prefetch",
+                          "writer_threads", "threads", "quiet", "ray_address", "num_gpus_per_worker", "resume", "prefetch",
                           "device", "weights", "verify_inputs", "compression", "token_embeddings",
                           "token_vocab"})
 
@@ -57,6 +57,7 @@ class EmbedOptions:
     sort_window_rows: int = 1024  # rows sorted by length together, then restored to input order
     sort_window_tokens: int = 16_384  # ... and at most this many tokens (bounds a window's vectors)
     workers: int = 1  # Ray actors (the local runner runs one model)
+    writer_threads: int = 1  # shards encoded at once, each by one thread (per runner process)
     threads: int | None = None  # torch intra-op threads; None = torch's default
     prefetch: int = 4  # prepared windows queued ahead of the model
     resume: bool = False
@@ -80,7 +81,7 @@ class EmbedOptions:
         if self.pool is not None:
             _check_choice("pool", self.pool, POOLS)
         for name in ("max_sentence_length", "rows_per_shard", "max_tokens_per_batch", "sort_window_rows",
-                     "sort_window_tokens", "workers", "prefetch"):
+                     "sort_window_tokens", "workers", "writer_threads", "prefetch"):
             if int(getattr(self, name)) <= 0:
                 raise InputError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.max_tokens_per_batch < self.max_sentence_length:

@@ -2,9 +2,9 @@
 runner calls it with all pending shards, each Ray worker with the shards it is given.
 
 Per input file, ``read_windows`` yields each shard's rows in windows; a prefetch thread prepares
-them (tokens, windows, buckets, character ids), the calling thread runs the model, and a writer
-thread encodes and writes: one ``ShardWriter`` at a time writes a shard's rows in input order and
-commits it when its last window is in.
+them (tokens, windows, buckets, character ids), the calling thread runs the model, and writer
+threads (``--writer-threads``, default 1) encode and write: one ``ShardWriter`` per shard writes
+its rows in input order and commits it when its last window is in.
 """
 from __future__ import annotations
 
@@ -54,30 +54,19 @@ def _windows(shards: list[Shard], predictor: ElmoPredictor, opts: EmbedOptions, 
 
 class _WriterThread:
     """Writes and commits shards in a thread of its own, in the order given: Parquet encoding releases
-    the GIL, so it runs beside the model. At most ``depth`` tables wait; an error in the thread
-    reaches the caller at its next ``put`` or at ``close``; its open shard is aborted either way."""
+    the GIL, so it runs beside the model. A table waits for one of the pool's ``slots``; an error in
+    the thread reaches the caller at its next ``put`` or at ``close``; its open shard is aborted
+    either way."""
 
     def __init__(self, out: Path, schema: pa.Schema, job_digest: str, opts: EmbedOptions, clock: StageClock,
-                 depth: int = 2) -> None:
-        self.args, self.clock = (out, schema, job_digest, opts), clock
-        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+                 slots: threading.Semaphore, name: str = "elmo-writer") -> None:
+        self.args, self.clock, self.slots = (out, schema, job_digest, opts), clock, slots
+        self.queue: queue.Queue = queue.Queue()
         self.stop = threading.Event()
         self.records: list[dict] = []
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="elmo-writer", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
-
-    def put(self, item: tuple | None) -> None:
-        """Queue (shard, table, row lengths, invalid_utf8, last), or None to finish; waits while full."""
-        while True:
-            if self.error is not None:
-                raise self.error
-            try:
-                self.queue.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                if not self.thread.is_alive():
-                    raise RuntimeError("the shard writer thread ended unexpectedly") from self.error
 
     def _run(self) -> None:
         writer: ShardWriter | None = None
@@ -96,33 +85,70 @@ class _WriterThread:
                     if last:
                         self.records.append(writer.commit())
                         writer = None
+                self.slots.release()
         except BaseException as e:  # handed to the caller, which re-raises it
             self.error = e
         finally:
             if writer is not None:
                 writer.abort()
 
+
+class _WriterPool:
+    """``opts.writer_threads`` writer threads; shard k (in input order) goes to thread k mod n, so
+    that several shards are encoded at once (a GPU job makes vectors faster than one core encodes
+    Parquet), each by one thread, in row order. At most ``depth`` tables wait in all: 2 with one
+    thread (as a double buffer), 16 per thread with several, so that each holds up to a shard's
+    worth (see docs/pipelines.md for memory)."""
+
+    def __init__(self, out: Path, schema: pa.Schema, job_digest: str, opts: EmbedOptions, clock: StageClock) -> None:
+        n = opts.writer_threads
+        self.slots = threading.Semaphore(3 if n == 1 else 16 * n)
+        self.threads = [_WriterThread(out, schema, job_digest, opts, clock, self.slots, f"elmo-writer-{i}")
+                        for i in range(n)]
+        self.assigned: dict[str, _WriterThread] = {}
+
+    def put(self, item: tuple | None) -> None:
+        """Queue (shard, table, row lengths, invalid_utf8, last); waits while ``depth`` tables wait."""
+        while not self.slots.acquire(timeout=0.1):
+            self._raise_errors()
+        self._raise_errors()
+        shard = item[0]
+        thread = self.assigned.setdefault(shard.name, self.threads[len(self.assigned) % len(self.threads)])
+        thread.queue.put(item)
+
+    def _raise_errors(self) -> None:
+        for t in self.threads:
+            if t.error is not None:
+                raise t.error
+            if not t.thread.is_alive():
+                raise RuntimeError(f"the shard writer thread {t.thread.name} ended unexpectedly")
+
     def close(self) -> list[dict]:
-        """Finish what is queued; the commit records, or the thread's error."""
-        self.put(None)
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.records
+        """Finish what is queued; the commit records in input order, or a thread's error."""
+        for t in self.threads:
+            t.queue.put(None)
+        for t in self.threads:
+            t.thread.join()
+        for t in self.threads:
+            if t.error is not None:
+                raise t.error
+        return sorted((r for t in self.threads for r in t.records), key=lambda r: r["file"])
 
     def abort(self) -> None:
-        """Stop after the table being written (its shard is aborted, its temporary file removed)."""
-        self.stop.set()
-        self.thread.join(timeout=120)
+        """Stop after the tables being written (their shards are aborted, temporary files removed)."""
+        for t in self.threads:
+            t.stop.set()
+        for t in self.threads:
+            t.thread.join(timeout=120)
 
 
 def embed_shards(predictor: ElmoPredictor, shards: list[Shard], out: Path, schema: pa.Schema, job_digest: str,
                  on_batch: Callable[[int, int], None] = lambda rows, tokens: None,
                  clock: StageClock | None = None) -> list[dict]:
-    """Embed and commit ``shards`` (in input order); returns their commit records. Three threads:
-    the prefetch thread reads and prepares, this one runs the model, the writer thread writes."""
+    """Embed and commit ``shards`` (in input order); returns their commit records. The prefetch
+    thread reads and prepares, this one runs the model, the writer threads write."""
     opts, clock = predictor.options, clock or StageClock()
-    writer = _WriterThread(out, schema, job_digest, opts, clock)
+    writer = _WriterPool(out, schema, job_digest, opts, clock)
     try:
         for shard, prepared, last in prefetch(_windows(shards, predictor, opts, clock), opts.prefetch):
             table = predictor.compute(prepared, clock)

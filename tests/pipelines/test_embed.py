@@ -281,6 +281,16 @@ def test_default_threads_leave_a_core_to_the_job_when_the_model_is_cheap(tiny_di
     assert default_threads(tiny, "cpu") == max(1, cores - 1)
 
 
+def test_several_writer_threads_write_the_same_shards(corpus, tiny_dir, tmp_path):
+    one = embed_parquet(corpus, tmp_path / "one", tiny_dir, id_column="id", rows_per_shard=40, **FAST)
+    three = embed_parquet(corpus, tmp_path / "three", tiny_dir, id_column="id", rows_per_shard=40, writer_threads=3,
+                          **FAST)
+    assert len(one["shards"]) >= 4 and [(s["file"], s["sha256"]) for s in three["shards"]] == \
+        [(s["file"], s["sha256"]) for s in one["shards"]]  # the same bytes, listed in input order
+    with pytest.raises(InputError, match="writer_threads must be a positive integer"):
+        embed_parquet(corpus, tmp_path / "bad", tiny_dir, writer_threads=0, **FAST)
+
+
 def test_compression_of_the_vector_column(corpus, tiny_dir, tmp_path):
     base = embed_parquet(corpus, tmp_path / "snappy", tiny_dir, **FAST)
     m = embed_parquet(corpus, tmp_path / "zstd", tiny_dir, compression="zstd", **FAST)
@@ -288,6 +298,12 @@ def test_compression_of_the_vector_column(corpus, tiny_dir, tmp_path):
     shard = sorted((tmp_path / "zstd").glob("part-*.parquet"))[0]
     meta = pq.ParquetFile(shard).metadata.row_group(0)
     assert {meta.column(i).compression for i in range(meta.num_columns)} == {"ZSTD"}
+    stats = {meta.column(i).path_in_schema: meta.column(i).is_stats_set for i in range(meta.num_columns)}
+    assert stats == {"elmo.list.element.list.element": False}  # no min/max of the vectors' components
+    with_id = embed_parquet(corpus, tmp_path / "id", tiny_dir, id_column="id", **FAST)["shards"][0]["file"]
+    meta = pq.ParquetFile(tmp_path / "id" / with_id).metadata.row_group(0)
+    assert {meta.column(i).path_in_schema: meta.column(i).is_stats_set for i in range(meta.num_columns)} == \
+        {"id": True, "elmo.list.element.list.element": False}
     a = ds.dataset(tmp_path / "snappy", format="parquet").to_table()
     b = ds.dataset(tmp_path / "zstd", format="parquet").to_table()
     assert a.equals(b)

@@ -23,13 +23,15 @@ def _shards(out: Path) -> list[Path]:
     return sorted(out.glob("part-*.parquet")) if out.exists() else []
 
 
-def test_sigkill_then_resume_gives_every_row_exactly_once(tiny_dir, tmp_path):
+@pytest.mark.parametrize("writer_threads", [1, 3])
+def test_sigkill_then_resume_gives_every_row_exactly_once(tiny_dir, tmp_path, writer_threads):
+    """With several writer threads, shards are committed out of order and several are open at the kill."""
     corpus = tmp_path / "corpus"
     write_sample_corpus(corpus, rows=900, files=2, row_group_rows=100)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "elmo_cli", "embed", str(corpus), str(out), "--model", str(tiny_dir),
            "--id-column", "id", "--rows-per-shard", "30", "--sort-window-rows", "15", "--max-tokens-per-batch",
-           "300", "--threads", "1", "--quiet"]
+           "300", "--threads", "1", "--writer-threads", str(writer_threads), "--quiet"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while len(_shards(out)) < 3 and proc.poll() is None and time.monotonic() < deadline:
