@@ -192,6 +192,20 @@ def test_bad_inputs_are_named_and_write_nothing(tiny_dir, tmp_path):
     assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
 
 
+def test_a_bf16_job_is_close_to_fp32_and_resumes_only_in_bf16(corpus, tiny_dir, tmp_path):
+    fp32 = embed_parquet(corpus, tmp_path / "fp32", tiny_dir, id_column="id", **FAST)
+    bf16 = embed_parquet(corpus, tmp_path / "bf16", tiny_dir, id_column="id", precision="bf16", **FAST)
+    assert bf16["options"]["precision"] == "bf16" and bf16["rows"] == fp32["rows"]
+    a, b = rows_of(tmp_path / "fp32"), rows_of(tmp_path / "bf16")
+    assert a.column("id").equals(b.column("id"))
+    x = np.concatenate([np.asarray(v, np.float64) for v in a.column("elmo").to_pylist() if v])  # (N, D)
+    y = np.concatenate([np.asarray(v, np.float64) for v in b.column("elmo").to_pylist() if v])
+    cos = (x * y).sum(1) / (np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1))
+    assert cos.min() >= 0.999 and np.abs(x - y).max() > 1e-6, (cos.min(), np.abs(x - y).max())
+    with pytest.raises(OutputDirError, match=r"different options \['precision'\]"):
+        embed_parquet(corpus, tmp_path / "bf16", tiny_dir, id_column="id", resume=True, **FAST)
+
+
 def test_output_dir_of_another_job_is_refused(corpus, tiny_dir, tmp_path):
     out = tmp_path / "out"
     embed_parquet(corpus, out, tiny_dir, rows_per_shard=100, **FAST)
