@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     out.add_argument("--gamma", type=float, default=d.gamma)
     out.add_argument("--dtype", choices=DTYPES, default=d.dtype)
     out.add_argument("--precision", choices=PRECISIONS, default=d.precision,
-                     help="the torch backend's matrix products (tf32: CUDA only; see docs/pipelines.md)")
+                     help="the torch backend's matrix products (tf32: CUDA only; see docs/gpu.md)")
     out.add_argument("--compression", choices=COMPRESSIONS, default=d.compression,
                      help="of the output shards (measured: all about as fast; zstd 8%% smaller in float16)")
     out.add_argument("--max-sentence-length", type=int, default=d.max_sentence_length,
