@@ -6,7 +6,7 @@ timed after warm-up, each variant in its own process, taking turns:
 
   fp32   the fused recurrence (one autograd function per layer, elmo_core.lstm_sequence)
   tf32   the same with TF32 tensor-core products
-  bf16   ``--bf16`` autocast (the per-step cell: autocast bypasses the fused recurrence)
+  bf16   ``--bf16`` autocast: the fused recurrence with its products in bf16, the cell in fp32
 
 Then a profile of the fastest variant's steps: the top CUDA kernels by time and the share of the
 step the GPU was busy, i.e. what bounds it.

@@ -63,8 +63,9 @@ class BiLstmStack(nn.Module):
     # 35k vs 45k: on small matrices oneDNN's per-shape primitive set-up costs more than it saves.
     packed_gemm_min_weights = 1 << 22
     # The training (autograd) path's cell; ``elmo train --compile`` swaps in a compiled one. With the
-    # default cell (and no autocast) a layer's whole recurrence is one autograd function
-    # (lstm_sequence.LstmSequence): the same maths, a fused backward, batched weight gradients.
+    # default cell a layer's whole recurrence is one autograd function (lstm_sequence.LstmSequence):
+    # the same maths, a fused backward, batched weight gradients; under autocast its products run
+    # in the autocast type and everything else in fp32.
     train_cell: Callable[..., tuple[torch.Tensor, torch.Tensor]] = staticmethod(lstm_step)
     # Inference only: the type the matrix products' inputs are rounded to (bf16 / fp16 copies of the
     # weights, results in fp32; see elmo_core.precision). Training ignores it.
@@ -165,10 +166,15 @@ class BiLstmStack(nn.Module):
         bias = (self.bias[layer] + self.forget_offset)[:, None, :]  # (2, 1, 4C)
         if not torch.is_grad_enabled():
             return self._run_layer_inference(layer, xs, pack, h, c, bias)
-        w_state, w_proj = self.w_state[layer], self.w_proj[layer]
-        gx = torch.baddbmm(bias, xs, self.w_input[layer])  # (2, N, 4C): every step's input part at once
-        if self.train_cell is lstm_step and not torch.is_autocast_enabled(xs.device.type):
-            return lstm_sequence(gx, h, c, w_state, w_proj, pack.steps, pack.shared_first, *self._clips)
+        w_state, w_proj, w_input = self.w_state[layer], self.w_proj[layer], self.w_input[layer]
+        if self.train_cell is lstm_step:
+            dev = xs.device.type
+            low = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+            with torch.autocast(dev, enabled=False):  # under autocast: products in ``low``, the rest fp32
+                gx = torch.baddbmm(bias, xs, w_input) if low is None else \
+                    torch.add(bias, low_bmm(xs.to(w_input.dtype), w_input.to(low)))  # (2, N, 4C): all steps' input part
+                return lstm_sequence(gx, h, c, w_state, w_proj, pack.steps, pack.shared_first, *self._clips, low)
+        gx = torch.baddbmm(bias, xs, w_input)  # (2, N, 4C)
         cell = self.train_cell
         step = lambda g, h_, c_: cell(torch.baddbmm(g, h_, w_state), c_, w_proj, *self._clips)  # noqa: E731
         # split: views whose gradients autograd joins with one cat (slicing per step would not)

@@ -7,10 +7,22 @@ packed buffers; the backward loop does the sequential part (two matrix products 
 element-wise ops per step); and the weight gradients are one batched product over all steps.
 Same maths as ``lstm_step`` (TF gate order i, j, f, o; clamp gradients pass where
 ``-clip <= x <= clip``, as torch's), so gradients agree with autograd to rounding.
+
+``matmul_dtype`` bf16 / fp16 (training under autocast; None: the tensors' own type): every
+matrix product, forward and backward, takes its inputs in that type and gives fp32; the cell,
+gates, clips and every saved factor stay fp32 (``elmo_core.precision``'s rule, as inference).
 """
 from __future__ import annotations
 
 import torch
+
+from .precision import low_bmm
+
+
+def _bmm_in(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """``a @ b`` with both inputs in ``dtype`` (None: as they are), out in ``a``'s type (a weight
+    gradient from two activations)."""
+    return torch.bmm(a, b) if dtype is None else torch.bmm(a.to(dtype), b.to(dtype)).to(a.dtype)
 
 
 class LstmSequence(torch.autograd.Function):
@@ -19,11 +31,14 @@ class LstmSequence(torch.autograd.Function):
 
     ``steps``: (offset, active rows) per step, active rows non-increasing (``Packing.steps``);
     rows past the active ones keep their state. ``shared_first``: step 0 runs one row and its
-    state then holds for every row.
+    state then holds for every row. ``matmul_dtype``: the products' input type (module doc).
     """
 
     @staticmethod
-    def forward(ctx, gx, h0, c0, w_state, w_proj, steps, shared_first, cell_clip, proj_clip):  # noqa: PLR0913
+    def forward(ctx, gx, h0, c0, w_state, w_proj, steps, shared_first, cell_clip, proj_clip,  # noqa: PLR0913
+                matmul_dtype=None):
+        if matmul_dtype is not None:
+            w_state, w_proj = w_state.to(matmul_dtype), w_proj.to(matmul_dtype)  # (D, P, 4C), (D, C, P)
         D, N, G = gx.shape
         C, P, B = G // 4, w_proj.shape[-1], h0.shape[1]
         # What the backward multiplies by, written per step straight into packed (D, N, .) buffers.
@@ -36,7 +51,7 @@ class LstmSequence(torch.autograd.Function):
         h, c = h0, c0
         for start, n in steps:
             sl = slice(start, start + n)
-            a = torch.bmm(h[:, :n], w_state).add_(gx[:, sl])  # (D, n, 4C)
+            a = low_bmm(h[:, :n], w_state).add_(gx[:, sl])  # (D, n, 4C)
             a[..., :C].sigmoid_()
             a[..., C : 2 * C].tanh_()
             a[..., 2 * C :].sigmoid_()
@@ -46,7 +61,7 @@ class LstmSequence(torch.autograd.Function):
             c_new = c_raw.clamp(-cell_clip, cell_clip) if cell_clip is not None else c_raw
             tc = torch.tanh(c_new)  # (D, n, C)
             m = o * tc  # (D, n, C): the projection's input
-            h_raw = torch.bmm(m, w_proj)  # (D, n, P)
+            h_raw = low_bmm(m, w_proj)  # (D, n, P)
             h_new = h_raw.clamp(-proj_clip, proj_clip) if proj_clip is not None else h_raw
             torch.addcmul(o, m, tc, value=-1, out=dc_factor[:, sl])  # o (1 - tanh(c)^2)
             torch.addcmul(m, m, o, value=-1, out=o_factor[:, sl])  # tanh(c) o (1 - o)
@@ -60,7 +75,7 @@ class LstmSequence(torch.autograd.Function):
                 torch.eq(h_new, h_raw, out=h_kept[:, sl])
             f_gate[:, sl], m_all[:, sl], h_prev[:, sl], out[:, sl] = f, m, h[:, :n], h_new
             h, c = carry_state(h, c, h_new, c_new, shared_first and start == 0)
-        ctx.steps, ctx.shared_first, ctx.B = steps, shared_first, B
+        ctx.steps, ctx.shared_first, ctx.B, ctx.matmul_dtype = steps, shared_first, B, matmul_dtype
         ctx.save_for_backward(w_state, w_proj, h_prev, m_all, dc_factor, gate_factor, o_factor, f_gate, c_kept, h_kept)
         return out, h.contiguous(), c.contiguous()
 
@@ -84,7 +99,7 @@ class LstmSequence(torch.autograd.Function):
             dh = g_out[:, sl] + ch  # (D, n, P)
             if h_kept is not None:
                 dh.mul_(h_kept[:, sl])
-            dm = torch.bmm(dh, wp_t)  # (D, n, C)
+            dm = low_bmm(dh, wp_t)  # (D, n, C)
             dc = torch.addcmul(cc, dm, dc_factor[:, sl])  # (D, n, C): at the clipped cell
             if c_kept is not None:
                 dc.mul_(c_kept[:, sl])  # now at the cell before the clip
@@ -93,14 +108,15 @@ class LstmSequence(torch.autograd.Function):
             torch.mul(dm, o_factor[:, sl], out=g[..., 3 * C :])
             d_gates.append(g)
             d_hraw.append(dh)
-            dh_prev, dc_prev = torch.bmm(g, ws_t), dc.mul_(f_gate[:, sl])  # (D, n, P), (D, n, C)
+            dh_prev, dc_prev = low_bmm(g, ws_t), dc.mul_(f_gate[:, sl])  # (D, n, P), (D, n, C)
             if shared:
                 carry_h, carry_c = carry_h.new_zeros(D, B, P), carry_c.new_zeros(D, B, C)
             carry_h[:, :n], carry_c[:, :n] = dh_prev, dc_prev
         d_gates_all = torch.cat(d_gates[::-1], dim=1)  # (D, N, 4C)
-        d_ws = torch.bmm(h_prev.transpose(1, 2), d_gates_all)  # (D, P, 4C): all steps in one product
-        d_wp = torch.bmm(m.transpose(1, 2), torch.cat(d_hraw[::-1], dim=1))  # (D, C, P)
-        return d_gates_all, carry_h, carry_c, d_ws, d_wp, None, None, None, None
+        low = ctx.matmul_dtype
+        d_ws = _bmm_in(h_prev.transpose(1, 2), d_gates_all, low)  # (D, P, 4C): all steps in one product
+        d_wp = _bmm_in(m.transpose(1, 2), torch.cat(d_hraw[::-1], dim=1), low)  # (D, C, P)
+        return d_gates_all, carry_h, carry_c, d_ws, d_wp, None, None, None, None, None
 
 
 def carry_state(h: torch.Tensor, c: torch.Tensor, h_new: torch.Tensor, c_new: torch.Tensor,
@@ -119,6 +135,7 @@ def carry_state(h: torch.Tensor, c: torch.Tensor, h_new: torch.Tensor, c_new: to
 
 def lstm_sequence(gx: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, w_state: torch.Tensor,
                   w_proj: torch.Tensor, steps: list[tuple[int, int]], shared_first: bool,
-                  cell_clip: float | None, proj_clip: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  cell_clip: float | None, proj_clip: float | None,
+                  matmul_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``LstmSequence.apply``; see its Shape line."""
-    return LstmSequence.apply(gx, h0, c0, w_state, w_proj, steps, shared_first, cell_clip, proj_clip)
+    return LstmSequence.apply(gx, h0, c0, w_state, w_proj, steps, shared_first, cell_clip, proj_clip, matmul_dtype)

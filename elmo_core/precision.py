@@ -52,8 +52,9 @@ def tf32_products(enabled: bool) -> Iterator[None]:
 
 
 def low_bmm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``a @ w`` with ``a`` rounded to ``w``'s type, the result in fp32 (a no-op cast when both are fp32).
+    """``a @ w`` with ``a`` rounded to ``w``'s type, the result in ``a``'s type (no casts when the
+    types agree).
 
-    Shape: a (D, N, K), w (D, K, M) -> (D, N, M) float32.
+    Shape: a (D, N, K), w (D, K, M) -> (D, N, M).
     """
-    return torch.bmm(a.to(w.dtype), w).float()
+    return torch.bmm(a.to(w.dtype), w).to(a.dtype)

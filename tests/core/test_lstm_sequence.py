@@ -66,3 +66,36 @@ def test_the_bilm_trains_through_it_with_the_same_gradients(tiny_dir, monkeypatc
     assert set(fused) == set(generic) and "lstm.w_state" in fused
     for k in fused:
         torch.testing.assert_close(fused[k], generic[k], atol=1e-10, rtol=1e-10, msg=lambda m: f"{k}: {m}")
+
+
+def test_under_autocast_the_fused_recurrence_runs_its_products_in_bf16(tiny_dir, monkeypatch):
+    """``elmo train --bf16``: the fused recurrence (not the per-step cell) with bf16 products; its
+    outputs and gradients stay fp32 and close to the fp32 ones."""
+    import elmo_core.lstm as lstm_module
+
+    ids = torch.from_numpy(batch_to_ids(SENTENCES))
+    seen = []
+
+    def spy(*args):
+        seen.append(args[-1])
+        return lstm_sequence(*args)
+
+    monkeypatch.setattr(lstm_module, "lstm_sequence", spy)
+
+    def run(autocast: bool):
+        model = load_bilm(tiny_dir).eval()  # no dropout: the two runs differ only in precision
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            layers = model.run(ids.clone()).layers
+        layers.pow(2).sum().backward()
+        return layers.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+    want, want_grads = run(False)
+    got, got_grads = run(True)
+    assert seen == [None] * 2 + [torch.bfloat16] * 2  # two layers per run: fp32, then bf16
+    assert got.dtype == torch.float32 and got_grads["lstm.w_state"].dtype == torch.float32
+    cos = torch.nn.functional.cosine_similarity(got.flatten(0, 2), want.flatten(0, 2), dim=-1)
+    assert cos[want.flatten(0, 2).norm(dim=-1) > 0].min() >= 0.999
+    assert (got - want).abs().max() > 1e-5  # the products really ran in bf16
+    for k in ("lstm.w_state", "lstm.w_proj", "lstm.w_input", "lstm.bias"):
+        c = torch.nn.functional.cosine_similarity(got_grads[k].flatten(), want_grads[k].flatten(), dim=0)
+        assert c >= 0.99, (k, float(c))
