@@ -83,6 +83,10 @@ class BackendBase:
         result = self.run_combined(char_ids, weights, dtype)
         return lambda: result
 
+    def device_report(self) -> dict:
+        """What the device holds, for a job's manifest (a GPU backend's memory; empty on a CPU)."""
+        return {}
+
     def close(self) -> None:
         pass
 
@@ -169,6 +173,18 @@ class TorchBackend(BackendBase):
             vectors = self._copies.start(combined.to(_TORCH_DTYPES[np.dtype(dtype)]))
             row_mask = self._mask_copies.start(mask)
         return lambda: (vectors(), row_mask())
+
+    def device_report(self) -> dict:
+        """On CUDA: peak GPU memory allocated and reserved, and the CUDA graphs kept, captured, replayed."""
+        if self.device.type != "cuda":
+            return {}
+        report = {"gpu_peak_allocated_bytes": torch.cuda.max_memory_allocated(self.device),
+                  "gpu_peak_reserved_bytes": torch.cuda.max_memory_reserved(self.device)}
+        graphs = self.model.lstm_combined
+        if isinstance(graphs, GraphedStack):
+            report["cuda_graphs"] = {"kept": len(graphs.graphs), "captured": graphs.captures,
+                                     "replayed": graphs.replays, "buffer_bytes": graphs.memory_bytes()}
+        return report
 
     def reset_state(self) -> None:
         if self.stateful is None:

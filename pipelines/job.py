@@ -111,7 +111,8 @@ def pending_shards(job: Job) -> list[Shard]:
 def run_local(job: Job, shards: list[Shard], progress: Progress) -> tuple[list[dict], dict]:
     """The local runner: the job's one model, in this process."""
     records = embed_shards(job.predictor, shards, job.out, job.schema, job.digest, progress.update, job.clock)
-    return records, {"name": "local", "threads": job.opts.threads, "device": job.opts.device}
+    return records, {"name": "local", "threads": job.opts.threads, "device": job.opts.device,
+                     **job.predictor.backend.device_report()}
 
 
 def _final_check(job: Job, records: list[dict]) -> None:
