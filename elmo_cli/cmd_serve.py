@@ -8,8 +8,8 @@ from dataclasses import fields
 
 from elmo_cli.cmd_tokens import add_token_embedding_arguments
 from elmo_core.errors import InputError
-from elmo_core.precision import PRECISIONS, check_precision
-from inference.registry import BACKEND_NAMES, check_device, model_config
+from elmo_core.precision import PRECISIONS
+from inference.registry import BACKEND_NAMES, check_device, check_precision_for, model_config
 from serving.limits import ServeLimits
 
 HELP = {
@@ -60,9 +60,7 @@ def _ignore(signum: int, frame: object) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     limits = _limits(args)
     check_device(args.device, args.backend)
-    check_precision(args.precision, "cuda" if args.device.startswith("cuda") else "cpu")
-    if args.precision != "fp32" and args.backend != "torch":
-        raise InputError(f"--precision is the torch backend's; an {args.backend} model's precision is chosen at export")
+    check_precision_for(args.backend, args.precision, args.device)
     model_config(args.model, args.backend, args.weights)  # a bad model fails here, before binding the port
     try:
         from serving.server import run_server

@@ -155,10 +155,7 @@ class TorchBackend(BackendBase):
         a stateful backend combines after ``run``)."""
         if self.stateful:
             return super().run_combined(char_ids, weights, dtype)
-        ids = torch.from_numpy(np.ascontiguousarray(char_ids)).to(self.device)
-        with torch.inference_mode(), tf32_products(self.precision == "tf32"):
-            combined, mask = self.model.run_combined(ids, torch.from_numpy(weights).to(self.device))  # (B, T, 2P)
-            combined = combined.to(_TORCH_DTYPES[np.dtype(dtype)])
+        combined, mask = self._combined_on_device(char_ids, weights, dtype)
         return combined.cpu().numpy(), mask.cpu().numpy()
 
     def submit_combined(self, char_ids: np.ndarray, weights: np.ndarray, dtype: np.dtype | type = np.float32
@@ -167,12 +164,18 @@ class TorchBackend(BackendBase):
         the next batch is launched while this one's result is read out."""
         if self.stateful or self.device.type != "cuda":
             return super().submit_combined(char_ids, weights, dtype)
-        ids = torch.from_numpy(np.ascontiguousarray(char_ids)).to(self.device, non_blocking=True)
+        combined, mask = self._combined_on_device(char_ids, weights, dtype)
+        with torch.inference_mode():
+            vectors, row_mask = self._copies.start(combined), self._mask_copies.start(mask)
+        return lambda: (vectors(), row_mask())
+
+    def _combined_on_device(self, char_ids: np.ndarray, weights: np.ndarray,
+                            dtype: np.dtype | type) -> tuple[torch.Tensor, torch.Tensor]:
+        """Shape: char_ids (B, T, C), weights (L+1,) -> (B, T, 2P) in ``dtype``, mask (B, T), on the device."""
+        ids = torch.from_numpy(np.ascontiguousarray(char_ids)).to(self.device)
         with torch.inference_mode(), tf32_products(self.precision == "tf32"):
             combined, mask = self.model.run_combined(ids, torch.from_numpy(weights).to(self.device))  # (B, T, 2P)
-            vectors = self._copies.start(combined.to(_TORCH_DTYPES[np.dtype(dtype)]))
-            row_mask = self._mask_copies.start(mask)
-        return lambda: (vectors(), row_mask())
+            return combined.to(_TORCH_DTYPES[np.dtype(dtype)]), mask
 
     def device_report(self) -> dict:
         """On CUDA: peak GPU memory allocated and reserved, and the CUDA graphs kept, captured, replayed."""

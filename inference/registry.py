@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from elmo_core import ElmoConfig, InputError
 from elmo_core.model_io import file_sha256, resolve_model
+from elmo_core.precision import check_precision
 
 from .backends import Backend
 from .errors import BackendUnavailableError
@@ -87,6 +88,15 @@ def check_device(device: str, backend: str = "torch") -> None:
     if not torch.cuda.is_available():
         raise BackendUnavailableError(f"--device {device}: torch sees no CUDA GPU here (torch {torch.__version__}); "
                                       f"use --device cpu")
+
+
+def check_precision_for(backend: str, precision: str, device: str) -> None:
+    """Refuse a precision the backend does not take (ONNX and TensorRT models carry their export's)
+    or the device cannot run (tf32 off CUDA)."""
+    check_precision(precision, "cuda" if device.startswith("cuda") else "cpu")
+    if precision != "fp32" and backend != "torch":
+        raise InputError(f"--precision {precision} is the torch backend's; an {backend} model's precision is "
+                         f"chosen at export (elmo export onnx --precision)")
 
 
 def onnx_providers(device: str) -> list:  # type: ignore[type-arg]

@@ -13,9 +13,8 @@ from typing import Any, Mapping
 
 from elmo_core.errors import ElmoError, InputError
 from elmo_core.pooling import POOLS
-from elmo_core.precision import check_precision
 from inference.outputs import OUTPUT_MODES
-from inference.registry import BACKEND_NAMES
+from inference.registry import BACKEND_NAMES, check_precision_for
 
 from .schema import COMPRESSIONS
 
@@ -98,10 +97,7 @@ class EmbedOptions:
         if self.weights is not None and self.backend != "torch":
             raise InputError(f"--weights names a published-format weights file (--backend torch); --backend "
                              f"{self.backend} takes an export directory as --model")
-        check_precision(self.precision, "cuda" if self.device.startswith("cuda") else "cpu")
-        if self.precision != "fp32" and self.backend != "torch":
-            raise InputError(f"--precision {self.precision} is the torch backend's; an {self.backend} model's "
-                             f"precision is chosen at export (elmo export onnx --precision)")
+        check_precision_for(self.backend, self.precision, self.device)
         if self.engine == "ray" and self.device != "cpu" and not self.num_gpus_per_worker:
             raise InputError(f"--device {self.device} with --engine ray needs --num-gpus-per-worker (e.g. 1) so "
                              f"that Ray gives each worker its own GPU")
