@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .distributed import DistInfo
+from .errors import TrainingError
 from .objective import Candidates
 
 ADAM_BETAS, ADAM_EPS, ADAGRAD_EPS, ADAGRAD_INIT = (0.9, 0.999), 1e-8, 1e-10, 1.0
@@ -52,7 +53,7 @@ class SparseSoftmax:
 
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter, optimizer: str) -> None:
         if optimizer not in ("adagrad", "adam"):
-            raise ValueError(f"no sparse update for optimizer {optimizer!r}")
+            raise TrainingError(f"no sparse softmax update for optimizer {optimizer!r}; use adagrad or adam")
         self.weight, self.bias, self.optimizer = weight, bias, optimizer
         self.steps = 0
         if optimizer == "adagrad":
@@ -67,7 +68,8 @@ class SparseSoftmax:
         Shape: targets (M,) -> SoftmaxRows with R <= M + 2S rows.
         """
         dev = self.weight.device
-        ids = torch.unique(torch.cat([targets.reshape(-1).to(dev), candidates[0].ids.to(dev), candidates[1].ids.to(dev)]))  # (R,)
+        ids = torch.unique(torch.cat([targets.reshape(-1).to(dev), candidates[0].ids.to(dev),
+                                      candidates[1].ids.to(dev)]))  # (R,)
         return SoftmaxRows(ids, self.weight.detach()[ids].requires_grad_(), self.bias.detach()[ids].requires_grad_())
 
     def grads(self, rows: SoftmaxRows) -> list[torch.Tensor]:
