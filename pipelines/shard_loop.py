@@ -96,9 +96,9 @@ class _WriterThread:
 class _WriterPool:
     """``opts.writer_threads`` writer threads; shard k (in input order) goes to thread k mod n, so
     that several shards are encoded at once (a GPU job makes vectors faster than one core encodes
-    Parquet), each by one thread, in row order. At most ``depth`` tables wait in all: 2 with one
-    thread (as a double buffer), 16 per thread with several, so that each holds up to a shard's
-    worth (see docs/pipelines.md for memory)."""
+    Parquet), each by one thread, in row order. Tables queued or being written, in all: at most 3
+    with one thread (two waiting, one in hand), 16 per thread with several, so that each can hold
+    a shard of up to ~16 windows (see docs/pipelines.md for memory)."""
 
     def __init__(self, out: Path, schema: pa.Schema, job_digest: str, opts: EmbedOptions, clock: StageClock) -> None:
         n = opts.writer_threads
@@ -107,8 +107,8 @@ class _WriterPool:
                         for i in range(n)]
         self.assigned: dict[str, _WriterThread] = {}
 
-    def put(self, item: tuple | None) -> None:
-        """Queue (shard, table, row lengths, invalid_utf8, last); waits while ``depth`` tables wait."""
+    def put(self, item: tuple) -> None:
+        """Queue (shard, table, row lengths, invalid_utf8, last); waits while the pool is full."""
         while not self.slots.acquire(timeout=0.1):
             self._raise_errors()
         self._raise_errors()
