@@ -90,6 +90,16 @@ def check_device(device: str, backend: str = "torch") -> None:
                                       f"use --device cpu")
 
 
+def torch_options(precision: str = "fp32", token_embeddings: str | None = None,
+                  token_vocab: str | None = None) -> dict[str, str]:
+    """The torch backend's own ``open_backend`` options, where given (fp32 and no token-embedding
+    file are its defaults, left out so that other backends accept the result)."""
+    options = {"precision": precision} if precision != "fp32" else {}
+    if token_embeddings is not None or token_vocab is not None:
+        options.update(token_embeddings=token_embeddings, token_vocab=token_vocab)
+    return options
+
+
 def check_precision_for(backend: str, precision: str, device: str) -> None:
     """Refuse a precision the backend does not take (ONNX and TensorRT models carry their export's)
     or the device cannot run (tf32 off CUDA)."""

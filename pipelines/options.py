@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from elmo_core.errors import ElmoError, InputError
 from elmo_core.pooling import POOLS
 from inference.outputs import OUTPUT_MODES
-from inference.registry import BACKEND_NAMES, check_precision_for
+from inference.registry import BACKEND_NAMES, check_precision_for, torch_options
 
 from .schema import COMPRESSIONS
 
@@ -105,10 +105,7 @@ class EmbedOptions:
     @property
     def backend_options(self) -> dict[str, str]:
         """The torch backend's own options (token embeddings, precision), where given."""
-        options = {"precision": self.precision} if self.precision != "fp32" else {}
-        if self.token_embeddings is not None or self.token_vocab is not None:
-            options.update(token_embeddings=self.token_embeddings, token_vocab=self.token_vocab)
-        return options
+        return torch_options(self.precision, self.token_embeddings, self.token_vocab)
 
     @property
     def context(self) -> int:

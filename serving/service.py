@@ -13,6 +13,7 @@ import numpy as np
 from inference import Embedder
 from elmo_core import POOLS
 from inference.outputs import OUTPUT_MODES, check_output
+from inference.registry import torch_options
 
 from .batcher import DynamicBatcher
 from .errors import NotReady
@@ -62,10 +63,7 @@ class SentencePredictor:
 
     def __init__(self, source: ModelSource) -> None:
         options = {"weights": source.weights} if source.weights else {}
-        if source.token_embeddings or source.token_vocab:
-            options.update(token_embeddings=source.token_embeddings, token_vocab=source.token_vocab)
-        if source.precision != "fp32":
-            options["precision"] = source.precision
+        options.update(torch_options(source.precision, source.token_embeddings, source.token_vocab))
         self.embedder = Embedder.open(source.model, source.backend, threads=source.threads, device=source.device,
                                       **options)
         self.config = self.embedder.config

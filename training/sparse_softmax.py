@@ -43,10 +43,6 @@ class SoftmaxRows:
     w: torch.Tensor
     b: torch.Tensor
 
-    def local(self, ids: torch.Tensor) -> torch.Tensor:
-        """Vocabulary ids -> rows of ``w``/``b``. Shape: (N,) -> (N,)."""
-        return torch.searchsorted(self.ids, ids)
-
 
 class SparseSoftmax:
     """The softmax rows' optimizer: ``adagrad`` (accumulator 1.0) or ``adam`` (lazy)."""
