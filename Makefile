@@ -2,8 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# ray: the Ray Data engine's test runs a real local cluster (about 30 s); serve: elmo serve's tests.
-EXTRAS ?= dev,ray,serve
+# ray: the Ray Data engine's test runs a real local cluster (about 30 s); serve: elmo serve's tests;
+# tensorboard: elmo train's event files, read back by its test.
+EXTRAS ?= dev,ray,serve,tensorboard
 
 .PHONY: install test info clean engine demo embed
 

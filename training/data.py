@@ -36,6 +36,7 @@ class Batch:
     mask: torch.Tensor
     stateful: bool
     total_tokens: int = -1  # predictions per direction in the whole (all ranks') batch
+    starts: torch.Tensor | None = None  # (B, T) bool: a sentence's first input, where the state resets
 
     @property
     def n_tokens(self) -> int:
@@ -44,7 +45,7 @@ class Batch:
     def rows(self, start: int, stop: int) -> "Batch":
         """The batch rows [start, stop) (one data-parallel rank's share)."""
         return Batch(self.chars[:, start:stop], self.targets[:, start:stop], self.mask[start:stop], self.stateful,
-                     int(self.mask[start:stop].sum()))
+                     int(self.mask[start:stop].sum()), None if self.starts is None else self.starts[start:stop])
 
 
 class SentenceStream:
@@ -142,13 +143,21 @@ class SentenceStream:
 
 
 def _make_batch(vocab: Vocab, rows: list[tuple[list[str], list[str]]], width: int, max_chars: int,
-                stateful: bool, keep: tuple[int, int] | None = None) -> Batch:
+                stateful: bool, keep: tuple[int, int] | None = None,
+                starts: list[list[int]] | None = None) -> Batch:
     """rows: per row and direction, the n input tokens followed by their n targets. ``keep``: only
-    rows [start, stop) are turned into ids (a data-parallel rank's share); ``total_tokens`` counts all."""
+    rows [start, stop) are turned into ids (a data-parallel rank's share); ``total_tokens`` counts all.
+    ``starts``: per row, the positions where a sentence begins (the state resets there)."""
     total = sum(len(f) // 2 for f, _ in rows)
     if keep is not None:
         rows = rows[keep[0] : keep[1]]
+        starts = None if starts is None else starts[keep[0] : keep[1]]
     B = len(rows)
+    start_mask = None
+    if starts is not None:
+        start_mask = torch.zeros(B, width, dtype=torch.bool)  # (B, T)
+        for r, positions in enumerate(starts):
+            start_mask[r, positions] = True
     chars = np.zeros((2, B, width, max_chars), np.int32)  # (2, B, T, C)
     targets = np.zeros((2, B, width), np.int64)  # (2, B, T)
     mask = np.zeros((B, width), bool)  # (B, T)
@@ -160,22 +169,25 @@ def _make_batch(vocab: Vocab, rows: list[tuple[list[str], list[str]]], width: in
         for d, seq in enumerate((fwd, bwd)):
             chars[d, r, :n] = tokens_to_char_ids(seq[:n], max_chars)
             targets[d, r, :n] = vocab.ids(seq[n:])
-    return Batch(torch.from_numpy(chars), torch.from_numpy(targets), torch.from_numpy(mask), stateful, total)
+    return Batch(torch.from_numpy(chars), torch.from_numpy(targets), torch.from_numpy(mask), stateful, total, start_mask)
 
 
 class BpttBatcher:
-    """The original's stateful batches: ``batch_size`` continuous rows, ``unroll`` steps a batch."""
+    """``batch_size`` continuous rows, ``unroll`` steps a batch, the state carried between batches.
+    ``reset``: the state resets at each sentence start (``Batch.starts``; the default regime);
+    without it the state runs on across sentences, as the original's."""
 
     stateful = True
 
     def __init__(self, stream: SentenceStream, vocab: Vocab, batch_size: int, unroll: int,
-                 max_chars: int = 50, keep: tuple[int, int] | None = None) -> None:
+                 max_chars: int = 50, keep: tuple[int, int] | None = None, reset: bool = True) -> None:
         self.stream, self.vocab, self.B, self.U, self.max_chars = stream, vocab, batch_size, unroll, max_chars
-        self.keep = keep  # rows of the global batch this rank trains on
+        self.keep, self.reset = keep, reset  # keep: rows of the global batch this rank trains on
         self.rows: list[list[str] | None] = [None] * batch_size  # each row's current <S> .. </S>
         self.pos = [0] * batch_size  # predictions of that sentence already made
 
-    def _fill(self, r: int) -> tuple[list[str], list[str]]:
+    def _fill(self, r: int, starts: list[int]) -> tuple[list[str], list[str]]:
+        """Row r's next window; appends to ``starts`` where a sentence begins in it."""
         f_in, f_out, b_in, b_out = [], [], [], []
         while len(f_in) < self.U:
             sent = self.rows[r]
@@ -187,6 +199,8 @@ class BpttBatcher:
                 sent = self.rows[r] = [BOS, *words, EOS]
                 self.pos[r] = 0
             a = self.pos[r]
+            if a == 0:
+                starts.append(len(f_in))
             take = min(len(sent) - 1 - a, self.U - len(f_in))
             rev = sent[::-1]
             f_in += sent[a : a + take]
@@ -197,10 +211,11 @@ class BpttBatcher:
         return f_in + f_out, b_in + b_out
 
     def next_batch(self) -> Batch | None:
-        rows = [self._fill(r) for r in range(self.B)]
+        starts: list[list[int]] = [[] for _ in range(self.B)]
+        rows = [self._fill(r, starts[r]) for r in range(self.B)]
         if not any(f for f, _ in rows):
             return None
-        return _make_batch(self.vocab, rows, self.U, self.max_chars, True, self.keep)
+        return _make_batch(self.vocab, rows, self.U, self.max_chars, True, self.keep, starts if self.reset else None)
 
     def state_dict(self) -> dict:
         return {"stream": self.stream.state_dict(), "rows": self.rows, "pos": self.pos}

@@ -1,18 +1,24 @@
-"""Perplexity with the full softmax: forward, backward and their mean (exp of the mean NLL)."""
+"""Perplexity with the full softmax: forward, backward and their mean (exp of the mean NLL).
+
+Stateless by default, as the model is used (each sentence from a zero state); ``stateful=True``
+is bilm-tf's evaluation: ``batch_size`` rows each read a continuous stream of sentences, the LSTM
+state carried from sentence to sentence.
+"""
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Callable
 
 import h5py
 import numpy as np
 import torch
 
-from elmo_core import ElmoConfig, resolve_model
+from elmo_core import ElmoConfig, LstmState, resolve_model
 from elmo_core.errors import WeightsError
 from elmo_core.weights_hdf5 import load_hdf5_weights
 
-from .data import SentenceBatcher, SentenceStream
+from .data import BpttBatcher, SentenceBatcher, SentenceStream
 from .errors import CorpusError
 from .model import LanguageModel
 from .vocab import Vocab
@@ -22,26 +28,38 @@ SOFTMAX_NAME = "softmax.hdf5"
 
 @torch.no_grad()
 def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: int = 32,
-               max_sentences: int | None = None, column: str | None = None, device: str = "cpu") -> dict:
-    """Each sentence scored alone (<S> .. </S>, no carried state), every prediction counted.
+               max_sentences: int | None = None, column: str | None = None, device: str = "cpu",
+               stateful: bool = False, progress: Callable[[int, int], None] | None = None) -> dict:
+    """Each sentence scored alone (<S> .. </S>, from a zero state), every prediction counted; with
+    ``stateful`` the state runs on across sentences (module doc; ``max_sentences`` is then ignored).
+    ``progress(sentences, predictions)`` is called after each batch.
 
     Returns forward, backward, mean perplexity and the number of predictions per direction.
     """
     was_training = lm.training
     lm.eval()
     stream = SentenceStream(path, n_epochs=1, column=column)
-    batcher = SentenceBatcher(stream, vocab, batch_size, lm.config.char_cnn.max_characters_per_token)
+    chars = lm.config.char_cnn.max_characters_per_token
+    if stateful:
+        batcher = BpttBatcher(stream, vocab, batch_size, lm.config.training.unroll_steps, chars, reset=False)
+        state = lm.zero_state(batch_size)
+        state = LstmState(state.h.to(device), state.c.to(device))
+    else:
+        batcher, state = SentenceBatcher(stream, vocab, batch_size, chars), None
     sums, count, sentences = torch.zeros(2, dtype=torch.float64), 0, 0
-    while max_sentences is None or sentences < max_sentences:
+    while stateful or max_sentences is None or sentences < max_sentences:
         batch = batcher.next_batch()
         if batch is None:
             break
-        if max_sentences is not None and sentences + batch.mask.shape[0] > max_sentences:
+        if not stateful and max_sentences is not None and sentences + batch.mask.shape[0] > max_sentences:
             batch = batch.rows(0, max_sentences - sentences)
-        _, nll, _ = lm(batch.chars.to(device), batch.targets.to(device), batch.mask.to(device))
+        _, nll, final = lm(batch.chars.to(device), batch.targets.to(device), batch.mask.to(device), state)
+        state = final if stateful else None
         sums += nll.double().cpu()
         count += batch.n_tokens
-        sentences += batch.mask.shape[0]
+        sentences = stream.stats.sentences if stateful else sentences + batch.mask.shape[0]
+        if progress is not None:
+            progress(sentences, count)
     lm.train(was_training)
     if count == 0:
         raise CorpusError(f"{path}: no sentence to evaluate on")

@@ -18,6 +18,7 @@ from elmo_core.init import init_bilm
 from elmo_core.lstm import BiLstmStack, Packing
 
 from .objective import Candidates, LogUniformSampler, full_softmax_nll, sampled_softmax_nll
+from .segments import Segments
 from .sparse_softmax import SoftmaxRows
 
 
@@ -31,6 +32,15 @@ def run_directions(lstm: BiLstmStack, xs: torch.Tensor, state: LstmState) -> tup
     D, T, B, P = xs.shape
     outputs, final = lstm.run_packed(xs.reshape(D, T * B, P), Packing.full(B, T, xs.device), state)  # L x (2, T*B, P)
     return outputs[-1].view(D, T, B, P), final
+
+
+def run_segments(lstm: BiLstmStack, x: torch.Tensor, seg: Segments, state: LstmState) -> tuple[torch.Tensor, LstmState]:
+    """Both directions over sentence segments (training.segments), packed, each from its own
+    initial state. Shape: x (2, B*T, P) rows' inputs in reading order -> top (2, B*T, P), final state."""
+    xs = x.index_select(1, seg.source)  # (2, N, P)
+    outputs, seg_final = lstm.run_packed(xs, seg.packing, seg.initial(state))  # L x (2, N, P)
+    padded = torch.cat([outputs[-1], outputs[-1].new_zeros(2, 1, outputs[-1].shape[-1])], dim=1)  # (2, N+1, P)
+    return padded.index_select(1, seg.unpack), seg.final(state, seg_final)  # (2, B*T, P)
 
 
 class LanguageModel(nn.Module):
@@ -66,24 +76,32 @@ class LanguageModel(nn.Module):
     def zero_state(self, batch: int) -> LstmState:
         return self.bilm.lstm.zero_state(batch)
 
-    def top_layer(self, chars: torch.Tensor, mask: torch.Tensor,
-                  state: LstmState | None) -> tuple[torch.Tensor, LstmState]:
-        """Shape: chars (2, B, T, C), mask (B, T) -> top (2, B, T, P), final state."""
+    def top_layer(self, chars: torch.Tensor, mask: torch.Tensor, state: LstmState | None,
+                  starts: torch.Tensor | None = None) -> tuple[torch.Tensor, LstmState]:
+        """``starts`` (B, T) bool: the state resets to zero there (a sentence's first input;
+        training.segments); None: the state runs on through every row.
+
+        Shape: chars (2, B, T, C), mask (B, T) -> top (2, B, T, P), final state."""
         D, B, T, C = chars.shape
         both_mask = mask[None].expand(D, B, T).reshape(D * B, T)  # (2B, T)
         x = self.bilm.embed_tokens(chars.reshape(D * B, T, C), both_mask)  # (2B, T, P)
-        xs = x.view(D, B, T, -1).transpose(1, 2)  # (2, T, B, P)
         state = state if state is not None else self.zero_state(B)
-        top, final = run_directions(self.bilm.lstm, xs, state)  # (2, T, B, P)
+        if starts is None:
+            top, final = run_directions(self.bilm.lstm, x.view(D, B, T, -1).transpose(1, 2), state)  # (2, T, B, P)
+            top = top.transpose(1, 2)  # (2, B, T, P)
+        else:
+            top, final = run_segments(self.bilm.lstm, x.view(D, B * T, -1), Segments.of(starts, mask), state)
+            top = top.view(D, B, T, -1)  # (2, B, T, P)
         if self.training and self.bilm.lstm.dropout > 0:
             top = F.dropout(top, self.bilm.lstm.dropout, training=True)
-        return top.transpose(1, 2), final  # (2, B, T, P)
+        return top, final
 
     def forward(self, chars: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
                 state: LstmState | None = None, candidates: tuple[Candidates, Candidates] | None = None,
                 sampler: LogUniformSampler | None = None,
                 normaliser: float | None = None,
-                rows: SoftmaxRows | None = None) -> tuple[torch.Tensor, torch.Tensor, LstmState]:
+                rows: SoftmaxRows | None = None,
+                starts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, LstmState]:
         """Mean of the two directions' mean NLL (sampled softmax when ``candidates`` are given).
 
         ``rows``: the softmax rows the step reads, gathered as leaves for sparse updates
@@ -94,7 +112,7 @@ class LanguageModel(nn.Module):
 
         Shape: -> loss (), per-direction NLL sums (2,) detached, final state.
         """
-        top, final = self.top_layer(chars, mask, state)  # (2, B, T, P)
+        top, final = self.top_layer(chars, mask, state, starts)  # (2, B, T, P)
         losses, sums = [], []
         for d in range(2):
             h, y = top[d][mask], targets[d][mask]  # (N, P), (N,)

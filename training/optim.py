@@ -1,11 +1,12 @@
 """Optimizer recipes and the learning-rate schedule of ``elmo train``.
 
-A recipe is the optimizer, its learning rate and schedule; flags given explicitly override its
+A recipe is the optimizer, its learning rate and schedule, and the batching; flags given explicitly override its
 fields. ``default`` was chosen by measurement (docs/training.md, bench/bench_defaults.py):
 Adam with a short warm-up and a cosine decay over the run's limit (``--max-minutes``,
 ``--max-tokens`` or ``--max-steps``, whichever is nearest), which learns several times faster on
 short runs than the original's. ``bilm-tf`` is the original's: Adagrad 0.2 with initial
-accumulator 1.0 and a constant rate.
+accumulator 1.0 and a constant rate, the LSTM state carried across sentences (``stateful``).
+``default`` batches ``packed`` rows whose state resets at every sentence start (training.segments).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .errors import TrainingError
 
 OPTIMIZERS = ("adagrad", "adam")
 LR_DECAYS = ("none", "linear", "cosine")
+BATCHINGS = ("packed", "stateful", "sentences")  # training.data: how rows are made and the state carried
 
 
 @dataclass(frozen=True)
@@ -31,12 +33,15 @@ class Recipe:
     warmup_steps: int = 0
     lr_decay: str = "none"
     lr_final: float = 0.1
+    batching: str = "packed"
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
             raise TrainingError(f"unknown optimizer {self.optimizer!r}; use one of {OPTIMIZERS}")
         if self.lr_decay not in LR_DECAYS:
             raise TrainingError(f"unknown --lr-decay {self.lr_decay!r}; use one of {LR_DECAYS}")
+        if self.batching not in BATCHINGS:
+            raise TrainingError(f"unknown --batching {self.batching!r}; use one of {BATCHINGS}")
         if not self.lr >= 0 or self.warmup_steps < 0 or not 0 <= self.lr_final <= 1:
             raise TrainingError(f"invalid schedule: lr {self.lr} (>= 0), warm-up {self.warmup_steps} steps (>= 0), "
                                 f"lr_final {self.lr_final} (0..1)")
@@ -59,12 +64,12 @@ class Recipe:
 
 RECIPES = {
     "default": Recipe("adam", 0.005, warmup_steps=20, lr_decay="cosine", lr_final=0.1),
-    "bilm-tf": Recipe("adagrad", 0.2),
+    "bilm-tf": Recipe("adagrad", 0.2, batching="stateful"),
 }
 
 
 def resolve(name: str, optimizer: str | None = None, lr: float | None = None, warmup_steps: int | None = None,
-            lr_decay: str | None = None, lr_final: float | None = None) -> Recipe:
+            lr_decay: str | None = None, lr_final: float | None = None, batching: str | None = None) -> Recipe:
     """The recipe ``name`` with the given fields overridden. Changing the optimizer alone keeps
     that optimizer's usual lr (Adam 1e-3, Adagrad 0.2) unless ``lr`` is given too."""
     if name not in RECIPES:
@@ -72,5 +77,6 @@ def resolve(name: str, optimizer: str | None = None, lr: float | None = None, wa
     base = RECIPES[name]
     if optimizer is not None and optimizer != base.optimizer and lr is None:
         lr = 1e-3 if optimizer == "adam" else 0.2
-    given = {"optimizer": optimizer, "lr": lr, "warmup_steps": warmup_steps, "lr_decay": lr_decay, "lr_final": lr_final}
+    given = {"optimizer": optimizer, "lr": lr, "warmup_steps": warmup_steps, "lr_decay": lr_decay, "lr_final": lr_final,
+             "batching": batching}
     return replace(base, **{k: v for k, v in given.items() if v is not None})

@@ -44,8 +44,15 @@ class Limits:
         return min(etas) if etas else None
 
 
-def log_line(p: Progress, rate: float, eta: float | None) -> str:
+def clock(seconds: float | None) -> str:
+    return "?" if seconds is None else time.strftime("%H:%M:%S", time.gmtime(max(seconds, 0)))
+
+
+def log_line(p: Progress, rate: float, eta: float | None, softmax: str) -> str:
+    """The progress line. Its loss and perplexity are the training objective's on the batches since
+    the last line (dropout on; the ``sampled`` softmax's are not the model's perplexity): the
+    evaluations' lines give the full-softmax, stateless figures."""
     f, b = (x / max(p.nll_tokens, 1) for x in p.nll)
-    eta_s = "?" if eta is None else time.strftime("%H:%M:%S", time.gmtime(max(eta, 0)))
     return (f"step {p.step:>7}  tokens {p.tokens:>11,}  {rate:>8,.0f} tok/s  loss {0.5 * (f + b):.4f}  "
-            f"ppl fwd {math.exp(min(f, 50)):.1f} bwd {math.exp(min(b, 50)):.1f}  ETA {eta_s}")
+            f"ppl fwd {math.exp(min(f, 50)):.1f} bwd {math.exp(min(b, 50)):.1f} ({softmax} softmax)  "
+            f"ETA {clock(eta)}")

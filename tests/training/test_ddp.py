@@ -36,14 +36,14 @@ def meta_world(ckpt) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bptt", [True, False])
-def test_two_processes_equal_one_process_on_the_combined_batch(tmp_path, bptt):
+@pytest.mark.parametrize("batching", ["packed", "stateful", "sentences"])
+def test_two_processes_equal_one_process_on_the_combined_batch(tmp_path, batching):
     if not torch.distributed.is_available():
         pytest.skip("torch.distributed is not available in this build")
     p = write_corpus(tmp_path / "train.txt", sotu_sentences(limit=40))
     # No dropout: its masks depend on how rows are split. Sampled softmax stays on (same seed, same candidates).
     options = write_options(tmp_path / "nodrop.json", dropout=0.0)
-    kw = dict(max_steps=STEPS, batch_size=8, bptt=bptt, options=str(options), checkpoint_every=0)
+    kw = dict(max_steps=STEPS, batch_size=8, batching=batching, options=str(options), checkpoint_every=0)
     train(tiny_run(tmp_path, p, out="one", **kw), log=lambda s: None)
     mp.spawn(ddp_worker, args=(2, _free_port(), tiny_run(tmp_path, p, out="two", **kw)), nprocs=2, join=True)
     one, meta1 = _weights(tmp_path / "one")

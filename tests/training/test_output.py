@@ -59,7 +59,7 @@ def test_run_dir_metrics_and_run_json(trained):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train_rec = [r for r in records if "train_loss" in r]
     valid_rec = [r for r in records if "valid_ppl_mean" in r]
-    assert train_rec and train_rec[-1]["step"] == 8 and train_rec[-1]["tokens_per_s"] > 0
+    assert train_rec and train_rec[-1]["step"] == 8 and train_rec[-1]["train_tokens_per_s"] > 0
     assert valid_rec[-1]["valid_ppl_mean"] == pytest.approx(summary["valid"]["mean"])
     info = json.loads((run / "run.json").read_text())
     assert info["config"]["n_tokens_vocab"] == info["vocab_size"] and info["softmax"] == "sampled"

@@ -22,13 +22,13 @@ def _final_tensors(run_dir):
     return step, tensors
 
 
-@pytest.mark.parametrize("bptt", [True, False])
-def test_resume_continues_exactly(tmp_path, bptt):
+@pytest.mark.parametrize("batching", ["packed", "stateful", "sentences"])
+def test_resume_continues_exactly(tmp_path, batching):
     p = write_corpus(tmp_path / "train.txt", sotu_sentences(limit=40))
     quiet = lambda s: None  # noqa: E731
     # The default recipe (Adam warming up, then cosine decay over a fixed horizon), dropout 0.1,
     # sampled softmax with sparse (lazy Adam) updates of its rows, shuffle buffer.
-    common = dict(bptt=bptt, checkpoint_every=4, seed=5, lr_decay_tokens=2 * K * 8 * 10)
+    common = dict(batching=batching, checkpoint_every=4, seed=5, lr_decay_tokens=2 * K * 8 * 10)
     train(tiny_run(tmp_path, p, out="straight", max_steps=2 * K, **common), log=quiet)
     train(tiny_run(tmp_path, p, out="split", max_steps=K, **common), log=quiet)
     train(tiny_run(tmp_path, p, out="split", max_steps=2 * K, **common), resume=True, log=quiet)
