@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from .data import iter_sentences
 from .distributed import any_true, max_all
 from .evaluate import perplexity
 from .progress import Limits, clock
-
-if TYPE_CHECKING:
-    from .trainer import Trainer
 
 GAP_WARN = 1.5  # held-out / training perplexity above this: the model fits its training text much better
 FINAL_SHARE = 0.25  # at most this share of --max-minutes goes to the final evaluation
@@ -29,7 +26,10 @@ PROGRESS_EVERY_S = 10.0
 
 
 class Evaluator:
-    def __init__(self, trainer: "Trainer", log: Callable[[str], None]) -> None:
+    """The evaluations of one run; ``trainer`` is its ``training.trainer.Trainer`` (model, options,
+    progress, metric logger)."""
+
+    def __init__(self, trainer, log: Callable[[str], None]) -> None:  # noqa: ANN001 (the trainer imports this)
         self.t, self.log = trainer, log
         self.plan: dict = {"sentences": trainer.opts.final_valid_sentences, "reserved_s": 0.0}
         self._last: tuple[int, dict | None] | None = None  # (step, whole-valid result) of the last periodic eval

@@ -25,7 +25,10 @@ def test_warm_up_then_cosine_decay_to_the_final_fraction():
 
 
 def test_resolve_overrides_fields_and_the_original_recipe():
-    assert resolve("bilm-tf") == Recipe("adagrad", 0.2) and RECIPES["bilm-tf"].lr_decay == "none"
+    assert resolve("bilm-tf") == Recipe("adagrad", 0.2, batching="stateful") and RECIPES["bilm-tf"].lr_decay == "none"
+    assert RECIPES["default"].batching == "packed" and resolve("bilm-tf", batching="packed").batching == "packed"
+    with pytest.raises(TrainingError, match="unknown --batching 'bptt'"):
+        resolve("default", batching="bptt")
     d = resolve("default", lr=0.001, warmup_steps=0)
     assert (d.optimizer, d.lr, d.warmup_steps, d.lr_decay) == ("adam", 0.001, 0, RECIPES["default"].lr_decay)
     assert resolve("default", optimizer="adagrad").lr == 0.2  # another optimizer keeps its usual lr
