@@ -2,9 +2,11 @@
 
 Two batchings, as ``Batch`` objects holding both directions' inputs and targets:
 
-* ``BpttBatcher`` (the original's): each of ``batch_size`` rows is a continuous stream of
-  sentences ``<S> w1 .. wn </S>``; a batch is the next ``unroll`` predictions of every row and the
-  LSTM state is carried from batch to batch (truncated BPTT). The forward LM reads
+* ``BpttBatcher``: each of ``batch_size`` rows is a continuous stream of sentences
+  ``<S> w1 .. wn </S>``; a batch is the next ``unroll`` predictions of every row and the LSTM state
+  is carried from batch to batch; with ``reset`` (the default ``packed`` batching) ``Batch.starts``
+  marks where the state resets to zero (training.segments), without it the state runs on across
+  sentences (the original's truncated BPTT). The forward LM reads
   ``<S> w1 .. wn`` and predicts ``w1 .. wn </S>``; the backward LM reads the same sentences,
   reversed, in the same order (``</S> wn .. w1`` predicting ``wn .. w1 <S>``), so both directions
   have the same number of predictions per sentence and their windows line up.
