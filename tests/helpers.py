@@ -50,3 +50,22 @@ SENTENCES = [
     ["Café", "naïve", "日本語", "😀", "x" * 70],
     "Short one".split(),
 ]
+
+
+def assert_as_accurate(got: torch.Tensor, want: torch.Tensor, ref: torch.Tensor, low: torch.dtype,
+                       factor: float = 2.0, ulps: float = 8.0) -> None:
+    """``got`` is as accurate as ``want``, both computing ``ref`` (float64) with products in ``low``.
+
+    Two fp32 paths that differ only in summation order (another GEMM blocking for another batch
+    shape, padding rows) or in where a reduced-precision rounding falls carry rounding errors of
+    the same size, and which of them is closer to a third fp32 result depends on the CPU's kernels
+    (AVX2 vs AVX-512 block sizes). So neither is held to the other: ``got``'s error against the
+    float64 result must be at most ``factor`` times ``want``'s, plus ``ulps`` unit roundoffs of
+    ``low`` at the output's scale (for an exact ``want``). A wrong state, step or mask gives errors
+    of the output's own size, far outside the bound."""
+    ref = ref.double()
+    scale = float(ref.abs().max())
+    err_got, err_want = float((got.double() - ref).abs().max()), float((want.double() - ref).abs().max())
+    unit = float(torch.finfo(low).eps) / 2  # unit roundoff: 2**-24 fp32, 2**-8 bf16, 2**-11 fp16
+    bound = factor * err_want + ulps * unit * scale
+    assert err_got <= bound, f"error {err_got:.3g} against float64 > {bound:.3g} ({factor} x {err_want:.3g} + {ulps} ulp)"
