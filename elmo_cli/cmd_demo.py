@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.dataset as ds
 
+from elmo_core.whitespace import split_tokens
 from inference import Embedder
 from pipelines.corpus import write_sample_corpus
 from pipelines.job import embed_parquet, summary_line
@@ -30,7 +31,7 @@ def word_contexts(vectors: Path, word: str, limit: int) -> list[tuple[str, int, 
     found = []
     for batch in ds.dataset(vectors, format="parquet").to_batches(columns=["text", "elmo"]):
         for text, vecs in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
-            tokens = (text or "").split()
+            tokens = split_tokens(text or "")
             if word in tokens:
                 k = tokens.index(word)
                 found.append((text, k, np.asarray(vecs[k], np.float32)))
@@ -52,9 +53,9 @@ def show_word(vectors: Path, model: Path, word: str, weights: str | None = None,
         return
     print(f"\n'{word}' in {len(found)} sentences:")
     for i, (text, k, _) in enumerate(found):
-        tokens = text.split()
+        tokens = split_tokens(text)
         print(f"  [{i}] ...{' '.join(tokens[max(0, k - 6):k])} *{word}* {' '.join(tokens[k + 1:k + 7])}...")
-    layer0 = Embedder.from_files(model, weights).embed_sentences([t.split() for t, _, _ in found], output="all")
+    layer0 = Embedder.from_files(model, weights).embed_sentences([split_tokens(t) for t, _, _ in found], output="all")
     context_free = _cosines([layer0[i][0, k] for i, (_, k, _) in enumerate(found)])
     contextual = _cosines([v for _, _, v in found])
     np.set_printoptions(precision=3, suppress=True)

@@ -2,7 +2,7 @@
 
 Its conventions, each kept (allennlp/commands/elmo.py, 0.9.0):
 - a text INPUT holds one whitespace-tokenized sentence per line; the sentence is the stripped line
-  (inner spaces kept) and its tokens ``line.split()``; an empty line is an error;
+  (inner spaces kept) and its tokens ``split_tokens(line)`` (``elmo_core.whitespace``); an empty line is an error;
 - one float32 dataset per sentence, keyed by its line index as a string ('0', '1', ...), or by
   the sentence itself with ``use_sentence_keys`` (a repeated sentence is then an error);
 - shape (L+1, T, D) for output 'all', (T, D) for the others; 'average' is the plain mean of the
@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow.dataset as ds
 
 from elmo_core.errors import InputError
+from elmo_core.whitespace import split_tokens
 from inference import Embedder
 from inference.registry import model_config
 
@@ -59,7 +60,7 @@ def text_sentences(path: Path) -> Iterator[tuple[str, list[str]]]:
                 if not sentence:
                     raise InputError(f"{path}: line {n + 1} is empty; `allennlp elmo` files hold one sentence per "
                                      f"line (dataset keys are line indexes): remove empty lines")
-                yield sentence, sentence.split()
+                yield sentence, split_tokens(sentence)
         except UnicodeDecodeError as e:
             raise InputError(f"{path}: not UTF-8 text ({e}); a text INPUT holds one UTF-8 sentence per line") from None
 

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from elmo_core.errors import InputError
+from elmo_core.whitespace import split_tokens
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def row_tokens(column: pa.Array | pa.ChunkedArray, tokens_column: bool, name: st
     check_text_type(column.type, tokens_column, f"column '{name}'")
     rows, bad = _to_pylist(column)
     if not tokens_column:
-        return [None if s is None else s.split() for s in rows], bad
+        return [None if s is None else split_tokens(s) for s in rows], bad
     for i, row in enumerate(rows):
         if row is not None and any(tok is None for tok in row):
             raise InputError(f"column '{name}', row {i} of the batch: a token is null "

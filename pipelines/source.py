@@ -21,6 +21,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from elmo_core.errors import InputError
+from elmo_core.whitespace import TOKEN_PATTERN
 
 from .options import EmbedOptions
 from .rows import check_text_type
@@ -159,7 +160,7 @@ def read_windows(file: InputFile, shards: list[Shard], opts: EmbedOptions) -> It
     pending: list[pa.RecordBatch] = []
     pending_rows, pending_tokens, row = 0, 0, 0  # rows and tokens buffered, file row of the first one
     for batch in _batches(file, opts):
-        counts = _token_counts(batch, opts)  # (R,)
+        counts = token_counts(batch, opts)  # (R,)
         while batch.num_rows:
             shard_end = min(file.rows, (row // opts.rows_per_shard + 1) * opts.rows_per_shard)
             fit = _rows_that_fit(counts, opts.sort_window_tokens - pending_tokens, pending_rows == 0)
@@ -181,14 +182,14 @@ def read_windows(file: InputFile, shards: list[Shard], opts: EmbedOptions) -> It
             yield s, _empty_table(file, opts), True
 
 
-def _token_counts(batch: pa.RecordBatch, opts: EmbedOptions) -> np.ndarray:
+def token_counts(batch: pa.RecordBatch, opts: EmbedOptions) -> np.ndarray:
     """Shape: (R,) tokens per row (0 for null), to bound windows; a column of the wrong type counts
     0 here and gets its clear error from the predictor."""
     column = batch.column(opts.tokens_column or opts.text_column)
     if opts.tokens_column and (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
         counts = pc.list_value_length(column)
     elif not opts.tokens_column and (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-        counts = pc.count_substring_regex(column, r"\S+")  # str.split's tokens, ASCII whitespace
+        counts = pc.count_substring_regex(column, TOKEN_PATTERN)  # split_tokens' tokens
     else:
         return np.zeros(batch.num_rows, np.int64)
     return counts.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)

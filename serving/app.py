@@ -25,6 +25,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from elmo_core.errors import InputError
+from elmo_core.whitespace import split_tokens
 
 from .errors import InvalidRequest, LimitExceeded, NotReady, QueueFull
 from .limits import ServeLimits
@@ -167,7 +168,7 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
     async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> Response:
         predictor, batcher = state.serving()
         texts = body.texts()
-        tokens = [t.split() for t in texts]
+        tokens = [split_tokens(t) for t in texts]
         check_limits(tokens, limits, "input")
         if empty := [i for i, t in enumerate(tokens) if not t]:
             raise InvalidRequest(f"input[{empty[0]}] has no tokens: every input must have some text")

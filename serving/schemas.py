@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, FiniteFloat, StrictStr, model_validator
 
+from elmo_core.whitespace import split_tokens
+
 Output = Literal["mixed", "top", "average", "all"]
 Pool = Literal["none", "mean", "max"]
 Encoding = Literal["float", "base64"]
@@ -35,7 +37,7 @@ class EmbedRequest(BaseModel):
         return self
 
     def token_lists(self) -> list[list[str]]:
-        return self.sentences if self.sentences is not None else [t.split() for t in self.texts or []]
+        return self.sentences if self.sentences is not None else [split_tokens(t) for t in self.texts or []]
 
 
 class OpenAIEmbeddingRequest(BaseModel):

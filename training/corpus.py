@@ -15,6 +15,8 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from elmo_core.whitespace import split_tokens
+
 from .errors import CorpusError
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -68,7 +70,7 @@ def _iter_text(path: Path, skip: int) -> Iterator[tuple[list[str], bool]]:
                 if i < skip:
                     continue
                 text, bad = _decode(line)
-                yield text.split(), bad
+                yield split_tokens(text), bad
     except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
         raise CorpusError(f"{path}: cannot be read as {'gzip ' if opener is gzip.open else ''}text ({e})") from None
 
@@ -91,10 +93,10 @@ def _cell(value: object, path: Path, row: int, column: str) -> tuple[list[str], 
     if value is None:
         return [], False
     if isinstance(value, str):
-        return value.split(), False
+        return split_tokens(value), False
     if isinstance(value, bytes):
         text, bad = _decode(value)
-        return text.split(), bad
+        return split_tokens(text), bad
     if isinstance(value, list) and all(isinstance(t, str) for t in value):
         return [t for t in value if t and not t.isspace()], False
     raise CorpusError(f"{path}: row {row}, column {column!r}: expected a string or a list of strings, "
