@@ -9,6 +9,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from .atomic import atomic_path
 from .bilm import BiLM
 from .config import ElmoConfig
 from .dictionaries import CHAR_SPECIALS, WORD_SPECIALS, DictionaryTokenizer, read_dictionary
@@ -125,9 +126,8 @@ def save_model(model: BiLM, out_dir: str | Path, fmt: str = "hdf5") -> ModelFile
         return ModelFiles(out_dir / OPTIONS_NAME, out_dir / HDF5_NAME)
     if fmt == "safetensors":
         state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-        tmp = out_dir / f".{NATIVE_NAME}.tmp"
-        save_file(state, str(tmp))
-        tmp.replace(out_dir / NATIVE_NAME)
+        with atomic_path(out_dir / NATIVE_NAME) as tmp:
+            save_file(state, str(tmp))
         return ModelFiles(out_dir / OPTIONS_NAME, out_dir / NATIVE_NAME)
     raise WeightsError(f"unknown weights format {fmt!r}; use 'hdf5' or 'safetensors'")
 

@@ -9,7 +9,6 @@ layout ignore it. A file without it (the original's own) is read with its vocabu
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -18,6 +17,7 @@ import h5py
 import numpy as np
 import torch
 
+from .atomic import atomic_path
 from .bilm import BiLM
 from .errors import ElmoError
 from .token_cache import TokenCache
@@ -72,11 +72,9 @@ def write_token_embeddings(path: str | Path, table: TokenEmbeddings) -> None:
     path = Path(path)
     if table.vectors.shape[0] != len(table.tokens):
         raise TokenEmbeddingsError(f"{path}: {table.vectors.shape[0]} vectors for {len(table.tokens)} tokens")
-    tmp = path.with_name(f".{path.name}.tmp")
-    with h5py.File(tmp, "w") as f:
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
         f.create_dataset(EMBEDDING, data=table.vectors.astype(np.float32, copy=False))
         f.create_dataset(TOKENS, data=table.tokens, dtype=h5py.string_dtype("utf-8"))
-    os.replace(tmp, path)
 
 
 def read_token_embeddings(path: str | Path, vocab: str | Path | None = None) -> TokenEmbeddings:

@@ -11,6 +11,7 @@ import h5py
 import numpy as np
 import torch
 
+from .atomic import atomic_path
 from .bilm import BiLM
 from .errors import WeightsError
 
@@ -139,8 +140,6 @@ def _tensors_for_hdf5(model: BiLM) -> dict[str, np.ndarray]:
 def save_hdf5_weights(model: BiLM, path: str | Path) -> None:
     """Write ``model`` in the published layout."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with h5py.File(tmp, "w") as f:
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
         for name, value in _tensors_for_hdf5(model).items():
             f.create_dataset(name, data=np.ascontiguousarray(value, dtype=np.float32))
-    tmp.replace(path)

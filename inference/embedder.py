@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -12,30 +12,35 @@ from elmo_core.chars import check_sentences
 from elmo_core.errors import InputError
 
 from .backends import Backend
+from .batching import BatchPolicy, Plan, plan_batches
 from .outputs import check_output, layer_weights, reduce_layers
 from .registry import open_backend
 
 
 class Embedder:
-    """Embeds tokenized sentences with a backend.
+    """Embeds tokenized sentences with a backend: the one engine behind every door.
 
-    Stateless backends see length-sorted batches (less padding) and results come back in input
-    order; a stateful backend sees the sentences in the order given, ``batch_size`` rows a call.
+    Stateless backends see ``inference.batching``'s plan: long sentences in windows, every piece
+    sorted by length into batches under ``policy``'s token budget (and ``batch_size`` rows where
+    given); the vectors come back in input order. A stateful backend sees the sentences in the
+    order given, ``batch_size`` (default 64) rows a call, unwindowed.
     """
 
-    def __init__(self, backend: Backend, batch_size: int = 64) -> None:
+    def __init__(self, backend: Backend, batch_size: int | None = None, policy: BatchPolicy = BatchPolicy()) -> None:
         self.backend = backend
         self.batch_size = batch_size
+        self.policy = policy
         self.config = backend.config
 
     @classmethod
-    def open(cls, model: str | Path, backend: str = "torch", batch_size: int = 64, **options: object) -> "Embedder":
+    def open(cls, model: str | Path, backend: str = "torch", batch_size: int | None = None,
+             policy: BatchPolicy = BatchPolicy(), **options: object) -> "Embedder":
         """Any backend of the registry (see ``inference.registry.open_backend`` for ``options``)."""
-        return cls(open_backend(model, backend, **options), batch_size)  # type: ignore[arg-type]
+        return cls(open_backend(model, backend, **options), batch_size, policy)  # type: ignore[arg-type]
 
     @classmethod
     def from_files(cls, options: str | Path, weights: str | Path | None = None, backend: str = "torch",
-                   stateful: bool = False, batch_size: int = 64, threads: int | None = None,
+                   stateful: bool = False, batch_size: int | None = None, threads: int | None = None,
                    device: str = "cpu") -> "Embedder":
         """Published ELMo files (options.json + weights .hdf5), or a model directory as ``options``.
 
@@ -49,13 +54,13 @@ class Embedder:
 
     @classmethod
     def from_onnx(cls, export_dir: str | Path, providers: Sequence[str] | None = None, threads: int | None = None,
-                  batch_size: int = 64, **kw: object) -> "Embedder":
+                  batch_size: int | None = None, **kw: object) -> "Embedder":
         """An `elmo export onnx` directory on ONNX Runtime (see inference.onnx_backend.OnnxBackend);
         ``providers`` default to the CPU's."""
         return cls.open(export_dir, "onnx", batch_size, providers=providers, threads=threads, **kw)
 
     @classmethod
-    def from_tensorrt(cls, engine_dir: str | Path, batch_size: int = 64) -> "Embedder":
+    def from_tensorrt(cls, engine_dir: str | Path, batch_size: int | None = None) -> "Embedder":
         """An `elmo export tensorrt` directory (needs the tensorrt extra and the GPU it was built for)."""
         return cls.open(engine_dir, "tensorrt", batch_size)
 
@@ -84,14 +89,6 @@ class Embedder:
             return np.zeros((len(sentences), L1, 0, D), np.float32), np.zeros((len(sentences), 0), bool)
         return self.backend.run(ids)
 
-    def _batches(self, sentences: Sequence[Sequence[str]], batch_size: int) -> Iterator[list[int]]:
-        if self.stateful:
-            order = list(range(len(sentences)))
-        else:
-            order = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))
-        for start in range(0, len(order), batch_size):
-            yield order[start : start + batch_size]
-
     def embed_sentences(self, sentences: Sequence[Sequence[str]], batch_size: int | None = None,
                         output: str = "all", mix_weights: Sequence[float] | None = None, gamma: float = 1.0,
                         layer_norm: bool = False, pool: str | None = None) -> list[np.ndarray | None]:
@@ -101,34 +98,69 @@ class Embedder:
         (T_i, 2P). ``mix_weights`` are the scalar mix's unnormalised s (softmax applied).
         An empty sentence gives an empty array. ``pool`` 'mean' or 'max' gives one vector per
         sentence instead, over its tokens only: (L+1, 2P) for 'all', else (2P,); None for an
-        empty sentence.
+        empty sentence. ``batch_size``: at most this many rows a backend call (default: the
+        Embedder's; the token budget always applies). ``layer_norm`` normalises each layer over a
+        model batch's tokens, as bilm-tf's ``weight_layers`` does over its batch.
         """
         check_sentences(sentences)
         check_output(output, self.config.n_output_layers, mix_weights)
         if pool is not None and pool not in POOLS:
             raise InputError(f"pool must be None or one of {POOLS}, got {pool!r}")
         batch_size = self.batch_size if batch_size is None else batch_size
-        if batch_size <= 0:
+        if batch_size is not None and batch_size <= 0:
             raise InputError(f"batch_size must be positive, got {batch_size}")
-        results: list[np.ndarray | None] = [None] * len(sentences)
-        # top / average / mixed are weighted sums of the layers, which a stateless backend computes
-        # before copying them out (reduce_layers is the reference it is tested against).
-        weights = None if layer_norm or self.stateful else layer_weights(output, self.config.n_output_layers,
-                                                                          mix_weights, gamma)
-        for rows in self._batches(sentences, batch_size):
-            batch = [sentences[i] for i in rows]
-            if weights is not None and max(map(len, batch)) > 0:
-                reduced, mask = self.backend.run_combined(self._char_ids(batch), weights)  # (B, T, D)
+        if self.stateful:
+            results = self._in_order(sentences, batch_size or 64, output, mix_weights, gamma, layer_norm)
+        else:
+            plan = plan_batches(sentences, self.policy, batch_size)
+            out = self._run_plan(plan, output, mix_weights, gamma, layer_norm)  # (N, [L+1,] D)
+            offsets = plan.offsets  # (R+1,)
+            results = [out[offsets[i]:offsets[i + 1]] for i in range(len(sentences))]  # (T_i, [L+1,] D)
+            if output == "all":
+                results = [np.ascontiguousarray(r.transpose(1, 0, 2)) for r in results]  # (L+1, T_i, D)
+        if pool is None:
+            return results  # type: ignore[return-value]
+        return [None if len(s) == 0 else self._pool(r, output == "all", pool) for s, r in zip(sentences, results)]
+
+    def _run_plan(self, plan: Plan, output: str, mix_weights: Sequence[float] | None, gamma: float,
+                  layer_norm: bool) -> np.ndarray:
+        """Every batch of the plan through the backend, each token's vector to its row of the result.
+
+        top / average / mixed are weighted sums of the layers, which the backend computes before
+        copying them out (``reduce_layers`` is the reference these are tested against).
+
+        Shape: -> (N tokens, L+1, D) for 'all', else (N, D), float32.
+        """
+        L1, D = self.config.n_output_layers, self.config.output_dim
+        out = np.empty((plan.tokens, L1, D) if output == "all" else (plan.tokens, D), np.float32)
+        weights = None if layer_norm else layer_weights(output, L1, mix_weights, gamma)
+        for batch in plan.batches:
+            ids = self._char_ids(batch.tokens)  # (B, T, W)
+            if weights is not None:
+                reduced, _ = self.backend.run_combined(ids, weights)  # (B, T, D)
             else:
-                layers, mask = self.embed_batch(batch)
+                layers, mask = self.backend.run(ids)  # (B, L+1, T, D)
                 reduced = reduce_layers(layers, mask, output, mix_weights, gamma, layer_norm)  # (B, [L+1,] T, D)
-            if pool is not None:
-                tokens = np.moveaxis(reduced, 2, 1) if output == "all" else reduced  # (B, T, [L+1,] D)
-                pooled = pool_tokens(torch.from_numpy(tokens), torch.from_numpy(mask), pool).numpy()  # (B, [L+1,] D)
-                for k, i in enumerate(rows):
-                    results[i] = pooled[k].astype(np.float32) if len(sentences[i]) else None
-                continue
-            for k, i in enumerate(rows):
-                n = len(sentences[i])
-                results[i] = np.ascontiguousarray(reduced[k, :, :n] if output == "all" else reduced[k, :n])
+                reduced = reduced.transpose(0, 2, 1, 3) if output == "all" else reduced  # (B, T, [L+1,] D)
+            rows, cols, dest = batch.gather_index()  # (n,) each
+            out[dest] = reduced[rows, cols]
+        return out
+
+    def _in_order(self, sentences: Sequence[Sequence[str]], batch_size: int, output: str,
+                  mix_weights: Sequence[float] | None, gamma: float, layer_norm: bool) -> list[np.ndarray]:
+        """A stateful backend: the sentences in the order given, ``batch_size`` rows a call."""
+        results = []
+        for start in range(0, len(sentences), batch_size):
+            batch = sentences[start:start + batch_size]
+            layers, mask = self.embed_batch(batch)  # (B, L+1, T, D)
+            reduced = reduce_layers(layers, mask, output, mix_weights, gamma, layer_norm)  # (B, [L+1,] T, D)
+            results += [np.ascontiguousarray(reduced[k, :, :len(s)] if output == "all" else reduced[k, :len(s)])
+                        for k, s in enumerate(batch)]
         return results
+
+    @staticmethod
+    def _pool(vectors: np.ndarray, layered: bool, pool: str) -> np.ndarray:
+        """One sentence's tokens pooled. Shape: (T, D) -> (D,); (L+1, T, D) -> (L+1, D)."""
+        tokens = torch.from_numpy(np.moveaxis(vectors, 1, 0) if layered else vectors)[None]  # (1, T, [L+1,] D)
+        mask = torch.ones(tokens.shape[:2], dtype=torch.bool)  # (1, T)
+        return pool_tokens(tokens, mask, pool)[0].numpy().astype(np.float32)  # ([L+1,] D)

@@ -9,6 +9,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from elmo_core.atomic import write_json_atomic
 from elmo_core.model_io import file_sha256
 
 from .errors import ExportError
@@ -36,9 +37,7 @@ def producer() -> dict[str, str]:
 
 def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> Path:
     path = Path(out_dir) / MANIFEST_NAME
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_json_atomic(path, manifest, sort_keys=False)
     return path
 
 

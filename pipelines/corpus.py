@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from elmo_core.atomic import atomic_path
 from elmo_core.errors import InputError
 from elmo_core.text import sotu_sentences
 
@@ -34,8 +35,7 @@ def write_sample_corpus(out_dir: str | Path, rows: int = 2000, files: int = 2, r
         table = pa.table({"id": pa.array([p[0] for p in part], pa.int64()),
                           "speech": [p[1] for p in part], "text": [p[2] for p in part]})
         path = out_dir / f"corpus-{k:05d}.parquet"
-        tmp = out_dir / f".{path.name}.tmp"
-        pq.write_table(table, tmp, row_group_size=row_group_rows)
-        tmp.replace(path)
+        with atomic_path(path) as tmp:
+            pq.write_table(table, tmp, row_group_size=row_group_rows)
         paths.append(path)
     return paths

@@ -12,16 +12,22 @@ Its conventions, each kept (allennlp/commands/elmo.py, 0.9.0):
   index).
 A Parquet INPUT gives its rows in order (files in name order), the text column's (or the tokens
 column's joined) text as the sentence; a null or empty row gives a (.., 0, D) dataset, as
-allennlp's ``embed_batch`` does for an empty sentence. One difference: our biLM is stateless, so
-a sentence's vectors do not depend on the sentences before it (allennlp carries each batch row's
-LSTM state into the next batch of 64 lines; its first batch is what we compute).
-Streamed: ``sort_window_rows`` sentences at a time; written to a temporary file renamed over OUT
-at the end, so OUT is either the whole result or untouched.
+allennlp's ``embed_batch`` does for an empty sentence; invalid UTF-8 bytes are dropped and counted
+(``invalid_utf8``), as the Parquet output does. With ``use_sentence_keys`` a sentence must be a
+dataset name: a null, empty, repeated sentence or one holding '/' or NUL is an error naming its
+row. One difference: our biLM is stateless, so a sentence's vectors do not depend on the sentences
+before it (allennlp carries each batch row's LSTM state into the next batch of 64 lines; its first
+batch is what we compute).
+
+The one engine computes the vectors (``inference.Embedder``: windows of long sentences, batches
+under ``--max-tokens-per-batch``), ``sort_window_rows`` sentences at a time. The output protocol
+is the Parquet output's: a job holds OUT's lock (``.OUT.lock`` beside it: a second job on the same
+OUT is refused while the first finishes) and writes a temporary file of its own, fsynced and
+renamed over OUT at the end (``elmo_core.atomic``), so OUT is either the whole result or untouched.
 """
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,6 +37,7 @@ import h5py
 import numpy as np
 import pyarrow.dataset as ds
 
+from elmo_core.atomic import atomic_path
 from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens
 from inference import Embedder
@@ -38,7 +45,8 @@ from inference.registry import model_config
 
 from .options import EmbedOptions
 from .predictor import default_threads
-from .rows import row_tokens
+from .lock import OutputLock
+from .rows import decode_column, row_tokens
 from .source import PARQUET_SUFFIXES, resolve_inputs, scan_inputs
 
 SENTENCE_TO_INDEX = "sentence_to_index"
@@ -51,8 +59,8 @@ def is_text_input(spec: str | Path) -> bool:
     return path.is_file() and path.suffix.lower() not in PARQUET_SUFFIXES
 
 
-def text_sentences(path: Path) -> Iterator[tuple[str, list[str]]]:
-    """(sentence, tokens) per line of a text file."""
+def text_sentences(path: Path) -> Iterator[tuple[str, list[str], str]]:
+    """(sentence, tokens, where) per line of a text file."""
     with open(path, encoding="utf-8", errors="strict") as f:
         try:
             for n, line in enumerate(f):
@@ -60,22 +68,27 @@ def text_sentences(path: Path) -> Iterator[tuple[str, list[str]]]:
                 if not sentence:
                     raise InputError(f"{path}: line {n + 1} is empty; `allennlp elmo` files hold one sentence per "
                                      f"line (dataset keys are line indexes): remove empty lines")
-                yield sentence, split_tokens(sentence)
+                yield sentence, split_tokens(sentence), f"{path}: line {n + 1}"
         except UnicodeDecodeError as e:
             raise InputError(f"{path}: not UTF-8 text ({e}); a text INPUT holds one UTF-8 sentence per line") from None
 
 
-def parquet_sentences(spec: str | Path, opts: EmbedOptions) -> Iterator[tuple[str, list[str]]]:
-    """(sentence, tokens) per row of the Parquet inputs, files in order."""
+def parquet_sentences(spec: str | Path, opts: EmbedOptions, counts: dict) -> Iterator[tuple[str | None, list[str], str]]:
+    """(sentence or None for a null row, tokens, where) per row of the Parquet inputs, files in
+    order; ``counts['invalid_utf8']`` counts the strings whose invalid bytes were dropped."""
     column = opts.tokens_column or opts.text_column
     for file in scan_inputs(spec, opts):
+        row = 0
         for batch in ds.dataset(str(file.path), format="parquet").to_batches(columns=[column],
                                                                               batch_size=opts.sort_window_rows):
-            texts = batch.column(0).to_pylist() if not opts.tokens_column else None
-            rows, _ = row_tokens(batch.column(0), opts.tokens_column is not None, column)
+            rows, bad = row_tokens(batch.column(0), opts.tokens_column is not None, column)
+            texts = rows if opts.tokens_column else decode_column(batch.column(0))[0]
+            counts["invalid_utf8"] += bad
             for i, tokens in enumerate(rows):
-                text = (texts[i] or "").strip() if texts is not None else " ".join(tokens or [])
-                yield text, tokens or []
+                text = texts[i]
+                text = None if text is None else " ".join(text) if opts.tokens_column else text.strip()
+                yield text, tokens or [], f"{file.path}: row {row + i} (column '{column}')"
+            row += batch.num_rows
 
 
 def _check_options(opts: EmbedOptions, out: Path) -> None:
@@ -96,55 +109,59 @@ def embed_to_hdf5(input: str | Path, out: str | Path, /, model: str | Path, use_
     opts = EmbedOptions.coerce(options)
     out = Path(out)
     _check_options(opts, out)
-    sentences = text_sentences(Path(input)) if is_text_input(input) else parquet_sentences(input, opts)
-    if not is_text_input(input):
+    text_input = is_text_input(input)
+    if not text_input:
         resolve_inputs(input)  # a missing INPUT is named before the model loads
+    counts = {"sentences": 0, "tokens": 0, "invalid_utf8": 0}
+    sentences = text_sentences(Path(input)) if text_input else parquet_sentences(input, opts, counts)
     threads = opts.threads or default_threads(model_config(model, opts.backend, opts.weights), opts.device)
     weights = {"weights": opts.weights} if opts.weights else {}
     start = time.perf_counter()
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        with Embedder.open(model, opts.backend, threads=threads, device=opts.device, **weights,
+    with OutputLock.for_file(out), atomic_path(out) as tmp:
+        with Embedder.open(model, opts.backend, policy=opts.policy, threads=threads, device=opts.device, **weights,
                            **opts.backend_options) as embedder, h5py.File(tmp, "w") as f:
-            counts = _write(f, embedder, sentences, opts, use_sentence_keys)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+            _write(f, embedder, sentences, opts, use_sentence_keys, counts)
     result = {**counts, "output": str(out), "seconds": round(time.perf_counter() - start, 3)}
     if not opts.quiet:
         print(f"wrote {out}: {counts['sentences']:,} sentences, {counts['tokens']:,} tokens in "
-              f"{result['seconds']:.1f} s", file=sys.stderr)
+              f"{result['seconds']:.1f} s" + (f"; {counts['invalid_utf8']:,} strings had invalid UTF-8 bytes, "
+                                               f"dropped" if counts["invalid_utf8"] else ""), file=sys.stderr)
     return result
 
 
-def _write(f: h5py.File, embedder: Embedder, sentences: Iterator[tuple[str, list[str]]], opts: EmbedOptions,
-           use_sentence_keys: bool) -> dict:
+def _write(f: h5py.File, embedder: Embedder, sentences: Iterator[tuple[str | None, list[str], str]],
+           opts: EmbedOptions, use_sentence_keys: bool, counts: dict) -> None:
     index: dict[str, str] = {}
-    n = tokens = 0
     dtype = np.float16 if opts.dtype == "float16" else np.float32
     for chunk in _chunks(sentences, opts.sort_window_rows):
-        vectors = embedder.embed_sentences([t for _, t in chunk], output=opts.output, mix_weights=opts.mix,
+        if use_sentence_keys:
+            for sentence, _, where in chunk:
+                _check_key(sentence, where, index.get(sentence or ""))
+                index[sentence] = where  # type: ignore[index]
+        vectors = embedder.embed_sentences([t for _, t, _ in chunk], output=opts.output, mix_weights=opts.mix,
                                            gamma=opts.gamma)
-        for (sentence, toks), v in zip(chunk, vectors):
-            key = sentence if use_sentence_keys else str(n)
-            if use_sentence_keys:
-                _check_key(key, n, index.get(sentence))
-            f.create_dataset(key, data=v.astype(dtype, copy=False))
-            index[sentence] = str(n)
-            n, tokens = n + 1, tokens + len(toks)
+        for (sentence, toks, _), v in zip(chunk, vectors):
+            n = counts["sentences"]
+            f.create_dataset(sentence if use_sentence_keys else str(n), data=v.astype(dtype, copy=False))
+            if not use_sentence_keys:
+                index[sentence or ""] = str(n)
+            counts["sentences"], counts["tokens"] = n + 1, counts["tokens"] + len(toks)
     if not use_sentence_keys:
         f.create_dataset(SENTENCE_TO_INDEX, (1,), dtype=h5py.string_dtype(), data=[json.dumps(index)])
-    return {"sentences": n, "tokens": tokens}
 
 
-def _check_key(key: str, n: int, earlier: str | None) -> None:
+def _check_key(key: str | None, where: str, earlier: str | None) -> None:
     """A sentence as a dataset name (--use-sentence-keys)."""
+    fix = "leave out --use-sentence-keys to key by index"
+    if not key:
+        raise InputError(f"{where}: the sentence is {'null' if key is None else 'empty'}; with --use-sentence-keys "
+                         f"each sentence names its dataset: drop such rows or {fix}")
     if earlier is not None:
-        raise InputError(f"sentence {n} repeats sentence {earlier} ({key[:60]!r}); with --use-sentence-keys every "
-                         f"sentence must be unique (leave the flag out to key by index)")
-    if "/" in key or key in (".", SENTENCE_TO_INDEX):
-        raise InputError(f"sentence {n} ({key[:60]!r}) cannot be an hdf5 dataset name ('/' separates groups); "
-                         f"leave out --use-sentence-keys to key by index")
+        raise InputError(f"{where} repeats {earlier} ({key[:60]!r}); with --use-sentence-keys every sentence must "
+                         f"be unique ({fix})")
+    if "/" in key or "\0" in key or key in (".", SENTENCE_TO_INDEX):
+        raise InputError(f"{where} ({key[:60]!r}) cannot be an hdf5 dataset name ('/' separates groups, NUL ends "
+                         f"a name); {fix}")
 
 
 def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:

@@ -20,11 +20,12 @@ from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
+from elmo_core.atomic import write_json_atomic
 from elmo_core.errors import InputError
 from elmo_core.model_io import file_sha256
 from inference.registry import check_device, model_identity
 
-from .lock import OutputDirLock
+from .lock import OutputLock
 from .options import EmbedOptions, OutputDirError, digest
 from .predictor import ElmoPredictor
 from .shard_loop import embed_shards
@@ -32,7 +33,7 @@ from .stages import StageClock
 from .progress import Progress
 from .schema import output_schema
 from .sink import COMMITS_DIR, COUNTS, JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, claim_output_dir, clean_strays, \
-    commit_path, discard_shard, remove_temporaries, verify_shard, write_json_atomic
+    commit_path, discard_shard, remove_temporaries, verify_shard
 from .source import InputFile, Shard, passthrough_schema, scan_inputs, shards_of
 
 
@@ -206,7 +207,7 @@ def embed_parquet(input: str | Path, output_dir: str | Path, /, model: str | Pat
     try:
         with _os_errors(job.out):
             job.out.mkdir(parents=True, exist_ok=True)
-            with OutputDirLock(job.out):
+            with OutputLock.for_dir(job.out):
                 result = _run(job)
     finally:
         if job.predictor is not None:

@@ -1,4 +1,5 @@
-"""One job at a time per OUTPUT_DIR: an exclusive ``flock`` on ``OUTPUT_DIR/.elmo.lock``.
+"""One job at a time per output: an exclusive ``flock`` on ``OUTPUT_DIR/.elmo.lock`` (Parquet), or
+on ``.OUT.hdf5.lock`` beside a single output file (``--format hdf5``).
 
 The kernel releases the lock when its holder exits, however it exits (kill -9 included), so a
 lock is never stale. The file is never deleted (deleting it would let a second job lock a new
@@ -21,14 +22,26 @@ from .options import OutputDirError
 LOCK_FILE = ".elmo.lock"
 
 
-class OutputDirLock:
-    """``with OutputDirLock(out):`` holds OUTPUT_DIR for the block, or raises OutputDirError naming the holder."""
+class OutputLock:
+    """``with OutputLock(lock_file, output):`` holds ``output`` for the block, or raises
+    OutputDirError naming the holder; ``then`` says what to do once it is free."""
 
-    def __init__(self, out_dir: Path) -> None:
-        self.path = Path(out_dir) / LOCK_FILE
+    def __init__(self, lock_file: Path, output: Path, then: str = "rerun") -> None:
+        self.path, self.output, self.then = Path(lock_file), Path(output), then
         self.fd: int | None = None
 
-    def __enter__(self) -> "OutputDirLock":
+    @classmethod
+    def for_dir(cls, out_dir: Path) -> "OutputLock":
+        """OUTPUT_DIR of a Parquet job (its lock file inside it)."""
+        return cls(Path(out_dir) / LOCK_FILE, Path(out_dir), "rerun with --resume")
+
+    @classmethod
+    def for_file(cls, out: Path) -> "OutputLock":
+        """A single output file (its lock file beside it, hidden)."""
+        out = Path(out)
+        return cls(out.with_name(f".{out.name}.lock"), out)
+
+    def __enter__(self) -> "OutputLock":
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -36,9 +49,9 @@ class OutputDirLock:
             holder = _read_holder(fd)
             os.close(fd)
             raise OutputDirError(
-                f"{self.path.parent} is in use by another elmo embed job ({holder}); one job at a time per "
-                f"OUTPUT_DIR: wait for it to finish or stop it (a stopped or killed job releases the lock "
-                f"itself), then rerun with --resume") from None
+                f"{self.output} is in use by another elmo embed job ({holder}); one job at a time per output: "
+                f"wait for it to finish or stop it (a stopped or killed job releases the lock itself), then "
+                f"{self.then}") from None
         except BaseException:
             os.close(fd)
             raise

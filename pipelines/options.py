@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from elmo_core.errors import ElmoError, InputError
 from elmo_core.pooling import POOLS
+from inference.batching import BatchPolicy
 from inference.outputs import OUTPUT_MODES
 from inference.registry import BACKEND_NAMES, check_precision_for, torch_options
 
@@ -48,11 +49,11 @@ class EmbedOptions:
     mix: tuple[float, ...] | None = None  # scalar mix s (before softmax); None = equal weights
     gamma: float = 1.0
     dtype: str = "float32"
-    max_sentence_length: int = 256  # longer rows are embedded in windows, see pipelines.rows
-    window_context: int | None = None  # tokens of context each side of a window; None = max_len // 8
+    max_sentence_length: int = BatchPolicy.max_sentence_length  # longer rows: windows (inference.batching)
+    window_context: int | None = BatchPolicy.window_context  # context each side of a window; None = M // 8
     rows_per_shard: int = 100_000  # one output shard per this many rows of one input file
     engine: str = "local"  # the runner (--engine local|ray): where the batches run, not what computes them
-    max_tokens_per_batch: int = 4096  # padded tokens (rows x longest row) per backend call
+    max_tokens_per_batch: int = BatchPolicy.max_tokens_per_batch  # padded tokens (rows x longest row) a call
     sort_window_rows: int = 1024  # rows sorted by length together, then restored to input order
     sort_window_tokens: int = 16_384  # ... and at most this many tokens (bounds a window's vectors)
     workers: int = 1  # Ray actors (the local runner runs one model)
@@ -79,15 +80,11 @@ class EmbedOptions:
         _check_choice("compression", self.compression, COMPRESSIONS)
         if self.pool is not None:
             _check_choice("pool", self.pool, POOLS)
-        for name in ("max_sentence_length", "rows_per_shard", "max_tokens_per_batch", "sort_window_rows",
-                     "sort_window_tokens", "workers", "writer_threads", "prefetch"):
+        for name in ("rows_per_shard", "sort_window_rows", "sort_window_tokens", "workers", "writer_threads",
+                     "prefetch"):
             if int(getattr(self, name)) <= 0:
                 raise InputError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if self.max_tokens_per_batch < self.max_sentence_length:
-            raise InputError(f"max_tokens_per_batch ({self.max_tokens_per_batch}) must be at least "
-                             f"max_sentence_length ({self.max_sentence_length}) so one window fits a batch")
-        if not 0 <= self.context < (self.max_sentence_length + 1) // 2:
-            raise InputError(f"window_context must be in [0, max_sentence_length / 2), got {self.context}")
+        self.policy  # validates the batching options
         if self.mix is not None and self.output != "mixed":
             raise InputError(f"--mix only applies to --output mixed (got --output {self.output})")
         if self.num_gpus_per_worker < 0:
@@ -108,8 +105,13 @@ class EmbedOptions:
         return torch_options(self.precision, self.token_embeddings, self.token_vocab)
 
     @property
+    def policy(self) -> BatchPolicy:
+        """How rows become model batches (windows, token budget)."""
+        return BatchPolicy(self.max_sentence_length, self.window_context, self.max_tokens_per_batch)
+
+    @property
     def context(self) -> int:
-        return self.max_sentence_length // 8 if self.window_context is None else int(self.window_context)
+        return self.policy.context
 
     @property
     def input_columns(self) -> list[str]:

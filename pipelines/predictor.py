@@ -19,11 +19,12 @@ import pyarrow as pa
 
 from elmo_core import ElmoConfig
 from elmo_core.errors import InputError
+from inference.batching import Plan, plan_batches
 from inference.outputs import layer_weights
 from inference.registry import model_config, open_backend
 
 from .options import EmbedOptions
-from .rows import Plan, plan_batches, row_tokens
+from .rows import row_tokens
 from .schema import ELMO_COLUMN, elmo_type
 from .stages import StageClock
 
@@ -113,7 +114,7 @@ class ElmoPredictor:
         if missing:
             raise InputError(f"columns {missing} not in the batch; it has {table.column_names}")
         rows, invalid_utf8 = row_tokens(table.column(text), opts.tokens_column is not None, text)
-        plan = plan_batches(rows, opts.max_sentence_length, opts.context, opts.max_tokens_per_batch)
+        plan = plan_batches(rows, opts.policy)
         char_ids = [self.backend.tokenizer.batch(b.tokens) for b in plan.batches]  # each (B, T, W)
         return Prepared(table.select(opts.passthrough_columns), plan, char_ids, invalid_utf8)
 

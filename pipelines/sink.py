@@ -19,37 +19,23 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from elmo_core.atomic import TMP_GLOB, fsync, write_json_atomic
 from elmo_core.model_io import file_sha256
+from inference.batching import window_counts
 
 from .options import EmbedOptions, OutputDirError
-from .rows import window_counts
 from .schema import conform, parquet_options
 from .source import Shard
 
 JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, COMMITS_DIR = "_job.json", "_manifest.json", "_SUCCESS", "_shards"
 SHARD_KEY = b"elmo.shard"
 COUNTS = ("rows", "tokens", "windows", "windowed_rows", "null_rows", "empty_rows", "invalid_utf8")
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    _fsync(tmp)
-    os.replace(tmp, path)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def commit_path(out_dir: Path, shard_name: str) -> Path:
@@ -90,14 +76,14 @@ class ShardWriter:
         record = self.footer_record()
         self.writer.add_key_value_metadata({SHARD_KEY: json.dumps(record, sort_keys=True)})
         self.writer.close()
-        _fsync(self.tmp)
+        fsync(self.tmp)
         record.update(sha256=file_sha256(self.tmp), bytes=self.tmp.stat().st_size,
                       writer=f"{socket.gethostname()}:{os.getpid()}")
         commit = commit_path(self.out, self.shard.name)
         commit.parent.mkdir(exist_ok=True)
         write_json_atomic(commit, record)
         os.replace(self.tmp, self.final)
-        _fsync(self.out)
+        fsync(self.out)
         return record
 
     def abort(self) -> None:
@@ -191,7 +177,7 @@ def _difference(theirs: dict, ours: dict) -> str:
 
 def remove_temporaries(out_dir: Path) -> list[str]:
     """Delete the job's temporary files (``.*.tmp``, here and under _shards/); return their names."""
-    found = [p for d in (out_dir, out_dir / COMMITS_DIR) if d.is_dir() for p in d.glob(".*.tmp")]
+    found = [p for d in (out_dir, out_dir / COMMITS_DIR) if d.is_dir() for p in d.glob(TMP_GLOB)]
     for p in found:
         p.unlink(missing_ok=True)
     return sorted(str(p.relative_to(out_dir)) for p in found)

@@ -12,6 +12,7 @@ import numpy as np
 
 from inference import Embedder
 from elmo_core import POOLS
+from inference.batching import BatchPolicy
 from inference.outputs import OUTPUT_MODES, check_output
 from inference.registry import torch_options
 
@@ -61,11 +62,12 @@ class SentencePredictor:
     Shape: B sentences -> B arrays: (T_i, [L+1,] D), or ([L+1,] D) pooled (None if empty).
     """
 
-    def __init__(self, source: ModelSource) -> None:
+    def __init__(self, source: ModelSource, limits: ServeLimits = ServeLimits()) -> None:
         options = {"weights": source.weights} if source.weights else {}
         options.update(torch_options(source.precision, source.token_embeddings, source.token_vocab))
-        self.embedder = Embedder.open(source.model, source.backend, threads=source.threads, device=source.device,
-                                      **options)
+        policy = BatchPolicy(max_sentence_length=limits.max_sentence_tokens, max_tokens_per_batch=limits.max_batch_tokens)
+        self.embedder = Embedder.open(source.model, source.backend, policy=policy, threads=source.threads,
+                                      device=source.device, **options)
         self.config = self.embedder.config
 
     def check(self, spec: OutputSpec) -> None:
@@ -73,7 +75,7 @@ class SentencePredictor:
         check_output(spec.output, self.config.n_output_layers, spec.mix)
 
     def __call__(self, spec: OutputSpec, sentences: list[Sequence[str]]) -> list[np.ndarray | None]:
-        return self.embedder.embed_sentences(sentences, batch_size=len(sentences), output=spec.output,
+        return self.embedder.embed_sentences(sentences, output=spec.output,
                                              mix_weights=spec.mix, gamma=spec.gamma, pool=spec.pool)
 
     def warm_up(self) -> None:
@@ -113,7 +115,7 @@ class ServingState:
 
     def _load(self) -> None:
         try:
-            predictor = SentencePredictor(self.source)
+            predictor = SentencePredictor(self.source, self.limits)
             predictor.warm_up()
         except Exception as e:  # reported to the server, which stops and shows it
             self.error = e

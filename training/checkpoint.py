@@ -8,13 +8,14 @@ the main file last, so a checkpoint exists only once it is complete.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+
+from elmo_core.atomic import atomic_path
 
 from .errors import CheckpointError
 
@@ -33,10 +34,9 @@ def rank_path(ckpt_dir: Path, step: int, rank: int) -> Path:
 def write_atomic(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> None:
     """Write tensors + JSON metadata to ``path`` via a temporary file in the same directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}
-    save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta)})
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta)})
 
 
 def read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from elmo_core import ElmoConfig, LstmState, resolve_model
+from elmo_core.atomic import atomic_path
 from elmo_core.errors import WeightsError
 from elmo_core.weights_hdf5 import load_hdf5_weights
 
@@ -70,11 +71,9 @@ def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: in
 
 def save_softmax(lm: LanguageModel, path: Path) -> None:
     """Softmax weights beside the published weights: datasets softmax/W (V, P), softmax/b (V,)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with h5py.File(tmp, "w") as f:
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
         f.create_dataset("softmax/W", data=lm.softmax_w.detach().cpu().numpy().astype(np.float32))
         f.create_dataset("softmax/b", data=lm.softmax_b.detach().cpu().numpy().astype(np.float32))
-    tmp.replace(path)
 
 
 def load_language_model(model_dir: str | Path) -> tuple[LanguageModel, Vocab]:

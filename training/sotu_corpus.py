@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from elmo_core.atomic import write_text_atomic
 from elmo_core.text import sotu_fileids, sotu_speech, split_sentences
 
 
@@ -24,9 +25,7 @@ def write_sotu_corpus(out_dir: str | Path, valid_every: int = 10, max_speeches: 
         n_sent = n_tok = 0
         for sid in ids[:max_speeches]:
             sents = split_sentences(sotu_speech(sid))
-            tmp = d / f".{sid}.txt.tmp"
-            tmp.write_text("".join(" ".join(s) + "\n" for s in sents), encoding="utf-8")
-            tmp.replace(d / f"{sid}.txt")
+            write_text_atomic(d / f"{sid}.txt", "".join(" ".join(s) + "\n" for s in sents))
             n_sent, n_tok = n_sent + len(sents), n_tok + sum(map(len, sents))
         counts[split] = {"speeches": len(ids[:max_speeches]), "sentences": n_sent, "tokens": n_tok}
     return counts

@@ -10,6 +10,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from elmo_core.atomic import write_text_atomic
+
 from .corpus import iter_records, list_shards
 from .errors import CorpusError
 
@@ -40,9 +42,7 @@ class Vocab:
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(t + "\n" for t in self.tokens), encoding="utf-8")
-        tmp.replace(path)
+        write_text_atomic(path, "".join(t + "\n" for t in self.tokens))
 
     @classmethod
     def load(cls, path: str | Path) -> "Vocab":

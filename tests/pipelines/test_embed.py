@@ -16,7 +16,7 @@ from elmo_core.model_io import file_sha256
 from inference import Embedder
 from pipelines import ElmoPredictor, OutputDirError, embed_parquet
 from pipelines.corpus import write_sample_corpus
-from pipelines.rows import window_spans
+from inference.batching import window_spans
 from pipelines.verify import verify_output
 
 ATOL = 1e-5

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import h5py
@@ -96,7 +98,7 @@ def test_bad_input_is_named_and_leaves_no_file(tiny_dir, tmp_path, capsys):
     out.write_bytes(b"an earlier result")
     cases = [
         ("a b\n\nc d\n", [], "line 2 is empty"),
-        ("a b\nc d\na b\n", ["--use-sentence-keys"], "sentence 2 repeats sentence 0"),
+        ("a b\nc d\na b\n", ["--use-sentence-keys"], "line 3 repeats"),
         ("a/b c\n", ["--use-sentence-keys"], "cannot be an hdf5 dataset name"),
         ("a b\n", ["--pool", "mean"], "no place for --pool"),
     ]
@@ -111,3 +113,82 @@ def test_bad_input_is_named_and_leaves_no_file(tiny_dir, tmp_path, capsys):
     assert "add --format hdf5" in capsys.readouterr().err
     with pytest.raises(InputError, match="is a directory"):
         embed_to_hdf5(tmp_path / "in.txt", tmp_path, tiny_dir)
+
+
+def _invalid_utf8_texts(raw: list[bytes | None]) -> pa.Array:
+    """A string column holding bytes that are not UTF-8 (Arrow does not check what it reads)."""
+    data = [b or b"" for b in raw]
+    offsets = np.cumsum([0] + [len(b) for b in data]).astype(np.int32)
+    validity = pa.array([b is not None for b in raw]).buffers()[1]
+    return pa.Array.from_buffers(pa.string(), len(raw), [validity, pa.py_buffer(offsets.tobytes()),
+                                                         pa.py_buffer(b"".join(data))])
+
+
+def test_parquet_rows_get_the_parquet_outputs_handling(tiny_dir, tmp_path, capsys):
+    raw = [b"The cat sat .", b"lone \xed\xa0\x80surrogate here", None, b"   ", b"x\x00y", b"x\x00z"]
+    pq.write_table(pa.table({"text": _invalid_utf8_texts(raw)}), tmp_path / "in.parquet")
+    out = tmp_path / "out.hdf5"
+    assert main(["embed", str(tmp_path / "in.parquet"), str(out), "--format", "hdf5", "--model", str(tiny_dir),
+                 "--json", "--quiet"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["invalid_utf8"] == 1 and result["sentences"] == 6
+    texts = [None if b is None else b.decode("utf-8", "ignore") for b in raw]
+    want = Embedder.from_files(tiny_dir).embed_sentences([(t or "").split() for t in texts], output="mixed")
+    got = read(out)
+    for i, w in enumerate(want):
+        assert got[str(i)][2] == w.shape  # null and blank rows: (0, D), as allennlp's empty sentence
+        np.testing.assert_allclose(got[str(i)][0], w, atol=ATOL, rtol=0)
+    for rows, message in [([b"a b", None], "row 1 (column 'text'): the sentence is null"),
+                          ([b"a b", b" \t "], "row 1 (column 'text'): the sentence is empty"),
+                          ([b"x\x00y", b"x\x00z"], "cannot be an hdf5 dataset name ('/' separates groups, NUL")]:
+        pq.write_table(pa.table({"text": _invalid_utf8_texts(rows)}), tmp_path / "in.parquet")
+        assert main(["embed", str(tmp_path / "in.parquet"), str(out), "--format", "hdf5", "--model", str(tiny_dir),
+                     "--use-sentence-keys", "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and f"{tmp_path / 'in.parquet'}: row" in err, err
+        assert read(out)["0"][2][0] == 4  # the earlier result ("The cat sat ."), untouched
+
+
+def test_a_second_job_on_the_same_file_is_refused_while_the_first_finishes(tiny_dir, tmp_path, capsys):
+    lines = [" ".join(f"w{(i * 7 + k) % 97}" for k in range(5 + i % 30)) for i in range(6000)]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.hdf5"
+    first = subprocess.Popen([sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "in.txt"), str(out),
+                              "--format", "hdf5", "--model", str(tiny_dir), "--quiet"],
+                             stderr=subprocess.PIPE, text=True)
+    lock = tmp_path / ".out.hdf5.lock"
+    deadline = time.monotonic() + 60
+    while not (lock.is_file() and lock.read_text().strip()):  # the holder's record: written once locked
+        assert first.poll() is None and time.monotonic() < deadline, "the first job never took the lock"
+        time.sleep(0.01)
+    assert main(["embed", str(tmp_path / "in.txt"), str(out), "--format", "hdf5", "--model", str(tiny_dir),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"{out} is in use by another elmo embed job (pid {first.pid}" in err, err
+    assert first.poll() is None, "the first job ended before the second tried: make it longer"
+    assert first.wait(timeout=300) == 0, first.stderr.read()
+    with h5py.File(out) as f:
+        assert len(f) == len(lines) + 1 and f[str(len(lines) - 1)].shape == (len(lines[-1].split()), 16)
+    assert not list(tmp_path.glob(".*.tmp"))  # neither job left a temporary file
+
+
+def test_the_token_budget_and_windows_apply(tiny_dir, tmp_path, monkeypatch):
+    from inference.backends import TorchBackend
+
+    shapes: list[tuple[int, int]] = []
+    real = TorchBackend.run_combined
+
+    def spy(self, ids, weights):  # the backend's side: every model batch it is given
+        shapes.append(ids.shape[:2])
+        return real(self, ids, weights)
+
+    monkeypatch.setattr(TorchBackend, "run_combined", spy)
+    long = " ".join(f"t{k}" for k in range(70))
+    (tmp_path / "in.txt").write_text("\n".join([long] + LINES) + "\n")
+    embed_to_hdf5(tmp_path / "in.txt", tmp_path / "out.hdf5", tiny_dir, quiet=True, max_tokens_per_batch=48,
+                  max_sentence_length=24, window_context=4)
+    assert shapes and all(b * (t - 2) <= 48 and t - 2 <= 24 for b, t in shapes), shapes  # T counts <S>, </S>
+    got = read(tmp_path / "out.hdf5")
+    assert got["0"][2] == (70, 16)
+    first = Embedder.from_files(tiny_dir).embed_sentences([long.split()[:24]], output="mixed")[0]
+    np.testing.assert_allclose(got["0"][0][:20], first[:20], atol=ATOL, rtol=0)  # window 1: 24 tokens, 20 kept

@@ -52,8 +52,8 @@ def corpus(tmp_path: Path) -> Path:
 def test_a_job_on_a_locked_output_dir_is_refused_naming_the_holder(corpus, tiny_dir, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pipelines.lock import OutputDirLock; "
-                               "OutputDirLock(sys.argv[1]).__enter__(); print('locked', flush=True); time.sleep(120)",
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pipelines.lock import OutputLock; "
+                               "OutputLock.for_dir(sys.argv[1]).__enter__(); print('locked', flush=True); time.sleep(120)",
                                str(out)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"

@@ -1,0 +1,50 @@
+"""The one way this project writes a file: whole or not at all.
+
+``atomic_path(path)`` gives a temporary name beside ``path`` (``.NAME.PID.tmp``: hidden from
+readers, unique to the writing process, so two writers never share one); when the block ends
+without an error the file is fsynced, renamed over ``path`` and its directory fsynced, so after a
+crash ``path`` holds either its old content or the whole new one. On an error the temporary file
+is removed. Cleaners of a directory recognise leftovers by the ``.*.tmp`` pattern.
+"""
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+TMP_GLOB = ".*.tmp"
+
+
+def fsync(path: str | Path) -> None:
+    """Flush a file's (or a directory's entries') data to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """``with atomic_path(p) as tmp:`` write ``tmp``; it becomes ``p`` when the block succeeds."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        fsync(tmp)
+        os.replace(tmp, path)
+        fsync(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json_atomic(path: str | Path, obj: Any, **dumps: Any) -> None:
+    """``obj`` as JSON (``dumps``: json.dumps's options; default indent 2, sorted keys)."""
+    write_text_atomic(path, json.dumps(obj, **({"indent": 2, "sort_keys": True} | dumps)) + "\n")

@@ -1,0 +1,136 @@
+"""How sentences become model batches, for every door (``Embedder.embed_sentences``, ``elmo embed``'s
+Parquet and hdf5 outputs, ``elmo serve``, the Triton model): windows of long sentences, then
+length-sorted batches under a token budget; the vectors go back to their sentences in input order.
+
+Windowing (sentences longer than ``max_sentence_length`` = M tokens): overlapping windows with
+``context`` = c tokens of context on each side. Window k covers at most M tokens; each token's
+vector is taken from the one window where it has at least c tokens of context on both sides
+(fewer only at the sentence's own start and end). The windows are embedded as independent
+sentences (each gets its own <S> and </S>) and the kept parts are joined back, so a sentence of n
+tokens still gives exactly n vectors. With c = 0 the windows are plain non-overlapping chunks.
+
+Batching: a batch's cost is its number of rows times its longest row (the padded size the model
+runs); no batch exceeds ``max_tokens_per_batch`` (nor ``max_rows`` rows where given).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from elmo_core.errors import InputError
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """The knobs of ``plan_batches`` (``elmo embed --max-sentence-length --window-context
+    --max-tokens-per-batch``), validated once."""
+
+    max_sentence_length: int = 256  # longer sentences are embedded in windows
+    window_context: int | None = None  # tokens of context each side of a window; None = M // 8
+    max_tokens_per_batch: int = 4096  # padded tokens (rows x longest row) per backend call
+
+    def __post_init__(self) -> None:
+        for name in ("max_sentence_length", "max_tokens_per_batch"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                raise InputError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.max_tokens_per_batch < self.max_sentence_length:
+            raise InputError(f"max_tokens_per_batch ({self.max_tokens_per_batch}) must be at least "
+                             f"max_sentence_length ({self.max_sentence_length}) so one window fits a batch")
+        if not 0 <= self.context < (self.max_sentence_length + 1) // 2:
+            raise InputError(f"window_context must be in [0, max_sentence_length / 2), got {self.context}")
+
+    @property
+    def context(self) -> int:
+        return self.max_sentence_length // 8 if self.window_context is None else int(self.window_context)
+
+
+@dataclass(frozen=True)
+class Span:
+    """One window of a sentence: tokens [start, end) go to the model, [keep_from, keep_to) are kept."""
+
+    start: int
+    end: int
+    keep_from: int
+    keep_to: int
+
+
+def window_spans(n: int, max_len: int, context: int) -> list[Span]:
+    """The windows of a sentence of ``n`` tokens (one window when n <= max_len). See the module doc."""
+    if n <= max_len:
+        return [Span(0, n, 0, n)]
+    spans, keep_from = [], 0
+    while True:
+        start = max(0, keep_from - context)
+        if start + max_len >= n:  # last window: a full one ending at the sentence's end
+            spans.append(Span(max(0, n - max_len), n, keep_from, n))
+            return spans
+        keep_to = start + max_len - context
+        spans.append(Span(start, start + max_len, keep_from, keep_to))
+        keep_from = keep_to
+
+
+def window_counts(lengths: np.ndarray, max_len: int, context: int) -> tuple[int, int]:
+    """(windows, sentences cut into windows) for sentences of these token counts (-1 or 0: none)."""
+    long = lengths[lengths > max_len]
+    return sum(len(window_spans(int(n), max_len, context)) for n in long), int(long.size)
+
+
+@dataclass
+class ModelBatch:
+    """One backend call. ``pieces[k]`` = (dest, skip, n): row k's tokens [skip, skip+n) go to out[dest:dest+n]."""
+
+    tokens: list[Sequence[str]]
+    pieces: list[tuple[int, int, int]]
+
+    def gather_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(batch row, position, output row) of every token this batch places.
+
+        Shape: -> three (n,) int64 arrays, n = the tokens kept from this batch.
+        """
+        dest0, skip, n = (np.array(v, dtype=np.int64) for v in zip(*self.pieces))  # (K,) each
+        within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)  # (n,) position within its piece
+        return np.repeat(np.arange(len(n)), n), np.repeat(skip, n) + within, np.repeat(dest0, n) + within
+
+
+@dataclass
+class Plan:
+    """How sentences are cut into windows and model batches; their tokens' vectors go to one
+    (N tokens, ...) array, sentence after sentence."""
+
+    lengths: np.ndarray  # (R,) tokens per sentence, -1 for a null row
+    batches: list[ModelBatch]
+
+    @property
+    def tokens(self) -> int:
+        return int(np.maximum(self.lengths, 0).sum())
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Shape: (R+1,) each sentence's first token's row in the output array, then the total."""
+        return np.concatenate([[0], np.cumsum(np.maximum(self.lengths, 0))]).astype(np.int64)
+
+
+def plan_batches(rows: Sequence[Sequence[str] | None], policy: BatchPolicy, max_rows: int | None = None) -> Plan:
+    """Split long sentences into windows, sort every piece by length (longest first; equal lengths
+    in input order) and pack batches under the policy's token budget (and ``max_rows``)."""
+    lengths = np.array([-1 if r is None else len(r) for r in rows], dtype=np.int64)  # (R,)
+    dest0 = np.concatenate([[0], np.cumsum(np.maximum(lengths, 0))])[:-1]  # (R,) first token's output row
+    pieces: list[tuple[Sequence[str], int, int, int]] = []  # (tokens, dest, skip, n)
+    for r, row in enumerate(rows):
+        if not row:
+            continue
+        for s in window_spans(len(row), policy.max_sentence_length, policy.context):
+            pieces.append((row[s.start:s.end], int(dest0[r]) + s.keep_from, s.keep_from - s.start, s.keep_to - s.keep_from))
+    pieces.sort(key=lambda p: -len(p[0]))  # stable: equal lengths stay in input order
+    batches: list[ModelBatch] = []
+    for tokens, dest, skip, n in pieces:
+        cur = batches[-1] if batches else None
+        if (cur is None or (len(cur.tokens) + 1) * len(cur.tokens[0]) > policy.max_tokens_per_batch
+                or (max_rows is not None and len(cur.tokens) >= max_rows)):
+            cur = ModelBatch([], [])
+            batches.append(cur)
+        cur.tokens.append(tokens)
+        cur.pieces.append((dest, skip, n))
+    return Plan(lengths, batches)
