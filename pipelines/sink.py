@@ -102,9 +102,11 @@ def footer_record(path: Path) -> dict | None:
     except (pa.ArrowInvalid, pa.ArrowException, OSError):
         return None
     raw = (meta.metadata or {}).get(SHARD_KEY)
-    if raw is None:
+    try:
+        record = json.loads(raw) if raw is not None else None
+    except ValueError:
         return None
-    return {**json.loads(raw), "footer_rows": meta.num_rows}
+    return {**record, "footer_rows": meta.num_rows} if isinstance(record, dict) else None
 
 
 def check_shard(out_dir: Path, name: str, job_digest: str, file_index: int, row_start: int, rows: int) -> tuple[dict | None, str]:
@@ -114,6 +116,8 @@ def check_shard(out_dir: Path, name: str, job_digest: str, file_index: int, row_
     try:
         record = json.loads(commit.read_text())
     except (OSError, ValueError):
+        record = None
+    if not isinstance(record, dict):
         return None, "no readable commit record"
     if not path.is_file() or path.stat().st_size != record.get("bytes"):
         return None, "missing, or its size differs from its commit record"

@@ -6,16 +6,22 @@ footer describes its input rows; per input file, the shards cover rows 0..N-1 on
 order. Where the input files are still there unchanged (same size, mtime and footer), each output
 row is matched to its input row: the same id (with ``--id-column``) and as many vectors as the
 row has tokens (null for null), which shows every row is in input order.
+
+Every problem found is reported, one line each (a damaged file is a problem, not a crash); the
+rows of a shard that failed its checksum are not read.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from elmo_core.errors import ElmoError
 
 from .options import EmbedOptions, OutputDirError
 from .rows import row_tokens
@@ -28,21 +34,46 @@ class VerificationError(OutputDirError):
     """An output that is not what its job committed."""
 
 
-def _read_json(path: Path) -> dict:
+JOB_KEYS = {"digest": str, "inputs": list}
+MANIFEST_KEYS = {"job_digest": str, "shards": list, "options": dict, "rows": int, "tokens": int}
+SHARD_KEYS = {"file": str, "input_file": int, "row_start": int, "rows": int}
+INPUT_KEYS = {"path": str, "rows": int, "bytes": int, "mtime_ns": int, "footer_sha256": str}
+
+
+def _record(path: Path, keys: dict[str, type], problems: list[str]) -> dict | None:
+    """A JSON object with these keys and types, or None with the problem added."""
     try:
-        return json.loads(path.read_text())
+        obj = json.loads(path.read_text())
     except FileNotFoundError:
-        raise VerificationError(f"{path}: missing; is this a finished elmo embed OUTPUT_DIR? (a job that did not "
-                                f"finish: rerun it with --resume)") from None
-    except ValueError as e:
-        raise VerificationError(f"{path}: not valid JSON ({e})") from None
+        problems.append(f"{path.name}: missing; is this a finished elmo embed OUTPUT_DIR? (a job that did not "
+                        f"finish: rerun it with --resume)")
+        return None
+    except (OSError, ValueError) as e:
+        problems.append(f"{path.name}: cannot be read as JSON ({e})")
+        return None
+    why = _shape_problem(obj, keys)
+    if why:
+        problems.append(f"{path.name}: {why}")
+        return None
+    return obj
 
 
-def _shard_problems(out: Path, manifest: dict, job: dict) -> list[str]:
+def _shape_problem(obj: object, keys: dict[str, type]) -> str:
+    if not isinstance(obj, dict):
+        return f"holds a {type(obj).__name__}, not the object elmo embed writes"
+    wrong = [k for k, t in keys.items() if not isinstance(obj.get(k), t) or isinstance(obj.get(k), bool)]
+    return f"{', '.join(wrong)} missing or of the wrong type" if wrong else ""
+
+
+def _shard_problems(out: Path, manifest: dict, job: dict, good: set[str]) -> list[str]:
+    """The shards' problems; ``good`` receives the names of the shards that passed."""
     problems = []
     listed = {s["file"]: s for s in manifest["shards"]}
-    on_disk = {p.name for p in out.glob("part-*.parquet")}
-    problems += [f"{n}: listed in {MANIFEST_FILE} but missing" for n in sorted(set(listed) - on_disk)]
+    present = sorted(out.glob("part-*.parquet"))
+    problems += [f"{p.name}: a directory where a shard should be" for p in present if p.is_dir()]
+    on_disk = {p.name for p in present if not p.is_dir()}
+    problems += [f"{n}: listed in {MANIFEST_FILE} but missing" for n in sorted(set(listed) - on_disk)
+                 if not (out / n).is_dir()]
     problems += [f"{n}: not a shard of this job" for n in sorted(on_disk - set(listed))]
     for name, s in sorted(listed.items()):
         if name not in on_disk:
@@ -50,6 +81,8 @@ def _shard_problems(out: Path, manifest: dict, job: dict) -> list[str]:
         record, why = check_shard(out, name, job["digest"], s["input_file"], s["row_start"], s["rows"])
         if record is None or record.get("sha256") != s.get("sha256"):
             problems.append(f"{name}: {why or 'its commit record differs from ' + MANIFEST_FILE}")
+        else:
+            good.add(name)
     for i, inp in enumerate(job["inputs"]):
         starts = sorted((s["row_start"], s["rows"]) for s in listed.values() if s["input_file"] == i)
         covered = 0
@@ -99,12 +132,24 @@ def verify_output(out_dir: str | Path, check_inputs: bool = True) -> dict:
     out = Path(out_dir)
     if not out.is_dir():
         raise VerificationError(f"{out}: not a directory")
-    job, manifest = _read_json(out / JOB_FILE), _read_json(out / MANIFEST_FILE)
-    problems = [] if (out / SUCCESS_FILE).is_file() else [f"{SUCCESS_FILE} is missing: the job did not finish"]
-    if manifest.get("job_digest") != job.get("digest"):
+    problems: list[str] = []
+    job, manifest = _record(out / JOB_FILE, JOB_KEYS, problems), _record(out / MANIFEST_FILE, MANIFEST_KEYS, problems)
+    if not (out / SUCCESS_FILE).is_file():
+        problems.append(f"{SUCCESS_FILE} is missing: the job did not finish")
+    if job is None or manifest is None:
+        _raise(out, problems)
+    malformed = (_entry_problems(manifest["shards"], SHARD_KEYS, f"{MANIFEST_FILE}: shard")
+                 + _entry_problems(job["inputs"], INPUT_KEYS, f"{JOB_FILE}: input"))
+    if malformed:
+        _raise(out, problems + malformed)
+    if manifest["job_digest"] != job["digest"]:
         problems.append(f"{MANIFEST_FILE} is another job's than {JOB_FILE}")
-    problems += _shard_problems(out, manifest, job)
-    opts = EmbedOptions.coerce(manifest["options"], resume=False)
+    good: set[str] = set()
+    problems += _shard_problems(out, manifest, job, good)
+    try:
+        opts = EmbedOptions.coerce(manifest["options"], resume=False)
+    except (ElmoError, TypeError, ValueError) as e:
+        _raise(out, problems + [f"{MANIFEST_FILE}: options are not elmo embed's ({e})"])
     checked, skipped = 0, []
     for i, inp in enumerate(job["inputs"]):
         if not check_inputs or not _unchanged(inp):
@@ -112,10 +157,18 @@ def verify_output(out_dir: str | Path, check_inputs: bool = True) -> dict:
             continue
         columns = [c for c in (opts.id_column, opts.tokens_column or opts.text_column) if c]
         inputs = pq.read_table(inp["path"], columns=columns)
-        for shard in (s for s in manifest["shards"] if s["input_file"] == i):
+        for shard in (s for s in manifest["shards"] if s["input_file"] == i and s["file"] in good):
             problems += _row_problems(out, shard, inp, inputs, opts)
         checked += 1
     if problems:
-        raise VerificationError(f"{out}: {len(problems)} problem(s):\n  " + "\n  ".join(problems[:20]))
+        _raise(out, problems)
     return {"ok": True, "shards": len(manifest["shards"]), "rows": manifest["rows"], "tokens": manifest["tokens"],
             "inputs_checked": checked, "inputs_not_checked": skipped}
+
+
+def _entry_problems(entries: list, keys: dict[str, type], what: str) -> list[str]:
+    return [f"{what} {k} is malformed: {why}" for k, e in enumerate(entries) if (why := _shape_problem(e, keys))]
+
+
+def _raise(out: Path, problems: list[str]) -> NoReturn:
+    raise VerificationError(f"{out}: {len(problems)} problem(s):\n  " + "\n  ".join(problems))

@@ -111,6 +111,31 @@ def test_verify_finds_an_altered_shard_and_resume_redoes_only_it(corpus, tiny_di
     assert verify_output(out)["shards"] == 10
 
 
+def test_verify_lists_every_damage_one_line_each_without_a_traceback(corpus, tiny_dir, tmp_path):
+    out = tmp_path / "out"
+    embed_parquet(corpus, out, tiny_dir, id_column="id", rows_per_shard=100, quiet=True)
+    shard = lambda k: out / f"part-00000-{k:05d}.parquet"  # noqa: E731
+    shard(0).write_bytes(shard(0).read_bytes()[:-100])  # truncated
+    shard(1).write_bytes(b"")  # zero bytes
+    data = bytearray(shard(2).read_bytes())
+    data[-12] ^= 0xFF  # inside the footer: the file no longer reads as Parquet
+    shard(2).write_bytes(bytes(data))
+    shard(3).unlink()
+    shard(3).mkdir()  # a directory in a shard's place
+    shard(4).unlink()  # deleted
+    r = elmo("verify", out)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert "5 problem(s)" in lines[0], r.stderr
+    for k, why in [(0, "size differs"), (1, "size differs"), (2, "its bytes differ"), (3, "a directory where a shard"),
+                   (4, "listed in _manifest.json but missing")]:
+        assert sum(shard(k).name in line and why in line for line in lines[1:]) == 1, (k, r.stderr)
+    for manifest in ("[1]", "{", '{"shards": 3}'):
+        (out / "_manifest.json").write_text(manifest)
+        r = elmo("verify", out)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and "_manifest.json: " in r.stderr, r.stderr
+
+
 def test_sigterm_stops_like_ctrl_c_and_resume_finishes(corpus, tiny_dir, tmp_path):
     out = tmp_path / "out"
     proc = start_embed(corpus, out, tiny_dir)
