@@ -17,6 +17,14 @@ from .outputs import check_output, layer_weights, reduce_layers
 from .registry import open_backend
 
 
+def unit_length(vectors: np.ndarray) -> np.ndarray:
+    """Each vector (the last axis) over its L2 norm, in float64 then back; a zero vector stays zero.
+    Shape: (..., D) -> (..., D)."""
+    v = vectors.astype(np.float64)
+    norm = np.linalg.norm(v, axis=-1, keepdims=True)  # (..., 1)
+    return (v / np.where(norm > 0, norm, 1.0)).astype(vectors.dtype)
+
+
 class Embedder:
     """Embeds tokenized sentences with a backend: the one engine behind every door.
 
@@ -91,7 +99,8 @@ class Embedder:
 
     def embed_sentences(self, sentences: Sequence[Sequence[str]], batch_size: int | None = None,
                         output: str = "all", mix_weights: Sequence[float] | None = None, gamma: float = 1.0,
-                        layer_norm: bool = False, pool: str | None = None) -> list[np.ndarray | None]:
+                        layer_norm: bool = False, pool: str | None = None,
+                        normalize: bool = False) -> list[np.ndarray | None]:
         """Vectors of each sentence, in input order.
 
         ``output``: 'all' gives (L+1, T_i, 2P) per sentence; 'top', 'average' and 'mixed' give
@@ -100,7 +109,8 @@ class Embedder:
         sentence instead, over its tokens only: (L+1, 2P) for 'all', else (2P,); None for an
         empty sentence. ``batch_size``: at most this many rows a backend call (default: the
         Embedder's; the token budget always applies). ``layer_norm`` normalises each layer over a
-        model batch's tokens, as bilm-tf's ``weight_layers`` does over its batch.
+        model batch's tokens, as bilm-tf's ``weight_layers`` does over its batch. ``normalize``:
+        each vector (per token and layer, or pooled) scaled to unit L2 norm, last of all.
         """
         check_sentences(sentences)
         check_output(output, self.config.n_output_layers, mix_weights)
@@ -118,9 +128,9 @@ class Embedder:
             results = [out[offsets[i]:offsets[i + 1]] for i in range(len(sentences))]  # (T_i, [L+1,] D)
             if output == "all":
                 results = [np.ascontiguousarray(r.transpose(1, 0, 2)) for r in results]  # (L+1, T_i, D)
-        if pool is None:
-            return results  # type: ignore[return-value]
-        return [None if len(s) == 0 else self._pool(r, output == "all", pool) for s, r in zip(sentences, results)]
+        if pool is not None:
+            results = [None if len(s) == 0 else self._pool(r, output == "all", pool) for s, r in zip(sentences, results)]
+        return [unit_length(r) if normalize and r is not None else r for r in results]
 
     def _run_plan(self, plan: Plan, output: str, mix_weights: Sequence[float] | None, gamma: float,
                   layer_norm: bool) -> np.ndarray:

@@ -155,7 +155,7 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
         sentences = body.token_lists()
         check_limits(sentences, limits, "sentences" if body.sentences is not None else "texts")
         spec = OutputSpec(body.output, None if body.mix is None else tuple(body.mix), body.gamma,
-                          None if body.pool == "none" else body.pool)
+                          None if body.pool == "none" else body.pool, body.normalize)
         predictor.check(spec)
         results = await unless_disconnected(request, batcher.submit(spec, sentences))
         if results is None:
@@ -164,7 +164,7 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
                               "dim": predictor.config.output_dim,
                               "usage": {"sentences": len(sentences), "tokens": sum(map(len, sentences))}})
 
-    @app.post("/v1/embeddings", summary="OpenAI-compatible: the mean-pooled mixed vector of each input")
+    @app.post("/v1/embeddings", summary="OpenAI-compatible: the mean-pooled mixed vector of each input, unit length")
     async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> Response:
         predictor, batcher = state.serving()
         texts = body.texts()
@@ -175,7 +175,7 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
         dim = predictor.config.output_dim
         if body.dimensions is not None and body.dimensions != dim:
             raise InvalidRequest(f"dimensions: this model's vectors have {dim}, got {body.dimensions}")
-        results = await unless_disconnected(request, batcher.submit(OutputSpec(pool="mean"), tokens))
+        results = await unless_disconnected(request, batcher.submit(OutputSpec(pool="mean", normalize=body.normalize), tokens))
         if results is None:
             return Response(status_code=CLIENT_CLOSED)
         n = sum(map(len, tokens))

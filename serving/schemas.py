@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, FiniteFloat, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, FiniteFloat, StrictBool, StrictStr, model_validator
 
 from elmo_core.whitespace import split_tokens
 
@@ -29,6 +29,7 @@ class EmbedRequest(BaseModel):
     gamma: FiniteFloat = 1.0
     pool: Pool = "none"
     encoding: Encoding = "float"  # base64: each embedding's little-endian float32 bytes
+    normalize: StrictBool = False  # each vector (per token, or pooled) scaled to unit L2 norm
 
     @model_validator(mode="after")
     def _one_input(self) -> "EmbedRequest":
@@ -51,6 +52,7 @@ class OpenAIEmbeddingRequest(BaseModel):
     encoding_format: Encoding = "float"
     dimensions: int | None = None
     user: str | None = None
+    normalize: StrictBool = True  # unit-length vectors, as OpenAI's are (false: the raw mean)
 
     def texts(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else list(self.input)

@@ -35,6 +35,7 @@ class OutputSpec:
     mix: tuple[float, ...] | None = None
     gamma: float = 1.0
     pool: str | None = None
+    normalize: bool = False  # unit-length vectors
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,8 @@ class SentencePredictor:
 
     def __call__(self, spec: OutputSpec, sentences: list[Sequence[str]]) -> list[np.ndarray | None]:
         return self.embedder.embed_sentences(sentences, output=spec.output,
-                                             mix_weights=spec.mix, gamma=spec.gamma, pool=spec.pool)
+                                             mix_weights=spec.mix, gamma=spec.gamma, pool=spec.pool,
+                                             normalize=spec.normalize)
 
     def warm_up(self) -> None:
         for spec in (OutputSpec(), OutputSpec("all"), OutputSpec(pool="mean")):

@@ -84,6 +84,7 @@ def decode(value, encoding: str, shape: tuple[int, ...]) -> np.ndarray | None:  
 
 
 def reference(embedder: Embedder, tokens: list[str], output: str = "mixed", pool: str | None = None,
-              mix: list[float] | None = None, gamma: float = 1.0) -> np.ndarray | None:
+              mix: list[float] | None = None, gamma: float = 1.0, normalize: bool = False) -> np.ndarray | None:
     """``embed_sentences`` on this sentence alone: what the server must answer for it."""
-    return embedder.embed_sentences([tokens], output=output, pool=pool, mix_weights=mix, gamma=gamma)[0]
+    return embedder.embed_sentences([tokens], output=output, pool=pool, mix_weights=mix, gamma=gamma,
+                                    normalize=normalize)[0]

@@ -159,9 +159,15 @@ def test_openai_route_with_the_openai_client(server: ServerProcess, embedder: Em
         answer = client.embeddings.create(input=texts, model="elmo", **({"encoding_format": fmt} if fmt else {}))
         assert [d.index for d in answer.data] == [0, 1] and answer.usage.prompt_tokens == 10
         for text, item in zip(texts, answer.data):
-            want = reference(embedder, text.split(), "mixed", "mean")
+            want = reference(embedder, text.split(), "mixed", "mean", normalize=True)
             got = decode(item.embedding, "base64" if fmt == "base64" else "float", want.shape)
             np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+            assert abs(float(np.linalg.norm(got.astype(np.float64))) - 1.0) < 1e-6  # unit length, as OpenAI's
+    raw = httpx.post(f"{server.url}/v1/embeddings", json={"input": texts[0], "normalize": False}).json()
+    np.testing.assert_allclose(raw["data"][0]["embedding"], reference(embedder, texts[0].split(), "mixed", "mean"),
+                               atol=1e-5, rtol=0)
+    unit = httpx.post(f"{server.url}/embed", json={"texts": texts, "normalize": True}).json()["embeddings"][0]
+    np.testing.assert_allclose(np.linalg.norm(np.asarray(unit, np.float64), axis=1), 1.0, atol=1e-6, rtol=0)
     one = httpx.post(f"{server.url}/v1/embeddings", json={"input": "Hi"}).json()
     assert one["object"] == "list" and one["data"][0]["object"] == "embedding" and len(one["data"][0]["embedding"]) == D
     for body, names in (({"input": ["a", ""]}, "input[1]"), ({"input": "a", "dimensions": 7}, "dimensions"),
