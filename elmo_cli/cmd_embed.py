@@ -7,19 +7,16 @@ import argparse
 import json
 
 from elmo_cli.cmd_tokens import add_token_embedding_arguments
-from elmo_core.pooling import POOLS
-from elmo_core.precision import PRECISIONS
-from inference.outputs import OUTPUT_MODES
+from elmo_core.names import DTYPES, ENGINES, OUTPUT_FORMATS, OUTPUT_MODES, POOLS, PRECISIONS
 from inference.registry import BACKEND_NAMES
 from elmo_core.errors import InputError
 from pipelines.corpus import write_sample_corpus
 from pipelines.hdf5_output import embed_to_hdf5, is_text_input
 from pipelines.job import embed_parquet
-from pipelines.options import DTYPES, ENGINES, EmbedOptions
+from pipelines.options import EmbedOptions
 from pipelines.schema import COMPRESSIONS
 from pipelines.verify import verify_output
 
-OUTPUTS = ("mixed",) + tuple(m for m in OUTPUT_MODES if m != "mixed")  # the default first
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                  "of one whitespace-tokenized sentence per line")
     p.add_argument("output_dir", help="output directory (new or empty; or this job's, with --resume); with --format "
                                       "hdf5 the file to write")
-    p.add_argument("--format", choices=("parquet", "hdf5"), default="parquet",
+    p.add_argument("--format", choices=OUTPUT_FORMATS, default=OUTPUT_FORMATS[0],
                    help="hdf5: the file `allennlp elmo` writes (one dataset per sentence, sentence_to_index)")
     p.add_argument("--use-sentence-keys", action="store_true",
                    help="--format hdf5: key each dataset by its sentence instead of its index")
@@ -47,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     cols.add_argument("--id-column", help="copied to the output first")
     cols.add_argument("--keep-columns", default="", help="comma-separated columns copied to the output")
     out = p.add_argument_group("vectors")
-    out.add_argument("--output", choices=OUTPUTS, default=d.output)
+    out.add_argument("--output", choices=OUTPUT_MODES, default=d.output)
     out.add_argument("--pool", choices=POOLS, help="one vector per row, pooled over its tokens (null for an empty row)")
     out.add_argument("--mix", help="scalar mix weights s0,s1,... (before softmax; default equal)")
     out.add_argument("--gamma", type=float, default=d.gamma)

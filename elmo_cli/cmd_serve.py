@@ -8,7 +8,7 @@ from dataclasses import fields
 
 from elmo_cli.cmd_tokens import add_token_embedding_arguments
 from elmo_core.errors import InputError
-from elmo_core.precision import PRECISIONS
+from elmo_core.names import PRECISIONS
 from inference.registry import BACKEND_NAMES, check_device, check_precision_for, model_config
 from serving.limits import ServeLimits
 

@@ -41,11 +41,6 @@ RELEASED_ARCHITECTURE = {
 RELEASED_NAMES = ("cnn_50_100_512_4096_sample.json", "cnn_0_100_512_4096_sample.json")
 
 
-def is_efml_dir(path: str | Path) -> bool:
-    path = Path(path)
-    return path.is_dir() and (path / "config.json").is_file() and (path / "encoder.pkl").is_file()
-
-
 def load_efml(model_dir: str | Path) -> BiLM:
     """An ELMoForManyLangs model directory as our biLM (eval mode), with its dictionary tokenizer."""
     model_dir = Path(model_dir)

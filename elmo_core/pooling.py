@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from .errors import InputError
+from .names import POOLS
 
-POOLS = ("mean", "max")
 
 
 def pool_tokens(x: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:

@@ -18,8 +18,8 @@ from typing import Iterator
 import torch
 
 from .errors import InputError
+from .names import PRECISIONS
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 _MATMUL_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from elmo_core import ElmoConfig
+from elmo_core.names import EXPORT_PRECISIONS
 
 from .errors import ExportError
 from .outputs import layer_weights
@@ -19,7 +20,7 @@ INPUT_NAME = "char_ids"
 MASK_NAME = "mask"
 OUTPUT_NAMES = {"all": "layers", "mixed": "mixed"}
 BATCH, TIME = "batch", "time"
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+PRECISIONS = EXPORT_PRECISIONS  # the export's choices (elmo_core.names)
 SUPPORTED_OPSETS = (17, 18, 19, 20)  # TensorRT 10.x parses opset 9..20 (10.0) and later up to 24
 DEFAULT_OPSET = 17
 # Shapes the validator runs, none of them the shape the graph was traced or built with.

@@ -8,8 +8,8 @@ import torch
 
 from elmo_core import ScalarMix
 from elmo_core.errors import InputError
+from elmo_core.names import OUTPUT_MODES
 
-OUTPUT_MODES = ("all", "top", "average", "mixed")
 
 
 def check_output(output: str, n_layers: int, mix_weights: Sequence[float] | None) -> None:

@@ -12,15 +12,12 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
 from elmo_core.errors import ElmoError, InputError
-from elmo_core.pooling import POOLS
+from elmo_core.names import DTYPES, ENGINES, OUTPUT_MODES, POOLS
 from inference.batching import BatchPolicy
-from inference.outputs import OUTPUT_MODES
 from inference.registry import BACKEND_NAMES, check_precision_for, torch_options
 
 from .schema import COMPRESSIONS
 
-ENGINES = ("local", "ray")
-DTYPES = ("float32", "float16")
 
 # Options that do not change a single output value; they may differ between a run and its resume.
 # weights: the model's identity (its sha256) is part of the job's, whatever names its file;

@@ -1,6 +1,6 @@
 """``ElmoPredictor``: the one class both runners run (the local loop, and Ray Data's map_batches).
 
-It loads the backend once in ``__init__``; ``__call__(batch) -> batch`` is pure: the batch's id and
+It loads the backend once in ``__init__``; ``__call__(table) -> table`` is pure: the batch's id and
 kept columns, in the same row order, plus the ``elmo`` column. The work is split in two so the
 local runner can overlap them: ``prepare`` (tokens, windows, buckets, character ids: CPU-light,
 run in a prefetch thread) and ``compute`` (the backend, the output mode, the Arrow column).
@@ -61,14 +61,7 @@ def _as_table(batch: Any) -> pa.Table:
         return batch
     if isinstance(batch, pa.RecordBatch):
         return pa.Table.from_batches([batch])
-    if isinstance(batch, Mapping):
-        cols = {}
-        for name, values in batch.items():
-            if isinstance(values, np.ndarray) and values.dtype == object:
-                values = [v.tolist() if isinstance(v, np.ndarray) else v for v in values]
-            cols[name] = pa.array(values)
-        return pa.table(cols)
-    raise InputError(f"a batch must be a pyarrow Table/RecordBatch or a dict of arrays, got {type(batch).__name__}")
+    raise InputError(f"a batch must be a pyarrow Table or RecordBatch, got {type(batch).__name__}")
 
 
 class ElmoPredictor:
@@ -94,16 +87,8 @@ class ElmoPredictor:
     def close(self) -> None:
         self.backend.close()
 
-    def __call__(self, batch: Any) -> Any:
-        out = self.compute(self.prepare(batch))
-        if isinstance(batch, Mapping):  # Ray's numpy format: numpy columns, elmo as an object array
-            result = {name: np.asarray(batch[name]) for name in self.options.passthrough_columns}
-            vectors = np.empty(out.num_rows, dtype=object)  # (R,) of (T_i, [L+1,] D) arrays or None
-            for i, v in enumerate(out[ELMO_COLUMN].to_pylist()):
-                vectors[i] = None if v is None else np.asarray(v, dtype=self.options.dtype)
-            result[ELMO_COLUMN] = vectors
-            return result
-        return out
+    def __call__(self, batch: pa.Table | pa.RecordBatch) -> pa.Table:
+        return self.compute(self.prepare(batch))
 
     def prepare(self, batch: Any) -> Prepared:
         """Tokens, windows, length buckets and character ids of a batch (no model call)."""

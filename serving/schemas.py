@@ -10,11 +10,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, FiniteFloat, StrictBool, StrictStr, model_validator
 
+from elmo_core.names import ENCODINGS, OUTPUT_MODES, POOLS
 from elmo_core.whitespace import split_tokens
 
-Output = Literal["mixed", "top", "average", "all"]
-Pool = Literal["none", "mean", "max"]
-Encoding = Literal["float", "base64"]
+Output = Literal[OUTPUT_MODES]  # type: ignore[valid-type]
+Pool = Literal[("none",) + POOLS]  # type: ignore[valid-type]
+Encoding = Literal[ENCODINGS]  # type: ignore[valid-type]
 
 
 class EmbedRequest(BaseModel):
