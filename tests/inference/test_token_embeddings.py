@@ -19,7 +19,7 @@ from pipelines import embed_parquet
 from pipelines.corpus import write_sample_corpus
 from tests.helpers import make_model_dir, tiny_options
 
-ATOL = 1e-5
+ATOL = 1e-5  # a char-CNN vector read from a file vs computed in another batch: float32 sums in another order
 
 
 def test_dump_tokens_matches_the_original_file(fixture_model, fixture_dir, tmp_path):

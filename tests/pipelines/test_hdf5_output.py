@@ -20,7 +20,7 @@ from inference import Embedder
 from pipelines.hdf5_output import embed_to_hdf5
 
 PEER = Path("/tmp/peer-allennlp09/bin/allennlp")
-ATOL = 1e-5
+ATOL = 1e-5  # float32 vs allennlp's float32 LSTM (other kernels), or the same engine in other batches
 LINES = ["The cat sat on the mat .", "Hello   world", "The cat sat on the mat .", "Café 日本語 naïve x" + "y" * 60,
          "A much longer sentence , with punctuation and numbers like 1 , 2 and 1790 in it ."]
 

@@ -13,7 +13,7 @@ from elmo_core.text import sotu_sentences
 from inference import Embedder, ElmoMix
 from pipelines import ElmoLayersDataset, OutputDirError, collate_layers, embed_parquet
 
-ATOL = 1e-5
+ATOL = 1e-5  # layers read back from Parquet vs recomputed in other batches: float32 sums in another order
 
 
 @pytest.fixture(scope="module")

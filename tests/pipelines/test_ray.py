@@ -35,7 +35,9 @@ def test_ray_runner_matches_local_and_resumes(ray_cluster, tiny_dir, tmp_path):
     assert a.schema.equals(b.schema, check_metadata=False)
     assert a.column("id").to_pylist() == b.column("id").to_pylist() == list(range(240))
     for i, (x, y) in enumerate(zip(a.column("elmo").to_pylist(), b.column("elmo").to_pylist())):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5, rtol=0, err_msg=f"row {i}")
+        # the same predictor and plan as the local runner; only the threads differ (float32 sums of
+        # K <= 64 O(1) products in another order: ~sqrt(K) * 2**-24 ~ 5e-7, see tests/test_doors.py)
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6, rtol=0, err_msg=f"row {i}")
     for key in ("rows", "tokens", "windows", "windowed_rows", "null_rows"):
         assert local[key] == remote[key], key
     assert remote["windowed_rows"] > 0 and remote["engine"]["name"] == "ray"

@@ -16,7 +16,7 @@ from inference import Embedder
 from pipelines import embed_parquet
 from pipelines.corpus import write_sample_corpus
 
-ATOL = 1e-5
+ATOL = 1e-5  # shards of a resumed run vs an uninterrupted one: other batch compositions, float32 sums in another order
 
 
 def _shards(out: Path) -> list[Path]:
