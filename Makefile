@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # tensorboard: elmo train's event files, read back by its test.
 EXTRAS ?= dev,ray,serve,tensorboard
 
-.PHONY: install test info clean engine demo embed
+.PHONY: install peers test info clean engine demo embed
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,8 +16,13 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
+# The peers the tests compare against (AllenNLP, allennlp 0.9's `allennlp elmo`, ELMoForManyLangs,
+# Triton), each in a side venv sharing .venv's packages; kept when ready, built in parallel.
+peers: install
+	bash scripts/setup_peers.sh
+
 # pytest exits 5 when it collects no test; that is not a failure of the code.
-test: install
+test: install peers
 	$(BIN)/python -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 info: install

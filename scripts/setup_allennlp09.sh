@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds a side environment in which the real `allennlp elmo` command of AllenNLP 0.9.0 runs on
-# Python 3.11 + torch 2.13.0 (CPU). No file of allennlp is patched and no shim is loaded.
+# Python 3.11 + torch 2.13.0 (CPU; the checkout's .venv's, shared: scripts/peer_venv.sh, with this
+# venv's own numpy 1.x first). No file of allennlp is patched and no shim is loaded.
 # allennlp 0.9 pins torch<=1.x and spacy<2.2 (neither exists for Python 3.11), so it goes in with --no-deps,
 # followed by exactly the packages that `import allennlp.commands` (which imports every subcommand,
 # and so every model, predictor and dataset reader) needs, with these pins:
@@ -17,8 +18,8 @@
 set -euo pipefail
 V=${1:-/tmp/peer-allennlp09}
 [ -x "$V/bin/python" ] && "$V/bin/python" -c "import allennlp.commands.elmo" >/dev/null 2>&1 && { echo "$V ready"; exit 0; }
-python3 -m venv "$V"
-"$V/bin/pip" install -q torch==2.13.0
+source "$(dirname "$0")/peer_venv.sh"
+make_peer_venv "$V"
 "$V/bin/pip" install -q --no-deps allennlp==0.9.0
 "$V/bin/pip" install -q "numpy<2" "spacy==2.3.9" "overrides<4" "conllu==1.3.1" "pytorch-transformers==1.1.0" \
     h5py flask flask-cors gevent boto3 numpydoc jsonpickle editdistance ftfy pytorch-pretrained-bert nltk \

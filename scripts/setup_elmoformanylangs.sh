@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the peer environment: HIT-SCIR ELMoForManyLangs (PyPI `elmoformanylangs` 0.0.4.post2,
-# identical to the GitHub HEAD b3de5f1) on torch 2.13.0 (CPU), Python 3.11.
-# Its declared deps are unpinned (torch, h5py, numpy, overrides); we pin them here.
+# identical to the GitHub HEAD b3de5f1) on torch 2.13.0 (CPU), Python 3.11, sharing the checkout's
+# .venv (torch, numpy, h5py: scripts/peer_venv.sh). Its declared deps are unpinned; we pin overrides.
 #   - overrides==3.1.0: modules/highway.py decorates Highway.forward with @overrides; overrides 7.x
 #     checks it against torch.nn.Module.forward at import time and raises
 #     "TypeError: Highway.forward: return type `Tensor` is not a `NoneType`". 3.1.0 (the version
@@ -12,9 +12,8 @@
 set -euo pipefail
 V=${1:-/tmp/peer-efml}
 [ -x "$V/bin/python" ] && "$V/bin/python" -c "import elmoformanylangs, h5py" 2>/dev/null && { echo "$V ready"; exit 0; }
-python3 -m venv "$V"
-"$V/bin/pip" install -q torch==2.13.0
-"$V/bin/pip" install -q --no-deps elmoformanylangs==0.0.4.post2
-"$V/bin/pip" install -q "numpy<3" h5py overrides==3.1.0
+source "$(dirname "$0")/peer_venv.sh"
+make_peer_venv "$V"
+"$V/bin/pip" install -q --no-deps elmoformanylangs==0.0.4.post2 overrides==3.1.0
 "$V/bin/python" -c "import elmoformanylangs, h5py"
 echo "$V ready"

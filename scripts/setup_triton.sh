@@ -10,9 +10,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 if [ -x "$V/bin/python" ] && PYTHONPATH="$ROOT" "$V/bin/python" -c "import pytriton, inference" 2>/dev/null; then
   echo "$V ready"; exit 0
 fi
-python3 -m venv "$V"
-"$V/bin/pip" install -q --upgrade pip
-"$V/bin/pip" install -q torch==2.13.0 "nvidia-pytriton==0.7.0" "numpy<2" "h5py>=3.10,<4" "safetensors>=0.4,<1" \
-  "onnx>=1.16,<2" "onnxruntime>=1.18,<2"
+source "$(dirname "$0")/peer_venv.sh"
+make_peer_venv "$V"  # torch, h5py, safetensors, onnx, onnxruntime: the checkout's .venv's
+"$V/bin/pip" install -q "nvidia-pytriton==0.7.0" "numpy<2"
 PYTHONPATH="$ROOT" "$V/bin/python" -c "import pytriton, inference"
 echo "$V ready"

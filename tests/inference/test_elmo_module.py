@@ -40,7 +40,7 @@ def _ours(fixture_dir: Path, case: dict, stateful: bool) -> Elmo:
 @pytest.mark.slow
 def test_same_representations_as_allennlps_elmo(fixture_dir, tmp_path):
     if not PEER.is_file():
-        pytest.skip(f"AllenNLP peer venv absent ({PEER}); build it with ../shared/peers/setup_allennlp.sh")
+        pytest.skip(f"AllenNLP peer venv absent ({PEER}); build it with scripts/setup_allennlp.sh (make test does)")
     batches = _batches(fixture_dir)
     spec = [{"options": str(fixture_dir / "options.json"), "weights": str(fixture_dir / "lm_weights.hdf5"),
              "batches": batches, **case} for case in CASES]

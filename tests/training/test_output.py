@@ -90,7 +90,7 @@ def test_train_cli_bad_input(trained, capsys, args, message):
 @pytest.mark.slow
 def test_allennlp_loads_the_output_with_the_same_vectors(trained, tmp_path):
     if not PEER.is_file():
-        pytest.skip(f"AllenNLP peer venv absent ({PEER}); build it with ../shared/peers/setup_allennlp.sh")
+        pytest.skip(f"AllenNLP peer venv absent ({PEER}); build it with scripts/setup_allennlp.sh (make test does)")
     trainer, model_dir, _, _ = trained
     (tmp_path / "s.json").write_text(json.dumps(SENTS))
     subprocess.run([str(PEER), str(ROOT / "bench" / "allennlp_vectors.py"), str(model_dir / "options.json"),
