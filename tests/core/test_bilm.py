@@ -47,6 +47,7 @@ def test_matches_reference_for_every_option(name, prepacked, tmp_path, monkeypat
                             2 * options["lstm"]["projection_dim"])
     for b, sent in enumerate(SENTENCES):
         want = ref.layers(sent)  # (L+1, n, 2P)
+        # float32 model vs the float64 reference: fp32 rounding through the recurrence (measured ~1e-6)
         np.testing.assert_allclose(layers[b, :, : len(sent)], want, atol=1e-5, rtol=1e-5)
         assert mask[b].sum() == len(sent)
         assert not layers[b, :, len(sent):].any(), "padded positions must be zero"
@@ -70,11 +71,13 @@ def test_batch_invariance(tiny_dir):
     together, _ = _run(model, SENTENCES)
     for b, sent in enumerate(SENTENCES):
         alone, _ = _run(model, [sent])
+        # a sentence in a batch vs alone: float32 sums in another order (GEMM blocking by batch shape)
         np.testing.assert_allclose(together[b, :, : len(sent)], alone[0], atol=1e-5, rtol=0)
     shuffled = [SENTENCES[i] for i in (4, 2, 0, 3, 1)]
     again, _ = _run(model, shuffled + [["extra", "padding", "row"] * 9])
     for k, i in enumerate((4, 2, 0, 3, 1)):
         n = len(SENTENCES[i])
+        # the same rows in another batch order and shape: float32 sums in another order
         np.testing.assert_allclose(again[k, :, :n], together[i, :, :n], atol=1e-5, rtol=0)
 
 
@@ -84,6 +87,7 @@ def test_dedup_gives_the_same_token_layer(tiny_dir):
     with torch.inference_mode():
         a = model.run(ids, dedup=True).layers
         b = model.run(ids, dedup=False).layers
+    # the char-CNN on distinct tokens vs every token: the same per-row convolutions in other batch shapes
     torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
 
 
@@ -142,6 +146,7 @@ def test_training_and_inference_steps_agree(tiny_dir):
         fast = model.run(ids).layers
     with torch.enable_grad():
         slow = model.run(ids).layers.detach()
+    # fused inference step vs the training path: the same fp32 maths, products grouped differently
     torch.testing.assert_close(fast, slow, atol=1e-6, rtol=0)
 
 
@@ -155,6 +160,7 @@ def test_token_cache_gives_the_same_vectors_and_follows_weight_changes(tiny_dir)
         model.token_cache = TokenCache(max_tokens=20)  # smaller than the vocabulary: some tokens never cached
         first, second = model.run(ids).layers, model.run(ids).layers
     assert model.token_cache.hits > 0 and len(model.token_cache.index) == 20
+    # cached char-CNN rows were computed in other batch shapes: fp32 rounding only
     torch.testing.assert_close(first, plain, atol=1e-6, rtol=0)
     torch.testing.assert_close(second, plain, atol=1e-6, rtol=0)
     with torch.no_grad():
@@ -163,6 +169,7 @@ def test_token_cache_gives_the_same_vectors_and_follows_weight_changes(tiny_dir)
         changed = model.run(ids).layers
     model.token_cache = None
     with torch.inference_mode():
+        # as above: cached rows computed in another batch shape
         torch.testing.assert_close(changed, model.run(ids).layers, atol=1e-6, rtol=0)
 
 
@@ -185,6 +192,7 @@ def test_input_projection_chunks_give_the_same_layers(tiny_dir, chunk_rows):
     finally:
         del lstm.input_chunk_rows  # back to the class default
     assert lstm.input_chunk_rows >= ids.shape[0] * ids.shape[1] + 2 * ids.shape[0]  # whole ran as one chunk
+    # input products in row chunks vs one GEMM: fp32 blocking differs
     torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-6)
 
 
@@ -207,6 +215,7 @@ def test_char_encoder_chunks_give_the_same_tokens_and_gradients(tiny_dir, chunk_
     assert ids.shape[0] > 5 * chunk_tokens
     chunked, chunked_grads = run(chunk_tokens)
     whole, whole_grads = run(ids.shape[0])
+    # float64: chunking changes sum order only, ~1e-16 relative
     torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-12)
     for k in whole_grads:
         torch.testing.assert_close(chunked_grads[k], whole_grads[k], rtol=1e-10, atol=1e-12, msg=lambda m: f"{k}: {m}")

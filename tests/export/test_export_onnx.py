@@ -63,6 +63,7 @@ def test_fixture_parity_on_every_spec_shape(fixture_dir, tmp_path):
     par = m["parity"]
     shapes = {(r["batch"], r["time"]) for r in par["shapes"]}
     assert shapes == {(b, t) for b in VALIDATION_BATCHES for t in VALIDATION_TIMES}
+    # ORT's fp32 kernels vs torch's on the full graph: measured ~1e-5 (the export's own tolerance)
     assert par["passed"] and par["max_abs"] <= 1e-4, par
     assert all(r["max_abs"] <= 1e-4 for r in par["shapes"])
     saved = json.loads((tmp_path / "manifest.json").read_text())
@@ -95,6 +96,7 @@ def test_parity_failure_raises_and_leaves_no_manifest(tiny_dir, tmp_path):
 def test_mixed_output_and_other_opsets(tiny_dir, tmp_path, opset):
     m = export_onnx(tiny_dir, tmp_path, output="mixed", mix=[0.3, -1.0, 2.0], gamma=0.5, opset=opset,
                     threads=1, shapes=QUICK)
+    # as above: ORT vs torch fp32 kernels
     assert m["parity"]["max_abs"] <= 1e-4 and m["outputs"][0]["shape"] == ["batch", "time", 16]
     assert m["onnx"]["opset"] == opset
 
@@ -137,6 +139,7 @@ def test_full_size_architecture_parity():
     sess = ort.InferenceSession(build_onnx(bilm, spec).SerializeToString(), providers=["CPUExecutionProvider"])
     par = check_parity(lambda ids: tuple(sess.run(None, {"char_ids": ids})), TorchBackend(bilm), spec,
                        ((1, 1), (3, 8), (1, 33)))
+    # as above: ORT vs torch fp32 kernels
     assert par["max_abs"] <= 1e-4, par
 
 
@@ -155,6 +158,7 @@ def test_bf16_graph_exports_for_tensorrt_but_cannot_validate_on_cpu(tiny_dir, tm
 def test_token_dedup_export_matches_torch_and_is_marked_onnxruntime_only(fixture_dir, tmp_path):
     """--token-dedup: the char-CNN runs once per distinct token (Unique); parity holds on every spec shape."""
     m = export_onnx(out_dir=tmp_path, threads=1, token_dedup=True, **fixture_model(fixture_dir))
+    # as above: ORT vs torch fp32 kernels
     assert m["parity"]["passed"] and m["parity"]["max_abs"] <= 1e-4
     assert len(m["parity"]["shapes"]) == len(VALIDATION_BATCHES) * len(VALIDATION_TIMES)
     assert "Unique" in m["onnx"]["op_types"] and not m["onnx"]["tensorrt_parsable"]
@@ -166,6 +170,7 @@ def test_token_dedup_export_matches_torch_and_is_marked_onnxruntime_only(fixture
         ids = batch_to_ids([["the", "the", "cat"], ["cat", "the"]])  # (2, 3, 50): repeats and a padded slot
         layers, _ = backend.run(ids)
         ref, _ = TorchBackend(load_bilm(fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5")).run(ids)
+        # ORT fp32 vs torch fp32 on a tiny model: other kernels, other sum orders
         np.testing.assert_allclose(layers, ref, atol=1e-5, rtol=0)
 
 
@@ -180,6 +185,7 @@ def test_rows_do_not_depend_on_their_batch(tiny_dir, tmp_path, dedup):
     alone, _ = run(batch_to_ids([row]))  # (1, L+1, T, 2P)
     batched, mask = run(batch_to_ids([others[0], row, *others[1:]]))  # (4, L+1, T', 2P)
     T = len(row)
+    # the same ORT graph on another batch shape: fp32 sums of K <= 64 terms in another order, ~sqrt(K) ulp
     np.testing.assert_allclose(batched[1, :, :T], alone[0], rtol=0, atol=1e-6)
     assert not batched[1, :, T:].any() and not batched[2].any()  # zeros at padding and for the empty row
     assert mask.sum(1).tolist() == [len(others[0]), T, 0, 1]

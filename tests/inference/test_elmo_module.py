@@ -89,6 +89,7 @@ def test_fixed_mix_dropout_penalty_and_inputs(fixture_dir):
     a = fixed(batch)["elmo_representations"][0]
     b = fixed(ids[None].expand(2, *ids.shape))  # (2, 3, T, 50): leading dims kept
     assert b["mask"].shape == (2, *ids.shape[:2])
+    # the same rows with leading dims flattened: another batch shape, fp32 rounding only
     np.testing.assert_allclose(b["elmo_representations"][0][1].numpy(), a.numpy(), atol=1e-6, rtol=0)
 
     dropped = Elmo(fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5", 1, dropout=0.5, l2_coefficient=0.01)
@@ -98,6 +99,7 @@ def test_fixed_mix_dropout_penalty_and_inputs(fixture_dir):
         eval_out = dropped.eval()(batch)["elmo_representations"][0]
     kept = train_out != 0
     assert 0.3 < kept[eval_out != 0].float().mean() < 0.7  # about half the values dropped
+    # inverted dropout scales by 1/(1-p) = 2 in fp32: one rounding per value
     np.testing.assert_allclose(train_out[kept].numpy(), 2 * eval_out[kept].numpy(), rtol=1e-5, atol=1e-6)
     assert dropped.regularization_penalty().item() == pytest.approx(0.01 * (0.25 + 1.0 + 4.0))
     with pytest.raises(InputError, match=r"expected character ids \(\.\.\., T, 50\)"):
@@ -110,5 +112,6 @@ def test_elmo_mix_on_precomputed_layers_equals_the_module(fixture_dir):
     elmo = _ours(fixture_dir, {"num_output_representations": 1, "scalar_mix_parameters": params}, False)
     out = load_bilm(fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5").run(torch.from_numpy(batch_to_ids(batch)))
     mix = ElmoMix(3, 1, dropout=0.0, scalar_mix_parameters=params)
+    # the same scalar mix over the same layers, computed in two modules: a few ulp
     np.testing.assert_allclose(mix(out.layers, out.mask)[0].detach().numpy(),
                                elmo(batch)["elmo_representations"][0].numpy(), atol=1e-6, rtol=0)

@@ -23,6 +23,7 @@ def test_all_layers_per_sentence_in_input_order(emb, tiny_dir):
     assert [o.shape for o in out] == [(L1, len(s), D) for s in SENTENCES]
     for o, s in zip(out, SENTENCES):
         assert o.dtype == np.float32
+        # float32 engine vs the float64 reference: fp32 rounding through the recurrence
         np.testing.assert_allclose(o, ref.layers(s), atol=1e-5, rtol=1e-5)
 
 
@@ -30,6 +31,7 @@ def test_batch_size_does_not_change_results(emb):
     a = emb.embed_sentences(SENTENCES, batch_size=1)
     b = emb.embed_sentences(SENTENCES, batch_size=64)
     for x, y in zip(a, b):
+        # other batch compositions: float32 sums in another order
         np.testing.assert_allclose(x, y, atol=1e-5, rtol=0)
 
 
@@ -43,6 +45,7 @@ def test_output_modes(emb):
     equal = emb.embed_sentences(SENTENCES, output="mixed")
     for lay, m, t, a, e in zip(layers, mixed, top, avg, equal):
         assert m.shape == (lay.shape[1], D)
+        # a 3-term weighted sum of |x| <~ 5 values in fp32 vs einsum: a few ulp (6e-8 x 5 each)
         np.testing.assert_allclose(m, 0.7 * np.einsum("l,ltd->td", w, lay), atol=1e-6)
         np.testing.assert_array_equal(t, lay[-1])
         np.testing.assert_allclose(a, lay.mean(0), atol=1e-6)
@@ -61,6 +64,7 @@ def test_layer_norm_mix_is_the_originals(emb):
         normed.append([(lay[j] - mean) / np.sqrt(var + 1e-12) for lay in layers])
     for k in range(len(sents)):
         want = sum(normed[j][k] for j in range(L1)) / L1
+        # layer-normed values (unit scale) summed in fp32 vs float64 numpy: a few ulp of O(1) terms, x batch stats
         np.testing.assert_allclose(got[k], want, atol=1e-5)
 
 

@@ -21,11 +21,13 @@ def test_run_combined_equals_reduce_layers(tiny_dir, output, mix, gamma):
     weights = layer_weights(output, 3, mix, gamma)
     got, got_mask = backend.run_combined(ids, weights)
     np.testing.assert_array_equal(got_mask, mask)
+    # the backend's fp32 weighted sum of 3 layers vs reduce_layers': a few ulp of |x| <~ 5
     np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
     generic, _ = BackendBase.run_combined(backend, ids, weights)  # what the ONNX / TensorRT backends do
     np.testing.assert_allclose(generic, want, atol=1e-6, rtol=0)
     half, _ = backend.run_combined(ids, weights, np.float16)
     assert half.dtype == np.float16
+    # float16 output: 2**-11 relative rounding (~5e-4) at |x| <~ 4
     np.testing.assert_allclose(half.astype(np.float32), want, atol=2e-3, rtol=2e-3)
 
 
@@ -37,4 +39,5 @@ def test_all_has_no_layer_weights_and_the_stateful_backend_combines_after_run(ti
     got, mask = stateful.run_combined(ids, weights)  # from the zero state, as the run after the reset
     stateful.reset_state()
     layers, _ = stateful.run(ids)
+    # fp32 mean of 3 layers computed in two orders: a few ulp
     np.testing.assert_allclose(got, reduce_layers(layers, mask, "average"), atol=1e-6, rtol=0)

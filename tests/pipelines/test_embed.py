@@ -76,6 +76,7 @@ def test_local_vectors_match_embedder(corpus, tiny_dir, tmp_path, output, dtype)
     else:
         assert inner.list_size == D and inner.value_type == (pa.float16() if dtype == "float16" else pa.float32())
     check_against_embedder(table, source.column("text").to_pylist(), tiny_dir, output,
+                           # float16 output: 2**-11 relative rounding at |x| <~ 4
                            atol=2e-3 if dtype == "float16" else ATOL)
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith("part-")) == \
         [".elmo.lock", "_SUCCESS", "_job.json", "_manifest.json", "_shards"]
@@ -242,6 +243,7 @@ def test_onnx_backend_gives_the_torch_vectors(corpus, tiny_dir, tmp_path):
     texts = ds.dataset(corpus, format="parquet").to_table(columns=["text"]).column("text").to_pylist()
     table = rows_of(tmp_path / "out")
     assert table.num_rows == len(texts)
+    # the ONNX Runtime export vs the torch Embedder: ORT vs torch fp32 kernels, other sum orders
     check_against_embedder(table, texts, tiny_dir, atol=1e-4)
     manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
     assert manifest["options"]["backend"] == "onnx" and manifest["model"]["format"] == "onnx"
@@ -348,5 +350,6 @@ def test_pooled_rows_pool_each_rows_token_vectors(tiny_dir, tmp_path, output, po
             continue
         tok = torch.from_numpy(np.asarray(tok, np.float32))[None]  # (1, T, [L+1,] D)
         want = pool_tokens(tok, torch.ones(tok.shape[:2], dtype=torch.bool), pool)[0].numpy()  # the reference
+        # pooled by reduceat vs torch over the same fp32 tokens: ~log2(T) ulp
         np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=1e-5, rtol=1e-5, err_msg=str(i))
     assert verify_output(tmp_path / "pooled")["rows"] == len(texts)

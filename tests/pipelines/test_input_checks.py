@@ -111,6 +111,7 @@ def test_invalid_utf8_bytes_are_dropped_as_the_original_does_and_counted(tiny_di
     want = Embedder.from_files(tiny_dir).embed_sentences([b.decode("utf-8", "ignore").split() for b in raw],
                                                          output="mixed")
     for g, w in zip(got, want):
+        # elmo embed's batches vs the Embedder's: fp32 sums in another order
         np.testing.assert_allclose(np.asarray(g, np.float32), w, atol=1e-5, rtol=0)
 
 

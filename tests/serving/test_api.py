@@ -73,6 +73,7 @@ def test_concurrent_requests_get_exactly_their_own_sentences(server: ServerProce
             if want is None:
                 assert value is None
                 continue
+            # a server batch (other rows beside it) vs the sentence alone: fp32 sums in another order, a few ulp x the recurrence
             np.testing.assert_allclose(decode(value, body["encoding"], want.shape), want, atol=1e-5, rtol=0)
     sentences = sum(len(b["sentences"]) for b in bodies)
     batches = metric(httpx.get(f"{server.url}/metrics").text, "elmo_batch_sentences_count") - before
@@ -82,6 +83,7 @@ def test_concurrent_requests_get_exactly_their_own_sentences(server: ServerProce
 def test_texts_are_whitespace_split(server: ServerProcess, embedder: Embedder):
     got = _request(server.url, {"texts": ["The cat  sat\ton the mat ."], "output": "top"}).json()
     want = reference(embedder, "The cat sat on the mat .".split(), "top")
+    # a server batch (other rows beside it) vs the sentence alone: fp32 sums in another order, a few ulp x the recurrence
     np.testing.assert_allclose(np.asarray(got["embeddings"][0], np.float32), want, atol=1e-5, rtol=0)
 
 
@@ -161,12 +163,15 @@ def test_openai_route_with_the_openai_client(server: ServerProcess, embedder: Em
         for text, item in zip(texts, answer.data):
             want = reference(embedder, text.split(), "mixed", "mean", normalize=True)
             got = decode(item.embedding, "base64" if fmt == "base64" else "float", want.shape)
+            # a server batch (other rows beside it) vs the sentence alone: fp32 sums in another order, a few ulp x the recurrence
             np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
             assert abs(float(np.linalg.norm(got.astype(np.float64))) - 1.0) < 1e-6  # unit length, as OpenAI's
     raw = httpx.post(f"{server.url}/v1/embeddings", json={"input": texts[0], "normalize": False}).json()
+    # a server batch (other rows beside it) vs the sentence alone: fp32 sums in another order, a few ulp x the recurrence
     np.testing.assert_allclose(raw["data"][0]["embedding"], reference(embedder, texts[0].split(), "mixed", "mean"),
                                atol=1e-5, rtol=0)
     unit = httpx.post(f"{server.url}/embed", json={"texts": texts, "normalize": True}).json()["embeddings"][0]
+    # unit vectors rounded to fp32: |norm - 1| <~ sqrt(D) ulp
     np.testing.assert_allclose(np.linalg.norm(np.asarray(unit, np.float64), axis=1), 1.0, atol=1e-6, rtol=0)
     one = httpx.post(f"{server.url}/v1/embeddings", json={"input": "Hi"}).json()
     assert one["object"] == "list" and one["data"][0]["object"] == "embedding" and len(one["data"][0]["embedding"]) == D

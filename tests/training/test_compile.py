@@ -31,4 +31,5 @@ def test_compiled_training_steps_equal_eager(tmp_path):
     eager, compiled = _model_tensors(tmp_path / "eager"), _model_tensors(tmp_path / "compiled")
     assert set(eager) == set(compiled)
     worst = max(float((eager[k] - compiled[k]).abs().max()) for k in eager)
+    # torch.compile fuses and reorders fp32 ops: rounding over a few steps
     assert worst <= 1e-5, worst

@@ -63,6 +63,7 @@ def test_first_step_loss_is_the_loaded_models(source, tmp_path):
         direct.softmax_w.copy_(torch.from_numpy(W))
         direct.softmax_b.copy_(torch.from_numpy(b))
         _, want, _ = direct.eval()(batch.chars, batch.targets, batch.mask)
+    # fp32 sums of a batch's losses in two orders: ~sqrt(N) ulp relative
     np.testing.assert_allclose(sums.numpy(), want.numpy(), rtol=1e-5)
     assert 3.0 < float(sums.sum()) / (2 * n) < 12.0  # a real loss over a 458-word softmax, not a constant
 
@@ -77,6 +78,7 @@ def test_fine_tuning_resumes_exactly(source, tmp_path):
     b, _ = ck.read(ck.main_path(tmp_path / "split" / "checkpoints", 6))
     assert set(a) == set(b) and "rng.sampler" in a
     for name in a:
+        # the same fp32 operations in the same order: equal bits (the margin is for the 1e-6 bar)
         assert torch.allclose(a[name].double(), b[name].double(), rtol=0, atol=1e-6), name
     start = load_bilm(source).lstm.w_input
     assert (a["model.bilm.lstm.w_input"] - start).abs().max() > 1e-4  # it did train
@@ -95,6 +97,7 @@ def test_extended_vocabulary_keeps_old_rows(source, tmp_path):
     assert torch.equal(trainer.lm.softmax_b[:458].detach(), torch.from_numpy(b))
     unk = old.unk
     assert torch.equal(trainer.lm.softmax_w[458:].detach(), torch.from_numpy(W[unk]).expand(n_new, 16))
+    # one fp32 subtraction of a float64 log: one rounding
     np.testing.assert_allclose(trainer.lm.softmax_b[458:].detach().numpy(), b[unk] - math.log(n_new), rtol=1e-6)
     assert Vocab.load(tmp_path / "run" / "vocab.txt").tokens == vocab.tokens
 

@@ -30,6 +30,7 @@ def test_training_directions_match_the_inference_bilm(tmp_path):
     P = lm.config.lstm.projection_dim
     for b, s in enumerate(sents):
         n = len(s)
+        # the training recurrence vs the inference stack, both fp32 on a tiny model: products grouped differently
         torch.testing.assert_close(top[0, b, : n + 1], ref[b, : n + 1, :P], rtol=0, atol=1e-6)
         # backward input j is original position n+1-j (</S> first): its output predicts position n-j
         torch.testing.assert_close(top[1, b, : n + 1], ref[b, 1 : n + 2, P:].flip(0), rtol=0, atol=1e-6)
@@ -38,6 +39,7 @@ def test_training_directions_match_the_inference_bilm(tmp_path):
 def test_log_uniform_sampler_distinct_and_expected_counts():
     s = LogUniformSampler(1000, seed=1)
     p = s.probability(torch.arange(1000))
+    # float64 probabilities: the sum's rounding is ~V * 1e-16
     assert abs(float(p.sum()) - 1.0) < 1e-12 and bool((p[:-1] > p[1:]).all())
     c = s.sample(100)
     assert c.ids.numel() == 100 == c.ids.unique().numel() and c.tries >= 100
@@ -66,6 +68,7 @@ def test_sampled_softmax_matches_tensorflow_formula():
         logits = [h[i] @ w[y[i]] + b[y[i]] - lq(y[i : i + 1])[0]]
         logits += [h[i] @ w[c] + b[c] - lq(torch.tensor([c]))[0] for c in cand.ids.tolist() if c != int(y[i])]
         want = torch.logsumexp(torch.stack(logits), 0) - logits[0]
+        # fp32 loss (a log-sum-exp over V logits) vs float64: ~1e-6 relative at O(1) losses
         assert abs(float(got[i]) - float(want)) < 1e-5
     full = full_softmax_nll(h, y, w, b, chunk=3)
     torch.testing.assert_close(full, torch.nn.functional.cross_entropy(h @ w.T + b, y, reduction="none"))
@@ -109,6 +112,7 @@ def test_trained_tiny_model_beats_unigram_perplexity(tmp_path):
     ppl = perplexity(trainer.lm, p, vocab)
     unigram = _unigram_perplexity(sents, sents, vocab)
     assert ppl["forward"] < 0.8 * unigram and ppl["backward"] < 0.8 * unigram, (ppl, unigram)
+    # float64 exp/log identity: exact up to ~1e-15 relative
     assert abs(ppl["mean"] - math.sqrt(ppl["forward"] * ppl["backward"])) < 1e-6 * ppl["mean"]
 
 

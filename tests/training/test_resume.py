@@ -37,6 +37,7 @@ def test_resume_continues_exactly(tmp_path, batching):
     assert s1 == s2 == 2 * K and set(a) == set(b)
     assert any(k.startswith("optim.") for k in a) and "rng.sampler" in a and "softmax_opt.m_w" in a
     for name in a:
+        # resume replays the same fp32 operations in the same order: equal bits (1e-6 is the bar)
         assert torch.allclose(a[name].double(), b[name].double(), rtol=0, atol=1e-6), name
     moved = (a["model.bilm.lstm.w_input"] - _initial(tmp_path, p)).abs().max()
     assert moved > 1e-4  # training did change the weights
@@ -52,6 +53,7 @@ def test_resume_with_lr_decay_continues_exactly(tmp_path):
     train(tiny_run(tmp_path, p, out="split", max_steps=K, **common), log=quiet)
     train(tiny_run(tmp_path, p, out="split", max_steps=2 * K, **common), resume=True, log=quiet)
     (_, a), (_, b) = _final_tensors(tmp_path / "straight"), _final_tensors(tmp_path / "split")
+    # resume replays the same fp32 operations in the same order: equal bits (1e-6 is the bar)
     for name in a:
         assert torch.allclose(a[name].double(), b[name].double(), rtol=0, atol=1e-6), name
     meta = ck.read(ck.main_path(tmp_path / "straight" / "checkpoints", 2 * K))[1]
