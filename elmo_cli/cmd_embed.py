@@ -48,6 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     out.add_argument("--pool", choices=POOLS, help="one vector per row, pooled over its tokens (null for an empty row)")
     out.add_argument("--mix", help="scalar mix weights s0,s1,... (before softmax; default equal)")
     out.add_argument("--gamma", type=float, default=d.gamma)
+    out.add_argument("--normalize", action="store_true",
+                     help="scale each vector (per token and layer, or pooled with --pool) to unit L2 norm")
     out.add_argument("--dtype", choices=DTYPES, default=d.dtype)
     out.add_argument("--precision", choices=PRECISIONS, default=d.precision,
                      help="the torch backend's matrix products (tf32: CUDA only; see docs/gpu.md)")
@@ -90,7 +92,7 @@ def options_from_args(args: argparse.Namespace) -> dict:
              "dtype", "max_sentence_length", "window_context", "max_tokens_per_batch", "sort_window_rows",
              "sort_window_tokens", "rows_per_shard", "threads", "engine", "workers", "writer_threads",
              "ray_address", "num_gpus_per_worker", "resume", "quiet", "device", "weights", "verify_inputs", "compression",
-             "token_embeddings", "token_vocab", "precision")
+             "token_embeddings", "token_vocab", "precision", "normalize")
     return {n: getattr(args, n) for n in names}
 
 

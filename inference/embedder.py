@@ -13,16 +13,8 @@ from elmo_core.errors import InputError
 
 from .backends import Backend
 from .batching import BatchPolicy, Plan, plan_batches
-from .outputs import check_output, layer_weights, reduce_layers
+from .outputs import check_output, layer_weights, reduce_layers, unit_length
 from .registry import open_backend
-
-
-def unit_length(vectors: np.ndarray) -> np.ndarray:
-    """Each vector (the last axis) over its L2 norm, in float64 then back; a zero vector stays zero.
-    Shape: (..., D) -> (..., D)."""
-    v = vectors.astype(np.float64)
-    norm = np.linalg.norm(v, axis=-1, keepdims=True)  # (..., 1)
-    return (v / np.where(norm > 0, norm, 1.0)).astype(vectors.dtype)
 
 
 class Embedder:

@@ -71,3 +71,11 @@ def combine_layers(layers: np.ndarray, weights: np.ndarray) -> np.ndarray:
     for j in range(1, layers.shape[1]):
         out += layers[:, j] * np.float32(weights[j])
     return out
+
+
+def unit_length(vectors: np.ndarray) -> np.ndarray:
+    """Each vector (the last axis) over its L2 norm, in float64 then back; a zero vector stays zero.
+    Shape: (..., D) -> (..., D)."""
+    v = vectors.astype(np.float64)
+    norm = np.linalg.norm(v, axis=-1, keepdims=True)  # (..., 1)
+    return (v / np.where(norm > 0, norm, 1.0)).astype(vectors.dtype)

@@ -139,7 +139,7 @@ def _write(f: h5py.File, embedder: Embedder, sentences: Iterator[tuple[str | Non
                 _check_key(sentence, where, index.get(sentence or ""))
                 index[sentence] = where  # type: ignore[index]
         vectors = embedder.embed_sentences([t for _, t, _ in chunk], output=opts.output, mix_weights=opts.mix,
-                                           gamma=opts.gamma)
+                                           gamma=opts.gamma, normalize=opts.normalize)
         for (sentence, toks, _), v in zip(chunk, vectors):
             n = counts["sentences"]
             f.create_dataset(sentence if use_sentence_keys else str(n), data=v.astype(dtype, copy=False))

@@ -43,6 +43,7 @@ class EmbedOptions:
     keep_columns: tuple[str, ...] = ()
     output: str = "mixed"  # mixed | all | top | average
     pool: str | None = None  # mean | max: one vector per row (over its tokens) instead of one per token
+    normalize: bool = False  # each vector (per token and layer, or pooled) scaled to unit L2 norm
     mix: tuple[float, ...] | None = None  # scalar mix s (before softmax); None = equal weights
     gamma: float = 1.0
     dtype: str = "float32"
@@ -146,9 +147,9 @@ class EmbedOptions:
     def identity(self) -> dict[str, Any]:
         """The options that change the output, i.e. that a resumed job must keep. fp32, the
         precision of every job written before the option existed, is left out so that those
-        jobs keep their identity."""
+        jobs keep their identity; so is normalize's default (False)."""
         return {k: v for k, v in self.to_dict().items()
-                if k not in RUNTIME_ONLY and not (k == "precision" and v == "fp32")}
+                if k not in RUNTIME_ONLY and not (k == "precision" and v == "fp32") and not (k == "normalize" and not v)}
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -20,7 +20,7 @@ import pyarrow as pa
 from elmo_core import ElmoConfig
 from elmo_core.errors import InputError
 from inference.batching import Plan, plan_batches
-from inference.outputs import layer_weights
+from inference.outputs import layer_weights, unit_length
 from inference.registry import model_config, open_backend
 
 from .options import EmbedOptions
@@ -113,7 +113,7 @@ class ElmoPredictor:
         """
         opts, plan, clock = self.options, prepared.plan, clock or StageClock()
         shape = (plan.tokens, self.n_layers, self.dim) if opts.output == "all" else (plan.tokens, self.dim)
-        out = np.empty(shape, dtype=np.float32 if opts.pool else opts.dtype)  # (N tokens, [L+1,] D)
+        out = np.empty(shape, dtype=np.float32 if opts.pool or opts.normalize else opts.dtype)  # (N, [L+1,] D)
         pending = None  # the previous batch: its result is read while this one runs (on a GPU)
         for batch, ids in zip(plan.batches, prepared.char_ids):
             with clock.stage("model"):
@@ -128,6 +128,8 @@ class ElmoPredictor:
         if pending is not None:
             self._place(out, *pending, clock)
         with clock.stage("assemble"):
+            if opts.normalize and not opts.pool:
+                out = unit_length(out).astype(opts.dtype, copy=False)  # (N, [L+1,] D)
             column = self._pooled(out, plan.lengths) if opts.pool else self._column(out, plan.lengths)
             return prepared.passthrough.append_column(pa.field(ELMO_COLUMN, self.type), column)
 
@@ -155,6 +157,8 @@ class ElmoPredictor:
                 rows[n > 0] = np.add.reduceat(out, starts, axis=0) / n[n > 0].reshape((-1,) + (1,) * (out.ndim - 1))
             else:
                 rows[n > 0] = np.maximum.reduceat(out, starts, axis=0)
+            if self.options.normalize:
+                rows[n > 0] = unit_length(rows[n > 0])
         values = np.ascontiguousarray(rows, dtype=self.options.dtype)
         value_type = pa.float16() if values.dtype == np.float16 else pa.float32()
         inner: pa.Array = pa.Array.from_buffers(value_type, values.size, [None, pa.py_buffer(values)])

@@ -1,6 +1,6 @@
 """Every door into the model gives the same vectors for the same sentences: ``Embedder``, ``elmo
-embed`` to Parquet (local) and to hdf5, ``elmo serve``'s ``/embed`` and ``/v1/embeddings`` (pooled,
-unit length). Ray runs ``elmo embed``'s own predictor (tests/pipelines/test_ray.py), the Triton
+embed`` to Parquet (local; and pooled, unit length) and to hdf5, ``elmo serve``'s ``/embed`` and
+``/v1/embeddings`` (pooled, unit length). Ray runs ``elmo embed``'s own predictor (tests/pipelines/test_ray.py), the Triton
 model ``Embedder.embed_sentences`` (tests/serving/test_triton.py).
 
 Tolerance 1e-6: every door runs the one engine (``inference.batching``), so the only difference is
@@ -58,15 +58,21 @@ def test_every_door_gives_the_engines_vectors(tiny_dir, tmp_path, texts):
     with h5py.File(tmp_path / "out.hdf5") as f:
         _same(want, [f[str(i)][()] for i in range(len(texts))], "hdf5")
 
+    pooled = [w.mean(0, dtype=np.float64) if len(w) else None for w in want]
+    unit = [None if p is None else (p / np.linalg.norm(p)).astype(np.float32) for p in pooled]
+    embed_parquet(tmp_path / "in.parquet", tmp_path / "unit", tiny_dir, pool="mean", normalize=True, **budget)
+    got = ds.dataset(tmp_path / "unit", format="parquet").to_table().column("elmo").to_pylist()
+    assert [g is None for g in got] == [u is None for u in unit]
+    _same([u for u in unit if u is not None], [np.asarray(g, np.float32) for g in got if g is not None],
+          "parquet --pool mean --normalize")
+
     short = [i for i, t in enumerate(tokens) if 0 < len(t) <= WINDOW]  # the server refuses longer ones (413)
     server = ServerProcess(tiny_dir, "--max-sentence-tokens", str(WINDOW), "--max-batch-tokens", "256")
     try:
         r = httpx.post(f"{server.url}/embed", json={"texts": [texts[i] for i in short]}, timeout=60).json()
         _same([want[i] for i in short], [np.asarray(v, np.float32).reshape(-1, 16) for v in r["embeddings"]], "/embed")
         r = httpx.post(f"{server.url}/v1/embeddings", json={"input": [texts[i] for i in short]}, timeout=60).json()
-        pooled = [w.mean(0, dtype=np.float64) for w in (want[i] for i in short)]
-        unit = [(p / np.linalg.norm(p)).astype(np.float32) for p in pooled]
-        _same(unit, [np.asarray(d["embedding"], np.float32) for d in r["data"]], "/v1/embeddings")
+        _same([unit[i] for i in short], [np.asarray(d["embedding"], np.float32) for d in r["data"]], "/v1/embeddings")
     finally:
         server.stop()
 
