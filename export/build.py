@@ -29,7 +29,8 @@ def _optimized(onnx_dir: Path, provider: str, threads: int | None) -> str:
 def build_for_machine(model_dir: str | Path, out: str | Path, precision: str = "fp32",
                       threads: int | None = None, weights: str | Path | None = None) -> dict[str, Any]:
     """Export + validate, then build TensorRT, else the ONNX Runtime model optimized for CUDA, else for
-    the CPU. Returns a report: what was built (``artifact``), where (``path``), and ``why``.
+    the CPU. Returns a report: what was built (``artifact``), where (``path``), and ``why``; the
+    directory to pass as ``--model`` with ``--backend`` (``model``, ``backend``).
     """
     out = Path(out)
     onnx_dir = out / ("onnx" if precision == "fp32" else f"onnx-{precision}")
@@ -43,7 +44,7 @@ def build_for_machine(model_dir: str | Path, out: str | Path, precision: str = "
     validated = f"ONNX validated against torch (max |diff| {par['max_abs']:.1e}, min cosine {par['min_cosine']:.6f})"
     if for_tensorrt:
         m = build_engine(onnx_dir, out / "tensorrt", fp16=precision == "fp16")
-        return {"artifact": f"TensorRT {precision} engine", "path": str(out / "tensorrt" / m["engine"]["file"]),
+        return {"artifact": f"TensorRT {precision} engine", "backend": "tensorrt", "model": str(out / "tensorrt"), "path": str(out / "tensorrt" / m["engine"]["file"]),
                 "why": f"{reason}; {validated}", "onnx": str(onnx_dir)}
     if usable:
         reason = f"{reason}, but a {precision} graph is ONNX Runtime-only (TensorRT takes fp32/fp16 exports)"
@@ -56,5 +57,6 @@ def build_for_machine(model_dir: str | Path, out: str | Path, precision: str = "
     if path is None:
         provider, path = "CPUExecutionProvider", _optimized(onnx_dir, "CPUExecutionProvider", threads)
         cuda_reason = f"no CUDA: {cuda_reason}"
-    return {"artifact": f"ONNX Runtime optimized {precision} model ({provider}, level all)", "path": path,
+    return {"artifact": f"ONNX Runtime optimized {precision} model ({provider}, level all)", "backend": "onnx",
+            "model": str(onnx_dir), "path": path,
             "why": f"no TensorRT: {reason}; {cuda_reason}; {validated}", "onnx": str(onnx_dir)}

@@ -8,6 +8,7 @@ asked for, so a machine without onnxruntime-gpu or TensorRT still runs the torch
 from __future__ import annotations
 
 import importlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -18,7 +19,7 @@ from elmo_core.precision import check_precision
 
 from .backends import Backend
 from .errors import BackendUnavailableError
-from .export_manifest import ENGINE_NAME, ONNX_NAME, read_manifest
+from .export_manifest import ENGINE_NAME, MANIFEST_NAME, ONNX_NAME, read_manifest
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,33 @@ def _backend_class(kind: BackendKind) -> type:
         raise BackendUnavailableError(f"backend {kind.name}: {kind.module} cannot be imported ({e}); "
                                       f"install {kind.install}, or use the torch backend") from None
     return getattr(module, kind.class_name)
+
+
+def export_dir(model: str | Path, backend: str) -> Path:
+    """The export directory a user means: the directory itself; a file in it (``.ort_cache``'s
+    optimized model included: ``elmo engine`` prints that path); or ``elmo engine``'s OUT, which
+    holds one export of this kind (OUT/onnx, OUT/tensorrt). Anything else is returned unchanged,
+    for ``artifact_file`` to name what is missing."""
+    path = Path(model)
+    if path.is_file():
+        parent = path.parent.parent if path.parent.name.startswith(".") else path.parent
+        return parent if _manifest_kind(parent) == backend else path
+    if path.is_dir() and _manifest_kind(path) is None:
+        found = [d for d in sorted(path.iterdir()) if d.is_dir() and _manifest_kind(d) == backend]
+        if len(found) > 1:
+            raise BackendUnavailableError(f"{path} holds {len(found)} {backend} exports "
+                                          f"({', '.join(d.name for d in found)}); pass one of them as --model")
+        if found:
+            return found[0]
+    return path
+
+
+def _manifest_kind(directory: Path) -> str | None:
+    try:
+        manifest = json.loads((directory / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest.get("kind") if isinstance(manifest, dict) else None
 
 
 def artifact_file(model: str | Path, backend: str) -> Path:
@@ -135,6 +163,7 @@ def open_backend(model: str | Path, backend: str = "torch", *, threads: int | No
     cls = _backend_class(kind)
     if backend == "torch":
         return cls.from_files(model, weights, threads=threads, device=device, **options)
+    model = export_dir(model, backend)
     artifact_file(model, backend)  # a clear error before the backend's own
     if backend == "onnx":
         return cls(model, providers=list(providers) if providers is not None else onnx_providers(device),
@@ -146,6 +175,7 @@ def model_config(model: str | Path, backend: str = "torch", weights: str | Path 
     """The architecture a backend would run, read without loading the model."""
     if backend_kind(backend).artifact is None:
         return ElmoConfig.from_json(resolve_model(model, weights).options)
+    model = export_dir(model, backend)
     manifest = read_manifest(model, backend)
     return ElmoConfig.from_dict(manifest["source"]["architecture"], f"{model}: manifest architecture")
 
@@ -157,4 +187,5 @@ def model_identity(model: str | Path, backend: str = "torch", weights: str | Pat
         files = resolve_model(model, weights)
         return {"path": str(model.resolve()), "format": files.format,
                 "sha256": file_sha256(files.weights), "options_sha256": file_sha256(files.options)}
+    model = export_dir(model, backend)
     return {"path": str(model.resolve()), "format": backend, "sha256": file_sha256(artifact_file(model, backend))}

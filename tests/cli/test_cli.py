@@ -48,3 +48,13 @@ def test_a_signal_during_imports_exits_cleanly(tiny_dir, tmp_path):
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == code and word in err and "Traceback" not in err, (sig, proc.returncode, err)
+
+
+def test_demo_with_another_model_in_the_same_work_dir(tiny_dir, tmp_path, capsys):
+    from tests.helpers import make_model_dir, tiny_options
+
+    other = make_model_dir(tmp_path / "other", tiny_options(), seed=1)
+    for model in (tiny_dir, other, tiny_dir):  # each model its own vectors; the first is resumed, not redone
+        assert main(["demo", "--work-dir", str(tmp_path / "demo"), "--model", str(model), "--rows", "300"]) == 0
+    assert len(list((tmp_path / "demo").glob("vectors-*"))) == 2
+    assert "another job's output" not in capsys.readouterr().err

@@ -126,6 +126,12 @@ def test_make_engine_without_tensorrt_builds_the_ort_model(tiny_dir, tmp_path, c
         assert "(CPUExecutionProvider, level all)" in out and "no CUDA: onnxruntime" in out
     report = build_for_machine(str(tiny_dir), tmp_path, threads=1)
     assert Path(report["path"]).is_file() and CACHE_DIR in report["path"]
+    assert f"--backend onnx --model {tmp_path / 'onnx'}" in out  # the directory to pass, printed
+    ids = batch_to_ids(SENTENCES)
+    want = OnnxBackend(tmp_path / "onnx", threads=1).run(ids)[0]
+    for given in (tmp_path, tmp_path / "onnx", Path(report["path"])):  # engine OUT, the export, the printed file
+        with Embedder.open(given, "onnx", threads=1) as emb:
+            np.testing.assert_array_equal(emb.backend.run(ids)[0], want)
 
 
 def test_cuda_provider_defaults_and_overrides():
