@@ -1,16 +1,29 @@
-"""``elmo info MODEL``: the architecture and parameter count of a model."""
+"""``elmo info PATH``: what a directory this project reads or writes holds.
+
+A model directory (or options.json + weights): architecture and parameter count. An `elmo export`
+directory: kind, precision, outputs, parity and source model. `elmo engine`'s OUT: the exports it
+holds. An `elmo embed` OUTPUT_DIR: rows, tokens, model and options. An `elmo train` RUN_DIR: the run's
+summary and its model.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+from typing import Any
 
 from elmo_core import load_bilm, resolve_model
+from elmo_core.errors import InputError
 from elmo_core.model_io import count_parameters, file_sha256
+from inference.export_manifest import MANIFEST_NAME, read_manifest
+
+EMBED_MANIFEST, EMBED_JOB, RUN_SUMMARY, RUN_INFO = "_manifest.json", "_job.json", "summary.json", "run.json"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("info", help="print a model's architecture and parameter count")
-    p.add_argument("model", help="model directory, or options.json (then give WEIGHTS)")
+    p = sub.add_parser("info", help="what a model, export, engine, embed output or training run directory holds")
+    p.add_argument("model", nargs="?", help="a model directory (or options.json, then give WEIGHTS), an export "
+                                            "directory, `elmo engine`'s OUT, an `elmo embed` OUTPUT_DIR or a RUN_DIR")
     p.add_argument("weights", nargs="?", help="weights file (.hdf5 or .safetensors)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
@@ -23,7 +36,7 @@ def describe(model_path: str, weights: str | None = None) -> dict:
     pad_row = cfg.char_cnn.embedding_dim  # the all-zero padding row of char_embed is no weight of the file
     enc = count_parameters(model.encoder) - pad_row
     return {
-        "options": str(files.options), "weights": str(files.weights), "format": files.format,
+        "kind": "model", "options": str(files.options), "weights": str(files.weights), "format": files.format,
         "weights_sha256": file_sha256(files.weights),
         "architecture": cfg.to_dict(),
         "output_layers": cfg.n_output_layers, "output_dim": cfg.output_dim,
@@ -31,11 +44,62 @@ def describe(model_path: str, weights: str | None = None) -> dict:
     }
 
 
+def _json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: cannot be read as JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: not the JSON object elmo writes")
+    return value
+
+
+def _export(path: Path) -> dict:
+    kind = _json(path / MANIFEST_NAME).get("kind")
+    m = read_manifest(path, str(kind))
+    return {"kind": f"{kind} export", "path": str(path), "precision": m.get("precision"),
+            "outputs": m.get("outputs"), "parity": m.get("parity"), "source": m.get("source", {}).get("model"),
+            "architecture": m.get("source", {}).get("architecture")}
+
+
+def inspect(path_arg: str, weights: str | None = None) -> dict:
+    """What the directory at ``path_arg`` is and holds (see the module doc)."""
+    path = Path(path_arg)
+    if path.is_dir() and (path / MANIFEST_NAME).is_file():
+        return _export(path)
+    if path.is_dir() and (path / EMBED_JOB).is_file():
+        m = _json(path / EMBED_MANIFEST) if (path / EMBED_MANIFEST).is_file() else {}
+        job = _json(path / EMBED_JOB)
+        return {"kind": "elmo embed output", "path": str(path), "finished": (path / "_SUCCESS").is_file(),
+                **{k: m.get(k) for k in ("rows", "tokens")}, "shards": len(m.get("shards", [])),
+                "model": job.get("model"), "options": job.get("options")}
+    if path.is_dir() and (path / RUN_INFO).is_file():
+        summary = _json(path / RUN_SUMMARY) if (path / RUN_SUMMARY).is_file() else {}
+        model = path / "model"
+        return {"kind": "elmo train run", "path": str(path), "finished": bool(summary),
+                **{k: summary.get(k) for k in ("step", "tokens", "valid", "valid_over_train", "batching")},
+                "model": describe(str(model)) if (model / "options.json").is_file() else None}
+    exports = [d for d in sorted(path.iterdir()) if (d / MANIFEST_NAME).is_file()] if path.is_dir() else []
+    if exports and not (path / "options.json").is_file():
+        return {"kind": "elmo engine output", "path": str(path), "exports": [_export(d) for d in exports]}
+    return describe(path_arg, weights)
+
+
 def run(args: argparse.Namespace) -> int:
-    info = describe(args.model, args.weights)
+    if args.model is None:
+        raise InputError("give a directory: elmo info MODEL_DIR (also an export, engine, embed output or run "
+                         "directory); make info MODEL=DIR")
+    info = inspect(args.model, args.weights)
     if args.json:
         print(json.dumps(info, indent=2))
-        return 0
+    elif info["kind"] == "model":
+        _print_model(info)
+    else:
+        _print_other(info)
+    return 0
+
+
+def _print_model(info: dict) -> None:
     ls, cc = info["architecture"]["lstm"], info["architecture"]["char_cnn"]
     print(f"model     {info['options']}  +  {info['weights']} ({info['format']})")
     print(f"char CNN  char dim {cc['embedding']['dim']}, filters {cc['filters']}, {cc['n_highway']} highway, "
@@ -46,4 +110,18 @@ def run(args: argparse.Namespace) -> int:
     p = info["parameters"]
     print(f"params    {p['total']:,} (char CNN {p['char_cnn']:,}, LSTM {p['lstm']:,})")
     print(f"sha256    {info['weights_sha256']}")
-    return 0
+
+
+def _print_other(info: dict[str, Any]) -> None:
+    print(f"{info['kind']}: {info['path']}")
+    for key, value in info.items():
+        if key in ("kind", "path"):
+            continue
+        if key == "model" and isinstance(value, dict) and value.get("kind") == "model":
+            print("model:")
+            _print_model(value)
+        elif key == "exports":
+            for e in value:
+                print(f"  {e['path']}: {e['kind']}, precision {e['precision']}, parity {json.dumps(e['parity'])[:120]}")
+        else:
+            print(f"{key:10s}{json.dumps(value)[:200]}")

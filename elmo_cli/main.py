@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -46,10 +47,15 @@ def _run(argv: list[str] | None) -> int:
         args = build_parser().parse_args(argv)
         command = f"elmo {args.command}"
         try:
-            return int(args.func(args) or 0)
+            code = int(args.func(args) or 0)
+            sys.stdout.flush()  # inside the try: a reader that closed the pipe is met here
+            return code
         except ElmoError as e:
             print(f"{command}: error: {e}", file=sys.stderr)
             return EXIT_ERROR
+        except BrokenPipeError:  # the reader closed the pipe (`elmo info M | head`): it has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+            return 0
         except OSError as e:  # one the library did not expect (it wraps those it does)
             where = f"{e.filename}: " if e.filename else ""
             print(f"{command}: error: {where}{e.strerror or e}", file=sys.stderr)

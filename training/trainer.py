@@ -7,7 +7,6 @@ LSTM state resets to zero at every sentence start (training.segments: trained as
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import asdict
@@ -18,6 +17,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from elmo_core import ElmoConfig, LstmState, save_model
+from elmo_core.atomic import write_json_atomic
 from elmo_core.lstm_cell import lstm_step
 
 from .checkpoint import optimizer_tensors, load_optimizer
@@ -315,7 +315,7 @@ class Trainer:
             info = {"options": asdict(self.opts), "config": self.config.to_dict(), "vocab_size": len(self.vocab),
                     "world": self.dist.world, "softmax": "sampled" if self.sampler else "full",
                     "recipe": asdict(self.recipe), "horizon": self._horizon(), "final_eval": self.evaluator.plan}
-            (self.out / "run.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+            write_json_atomic(self.out / "run.json", info, sort_keys=False)
 
     def _finish(self) -> dict:
         if self.progress.nll_tokens:
@@ -329,7 +329,7 @@ class Trainer:
                    "read": self.batcher.stream.stats.to_dict(), "batching": self.recipe.batching,
                    "train_s": train_s, "elapsed_s": self.elapsed()}
         if self.dist.is_main:
-            (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+            write_json_atomic(self.out / "summary.json", summary, sort_keys=False)
         self.metrics.close()
         return summary
 

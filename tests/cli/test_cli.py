@@ -58,3 +58,33 @@ def test_demo_with_another_model_in_the_same_work_dir(tiny_dir, tmp_path, capsys
         assert main(["demo", "--work-dir", str(tmp_path / "demo"), "--model", str(model), "--rows", "300"]) == 0
     assert len(list((tmp_path / "demo").glob("vectors-*"))) == 2
     assert "another job's output" not in capsys.readouterr().err
+
+
+def test_info_knows_every_directory_the_project_writes(tiny_dir, tmp_path, capsys):
+    from export.build import build_for_machine
+    from pipelines import embed_parquet
+    from pipelines.corpus import write_sample_corpus
+
+    build_for_machine(str(tiny_dir), tmp_path / "engine", threads=1)
+    write_sample_corpus(tmp_path / "corpus", rows=50, files=1)
+    embed_parquet(tmp_path / "corpus", tmp_path / "vectors", tiny_dir, quiet=True)
+    for path, kind in [(tiny_dir, "model"), (tmp_path / "engine" / "onnx", "onnx export"),
+                       (tmp_path / "engine", "elmo engine output"), (tmp_path / "vectors", "elmo embed output")]:
+        assert main(["info", str(path), "--json"]) == 0
+        info = json.loads(capsys.readouterr().out)
+        assert info["kind"] == kind, (path, info)
+    assert info["rows"] == 50 and info["finished"]
+    assert main(["info", str(tmp_path / "engine" / "onnx")]) == 0
+    out = capsys.readouterr().out
+    assert "precision" in out and "parity" in out
+    assert main(["info"]) == 2 and "make info MODEL=DIR" in capsys.readouterr().err
+
+
+def test_info_in_a_pipe_that_closes_early(tiny_dir):
+    r = subprocess.run(f"{sys.executable} -m elmo_cli info {tiny_dir} | head -1", shell=True, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("model ") and r.stderr == "", r.stderr
+    # a reader that is gone before anything is written: the writes meet a closed pipe (EPIPE)
+    r = subprocess.run(f"set -o pipefail; {sys.executable} -m elmo_cli info {tiny_dir} | true", shell=True,
+                       executable="/bin/bash", capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stderr == "", r.stderr

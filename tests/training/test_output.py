@@ -102,3 +102,13 @@ def test_allennlp_loads_the_output_with_the_same_vectors(trained, tmp_path):
     for k in range(ours.shape[1]):
         # AllenNLP's fp32 LSTM vs ours: other kernels, other sum orders on O(1) outputs
         np.testing.assert_allclose(theirs[f"layer_{k}"], ours[:, k], rtol=0, atol=1e-5, err_msg=f"layer {k}")
+
+
+def test_info_on_the_run_dir(trained, capsys):
+    from elmo_cli.main import main
+
+    trainer, model, tmp, summary = trained
+    assert main(["info", str(tmp / "run"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["kind"] == "elmo train run" and info["step"] == summary["step"] == 8
+    assert info["model"]["output_dim"] == 32 and info["valid"]["mean"] == summary["valid"]["mean"]
