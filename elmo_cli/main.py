@@ -60,12 +60,17 @@ def _run(argv: list[str] | None) -> int:
             where = f"{e.filename}: " if e.filename else ""
             print(f"{command}: error: {where}{e.strerror or e}", file=sys.stderr)
             return EXIT_ERROR
-    except Terminated:
-        print(f"{command}: terminated", file=sys.stderr)
+    except Terminated as e:
+        print(f"{command}: terminated", *_notes(e), sep="\n", file=sys.stderr)
         return EXIT_TERMINATED
-    except KeyboardInterrupt:
-        print(f"{command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        print(f"{command}: interrupted", *_notes(e), sep="\n", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _notes(e: BaseException) -> list[str]:
+    """What the library added to an interruption (what was kept, how to continue), indented."""
+    return [f"  {note}" for note in getattr(e, "__notes__", [])]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -175,12 +175,15 @@ def _run(job: Job) -> dict:
     if opts.verify_inputs:
         _check_input_contents(job)
     shards = pending_shards(job)
-    progress = Progress(job.total_rows, sum(r["rows"] for r in job.kept), quiet=opts.quiet)
+    progress = Progress(job.total_rows, sum(r["rows"] for r in job.kept), quiet=opts.quiet,
+                        done_tokens=sum(r.get("tokens", 0) for r in job.kept))
     t0 = time.perf_counter()
     try:
         new, info = _runner(opts.engine)(job, shards, progress)
-    except BaseException:
+    except BaseException as e:
         remove_temporaries(job.out)  # a runner's writers may have died with it (Ray workers)
+        if isinstance(e, KeyboardInterrupt):  # Ctrl-C, SIGTERM: say what is kept and how to go on
+            e.add_note(_kept(job))
         raise
     finally:
         progress.close()
@@ -193,6 +196,19 @@ def _run(job: Job) -> dict:
     write_json_atomic(job.out / MANIFEST_FILE, result)
     (job.out / SUCCESS_FILE).write_text("")
     return result
+
+
+def _kept(job: Job) -> str:
+    """What an interrupted job leaves: its committed shards, and the command that continues it."""
+    records = []
+    for path in (job.out / COMMITS_DIR).glob("*.json"):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue  # an unreadable commit is redone by --resume, as it is not counted here
+    rows = sum(r.get("rows", 0) for r in records if isinstance(r, dict))
+    return (f"kept: {len(records)} finished shards with {rows:,} of {job.total_rows:,} rows in {job.out}; "
+            f"rerun the same command with --resume to continue from there")
 
 
 def embed_parquet(input: str | Path, output_dir: str | Path, /, model: str | Path, **options: Any) -> dict:

@@ -14,12 +14,14 @@ def _duration(seconds: float) -> str:
 
 
 class Progress:
-    """``update(rows, tokens)`` after each batch; ``close()`` ends the line. Silent when ``quiet``."""
+    """``update(rows, tokens)`` after each batch; ``close()`` ends the line. Silent when ``quiet``.
+    Rows and tokens both count the whole job (``done_*``: those of shards kept from an earlier run);
+    the rates and the ETA count this run's work only."""
 
     def __init__(self, total_rows: int, done_rows: int = 0, quiet: bool = False, stream: TextIO | None = None,
-                 interval: float = 0.5) -> None:
-        self.total, self.rows, self.tokens = total_rows, done_rows, 0
-        self.start_rows = done_rows
+                 interval: float = 0.5, done_tokens: int = 0) -> None:
+        self.total, self.rows, self.tokens = total_rows, done_rows, done_tokens
+        self.start_rows, self.start_tokens = done_rows, done_tokens
         self.quiet, self.stream, self.interval = quiet, stream or sys.stderr, interval
         self.t0 = self.last = time.perf_counter()
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
@@ -41,7 +43,8 @@ class Progress:
         pct = 100.0 * self.rows / self.total if self.total else 100.0
         eta_s = _duration(eta) if eta == eta else "?"
         return (f"rows {self.rows:,}/{self.total:,} ({pct:5.1f}%) | tokens {self.tokens:,} | "
-                f"{self.tokens / elapsed:,.0f} tokens/s | elapsed {_duration(elapsed)} | ETA {eta_s}")
+                f"{(self.tokens - self.start_tokens) / elapsed:,.0f} tokens/s | elapsed {_duration(elapsed)} | "
+                f"ETA {eta_s}")
 
     def _draw(self, now: float, end: str) -> None:
         print(self.line(now).ljust(100), end=end, file=self.stream, flush=True)
