@@ -71,7 +71,9 @@ def _add_running_arguments(run: argparse._ArgumentGroup, d: EmbedOptions) -> Non
     run.add_argument("--sort-window-tokens", type=int, default=d.sort_window_tokens,
                      help="at most this many tokens in one sort window (bounds memory; local engine)")
     run.add_argument("--rows-per-shard", type=int, default=d.rows_per_shard)
-    run.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    run.add_argument("--threads", type=int, help="the model's threads (default: every core for a model whose "
+                                                  "compute dominates the job, all but one for a small model; "
+                                                  "see docs/pipelines.md)")
     add_token_embedding_arguments(run)
     run.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N: where the torch / onnx backend runs")
     run.add_argument("--engine", choices=ENGINES, default=d.engine)
