@@ -6,7 +6,7 @@
 # Usage: scripts/setup_allennlp.sh [VENV_DIR]   (default /tmp/peer-allennlp)
 set -euo pipefail
 V=${1:-/tmp/peer-allennlp}
-[ -x "$V/bin/python" ] && "$V/bin/python" -c "import allennlp" 2>/dev/null && { echo "$V ready"; exit 0; }
+[ -x "$V/bin/python" ] && "$V/bin/python" -c "import torch, allennlp" 2>/dev/null && { echo "$V ready"; exit 0; }
 source "$(dirname "$0")/peer_venv.sh"
 make_peer_venv "$V"
 "$V/bin/pip" install -q --no-deps allennlp==2.10.1

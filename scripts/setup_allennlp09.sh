@@ -17,7 +17,7 @@
 # Note: the command also writes stdout.log and stderr.log next to OUT.hdf5 (allennlp's prepare_global_logging).
 set -euo pipefail
 V=${1:-/tmp/peer-allennlp09}
-[ -x "$V/bin/python" ] && "$V/bin/python" -c "import allennlp.commands.elmo" >/dev/null 2>&1 && { echo "$V ready"; exit 0; }
+[ -x "$V/bin/python" ] && "$V/bin/python" -c "import torch, allennlp.commands.elmo" >/dev/null 2>&1 && { echo "$V ready"; exit 0; }
 source "$(dirname "$0")/peer_venv.sh"
 make_peer_venv "$V"
 "$V/bin/pip" install -q --no-deps allennlp==0.9.0

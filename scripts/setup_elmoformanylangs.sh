@@ -11,7 +11,7 @@
 # Usage: scripts/setup_elmoformanylangs.sh [VENV_DIR]   (default /tmp/peer-efml)
 set -euo pipefail
 V=${1:-/tmp/peer-efml}
-[ -x "$V/bin/python" ] && "$V/bin/python" -c "import elmoformanylangs, h5py" 2>/dev/null && { echo "$V ready"; exit 0; }
+[ -x "$V/bin/python" ] && "$V/bin/python" -c "import torch, elmoformanylangs, h5py" 2>/dev/null && { echo "$V ready"; exit 0; }
 source "$(dirname "$0")/peer_venv.sh"
 make_peer_venv "$V"
 "$V/bin/pip" install -q --no-deps elmoformanylangs==0.0.4.post2 overrides==3.1.0
