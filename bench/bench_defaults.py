@@ -19,8 +19,12 @@ full softmax: held-out forward / backward / mean perplexity, the same on --valid
 the model's own training text, their ratio, and the add-one unigram model of the same training text
 and vocabulary (words seen >= 3 times, the rest <UNK>) on the same predictions (each word and </S>).
 
-    python bench/bench_defaults.py [--minutes 4] [--corpus sotu short] [--config shipped user] \
-        [--candidate 'NAME=FLAGS' ...]
+Runs are limited by time (--minutes, the user's way) or, with --tokens N, by the same number of
+training tokens for every candidate (``--max-tokens N``): a fair comparison even when the machine is
+shared, since a busy machine then only delays a run instead of shortening it.
+
+    python bench/bench_defaults.py [--minutes 4 | --tokens N] [--corpus sotu short] \
+        [--config shipped user] [--candidate 'NAME=FLAGS' ...]
 """
 from __future__ import annotations
 
@@ -99,11 +103,11 @@ def add_one_unigram(train: Path, valid: Path, min_count: int = 3) -> dict:
     return {"perplexity": math.exp(nll), "vocab": V, "predictions": len(ids), "train_tokens": total}
 
 
-def run_candidate(name: str, flags: str, train: Path, valid: Path, work: Path, minutes: float,
+def run_candidate(name: str, flags: str, train: Path, valid: Path, work: Path, limit: list[str],
                   options: Path | None) -> dict:
     out = work / f"run-{name}"
     cmd = [sys.executable, "-m", "elmo_cli", "train", "--train", str(train), "--valid", str(valid),
-           "--out", str(out), "--max-minutes", str(minutes), *(["--options", str(options)] if options else []),
+           "--out", str(out), *limit, *(["--options", str(options)] if options else []),
            *shlex.split(flags)]
     print("$", " ".join(cmd[2:]), flush=True)
     t0 = time.perf_counter()
@@ -124,6 +128,7 @@ def run_candidate(name: str, flags: str, train: Path, valid: Path, work: Path, m
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=4.0)
+    ap.add_argument("--tokens", type=int, help="limit each run to N training tokens instead of --minutes")
     ap.add_argument("--corpus", nargs="+", default=["sotu", "short"], choices=("sotu", "short"))
     ap.add_argument("--config", nargs="+", default=["shipped", "user"], choices=("shipped", "user"))
     ap.add_argument("--lines", type=int, default=40000)
@@ -136,7 +141,8 @@ def main() -> None:
         work = Path(a.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
         (work / "user.json").write_text(json.dumps(USER_OPTIONS), encoding="utf-8")
-        results = {"minutes": a.minutes, "lines": a.lines, "runs": {}}
+        limit = ["--max-tokens", str(a.tokens)] if a.tokens else ["--max-minutes", str(a.minutes)]
+        results = {"limit": " ".join(limit), "lines": a.lines, "runs": {}}
         for corpus in a.corpus:
             train, valid = write_small_corpus(work, corpus, a.lines, a.valid_lines, a.seed)
             unigram = add_one_unigram(train, valid)
@@ -148,7 +154,7 @@ def main() -> None:
                 for spec in a.candidate or CANDIDATES:
                     name, _, flags = spec.partition("=")
                     key = f"{corpus}-{config}-{name}"
-                    r = run_candidate(key, flags, train, valid, work, a.minutes, options)
+                    r = run_candidate(key, flags, train, valid, work, limit, options)
                     r["vs_unigram"] = round(r["valid"]["mean"] / unigram["perplexity"], 3)
                     results["runs"][key] = r
                     v, t = r["valid"], r["train"]
