@@ -3,6 +3,7 @@ machine (uvicorn) or on a Ray cluster (Ray Serve, ``--engine ray``)."""
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 from dataclasses import fields
 
@@ -10,7 +11,7 @@ from elmo_cli.cmd_tokens import add_token_embedding_arguments
 from elmo_core.errors import InputError
 from elmo_core.names import PRECISIONS
 from inference.registry import BACKEND_NAMES, check_device, check_precision_for, model_config
-from serving.limits import ServeLimits
+from serving.limits import AccessOptions, ConnectionLimits, ServeLimits
 
 HELP = {
     "max_batch_tokens": "padded tokens (sentences x longest) per model batch",
@@ -19,7 +20,19 @@ HELP = {
     "max_request_sentences": "sentences (or texts, or inputs) one request may hold (else 413)",
     "max_sentence_tokens": "tokens one sentence may hold (else 413)",
     "max_body_bytes": "bytes of one request body (else 413)",
+    "auto_truncate": "cut a sentence over --max-sentence-tokens to that length instead of a 413 "
+                     "(a request's \"truncate\" overrides it)",
 }
+
+
+def _add_fields(group: argparse._ArgumentGroup, cls: type) -> None:
+    """One flag per field of the frozen dataclass ``cls`` (help: its metadata, or HELP)."""
+    for f in fields(cls):
+        flag, text = f"--{f.name.replace('_', '-')}", f.metadata.get("help") or HELP[f.name]
+        if isinstance(f.default, bool):
+            group.add_argument(flag, action="store_true", help=text)
+        else:
+            group.add_argument(flag, type=type(f.default), default=f.default, help=f"{text} (default {f.default})")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,10 +49,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_token_embedding_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8080, help="0: any free port (the `listening on` line says which)")
-    limits = p.add_argument_group("limits")
-    for f in fields(ServeLimits):
-        limits.add_argument(f"--{f.name.replace('_', '-')}", type=float if f.name == "max_wait_ms" else int,
-                            default=f.default, help=f"{HELP[f.name]} (default {f.default})")
+    _add_fields(p.add_argument_group("limits"), ServeLimits)
+    _add_fields(p.add_argument_group("connections"), ConnectionLimits)
+    access = p.add_argument_group("access")
+    access.add_argument("--api-key", default=os.environ.get("ELMO_API_KEY") or None,
+                        help="requests must send Authorization: Bearer KEY, else 401 (default: $ELMO_API_KEY; none)")
+    access.add_argument("--protect-probes", action="store_true",
+                        help="/health, /ready and /metrics need the key too (default: open to orchestrators)")
+    access.add_argument("--cors-allow-origin", action="append", default=[], metavar="ORIGIN",
+                        help="a browser origin allowed to call the API (CORS), e.g. https://app.example.com "
+                             "or * (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no access log line per request")
     ray = p.add_argument_group("ray serve")
     ray.add_argument("--engine", choices=("local", "ray"), default="local")
@@ -49,8 +68,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_serve)
 
 
-def _limits(args: argparse.Namespace) -> ServeLimits:
-    return ServeLimits(**{f.name: getattr(args, f.name) for f in fields(ServeLimits)})
+def _from_args(cls: type, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
 
 def _ignore(signum: int, frame: object) -> None:
@@ -58,7 +77,8 @@ def _ignore(signum: int, frame: object) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    limits = _limits(args)
+    limits, connections = _from_args(ServeLimits, args), _from_args(ConnectionLimits, args)
+    access = AccessOptions(args.api_key, args.protect_probes, tuple(args.cors_allow_origin))
     check_device(args.device, args.backend)
     check_precision_for(args.backend, args.precision, args.device)
     model_config(args.model, args.backend, args.weights)  # a bad model fails here, before binding the port
@@ -73,10 +93,11 @@ def run_serve(args: argparse.Namespace) -> int:
         from serving.ray_serve import run_ray_serve
 
         return run_ray_serve(source, limits, args.host, args.port, args.replicas, args.num_gpus_per_replica,
-                             args.ray_address, args.quiet)
+                             args.ray_address, args.quiet, access)
     previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        run_server(ServingState(source, limits), args.host, args.port, args.quiet)
+        run_server(ServingState(source, limits), args.host, args.port, args.quiet, connections=connections,
+                   access=access)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -1,16 +1,20 @@
 """Processes that must not outlive their parent: the local Ray cluster that ``ray.init()`` starts
-(raylet, GCS, workers) survives a kill -9 of the driver that started it. ``reap_with(pid, pids)``
-starts a small watcher in a session of its own that waits for that pid to end and then ends
-those processes, if they are still the same ones (Linux /proc).
+(raylet, GCS, agents, workers) survives a kill -9 of the driver that started it, and leaves its
+session folder behind. ``init_local_ray`` starts a small watcher in a session of its own, before
+``ray.init``, that waits for the driver to end and then ends the cluster's processes and removes
+its folder (Linux /proc).
 """
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 
 def descendants(pid: int) -> list[int]:
@@ -30,31 +34,64 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def _start_time(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except OSError:
-        return None
+def marked(marker: str) -> list[int]:
+    """Live processes (other than this one) whose command line holds ``marker``, and every process
+    below them."""
+    roots = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            held = marker.encode() in cmdline.read_bytes()
+        except OSError:
+            continue
+        if held and int(cmdline.parent.name) != os.getpid():
+            roots.append(int(cmdline.parent.name))
+    return sorted(set(roots) | {d for r in roots for d in descendants(r)})
 
 
-def watch(parent: int, pids: list[int], poll: float = 0.5) -> None:
-    """Wait for ``parent`` to end, then SIGKILL ``pids`` that are still the same processes."""
-    started = {p: _start_time(p) for p in pids}
+def _kill(pids: list[int]) -> None:
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def watch(parent: int, marker: str, poll: float = 0.5, settle_s: float = 2.0, give_up_s: float = 30.0) -> None:
+    """Wait for ``parent`` to end, then SIGKILL every process ``marked`` by ``marker`` until none
+    has appeared for ``settle_s`` (a dying cluster may still start one), and remove the folder
+    ``marker`` names."""
     while Path(f"/proc/{parent}").exists():
         time.sleep(poll)
-    for p, t in started.items():
-        if t is not None and _start_time(p) == t:  # not a new process that reused the pid
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    quiet_since, deadline = time.monotonic(), time.monotonic() + give_up_s
+    while time.monotonic() - quiet_since < settle_s and time.monotonic() < deadline:
+        if found := marked(marker):
+            _kill(found)
+            quiet_since = time.monotonic()
+        time.sleep(0.1)
+    shutil.rmtree(marker, ignore_errors=True)
 
 
-def reap_with(parent: int, pids: list[int]) -> subprocess.Popen | None:
-    """Start the watcher that ends ``pids`` when ``parent`` ends; None where /proc is absent."""
-    if not Path("/proc/self/stat").exists() or not pids:
+def reap_marked(parent: int, marker: str) -> subprocess.Popen | None:
+    """Start the watcher that, once ``parent`` ends, ends the processes ``marked`` by ``marker``
+    and removes that folder; None where /proc is absent."""
+    if not Path("/proc/self/stat").exists():
         return None
-    code = "import sys; from elmo_core.reaper import watch; watch(int(sys.argv[1]), [int(p) for p in sys.argv[2:]])"
-    return subprocess.Popen([sys.executable, "-c", code, str(parent), *map(str, pids)], start_new_session=True,
+    code = "import sys; from elmo_core.reaper import watch; watch(int(sys.argv[1]), sys.argv[2])"
+    return subprocess.Popen([sys.executable, "-c", code, str(parent), marker], start_new_session=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+
+
+def init_local_ray(ray: Any, **init_kwargs: Any) -> str:
+    """``ray.init`` of a local cluster of this process's own that ends with it, however it ends.
+
+    The cluster's temporary folder is a new one (``elmo-ray-*``), which every process of the
+    cluster names on its command line (or descends from one that does: the raylet's agents and
+    workers). The watcher starts *before* ``ray.init``, so a kill during start-up orphans nothing;
+    when this process ends it ends those processes and removes the folder (logs, sockets, the
+    session). Returns the folder.
+    """
+    folder = tempfile.mkdtemp(prefix="elmo-ray-")
+    reap_marked(os.getpid(), folder)
+    ray.init(_temp_dir=folder, **init_kwargs)
+    return folder

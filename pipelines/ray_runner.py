@@ -12,13 +12,12 @@ The driver holds OUTPUT_DIR's lock, hands out shards and collects their commit r
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pyarrow as pa
 
 from elmo_core.errors import InputError
-from elmo_core.reaper import descendants, reap_with
+from elmo_core.reaper import init_local_ray
 
 from .options import EmbedOptions
 from .predictor import ElmoPredictor
@@ -46,10 +45,10 @@ def _init_ray(opts: EmbedOptions):  # type: ignore[no-untyped-def]
     except ImportError:
         raise InputError("--engine ray needs Ray: pip install -e '.[ray]'") from None
     if not ray.is_initialized():
-        before = set(descendants(os.getpid()))
-        ray.init(address=opts.ray_address, include_dashboard=False, log_to_driver=not opts.quiet)
         if opts.ray_address is None:  # a local cluster of our own: it ends with this process, however it ends
-            reap_with(os.getpid(), [p for p in descendants(os.getpid()) if p not in before])
+            init_local_ray(ray, include_dashboard=False, log_to_driver=not opts.quiet)
+        else:
+            ray.init(address=opts.ray_address, include_dashboard=False, log_to_driver=not opts.quiet)
     return ray
 
 

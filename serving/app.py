@@ -1,41 +1,75 @@
-"""The HTTP API (FastAPI): ``POST /embed``, ``POST /v1/embeddings`` (OpenAI's shape), ``GET /health``,
-``/ready``, ``/info``, ``/metrics``. The one place where serving errors become status codes:
+"""The HTTP API (FastAPI): ``POST /embed``, ``POST /v1/embeddings`` (OpenAI's shape),
+``POST /tokenize``, ``GET /health``, ``/ready``, ``/info``, ``/metrics``, and ``/docs`` (Swagger UI
+from the ``fastapi-offline`` package's files: no CDN). The one place where serving errors become
+status codes:
 
-    422 malformed or wrongly typed input      {"error": {"type": "invalid_request", ...}}
-    413 over a limit (named in the message)   {"error": {"type": "limit_exceeded", ...}}
-    503 queue full / not ready, Retry-After   {"error": {"type": "queue_full" | "not_ready", ...}}
+    422 malformed, wrongly typed or non-UTF-8 input     {"error": {"type": "invalid_request", ...}}
+    413 over a limit (named in the message)             {"error": {"type": "limit_exceeded", ...}}
+    408 headers or body too slow (serving.connections)  {"error": {"type": "request_timeout", ...}}
+    401 no or a wrong API key (serving.access)          {"error": {"type": "unauthorized", ...}}
+    503 queue full / not ready, Retry-After             {"error": {"type": "queue_full" | "not_ready", ...}}
     500 anything unexpected (the server goes on)
 
-``create_app(state)`` builds the app around a ``ServingState``; uvicorn (``serving.server``) and
-Ray Serve (``serving.ray_serve``) run the same app.
+``create_app(state, access)`` builds the app around a ``ServingState``; uvicorn
+(``serving.server``) and Ray Serve (``serving.ray_serve``) run the same app. Bodies are parsed by
+orjson (``OrjsonRoute``): invalid UTF-8, numbers beyond float64 and broken JSON are 422s.
 """
 from __future__ import annotations
 
 import asyncio
 import base64
+import importlib.util
 import logging
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Sequence
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import numpy as np
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import Response
+from fastapi.routing import APIRoute
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from elmo_core.errors import InputError
-from elmo_core.whitespace import split_tokens
+from elmo_core.whitespace import split_tokens, token_spans
 
+from .access import ApiKey
 from .errors import InvalidRequest, LimitExceeded, NotReady, QueueFull
-from .limits import ServeLimits
+from .limits import AccessOptions, ServeLimits
 from .metrics import CONTENT_TYPE
-from .middleware import CLIENT_CLOSED, AccessLog, BodyLimit
-from .schemas import EmbedRequest, OpenAIEmbeddingRequest
+from .middleware import CLIENT_CLOSED, AccessLog, Admission, BodyLimit
+from .schemas import EmbedRequest, OpenAIEmbeddingRequest, TokenizeRequest
 from .service import OutputSpec, ServingState
 
 log = logging.getLogger("elmo.serving")
-ROUTES = frozenset({"/embed", "/v1/embeddings", "/health", "/ready", "/info", "/metrics"})
+MODEL_ROUTES = frozenset({"/embed", "/v1/embeddings"})
+ROUTES = MODEL_ROUTES | {"/tokenize", "/health", "/ready", "/info", "/metrics", "/docs", "/openapi.json"}
+DOCS_STATIC = "/docs-static"
+
+
+class OrjsonRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = orjson.loads(await self.body())  # orjson.JSONDecodeError is a json.JSONDecodeError
+        return self._json
+
+
+class OrjsonRoute(APIRoute):
+    """A route whose JSON body orjson parses: strict UTF-8, no recursion limit to overflow, and
+    integers beyond float64 refused; FastAPI turns its decode errors into 422s."""
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def orjson_handler(request: Request) -> Response:
+            return await handler(OrjsonRequest(request.scope, request.receive, request._send))
+
+        return orjson_handler
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -55,14 +89,25 @@ def encode(vectors: np.ndarray | None, encoding: str) -> Any:
     return base64.b64encode(np.ascontiguousarray(vectors, dtype="<f4").tobytes()).decode("ascii")
 
 
-def check_limits(sentences: Sequence[Sequence[str]], limits: ServeLimits, field: str) -> None:
+def fit(sentences: Sequence[Sequence[str]], limits: ServeLimits, field: str,
+        truncate: bool | None) -> tuple[list[Sequence[str]], int]:
+    """The sentences within the limits and how many were cut: a sentence over max_sentence_tokens
+    is cut to it when ``truncate`` (None: the server's ``auto_truncate``), else LimitExceeded."""
     if len(sentences) > limits.max_request_sentences:
         raise LimitExceeded("max_request_sentences", f"'{field}' has {len(sentences)} entries, over "
                             f"max_request_sentences ({limits.max_request_sentences}): split the request")
+    cap, cut = limits.max_sentence_tokens, limits.auto_truncate if truncate is None else truncate
     for i, s in enumerate(sentences):
-        if len(s) > limits.max_sentence_tokens:
+        if len(s) > cap and not cut:
             raise LimitExceeded("max_sentence_tokens", f"'{field}[{i}]' has {len(s)} tokens, over "
-                                f"max_sentence_tokens ({limits.max_sentence_tokens}): split the sentence")
+                                f"max_sentence_tokens ({cap}): split the sentence, or send \"truncate\": true")
+    return [s[:cap] for s in sentences], sum(len(s) > cap for s in sentences)
+
+
+def check_finite(results: Sequence[np.ndarray | None]) -> None:
+    """The model's vectors are finite; only a huge ``gamma`` can scale them past float32."""
+    if any(r is not None and not np.isfinite(r).all() for r in results):
+        raise InvalidRequest("gamma: the scaled vectors overflow float32; use a smaller gamma")
 
 
 async def unless_disconnected(request: Request, work: Awaitable[list]) -> list | None:
@@ -89,6 +134,10 @@ def _validation_message(exc: RequestValidationError) -> str:
     errors = exc.errors()
     parts = []
     for err in errors[:5]:
+        if err.get("type") == "json_invalid":
+            parts.append(f"body: not valid JSON at character {err['loc'][-1]} ({err.get('ctx', {}).get('error')}): "
+                         f"send UTF-8 JSON")
+            continue
         loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.get("loc", ())).lstrip(".")
         parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
     if any(e.get("loc") == ("body",) and e.get("type") == "model_attributes_type" for e in errors):
@@ -128,7 +177,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(500, "internal_error", f"{type(exc).__name__}: {exc}")
 
 
-def create_app(state: ServingState) -> FastAPI:
+def create_app(state: ServingState, access: AccessOptions = AccessOptions()) -> FastAPI:
     """The app around ``state``; its lifespan loads the model (``state.start``) and closes it."""
 
     @asynccontextmanager
@@ -137,13 +186,39 @@ def create_app(state: ServingState) -> FastAPI:
         yield
         await asyncio.to_thread(state.close)
 
-    app = FastAPI(title="elmo-pipeline", summary="ELMo vectors over HTTP", lifespan=lifespan)
+    app = FastAPI(title="elmo-pipeline", summary="ELMo vectors over HTTP", lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
+    app.router.route_class = OrjsonRoute
     app.state.serving = state
     _install_error_handlers(app)
     _install_routes(app, state)
+    _install_docs(app)
+    # Added innermost first: AccessLog sees every answer, CORS answers preflights before the key check.
     app.add_middleware(BodyLimit, max_bytes=state.limits.max_body_bytes)
-    app.add_middleware(AccessLog, metrics=state.metrics, routes=ROUTES)  # outermost: sees every answer
+    app.add_middleware(Admission, admit=state.admit, routes=MODEL_ROUTES)
+    if access.api_key:
+        app.add_middleware(ApiKey, key=access.api_key, open_paths=access.open_paths(), docs_prefix=DOCS_STATIC)
+    if access.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(access.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["authorization", "content-type"], max_age=600)
+    app.add_middleware(AccessLog, metrics=state.metrics, routes=ROUTES)
     return app
+
+
+def _install_docs(app: FastAPI) -> None:
+    """Swagger UI at /docs from the files of the ``fastapi-offline`` package (works offline)."""
+    spec = importlib.util.find_spec("fastapi_offline")
+    if spec is None or spec.origin is None:
+        return  # /openapi.json still answers
+    app.mount(DOCS_STATIC, StaticFiles(directory=Path(spec.origin).parent / "static"), name="docs-static")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs(request: Request) -> Response:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(openapi_url=f"{root}{app.openapi_url}", title="elmo-pipeline API",
+                                   swagger_js_url=f"{root}{DOCS_STATIC}/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{root}{DOCS_STATIC}/swagger-ui.css",
+                                   swagger_favicon_url=f"{root}{DOCS_STATIC}/favicon.png")
 
 
 def _install_routes(app: FastAPI, state: ServingState) -> None:
@@ -152,24 +227,24 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
     @app.post("/embed", summary="ELMo vectors of tokenized sentences or whitespace-split texts")
     async def embed(body: EmbedRequest, request: Request) -> Response:
         predictor, batcher = state.serving()
-        sentences = body.token_lists()
-        check_limits(sentences, limits, "sentences" if body.sentences is not None else "texts")
+        field = "sentences" if body.sentences is not None else "texts"
+        sentences, cut = fit(body.token_lists(), limits, field, body.truncate)
         spec = OutputSpec(body.output, None if body.mix is None else tuple(body.mix), body.gamma,
                           None if body.pool == "none" else body.pool, body.normalize)
         predictor.check(spec)
         results = await unless_disconnected(request, batcher.submit(spec, sentences))
         if results is None:
             return Response(status_code=CLIENT_CLOSED)
+        check_finite(results)
         return json_response({"embeddings": [encode(r, body.encoding) for r in results],
                               "dim": predictor.config.output_dim,
-                              "usage": {"sentences": len(sentences), "tokens": sum(map(len, sentences))}})
+                              "usage": {"sentences": len(sentences), "tokens": sum(map(len, sentences)),
+                                        "truncated": cut}})
 
     @app.post("/v1/embeddings", summary="OpenAI-compatible: the mean-pooled mixed vector of each input, unit length")
     async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> Response:
         predictor, batcher = state.serving()
-        texts = body.texts()
-        tokens = [split_tokens(t) for t in texts]
-        check_limits(tokens, limits, "input")
+        tokens, cut = fit([split_tokens(t) for t in body.texts()], limits, "input", body.truncate)
         if empty := [i for i, t in enumerate(tokens) if not t]:
             raise InvalidRequest(f"input[{empty[0]}] has no tokens: every input must have some text")
         dim = predictor.config.output_dim
@@ -182,7 +257,14 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
         data = [{"object": "embedding", "index": i, "embedding": encode(r, body.encoding_format)}
                 for i, r in enumerate(results)]
         return json_response({"object": "list", "data": data, "model": body.model or state.source.name,
-                              "usage": {"prompt_tokens": n, "total_tokens": n}})
+                              "usage": {"prompt_tokens": n, "total_tokens": n, "truncated": cut}})
+
+    @app.post("/tokenize", summary="the tokens the model sees for each text, with their character offsets")
+    async def tokenize(body: TokenizeRequest) -> Response:
+        spans = [token_spans(t) for t in body.texts]
+        tokens, cut = fit([[t[a:b] for a, b in s] for t, s in zip(body.texts, spans)], limits, "texts", body.truncate)
+        return json_response({"tokens": tokens, "offsets": [s[:len(t)] for s, t in zip(spans, tokens)],
+                              "usage": {"texts": len(tokens), "tokens": sum(map(len, tokens)), "truncated": cut}})
 
     @app.get("/health", summary="alive")
     async def health() -> Response:

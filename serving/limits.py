@@ -1,8 +1,14 @@
-"""The server's limits: one frozen dataclass, validated once, shared by the batcher, the HTTP layer,
-``GET /info`` and the Ray Serve deployment."""
+"""The server's options, frozen dataclasses validated once (``elmo serve`` generates its flags from
+their fields): ``ServeLimits`` (what a request, a batch and the queue may hold; shared by the
+batcher, the HTTP layer, ``GET /info`` and the Ray Serve deployment), ``ConnectionLimits`` (how
+long a client may take, how many may connect: ``serving.connections``) and ``AccessOptions`` (who
+may call: ``serving.access``). No dependency beyond the standard library, so the CLI can import it
+without the ``serve`` extra."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+import resource
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 from elmo_core.errors import InputError
 
@@ -23,11 +29,15 @@ class ServeLimits:
     max_request_sentences: int = 256
     max_sentence_tokens: int = 256
     max_body_bytes: int = 4 * 1024 * 1024
+    auto_truncate: bool = False  # a sentence over max_sentence_tokens is cut to it (a request's `truncate` overrides)
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "max_wait_ms":
+            if f.name == "auto_truncate":
+                if not isinstance(value, bool):
+                    raise InputError(f"auto_truncate must be true or false, got {value!r}")
+            elif f.name == "max_wait_ms":
                 if not 0 <= value <= 60_000:
                     raise InputError(f"--max-wait-ms must be in [0, 60000], got {value}")
             elif not isinstance(value, int) or value <= 0:
@@ -41,3 +51,60 @@ class ServeLimits:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+FD_RESERVE = 64  # descriptors kept for the model's files, logs and the process itself
+MAX_CONNECTIONS_CAP = 4096
+
+
+def _opt(default: Any, help: str) -> Any:  # noqa: A002
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """How long a client may take, and how many may be connected (``elmo serve``'s flags)."""
+
+    header_timeout_s: float = _opt(10.0, "seconds a request's headers may take to arrive, from the connection's "
+                                         "start or the previous answer (else 408 and close)")
+    body_timeout_s: float = _opt(30.0, "seconds a request's body may take to arrive after its headers (else 408)")
+    keep_alive_s: float = _opt(5.0, "seconds an idle connection is kept open between requests")
+    max_connections: int = _opt(0, "open connections; more are closed as they are accepted "
+                                    "(0: the open-file limit less 64, at most 4096)")
+    shutdown_timeout_s: float = _opt(60.0, "on SIGTERM, seconds the requests in flight may still take")
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "max_connections":
+                if not isinstance(value, int) or value < 0:
+                    raise InputError(f"--max-connections must be 0 (automatic) or a positive integer, got {value!r}")
+            elif not 0 < value <= 3600:
+                raise InputError(f"--{f.name.replace('_', '-')} must be in (0, 3600] seconds, got {value!r}")
+
+    def connection_cap(self) -> int:
+        if self.max_connections:
+            return self.max_connections
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        limit = MAX_CONNECTIONS_CAP if soft == resource.RLIM_INFINITY else soft - FD_RESERVE
+        return max(1, min(MAX_CONNECTIONS_CAP, limit))
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "max_connections": self.connection_cap()}
+
+
+PROBES = frozenset({"/health", "/ready", "/metrics"})
+DOCS = frozenset({"/docs", "/openapi.json"})
+
+
+@dataclass(frozen=True)
+class AccessOptions:
+    """``api_key`` (never printed: not in repr) guards every route but the API document and, unless
+    ``protect_probes``, the probes (/health, /ready, /metrics) that orchestrators call keyless."""
+
+    api_key: str | None = field(default=None, repr=False)
+    protect_probes: bool = False
+    cors_origins: tuple[str, ...] = ()
+
+    def open_paths(self) -> frozenset[str]:
+        return DOCS if self.protect_probes else DOCS | PROBES

@@ -36,6 +36,11 @@ class ServeMetrics:
         self.tokens = Counter("elmo_tokens_total", "tokens embedded (served)", registry=r)
         self.cancelled_sentences = Counter("elmo_cancelled_sentences_total",
                                            "queued sentences dropped because their client went away", registry=r)
+        self.open_connections = Gauge("elmo_open_connections", "HTTP connections open", registry=r)
+        self.connections_cut = Counter("elmo_connections_cut_total", "connections closed by a deadline (idle, "
+                                       "headers, body) or cut at shutdown mid-upload", ["phase"], registry=r)
+        self.connections_refused = Counter("elmo_connections_refused_total",
+                                           "connections closed as accepted: over --max-connections", registry=r)
 
     def observe_batch(self, batch: Sequence[Any], started: float, model_seconds: float) -> None:
         """``batch``: the batcher's items (``tokens``, ``enqueued``)."""

@@ -1,5 +1,6 @@
 """Pure ASGI middleware (no BaseHTTPMiddleware: it would hide the client's disconnect from the
-handlers): the body-size limit, and the access log + request metrics."""
+handlers): admission (a 503 before the body is read), the body-size limit, and the access log +
+request metrics."""
 from __future__ import annotations
 
 import logging
@@ -8,6 +9,7 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 
+from .errors import NotReady, QueueFull
 from .metrics import ServeMetrics
 
 Scope = dict[str, Any]
@@ -26,6 +28,26 @@ async def send_error(send: Send, status: int, kind: str, message: str, headers: 
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
+
+
+class Admission:
+    """Refuses a request for the model before its body is read when the server cannot take it now
+    (``admit()`` raises QueueFull: the queue is full; NotReady: loading or stopping), so that
+    under overload a refusal costs no parsing: 503 with Retry-After."""
+
+    def __init__(self, app: ASGIApp, admit: Callable[[], None], routes: frozenset[str]) -> None:
+        self.app, self.admit, self.routes = app, admit, routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.routes:
+            try:
+                self.admit()
+            except (QueueFull, NotReady) as e:
+                kind = "queue_full" if isinstance(e, QueueFull) else "not_ready"
+                # The body is not read, so the connection cannot carry another request: close it.
+                return await send_error(send, 503, kind, str(e), {"retry-after": str(e.retry_after),
+                                                                  "connection": "close"})
+        await self.app(scope, receive, send)
 
 
 class BodyLimit:

@@ -8,18 +8,19 @@ least one sentence, so that never leaves its batcher's queue short), and callers
 """
 from __future__ import annotations
 
-import os
 import signal
+import sys
 import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from elmo_core.errors import InputError
-from elmo_core.reaper import descendants, reap_with
+from elmo_core.reaper import init_local_ray
 
+from .access import exposure_warning
 from .app import create_app
-from .limits import ServeLimits
+from .limits import AccessOptions, ServeLimits
 from .server import bind, url
 from .service import ModelSource, ServingState
 
@@ -38,28 +39,29 @@ def _ray() -> Any:
 class ElmoReplica:
     """One Ray Serve replica: a ServingState, loaded before the replica counts as started."""
 
-    def __init__(self, source: ModelSource, limits: ServeLimits) -> None:
-        self.state = ServingState(source, limits)
+    def __init__(self, source: ModelSource, limits: ServeLimits, access: AccessOptions) -> None:
+        self.state, self.access = ServingState(source, limits), access
         self.state.start()
         if not self.state.wait_ready(LOAD_TIMEOUT_S):
             raise self.state.error or TimeoutError(f"{source.model} not loaded in {LOAD_TIMEOUT_S:.0f} s")
 
     def __serve_build_asgi_app__(self) -> Any:
-        return create_app(self.state)
+        return create_app(self.state, self.access)
 
     def check_health(self) -> None:
         if self.state.error is not None:
             raise self.state.error
 
 
-def deployment(source: ModelSource, limits: ServeLimits, replicas: int, num_gpus: float, cpus: float) -> Any:
+def deployment(source: ModelSource, limits: ServeLimits, access: AccessOptions, replicas: int, num_gpus: float,
+               cpus: float) -> Any:
     """The bound Ray Serve application of ``replicas`` ElmoReplicas."""
     _, serve = _ray()
     ingress = serve.deployment(serve.ingress()(ElmoReplica), name="elmo")
     return ingress.options(
         num_replicas=replicas, max_ongoing_requests=limits.max_queue, max_queued_requests=limits.max_queue,
         ray_actor_options={"num_cpus": cpus, "num_gpus": num_gpus},
-    ).bind(source, limits)
+    ).bind(source, limits, access)
 
 
 def _free_port(host: str) -> int:
@@ -69,27 +71,29 @@ def _free_port(host: str) -> int:
 
 def run_ray_serve(source: ModelSource, limits: ServeLimits, host: str = "127.0.0.1", port: int = 0,
                   replicas: int = 1, num_gpus: float = 0.0, ray_address: str | None = None,
-                  quiet: bool = False) -> int:
+                  quiet: bool = False, access: AccessOptions = AccessOptions()) -> int:
     """Deploy on a Ray cluster (a local one of our own without ``ray_address``), print ``listening on
     URL`` once every replica is ready, serve until SIGTERM / SIGINT, then tear it all down."""
     if replicas < 1:
         raise InputError(f"--replicas must be at least 1, got {replicas}")
     ray, serve = _ray()
+    if warning := exposure_warning(host, access):
+        print(f"elmo serve: warning: {warning}", file=sys.stderr, flush=True)
     stop = threading.Event()
-    before = set(descendants(os.getpid()))
-    ray.init(address=ray_address, include_dashboard=False, log_to_driver=not quiet)
+    if ray_address is None:  # a local cluster of our own: it ends with this process, however it ends
+        init_local_ray(ray, include_dashboard=False, log_to_driver=not quiet)
+    else:
+        ray.init(address=ray_address, include_dashboard=False, log_to_driver=not quiet)
     # After ray.init, which installs handlers of its own that abort the driver on SIGTERM.
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        if ray_address is None:  # a local cluster of our own: it ends with this process, however it ends
-            reap_with(os.getpid(), [p for p in descendants(os.getpid()) if p not in before])
         port = port or _free_port(host)
         cpus = float(source.threads or max(1.0, ray.cluster_resources().get("CPU", 1.0) // replicas))
         source = replace(source, model=_absolute(source.model), weights=_absolute(source.weights),  # replicas' cwd differs
                          threads=int(cpus), token_embeddings=_absolute(source.token_embeddings),
                          token_vocab=_absolute(source.token_vocab))
         serve.start(http_options={"host": host, "port": port})
-        serve.run(deployment(source, limits, replicas, num_gpus, cpus), name="elmo", route_prefix="/")
+        serve.run(deployment(source, limits, access, replicas, num_gpus, cpus), name="elmo", route_prefix="/")
         print(f"listening on {url(host, port)}", flush=True)
         while not stop.wait(0.5):
             pass

@@ -1,14 +1,16 @@
 """The HTTP API's request bodies (pydantic: validation, 422s naming the field, the OpenAPI document).
 
 ``POST /embed`` takes tokenized ``sentences`` or whitespace-split ``texts``; ``POST /v1/embeddings``
-takes OpenAI's body. Limits (sentences, tokens, bytes) are checked by the app, not here: they are
-413s, not 422s.
+takes OpenAI's body; ``POST /tokenize`` the texts whose tokens to show. Limits (sentences, tokens,
+bytes) are checked by the app, not here: they are 413s, not 422s.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, FiniteFloat, StrictBool, StrictStr, model_validator
+import numpy as np
+from pydantic import AfterValidator, BaseModel, ConfigDict, StrictBool, StrictStr, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from elmo_core.names import ENCODINGS, OUTPUT_MODES, POOLS
 from elmo_core.whitespace import split_tokens
@@ -16,6 +18,17 @@ from elmo_core.whitespace import split_tokens
 Output = Literal[OUTPUT_MODES]  # type: ignore[valid-type]
 Pool = Literal[("none",) + POOLS]  # type: ignore[valid-type]
 Encoding = Literal[ENCODINGS]  # type: ignore[valid-type]
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _fits_float32(value: float) -> float:
+    if not abs(value) <= FLOAT32_MAX:  # also refuses inf and nan
+        raise PydanticCustomError("float32", "must be a finite number within float32's range (|x| <= 3.4e38)")
+    return value
+
+
+Float32 = Annotated[float, AfterValidator(_fits_float32)]  # the model computes in float32
+TRUNCATE_HELP = "cut sentences over max_sentence_tokens to that length instead of a 413 (default: --auto-truncate)"
 
 
 class EmbedRequest(BaseModel):
@@ -26,11 +39,12 @@ class EmbedRequest(BaseModel):
     sentences: list[list[StrictStr]] | None = None
     texts: list[StrictStr] | None = None
     output: Output = "mixed"
-    mix: list[FiniteFloat] | None = None  # the scalar mix's s before softmax, one per layer (default equal)
-    gamma: FiniteFloat = 1.0
+    mix: list[Float32] | None = None  # the scalar mix's s before softmax, one per layer (default equal)
+    gamma: Float32 = 1.0
     pool: Pool = "none"
     encoding: Encoding = "float"  # base64: each embedding's little-endian float32 bytes
     normalize: StrictBool = False  # each vector (per token, or pooled) scaled to unit L2 norm
+    truncate: StrictBool | None = None  # see TRUNCATE_HELP
 
     @model_validator(mode="after")
     def _one_input(self) -> "EmbedRequest":
@@ -54,6 +68,26 @@ class OpenAIEmbeddingRequest(BaseModel):
     dimensions: int | None = None
     user: str | None = None
     normalize: StrictBool = True  # unit-length vectors, as OpenAI's are (false: the raw mean)
+    truncate: StrictBool | None = None  # see TRUNCATE_HELP
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _text(cls, value: Any) -> Any:
+        if isinstance(value, list) and not value:
+            raise PydanticCustomError("empty_input", "must hold at least one string")
+        items = value if isinstance(value, list) else [value]
+        if any(isinstance(x, (int, list)) and not isinstance(x, bool) for x in items):
+            raise PydanticCustomError("token_ids", "token ids are not supported: send text (ELMo reads characters)")
+        return value
 
     def texts(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else list(self.input)
+
+
+class TokenizeRequest(BaseModel):
+    """``{"texts": ["The cat", ...]}``: the tokens the model will see, with character offsets."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    texts: list[StrictStr]
+    truncate: StrictBool | None = None  # see TRUNCATE_HELP

@@ -1,12 +1,14 @@
 """Run the app on one machine with uvicorn: bind first (port 0 = any free port), load the model
 while /health answers, print ``listening on http://HOST:PORT`` once ready.
 
-SIGTERM or SIGINT stop accepting connections, let the requests in flight finish (their queued
-sentences included), close the model and return; a model that fails to load stops the server
-and ``run_server`` raises its error.
+SIGTERM or SIGINT stop accepting connections, cut uploads still under way (503), let the requests
+in flight finish (their queued sentences included) for up to ``shutdown_timeout_s``, close the
+model and return; a model that fails to load stops the server and ``run_server`` raises its error.
+Connections run ``serving.connections.GuardedH11Protocol`` (deadlines, a connection cap).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import sys
@@ -14,10 +16,13 @@ from typing import Callable
 
 import uvicorn
 
+from .access import exposure_warning
 from .app import create_app
+from .connections import GuardedH11Protocol
+from .limits import AccessOptions, ConnectionLimits
 from .service import ServingState
 
-GRACEFUL_TIMEOUT_S = 60.0  # requests still running this long after SIGTERM are cancelled
+log = logging.getLogger("elmo.serving")
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -44,12 +49,16 @@ def configure_logging(quiet: bool) -> None:
         logger.setLevel(logging.WARNING if quiet else logging.INFO)
 
 
-def make_server(state: ServingState, host: str = "127.0.0.1", port: int = 0,
-                quiet: bool = False) -> tuple[uvicorn.Server, socket.socket, str]:
+def make_server(state: ServingState, host: str = "127.0.0.1", port: int = 0, quiet: bool = False,
+                connections: ConnectionLimits = ConnectionLimits(), access: AccessOptions = AccessOptions(),
+                ) -> tuple[uvicorn.Server, socket.socket, str]:
     """The uvicorn server of ``state``'s app, its bound socket and its URL (not started yet)."""
     sock = bind(host, port)
-    config = uvicorn.Config(create_app(state), log_level="warning" if quiet else "info", access_log=False,
-                            lifespan="on", timeout_graceful_shutdown=GRACEFUL_TIMEOUT_S, log_config=None)
+    protocol = functools.partial(GuardedH11Protocol, limits=connections, cap=connections.connection_cap(),
+                                 metrics=state.metrics)
+    config = uvicorn.Config(create_app(state, access), http=protocol, log_level="warning" if quiet else "info",
+                            access_log=False, lifespan="on", timeout_keep_alive=connections.keep_alive_s,
+                            timeout_graceful_shutdown=connections.shutdown_timeout_s, log_config=None)
     server = uvicorn.Server(config)
 
     def failed(error: BaseException) -> None:
@@ -60,11 +69,14 @@ def make_server(state: ServingState, host: str = "127.0.0.1", port: int = 0,
 
 
 def run_server(state: ServingState, host: str = "127.0.0.1", port: int = 0, quiet: bool = False,
-               announce: Callable[[str], None] | None = None) -> None:
+               announce: Callable[[str], None] | None = None, connections: ConnectionLimits = ConnectionLimits(),
+               access: AccessOptions = AccessOptions()) -> None:
     """Serve until SIGTERM / SIGINT. ``announce`` gets ``listening on URL`` once the model is ready
     (default: printed on stdout)."""
     configure_logging(quiet)
-    server, sock, address = make_server(state, host, port, quiet)
+    if warning := exposure_warning(host, access):
+        log.warning(warning)
+    server, sock, address = make_server(state, host, port, quiet, connections, access)
     say = announce or (lambda line: print(line, flush=True))
     state.on_ready = lambda: say(f"listening on {address}")
     try:

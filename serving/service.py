@@ -17,7 +17,7 @@ from inference.outputs import OUTPUT_MODES, check_output
 from inference.registry import torch_options
 
 from .batcher import DynamicBatcher
-from .errors import NotReady
+from .errors import NotReady, QueueFull
 from .limits import ServeLimits
 from .metrics import ServeMetrics
 
@@ -145,6 +145,14 @@ class ServingState:
             raise NotReady("the model is still loading" if self.error is None else f"the model failed to load: "
                                                                                      f"{self.error}", retry_after=5)
         return self.predictor, self.batcher
+
+    def admit(self) -> None:
+        """NotReady or QueueFull when a request for the model cannot be taken now (the HTTP layer
+        asks before reading the body; the batcher checks the request's own size when it queues)."""
+        _, batcher = self.serving()
+        if batcher.depth >= self.limits.max_queue:
+            raise QueueFull(f"the queue is full ({batcher.depth} sentences, max_queue {self.limits.max_queue}): "
+                            f"retry later")
 
     def close(self) -> None:
         """Finish the queued sentences, stop the batcher, release the model."""

@@ -1,5 +1,6 @@
 """The server under pressure and at its edges: a full queue, clients that go away, SIGTERM with
-requests in flight, readiness before the model is loaded, a model that fails to load."""
+requests in flight and a stalled upload, readiness before the model is loaded, a model that fails
+to load."""
 from __future__ import annotations
 
 import socket
@@ -92,18 +93,44 @@ def test_a_client_that_disconnects_leaves_the_queue(model: Path):
         server.stop()
 
 
-def test_sigterm_finishes_requests_in_flight_and_exits_0(model: Path, embedder: Embedder):
-    server = ServerProcess(model, *SLOW_BATCHES)
+def _raw(url: str, head: bytes) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.sendall(head)
+    return s
+
+
+def _reply(s: socket.socket) -> bytes:
+    data = b""
+    while chunk := s.recv(65536):
+        data += chunk
+    return data
+
+
+def test_sigterm_answers_requests_in_flight_cuts_a_stalled_upload_and_exits_0(model: Path, embedder: Embedder):
+    server = ServerProcess(model, "--max-queue", "40", "--max-request-sentences", "2", "--max-wait-ms", "1500")
     assert psutil.Process(server.proc.pid).children(recursive=True) == []
-    bodies = [[SENTENCES[i], SENTENCES[(i + 1) % 5]] for i in range(4)]  # 8 sentences: the queue is full
-    with ThreadPoolExecutor(4) as pool:
+    upload = b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n"
+    stalled = _raw(server.url, upload + b'{"texts": ["half')  # admitted: its body never comes
+    bodies = [[SENTENCES[i % 5], SENTENCES[(i + 1) % 5]] for i in range(20)]  # 40 sentences: the queue is full
+    with ThreadPoolExecutor(20) as pool:
         futures = [pool.submit(httpx.post, f"{server.url}/embed", json={"sentences": b}, timeout=30) for b in bodies]
-        _until(lambda: metric(_metrics(server.url), "elmo_queue_depth") == 8)
+        _until(lambda: metric(_metrics(server.url), "elmo_queue_depth") == 40)
+        started = time.monotonic()  # a full queue refuses before reading the body: none is sent here
+        with _raw(server.url, upload) as early:
+            refusal = _reply(early)
+        assert refusal.split(b"\r\n")[0] == b"HTTP/1.1 503 Service Unavailable" and b"queue_full" in refusal
+        assert time.monotonic() - started < 1.0
         server.terminate()
+        terminated = time.monotonic()
         answers = [f.result() for f in futures]
     for body, answer in zip(bodies, answers):
         _check(answer, body, embedder)
+    assert _reply(stalled).startswith(b"HTTP/1.1 503 "), "the stalled upload was not cut at SIGTERM"
+    stalled.close()
     assert server.wait(30) == 0, "\n".join(server.stderr)
+    # the queued batch waits 1.5 s (--max-wait-ms); the stalled upload's 30 s deadline is not waited for
+    assert time.monotonic() - terminated < 10, time.monotonic() - terminated
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{server.url}/health", timeout=2)
 
