@@ -10,18 +10,26 @@ threads of this process (httpx, float JSON, the default mixed output), each send
   embed_sentences (batch 64, length-sorted) over the same sentences; target >= 0.8x;
 - latency: p50 / p99 per request at half that many clients;
 - added latency: one unloaded single-sentence request against embed_sentences on that sentence
-  alone (medians); target <= 5 ms.
+  alone (medians); target <= 5 ms;
+- overload (``--overload-s``, 0 to skip): a second server with ``--max-queue 64`` and 64 clients
+  sending back to back: p50 / p99 of the 503s and of the 200s; then the same with 200 stalled
+  connections held open (half-sent headers, re-opened as the server cuts them).
 
-  python bench/bench_serve.py [--clients 32] [--requests 128] [--repeats 3] [--device cpu] [--encoding float]
+  python bench/bench_serve.py [--clients 32] [--requests 128] [--repeats 3] [--device cpu] [--encoding float] \
+      [--overload-s 20]
 """
 from __future__ import annotations
 
 import argparse
 import random
+import selectors
+import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -97,6 +105,84 @@ def added_latency(url: str, embedder: Embedder, sentence: list[str], n: int = 20
     return statistics.median(served), statistics.median(direct)
 
 
+def overload_pass(url: str, reqs: list[list[list[str]]], clients: int, seconds: float) -> dict[int, list[float]]:
+    """Latencies (s) by status code of ``clients`` clients sending requests back to back for ``seconds``."""
+    by_status: dict[int, list[float]] = defaultdict(list)
+    stop = time.monotonic() + seconds
+
+    def client_loop(i: int) -> None:
+        with httpx.Client(timeout=120) as client:
+            k = i
+            while time.monotonic() < stop:
+                t0 = time.perf_counter()
+                r = client.post(f"{url}/embed", json={"sentences": reqs[k % len(reqs)]})
+                by_status[r.status_code].append(time.perf_counter() - t0)
+                k += clients
+
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client_loop, range(clients)))
+    return by_status
+
+
+class Stalls:
+    """``n`` connections that send half a request's headers and nothing more, re-opened as the
+    server cuts them (a slowloris client), on a thread until ``close()``."""
+
+    def __init__(self, url: str, n: int) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.addr, self.n, self.reopened = (host, int(port)), n, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._hold, daemon=True)
+        self._thread.start()
+
+    def _open(self, sel: selectors.BaseSelector) -> None:
+        s = socket.create_connection(self.addr, timeout=5)
+        s.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ)
+
+    def _hold(self) -> None:
+        sel = selectors.DefaultSelector()
+        for _ in range(self.n):
+            self._open(sel)
+        while not self._stop.is_set():
+            for key, _ in sel.select(timeout=0.2):
+                sel.unregister(key.fileobj)
+                key.fileobj.close()  # cut (408 or reset): open another
+                self._open(sel)
+                self.reopened += 1
+        for key in list(sel.get_map().values()):
+            key.fileobj.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def report_overload(label: str, by_status: dict[int, list[float]]) -> None:
+    parts = []
+    for status in sorted(by_status):
+        p50, p99 = np.percentile(by_status[status], [50, 99]) * 1000
+        parts.append(f"{len(by_status[status])} x {status}: p50 {p50:.1f} ms, p99 {p99:.1f} ms")
+    print(f"overload, {label}: " + "; ".join(parts), flush=True)
+
+
+def overload(model: Path, a: argparse.Namespace, reqs: list[list[list[str]]]) -> None:
+    proc, url = start_server(model, a.device, a.threads, ["--max-queue", "64", "--max-request-sentences", "8"])
+    try:
+        overload_pass(url, reqs, 64, 2.0)  # warm-up
+        report_overload("64 clients, --max-queue 64", overload_pass(url, reqs, 64, a.overload_s))
+        stalls = Stalls(url, 200)
+        try:
+            time.sleep(1.0)
+            report_overload("the same with 200 stalled connections", overload_pass(url, reqs, 64, a.overload_s))
+        finally:
+            stalls.close()
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=32)
@@ -107,6 +193,7 @@ def main() -> None:
     ap.add_argument("--encoding", choices=("float", "base64"), default="float", help="of the answers")
     ap.add_argument("--server-args", default="", help="more `elmo serve` options, e.g. '--max-batch-tokens 8192'")
     ap.add_argument("--workdir", type=Path, default=ROOT / ".cache" / "bench")
+    ap.add_argument("--overload-s", type=float, default=20.0, help="seconds of each overload pass (0: skip)")
     a = ap.parse_args()
     model = full_size_model(a.workdir)
     reqs = requests_of(a.requests, seed=0)
@@ -137,6 +224,8 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(60)
+    if a.overload_s > 0:
+        overload(model, a, reqs)
 
 
 if __name__ == "__main__":

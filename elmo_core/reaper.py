@@ -56,12 +56,24 @@ def _kill(pids: list[int]) -> None:
             pass
 
 
+def _start_time(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return None
+
+
 def watch(parent: int, marker: str, poll: float = 0.5, settle_s: float = 2.0, give_up_s: float = 30.0) -> None:
-    """Wait for ``parent`` to end, then SIGKILL every process ``marked`` by ``marker`` until none
-    has appeared for ``settle_s`` (a dying cluster may still start one), and remove the folder
-    ``marker`` names."""
+    """While ``parent`` lives, note the processes ``marked`` by ``marker`` (their renamed children,
+    such as ``ray::IDLE``, may be orphaned when their marked parent dies first). Once it ends,
+    SIGKILL those still the same processes and every process marked now, until none has appeared
+    for ``settle_s`` (a dying cluster may still start one), and remove the folder ``marker`` names."""
+    seen: dict[int, str | None] = {}
     while Path(f"/proc/{parent}").exists():
+        seen.update({p: _start_time(p) for p in marked(marker) + descendants(parent)
+                     if p not in seen and p != os.getpid()})  # this watcher is one of the parent's children
         time.sleep(poll)
+    _kill([p for p, t in seen.items() if t is not None and _start_time(p) == t])  # not a reused pid
     quiet_since, deadline = time.monotonic(), time.monotonic() + give_up_s
     while time.monotonic() - quiet_since < settle_s and time.monotonic() < deadline:
         if found := marked(marker):

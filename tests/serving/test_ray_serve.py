@@ -1,8 +1,14 @@
 """``elmo serve --engine ray``: two Ray Serve replicas on a real local Ray cluster answer exactly
-what the local server answers, and SIGTERM tears the cluster down."""
+what the local server answers, SIGTERM tears the cluster down, and a SIGKILL during start-up
+leaves no process or folder behind."""
 from __future__ import annotations
 
+import os
 import random
+import signal
+import subprocess
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -51,3 +57,34 @@ def test_two_replicas_answer_what_the_local_server_answers(tmp_path: Path):
         assert not alive, f"left running after SIGTERM: {[p.pid for p in alive]}"
     finally:
         ray_server.stop()
+
+
+def test_a_sigkill_during_ray_start_up_orphans_nothing(tmp_path: Path):
+    """The reaper is armed before ``ray.init``: kill the server while its local cluster starts, and
+    every process of that cluster ends and its session folder goes."""
+    from elmo_core.reaper import descendants, marked
+
+    model = make_model_dir(tmp_path / "tiny", TINY_OPTIONS)
+    proc = subprocess.Popen([sys.executable, "-m", "elmo_cli", "serve", str(model), "--engine", "ray", "--port", "0",
+                             "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    folder, deadline = None, time.monotonic() + 120
+    while folder is None and time.monotonic() < deadline and proc.poll() is None:
+        for pid in descendants(proc.pid):  # the GCS server is the first process ray.init starts
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmdline[0].endswith(b"gcs_server"):
+                log_dir = next(a for a in cmdline if a.startswith(b"--log_dir=")).decode().split("=", 1)[1]
+                folder = log_dir.split("/session_")[0]
+        time.sleep(0.05)
+    assert folder is not None and proc.poll() is None, "ray.init never started its GCS server"
+    assert Path(folder).name.startswith("elmo-ray-")
+    os.kill(proc.pid, signal.SIGKILL)  # mid start-up: ray.init has not returned
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while (marked(folder) or Path(folder).exists()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [(p, Path(f"/proc/{p}/cmdline").read_bytes()[:80]) for p in marked(folder)]
+    assert not left, f"Ray processes of the killed server still run: {left}"
+    assert not Path(folder).exists(), f"the cluster's folder {folder} was left behind"
