@@ -5,9 +5,9 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import torch
 
-from elmo_core import POOLS, pool_tokens
+from elmo_core import POOLS
+from elmo_core.pooling import pool_ragged
 from elmo_core.chars import check_sentences
 from elmo_core.errors import InputError
 
@@ -112,16 +112,19 @@ class Embedder:
         if batch_size is not None and batch_size <= 0:
             raise InputError(f"batch_size must be positive, got {batch_size}")
         if self.stateful:
-            results = self._in_order(sentences, batch_size or 64, output, mix_weights, gamma, layer_norm)
+            out = self._in_order(sentences, batch_size or 64, output, mix_weights, gamma, layer_norm)
         else:
-            plan = plan_batches(sentences, self.policy, batch_size)
-            out = self._run_plan(plan, output, mix_weights, gamma, layer_norm)  # (N, [L+1,] D)
-            offsets = plan.offsets  # (R+1,)
+            out = self._run_plan(plan_batches(sentences, self.policy, batch_size), output, mix_weights, gamma,
+                                 layer_norm)  # (N, [L+1,] D): the sentences' tokens one after another
+        lengths = np.array([len(s) for s in sentences], dtype=np.int64)  # (R,)
+        if pool is not None:
+            pooled = pool_ragged(out, lengths, pool)  # (R, [L+1,] D)
+            results: list[np.ndarray | None] = [None if n == 0 else row for n, row in zip(lengths, pooled)]
+        else:
+            offsets = np.concatenate([[0], np.cumsum(lengths)])  # (R+1,)
             results = [out[offsets[i]:offsets[i + 1]] for i in range(len(sentences))]  # (T_i, [L+1,] D)
             if output == "all":
                 results = [np.ascontiguousarray(r.transpose(1, 0, 2)) for r in results]  # (L+1, T_i, D)
-        if pool is not None:
-            results = [None if len(s) == 0 else self._pool(r, output == "all", pool) for s, r in zip(sentences, results)]
         return [unit_length(r) if normalize and r is not None else r for r in results]
 
     def _run_plan(self, plan: Plan, output: str, mix_weights: Sequence[float] | None, gamma: float,
@@ -149,20 +152,15 @@ class Embedder:
         return out
 
     def _in_order(self, sentences: Sequence[Sequence[str]], batch_size: int, output: str,
-                  mix_weights: Sequence[float] | None, gamma: float, layer_norm: bool) -> list[np.ndarray]:
-        """A stateful backend: the sentences in the order given, ``batch_size`` rows a call."""
-        results = []
+                  mix_weights: Sequence[float] | None, gamma: float, layer_norm: bool) -> np.ndarray:
+        """A stateful backend: the sentences in the order given, ``batch_size`` rows a call.
+        Shape: -> (N tokens, [L+1,] D), the sentences' tokens one after another."""
+        L1, D = self.config.n_output_layers, self.config.output_dim
+        parts = [np.empty((0, L1, D) if output == "all" else (0, D), np.float32)]
         for start in range(0, len(sentences), batch_size):
             batch = sentences[start:start + batch_size]
             layers, mask = self.embed_batch(batch)  # (B, L+1, T, D)
             reduced = reduce_layers(layers, mask, output, mix_weights, gamma, layer_norm)  # (B, [L+1,] T, D)
-            results += [np.ascontiguousarray(reduced[k, :, :len(s)] if output == "all" else reduced[k, :len(s)])
-                        for k, s in enumerate(batch)]
-        return results
-
-    @staticmethod
-    def _pool(vectors: np.ndarray, layered: bool, pool: str) -> np.ndarray:
-        """One sentence's tokens pooled. Shape: (T, D) -> (D,); (L+1, T, D) -> (L+1, D)."""
-        tokens = torch.from_numpy(np.moveaxis(vectors, 1, 0) if layered else vectors)[None]  # (1, T, [L+1,] D)
-        mask = torch.ones(tokens.shape[:2], dtype=torch.bool)  # (1, T)
-        return pool_tokens(tokens, mask, pool)[0].numpy().astype(np.float32)  # ([L+1,] D)
+            parts += [reduced[k, :, :len(s)].transpose(1, 0, 2) if output == "all" else reduced[k, :len(s)]
+                      for k, s in enumerate(batch)]  # (T_i, [L+1,] D)
+        return np.concatenate(parts).astype(np.float32, copy=False)

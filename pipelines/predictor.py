@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from elmo_core import ElmoConfig
 from elmo_core.errors import InputError
+from elmo_core.pooling import pool_ragged
 from inference.batching import Plan, plan_batches
 from inference.outputs import layer_weights, unit_length
 from inference.registry import model_config, open_backend
@@ -143,22 +144,14 @@ class ElmoPredictor:
             out[dest] = reduced[rows, cols]
 
     def _pooled(self, out: np.ndarray, lengths: np.ndarray) -> pa.Array:
-        """Each row's tokens pooled (over all of its windows: they are joined in ``out`` already):
-        ``elmo_core.pooling.pool_tokens`` for ragged rows, without padding them (by ``reduceat``
-        over the row offsets); tested against it.
+        """Each row's tokens pooled (over all of its windows: they are joined in ``out`` already).
 
         Shape: out (N, [L+1,] D) float32, lengths (R,) (-1: null) -> R vectors, null where no token.
         """
         n = np.maximum(lengths, 0)  # (R,)
-        starts = (np.cumsum(n) - n)[n > 0]  # (R',) of the rows that have tokens
-        rows = np.full((len(lengths),) + out.shape[1:], np.nan, np.float32)  # (R, [L+1,] D)
-        if starts.size:
-            if self.options.pool == "mean":
-                rows[n > 0] = np.add.reduceat(out, starts, axis=0) / n[n > 0].reshape((-1,) + (1,) * (out.ndim - 1))
-            else:
-                rows[n > 0] = np.maximum.reduceat(out, starts, axis=0)
-            if self.options.normalize:
-                rows[n > 0] = unit_length(rows[n > 0])
+        rows = pool_ragged(out, n, self.options.pool)  # (R, [L+1,] D)
+        if self.options.normalize:
+            rows[n > 0] = unit_length(rows[n > 0])
         values = np.ascontiguousarray(rows, dtype=self.options.dtype)
         value_type = pa.float16() if values.dtype == np.float16 else pa.float32()
         inner: pa.Array = pa.Array.from_buffers(value_type, values.size, [None, pa.py_buffer(values)])

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from elmo_core import InputError, pool_tokens
+from elmo_core.pooling import pool_ragged
 from inference import Embedder
 from tests.helpers import SENTENCES
 
@@ -22,6 +23,26 @@ def test_pooling_ignores_padding():
     assert mean[2].isnan().all() and mx[2].isnan().all()
     with pytest.raises(InputError, match="pool must be one of"):
         pool_tokens(x, mask, "sum")
+
+
+@pytest.mark.parametrize("trailing", [(4,), (3, 4)])  # (D,) or (L+1, D) per token
+@pytest.mark.parametrize("pool", ["mean", "max"])
+def test_ragged_rows_pool_as_the_padded_reference(trailing, pool):
+    lengths = np.array([3, 0, 1, 5, 0, 2])
+    rng = np.random.default_rng(0)
+    flat = rng.standard_normal((lengths.sum(),) + trailing).astype(np.float32)  # (N, ...)
+    padded = np.zeros((len(lengths), lengths.max()) + trailing, np.float32)  # (R, T, ...)
+    mask = np.zeros((len(lengths), lengths.max()), bool)  # (R, T)
+    for r, (a, n) in enumerate(zip(np.cumsum(lengths) - lengths, lengths)):
+        padded[r, :n], mask[r, :n] = flat[a:a + n], True
+    want = pool_tokens(torch.from_numpy(padded), torch.from_numpy(mask), pool).numpy()
+    got = pool_ragged(flat, lengths, pool)
+    assert got.shape == want.shape and got.dtype == np.float32
+    # fp32 sums of <= 5 values in two orders (reduceat vs masked torch sum): a few ulp
+    np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-6)
+    assert np.isnan(got[[1, 4]]).all()
+    with pytest.raises(InputError, match="pool must be one of"):
+        pool_ragged(flat, lengths, "sum")
 
 
 @pytest.mark.parametrize("output", ["mixed", "all"])
