@@ -46,7 +46,7 @@ from inference.registry import model_config
 from .options import EmbedOptions
 from .predictor import default_threads
 from .lock import OutputLock
-from .rows import decode_column, row_tokens
+from .rows import row_values
 from .source import PARQUET_SUFFIXES, resolve_inputs, scan_inputs
 
 SENTENCE_TO_INDEX = "sentence_to_index"
@@ -81,12 +81,11 @@ def parquet_sentences(spec: str | Path, opts: EmbedOptions, counts: dict) -> Ite
         row = 0
         for batch in ds.dataset(str(file.path), format="parquet").to_batches(columns=[column],
                                                                               batch_size=opts.sort_window_rows):
-            rows, bad = row_tokens(batch.column(0), opts.tokens_column is not None, column)
-            texts = rows if opts.tokens_column else decode_column(batch.column(0))[0]
+            values, bad = row_values(batch.column(0), opts.tokens_column is not None, column)
             counts["invalid_utf8"] += bad
-            for i, tokens in enumerate(rows):
-                text = texts[i]
-                text = None if text is None else " ".join(text) if opts.tokens_column else text.strip()
+            for i, value in enumerate(values):
+                tokens = value if opts.tokens_column or value is None else split_tokens(value)
+                text = None if value is None else " ".join(value) if opts.tokens_column else value.strip()
                 yield text, tokens or [], f"{file.path}: row {row + i} (column '{column}')"
             row += batch.num_rows
 

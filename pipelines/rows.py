@@ -49,15 +49,21 @@ def decode_column(column: pa.Array | pa.ChunkedArray) -> tuple[list, int]:
     return values, bad
 
 
+def row_values(column: pa.Array | pa.ChunkedArray, tokens_column: bool, name: str) -> tuple[list, int]:
+    """The rows decoded: strings (a text column) or token lists (a list<string> column), None for
+    null rows; and the number of strings with invalid UTF-8 (their bad bytes dropped)."""
+    check_text_type(column.type, tokens_column, f"column '{name}'")
+    rows, bad = decode_column(column)
+    if tokens_column:
+        for i, row in enumerate(rows):
+            if row is not None and any(tok is None for tok in row):
+                raise InputError(f"column '{name}', row {i} of the batch: a token is null "
+                                 f"(tokens must be strings; drop or replace null tokens)")
+    return rows, bad
+
+
 def row_tokens(column: pa.Array | pa.ChunkedArray, tokens_column: bool, name: str) -> tuple[list[list[str] | None], int]:
     """Token lists of a text column (whitespace split) or a list<string> column, None for null rows;
     and the number of strings with invalid UTF-8 (their bad bytes dropped)."""
-    check_text_type(column.type, tokens_column, f"column '{name}'")
-    rows, bad = decode_column(column)
-    if not tokens_column:
-        return [None if s is None else split_tokens(s) for s in rows], bad
-    for i, row in enumerate(rows):
-        if row is not None and any(tok is None for tok in row):
-            raise InputError(f"column '{name}', row {i} of the batch: a token is null "
-                             f"(tokens must be strings; drop or replace null tokens)")
-    return rows, bad
+    rows, bad = row_values(column, tokens_column, name)
+    return (rows if tokens_column else [None if s is None else split_tokens(s) for s in rows]), bad
