@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 from elmo_core.errors import InputError
-from inference.export_spec import DEFAULT_OPSET, PRECISIONS, SUPPORTED_OPSETS
+from elmo_core.names import EXPORT_PRECISIONS
+from inference.export_spec import DEFAULT_OPSET, SUPPORTED_OPSETS
 
 
 def _floats(text: str) -> list[float]:
@@ -27,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--output", choices=("all", "mixed"), default="all", help="all layers, or the scalar mix")
     o.add_argument("--mix", type=_floats, help="mixed: unnormalised layer weights s, comma-separated (softmax applied)")
     o.add_argument("--gamma", type=float, default=1.0, help="mixed: the scale gamma")
-    o.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    o.add_argument("--precision", choices=EXPORT_PRECISIONS, default="fp32")
     o.add_argument("--opset", type=int, choices=SUPPORTED_OPSETS, default=DEFAULT_OPSET)
     o.add_argument("--token-dedup", action="store_true",
                    help="char-CNN once per distinct token of a batch (faster on ONNX Runtime; not TensorRT-parsable)")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from elmo_core import load_bilm, resolve_model
+from elmo_core.atomic import read_json_object
 from elmo_core.errors import InputError
 from elmo_core.model_io import count_parameters, file_sha256
 from inference.export_manifest import MANIFEST_NAME, read_manifest
@@ -44,18 +45,8 @@ def describe(model_path: str, weights: str | None = None) -> dict:
     }
 
 
-def _json(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: cannot be read as JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise InputError(f"{path}: not the JSON object elmo writes")
-    return value
-
-
 def _export(path: Path) -> dict:
-    kind = _json(path / MANIFEST_NAME).get("kind")
+    kind = read_json_object(path / MANIFEST_NAME).get("kind")
     m = read_manifest(path, str(kind))
     return {"kind": f"{kind} export", "path": str(path), "precision": m.get("precision"),
             "outputs": m.get("outputs"), "parity": m.get("parity"), "source": m.get("source", {}).get("model"),
@@ -68,13 +59,13 @@ def inspect(path_arg: str, weights: str | None = None) -> dict:
     if path.is_dir() and (path / MANIFEST_NAME).is_file():
         return _export(path)
     if path.is_dir() and (path / EMBED_JOB).is_file():
-        m = _json(path / EMBED_MANIFEST) if (path / EMBED_MANIFEST).is_file() else {}
-        job = _json(path / EMBED_JOB)
+        m = read_json_object(path / EMBED_MANIFEST) if (path / EMBED_MANIFEST).is_file() else {}
+        job = read_json_object(path / EMBED_JOB)
         return {"kind": "elmo embed output", "path": str(path), "finished": (path / "_SUCCESS").is_file(),
                 **{k: m.get(k) for k in ("rows", "tokens")}, "shards": len(m.get("shards", [])),
                 "model": job.get("model"), "options": job.get("options")}
     if path.is_dir() and (path / RUN_INFO).is_file():
-        summary = _json(path / RUN_SUMMARY) if (path / RUN_SUMMARY).is_file() else {}
+        summary = read_json_object(path / RUN_SUMMARY) if (path / RUN_SUMMARY).is_file() else {}
         model = path / "model"
         return {"kind": "elmo train run", "path": str(path), "finished": bool(summary),
                 **{k: summary.get(k) for k in ("step", "tokens", "valid", "valid_over_train", "batching")},

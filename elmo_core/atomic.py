@@ -5,6 +5,7 @@ readers, unique to the writing process, so two writers never share one); when th
 without an error the file is fsynced, renamed over ``path`` and its directory fsynced, so after a
 crash ``path`` holds either its old content or the whole new one. On an error the temporary file
 is removed. Cleaners of a directory recognise leftovers by the ``.*.tmp`` pattern.
+``read_json_object`` is the one way it reads back the JSON records it writes.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
+
+from .errors import InputError
 
 TMP_GLOB = ".*.tmp"
 
@@ -48,3 +51,17 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 def write_json_atomic(path: str | Path, obj: Any, **dumps: Any) -> None:
     """``obj`` as JSON (``dumps``: json.dumps's options; default indent 2, sorted keys)."""
     write_text_atomic(path, json.dumps(obj, **({"indent": 2, "sort_keys": True} | dumps)) + "\n")
+
+
+def read_json_object(path: str | Path) -> dict:
+    """The JSON object in ``path``. InputError naming the file when it cannot be read, is not JSON
+    or holds something else; FileNotFoundError as it is (a missing file is the caller's to explain)."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: cannot be read as JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: holds a {type(value).__name__}, not the JSON object elmo writes")
+    return value

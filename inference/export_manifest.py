@@ -4,12 +4,12 @@ The export format's one home: `elmo export` writes it, the ONNX Runtime and Tens
 """
 from __future__ import annotations
 
-import json
 import platform
 from pathlib import Path
 from typing import Any
 
-from elmo_core.atomic import write_json_atomic
+from elmo_core.atomic import read_json_object, write_json_atomic
+from elmo_core.errors import InputError
 from elmo_core.model_io import file_sha256
 
 from .errors import ExportError
@@ -47,12 +47,12 @@ def read_manifest(export_dir: str | Path, kind: str = "onnx") -> dict[str, Any]:
     if not path.is_file():
         raise ExportError(f"{export_dir}: no {MANIFEST_NAME}; is this a directory written by `elmo export {kind}`?")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ExportError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(manifest, dict) or manifest.get("kind") != kind:
-        got = manifest.get("kind") if isinstance(manifest, dict) else None
-        raise ExportError(f"{path}: a {got!r} manifest, expected {kind!r} (use the `elmo export {kind}` output)")
+        manifest = read_json_object(path)
+    except InputError as e:
+        raise ExportError(str(e)) from None
+    if manifest.get("kind") != kind:
+        raise ExportError(f"{path}: a {manifest.get('kind')!r} manifest, expected {kind!r} "
+                          f"(use the `elmo export {kind}` output)")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise ExportError(f"{path}: manifest format {manifest.get('format_version')}, this version reads "
                           f"{FORMAT_VERSION}; re-export")

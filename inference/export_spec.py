@@ -20,7 +20,6 @@ INPUT_NAME = "char_ids"
 MASK_NAME = "mask"
 OUTPUT_NAMES = {"all": "layers", "mixed": "mixed"}
 BATCH, TIME = "batch", "time"
-PRECISIONS = EXPORT_PRECISIONS  # the export's choices (elmo_core.names)
 SUPPORTED_OPSETS = (17, 18, 19, 20)  # TensorRT 10.x parses opset 9..20 (10.0) and later up to 24
 DEFAULT_OPSET = 17
 # Shapes the validator runs, none of them the shape the graph was traced or built with.
@@ -98,8 +97,8 @@ class ExportSpec:
     def __post_init__(self) -> None:
         if self.output not in OUTPUT_NAMES:
             raise ExportError(f"output must be one of {tuple(OUTPUT_NAMES)}, got {self.output!r}")
-        if self.precision not in PRECISIONS:
-            raise ExportError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.precision not in EXPORT_PRECISIONS:
+            raise ExportError(f"precision must be one of {EXPORT_PRECISIONS}, got {self.precision!r}")
         if self.opset not in SUPPORTED_OPSETS:
             raise ExportError(f"opset {self.opset} is not supported; use one of {SUPPORTED_OPSETS}")
         if self.mix_weights is not None and len(self.mix_weights) != self.n_layers:

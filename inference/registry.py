@@ -8,12 +8,12 @@ asked for, so a machine without onnxruntime-gpu or TensorRT still runs the torch
 from __future__ import annotations
 
 import importlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from elmo_core import ElmoConfig, InputError
+from elmo_core.atomic import read_json_object
 from elmo_core.model_io import file_sha256, resolve_model
 from elmo_core.precision import check_precision
 
@@ -79,10 +79,9 @@ def export_dir(model: str | Path, backend: str) -> Path:
 
 def _manifest_kind(directory: Path) -> str | None:
     try:
-        manifest = json.loads((directory / MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_json_object(directory / MANIFEST_NAME).get("kind")
+    except (OSError, InputError):
         return None
-    return manifest.get("kind") if isinstance(manifest, dict) else None
 
 
 def artifact_file(model: str | Path, backend: str) -> Path:

@@ -12,7 +12,6 @@ rows of a shard that failed its checksum are not read.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import NoReturn
 
@@ -21,7 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from elmo_core.errors import ElmoError
+from elmo_core.atomic import read_json_object
+from elmo_core.errors import ElmoError, InputError
 
 from .options import EmbedOptions, OutputDirError
 from .rows import row_tokens
@@ -43,13 +43,13 @@ INPUT_KEYS = {"path": str, "rows": int, "bytes": int, "mtime_ns": int, "footer_s
 def _record(path: Path, keys: dict[str, type], problems: list[str]) -> dict | None:
     """A JSON object with these keys and types, or None with the problem added."""
     try:
-        obj = json.loads(path.read_text())
+        obj = read_json_object(path)
     except FileNotFoundError:
         problems.append(f"{path.name}: missing; is this a finished elmo embed OUTPUT_DIR? (a job that did not "
                         f"finish: rerun it with --resume)")
         return None
-    except (OSError, ValueError) as e:
-        problems.append(f"{path.name}: cannot be read as JSON ({e})")
+    except InputError as e:
+        problems.append(str(e))
         return None
     why = _shape_problem(obj, keys)
     if why:
@@ -59,8 +59,6 @@ def _record(path: Path, keys: dict[str, type], problems: list[str]) -> dict | No
 
 
 def _shape_problem(obj: object, keys: dict[str, type]) -> str:
-    if not isinstance(obj, dict):
-        return f"holds a {type(obj).__name__}, not the object elmo embed writes"
     wrong = [k for k, t in keys.items() if not isinstance(obj.get(k), t) or isinstance(obj.get(k), bool)]
     return f"{', '.join(wrong)} missing or of the wrong type" if wrong else ""
 
