@@ -13,22 +13,10 @@ from elmo_core.names import PRECISIONS
 from inference.registry import BACKEND_NAMES, check_device, check_precision_for, model_config
 from serving.limits import AccessOptions, ConnectionLimits, ServeLimits
 
-HELP = {
-    "max_batch_tokens": "padded tokens (sentences x longest) per model batch",
-    "max_wait_ms": "how long the oldest queued sentence waits for others to join its batch",
-    "max_queue": "sentences waiting for the model; a request that does not fit gets 503 + Retry-After",
-    "max_request_sentences": "sentences (or texts, or inputs) one request may hold (else 413)",
-    "max_sentence_tokens": "tokens one sentence may hold (else 413)",
-    "max_body_bytes": "bytes of one request body (else 413)",
-    "auto_truncate": "cut a sentence over --max-sentence-tokens to that length instead of a 413 "
-                     "(a request's \"truncate\" overrides it)",
-}
-
-
 def _add_fields(group: argparse._ArgumentGroup, cls: type) -> None:
-    """One flag per field of the frozen dataclass ``cls`` (help: its metadata, or HELP)."""
+    """One flag per field of the frozen dataclass ``cls`` (help: the field's metadata)."""
     for f in fields(cls):
-        flag, text = f"--{f.name.replace('_', '-')}", f.metadata.get("help") or HELP[f.name]
+        flag, text = f"--{f.name.replace('_', '-')}", f.metadata["help"]
         if isinstance(f.default, bool):
             group.add_argument(flag, action="store_true", help=text)
         else:

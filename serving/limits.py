@@ -13,6 +13,10 @@ from typing import Any
 from elmo_core.errors import InputError
 
 
+def _opt(default: Any, help: str) -> Any:  # noqa: A002
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class ServeLimits:
     """What one request, one model batch and the queue may hold.
@@ -23,13 +27,15 @@ class ServeLimits:
     sentence may wait for others to join its batch.
     """
 
-    max_batch_tokens: int = 4096
-    max_wait_ms: float = 0.0  # on a CPU a batch runs ~100 ms+: requests arriving meanwhile batch anyway
-    max_queue: int = 1024
-    max_request_sentences: int = 256
-    max_sentence_tokens: int = 256
-    max_body_bytes: int = 4 * 1024 * 1024
-    auto_truncate: bool = False  # a sentence over max_sentence_tokens is cut to it (a request's `truncate` overrides)
+    max_batch_tokens: int = _opt(4096, "padded tokens (sentences x longest) per model batch")
+    # On a CPU a batch runs ~100 ms+: requests arriving meanwhile batch anyway.
+    max_wait_ms: float = _opt(0.0, "how long the oldest queued sentence waits for others to join its batch")
+    max_queue: int = _opt(1024, "sentences waiting for the model; a request that does not fit gets 503 + Retry-After")
+    max_request_sentences: int = _opt(256, "sentences (or texts, or inputs) one request may hold (else 413)")
+    max_sentence_tokens: int = _opt(256, "tokens one sentence may hold (else 413, or cut with --auto-truncate)")
+    max_body_bytes: int = _opt(4 * 1024 * 1024, "bytes of one request body (else 413)")
+    auto_truncate: bool = _opt(False, "cut a sentence over --max-sentence-tokens to that length instead of a 413 "
+                                      "(a request's \"truncate\" overrides it)")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -55,10 +61,6 @@ class ServeLimits:
 
 FD_RESERVE = 64  # descriptors kept for the model's files, logs and the process itself
 MAX_CONNECTIONS_CAP = 4096
-
-
-def _opt(default: Any, help: str) -> Any:  # noqa: A002
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True)
