@@ -18,7 +18,7 @@ import sys
 import threading
 
 COMMAND_MODULES = ("elmo_cli.cmd_info", "elmo_cli.cmd_train", "elmo_cli.cmd_export", "elmo_cli.cmd_embed",
-                   "elmo_cli.cmd_demo", "elmo_cli.cmd_serve", "elmo_cli.cmd_tokens",
+                   "elmo_cli.cmd_demo", "elmo_cli.cmd_probe", "elmo_cli.cmd_serve", "elmo_cli.cmd_tokens",
                    "elmo_cli.cmd_convert")
 EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TERMINATED = 2, 130, 143
 

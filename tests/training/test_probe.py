@@ -1,0 +1,119 @@
+"""elmo probe: the framed uses, the ridge probe's maths, layer 0 at its baseline, the picture, the CLI."""
+from __future__ import annotations
+
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+from elmo_cli.main import main
+from inference import Embedder
+from training.probe import (collect, find_contexts, layer_names, nearest, pooled, ridge_predict)
+from training.probe_picture import COLOURS, MARGIN, PANEL, write_picture
+
+
+def test_uses_are_labelled_by_the_frame_and_the_frame_is_removed():
+    sentences = [s.split() for s in ("We must finish our work now .", "They work hard .", "Back to work .",
+                                     "Work is good .", "the work of a day", "Our Work .")]
+    found = find_contexts(sentences, "work")
+    assert [(c.use, c.tokens, c.tokens[c.position]) for c in found] == [
+        ("noun", "We must finish work now .".split(), "work"),
+        ("verb", "work hard .".split(), "work"),
+        ("noun", "work of a day".split(), "work")]  # "to work" is no frame (go to work); case is exact
+    assert found[0].snippet() == "We must finish [our] *work* now ."
+
+
+def _loo_brute(a, r, lam):
+    """Leave-one-out squared error of dual ridge by refitting n times (the reference)."""
+    errs = []
+    for i in range(len(r)):
+        keep = np.arange(len(r)) != i
+        k = a[keep] @ a[keep].T
+        alpha = np.linalg.solve(k + lam * np.eye(keep.sum()), r[keep])
+        errs.append((r[i] - a[i] @ (a[keep].T @ alpha)) ** 2)
+    return np.mean(errs)
+
+
+def test_the_closed_form_leave_one_out_is_the_refit_one():
+    rng = np.random.default_rng(0)
+    a, r, lam = rng.normal(size=(12, 30)), rng.normal(size=12), 3.0
+    k = a @ a.T
+    e, v = np.linalg.eigh(k)
+    alpha = v @ ((v.T @ r) / (e + lam))
+    h = np.einsum("ij,j,ij->i", v, e / (e + lam), v)
+    closed = np.mean(((r - k @ alpha) / (1 - h)) ** 2)  # the formula ridge_predict uses
+    assert closed == pytest.approx(_loo_brute(a, r, lam), rel=1e-9)  # float64 maths on both sides
+
+
+def test_the_probe_separates_what_is_separable_and_answers_the_majority_on_constant_features():
+    rng = np.random.default_rng(1)
+    y = np.where(rng.random(80) < 0.3, 1.0, -1.0)
+    x = rng.normal(size=(80, 50)).astype(np.float32)
+    x[:, 7] += 10 * y  # one feature carries the label, far above the noise of the 49 others
+    assert np.mean(ridge_predict(x[:60], y[:60], x[60:]) == y[60:]) == 1.0
+    const = np.ones((80, 50), np.float32) + rng.normal(scale=1e-7, size=(80, 50)).astype(np.float32)  # float noise
+    assert (ridge_predict(const[:60], y[:60], const[60:]) == -1.0).all()  # -1: the majority of y[:60]
+
+
+def test_layer_0_scores_exactly_the_baseline_on_real_sentences(tiny_dir):
+    from elmo_cli.cmd_probe import sotu_texts
+
+    train, test, _ = sotu_texts()
+    with Embedder.from_files(tiny_dir) as embedder:
+        probe = collect(embedder, train, test, "work", cap=60)
+        names = layer_names(embedder.config.n_output_layers)
+        again = embedder.embed_sentences([probe.test[0].tokens], output="all")[0][:, probe.test[0].position]
+    assert names == ["layer 0", "layer 1", "layer 2", "mix"]
+    assert {c.use for c in probe.train} == {"noun", "verb"} and len(probe.test) > 10
+    np.testing.assert_allclose(probe.test_vectors[0, :3], again, rtol=1e-5, atol=1e-6)  # float32 batch shapes
+    np.testing.assert_allclose(probe.test_vectors[:, -1], probe.test_vectors[:, :3].mean(1), rtol=1e-6, atol=1e-7)
+    results = probe.results(names)
+    assert results[0].layer == "layer 0" and results[0].accuracy == results[0].baseline
+    total = pooled(results)
+    assert [r.n_test for r in total] == [len(probe.test)] * 4
+    assert [r.accuracy for r in total] == pytest.approx([r.accuracy for r in results])
+
+
+def test_nearest_excludes_the_query_and_sorts_by_cosine():
+    v = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.1], [1.0, 1.0]])
+    assert [i for i, _ in nearest(0, v, 3)] == [2, 3, 1]
+    assert nearest(0, v, 1)[0][1] == pytest.approx(1 / np.sqrt(1.01))
+
+
+def _read_png(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    w, h, depth, kind = struct.unpack(">IIBB", data[16:26])
+    assert (depth, kind) == (8, 2)
+    idat = data[data.index(b"IDAT") + 4:data.index(b"IEND") - 8]
+    rows = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(h, 1 + 3 * w)
+    assert (rows[:, 0] == 0).all()
+    return rows[:, 1:].reshape(h, w, 3)
+
+
+def test_the_picture_shows_one_dot_for_layer_0_and_both_uses_apart_in_the_other_panel(tmp_path):
+    rng = np.random.default_rng(2)
+    uses = ["noun"] * 20 + ["verb"] * 20
+    layer0 = np.tile(rng.normal(size=8), (40, 1))  # one vector for every context
+    mix = np.concatenate([rng.normal(size=(20, 8)) - 5, rng.normal(size=(20, 8)) + 5])
+    img = _read_png(write_picture(tmp_path / "p.png", [layer0, mix], uses))
+    left = img[MARGIN + 1:MARGIN + PANEL - 1, MARGIN + 1:MARGIN + PANEL - 1]
+    right = img[MARGIN + 1:MARGIN + PANEL - 1, 2 * MARGIN + PANEL + 1:2 * MARGIN + 2 * PANEL - 1]
+    painted = lambda panel, use: np.argwhere((panel == COLOURS[use]).all(-1))  # noqa: E731
+    assert len(painted(left, "verb")) and np.ptp(painted(left, "verb"), axis=0).max() <= 6  # the centre dot only
+    noun, verb = painted(right, "noun")[:, 1].mean(), painted(right, "verb")[:, 1].mean()
+    assert abs(noun - verb) > PANEL / 4  # the first component splits the uses
+
+
+def test_cli_probe_on_a_users_text_and_a_word_it_cannot_probe(tiny_dir, tmp_path, capsys):
+    lines = [f"{subject} {word} every day ." for subject in ("we", "they") for word in ("work", "help")] * 10
+    lines += [f"{det} {word} was done ." for det in ("the", "our") for word in ("work", "help")] * 10
+    (tmp_path / "text.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["probe", str(tiny_dir), "--text", str(tmp_path / "text.txt"), "--word", "work",
+                 "--png", str(tmp_path / "w.png")]) == 0
+    out = capsys.readouterr().out
+    assert "every 5th" in out and "all words" in out and (tmp_path / "w.png").stat().st_size > 100
+    assert main(["probe", str(tiny_dir), "--text", str(tmp_path / "text.txt"), "--word", "zebra"]) == 2
+    err = capsys.readouterr().err
+    assert "--word zebra: too few framed uses" in err and "Traceback" not in err
