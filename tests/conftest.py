@@ -43,3 +43,20 @@ def fixture_model(fixture_dir: Path, tmp_path: Path) -> Path:
 @pytest.fixture
 def tiny_dir(tmp_path: Path) -> Path:
     return make_model_dir(tmp_path / "tiny", TINY_OPTIONS)
+
+
+def pytest_report_header(config) -> str:
+    """The CPU the tolerances ran on (they must hold on AVX2, AVX-512 and AVX-512 BF16 alike)."""
+    model, flags = "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    except OSError:
+        pass
+    simd = sorted(f for f in flags if f.startswith(("avx", "amx")) or f in ("fma", "f16c"))
+    return f"cpu: {model}, {os.cpu_count()} cores; {' '.join(simd) or 'no SIMD flags read'}"
