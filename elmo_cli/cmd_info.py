@@ -17,6 +17,7 @@ from elmo_core.atomic import read_json_object
 from elmo_core.errors import InputError
 from elmo_core.model_io import count_parameters, file_sha256
 from inference.export_manifest import MANIFEST_NAME, read_manifest
+from training.default_model import CARD
 
 EMBED_MANIFEST, EMBED_JOB, RUN_SUMMARY, RUN_INFO = "_manifest.json", "_job.json", "summary.json", "run.json"
 
@@ -36,12 +37,14 @@ def describe(model_path: str, weights: str | None = None) -> dict:
     cfg = model.config
     pad_row = cfg.char_cnn.embedding_dim  # the all-zero padding row of char_embed is no weight of the file
     enc = count_parameters(model.encoder) - pad_row
+    card = files.options.parent / CARD
     return {
         "kind": "model", "options": str(files.options), "weights": str(files.weights), "format": files.format,
         "weights_sha256": file_sha256(files.weights),
         "architecture": cfg.to_dict(),
         "output_layers": cfg.n_output_layers, "output_dim": cfg.output_dim,
         "parameters": {"total": count_parameters(model) - pad_row, "char_cnn": enc, "lstm": count_parameters(model.lstm)},
+        "card": read_json_object(card) if card.is_file() else None,  # `elmo default-model`'s record
     }
 
 
@@ -101,6 +104,11 @@ def _print_model(info: dict) -> None:
     p = info["parameters"]
     print(f"params    {p['total']:,} (char CNN {p['char_cnn']:,}, LSTM {p['lstm']:,})")
     print(f"sha256    {info['weights_sha256']}")
+    if card := info.get("card"):
+        held = card.get("held_out") or {}
+        print(f"trained   {card.get('command')} ({card.get('built')}): {card.get('tokens', 0):,} tokens in "
+              f"{card.get('train_s', 0) / 60:.0f} min; held-out perplexity {held.get('mean', float('nan')):.1f}; "
+              f"stored {card.get('storage')}")
 
 
 def _print_other(info: dict[str, Any]) -> None:

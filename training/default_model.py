@@ -30,6 +30,7 @@ SHIPPED = Path(__file__).resolve().parents[1] / "models" / "default"
 MIN_COSINE = 0.9999
 CHECK_SENTENCES = 300
 WEIGHT_FILES = ("weights.hdf5", "softmax.hdf5")
+CARD = "card.json"
 
 
 def shipped_model() -> Path | None:
@@ -94,7 +95,7 @@ def build_default_model(out: str | Path, work: str | Path, minutes: float, seed:
             "train_eval": summary.get("train_eval"), "storage": storage,
             "storage_min_cosine": cosine, "storage_check": f"{len(check)} held-out sentences, every token and layer",
             "built": time.strftime("%Y-%m-%d", time.gmtime(started))}
-    write_json_atomic(tmp / "card.json", card)
+    write_json_atomic(tmp / CARD, card)
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

@@ -13,7 +13,7 @@ from inference import Embedder
 from tests.helpers import TINY_OPTIONS
 
 
-def test_build_writes_a_half_precision_model_with_its_card_and_the_demo_finds_it(tmp_path, monkeypatch):
+def test_build_writes_a_half_precision_model_with_its_card_and_the_demo_finds_it(tmp_path, monkeypatch, capsys):
     options = tmp_path / "tiny.json"
     options.write_text(json.dumps(TINY_OPTIONS), encoding="utf-8")
     out = tmp_path / "models" / "default"
@@ -42,6 +42,11 @@ def test_build_writes_a_half_precision_model_with_its_card_and_the_demo_finds_it
     assert lm.softmax_w.dtype == torch.float32 and len(vocab) == lm.softmax_w.shape[0]
 
     from elmo_cli.cmd_demo import get_model
+    from elmo_cli.main import main
+
+    assert main(["info", str(out)]) == 0
+    assert f"trained   elmo default-model --minutes 5 --seed 3 ({card['built']}): {card['tokens']:,} tokens" \
+        in capsys.readouterr().out
 
     monkeypatch.setattr(dm, "SHIPPED", out)
     assert get_model(tmp_path / "demo", None, 3.0)[0] == out
