@@ -41,7 +41,8 @@ def get_model(work: Path, model: str | None, train_minutes: float) -> tuple[Path
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="sample corpus -> elmo embed -> what context does to a word (elmo probe)")
     p.add_argument("--work-dir", default="runs/demo")
-    p.add_argument("--model", help="model directory (default: train the default model)")
+    p.add_argument("--model", help="model directory (default: the repository's models/default, else the "
+                                    "default model trained for --train-minutes)")
     p.add_argument("--weights", help="the weights file, when --model's directory holds several")
     p.add_argument("--rows", type=int, default=2000)
     p.add_argument("--word", default=DEFAULT_WORDS[0], help="a word used both as a noun and as a verb "
@@ -64,6 +65,5 @@ def run(args: argparse.Namespace) -> int:
     print(summary_line(manifest, vectors))
     words = [args.word] + [w for w in DEFAULT_WORDS if w != args.word][:DEMO_WORDS - 1]
     with Embedder.from_files(model, args.weights) as embedder:
-        png = report(embedder, words, None, cap=100, neighbours=3, png=work / f"probe-{args.word}.png")
-    print(f"picture {png}: '{args.word}' in layer 0 (left, no context) and the mix (right); blue noun, orange verb")
+        report(embedder, words, None, cap=100, neighbours=3, png=work / f"probe-{args.word}.png")
     return 0

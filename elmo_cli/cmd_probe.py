@@ -68,7 +68,8 @@ def print_neighbours(probe: WordProbe, k: int) -> None:
 
 def report(embedder: Embedder, words: Sequence[str], text: str | None, cap: int, neighbours: int,
            png: Path | None) -> Path | None:
-    """The probe table, the neighbours of ``words[0]`` and its picture (returned, if written)."""
+    """The probe table, the neighbours of ``words[0]`` and its picture (written, named in the last
+    line printed and returned, when ``png`` is given)."""
     train, test, where = texts(text)
     print(f"probe   {where}; uses labelled by the token before the word ([the] work: noun, [we] work: verb), "
           f"that token removed from what the model sees")
@@ -82,7 +83,9 @@ def report(embedder: Embedder, words: Sequence[str], text: str | None, cap: int,
         return None
     p = probes[0]
     vectors = np.concatenate([p.train_vectors, p.test_vectors])  # (K, L+2, D)
-    return write_picture(png, [vectors[:, 0], vectors[:, -1]], [c.use for c in p.train + p.test])
+    written = write_picture(png, [vectors[:, 0], vectors[:, -1]], [c.use for c in p.train + p.test])
+    print(f"picture {written}: '{words[0]}' in layer 0 (left, no context) and the mix (right); blue noun, orange verb")
+    return written
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -102,9 +105,6 @@ def run(args: argparse.Namespace) -> int:
     if args.contexts < 2:
         raise InputError(f"--contexts must be at least 2, got {args.contexts}")
     with Embedder.from_files(args.model, args.weights) as embedder:
-        png = report(embedder, args.word or DEFAULT_WORDS, args.text, args.contexts, args.neighbours,
-                     Path(args.png) if args.png else None)
-    if png:
-        print(f"picture {png}: '{(args.word or DEFAULT_WORDS)[0]}' in layer 0 (left) and the mix (right); "
-              f"blue noun, orange verb")
+        report(embedder, args.word or DEFAULT_WORDS, args.text, args.contexts, args.neighbours,
+               Path(args.png) if args.png else None)
     return 0

@@ -80,25 +80,29 @@ def build_default_model(out: str | Path, work: str | Path, minutes: float, seed:
     check = [t for _, t in zip(range(CHECK_SENTENCES), (t for _, t in sotu_sentences(valid_ids)))]
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    write_half(model, tmp)
-    cosine = min_cosine(model, tmp, check)
-    storage = "float16"
-    if cosine < MIN_COSINE:
-        shutil.rmtree(tmp)
-        shutil.copytree(model, tmp)
-        storage = "float32"
-    card = {"command": f"elmo default-model --minutes {minutes:g} --seed {seed}",
-            "recipe": "elmo train's defaults (training.recipes: small-512.json, Adam 0.005, packed batching)",
-            "corpus": "sotu speeches, split by speech: every 10th held out (training.sotu_corpus)",
-            "seed": seed, "minutes": minutes, "steps": summary["step"], "tokens": summary["tokens"],
-            "train_s": round(summary["train_s"], 1), "held_out": summary["valid"],
-            "train_eval": summary.get("train_eval"), "storage": storage,
-            "storage_min_cosine": cosine, "storage_check": f"{len(check)} held-out sentences, every token and layer",
-            "built": time.strftime("%Y-%m-%d", time.gmtime(started))}
-    write_json_atomic(tmp / CARD, card)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    try:  # the directory appears whole or not at all: a failure removes the temporary one
+        write_half(model, tmp)
+        cosine = min_cosine(model, tmp, check)
+        storage = "float16"
+        if cosine < MIN_COSINE:
+            shutil.rmtree(tmp)
+            shutil.copytree(model, tmp)
+            storage = "float32"
+        card = {"command": f"elmo default-model --minutes {minutes:g} --seed {seed}",
+                "recipe": "elmo train's defaults (training.recipes: small-512.json, Adam 0.005, packed batching)",
+                "corpus": "sotu speeches, split by speech: every 10th held out (training.sotu_corpus)",
+                "seed": seed, "minutes": minutes, "steps": summary["step"], "tokens": summary["tokens"],
+                "train_s": round(summary["train_s"], 1), "held_out": summary["valid"],
+                "train_eval": summary.get("train_eval"), "storage": storage,
+                "storage_min_cosine": cosine, "storage_check": f"{len(check)} held-out sentences, every token and layer",
+                "built": time.strftime("%Y-%m-%d", time.gmtime(started))}
+        write_json_atomic(tmp / CARD, card)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     log(f"default model: {out} ({storage}, min cosine {cosine:.6f} against float32; held-out perplexity "
         f"{summary['valid']['mean']:.1f})")
     return card
