@@ -11,11 +11,13 @@ Ctrl-C does: the library's cleanup runs (temporary files removed, finished work 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
 import sys
 import threading
+from typing import Iterator
 
 COMMAND_MODULES = ("elmo_cli.cmd_info", "elmo_cli.cmd_train", "elmo_cli.cmd_export", "elmo_cli.cmd_embed",
                    "elmo_cli.cmd_demo", "elmo_cli.cmd_probe", "elmo_cli.cmd_serve", "elmo_cli.cmd_tokens",
@@ -39,12 +41,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held while the block runs (the commands' imports), then raised.
+
+    An interruption inside a third-party import (numpy, torch) can be swallowed by that package's
+    own handlers and leave a half-initialised module behind, which then fails with an unrelated
+    traceback. Held, the signal is raised here, after the imports, a second or two later."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers need the main thread
+        yield
+        return
+    held: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if held:
+        raise Terminated() if held[0] == signal.SIGTERM else KeyboardInterrupt()
+
+
 def _run(argv: list[str] | None) -> int:
     command = "elmo"
     try:
-        from elmo_core.errors import ElmoError
+        with _signals_held():
+            from elmo_core.errors import ElmoError
 
-        args = build_parser().parse_args(argv)
+            parser = build_parser()
+        args = parser.parse_args(argv)
         command = f"elmo {args.command}"
         try:
             code = int(args.func(args) or 0)
