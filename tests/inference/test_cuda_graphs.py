@@ -25,21 +25,23 @@ def _batches() -> list[list[list[str]]]:
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_padded_buckets_give_the_packed_vectors(tmp_path, options, precision):
     model = load_bilm(make_model_dir(tmp_path / "m", tiny_options(**options), lstm_scale=3.0)).eval()
-    reference = copy.deepcopy(model).double()  # the float64 result both paths approximate
+    reference = copy.deepcopy(model.lstm).double()  # the float64 maths both paths compute
     model.set_precision(precision)
     weights = torch.linspace(0.2, 1.1, model.config.n_output_layers)
     graphed = GraphedStack(model.lstm, capture=False)
     with torch.inference_mode():
         for sentences in _batches():
             ids = torch.from_numpy(batch_to_ids(sentences))
-            exact, _ = reference.run_combined(ids, weights.double())
+            mask, lengths = model._mask(ids)
+            x = model._with_boundaries(model.embed_tokens(ids, mask), lengths)  # (B, T+2, P): both paths' input
+            exact = reference.forward_combined(x.double(), lengths + 2, weights.double(), slice(1, x.shape[1] - 1), mask)
             model.lstm_combined = None
             want, mask = model.run_combined(ids, weights)
             model.lstm_combined = graphed
             got, got_mask = model.run_combined(ids, weights)
             assert torch.equal(mask, got_mask)
             # the buckets pad rows and steps, so the products run in other shapes: as accurate, not equal
-            assert_as_accurate(got, want, exact, model.lstm.matmul_dtype)
+            assert_as_accurate(got, want, exact, model.lstm.matmul_dtype, model.lstm, x.shape[1])
             assert not got[~mask].any()  # the padding ran every step, and is zero in what comes back
     buckets = {(bucket_size(len(s)), bucket_size(max(map(len, s)) + 2)) for s in _batches()}  # +2: <S>, </S>
     assert set(graphed.graphs) == buckets and graphed.captures == 0
@@ -58,7 +60,7 @@ def test_without_keep_the_padding_is_masked(tmp_path):
         got = GraphedStack(model.lstm, capture=False)(x, lengths, w, slice(1, 8))
         exact = copy.deepcopy(model.lstm).double().forward_combined(x.double(), lengths, w.double(), slice(1, 8))
     valid = (torch.arange(1, 8)[None, :] < (lengths - 1)[:, None])  # forward_combined also zeroes the last step
-    assert_as_accurate(got[valid], want[valid], exact[valid], torch.float32)
+    assert_as_accurate(got[valid], want[valid], exact[valid], torch.float32, model.lstm, x.shape[1])
     assert not got[torch.arange(1, 8)[None, :] >= lengths[:, None]].any()
 
 
