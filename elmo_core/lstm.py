@@ -196,7 +196,7 @@ class BiLstmStack(nn.Module):
         out = xs.new_empty(xs.shape[0], xs.shape[1], self.cfg.projection_dim)  # (2, N, P)
         h, c = h.clone(), c.clone()  # (2, B, P), (2, B, C): this layer's state, updated in place
         step = self._inference_step(layer)
-        parts = _input_parts(xs, bias, self._matmul_weights()[0][layer], pack.steps, self.input_chunk_rows)
+        parts = _input_parts(xs, pack.steps, self.input_chunk_rows, self._input_projection(layer, bias))
         for (start, n), gx_t in zip(pack.steps, parts):
             h_new = step(gx_t, h[:, :n], c[:, :n])  # (2, n, P); c[:, :n] now holds the new cell state
             out[:, start : start + n] = h_new
@@ -215,6 +215,8 @@ class BiLstmStack(nn.Module):
 
         Shape: gx (2, n, 4C), h (2, n, P), c (2, n, C) -> h (2, n, P); ``c`` is updated in place.
         """
+        if self._packed_low():
+            return self._packed_low_step(layer)
         if self.matmul_dtype != torch.float32:
             w_state, w_proj = (w[layer] for w in self._matmul_weights()[1:])  # (2, P, 4C), (2, C, P) reduced
             return lambda gx, h, c: lstm_step_inplace(
@@ -227,10 +229,55 @@ class BiLstmStack(nn.Module):
 
         def step(gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
             h_new = h.new_empty(h.shape)  # (2, n, P)
-            for d, (w_s, w_p) in enumerate(packed):
+            for d, (w_s, w_p, _) in enumerate(packed):
                 h_new[d] = lstm_step_inplace(w_s(h[d]).add_(gx[d]), c[d], w_p, *self._clips)[0]
             return h_new
         return step
+
+    def _packed_low(self) -> bool:
+        """bf16 products through oneDNN with weights packed once (AMX / AVX512-BF16 kernels on x86):
+        on a CPU, for matrices as large as the fp32 packed path's."""
+        return (self.matmul_dtype == torch.bfloat16 and packed_gemm_available(self.w_state.device)
+                and self.w_state[0, 0].numel() >= self.packed_gemm_min_weights)
+
+    def _packed_low_step(self, layer: int) -> Callable[..., torch.Tensor]:
+        """``_inference_step`` in bf16 on packed weights: ``gx`` holds the input part in bf16
+        (``_input_projection``); one GEMM adds the recurrent product to it and rounds the sum to
+        bf16 once; the gates, the cell state and the clips are fp32, as in every precision.
+
+        Shape: gx (2, n, 4C) bf16 (or a pair of (n, 4C)), h (2, n, P), c (2, n, C) fp32 -> h (2, n, P).
+        """
+        low, packed = self.matmul_dtype, self._packed_weights()[layer]
+
+        def step(gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+            h_new = h.new_empty(h.shape)  # (2, n, P)
+            for d, (w_s, w_p, _) in enumerate(packed):
+                gates = w_s.add(h[d].to(low), gx[d]).float()  # (n, 4C): h W_h + gx, rounded to bf16 once
+                h_new[d] = lstm_step_inplace(gates, c[d], lambda m: w_p(m.to(low)).float(), *self._clips)[0]
+            return h_new
+        return step
+
+    def _input_projection(self, layer: int, bias: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The input part of the gates for a chunk of packed rows, ``x W_in + b`` (inference).
+
+        fp32: into one reused buffer; bf16 / fp16: products' inputs rounded, result fp32; packed
+        bf16: per direction, bf16, bias added inside the GEMM.
+        Shape: x (2, rows, P) -> (2, rows, 4C), or a pair of (rows, 4C) on the packed bf16 path.
+        """
+        if self._packed_low():
+            packed, b = self._packed_weights()[layer], bias[:, 0]  # b (2, 4C) fp32
+            return lambda x: tuple(w_in(x[d].to(self.matmul_dtype), b[d]) for d, (_, _, w_in) in enumerate(packed))
+        w_input = self._matmul_weights()[0][layer]  # (2, P, 4C)
+        if w_input.dtype != torch.float32:
+            return lambda x: torch.add(torch.bmm(x.to(w_input.dtype), w_input), bias)
+        buffer: list[torch.Tensor] = []
+
+        def project(x: torch.Tensor) -> torch.Tensor:
+            size = x.shape[0] * x.shape[1] * w_input.shape[-1]
+            if not buffer or buffer[0].numel() < size:
+                buffer[:] = [x.new_empty(size)]
+            return torch.baddbmm(bias, x, w_input, out=buffer[0][:size].view(x.shape[0], x.shape[1], -1))
+        return project
 
     def _matmul_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(W_in, W_h, W_P) in ``matmul_dtype``: the parameters themselves in fp32, else copies made
@@ -247,41 +294,41 @@ class BiLstmStack(nn.Module):
             self._matmul_key = key
         return self._matmul_copies
 
-    def _packed_weights(self) -> list[list[tuple[PackedLinear, PackedLinear]]]:
-        """Per layer and direction (W_h, W_P) packed once, repacked if the parameters change."""
-        key = (self.w_state._version, self.w_proj._version, self.w_state.data_ptr(), self.w_proj.data_ptr())
+    def _packed_weights(self) -> list[list[tuple[PackedLinear, PackedLinear, PackedLinear | None]]]:
+        """Per layer and direction (W_h, W_P, W_in) in ``matmul_dtype``, packed once, repacked if the
+        parameters or the type change. fp32 leaves W_in out (its product runs as one large batched
+        GEMM, where packing gains nothing)."""
+        params = (self.w_state, self.w_proj, self.w_input)
+        key = (self.matmul_dtype,) + tuple((w._version, w.data_ptr()) for w in params)
         if getattr(self, "_packed_key", None) != key:
-            self._packed = [[(PackedLinear(self.w_state[l, d].detach()), PackedLinear(self.w_proj[l, d].detach()))
+            low = self.matmul_dtype
+            pack = lambda w: PackedLinear(w.detach().to(low))  # noqa: E731
+            self._packed = [[(pack(self.w_state[l, d]), pack(self.w_proj[l, d]),
+                              pack(self.w_input[l, d]) if low != torch.float32 else None)
                              for d in range(2)] for l in range(self.cfg.n_layers)]
             self._packed_key = key
         return self._packed
 
 
-def _input_parts(xs: torch.Tensor, bias: torch.Tensor, w_input: torch.Tensor, steps: list[tuple[int, int]],
-                 chunk_rows: int) -> Iterator[torch.Tensor]:
+def _input_parts(xs: torch.Tensor, steps: list[tuple[int, int]], chunk_rows: int,
+                 project: Callable[[torch.Tensor], torch.Tensor | tuple[torch.Tensor, ...]]) -> Iterator:
     """Each step's input pre-activations, computed a chunk of whole steps at a time (inference only).
 
-    The chunk buffer is reused: each part must be consumed before the next is drawn.
-    ``w_input`` in bf16 / fp16: the product's inputs are rounded to that type, its result is fp32.
-    Shape: xs (2, N, P), bias (2, 1, 4C), w_input (2, P, 4C) -> per step (2, n_t, 4C).
+    ``project`` may reuse its buffer: each part must be consumed before the next is drawn.
+    Shape: xs (2, N, P) -> per step (2, n_t, 4C), or a pair of (n_t, 4C) where ``project`` gives pairs.
     """
-    buf: torch.Tensor | None = None
     i = 0
     while i < len(steps):
         j, rows = i, 0
         while j < len(steps) and (rows == 0 or rows + steps[j][1] <= chunk_rows):
             rows += steps[j][1]
             j += 1
-        start, size = steps[i][0], 2 * rows * w_input.shape[-1]
-        if buf is None or buf.numel() < size:
-            buf = xs.new_empty(max(size, 2 * min(chunk_rows, xs.shape[1]) * w_input.shape[-1]))  # flat
-        gx = buf[:size].view(2, rows, -1)  # (2, rows, 4C), contiguous
-        x = xs[:, start:start + rows]  # (2, rows, P)
-        if w_input.dtype == xs.dtype:
-            torch.baddbmm(bias, x, w_input, out=gx)
+        start, sizes = steps[i][0], [n for _, n in steps[i:j]]
+        gx = project(xs[:, start:start + rows])  # (2, rows, 4C), or a pair of (rows, 4C)
+        if isinstance(gx, tuple):
+            yield from zip(*(g.split(sizes, dim=0) for g in gx))
         else:
-            torch.add(torch.bmm(x.to(w_input.dtype), w_input), bias, out=gx)
-        yield from gx.split([n for _, n in steps[i:j]], dim=1)
+            yield from gx.split(sizes, dim=1)
         i = j
 
 

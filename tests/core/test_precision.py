@@ -10,6 +10,8 @@ import torch
 
 from elmo_core import load_bilm
 from elmo_core.errors import InputError
+from elmo_core.lstm import BiLstmStack
+from elmo_core.packed_gemm import packed_gemm_available
 from elmo_core.precision import check_precision
 from inference.backends import TorchBackend
 from pipelines.options import EmbedOptions
@@ -25,8 +27,11 @@ def _min_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=-1).min())
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_reduced_precision_keeps_every_token_and_layer_within_cosine(fixture_dir, precision):
+@pytest.mark.parametrize("precision,prepacked", [("bf16", False), ("bf16", True), ("fp16", False)])
+def test_reduced_precision_keeps_every_token_and_layer_within_cosine(fixture_dir, monkeypatch, precision, prepacked):
+    """prepacked: bf16 through oneDNN's packed weights (the path of full-size models on x86 CPUs,
+    forced here for the small fixture model); else batched products on bf16 weight copies."""
+    monkeypatch.setattr(BiLstmStack, "packed_gemm_min_weights", 0 if prepacked else 1 << 62)
     model, ids = _model_and_ids(fixture_dir)
     weights = torch.tensor([0.2, 0.5, 0.3])
     with torch.inference_mode():
@@ -40,6 +45,7 @@ def test_reduced_precision_keeps_every_token_and_layer_within_cosine(fixture_dir
     assert (low.layers - ref.layers).abs().max() > 1e-5  # the products really ran in the reduced type
     assert low.layers.dtype == torch.float32 and not low_mixed[~mask].any()
     assert model.lstm._matmul_weights()[1].dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    assert model.lstm._packed_low() == (prepacked and packed_gemm_available(torch.device("cpu")))
 
 
 def test_back_to_fp32_is_bit_identical(fixture_dir):
