@@ -5,7 +5,11 @@ in the published hdf5 layout; batches of 64 real sentences of 20-30 tokens from 
 Prints tokens/s (real tokens; boundaries not counted) for both, the ratio, our fraction of the
 fp32 bound, and the max difference of our outputs from a straightforward float64 computation.
 
-  python bench/bench_bilm.py [--threads 2] [--batches 8] [--peer /tmp/peer-allennlp/bin/python]
+Then each of ``--precisions`` (default bf16) against fp32 on the same batches, taking turns: tokens/s and
+the min per-token cosine against fp32 over every layer and the average of the layers; the CPU's
+bf16 / int8 instruction flags are printed first.
+
+  python bench/bench_bilm.py [--threads 2] [--batches 8] [--peer /tmp/peer-allennlp/bin/python] [--precisions bf16]
 """
 from __future__ import annotations
 
@@ -84,6 +88,38 @@ def run_peer(python: str, model_dir: Path, sent_file: Path, n_batches: int, bs: 
     return {k: float(v) for k, v in found.items()}
 
 
+def min_cosine(ref: list[np.ndarray], got: list[np.ndarray], batches: list[list[list[str]]]) -> float:
+    """Min per-token cosine over every layer and the layers' average. Shape: per batch (B, L+1, T, D)."""
+    worst = 1.0
+    for r, g, sents in zip(ref, got, batches):
+        mask = np.array([[t < len(s) for t in range(r.shape[2])] for s in sents])  # (B, T)
+        for a, b in [(r[:, l], g[:, l]) for l in range(r.shape[1])] + [(r.mean(1), g.mean(1))]:
+            a, b = a[mask].astype(np.float64), b[mask].astype(np.float64)  # (N, D)
+            cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+            worst = min(worst, float(cos.min()))
+    return worst
+
+
+def compare_precisions(model_dir: Path, batches: list[list[list[str]]], threads: int, precisions: list[str]) -> None:
+    """fp32 and each precision in turns, twice; best tokens/s of each; min cosine against fp32."""
+    from elmo_core.precision import BF16_CPU_FLAGS, cpu_flags
+
+    flags = cpu_flags()
+    shown = [f for f in BF16_CPU_FLAGS + ("avx512_vnni", "amx_int8", "avx512f", "avx2") if f in flags]
+    print(f"CPU flags: {' '.join(shown) or 'none of the bf16 / int8 ones'}")
+    backends = {p: TorchBackend.from_files(model_dir, threads=threads, precision=p) for p in ["fp32", *precisions]}
+    best: dict[str, float] = {}
+    outs: dict[str, list[np.ndarray]] = {}
+    for turn in range(2):
+        for p, backend in backends.items():
+            tps, outs[p] = time_ours(backend, batches)
+            best[p] = max(best.get(p, 0.0), tps)
+            print(f"turn {turn + 1}: torch {p:5s} {tps:8.0f} tokens/s", flush=True)
+    for p in precisions:
+        print(f"torch {p}: {best[p]:.0f} tokens/s = {best[p] / best['fp32']:.2f}x fp32 ({best['fp32']:.0f}); "
+              f"min token cosine vs fp32 {min_cosine(outs['fp32'], outs[p], batches[1:]):.6f} (every layer and the mix)")
+
+
 def check_against_reference(model_dir: Path, sentences: list[list[str]], ours: np.ndarray) -> float:
     """Max |ours - float64 straightforward| over every layer of the given sentences."""
     sys.path.insert(0, str(ROOT))
@@ -101,6 +137,7 @@ def main() -> None:
     ap.add_argument("--peer", default="/tmp/peer-allennlp/bin/python", help="python of the AllenNLP venv ('' to skip)")
     ap.add_argument("--check", type=int, default=4, help="sentences checked against the float64 reference")
     ap.add_argument("--workdir", type=Path, default=ROOT / ".cache" / "bench")
+    ap.add_argument("--precisions", default="bf16", help="compared with fp32 after the AllenNLP comparison ('' to skip)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     a.workdir.mkdir(parents=True, exist_ok=True)
@@ -120,6 +157,8 @@ def main() -> None:
     print(f"ours (torch fp32), run 1: {ours:8.0f} tokens/s  ({ours / bound:.0%} of the fp32 bound)", flush=True)
     err = check_against_reference(model_dir, batches[1][: a.check], outs[0])
     print(f"max |ours - float64 straightforward| over all layers of {a.check} sentences: {err:.2e} (target <= 1e-5)")
+    if a.precisions:
+        compare_precisions(model_dir, batches, a.threads, a.precisions.split(","))
     if not (a.peer and Path(a.peer).exists()):
         print(f"AllenNLP peer not found at {a.peer!r}: run ../shared/peers/setup_allennlp.sh")
         return

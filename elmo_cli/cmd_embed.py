@@ -7,7 +7,8 @@ import argparse
 import json
 
 from elmo_cli.cmd_tokens import add_token_embedding_arguments
-from elmo_core.names import DTYPES, ENGINES, OUTPUT_FORMATS, OUTPUT_MODES, POOLS, PRECISIONS
+from elmo_cli.precision_args import add_precision_argument, settle_precision
+from elmo_core.names import DTYPES, ENGINES, OUTPUT_FORMATS, OUTPUT_MODES, POOLS
 from inference.registry import BACKEND_NAMES
 from elmo_core.errors import InputError
 from pipelines.corpus import write_sample_corpus
@@ -51,8 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     out.add_argument("--normalize", action="store_true",
                      help="scale each vector (per token and layer, or pooled with --pool) to unit L2 norm")
     out.add_argument("--dtype", choices=DTYPES, default=d.dtype)
-    out.add_argument("--precision", choices=PRECISIONS, default=d.precision,
-                     help="the torch backend's matrix products (tf32: CUDA only; see docs/gpu.md)")
+    add_precision_argument(out, d.precision)
     out.add_argument("--compression", choices=COMPRESSIONS, default=d.compression,
                      help="of the output shards (measured: all about as fast; zstd 8%% smaller in float16)")
     out.add_argument("--max-sentence-length", type=int, default=d.max_sentence_length,
@@ -95,7 +95,8 @@ def options_from_args(args: argparse.Namespace) -> dict:
              "sort_window_tokens", "rows_per_shard", "threads", "engine", "workers", "writer_threads",
              "ray_address", "num_gpus_per_worker", "resume", "quiet", "device", "weights", "verify_inputs", "compression",
              "token_embeddings", "token_vocab", "precision", "normalize")
-    return {n: getattr(args, n) for n in names}
+    reason = settle_precision(args)  # auto becomes the precision it picks
+    return {n: getattr(args, n) for n in names} | {"precision_reason": reason}
 
 
 def run_embed(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ from dataclasses import fields
 
 from elmo_cli.cmd_tokens import add_token_embedding_arguments
 from elmo_core.errors import InputError
-from elmo_core.names import PRECISIONS
+from elmo_cli.precision_args import add_precision_argument, settle_precision
 from inference.registry import BACKEND_NAMES, check_device, check_precision_for, model_config
 from serving.limits import AccessOptions, ConnectionLimits, ServeLimits
 
@@ -32,8 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=BACKEND_NAMES, default="torch")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, help="the model's threads (default: the backend's)")
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                   help="the torch backend's matrix products (tf32: CUDA only)")
+    add_precision_argument(p, "fp32")
     add_token_embedding_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8080, help="0: any free port (the `listening on` line says which)")
@@ -68,6 +67,7 @@ def run_serve(args: argparse.Namespace) -> int:
     limits, connections = _from_args(ServeLimits, args), _from_args(ConnectionLimits, args)
     access = AccessOptions(args.api_key, args.protect_probes, tuple(args.cors_allow_origin))
     check_device(args.device, args.backend)
+    settle_precision(args)
     check_precision_for(args.backend, args.precision, args.device)
     model_config(args.model, args.backend, args.weights)  # a bad model fails here, before binding the port
     try:

@@ -238,6 +238,7 @@ class BiLstmStack(nn.Module):
         """bf16 products through oneDNN with weights packed once (AMX / AVX512-BF16 kernels on x86):
         on a CPU, for matrices as large as the fp32 packed path's."""
         return (self.matmul_dtype == torch.bfloat16 and packed_gemm_available(self.w_state.device)
+                and torch.ops.mkldnn._is_mkldnn_bf16_supported()  # False on AVX2-only CPUs: no bf16 packing
                 and self.w_state[0, 0].numel() >= self.packed_gemm_min_weights)
 
     def _packed_low_step(self, layer: int) -> Callable[..., torch.Tensor]:

@@ -25,7 +25,7 @@ from .schema import COMPRESSIONS
 RUNTIME_ONLY = frozenset({"max_tokens_per_batch", "sort_window_rows", "sort_window_tokens", "workers",
                           "writer_threads", "threads", "quiet", "ray_address", "num_gpus_per_worker", "resume", "prefetch",
                           "device", "weights", "verify_inputs", "compression", "token_embeddings",
-                          "token_vocab"})
+                          "token_vocab", "precision_reason"})
 
 
 class OutputDirError(ElmoError):
@@ -69,6 +69,7 @@ class EmbedOptions:
     token_embeddings: str | None = None  # a token-embedding file whose tokens skip the char-CNN (torch)
     token_vocab: str | None = None  # the vocabulary of a token-embedding file that does not list its tokens
     precision: str = "fp32"  # the torch backend's matrix products: fp32 | tf32 (CUDA) | bf16 | fp16
+    precision_reason: str = ""  # why this precision (--precision auto's choice), recorded in the manifest
 
     def __post_init__(self) -> None:
         _check_choice("backend", self.backend, BACKEND_NAMES)

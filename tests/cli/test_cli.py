@@ -95,3 +95,16 @@ def test_info_in_a_pipe_that_closes_early(tiny_dir):
     r = subprocess.run(f"set -o pipefail; {sys.executable} -m elmo_cli info {tiny_dir} | true", shell=True,
                        executable="/bin/bash", capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_precision_auto_is_settled_printed_and_recorded(tiny_dir, tmp_path, capsys):
+    from elmo_core.precision import resolve_precision
+    from pipelines.corpus import write_sample_corpus
+
+    write_sample_corpus(tmp_path / "corpus", rows=50, files=1)
+    assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "out"), "--model", str(tiny_dir),
+                 "--precision", "auto", "--quiet"]) == 0
+    want, why = resolve_precision("auto", "cpu")
+    assert f"precision auto: {want} ({why})" in capsys.readouterr().err
+    options = json.loads((tmp_path / "out" / "_manifest.json").read_text())["options"]
+    assert options["precision"] == want and options["precision_reason"] == why

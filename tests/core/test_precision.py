@@ -12,7 +12,7 @@ from elmo_core import load_bilm
 from elmo_core.errors import InputError
 from elmo_core.lstm import BiLstmStack
 from elmo_core.packed_gemm import packed_gemm_available
-from elmo_core.precision import check_precision
+from elmo_core.precision import BF16_CPU_FLAGS, bf16_cpu_warning, check_precision, cpu_flags, resolve_precision
 from inference.backends import TorchBackend
 from pipelines.options import EmbedOptions
 
@@ -45,7 +45,8 @@ def test_reduced_precision_keeps_every_token_and_layer_within_cosine(fixture_dir
     assert (low.layers - ref.layers).abs().max() > 1e-5  # the products really ran in the reduced type
     assert low.layers.dtype == torch.float32 and not low_mixed[~mask].any()
     assert model.lstm._matmul_weights()[1].dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-    assert model.lstm._packed_low() == (prepacked and packed_gemm_available(torch.device("cpu")))
+    assert model.lstm._packed_low() == (prepacked and packed_gemm_available(torch.device("cpu"))
+                                        and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def test_back_to_fp32_is_bit_identical(fixture_dir):
@@ -75,3 +76,44 @@ def test_unknown_or_misplaced_precisions_are_named(tmp_path, fixture_dir):
         EmbedOptions(backend="onnx", precision="bf16")
     assert "precision" not in EmbedOptions().identity()  # fp32 jobs keep the identity they always had
     assert EmbedOptions(precision="bf16").identity()["precision"] == "bf16"  # a resume must keep it
+
+
+def test_auto_follows_what_the_processor_reports():
+    """--precision auto on masked flag sets: bf16 only where the CPU multiplies bf16 in hardware."""
+    assert resolve_precision("auto", "cpu", flags=frozenset({"avx2", "avx512f"}))[0] == "fp32"
+    for flag in BF16_CPU_FLAGS:
+        precision, why = resolve_precision("auto", "cpu", flags=frozenset({"avx2", flag}))
+        assert precision == "bf16" and flag in why
+    assert resolve_precision("auto", "cuda:0", flags=frozenset())[0] == "bf16"
+    assert resolve_precision("auto", "cpu", "onnx", flags=frozenset({"amx_bf16"}))[0] == "fp32"
+    assert resolve_precision("fp16", "cpu") == ("fp16", "asked for")
+
+
+def test_bf16_on_a_cpu_without_bf16_instructions_is_warned_about():
+    warning = bf16_cpu_warning("bf16", "cpu", flags=frozenset({"avx2", "fma"}))
+    assert warning and "emulated" in warning and "--precision auto" in warning
+    assert bf16_cpu_warning("bf16", "cpu", flags=frozenset({"avx512_bf16"})) is None
+    assert bf16_cpu_warning("fp32", "cpu", flags=frozenset()) is None
+    assert bf16_cpu_warning("bf16", "cuda", flags=frozenset()) is None
+
+
+def test_auto_meets_parity_on_this_machine(fixture_dir):
+    """Whatever auto picks here (bf16 on AMX / AVX512-BF16 CPUs, else fp32), every token and the mix
+    stay within cosine 0.999 of fp32."""
+    precision, _ = resolve_precision("auto", "cpu")
+    model, ids = _model_and_ids(fixture_dir)
+    weights = torch.tensor([0.2, 0.5, 0.3])
+    with torch.inference_mode():
+        ref, (ref_mixed, mask) = model.run(ids), model.run_combined(ids, weights)
+        model.set_precision(precision)
+        got, (got_mixed, _) = model.run(ids), model.run_combined(ids, weights)
+    for layer in range(ref.layers.shape[1]):
+        assert _min_cosine(got.layers[:, layer][mask], ref.layers[:, layer][mask]) >= 0.999
+    assert _min_cosine(got_mixed[mask], ref_mixed[mask]) >= 0.999
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 amx_bf16\n\nprocessor\t: 1\nflags\t\t: fpu avx2 amx_bf16\n")
+    assert cpu_flags(info) == {"fpu", "avx2", "amx_bf16"}
+    assert cpu_flags(tmp_path / "absent") == frozenset()
