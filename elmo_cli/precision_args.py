@@ -15,7 +15,7 @@ def add_precision_argument(group: argparse._ActionsContainer, default: str) -> N
     group.add_argument("--precision", choices=CHOICES, default=default,
                        help="the torch backend's matrix products (tf32: CUDA only). auto: the fastest this "
                             "device multiplies in hardware within parity (bf16 on CUDA and on CPUs with AMX "
-                            "or AVX512-BF16, else fp32); see docs/performance.md")
+                            "or AVX512-BF16, else fp32); see docs/pipelines.md")
 
 
 def settle_precision(args: argparse.Namespace) -> str:
