@@ -27,12 +27,9 @@ def _min_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=-1).min())
 
 
-@pytest.mark.parametrize("precision,prepacked", [("bf16", False), ("bf16", True), ("fp16", False)])
-def test_reduced_precision_keeps_every_token_and_layer_within_cosine(fixture_dir, monkeypatch, precision, prepacked):
-    """prepacked: bf16 through oneDNN's packed weights (the path of full-size models on x86 CPUs,
-    forced here for the small fixture model); else batched products on bf16 weight copies."""
-    monkeypatch.setattr(BiLstmStack, "packed_gemm_min_weights", 0 if prepacked else 1 << 62)
-    model, ids = _model_and_ids(fixture_dir)
+def _fp32_and(model, ids, precision: str):
+    """(fp32 layers, fp32 mix, mask, layers and mix at ``precision``), checking every token's cosine
+    >= 0.999 against fp32 for every layer and the mix."""
     weights = torch.tensor([0.2, 0.5, 0.3])
     with torch.inference_mode():
         ref, (ref_mixed, mask) = model.run(ids), model.run_combined(ids, weights)
@@ -42,8 +39,18 @@ def test_reduced_precision_keeps_every_token_and_layer_within_cosine(fixture_dir
         cos = _min_cosine(low.layers[:, layer][mask], ref.layers[:, layer][mask])
         assert cos >= 0.999, (precision, layer, cos)
     assert _min_cosine(low_mixed[mask], ref_mixed[mask]) >= 0.999
-    assert (low.layers - ref.layers).abs().max() > 1e-5  # the products really ran in the reduced type
-    assert low.layers.dtype == torch.float32 and not low_mixed[~mask].any()
+    return ref.layers, ref_mixed, mask, low.layers, low_mixed
+
+
+@pytest.mark.parametrize("precision,prepacked", [("bf16", False), ("bf16", True), ("fp16", False)])
+def test_reduced_precision_keeps_every_token_and_layer_within_cosine(fixture_dir, monkeypatch, precision, prepacked):
+    """prepacked: bf16 through oneDNN's packed weights (the path of full-size models on x86 CPUs,
+    forced here for the small fixture model); else batched products on bf16 weight copies."""
+    monkeypatch.setattr(BiLstmStack, "packed_gemm_min_weights", 0 if prepacked else 1 << 62)
+    model, ids = _model_and_ids(fixture_dir)
+    ref, _, mask, low, low_mixed = _fp32_and(model, ids, precision)
+    assert (low - ref).abs().max() > 1e-5  # the products really ran in the reduced type
+    assert low.dtype == torch.float32 and not low_mixed[~mask].any()
     assert model.lstm._matmul_weights()[1].dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     assert model.lstm._packed_low() == (prepacked and packed_gemm_available(torch.device("cpu"))
                                         and torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -102,14 +109,7 @@ def test_auto_meets_parity_on_this_machine(fixture_dir):
     stay within cosine 0.999 of fp32."""
     precision, _ = resolve_precision("auto", "cpu")
     model, ids = _model_and_ids(fixture_dir)
-    weights = torch.tensor([0.2, 0.5, 0.3])
-    with torch.inference_mode():
-        ref, (ref_mixed, mask) = model.run(ids), model.run_combined(ids, weights)
-        model.set_precision(precision)
-        got, (got_mixed, _) = model.run(ids), model.run_combined(ids, weights)
-    for layer in range(ref.layers.shape[1]):
-        assert _min_cosine(got.layers[:, layer][mask], ref.layers[:, layer][mask]) >= 0.999
-    assert _min_cosine(got_mixed[mask], ref_mixed[mask]) >= 0.999
+    _fp32_and(model, ids, precision)
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
