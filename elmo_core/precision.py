@@ -13,6 +13,7 @@ token's cosine >= 0.999 against CPU fp32, every layer.
 from __future__ import annotations
 
 import contextlib
+import functools
 from pathlib import Path
 from typing import Iterator
 
@@ -41,8 +42,9 @@ BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 BF16_EMULATED_SLOWDOWN = "about 0.2x"
 
 
+@functools.lru_cache(maxsize=None)
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The instruction-set flags this CPU reports (empty where /proc/cpuinfo is absent)."""
+    """The instruction-set flags this CPU reports (empty where /proc/cpuinfo is absent); read once."""
     try:
         for line in cpuinfo.read_text().splitlines():
             if line.startswith("flags"):
