@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     out.add_argument("--normalize", action="store_true",
                      help="scale each vector (per token and layer, or pooled with --pool) to unit L2 norm")
     out.add_argument("--dtype", choices=DTYPES, default=d.dtype)
-    add_precision_argument(out, d.precision)
+    add_precision_argument(out)
     out.add_argument("--compression", choices=COMPRESSIONS, default=d.compression,
                      help="of the output shards (measured: all about as fast; zstd 8%% smaller in float16)")
     out.add_argument("--max-sentence-length", type=int, default=d.max_sentence_length,
@@ -100,18 +100,19 @@ def options_from_args(args: argparse.Namespace) -> dict:
 
 
 def run_embed(args: argparse.Namespace) -> int:
+    if args.use_sentence_keys and args.format != "hdf5":
+        raise InputError("--use-sentence-keys keys the datasets of --format hdf5; add --format hdf5")
+    if args.format != "hdf5" and (args.output_dir.endswith((".hdf5", ".h5")) or is_text_input(args.input)):
+        raise InputError(f"{args.input} -> {args.output_dir}: a text INPUT or an .hdf5 output is --format hdf5 "
+                         f"(allennlp elmo's layout); add --format hdf5")
+    options = options_from_args(args)  # settles the precision: --model may become its on-demand export
     if args.format == "hdf5":
         result = embed_to_hdf5(args.input, args.output_dir, args.model, use_sentence_keys=args.use_sentence_keys,
-                               **options_from_args(args))
+                               **options)
         if args.json:
             print(json.dumps(result, indent=2))
         return 0
-    if args.use_sentence_keys:
-        raise InputError("--use-sentence-keys keys the datasets of --format hdf5; add --format hdf5")
-    if args.output_dir.endswith((".hdf5", ".h5")) or is_text_input(args.input):
-        raise InputError(f"{args.input} -> {args.output_dir}: a text INPUT or an .hdf5 output is --format hdf5 "
-                         f"(allennlp elmo's layout); add --format hdf5")
-    manifest = embed_parquet(args.input, args.output_dir, args.model, **options_from_args(args))
+    manifest = embed_parquet(args.input, args.output_dir, args.model, **options)
     if args.json:
         print(json.dumps(manifest, indent=2))
     return 0

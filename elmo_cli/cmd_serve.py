@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=BACKEND_NAMES, default="torch")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, help="the model's threads (default: the backend's)")
-    add_precision_argument(p, "fp32")
+    add_precision_argument(p)
     add_token_embedding_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8080, help="0: any free port (the `listening on` line says which)")

@@ -42,6 +42,12 @@ BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 BF16_EMULATED_SLOWDOWN = "about 0.2x"
 
 
+# What /proc/cpuinfo calls the instructions that multiply int8 in hardware: AMX-INT8 (Sapphire
+# Rapids and later), AVX512-VNNI (Cascade Lake, Ice Lake, Zen 4, Zen 5), AVX-VNNI (Alder Lake and
+# later client cores). Without them ONNX Runtime's int8 kernels multiply with AVX2 (vpmaddubsw).
+INT8_CPU_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
+
+
 @functools.lru_cache(maxsize=None)
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     """The instruction-set flags this CPU reports (empty where /proc/cpuinfo is absent); read once."""
@@ -62,7 +68,8 @@ def resolve_precision(precision: str, device: str, backend: str = "torch",
     if precision != "auto":
         return precision, "asked for"
     if backend != "torch":
-        return "fp32", f"the {backend} backend runs its export's precision"
+        return "fp32", (f"the {backend} backend: an export runs its own precision, a model directory is "
+                        f"exported exactly (int8 and fp16 are asked for by name: their parity bounds are below 0.999)")
     if device.startswith("cuda"):
         return "bf16", "CUDA: bf16 products on the tensor cores (H100: 1.4x fp32, min token cosine 0.99999)"
     found = [f for f in BF16_CPU_FLAGS if f in (cpu_flags() if flags is None else flags)]
@@ -79,6 +86,14 @@ def bf16_cpu_warning(precision: str, device: str, flags: frozenset[str] | None =
         return None
     return (f"--precision bf16 on a CPU without bf16 instructions ({' / '.join(BF16_CPU_FLAGS)}): its products "
             f"are emulated, {BF16_EMULATED_SLOWDOWN} fp32's speed measured; use fp32, or --precision auto")
+
+
+def int8_cpu_report(flags: frozenset[str] | None = None) -> str:
+    """Which int8 instructions ONNX Runtime's quantized products get on this CPU, in words."""
+    found = [f for f in INT8_CPU_FLAGS if f in (cpu_flags() if flags is None else flags)]
+    if found:
+        return f"this CPU multiplies int8 in hardware ({', '.join(found)})"
+    return f"this CPU has no int8 dot-product instructions ({' / '.join(INT8_CPU_FLAGS)}): AVX2 int8 kernels"
 
 
 def matmul_dtype(precision: str) -> torch.dtype:

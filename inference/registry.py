@@ -15,6 +15,7 @@ from typing import Any, Sequence
 from elmo_core import ElmoConfig, InputError
 from elmo_core.atomic import read_json_object
 from elmo_core.model_io import file_sha256, resolve_model
+from elmo_core.names import EXPORT_PRECISIONS, PRECISIONS
 from elmo_core.precision import check_precision
 
 from .backends import Backend
@@ -118,22 +119,39 @@ def check_device(device: str, backend: str = "torch") -> None:
 
 
 def torch_options(precision: str = "fp32", token_embeddings: str | None = None,
-                  token_vocab: str | None = None) -> dict[str, str]:
+                  token_vocab: str | None = None, backend: str = "torch") -> dict[str, str]:
     """The torch backend's own ``open_backend`` options, where given (fp32 and no token-embedding
-    file are its defaults, left out so that other backends accept the result)."""
-    options = {"precision": precision} if precision != "fp32" else {}
+    file are its defaults, left out so that other backends accept the result; another backend's
+    precision is its export's, so it is left out for them too)."""
+    options = {"precision": precision} if precision != "fp32" and backend == "torch" else {}
     if token_embeddings is not None or token_vocab is not None:
         options.update(token_embeddings=token_embeddings, token_vocab=token_vocab)
     return options
 
 
 def check_precision_for(backend: str, precision: str, device: str) -> None:
-    """Refuse a precision the backend does not take (ONNX and TensorRT models carry their export's)
-    or the device cannot run (tf32 off CUDA)."""
+    """Refuse a precision the backend does not take or the device cannot run (tf32 off CUDA). An
+    ONNX or TensorRT model runs its export's precision (``exported_precision``)."""
+    if backend != "torch":
+        if precision not in EXPORT_PRECISIONS:
+            raise InputError(f"--precision {precision}: an {backend} model runs its export's precision, "
+                             f"one of {list(EXPORT_PRECISIONS)}")
+        return
+    if precision in EXPORT_PRECISIONS and precision not in PRECISIONS:
+        raise InputError(f"--precision {precision} runs on the onnx backend (ONNX Runtime's quantized model): "
+                         f"add --backend onnx")
     check_precision(precision, "cuda" if device.startswith("cuda") else "cpu")
-    if precision != "fp32" and backend != "torch":
-        raise InputError(f"--precision {precision} is the torch backend's; an {backend} model's precision is "
-                         f"chosen at export (elmo export onnx --precision)")
+
+
+def exported_precision(model: str | Path, backend: str) -> str | None:
+    """The precision of the export ``model`` names for ``backend``; None where ``model`` is not one
+    (a model directory, which the onnx backend exports on demand: ``export.cache``)."""
+    if backend_kind(backend).artifact is None:
+        return None
+    path = export_dir(model, backend)
+    if _manifest_kind(path) != backend:
+        return None
+    return str(read_manifest(path, backend).get("precision", "fp32"))
 
 
 def onnx_providers(device: str) -> list:  # type: ignore[type-arg]

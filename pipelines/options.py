@@ -101,7 +101,7 @@ class EmbedOptions:
     @property
     def backend_options(self) -> dict[str, str]:
         """The torch backend's own options (token embeddings, precision), where given."""
-        return torch_options(self.precision, self.token_embeddings, self.token_vocab)
+        return torch_options(self.precision, self.token_embeddings, self.token_vocab, self.backend)
 
     @property
     def policy(self) -> BatchPolicy:

@@ -65,7 +65,7 @@ class SentencePredictor:
 
     def __init__(self, source: ModelSource, limits: ServeLimits = ServeLimits()) -> None:
         options = {"weights": source.weights} if source.weights else {}
-        options.update(torch_options(source.precision, source.token_embeddings, source.token_vocab))
+        options.update(torch_options(source.precision, source.token_embeddings, source.token_vocab, source.backend))
         policy = BatchPolicy(max_sentence_length=limits.max_sentence_tokens, max_tokens_per_batch=limits.max_batch_tokens)
         self.embedder = Embedder.open(source.model, source.backend, policy=policy, threads=source.threads,
                                       device=source.device, **options)

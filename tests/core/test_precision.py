@@ -79,8 +79,11 @@ def test_unknown_or_misplaced_precisions_are_named(tmp_path, fixture_dir):
         TorchBackend.from_files(fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5", precision="tf32")
     with pytest.raises(InputError, match="tf32 is a CUDA"):
         EmbedOptions(precision="tf32")
-    with pytest.raises(InputError, match="chosen at export"):
-        EmbedOptions(backend="onnx", precision="bf16")
+    with pytest.raises(InputError, match="an onnx model runs its export's precision"):
+        EmbedOptions(backend="onnx", precision="tf32")
+    with pytest.raises(InputError, match="int8 runs on the onnx backend"):
+        EmbedOptions(precision="int8")
+    assert EmbedOptions(backend="onnx", precision="int8").precision == "int8"  # the export's, recorded
     assert "precision" not in EmbedOptions().identity()  # fp32 jobs keep the identity they always had
     assert EmbedOptions(precision="bf16").identity()["precision"] == "bf16"  # a resume must keep it
 

@@ -1,0 +1,132 @@
+"""ONNX exports built on demand (``elmo embed / serve --backend onnx --precision P --model MODEL_DIR``):
+built and validated once, reused, rebuilt when the weights change; the precision and the CPU's int8
+instructions printed and recorded."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from elmo_cli.main import main
+from elmo_core.model_io import file_sha256, resolve_model
+from elmo_core.precision import INT8_CPU_FLAGS, int8_cpu_report
+from export.cache import cache_root, cached_onnx_export
+from pipelines.corpus import write_sample_corpus
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("ELMO_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _vectors(out: Path) -> np.ndarray:
+    table = pq.read_table(out, columns=["elmo"])
+    return np.concatenate([np.asarray(v, np.float32) for v in table.column("elmo").to_pylist()])  # (N, D)
+
+
+def test_cache_root_follows_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("ELMO_CACHE_DIR", str(tmp_path / "a"))
+    assert cache_root() == tmp_path / "a"
+    monkeypatch.delenv("ELMO_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == tmp_path / "xdg" / "elmo-pipeline"
+
+
+def test_int8_embed_exports_once_then_reuses_and_records_it(tiny_dir, tmp_path, cache, capsys):
+    write_sample_corpus(tmp_path / "corpus", rows=60, files=1)
+    args = ["--model", str(tiny_dir), "--backend", "onnx", "--precision", "int8", "--output", "mixed", "--quiet"]
+    assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "a"), *args]) == 0
+    err = capsys.readouterr().err
+    assert "at int8 once (validated against torch)" in err and "running the int8 export" in err
+    entries = list((cache / "onnx").iterdir())
+    assert [e.name[:5] for e in entries] == ["int8-"]  # one whole entry, no temporary left
+    manifest = json.loads((entries[0] / "manifest.json").read_text())
+    assert manifest["precision"] == "int8" and manifest["parity"]["passed"] is True
+    options = json.loads((tmp_path / "a" / "_manifest.json").read_text())["options"]
+    assert options["precision"] == "int8" and int8_cpu_report() in options["precision_reason"]
+
+    assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "b"), *args]) == 0
+    err = capsys.readouterr().err
+    assert "onnx: exporting" not in err and f"running the int8 export {entries[0]}" in err
+    assert list((cache / "onnx").iterdir()) == entries
+    assert np.array_equal(_vectors(tmp_path / "a"), _vectors(tmp_path / "b"))
+
+    # The int8 vectors against torch fp32's: per-token cosine >= 0.99, the export's own int8 bound.
+    assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "t"), "--model", str(tiny_dir),
+                 "--output", "mixed", "--quiet"]) == 0
+    got, want = _vectors(tmp_path / "a"), _vectors(tmp_path / "t")  # (N, D)
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert got.shape == want.shape and cos.min() >= 0.99, cos.min()
+
+
+def test_the_cached_export_is_rebuilt_when_the_weights_change(tiny_dir, tmp_path):
+    first, built = cached_onnx_export(tiny_dir, "int8", root=tmp_path / "c")
+    assert built and cached_onnx_export(tiny_dir, "int8", root=tmp_path / "c") == (first, False)
+    weights = resolve_model(tiny_dir).weights
+    with h5py.File(weights, "r+") as f:  # one parameter changed in place: a fine-tuned model
+        name = next(n for n in _datasets(f) if f[n].dtype.kind == "f" and f[n].size > 1)
+        f[name][...] = f[name][...] * np.float32(1.01)
+    second, built = cached_onnx_export(tiny_dir, "int8", root=tmp_path / "c")
+    assert built and second != first
+    assert json.loads((second / "manifest.json").read_text())["source"]["weights_sha256"] == file_sha256(weights)
+    assert file_sha256(second / "model.onnx") != file_sha256(first / "model.onnx")
+
+
+def _datasets(group: h5py.Group) -> list[str]:
+    names: list[str] = []
+    group.visititems(lambda n, obj: names.append(n) if isinstance(obj, h5py.Dataset) else None)
+    return names
+
+
+def test_an_export_runs_its_own_precision_and_refuses_another(tiny_dir, tmp_path, cache, capsys):
+    export, _ = cached_onnx_export(tiny_dir, "fp32")
+    write_sample_corpus(tmp_path / "corpus", rows=20, files=1)
+    base = ["embed", str(tmp_path / "corpus"), "--model", str(export), "--backend", "onnx", "--quiet"]
+    assert main([*base[:2], str(tmp_path / "a"), *base[2:], "--precision", "int8"]) == 2
+    assert f"is an fp32 ONNX export; for --precision int8 pass the model directory" in capsys.readouterr().err
+    assert main([*base[:2], str(tmp_path / "b"), *base[2:]]) == 0  # no --precision: the export's
+    assert json.loads((tmp_path / "b" / "_manifest.json").read_text())["options"].get("precision", "fp32") == "fp32"
+
+
+def test_int8_on_the_torch_backend_and_bf16_on_demand_are_refused(tiny_dir, tmp_path, cache, capsys):
+    write_sample_corpus(tmp_path / "corpus", rows=20, files=1)
+    base = ["embed", str(tmp_path / "corpus"), str(tmp_path / "a"), "--model", str(tiny_dir), "--quiet"]
+    assert main([*base, "--precision", "int8"]) == 2
+    assert "--precision int8 runs on the onnx backend" in capsys.readouterr().err
+    assert main([*base, "--backend", "onnx", "--precision", "bf16"]) == 2
+    assert "bf16 cannot be validated on ONNX Runtime's CPU provider" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (cache / "onnx").exists()
+
+
+def test_int8_instructions_are_reported_from_the_flags():
+    assert "no int8 dot-product instructions" in int8_cpu_report(frozenset({"avx2", "fma"}))
+    for flag in INT8_CPU_FLAGS:
+        assert int8_cpu_report(frozenset({"avx2", flag})) == f"this CPU multiplies int8 in hardware ({flag})"
+
+
+def test_serve_runs_the_int8_export_of_a_model_directory(tiny_dir, cache):
+    import httpx
+
+    from inference import Embedder
+    from tests.helpers import SENTENCES
+    from tests.serving.server_utils import ServerProcess, reference
+
+    server = ServerProcess(tiny_dir, "--backend", "onnx", "--precision", "int8", timeout=120)
+    try:
+        [export] = list((cache / "onnx").iterdir())
+        assert any("at int8 once" in line for line in server.stderr)
+        info = httpx.get(f"{server.url}/info").json()
+        assert (info["backend"], info["precision"], info["path"]) == ("onnx", "int8", str(export))
+        answer = httpx.post(f"{server.url}/embed", json={"sentences": [SENTENCES[0]]})
+        assert answer.status_code == 200, answer.text
+        with Embedder.open(export, "onnx") as embedder:
+            # the same int8 graph on the same CPU, the sentence alone either way
+            np.testing.assert_allclose(np.asarray(answer.json()["embeddings"][0], np.float32),
+                                       reference(embedder, SENTENCES[0]), atol=1e-6, rtol=0)
+    finally:
+        server.stop()
