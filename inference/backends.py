@@ -2,7 +2,9 @@
 
 A backend is a context manager with ``run(char_ids) -> (layers, mask)`` on numpy arrays:
 char_ids (B, T, C) int32 without boundary tokens -> layers (B, L+1, T, 2P) float32, mask (B, T) bool;
-and ``run_combined(char_ids, weights, dtype) -> (sum_j weights[j] * layer_j (B, T, 2P), mask)``.
+and ``run_combined(char_ids, weights, dtype) -> (sum_j weights[j] * layer_j (B, T, 2P), mask)``;
+``submit(char_ids, request, keep)`` is what the engine (``inference.engine``) calls: the whole
+``VectorRequest`` (output mode, pooling, normalisation, dtype) done where the backend computes.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from elmo_core.token_embeddings import preload_token_cache, read_token_embedding
 
 from .cuda_graphs import GraphedStack
 from .host_copy import PinnedCopies
-from .outputs import combine_layers
+from .outputs import VectorRequest, combine_layers, finish_on_device, reduce_on_device
 
 _TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16}
 
@@ -36,6 +38,9 @@ class Backend(Protocol):
 
     def run_combined(self, char_ids: np.ndarray, weights: np.ndarray,
                      dtype: np.dtype | type = np.float32) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def submit(self, char_ids: np.ndarray, request: VectorRequest,
+               keep: np.ndarray | None = None) -> Callable[[], np.ndarray]: ...
 
     def close(self) -> None: ...
 
@@ -75,12 +80,24 @@ class BackendBase:
         layers, mask = self.run(char_ids)
         return combine_layers(layers, weights).astype(dtype, copy=False), mask
 
-    def submit_combined(self, char_ids: np.ndarray, weights: np.ndarray, dtype: np.dtype | type = np.float32
-                        ) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
-        """``run_combined`` started: the callable returns its result. A backend on a GPU returns
-        before the device is done (see ``TorchBackend``), so the caller can do host work meanwhile;
-        the result must be read before two more batches are submitted."""
-        result = self.run_combined(char_ids, weights, dtype)
+    def submit(self, char_ids: np.ndarray, request: VectorRequest, keep: np.ndarray | None = None
+               ) -> Callable[[], np.ndarray]:
+        """A batch's vectors as ``request`` asks (``inference.outputs``: the output mode, then pooled
+        partials over ``keep`` or unit length, in its dtype), started: the callable returns them.
+        Here on the host (torch on CPU over ``run`` / ``run_combined``'s arrays); a backend on a GPU
+        does it on the device and returns before the device is done (see ``TorchBackend``). A
+        result must be read before two more batches are submitted.
+
+        Shape: char_ids (B, T, C), keep (B, T) bool (pooling) -> (B, T, [L+1,] D), or (B, [L+1,] D) pooled.
+        """
+        weights = request.weights(self.config.n_output_layers)
+        if weights is not None:
+            combined, _ = self.run_combined(char_ids, weights)  # (B, T, D)
+            x = torch.from_numpy(combined)
+        else:
+            layers, mask = self.run(char_ids)  # (B, L+1, T, D)
+            x = reduce_on_device(torch.from_numpy(layers), torch.from_numpy(mask), request)  # (B, T, [L+1,] D)
+        result = finish_on_device(x, request, None if keep is None else torch.from_numpy(keep)).numpy()
         return lambda: result
 
     def device_report(self) -> dict:
@@ -133,7 +150,7 @@ class TorchBackend(BackendBase):
         self.stateful = StatefulBiLM(self.model) if stateful else None
         if (is_cuda if cuda_graphs is None else cuda_graphs) and not stateful:
             self.model.lstm_combined = GraphedStack(self.model.lstm)
-        self._copies, self._mask_copies = PinnedCopies(), PinnedCopies()  # used on CUDA only
+        self._copies = PinnedCopies()  # used on CUDA only
 
     @classmethod
     def from_files(cls, path: str | Path, weights: str | Path | None = None, **kw: object) -> "TorchBackend":
@@ -158,16 +175,26 @@ class TorchBackend(BackendBase):
         combined, mask = self._combined_on_device(char_ids, weights, dtype)
         return combined.cpu().numpy(), mask.cpu().numpy()
 
-    def submit_combined(self, char_ids: np.ndarray, weights: np.ndarray, dtype: np.dtype | type = np.float32
-                        ) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
-        """On CUDA: the batch's work and its copy to pinned host memory are queued and this returns;
-        the next batch is launched while this one's result is read out."""
-        if self.stateful or self.device.type != "cuda":
-            return super().submit_combined(char_ids, weights, dtype)
-        combined, mask = self._combined_on_device(char_ids, weights, dtype)
-        with torch.inference_mode():
-            vectors, row_mask = self._copies.start(combined), self._mask_copies.start(mask)
-        return lambda: (vectors(), row_mask())
+    def submit(self, char_ids: np.ndarray, request: VectorRequest, keep: np.ndarray | None = None
+               ) -> Callable[[], np.ndarray]:
+        """The request computed on the device (the mix while the layers are packed; pooling and
+        normalisation before the copy). On CUDA the work and its copy to pinned host memory are
+        queued and this returns; the next batch is launched while this one's result is read out."""
+        if self.stateful:
+            return super().submit(char_ids, request, keep)
+        ids = torch.from_numpy(np.ascontiguousarray(char_ids)).to(self.device)
+        weights = request.weights(self.config.n_output_layers)
+        with torch.inference_mode(), tf32_products(self.precision == "tf32"):
+            if weights is not None:
+                x, _ = self.model.run_combined(ids, torch.from_numpy(weights).to(self.device))  # (B, T, D)
+            else:
+                out = self.model.run(ids)
+                x = reduce_on_device(out.layers.float(), out.mask, request)  # (B, T, [L+1,] D)
+            result = finish_on_device(x, request, None if keep is None else torch.from_numpy(keep).to(self.device))
+            if self.device.type != "cuda":
+                host = result.numpy()
+                return lambda: host
+            return self._copies.start(result)
 
     def _combined_on_device(self, char_ids: np.ndarray, weights: np.ndarray,
                             dtype: np.dtype | type) -> tuple[torch.Tensor, torch.Tensor]:

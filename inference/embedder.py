@@ -6,14 +6,14 @@ from typing import Sequence
 
 import numpy as np
 
-from elmo_core import POOLS
 from elmo_core.pooling import pool_ragged
 from elmo_core.chars import check_sentences
 from elmo_core.errors import InputError
 
+from . import engine
 from .backends import Backend
-from .batching import BatchPolicy, Plan, plan_batches
-from .outputs import check_output, layer_weights, reduce_layers, unit_length
+from .batching import BatchPolicy
+from .outputs import VectorRequest, check_output, reduce_layers, unit_length
 from .registry import open_backend
 
 
@@ -105,62 +105,39 @@ class Embedder:
         each vector (per token and layer, or pooled) scaled to unit L2 norm, last of all.
         """
         check_sentences(sentences)
-        check_output(output, self.config.n_output_layers, mix_weights)
-        if pool is not None and pool not in POOLS:
-            raise InputError(f"pool must be None or one of {POOLS}, got {pool!r}")
+        request = VectorRequest(output, None if mix_weights is None else tuple(mix_weights), gamma, layer_norm,
+                                pool, normalize)
+        check_output(output, self.config.n_output_layers, request.mix)
         batch_size = self.batch_size if batch_size is None else batch_size
         if batch_size is not None and batch_size <= 0:
             raise InputError(f"batch_size must be positive, got {batch_size}")
-        if self.stateful:
-            out = self._in_order(sentences, batch_size or 64, output, mix_weights, gamma, layer_norm)
-        else:
-            out = self._run_plan(plan_batches(sentences, self.policy, batch_size), output, mix_weights, gamma,
-                                 layer_norm)  # (N, [L+1,] D): the sentences' tokens one after another
         lengths = np.array([len(s) for s in sentences], dtype=np.int64)  # (R,)
-        if pool is not None:
-            pooled = pool_ragged(out, lengths, pool)  # (R, [L+1,] D)
-            results: list[np.ndarray | None] = [None if n == 0 else row for n, row in zip(lengths, pooled)]
+        if self.stateful:
+            out = self._in_order(sentences, batch_size or 64, request)  # (N, [L+1,] D)
+            if pool is not None:
+                out = pool_ragged(out, lengths, pool)  # (R, [L+1,] D)
+            if normalize:
+                out = unit_length(out)  # NaN rows stay NaN
         else:
-            offsets = np.concatenate([[0], np.cumsum(lengths)])  # (R+1,)
-            results = [out[offsets[i]:offsets[i + 1]] for i in range(len(sentences))]  # (T_i, [L+1,] D)
-            if output == "all":
-                results = [np.ascontiguousarray(r.transpose(1, 0, 2)) for r in results]  # (L+1, T_i, D)
-        return [unit_length(r) if normalize and r is not None else r for r in results]
+            out = engine.run(self.backend, engine.prepare(self.backend, sentences, self.policy, batch_size), request)
+        if pool is not None:
+            return [None if n == 0 else row for n, row in zip(lengths, out)]  # ([L+1,] D) each
+        offsets = np.concatenate([[0], np.cumsum(lengths)])  # (R+1,)
+        results = [out[offsets[i]:offsets[i + 1]] for i in range(len(sentences))]  # (T_i, [L+1,] D)
+        if output == "all":
+            results = [np.ascontiguousarray(r.transpose(1, 0, 2)) for r in results]  # (L+1, T_i, D)
+        return results
 
-    def _run_plan(self, plan: Plan, output: str, mix_weights: Sequence[float] | None, gamma: float,
-                  layer_norm: bool) -> np.ndarray:
-        """Every batch of the plan through the backend, each token's vector to its row of the result.
-
-        top / average / mixed are weighted sums of the layers, which the backend computes before
-        copying them out (``reduce_layers`` is the reference these are tested against).
-
-        Shape: -> (N tokens, L+1, D) for 'all', else (N, D), float32.
-        """
-        L1, D = self.config.n_output_layers, self.config.output_dim
-        out = np.empty((plan.tokens, L1, D) if output == "all" else (plan.tokens, D), np.float32)
-        weights = None if layer_norm else layer_weights(output, L1, mix_weights, gamma)
-        for batch in plan.batches:
-            ids = self._char_ids(batch.tokens)  # (B, T, W)
-            if weights is not None:
-                reduced, _ = self.backend.run_combined(ids, weights)  # (B, T, D)
-            else:
-                layers, mask = self.backend.run(ids)  # (B, L+1, T, D)
-                reduced = reduce_layers(layers, mask, output, mix_weights, gamma, layer_norm)  # (B, [L+1,] T, D)
-                reduced = reduced.transpose(0, 2, 1, 3) if output == "all" else reduced  # (B, T, [L+1,] D)
-            rows, cols, dest = batch.gather_index()  # (n,) each
-            out[dest] = reduced[rows, cols]
-        return out
-
-    def _in_order(self, sentences: Sequence[Sequence[str]], batch_size: int, output: str,
-                  mix_weights: Sequence[float] | None, gamma: float, layer_norm: bool) -> np.ndarray:
+    def _in_order(self, sentences: Sequence[Sequence[str]], batch_size: int, request: VectorRequest) -> np.ndarray:
         """A stateful backend: the sentences in the order given, ``batch_size`` rows a call.
-        Shape: -> (N tokens, [L+1,] D), the sentences' tokens one after another."""
+        Shape: -> (N tokens, [L+1,] D) float32, the sentences' tokens one after another."""
         L1, D = self.config.n_output_layers, self.config.output_dim
-        parts = [np.empty((0, L1, D) if output == "all" else (0, D), np.float32)]
+        parts = [np.empty((0, L1, D) if request.output == "all" else (0, D), np.float32)]
         for start in range(0, len(sentences), batch_size):
             batch = sentences[start:start + batch_size]
             layers, mask = self.embed_batch(batch)  # (B, L+1, T, D)
-            reduced = reduce_layers(layers, mask, output, mix_weights, gamma, layer_norm)  # (B, [L+1,] T, D)
-            parts += [reduced[k, :, :len(s)].transpose(1, 0, 2) if output == "all" else reduced[k, :len(s)]
+            reduced = reduce_layers(layers, mask, request.output, request.mix, request.gamma,
+                                    request.layer_norm)  # (B, [L+1,] T, D)
+            parts += [reduced[k, :, :len(s)].transpose(1, 0, 2) if request.output == "all" else reduced[k, :len(s)]
                       for k, s in enumerate(batch)]  # (T_i, [L+1,] D)
         return np.concatenate(parts).astype(np.float32, copy=False)

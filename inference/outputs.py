@@ -1,6 +1,14 @@
-"""Turning the biLM's L+1 layers into what the user asked for: all, top, average or mixed."""
+"""Turning the biLM's L+1 layers into what the user asked for: all, top, average or mixed; then
+pooled (mean / max) or unit length, in the output dtype.
+
+``VectorRequest`` is the one description of that; ``reduce_on_device`` and ``finish_on_device``
+apply it to a batch on the backend's device (torch tensors, CPU or CUDA) before anything is
+copied out. ``reduce_layers`` and ``unit_length`` (numpy) are the references they are tested
+against, and what the stateful path uses.
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -8,7 +16,88 @@ import torch
 
 from elmo_core import ScalarMix
 from elmo_core.errors import InputError
-from elmo_core.names import OUTPUT_MODES
+from elmo_core.names import DTYPES, OUTPUT_MODES, POOLS
+
+_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class VectorRequest:
+    """What each sentence's vectors become: the output mode (``mix``: ScalarMix's unnormalised s;
+    ``layer_norm``: each layer normalised over a model batch's tokens first, as bilm-tf's
+    ``weight_layers``), then ``pool`` (one vector per sentence) or not, ``normalize`` (unit L2 norm,
+    last of all) and the ``dtype`` they are delivered in."""
+
+    output: str = "mixed"
+    mix: tuple[float, ...] | None = None
+    gamma: float = 1.0
+    layer_norm: bool = False
+    pool: str | None = None
+    normalize: bool = False
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.output not in OUTPUT_MODES:
+            raise InputError(f"output must be one of {OUTPUT_MODES}, got {self.output!r}")
+        if self.pool is not None and self.pool not in POOLS:
+            raise InputError(f"pool must be None or one of {POOLS}, got {self.pool!r}")
+        if self.dtype not in DTYPES:
+            raise InputError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.mix is not None:
+            object.__setattr__(self, "mix", tuple(float(m) for m in self.mix))
+
+    def weights(self, n_layers: int) -> np.ndarray | None:
+        """The output mode as one weight per layer (``layer_weights``); None where it is not a fixed
+        weighting (all layers, or the layer-normalised mix). Shape: -> (L+1,) float64 or None."""
+        check_output(self.output, n_layers, self.mix)
+        if self.layer_norm and self.output == "mixed":
+            return None
+        return layer_weights(self.output, n_layers, self.mix, self.gamma)
+
+
+def reduce_on_device(layers: torch.Tensor, mask: torch.Tensor, request: VectorRequest) -> torch.Tensor:
+    """The output modes that are not a fixed weighting: all layers (token-major) or the
+    layer-normalised mix (``reduce_layers``'s; the other modes ignore ``layer_norm`` there too).
+    Shape: layers (B, L+1, T, D) float32, mask (B, T) bool -> (B, T, [L+1,] D)."""
+    if request.output == "all":
+        return layers.transpose(1, 2)  # (B, T, L+1, D)
+    mix = ScalarMix(layers.shape[1], request.mix, request.gamma, do_layer_norm=True).to(layers.device)
+    return mix(layers, mask) * mask[:, :, None]  # (B, T, D); bool mask promotes to float
+
+
+def finish_on_device(x: torch.Tensor, request: VectorRequest, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """Pool or normalise a batch's vectors where they are, before the copy.
+
+    Without ``pool``: each vector to unit length if asked, then in the request's dtype.
+    With ``pool``: ``keep`` marks the tokens that belong to the batch's rows (a window keeps only
+    its middle part); the result is each row's partial: the sum (mean) or the largest value (max)
+    of its kept tokens, in float32, for ``finish_pooled`` to join a sentence's windows.
+
+    Shape: x (B, T, [L+1,] D), keep (B, T) bool -> (B, T, [L+1,] D), or (B, [L+1,] D) pooled.
+    """
+    x = x.float()
+    if request.pool is not None:
+        k = keep.reshape(keep.shape + (1,) * (x.dim() - 2))  # (B, T, 1, ...)
+        if request.pool == "mean":
+            return torch.where(k, x, 0).sum(dim=1)  # (B, [L+1,] D)
+        return torch.where(k, x, float("-inf")).amax(dim=1)
+    if request.normalize:
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # (B, T, [L+1,] 1)
+        x = x / torch.where(norm > 0, norm, 1.0)
+    return x.to(_TORCH_DTYPES[request.dtype])
+
+
+def finish_pooled(partials: np.ndarray, lengths: np.ndarray, request: VectorRequest) -> np.ndarray:
+    """Each sentence's windows' partials (already joined: summed for mean, maxed for max) made
+    its pooled vector: divided by its token count for mean, unit length if asked, in the dtype.
+    Shape: partials (R, [L+1,] D) float64, lengths (R,) (<= 0: no token) -> (R, [L+1,] D), NaN rows
+    where a sentence has no token."""
+    n = np.maximum(lengths, 0)  # (R,)
+    rows = partials / np.maximum(n, 1).reshape((-1,) + (1,) * (partials.ndim - 1)) if request.pool == "mean" else partials
+    rows = np.where((n > 0).reshape((-1,) + (1,) * (partials.ndim - 1)), rows, np.nan)
+    if request.normalize:
+        rows[n > 0] = unit_length(rows[n > 0])
+    return rows.astype(request.dtype)
 
 
 

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from elmo_core.errors import ElmoError, InputError
 from elmo_core.names import DTYPES, ENGINES, OUTPUT_MODES, POOLS
 from inference.batching import BatchPolicy
+from inference.outputs import VectorRequest
 from inference.registry import BACKEND_NAMES, check_precision_for, torch_options
 
 from .schema import COMPRESSIONS
@@ -102,6 +103,11 @@ class EmbedOptions:
     def backend_options(self) -> dict[str, str]:
         """The torch backend's own options (token embeddings, precision), where given."""
         return torch_options(self.precision, self.token_embeddings, self.token_vocab, self.backend)
+
+    @property
+    def request(self) -> VectorRequest:
+        """What each row's vectors become (``inference.outputs``; the engine's terms)."""
+        return VectorRequest(self.output, self.mix, self.gamma, False, self.pool, self.normalize, self.dtype)
 
     @property
     def policy(self) -> BatchPolicy:

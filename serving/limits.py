@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from elmo_core.errors import InputError
+from inference.batching import BatchPolicy
 
 
 def _opt(default: Any, help: str) -> Any:  # noqa: A002
@@ -54,6 +55,12 @@ class ServeLimits:
         if self.max_request_sentences > self.max_queue:
             raise InputError(f"--max-request-sentences ({self.max_request_sentences}) must be at most "
                              f"--max-queue ({self.max_queue}) so one request fits the queue")
+
+    @property
+    def batch_policy(self) -> BatchPolicy:
+        """The engine's batching terms for these limits (a sentence never exceeds
+        max_sentence_tokens here, so none is cut into windows)."""
+        return BatchPolicy(max_sentence_length=self.max_sentence_tokens, max_tokens_per_batch=self.max_batch_tokens)
 
     def as_dict(self) -> dict:
         return asdict(self)

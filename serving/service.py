@@ -12,7 +12,6 @@ import numpy as np
 
 from inference import Embedder
 from elmo_core import POOLS
-from inference.batching import BatchPolicy
 from inference.outputs import OUTPUT_MODES, check_output
 from inference.registry import torch_options
 
@@ -66,7 +65,7 @@ class SentencePredictor:
     def __init__(self, source: ModelSource, limits: ServeLimits = ServeLimits()) -> None:
         options = {"weights": source.weights} if source.weights else {}
         options.update(torch_options(source.precision, source.token_embeddings, source.token_vocab, source.backend))
-        policy = BatchPolicy(max_sentence_length=limits.max_sentence_tokens, max_tokens_per_batch=limits.max_batch_tokens)
+        policy = limits.batch_policy
         self.embedder = Embedder.open(source.model, source.backend, policy=policy, threads=source.threads,
                                       device=source.device, **options)
         self.config = self.embedder.config

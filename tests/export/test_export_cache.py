@@ -88,7 +88,7 @@ def test_an_export_runs_its_own_precision_and_refuses_another(tiny_dir, tmp_path
     write_sample_corpus(tmp_path / "corpus", rows=20, files=1)
     base = ["embed", str(tmp_path / "corpus"), "--model", str(export), "--backend", "onnx", "--quiet"]
     assert main([*base[:2], str(tmp_path / "a"), *base[2:], "--precision", "int8"]) == 2
-    assert f"is an fp32 ONNX export; for --precision int8 pass the model directory" in capsys.readouterr().err
+    assert "is an fp32 ONNX export; for --precision int8 pass the model directory" in capsys.readouterr().err
     assert main([*base[:2], str(tmp_path / "b"), *base[2:]]) == 0  # no --precision: the export's
     assert json.loads((tmp_path / "b" / "_manifest.json").read_text())["options"].get("precision", "fp32") == "fp32"
 

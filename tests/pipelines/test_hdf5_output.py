@@ -176,13 +176,13 @@ def test_the_token_budget_and_windows_apply(tiny_dir, tmp_path, monkeypatch):
     from inference.backends import TorchBackend
 
     shapes: list[tuple[int, int]] = []
-    real = TorchBackend.run_combined
+    real = TorchBackend.submit
 
-    def spy(self, ids, weights):  # the backend's side: every model batch it is given
+    def spy(self, ids, request, keep=None):  # the backend's side: every model batch the engine gives it
         shapes.append(ids.shape[:2])
-        return real(self, ids, weights)
+        return real(self, ids, request, keep)
 
-    monkeypatch.setattr(TorchBackend, "run_combined", spy)
+    monkeypatch.setattr(TorchBackend, "submit", spy)
     long = " ".join(f"t{k}" for k in range(70))
     (tmp_path / "in.txt").write_text("\n".join([long] + LINES) + "\n")
     embed_to_hdf5(tmp_path / "in.txt", tmp_path / "out.hdf5", tiny_dir, quiet=True, max_tokens_per_batch=48,

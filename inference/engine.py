@@ -1,0 +1,107 @@
+"""The one engine from sentences to vectors, behind every door (``Embedder.embed_sentences``,
+``elmo embed``'s Parquet and hdf5 outputs on both runners, ``elmo serve``, the Triton model).
+
+``prepare`` cuts the sentences into model batches (``inference.batching``: windows, length sort,
+token budget) and turns each into character ids; ``run`` sends every batch through the backend's
+``submit`` with the ``VectorRequest`` and puts the results back in input order:
+
+- token vectors: each batch's kept tokens to their rows of one (N tokens, [L+1,] D) array in the
+  request's dtype (computed, normalised and cast on the backend's device);
+- pooled: each batch row's partial (the sum or max over its kept tokens, on the device) joined per
+  sentence over its windows, then divided, normalised and cast (``finish_pooled``).
+
+Each batch is submitted before the previous one is placed, so on a GPU the host's placing overlaps
+the device's next batch. ``clock`` (optional) times the "model" and "assemble" stages.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Protocol, Sequence
+
+import numpy as np
+
+from .backends import Backend
+from .batching import BatchPolicy, ModelBatch, Plan, plan_batches
+
+__all__ = ["Plan", "Prepared", "prepare", "run"]
+from .outputs import VectorRequest, finish_pooled
+
+
+class Clock(Protocol):
+    def stage(self, name: str) -> ContextManager[Any]: ...
+
+
+class _NoClock:
+    def stage(self, name: str) -> ContextManager[Any]:
+        return contextlib.nullcontext()
+
+
+@dataclass
+class Prepared:
+    """Sentences ready for the model: the plan and each model batch's character ids."""
+
+    plan: Plan
+    char_ids: list[np.ndarray]  # one (B, T, W) int32 per plan batch
+
+
+def prepare(backend: Backend, rows: Sequence[Sequence[str] | None], policy: BatchPolicy,
+            max_rows: int | None = None) -> Prepared:
+    """Windows, batches and character ids of ``rows`` (None: a null row, no vectors)."""
+    plan = plan_batches(rows, policy, max_rows)
+    return Prepared(plan, [backend.tokenizer.batch(b.tokens) for b in plan.batches])  # type: ignore[attr-defined]
+
+
+def run(backend: Backend, prepared: Prepared, request: VectorRequest, clock: Clock | None = None) -> np.ndarray:
+    """Every batch through the backend, the results in input order.
+
+    Shape: -> (N tokens, [L+1,] D) in the request's dtype, the sentences' tokens one after
+    another; pooled: (R, [L+1,] D), NaN rows for sentences without a token.
+    """
+    clock = clock or _NoClock()
+    config, plan = backend.config, prepared.plan
+    trailing = (config.n_output_layers, config.output_dim) if request.output == "all" else (config.output_dim,)
+    if request.pool is None:
+        out = np.empty((plan.tokens, *trailing), dtype=request.dtype)  # (N, [L+1,] D)
+        place: Callable[[ModelBatch, np.ndarray], None] = lambda batch, got: _place_tokens(out, batch, got)  # noqa: E731
+    else:
+        fill = 0.0 if request.pool == "mean" else -np.inf
+        out = np.full((len(plan.lengths), *trailing), fill, dtype=np.float64)  # (R, [L+1,] D) joined partials
+        place = lambda batch, got: _join_partials(out, plan.sentence_of(batch), got, request.pool)  # noqa: E731
+    pending = None  # the previous batch: its result is read while this one runs (on a GPU)
+    for batch, ids in zip(plan.batches, prepared.char_ids):
+        with clock.stage("model"):
+            keep = batch.keep_mask(ids.shape[1]) if request.pool is not None else None  # (B, T)
+            result = backend.submit(ids, request, keep)
+        if pending is not None:
+            _read(clock, place, *pending)
+        pending = batch, result
+    if pending is not None:
+        _read(clock, place, *pending)
+    if request.pool is None:
+        return out
+    with clock.stage("assemble"):
+        return finish_pooled(out, plan.lengths, request)
+
+
+def _read(clock: Clock, place: Callable[[ModelBatch, np.ndarray], None], batch: ModelBatch,
+          result: Callable[[], np.ndarray]) -> None:
+    with clock.stage("model"):
+        got = result()
+    with clock.stage("assemble"):
+        place(batch, got)
+
+
+def _place_tokens(out: np.ndarray, batch: ModelBatch, got: np.ndarray) -> None:
+    """A batch's kept tokens to their rows (one gather). Shape: got (B, T, [L+1,] D)."""
+    rows, cols, dest = batch.gather_index()  # (n,) each
+    out[dest] = got[rows, cols]
+
+
+def _join_partials(out: np.ndarray, sentence: np.ndarray, got: np.ndarray, pool: str) -> None:
+    """Each row's partial into its sentence's (a sentence's windows may be in several batches).
+    Shape: out (R, [L+1,] D) float64, sentence (B,), got (B, [L+1,] D) float32."""
+    if pool == "mean":
+        np.add.at(out, sentence, got)
+    else:
+        np.maximum.at(out, sentence, got)
