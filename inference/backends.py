@@ -80,6 +80,11 @@ class BackendBase:
         layers, mask = self.run(char_ids)
         return combine_layers(layers, weights).astype(dtype, copy=False), mask
 
+    def check_request(self, request: VectorRequest) -> None:
+        """Refuse, before any work, a request this backend cannot compute (every backend with the
+        layers can compute any; see ``OnnxBackend`` for a mixed export)."""
+        request.weights(self.config.n_output_layers)  # the mix's length against the model's layers
+
     def submit(self, char_ids: np.ndarray, request: VectorRequest, keep: np.ndarray | None = None
                ) -> Callable[[], np.ndarray]:
         """A batch's vectors as ``request`` asks (``inference.outputs``: the output mode, then pooled

@@ -104,27 +104,33 @@ class Embedder:
         model batch's tokens, as bilm-tf's ``weight_layers`` does over its batch. ``normalize``:
         each vector (per token and layer, or pooled) scaled to unit L2 norm, last of all.
         """
-        check_sentences(sentences)
         request = VectorRequest(output, None if mix_weights is None else tuple(mix_weights), gamma, layer_norm,
                                 pool, normalize)
-        check_output(output, self.config.n_output_layers, request.mix)
+        return self.vectors(sentences, request, batch_size)
+
+    def vectors(self, sentences: Sequence[Sequence[str]], request: VectorRequest,
+                batch_size: int | None = None) -> list[np.ndarray | None]:
+        """``embed_sentences`` in the engine's terms (``inference.outputs.VectorRequest``)."""
+        check_sentences(sentences)
+        check_output(request.output, self.config.n_output_layers, request.mix)
         batch_size = self.batch_size if batch_size is None else batch_size
         if batch_size is not None and batch_size <= 0:
             raise InputError(f"batch_size must be positive, got {batch_size}")
         lengths = np.array([len(s) for s in sentences], dtype=np.int64)  # (R,)
         if self.stateful:
             out = self._in_order(sentences, batch_size or 64, request)  # (N, [L+1,] D)
-            if pool is not None:
-                out = pool_ragged(out, lengths, pool)  # (R, [L+1,] D)
-            if normalize:
+            if request.pool is not None:
+                out = pool_ragged(out, lengths, request.pool)  # (R, [L+1,] D)
+            if request.normalize:
                 out = unit_length(out)  # NaN rows stay NaN
+            out = out.astype(request.dtype, copy=False)
         else:
             out = engine.run(self.backend, engine.prepare(self.backend, sentences, self.policy, batch_size), request)
-        if pool is not None:
+        if request.pool is not None:
             return [None if n == 0 else row for n, row in zip(lengths, out)]  # ([L+1,] D) each
         offsets = np.concatenate([[0], np.cumsum(lengths)])  # (R+1,)
         results = [out[offsets[i]:offsets[i + 1]] for i in range(len(sentences))]  # (T_i, [L+1,] D)
-        if output == "all":
+        if request.output == "all":
             results = [np.ascontiguousarray(r.transpose(1, 0, 2)) for r in results]  # (L+1, T_i, D)
         return results
 

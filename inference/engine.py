@@ -58,6 +58,7 @@ def run(backend: Backend, prepared: Prepared, request: VectorRequest, clock: Clo
     Shape: -> (N tokens, [L+1,] D) in the request's dtype, the sentences' tokens one after
     another; pooled: (R, [L+1,] D), NaN rows for sentences without a token.
     """
+    backend.check_request(request)
     clock = clock or _NoClock()
     config, plan = backend.config, prepared.plan
     trailing = (config.n_output_layers, config.output_dim) if request.output == "all" else (config.output_dim,)

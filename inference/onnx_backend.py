@@ -19,6 +19,7 @@ from elmo_core import ElmoConfig
 from elmo_core.errors import InputError
 
 from .backends import BackendBase
+from .outputs import VectorRequest
 from .errors import ExportError
 from .export_manifest import check_file, read_spec
 
@@ -196,6 +197,29 @@ class OnnxBackend(BackendBase):
             raise ExportError(f"{self.export_dir} was exported with --output {self.spec.output}: it has no layers; "
                               f"use run_mixed(), or export with --output all for the Embedder")
         return self._run(char_ids)
+
+    def check_request(self, request: VectorRequest) -> None:
+        """A ``--output mixed`` export computes one weighting of the layers: the request must be it."""
+        super().check_request(request)
+        if self.spec.output != "all" and not self._is_baked(request.weights(self.config.n_output_layers)):
+            raise InputError(f"{self.export_dir} was exported with --output mixed (layer weights "
+                             f"{np.round(self.spec.normalized_mix(), 6).tolist()}); it cannot give --output "
+                             f"{request.output}{' with layer norm' if request.layer_norm else ''} with these "
+                             f"weights: ask for its mix (--mix, --gamma as exported), or use an --output all export")
+
+    def _is_baked(self, weights: np.ndarray | None) -> bool:
+        return weights is not None and np.allclose(weights, self.spec.normalized_mix(), rtol=0, atol=1e-9)
+
+    def run_combined(self, char_ids: np.ndarray, weights: np.ndarray,
+                     dtype: np.dtype | type = np.float32) -> tuple[np.ndarray, np.ndarray]:
+        """A mixed export runs its own mix (``weights`` must be it); an all-layers export combines here."""
+        if self.spec.output == "all":
+            return super().run_combined(char_ids, weights, dtype)
+        if not self._is_baked(weights):
+            raise InputError(f"{self.export_dir}: a mixed export computes layer weights "
+                             f"{np.round(self.spec.normalized_mix(), 6).tolist()}, not {np.round(weights, 6).tolist()}")
+        mixed, mask = self.run_mixed(char_ids)  # (B, T, 2P)
+        return mixed.astype(dtype, copy=False), mask
 
     def run_mixed(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Shape: (B, T, C) -> mixed (B, T, 2P), mask (B, T); only for --output mixed exports."""

@@ -89,6 +89,7 @@ class ElmoPredictor:
         self.dim, self.n_layers = self.config.output_dim, self.config.n_output_layers
         self.type = elmo_type(self.dim, self.n_layers, self.options.output, self.options.dtype, self.options.pool)
         self.request = self.options.request
+        self.backend.check_request(self.request)  # before any row is read
 
     def close(self) -> None:
         self.backend.close()

@@ -37,6 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens, token_spans
+from inference.outputs import VectorRequest
 
 from .access import ApiKey
 from .errors import InvalidRequest, LimitExceeded, NotReady, QueueFull
@@ -44,7 +45,7 @@ from .limits import AccessOptions, ServeLimits
 from .metrics import CONTENT_TYPE
 from .middleware import CLIENT_CLOSED, AccessLog, Admission, BodyLimit
 from .schemas import EmbedRequest, OpenAIEmbeddingRequest, TokenizeRequest
-from .service import OutputSpec, ServingState
+from .service import ServingState
 
 log = logging.getLogger("elmo.serving")
 MODEL_ROUTES = frozenset({"/embed", "/v1/embeddings"})
@@ -229,8 +230,8 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
         predictor, batcher = state.serving()
         field = "sentences" if body.sentences is not None else "texts"
         sentences, cut = fit(body.token_lists(), limits, field, body.truncate)
-        spec = OutputSpec(body.output, None if body.mix is None else tuple(body.mix), body.gamma,
-                          None if body.pool == "none" else body.pool, body.normalize)
+        spec = VectorRequest(body.output, None if body.mix is None else tuple(body.mix), body.gamma,
+                             pool=None if body.pool == "none" else body.pool, normalize=body.normalize)
         predictor.check(spec)
         results = await unless_disconnected(request, batcher.submit(spec, sentences))
         if results is None:
@@ -250,7 +251,7 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
         dim = predictor.config.output_dim
         if body.dimensions is not None and body.dimensions != dim:
             raise InvalidRequest(f"dimensions: this model's vectors have {dim}, got {body.dimensions}")
-        results = await unless_disconnected(request, batcher.submit(OutputSpec(pool="mean", normalize=body.normalize), tokens))
+        results = await unless_disconnected(request, batcher.submit(VectorRequest(pool="mean", normalize=body.normalize), tokens))
         if results is None:
             return Response(status_code=CLIENT_CLOSED)
         n = sum(map(len, tokens))

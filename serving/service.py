@@ -12,7 +12,8 @@ import numpy as np
 
 from inference import Embedder
 from elmo_core import POOLS
-from inference.outputs import OUTPUT_MODES, check_output
+from elmo_core.errors import InputError
+from inference.outputs import OUTPUT_MODES, VectorRequest
 from inference.registry import torch_options
 
 from .batcher import DynamicBatcher
@@ -24,17 +25,6 @@ log = logging.getLogger("elmo.serving")
 
 # What the warm-up runs before /ready says 200: a short and a long sentence, every output path.
 _WARM_UP = [["The", "cat", "sat", "on", "the", "mat", "."], ["Warm"] * 40]
-
-
-@dataclass(frozen=True)
-class OutputSpec:
-    """What a request wants from the model; sentences of one spec can share a batch."""
-
-    output: str = "mixed"
-    mix: tuple[float, ...] | None = None
-    gamma: float = 1.0
-    pool: str | None = None
-    normalize: bool = False  # unit-length vectors
 
 
 @dataclass(frozen=True)
@@ -70,17 +60,21 @@ class SentencePredictor:
                                       device=source.device, **options)
         self.config = self.embedder.config
 
-    def check(self, spec: OutputSpec) -> None:
+    def check(self, spec: VectorRequest) -> None:
         """InputError (a 422) for a spec this model cannot serve, before it is queued."""
-        check_output(spec.output, self.config.n_output_layers, spec.mix)
+        self.embedder.backend.check_request(spec)
 
-    def __call__(self, spec: OutputSpec, sentences: list[Sequence[str]]) -> list[np.ndarray | None]:
-        return self.embedder.embed_sentences(sentences, output=spec.output,
-                                             mix_weights=spec.mix, gamma=spec.gamma, pool=spec.pool,
-                                             normalize=spec.normalize)
+    def __call__(self, spec: VectorRequest, sentences: list[Sequence[str]]) -> list[np.ndarray | None]:
+        return self.embedder.vectors(sentences, spec)
 
     def warm_up(self) -> None:
-        for spec in (OutputSpec(), OutputSpec("all"), OutputSpec(pool="mean")):
+        """Each shape of work the routes ask for once, where this model computes it (a mixed
+        ONNX export computes its own mix only)."""
+        for spec in (VectorRequest(), VectorRequest("all"), VectorRequest(pool="mean", normalize=True)):
+            try:
+                self.check(spec)
+            except InputError:
+                continue  # a request the routes will refuse with a 422: nothing to warm
             self(spec, _WARM_UP)
 
     def close(self) -> None:

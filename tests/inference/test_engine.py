@@ -27,6 +27,9 @@ class Recording:
         self.backend, self.calls = backend, []
         self.config, self.tokenizer = backend.config, backend.tokenizer
 
+    def check_request(self, request: VectorRequest) -> None:
+        self.backend.check_request(request)
+
     def submit(self, ids: np.ndarray, request: VectorRequest, keep: np.ndarray | None = None) -> Callable[[], np.ndarray]:
         result = self.backend.submit(ids, request, keep)
         got = result()
