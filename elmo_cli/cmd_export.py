@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 
 from elmo_core.errors import InputError
-from elmo_core.names import EXPORT_PRECISIONS
-from inference.export_spec import DEFAULT_OPSET, SUPPORTED_OPSETS
+from elmo_core.names import EXPORT_PRECISIONS, VALIDATED_EXPORT_PRECISIONS
+from inference.export_spec import DEFAULT_OPSET, OUTPUT_NAMES, SUPPORTED_OPSETS
+from inference.registry import BACKEND_NAMES
+from serving.triton_repo import KINDS
 
 
 def _floats(text: str) -> list[float]:
@@ -25,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--model", required=True, help="model directory (options.json + weights), or options.json")
     o.add_argument("--weights", help="the weights file, when --model's directory holds several (or is an options.json)")
     o.add_argument("--out", required=True, help="output directory")
-    o.add_argument("--output", choices=("all", "mixed"), default="all", help="all layers, or the scalar mix")
+    o.add_argument("--output", choices=tuple(OUTPUT_NAMES), default="all", help="all layers, or the scalar mix")
     o.add_argument("--mix", type=_floats, help="mixed: unnormalised layer weights s, comma-separated (softmax applied)")
     o.add_argument("--gamma", type=float, default=1.0, help="mixed: the scale gamma")
     o.add_argument("--precision", choices=EXPORT_PRECISIONS, default="fp32")
@@ -49,7 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--model", help="model directory with published weights; default: the repository's "
                    "models/default, else the default model trained first")
     e.add_argument("--out", default="engine", help="output directory (default ./engine)")
-    e.add_argument("--precision", choices=("fp32", "fp16", "int8"), default="fp32")
+    e.add_argument("--precision", choices=VALIDATED_EXPORT_PRECISIONS, default="fp32",
+                   help="of the ONNX export (bf16 cannot be validated on ONNX Runtime's CPU provider)")
     e.add_argument("--weights", help="the weights file, when --model's directory holds several (or is an options.json)")
     e.add_argument("--train-minutes", type=float, default=10.0, help="training budget when no --model is given")
     e.add_argument("--threads", type=int)
@@ -63,8 +66,8 @@ def _register_triton(kinds: argparse._SubParsersAction) -> None:
     r.add_argument("--weights", help="the weights file, when --model's directory holds several")
     r.add_argument("--out", required=True, help="the model repository (created; may hold other models)")
     r.add_argument("--name", default="elmo", help="the model's name in the repository")
-    r.add_argument("--backend", choices=("torch", "onnx", "tensorrt"), default="torch")
-    r.add_argument("--kind", choices=("cpu", "gpu"), default="cpu", help="instance kind")
+    r.add_argument("--backend", choices=BACKEND_NAMES, default="torch")
+    r.add_argument("--kind", choices=tuple(KINDS), default="cpu", help="instance kind")
     r.add_argument("--instances", type=int, default=1, help="model instances (each loads the model)")
     r.add_argument("--max-batch-size", type=int, default=64, help="sentences per request and per batch")
     r.add_argument("--max-queue-delay-us", type=int, default=2000, help="the dynamic batcher's wait")

@@ -30,15 +30,15 @@ def add_precision_argument(group: argparse._ActionsContainer) -> None:
 
 def settle_precision(args: argparse.Namespace) -> str:
     """Replace ``auto`` (and no ``--precision``) by the precision that runs; for the onnx backend on a
-    model directory, point ``args.model`` at its cached export. Print what was picked and why, and
-    warn about bf16 on a CPU that emulates it. Returns the reason (recorded in the job's manifest)."""
+    model directory, point ``args.model`` at its cached export. Print what was picked and why; warn
+    about bf16 on a CPU that emulates it, refuse bf16 / fp16 where torch multiplies them in scalar code. Returns the reason (recorded in the job's manifest)."""
     asked = args.precision or "fp32"
     precision, why = resolve_precision(asked, args.device, args.backend)
     if args.backend == "onnx":
         precision, why = _settle_onnx(args, args.precision, precision, why)
     if args.precision == "auto":
         print(f"precision auto: {precision} ({why})", file=sys.stderr)
-    warning = bf16_cpu_warning(precision, args.device)
+    warning = bf16_cpu_warning(precision, args.device) if args.backend == "torch" else None  # may refuse
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     args.precision = precision

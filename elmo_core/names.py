@@ -9,6 +9,9 @@ POOLS = ("mean", "max")  # one vector per sentence, over its tokens (elmo_core.p
 DTYPES = ("float32", "float16")  # of the vectors written or answered
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # the torch backend's matrix products (elmo_core.precision)
 EXPORT_PRECISIONS = ("fp32", "fp16", "bf16", "int8")  # of an ONNX export (inference.export_spec)
+# those an export can be validated in on a CPU (bf16 graphs do not run on ONNX Runtime's CPU provider):
+# `elmo engine`, and the exports `--backend onnx --precision` builds on demand (export.cache)
+VALIDATED_EXPORT_PRECISIONS = tuple(p for p in EXPORT_PRECISIONS if p != "bf16")
 OUTPUT_FORMATS = ("parquet", "hdf5")  # what elmo embed writes
 ENGINES = ("local", "ray")  # where elmo embed's batches run
 ENCODINGS = ("float", "base64")  # how elmo serve answers vectors

@@ -37,9 +37,12 @@ def check_precision(precision: str, device: str | torch.device) -> None:
 # Rapids and later; AVX512-BF16 on Cooper Lake, Zen 4 and Zen 5). Without them oneDNN emulates
 # bf16 products with fp32 ones plus conversions.
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
-# bf16 GEMM speed against fp32 where emulated: oneDNN limited to AVX-512 without BF16
+# bf16 GEMM speed against fp32 where emulated with AVX-512: oneDNN limited to AVX-512 without BF16
 # (ONEDNN_MAX_CPU_ISA=AVX512_CORE) on a Sapphire Rapids, 160 x 512 x 16384: 66 vs 292 GFLOP/s.
 BF16_EMULATED_SLOWDOWN = "about 0.2x"
+# Without AVX-512 torch multiplies bf16 and fp16 in scalar code: the same product on 2 cores of an
+# AVX2-only AMD EPYC, 0.31 GFLOP/s in bf16 and in fp16 against 79 in fp32 (0.004x).
+AVX2_LOW_PRECISION_SLOWDOWN = "0.004x (0.31 against 79 GFLOP/s measured on an AVX2-only AMD EPYC)"
 
 
 # What /proc/cpuinfo calls the instructions that multiply int8 in hardware: AMX-INT8 (Sapphire
@@ -79,10 +82,16 @@ def resolve_precision(precision: str, device: str, backend: str = "torch",
 
 
 def bf16_cpu_warning(precision: str, device: str, flags: frozenset[str] | None = None) -> str | None:
-    """A warning for bf16 on a CPU that emulates it, else None."""
-    if precision != "bf16" or not device.startswith("cpu"):
+    """A warning for bf16 on a CPU that emulates it with AVX-512, else None; InputError for bf16 or
+    fp16 on a CPU without AVX-512, where torch multiplies them in scalar code."""
+    if precision not in ("bf16", "fp16") or not device.startswith("cpu"):
         return None
-    if any(f in (cpu_flags() if flags is None else flags) for f in BF16_CPU_FLAGS):
+    flags = cpu_flags() if flags is None else flags
+    if "avx512f" not in flags and not any(f in flags for f in BF16_CPU_FLAGS):
+        raise InputError(f"--precision {precision} on a CPU without AVX-512: torch multiplies {precision} in scalar "
+                         f"code here, {AVX2_LOW_PRECISION_SLOWDOWN} fp32's speed; use fp32 (or --precision auto), "
+                         f"or --backend onnx --precision int8 for a faster CPU path")
+    if precision == "fp16" or any(f in flags for f in BF16_CPU_FLAGS):
         return None
     return (f"--precision bf16 on a CPU without bf16 instructions ({' / '.join(BF16_CPU_FLAGS)}): its products "
             f"are emulated, {BF16_EMULATED_SLOWDOWN} fp32's speed measured; use fp32, or --precision auto")

@@ -23,15 +23,11 @@ from typing import Callable
 
 from elmo_core import InputError
 from elmo_core.model_io import file_sha256, resolve_model
-from elmo_core.names import EXPORT_PRECISIONS
+from elmo_core.names import VALIDATED_EXPORT_PRECISIONS
 from inference.export_manifest import FORMAT_VERSION, MANIFEST_NAME
 from inference.export_spec import DEFAULT_OPSET
 
 from .onnx_export import export_onnx
-
-# Precisions an on-demand export can be validated in here: bf16 ONNX graphs do not run on ONNX
-# Runtime's CPU provider, so their parity cannot be checked (`elmo export onnx --no-validate`).
-ON_DEMAND_PRECISIONS = tuple(p for p in EXPORT_PRECISIONS if p != "bf16")
 
 
 def cache_root() -> Path:
@@ -60,9 +56,9 @@ def cached_onnx_export(model: str | Path, precision: str, weights: str | Path | 
     """The validated ONNX export of ``model`` at ``precision``: (its directory, whether it was built
     now). ``on_build(target)`` is called before a build starts (it takes a while: the parity check
     runs the torch backend and ONNX Runtime on the spec's shapes)."""
-    if precision not in ON_DEMAND_PRECISIONS:
+    if precision not in VALIDATED_EXPORT_PRECISIONS:
         raise InputError(f"--precision {precision}: an ONNX model is built on demand in one of "
-                         f"{list(ON_DEMAND_PRECISIONS)} (bf16 cannot be validated on ONNX Runtime's CPU "
+                         f"{list(VALIDATED_EXPORT_PRECISIONS)} (bf16 cannot be validated on ONNX Runtime's CPU "
                          f"provider; use `elmo export onnx --precision bf16 --no-validate`)")
     target = (root or cache_root()) / "onnx" / f"{precision}-{export_key(model, precision, weights)}"
     if (target / MANIFEST_NAME).is_file():

@@ -99,9 +99,13 @@ def test_auto_follows_what_the_processor_reports():
     assert resolve_precision("fp16", "cpu") == ("fp16", "asked for")
 
 
-def test_bf16_on_a_cpu_without_bf16_instructions_is_warned_about():
-    warning = bf16_cpu_warning("bf16", "cpu", flags=frozenset({"avx2", "fma"}))
+def test_bf16_on_a_cpu_without_bf16_instructions_is_warned_about_or_refused():
+    warning = bf16_cpu_warning("bf16", "cpu", flags=frozenset({"avx2", "avx512f"}))
     assert warning and "emulated" in warning and "--precision auto" in warning
+    assert bf16_cpu_warning("fp16", "cpu", flags=frozenset({"avx2", "avx512f"})) is None
+    for precision in ("bf16", "fp16"):  # AVX2 only: scalar products, 0.004x fp32 measured
+        with pytest.raises(InputError, match=f"--precision {precision} on a CPU without AVX-512"):
+            bf16_cpu_warning(precision, "cpu", flags=frozenset({"avx2", "fma"}))
     assert bf16_cpu_warning("bf16", "cpu", flags=frozenset({"avx512_bf16"})) is None
     assert bf16_cpu_warning("fp32", "cpu", flags=frozenset()) is None
     assert bf16_cpu_warning("bf16", "cuda", flags=frozenset()) is None
