@@ -14,6 +14,7 @@ from .bilm import BiLM
 from .config import ElmoConfig
 from .dictionaries import CHAR_SPECIALS, WORD_SPECIALS, DictionaryTokenizer, read_dictionary
 from .errors import WeightsError
+from .storage import is_uri, local_copy
 from .weights_hdf5 import load_hdf5_weights, save_hdf5_weights
 
 OPTIONS_NAME = "options.json"
@@ -39,9 +40,10 @@ def resolve_model(path: str | Path, weights: str | Path | None = None) -> ModelF
     In a directory: ``options.json``, else the one ``*options*.json``; ``model.safetensors`` or
     ``weights.hdf5``, else the one ``*.hdf5`` that is not a softmax (``*softmax*``), preferring
     names with ``weights`` (the published ``elmo_..._options.json`` / ``elmo_..._weights.hdf5`` /
-    ``elmo_..._softmax_weights.hdf5`` side by side). ``weights`` names the file explicitly.
+    ``elmo_..._softmax_weights.hdf5`` side by side). ``weights`` names the file explicitly. A URI
+    (``s3://bucket/model``) is fetched once into the local cache (``elmo_core.storage.local_copy``).
     """
-    path = Path(path)
+    path = local_copy(path) if is_uri(path) else Path(path)
     if path.is_file() and path.suffix == ".json":
         if weights is None:
             raise WeightsError(f"{path}: an options file needs its weights file too (--weights FILE), "

@@ -23,19 +23,12 @@ from typing import Callable
 
 from elmo_core import InputError
 from elmo_core.model_io import file_sha256, resolve_model
+from elmo_core.storage import cache_root
 from elmo_core.names import VALIDATED_EXPORT_PRECISIONS
 from inference.export_manifest import FORMAT_VERSION, MANIFEST_NAME
 from inference.export_spec import DEFAULT_OPSET
 
 from .onnx_export import export_onnx
-
-
-def cache_root() -> Path:
-    """The directory every cache of this package lives under (see the module doc)."""
-    if os.environ.get("ELMO_CACHE_DIR"):
-        return Path(os.environ["ELMO_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "elmo-pipeline"
 
 
 def export_key(model: str | Path, precision: str, weights: str | Path | None = None,

@@ -16,6 +16,7 @@ from elmo_core import ElmoConfig, InputError
 from elmo_core.atomic import read_json_object
 from elmo_core.model_io import file_sha256, resolve_model
 from elmo_core.names import EXPORT_PRECISIONS, PRECISIONS
+from elmo_core.storage import is_uri, local_copy
 from elmo_core.precision import check_precision
 
 from .backends import Backend
@@ -63,8 +64,8 @@ def export_dir(model: str | Path, backend: str) -> Path:
     """The export directory a user means: the directory itself; a file in it (``.ort_cache``'s
     optimized model included: ``elmo engine`` prints that path); or ``elmo engine``'s OUT, which
     holds one export of this kind (OUT/onnx, OUT/tensorrt). Anything else is returned unchanged,
-    for ``artifact_file`` to name what is missing."""
-    path = Path(model)
+    for ``artifact_file`` to name what is missing. A URI is fetched once into the local cache."""
+    path = local_copy(model) if is_uri(model) else Path(model)
     if path.is_file():
         parent = path.parent.parent if path.parent.name.startswith(".") else path.parent
         return parent if _manifest_kind(parent) == backend else path
@@ -198,11 +199,11 @@ def model_config(model: str | Path, backend: str = "torch", weights: str | Path 
 
 
 def model_identity(model: str | Path, backend: str = "torch", weights: str | Path | None = None) -> dict:
-    """What identifies the model a backend runs: its files and their sha256."""
-    model = Path(model)
+    """What identifies the model a backend runs: its files and their sha256 (and where it came from)."""
+    where = str(model) if is_uri(model) else str(Path(model).resolve())
     if backend_kind(backend).artifact is None:
         files = resolve_model(model, weights)
-        return {"path": str(model.resolve()), "format": files.format,
+        return {"path": where, "format": files.format,
                 "sha256": file_sha256(files.weights), "options_sha256": file_sha256(files.options)}
-    model = export_dir(model, backend)
-    return {"path": str(model.resolve()), "format": backend, "sha256": file_sha256(artifact_file(model, backend))}
+    local = export_dir(model, backend)
+    return {"path": where, "format": backend, "sha256": file_sha256(artifact_file(local, backend))}

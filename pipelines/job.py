@@ -23,6 +23,7 @@ import pyarrow as pa
 from elmo_core.atomic import write_json_atomic
 from elmo_core.errors import InputError
 from elmo_core.model_io import file_sha256
+from elmo_core.storage import is_uri
 from inference.registry import check_device, model_identity
 
 from .lock import OutputLock
@@ -41,7 +42,7 @@ from .source import InputFile, Shard, passthrough_schema, scan_inputs, shards_of
 class Job:
     input: str
     out: Path
-    model: Path
+    model: str  # a path, or a URI each worker fetches (elmo_core.storage)
     opts: EmbedOptions
     files: list[InputFile]
     schema: pa.Schema  # every shard's
@@ -58,6 +59,10 @@ class Job:
 
 def plan_job(input: str | Path, output: str | Path, model: str | Path, opts: EmbedOptions) -> Job:
     """Every check that writes nothing: inputs, their one schema, the model (loaded), the device."""
+    for name, where in (("INPUT", input), ("OUTPUT_DIR", output)):
+        if is_uri(where):
+            raise InputError(f"{name} {where}: reading and writing object stores is not supported yet; copy the "
+                             f"data to a local or shared file system (a model may be a URI: --model s3://...)")
     out = Path(output)
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"{out}: exists and is not a directory; OUTPUT_DIR must be a directory (new or empty)")
@@ -73,7 +78,7 @@ def plan_job(input: str | Path, output: str | Path, model: str | Path, opts: Emb
     schema = output_schema(passthrough, config.output_dim, config.n_output_layers, opts.output, opts.dtype, opts.pool)
     identity = {"inputs": [f.identity() for f in files],
                 "model": model_identity(model, opts.backend, opts.weights), "options": opts.identity()}
-    return Job(str(input), out, Path(model), opts, files, schema, identity, digest(identity), predictor)
+    return Job(str(input), out, str(model), opts, files, schema, identity, digest(identity), predictor)
 
 
 def _check_input_contents(job: Job) -> None:

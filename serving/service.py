@@ -13,6 +13,7 @@ import numpy as np
 from inference import Embedder
 from elmo_core import POOLS
 from elmo_core.errors import InputError
+from elmo_core.storage import is_uri
 from inference.outputs import OUTPUT_MODES, VectorRequest
 from inference.registry import torch_options
 
@@ -42,7 +43,7 @@ class ModelSource:
 
     @property
     def name(self) -> str:
-        return Path(self.model).resolve().name
+        return self.model.rstrip("/").rsplit("/", 1)[-1] if is_uri(self.model) else Path(self.model).resolve().name
 
 
 class SentencePredictor:
@@ -158,7 +159,8 @@ class ServingState:
     def info(self) -> dict:
         config = self.predictor.config if self.predictor else None
         return {
-            "model": self.source.name, "path": str(Path(self.source.model).resolve()),
+            "model": self.source.name,
+            "path": self.source.model if is_uri(self.source.model) else str(Path(self.source.model).resolve()),
             "backend": self.source.backend, "device": self.source.device, "precision": self.source.precision,
             "ready": self.ready,
             "dim": config.output_dim if config else None, "layers": config.n_output_layers if config else None,

@@ -1,0 +1,106 @@
+"""Where files live: local paths, or URIs of object stores and remote file systems (``s3://``,
+``gs://``, ``hdfs://``, ``file://``), through one layer over ``pyarrow.fs``.
+
+Credentials and endpoints come the way the ecosystem passes them: the standard AWS environment
+variables and config files (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``,
+``AWS_REGION``), and ``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``) for S3-compatible stores
+(MinIO, Ceph, a local test server). Nothing here prints them.
+
+``local_copy(uri)`` fetches a remote directory (a model) once per machine into
+``cache_root()/remote/``, keyed by what the store reports for each file (its size and modification
+time, or ETag where given); a reader sees a whole copy or none.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from urllib.parse import urlparse
+
+from .errors import InputError
+
+URI_SCHEMES = ("s3", "gs", "gcs", "hdfs", "viewfs", "file")
+
+
+def cache_root() -> Path:
+    """The directory every cache of this package lives under: ``$ELMO_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/elmo-pipeline``, else ``~/.cache/elmo-pipeline``. Removing it only costs work."""
+    if os.environ.get("ELMO_CACHE_DIR"):
+        return Path(os.environ["ELMO_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "elmo-pipeline"
+
+
+def is_uri(spec: str | Path) -> bool:
+    """True for ``scheme://...`` of a store or remote file system (a local path is not one)."""
+    return isinstance(spec, str) and urlparse(spec).scheme in URI_SCHEMES and "://" in spec
+
+
+def filesystem(uri: str):  # type: ignore[no-untyped-def]
+    """(pyarrow FileSystem, path within it) of a URI; an S3 endpoint from ``AWS_ENDPOINT_URL``."""
+    import pyarrow.fs as pafs
+
+    scheme = urlparse(uri).scheme
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    try:
+        if scheme == "s3" and endpoint:
+            parsed = urlparse(uri)
+            fs = pafs.S3FileSystem(endpoint_override=endpoint,
+                                   scheme=urlparse(endpoint).scheme or "https",
+                                   region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+                                   or "us-east-1")
+            return fs, f"{parsed.netloc}{parsed.path}".rstrip("/")
+        fs, path = pafs.FileSystem.from_uri(uri)
+        return fs, path.rstrip("/")
+    except (OSError, ValueError) as e:  # pyarrow raises ArrowInvalid (a ValueError) or OSError
+        raise InputError(f"{uri}: cannot open this location ({_redacted(e)})") from None
+
+
+def _redacted(error: BaseException) -> str:
+    """An error's text without anything that looks like a credential."""
+    text = str(error)[:300]
+    for name in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID"):
+        secret = os.environ.get(name)
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def local_copy(uri: str, root: Path | None = None) -> Path:
+    """A remote directory's files (not its subdirectories) in a local directory, fetched once per
+    machine and reused while the store reports the same files; its path."""
+    import pyarrow.fs as pafs
+
+    fs, base = filesystem(uri)
+    try:
+        infos = [i for i in fs.get_file_info(pafs.FileSelector(base, recursive=False)) if i.is_file]
+    except FileNotFoundError:
+        infos = []
+    except (OSError, ValueError) as e:
+        raise InputError(f"{uri}: cannot list this directory ({_redacted(e)})") from None
+    if not infos:
+        raise InputError(f"{uri}: no files there (a model directory on the store holds options.json and its "
+                         f"weights; check the bucket and prefix)")
+    listing = sorted((i.base_name, i.size, str(i.mtime_ns)) for i in infos)
+    key = hashlib.sha256(json.dumps([uri, listing]).encode()).hexdigest()[:20]
+    target = (root or cache_root()) / "remote" / key
+    if (target / ".complete").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{key}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        for info in infos:
+            with fs.open_input_stream(info.path) as src, open(tmp / info.base_name, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        (tmp / ".complete").write_text(json.dumps({"uri": uri, "files": listing}))
+        os.rename(tmp, target)
+    except OSError as e:
+        if not (target / ".complete").is_file():  # not another process's finished copy: a real failure
+            raise InputError(f"{uri}: fetching it into {target} failed ({_redacted(e)})") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

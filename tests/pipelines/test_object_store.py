@@ -1,0 +1,94 @@
+"""Models on an object store (``--model s3://bucket/model``), against a real S3-compatible server on
+127.0.0.1 (moto's standalone server, the ``s3test`` extra): fetched once per machine into the
+local cache, the same vectors as the local model, fetched again when the store's files change;
+credentials never printed. INPUT and OUTPUT_DIR on a store are refused with a clear error."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+
+from elmo_cli.main import main
+from pipelines.corpus import write_sample_corpus
+
+moto_server = pytest.importorskip("moto.server", reason="the S3 test server is the `s3test` extra (moto[server])")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def s3():  # type: ignore[no-untyped-def]
+    """A running S3 server and the environment a user would set for it; yields the pyarrow fs."""
+    import pyarrow.fs as pafs
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "test-key-id",
+           "AWS_SECRET_ACCESS_KEY": "test-secret-do-not-print", "AWS_REGION": "us-east-1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    fs = pafs.S3FileSystem(endpoint_override=env["AWS_ENDPOINT_URL"], scheme="http", region="us-east-1",
+                           allow_bucket_creation=True)
+    fs.create_dir("models")
+    try:
+        yield fs
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
+def _upload(fs, local: Path, prefix: str) -> str:  # type: ignore[no-untyped-def]
+    for f in local.iterdir():
+        with fs.open_output_stream(f"{prefix}/{f.name}") as out:
+            out.write(f.read_bytes())
+    return f"s3://{prefix}"
+
+
+def _vectors(out: Path) -> np.ndarray:
+    return np.concatenate([np.asarray(v, np.float32) for v in
+                           ds.dataset(out, format="parquet").to_table().column("elmo").to_pylist()])  # (N, D)
+
+
+def test_a_model_on_the_store_is_fetched_once_and_gives_the_local_vectors(s3, tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("ELMO_CACHE_DIR", str(tmp_path / "cache"))
+    uri = _upload(s3, tiny_dir, "models/tiny")
+    write_sample_corpus(tmp_path / "corpus", rows=40, files=1)
+    run = ["embed", str(tmp_path / "corpus"), "--output", "mixed", "--quiet"]
+    assert main([*run[:2], str(tmp_path / "local"), "--model", str(tiny_dir), *run[2:]]) == 0
+    assert main([*run[:2], str(tmp_path / "remote"), "--model", uri, *run[2:]]) == 0
+    np.testing.assert_array_equal(_vectors(tmp_path / "remote"), _vectors(tmp_path / "local"))
+    [copy] = list((tmp_path / "cache" / "remote").iterdir())
+    assert json.loads((tmp_path / "remote" / "_manifest.json").read_text())["model"]["path"] == uri
+    stamp = (copy / ".complete").stat().st_mtime_ns
+
+    assert main([*run[:2], str(tmp_path / "again"), "--model", uri, *run[2:]]) == 0  # the same files: no fetch
+    assert list((tmp_path / "cache" / "remote").iterdir()) == [copy] and (copy / ".complete").stat().st_mtime_ns == stamp
+
+    with s3.open_output_stream("models/tiny/options.json") as out:  # the store's model changes
+        out.write((tiny_dir / "options.json").read_bytes() + b"\n")
+    assert main([*run[:2], str(tmp_path / "changed"), "--model", uri, *run[2:]]) == 0
+    assert len(list((tmp_path / "cache" / "remote").iterdir())) == 2
+
+
+def test_store_errors_are_clear_and_never_show_the_secret(s3, tiny_dir, tmp_path):
+    write_sample_corpus(tmp_path / "corpus", rows=5, files=1)
+    env = dict(os.environ, ELMO_CACHE_DIR=str(tmp_path / "cache"))
+    cases = [(["s3://models/nothing-here"], "no files there"),
+             (["s3://models/tiny", "s3://bucket/corpus"], "INPUT s3://bucket/corpus: reading and writing object "
+                                                         "stores is not supported yet")]
+    for model_and_input, message in cases:
+        model, source = model_and_input[0], model_and_input[1] if len(model_and_input) > 1 else str(tmp_path / "corpus")
+        r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", source, str(tmp_path / "out"), "--model", model,
+                            "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert os.environ["AWS_SECRET_ACCESS_KEY"] not in r.stderr + r.stdout
