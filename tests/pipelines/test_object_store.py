@@ -92,3 +92,24 @@ def test_store_errors_are_clear_and_never_show_the_secret(s3, tiny_dir, tmp_path
                             "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert os.environ["AWS_SECRET_ACCESS_KEY"] not in r.stderr + r.stdout
+
+
+def test_serve_runs_a_model_from_the_store(s3, tiny_dir, tmp_path, monkeypatch):
+    import httpx
+
+    from inference import Embedder
+    from tests.helpers import SENTENCES
+    from tests.serving.server_utils import ServerProcess, reference
+
+    monkeypatch.setenv("ELMO_CACHE_DIR", str(tmp_path / "cache"))
+    uri = _upload(s3, tiny_dir, "models/served")
+    server = ServerProcess(uri)  # type: ignore[arg-type]
+    try:
+        info = httpx.get(f"{server.url}/info").json()
+        assert (info["model"], info["path"]) == ("served", uri)
+        answer = httpx.post(f"{server.url}/embed", json={"sentences": [SENTENCES[0]]})
+        with Embedder.open(tiny_dir) as embedder:  # the sentence alone either way: the same sums
+            np.testing.assert_array_equal(np.asarray(answer.json()["embeddings"][0], np.float32),
+                                          reference(embedder, SENTENCES[0]))
+    finally:
+        server.stop()
