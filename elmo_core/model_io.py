@@ -14,7 +14,7 @@ from .bilm import BiLM
 from .config import ElmoConfig
 from .dictionaries import CHAR_SPECIALS, WORD_SPECIALS, DictionaryTokenizer, read_dictionary
 from .errors import WeightsError
-from .storage import is_uri, local_copy
+from .storage import is_uri, local_copy, open_input
 from .weights_hdf5 import load_hdf5_weights, save_hdf5_weights
 
 OPTIONS_NAME = "options.json"
@@ -135,8 +135,9 @@ def save_model(model: BiLM, out_dir: str | Path, fmt: str = "hdf5") -> ModelFile
 
 
 def file_sha256(path: str | Path) -> str:
+    """sha256 of a file's bytes, at a local path or a URI (``elmo_core.storage``)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()

@@ -6,7 +6,8 @@ variables and config files (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``
 ``AWS_REGION``), and ``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``) for S3-compatible stores
 (MinIO, Ceph, a local test server). Nothing here prints them.
 
-``local_copy(uri)`` fetches a remote directory (a model) once per machine into
+``open_input``, ``file_info``, ``list_files`` and ``dataset_source`` read a file wherever it lives
+(``elmo embed``'s INPUT). ``local_copy(uri)`` fetches a remote directory (a model) once per machine into
 ``cache_root()/remote/``, keyed by what the store reports for each file (its size and modification
 time, or ETag where given); a reader sees a whole copy or none.
 """
@@ -56,6 +57,60 @@ def filesystem(uri: str):  # type: ignore[no-untyped-def]
         return fs, path.rstrip("/")
     except (OSError, ValueError) as e:  # pyarrow raises ArrowInvalid (a ValueError) or OSError
         raise InputError(f"{uri}: cannot open this location ({_redacted(e)})") from None
+
+
+def open_input(spec: str | Path):  # type: ignore[no-untyped-def]
+    """A random-access binary reader (seek, read; pyarrow takes it) of a local path or a URI."""
+    if not is_uri(spec):
+        return open(spec, "rb")
+    fs, path = filesystem(str(spec))
+    try:
+        return fs.open_input_file(path)
+    except (OSError, ValueError) as e:
+        raise InputError(f"{spec}: cannot open it ({_redacted(e)})") from None
+
+
+def file_info(spec: str | Path) -> tuple[int, int] | None:
+    """(bytes, modification time in ns) of a file at a path or URI; None where there is no file."""
+    if not is_uri(spec):
+        path = Path(spec)
+        if not path.is_file():
+            return None
+        st = path.stat()
+        return st.st_size, st.st_mtime_ns
+    import pyarrow.fs as pafs
+
+    fs, path = filesystem(str(spec))
+    info = fs.get_file_info(path)
+    return (info.size, info.mtime_ns or 0) if info.type == pafs.FileType.File else None
+
+
+def list_files(uri: str, suffixes: tuple[str, ...]) -> list[str]:
+    """The URI itself if it is a file; else the files below it with one of ``suffixes``, names
+    starting with ``.`` or ``_`` (and what is below them) skipped, as URIs in sorted order."""
+    import pyarrow.fs as pafs
+
+    fs, base = filesystem(uri)
+    scheme = urlparse(uri).scheme
+    info = fs.get_file_info(base)
+    if info.type == pafs.FileType.File:
+        return [uri]
+    if info.type != pafs.FileType.Directory:
+        raise InputError(f"{uri}: no such file or directory on the store")
+    found = [i.path for i in fs.get_file_info(pafs.FileSelector(base, recursive=True))
+             if i.is_file and i.path.endswith(suffixes)
+             and not any(part.startswith((".", "_")) for part in i.path[len(base):].split("/") if part)]
+    if not found:
+        raise InputError(f"{uri}: no files ending in {', '.join(suffixes)} there")
+    return sorted(f"{scheme}://{p}" for p in found)
+
+
+def dataset_source(spec: str | Path) -> tuple[str, object | None]:
+    """(path, filesystem) for ``pyarrow.dataset.dataset(path, filesystem=...)``: None for a local path."""
+    if not is_uri(spec):
+        return str(spec), None
+    fs, path = filesystem(str(spec))
+    return path, fs
 
 
 def _redacted(error: BaseException) -> str:

@@ -35,10 +35,10 @@ from typing import Any, Iterator
 
 import h5py
 import numpy as np
-import pyarrow.dataset as ds
 
 from elmo_core.atomic import atomic_path
 from elmo_core.errors import InputError
+from elmo_core.storage import is_uri
 from elmo_core.whitespace import split_tokens
 from inference import Embedder
 from inference.registry import model_config
@@ -47,7 +47,7 @@ from .options import EmbedOptions
 from .predictor import default_threads
 from .lock import OutputLock
 from .rows import row_values
-from .source import PARQUET_SUFFIXES, resolve_inputs, scan_inputs
+from .source import PARQUET_SUFFIXES, open_dataset, resolve_inputs, scan_inputs
 
 SENTENCE_TO_INDEX = "sentence_to_index"
 # Options of the Parquet output that the hdf5 layout has no place for.
@@ -79,7 +79,7 @@ def parquet_sentences(spec: str | Path, opts: EmbedOptions, counts: dict) -> Ite
     column = opts.tokens_column or opts.text_column
     for file in scan_inputs(spec, opts):
         row = 0
-        for batch in ds.dataset(str(file.path), format="parquet").to_batches(columns=[column],
+        for batch in open_dataset(file).to_batches(columns=[column],
                                                                               batch_size=opts.sort_window_rows):
             values, bad = row_values(batch.column(0), opts.tokens_column is not None, column)
             counts["invalid_utf8"] += bad
@@ -106,6 +106,9 @@ def embed_to_hdf5(input: str | Path, out: str | Path, /, model: str | Path, use_
     Shape: sentence i -> dataset str(i): (L+1, T_i, D) for output 'all', else (T_i, D).
     """
     opts = EmbedOptions.coerce(options)
+    if is_uri(out):
+        raise InputError(f"{out}: --format hdf5 writes a local file (h5py needs a file system); write it locally "
+                         f"and copy it, or use --format parquet")
     out = Path(out)
     _check_options(opts, out)
     text_input = is_text_input(input)

@@ -59,10 +59,9 @@ class Job:
 
 def plan_job(input: str | Path, output: str | Path, model: str | Path, opts: EmbedOptions) -> Job:
     """Every check that writes nothing: inputs, their one schema, the model (loaded), the device."""
-    for name, where in (("INPUT", input), ("OUTPUT_DIR", output)):
-        if is_uri(where):
-            raise InputError(f"{name} {where}: reading and writing object stores is not supported yet; copy the "
-                             f"data to a local or shared file system (a model may be a URI: --model s3://...)")
+    if is_uri(output):
+        raise InputError(f"OUTPUT_DIR {output}: writing to an object store is not supported yet; write to a local "
+                         f"or shared file system (INPUT and --model may be URIs: s3://...)")
     out = Path(output)
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"{out}: exists and is not a directory; OUTPUT_DIR must be a directory (new or empty)")

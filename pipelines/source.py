@@ -21,6 +21,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from elmo_core.errors import InputError
+from elmo_core.storage import dataset_source, file_info, is_uri, list_files, open_input
 from elmo_core.whitespace import TOKEN_PATTERN
 
 from .options import EmbedOptions
@@ -33,7 +34,7 @@ class InputFile:
     """An input file as the job first saw it; ``identity`` changes when the file is edited."""
 
     index: int
-    path: Path
+    path: Path | str  # a local path, or a URI (elmo_core.storage)
     rows: int
     size: int
     mtime_ns: int
@@ -60,8 +61,11 @@ class Shard:
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 
 
-def resolve_inputs(spec: str | Path) -> list[Path]:
-    """A Parquet file, a directory (its *.parquet, recursively, hidden names skipped) or a glob."""
+def resolve_inputs(spec: str | Path) -> list[Path | str]:
+    """A Parquet file, a directory (its *.parquet, recursively, hidden names skipped) or a glob; on
+    an object store (a URI: ``s3://bucket/corpus``), a file or a prefix."""
+    if is_uri(spec):
+        return list(list_files(str(spec), PARQUET_SUFFIXES))
     path = Path(spec)
     if path.is_file():
         return [path]
@@ -77,9 +81,9 @@ def resolve_inputs(spec: str | Path) -> list[Path]:
     return matches
 
 
-def _open(path: Path) -> pq.ParquetFile:
+def _open(path: Path | str) -> pq.ParquetFile:
     try:
-        return pq.ParquetFile(path)
+        return pq.ParquetFile(open_input(path) if is_uri(path) else path)
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as e:
         raise InputError(f"{path}: not a Parquet file or corrupt ({e})") from None
 
@@ -99,9 +103,9 @@ def check_schema(schema: pa.Schema, opts: EmbedOptions, where: str) -> None:
     check_text_type(schema.field(text).type, opts.tokens_column is not None, f"{where}: column '{text}'")
 
 
-def footer_sha256(path: Path) -> str:
+def footer_sha256(path: Path | str) -> str:
     """sha256 of a Parquet file's footer (its last 8 bytes give the footer's length)."""
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         f.seek(-8, os.SEEK_END)
         n = int.from_bytes(f.read(4), "little")
         f.seek(-8 - n, os.SEEK_END)
@@ -114,9 +118,9 @@ def scan_inputs(spec: str | Path, opts: EmbedOptions) -> list[InputFile]:
     for i, path in enumerate(resolve_inputs(spec)):
         pf = _open(path)
         check_schema(pf.schema_arrow, opts, str(path))
-        st = path.stat()
-        files.append(InputFile(i, path.resolve(), pf.metadata.num_rows, st.st_size, st.st_mtime_ns,
-                               footer_sha256(path), pf.schema_arrow))
+        size, mtime_ns = file_info(path) or (0, 0)
+        files.append(InputFile(i, path if is_uri(path) else Path(path).resolve(), pf.metadata.num_rows, size,
+                               mtime_ns, footer_sha256(path), pf.schema_arrow))
     return files
 
 
@@ -127,7 +131,7 @@ def passthrough_schema(files: list[InputFile], opts: EmbedOptions) -> pa.Schema:
     for name in opts.passthrough_columns:
         types: dict[pa.DataType, list[str]] = {}
         for f in files:
-            types.setdefault(f.schema.field(name).type, []).append(f.path.name)
+            types.setdefault(f.schema.field(name).type, []).append(str(f.path).rsplit("/", 1)[-1])
         if len(types) > 1:
             found = "; ".join(f"{t} in {', '.join(paths[:3])}{' ...' if len(paths) > 3 else ''}"
                               for t, paths in types.items())
@@ -205,8 +209,14 @@ def _empty_table(file: InputFile, opts: EmbedOptions) -> pa.Table:
     return pa.table({c: pa.array([], type=file.schema.field(c).type) for c in opts.input_columns})
 
 
+def open_dataset(file: InputFile) -> ds.Dataset:
+    """The input file as a pyarrow dataset, wherever it lives."""
+    path, fs = dataset_source(file.path)
+    return ds.dataset(path, filesystem=fs, format="parquet")
+
+
 def _batches(file: InputFile, opts: EmbedOptions) -> Iterator[pa.RecordBatch]:
-    dataset = ds.dataset(str(file.path), format="parquet")
+    dataset = open_dataset(file)
     try:
         yield from dataset.to_batches(columns=opts.input_columns, batch_size=opts.sort_window_rows,
                                       batch_readahead=2, fragment_readahead=1, use_threads=True)

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from elmo_core.atomic import read_json_object
 from elmo_core.errors import ElmoError, InputError
+from elmo_core.storage import dataset_source, file_info
 
 from .options import EmbedOptions, OutputDirError
 from .rows import row_tokens
@@ -94,11 +95,8 @@ def _shard_problems(out: Path, manifest: dict, job: dict, good: set[str]) -> lis
 
 
 def _unchanged(inp: dict) -> bool:
-    p = Path(inp["path"])
-    if not p.is_file():
-        return False
-    st = p.stat()
-    return st.st_size == inp["bytes"] and st.st_mtime_ns == inp["mtime_ns"] and footer_sha256(p) == inp["footer_sha256"]
+    info = file_info(inp["path"])  # a local path or a URI
+    return info == (inp["bytes"], inp["mtime_ns"]) and footer_sha256(inp["path"]) == inp["footer_sha256"]
 
 
 def _row_problems(out: Path, shard: dict, inp: dict, inputs: pa.Table, opts: EmbedOptions) -> list[str]:
@@ -154,7 +152,8 @@ def verify_output(out_dir: str | Path, check_inputs: bool = True) -> dict:
             skipped.append(inp["path"])
             continue
         columns = [c for c in (opts.id_column, opts.tokens_column or opts.text_column) if c]
-        inputs = pq.read_table(inp["path"], columns=columns)
+        path, fs = dataset_source(inp["path"])  # a local path or a URI
+        inputs = pq.read_table(path, columns=columns, filesystem=fs)
         for shard in (s for s in manifest["shards"] if s["input_file"] == i and s["file"] in good):
             problems += _row_problems(out, shard, inp, inputs, opts)
         checked += 1

@@ -1,7 +1,8 @@
 """Models on an object store (``--model s3://bucket/model``), against a real S3-compatible server on
 127.0.0.1 (moto's standalone server, the ``s3test`` extra): fetched once per machine into the
 local cache, the same vectors as the local model, fetched again when the store's files change;
-credentials never printed. INPUT and OUTPUT_DIR on a store are refused with a clear error."""
+credentials never printed. INPUT on a store (a file or a prefix) gives the local job's rows and vectors; OUTPUT_DIR on a store
+is refused with a clear error."""
 from __future__ import annotations
 
 import json
@@ -80,18 +81,46 @@ def test_a_model_on_the_store_is_fetched_once_and_gives_the_local_vectors(s3, ti
     assert len(list((tmp_path / "cache" / "remote").iterdir())) == 2
 
 
+def test_a_corpus_on_the_store_gives_the_local_jobs_rows_and_vectors(s3, tiny_dir, tmp_path, capsys):
+    """INPUT s3://bucket/prefix (two files, a hidden one skipped) to a local OUTPUT_DIR: the same
+    rows, order and vectors as the same files on a local disk; ``elmo verify`` checks the inputs
+    where they live."""
+    write_sample_corpus(tmp_path / "corpus", rows=60, files=2)
+    s3.create_dir("corpora")
+    uri = _upload(s3, tmp_path / "corpus", "corpora/sotu")
+    with s3.open_output_stream("corpora/sotu/_scratch/ignored.parquet") as out:
+        out.write(b"not parquet: skipped like a local _ directory")
+    run = ["--model", str(tiny_dir), "--id-column", "id", "--rows-per-shard", "25", "--quiet"]
+    assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "local"), *run]) == 0
+    assert main(["embed", uri, str(tmp_path / "remote"), *run]) == 0
+    local = ds.dataset(tmp_path / "local", format="parquet").to_table()
+    remote = ds.dataset(tmp_path / "remote", format="parquet").to_table()
+    assert remote.column("id").to_pylist() == local.column("id").to_pylist()
+    np.testing.assert_array_equal(_vectors(tmp_path / "remote"), _vectors(tmp_path / "local"))
+    inputs = json.loads((tmp_path / "remote" / "_manifest.json").read_text())["inputs"]
+    assert [i["path"] for i in inputs] == [f"{uri}/{f.name}" for f in sorted((tmp_path / "corpus").iterdir())]
+    assert main(["verify", str(tmp_path / "remote")]) == 0
+    assert "against 2 input file(s)" in capsys.readouterr().out  # read where they live, not skipped
+
+
 def test_store_errors_are_clear_and_never_show_the_secret(s3, tiny_dir, tmp_path):
     write_sample_corpus(tmp_path / "corpus", rows=5, files=1)
     env = dict(os.environ, ELMO_CACHE_DIR=str(tmp_path / "cache"))
     cases = [(["s3://models/nothing-here"], "no files there"),
-             (["s3://models/tiny", "s3://bucket/corpus"], "INPUT s3://bucket/corpus: reading and writing object "
-                                                         "stores is not supported yet")]
+             ([str(tiny_dir), "s3://models/no-corpus"], "s3://models/no-corpus: no such file or directory on the store")]
     for model_and_input, message in cases:
         model, source = model_and_input[0], model_and_input[1] if len(model_and_input) > 1 else str(tmp_path / "corpus")
         r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", source, str(tmp_path / "out"), "--model", model,
                             "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert os.environ["AWS_SECRET_ACCESS_KEY"] not in r.stderr + r.stdout
+    r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "corpus"), "s3://models/out",
+                        "--model", str(tiny_dir), "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "writing to an object store is not supported yet" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "corpus"), "s3://models/out.hdf5",
+                        "--format", "hdf5", "--model", str(tiny_dir), "--quiet"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--format hdf5 writes a local file" in r.stderr, r.stderr
 
 
 def test_serve_runs_a_model_from_the_store(s3, tiny_dir, tmp_path, monkeypatch):
@@ -113,3 +142,31 @@ def test_serve_runs_a_model_from_the_store(s3, tiny_dir, tmp_path, monkeypatch):
                                           reference(embedder, SENTENCES[0]))
     finally:
         server.stop()
+
+
+def test_ray_workers_read_the_corpus_and_the_model_from_the_store(s3, tiny_dir, tmp_path):
+    """--engine ray, 2 workers: each reads its input shards and fetches the model from the store
+    itself (nothing shared on disk but OUTPUT_DIR); the same rows and vectors as the local runner."""
+    ray = pytest.importorskip("ray", reason="Ray is the optional 'ray' extra")
+    from pipelines import embed_parquet
+
+    write_sample_corpus(tmp_path / "corpus", rows=120, files=2)
+    s3.create_dir("raycorpus")
+    source, model = _upload(s3, tmp_path / "corpus", "raycorpus/c"), _upload(s3, tiny_dir, "models/ray")
+    opts = dict(id_column="id", rows_per_shard=30, quiet=True)
+    os.environ["ELMO_CACHE_DIR"] = str(tmp_path / "cache")  # the workers' environment: set before Ray starts
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        remote = embed_parquet(source, tmp_path / "ray", model, engine="ray", workers=2, **opts)
+    finally:
+        ray.shutdown()
+        os.environ.pop("ELMO_CACHE_DIR")
+    embed_parquet(tmp_path / "corpus", tmp_path / "local", tiny_dir, **opts)
+    a = ds.dataset(tmp_path / "local", format="parquet").to_table()
+    b = ds.dataset(tmp_path / "ray", format="parquet").to_table()
+    assert a.column("id").to_pylist() == b.column("id").to_pylist() == list(range(120))
+    # the same predictor and plan; only the threads differ (see tests/pipelines/test_ray.py): 1e-6
+    np.testing.assert_allclose(_vectors(tmp_path / "ray"), _vectors(tmp_path / "local"), atol=1e-6, rtol=0)
+    assert remote["engine"]["name"] == "ray" and len(remote["shards"]) == 4
+    writers = {json.loads(p.read_text())["writer"] for p in (tmp_path / "ray" / "_shards").glob("*.json")}
+    assert len(writers) == 2
