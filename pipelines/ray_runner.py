@@ -6,8 +6,9 @@ schema and commit records as the local runner, so a shard's rows are in input or
 construction and ``--resume`` works shard by shard for both runners.
 
 The unit of work is one shard (``--rows-per-shard`` rows of one input file), so a job runs as
-many shards at once as it has workers and pending shards. Workers read INPUT and write
-OUTPUT_DIR themselves: on a multi-node cluster both must be on a file system every node sees.
+many shards at once as it has workers and pending shards. Workers read INPUT, fetch the model and
+write OUTPUT_DIR themselves: INPUT and the model may be object-store URIs (``elmo_core.storage``),
+OUTPUT_DIR must be on a file system every node sees.
 The driver holds OUTPUT_DIR's lock, hands out shards and collects their commit records.
 """
 from __future__ import annotations
