@@ -1,1 +1,2 @@
-"""The ``elmo`` command line."""
+"""The `elmo` command line: argparse meets the library here, and library errors become exit codes.
+May import: elmo_core, inference, export, training, pipelines, serving (tests/test_layers.py)."""

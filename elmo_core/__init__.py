@@ -1,4 +1,5 @@
-"""elmo_core: what training, export, inference and pipelines share (config, char ids, model, weights)."""
+"""The ground floor: the model (config, char ids, char-CNN, LSTM, biLM, scalar mix), its file formats, text, storage and precision.
+May import: no other package of the project (tests/test_layers.py)."""
 from .bilm import BiLM, BiLMOutput, StatefulBiLM
 from .chars import batch_to_ids, tokens_to_char_ids
 from .config import CharCnnConfig, ElmoConfig, LstmConfig, TrainingConfig

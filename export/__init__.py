@@ -1,1 +1,2 @@
-"""export: see README."""
+"""Making artifacts: the ONNX graph, its validation, int8 and on-demand exports, TensorRT engines, `elmo engine`'s build.
+May import: elmo_core, inference (tests/test_layers.py)."""

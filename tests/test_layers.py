@@ -105,3 +105,15 @@ def test_the_check_sees_an_upward_import(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from elmo_cli.main import main\n    import export.build\n")
     assert imported_packages(module) == {("elmo_cli", 2), ("export", 3)}
+
+
+def test_each_package_says_what_it_may_import():
+    """Each package's ``__init__`` docstring ends with ``May import: ...`` naming exactly the
+    packages below it, so the two lines a newcomer reads first agree with the layers."""
+    for package, layer in LAYERS.items():
+        doc = ast.get_docstring(ast.parse((ROOT / package / "__init__.py").read_text(encoding="utf-8"))) or ""
+        lines = doc.splitlines()
+        assert len(lines) == 2 and lines[1].startswith("May import: "), (package, doc)
+        named = lines[1].removeprefix("May import: ").split(" (")[0].split(", ")
+        want = [p for p, other in LAYERS.items() if other < layer] or ["no other package of the project"]
+        assert named == want, (package, named, want)

@@ -1,1 +1,2 @@
-"""training: see README."""
+"""Pretraining and fine-tuning a biLM: corpus, vocabulary, objective, optimizer recipes, checkpoints, evaluation, the probe.
+May import: elmo_core, inference (tests/test_layers.py)."""
