@@ -10,7 +10,7 @@ from elmo_core.errors import InputError
 from elmo_core.names import EXPORT_PRECISIONS, VALIDATED_EXPORT_PRECISIONS
 from inference.export_spec import DEFAULT_OPSET, OUTPUT_NAMES, SUPPORTED_OPSETS
 from inference.registry import BACKEND_NAMES
-from serving.triton_repo import KINDS
+from export.triton_repo import KINDS
 
 
 def _floats(text: str) -> list[float]:
@@ -76,7 +76,7 @@ def _register_triton(kinds: argparse._SubParsersAction) -> None:
 
 
 def run_triton(args: argparse.Namespace) -> int:
-    from serving.triton_repo import TritonOptions, write_triton_repository
+    from export.triton_repo import TritonOptions, write_triton_repository
 
     options = TritonOptions(args.name, args.backend, args.kind, args.instances, args.max_batch_size,
                             args.max_queue_delay_us, args.threads)

@@ -81,7 +81,7 @@ def test_pipeline_server_and_onnx(reference, tmp_path):
         server.stop()
     for i, item in enumerate(body["embeddings"]):
         np.testing.assert_allclose(decode(item, "float", want[i].shape), want[i], atol=ATOL, rtol=0)
-    from serving.triton_repo import TritonOptions, write_triton_repository
+    from export.triton_repo import TritonOptions, write_triton_repository
 
     repo = write_triton_repository(model, tmp_path / "triton", TritonOptions())  # the model dir the Triton model loads
     copied = repo / "1" / "model"

@@ -40,7 +40,7 @@ def test_the_repository_holds_config_code_and_model(tmp_path: Path):
     for line in ('backend: "python"', "max_batch_size: 16", "allow_ragged_batch: true", f"dims: [ -1, {D} ]",
                  "count: 2 kind: KIND_GPU", "max_queue_delay_microseconds: 500", 'string_value: "torch"'):
         assert line in config, line
-    assert (target / "1" / "model.py").read_text() == (ROOT / "serving" / "triton_model.py").read_text()
+    assert (target / "1" / "model.py").read_text() == (ROOT / "export" / "triton_model.py").read_text()
     assert sorted(p.name for p in (target / "1" / "model").iterdir()) == ["options.json", "weights.hdf5"]
     again = export_triton(model, tmp_path / "repo")
     assert again.returncode == 2 and "exists" in again.stderr

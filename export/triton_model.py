@@ -1,6 +1,6 @@
 """The Python-backend model of an ``elmo export triton`` repository (copied there as
 ``1/model.py``; it runs inside Triton's Python backend, which provides
-``triton_python_backend_utils``). See ``serving/triton_repo.py`` for inputs and outputs.
+``triton_python_backend_utils``). See ``export/triton_repo.py`` for inputs and outputs.
 
 Every request of a dynamic batch goes through the backend in one ``embed_sentences`` call, which
 sorts the sentences by length; a request with a token that is not UTF-8 gets its own error and

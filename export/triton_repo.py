@@ -1,7 +1,7 @@
 """``elmo export triton``: a Triton Inference Server model repository that serves ragged sentences.
 
 Triton's dynamic batcher only puts requests of one shape into a batch, and sentences differ in
-length; so the repository holds a Python-backend model (``serving/triton_model.py``, copied as
+length; so the repository holds a Python-backend model (``export/triton_model.py``, copied as
 ``1/model.py``) that takes each request's tokens as BYTES, padded with empty strings to
 (B, T), and runs every request of a batch through this project's backend in one call
 (``Embedder.embed_sentences``: length-sorted, stateless). ``allow_ragged_batch`` lets requests of
