@@ -14,6 +14,7 @@ runs); no batch exceeds ``max_tokens_per_batch`` (nor ``max_rows`` rows where gi
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -117,7 +118,7 @@ class Plan:
         dest = np.array([p[0] for p in batch.pieces], dtype=np.int64)  # (B,) first output row placed
         return np.searchsorted(self.offsets, dest, side="right") - 1
 
-    @property
+    @functools.cached_property
     def offsets(self) -> np.ndarray:
         """Shape: (R+1,) each sentence's first token's row in the output array, then the total."""
         return np.concatenate([[0], np.cumsum(np.maximum(self.lengths, 0))]).astype(np.int64)

@@ -8,6 +8,7 @@ against, and what the stateful path uses.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -49,10 +50,16 @@ class VectorRequest:
     def weights(self, n_layers: int) -> np.ndarray | None:
         """The output mode as one weight per layer (``layer_weights``); None where it is not a fixed
         weighting (all layers, or the layer-normalised mix). Shape: -> (L+1,) float64 or None."""
-        check_output(self.output, n_layers, self.mix)
-        if self.layer_norm and self.output == "mixed":
-            return None
-        return layer_weights(self.output, n_layers, self.mix, self.gamma)
+        return _request_weights(self, n_layers)
+
+
+@functools.lru_cache(maxsize=64)
+def _request_weights(request: VectorRequest, n_layers: int) -> np.ndarray | None:
+    """``VectorRequest.weights``, computed once per request and model (the engine asks per batch)."""
+    check_output(request.output, n_layers, request.mix)
+    if request.layer_norm and request.output == "mixed":
+        return None
+    return layer_weights(request.output, n_layers, request.mix, request.gamma)  # shared: callers only read it
 
 
 def reduce_on_device(layers: torch.Tensor, mask: torch.Tensor, request: VectorRequest) -> torch.Tensor:
