@@ -13,6 +13,7 @@ time, or ETag where given); a reader sees a whole copy or none.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -40,23 +41,27 @@ def is_uri(spec: str | Path) -> bool:
 
 
 def filesystem(uri: str):  # type: ignore[no-untyped-def]
-    """(pyarrow FileSystem, path within it) of a URI; an S3 endpoint from ``AWS_ENDPOINT_URL``."""
+    """(pyarrow FileSystem, path within it) of a URI; an S3 endpoint from ``AWS_ENDPOINT_URL`` (one
+    FileSystem, and its connections, per endpoint in a process)."""
     import pyarrow.fs as pafs
 
-    scheme = urlparse(uri).scheme
+    parsed = urlparse(uri)
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
     try:
-        if scheme == "s3" and endpoint:
-            parsed = urlparse(uri)
-            fs = pafs.S3FileSystem(endpoint_override=endpoint,
-                                   scheme=urlparse(endpoint).scheme or "https",
-                                   region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-                                   or "us-east-1")
-            return fs, f"{parsed.netloc}{parsed.path}".rstrip("/")
+        if parsed.scheme == "s3" and endpoint:
+            return _s3_at(endpoint, region), f"{parsed.netloc}{parsed.path}".rstrip("/")
         fs, path = pafs.FileSystem.from_uri(uri)
         return fs, path.rstrip("/")
     except (OSError, ValueError) as e:  # pyarrow raises ArrowInvalid (a ValueError) or OSError
         raise InputError(f"{uri}: cannot open this location ({_redacted(e)})") from None
+
+
+@functools.lru_cache(maxsize=16)
+def _s3_at(endpoint: str, region: str):  # type: ignore[no-untyped-def]
+    import pyarrow.fs as pafs
+
+    return pafs.S3FileSystem(endpoint_override=endpoint, scheme=urlparse(endpoint).scheme or "https", region=region)
 
 
 def open_input(spec: str | Path):  # type: ignore[no-untyped-def]
