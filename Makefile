@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # ray: the Ray Data engine's test runs a real local cluster (about 30 s); serve: elmo serve's tests;
-# tensorboard: elmo train's event files, read back by its test; s3test: an S3 server for --model s3://.
-EXTRAS ?= dev,ray,serve,tensorboard,s3test
+# tensorboard: elmo train's event files, read back by its test; s3: writing to s3://; s3test: an S3
+# server on 127.0.0.1 for the object-store tests.
+EXTRAS ?= dev,ray,serve,tensorboard,s3,s3test
 
 .PHONY: install peers test info clean engine demo embed default-model
 

@@ -57,11 +57,20 @@ def read_json_object(path: str | Path) -> dict:
     """The JSON object in ``path``. InputError naming the file when it cannot be read, is not JSON
     or holds something else; FileNotFoundError as it is (a missing file is the caller's to explain)."""
     try:
-        value = json.loads(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise
     except (OSError, ValueError) as e:
         raise InputError(f"{path}: cannot be read as JSON ({e})") from None
+    return parse_json_object(text, path)
+
+
+def parse_json_object(text: str, where: str | Path) -> dict:
+    """The JSON object in ``text`` read from ``where``; InputError naming it otherwise."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise InputError(f"{where}: cannot be read as JSON ({e})") from None
     if not isinstance(value, dict):
-        raise InputError(f"{path}: holds a {type(value).__name__}, not the JSON object elmo writes")
+        raise InputError(f"{where}: holds a {type(value).__name__}, not the JSON object elmo writes")
     return value

@@ -9,7 +9,9 @@ variables and config files (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``
 ``open_input``, ``file_info``, ``list_files`` and ``dataset_source`` read a file wherever it lives
 (``elmo embed``'s INPUT). ``local_copy(uri)`` fetches a remote directory (a model) once per machine into
 ``cache_root()/remote/``, keyed by what the store reports for each file (its size and modification
-time, or ETag where given); a reader sees a whole copy or none.
+time, or ETag where given); a reader sees a whole copy or none. ``s3_client`` is the one S3 client
+of a process (boto3, the ``s3`` extra), for what pyarrow cannot do: conditional writes; it counts
+its requests (``S3_REQUESTS``).
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ def filesystem(uri: str):  # type: ignore[no-untyped-def]
         fs, path = pafs.FileSystem.from_uri(uri)
         return fs, path.rstrip("/")
     except (OSError, ValueError) as e:  # pyarrow raises ArrowInvalid (a ValueError) or OSError
-        raise InputError(f"{uri}: cannot open this location ({_redacted(e)})") from None
+        raise InputError(f"{uri}: cannot open this location ({redacted(e)})") from None
 
 
 @functools.lru_cache(maxsize=16)
@@ -62,6 +64,42 @@ def _s3_at(endpoint: str, region: str):  # type: ignore[no-untyped-def]
     import pyarrow.fs as pafs
 
     return pafs.S3FileSystem(endpoint_override=endpoint, scheme=urlparse(endpoint).scheme or "https", region=region)
+
+
+S3_REQUESTS = {"count": 0}  # requests sent by s3_client's clients in this process (benchmarks report them)
+
+
+def s3_location(uri: str) -> tuple[str, str]:
+    """(bucket, key prefix without a trailing '/') of ``s3://bucket/prefix``."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise InputError(f"{uri}: not an s3://bucket/prefix URI")
+    return parsed.netloc, parsed.path.strip("/")
+
+
+def s3_client():  # type: ignore[no-untyped-def]
+    """The process's boto3 S3 client for the endpoint and region of the environment (credentials:
+    boto3's standard chain)."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    return _s3_client_at(endpoint, region)
+
+
+@functools.lru_cache(maxsize=16)
+def _s3_client_at(endpoint: str | None, region: str):  # type: ignore[no-untyped-def]
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError:
+        raise InputError("writing to s3:// needs boto3 (its conditional writes): pip install -e '.[s3]'") from None
+    client = boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=region,
+                                            config=Config(retries={"max_attempts": 5, "mode": "standard"}))
+
+    def count(**_: object) -> None:
+        S3_REQUESTS["count"] += 1
+
+    client.meta.events.register("before-send.s3", count)
+    return client
 
 
 def open_input(spec: str | Path):  # type: ignore[no-untyped-def]
@@ -72,7 +110,7 @@ def open_input(spec: str | Path):  # type: ignore[no-untyped-def]
     try:
         return fs.open_input_file(path)
     except (OSError, ValueError) as e:
-        raise InputError(f"{spec}: cannot open it ({_redacted(e)})") from None
+        raise InputError(f"{spec}: cannot open it ({redacted(e)})") from None
 
 
 def file_info(spec: str | Path) -> tuple[int, int] | None:
@@ -118,7 +156,7 @@ def dataset_source(spec: str | Path) -> tuple[str, object | None]:
     return path, fs
 
 
-def _redacted(error: BaseException) -> str:
+def redacted(error: BaseException) -> str:
     """An error's text without anything that looks like a credential."""
     text = str(error)[:300]
     for name in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID"):
@@ -139,7 +177,7 @@ def local_copy(uri: str, root: Path | None = None) -> Path:
     except FileNotFoundError:
         infos = []
     except (OSError, ValueError) as e:
-        raise InputError(f"{uri}: cannot list this directory ({_redacted(e)})") from None
+        raise InputError(f"{uri}: cannot list this directory ({redacted(e)})") from None
     if not infos:
         raise InputError(f"{uri}: no files there (a model directory on the store holds options.json and its "
                          f"weights; check the bucket and prefix)")
@@ -160,7 +198,7 @@ def local_copy(uri: str, root: Path | None = None) -> Path:
         os.rename(tmp, target)
     except OSError as e:
         if not (target / ".complete").is_file():  # not another process's finished copy: a real failure
-            raise InputError(f"{uri}: fetching it into {target} failed ({_redacted(e)})") from None
+            raise InputError(f"{uri}: fetching it into {target} failed ({redacted(e)})") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target

@@ -20,28 +20,26 @@ from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
-from elmo_core.atomic import write_json_atomic
 from elmo_core.errors import InputError
 from elmo_core.model_io import file_sha256
-from elmo_core.storage import is_uri
 from inference.registry import check_device, model_identity
 
-from .lock import OutputLock
 from .options import EmbedOptions, OutputDirError, digest
+from .output_dir import open_output
 from .predictor import ElmoPredictor
 from .shard_loop import embed_shards
 from .stages import StageClock
 from .progress import Progress
 from .schema import output_schema
-from .sink import COMMITS_DIR, COUNTS, JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, claim_output_dir, clean_strays, \
-    commit_path, discard_shard, remove_temporaries, verify_shard
+from .sink import COMMITS_DIR, COUNTS, JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, Output, claim_output_dir, \
+    clean_strays, commit_name, discard_shard, remove_temporaries, verify_shard
 from .source import InputFile, Shard, passthrough_schema, scan_inputs, shards_of
 
 
 @dataclass
 class Job:
     input: str
-    out: Path
+    out: Output  # a local OUTPUT_DIR or one on an object store (pipelines.output_dir)
     model: str  # a path, or a URI each worker fetches (elmo_core.storage)
     opts: EmbedOptions
     files: list[InputFile]
@@ -59,12 +57,8 @@ class Job:
 
 def plan_job(input: str | Path, output: str | Path, model: str | Path, opts: EmbedOptions) -> Job:
     """Every check that writes nothing: inputs, their one schema, the model (loaded), the device."""
-    if is_uri(output):
-        raise InputError(f"OUTPUT_DIR {output}: writing to an object store is not supported yet; write to a local "
-                         f"or shared file system (INPUT and --model may be URIs: s3://...)")
-    out = Path(output)
-    if out.exists() and not out.is_dir():
-        raise OutputDirError(f"{out}: exists and is not a directory; OUTPUT_DIR must be a directory (new or empty)")
+    out = open_output(output)
+    out.prepare()
     if opts.engine == "local":  # Ray's workers may have GPUs that this process does not see
         check_device(opts.device, opts.backend)
     files = scan_inputs(input, opts)
@@ -82,15 +76,14 @@ def plan_job(input: str | Path, output: str | Path, model: str | Path, opts: Emb
 
 def _check_input_contents(job: Job) -> None:
     """--verify-inputs: every input file's sha256, recorded in _job.json by the first run, compared by later ones."""
-    path = job.out / JOB_FILE
-    record = json.loads(path.read_text())
+    record = json.loads(job.out.read_text(JOB_FILE))
     hashes = {str(f.path): file_sha256(f.path) for f in job.files}
     if "input_sha256" not in record:
-        if any((job.out / COMMITS_DIR).glob("*.json")):
+        if job.out.commit_names(COMMITS_DIR):
             raise OutputDirError(f"{job.out}: --verify-inputs needs the input hashes of the run that wrote these "
                                  f"shards, and that run did not hash its inputs; rerun without --verify-inputs "
                                  f"or start a new OUTPUT_DIR with it")
-        write_json_atomic(path, {**record, "input_sha256": hashes})
+        job.out.write_json(JOB_FILE, {**record, "input_sha256": hashes})
         return
     changed = sorted(p for p, h in hashes.items() if record["input_sha256"].get(p) != h)
     if changed:
@@ -102,11 +95,12 @@ def pending_shards(job: Job) -> list[Shard]:
     """Verify the finished shards (kept in ``job.kept``), delete the rest; return what is left to do."""
     shards = shards_of(job.files, job.opts.rows_per_shard)
     clean_strays(job.out, {s.name for s in shards}.__contains__)
-    pending = []
+    pending, present, commits = [], job.out.entries(), set(job.out.commit_names(COMMITS_DIR))
     for s in shards:
-        record = verify_shard(job.out, s, job.digest) if (job.out / s.name).exists() else None
+        record = verify_shard(job.out, s, job.digest) if s.name in present else None
         if record is None:
-            discard_shard(job.out, s.name)
+            if s.name in present or commit_name(s.name) in commits:  # a store charges each request
+                discard_shard(job.out, s.name)
             pending.append(s)
         else:
             job.kept.append(record)
@@ -127,10 +121,9 @@ def _final_check(job: Job, records: list[dict]) -> None:
     by_name = {r["file"]: r for r in records}
     for name, s in expected.items():
         r = by_name.get(name)
-        path = job.out / name
-        if r is None or r["rows"] != s.rows or not path.is_file() or path.stat().st_size != r["bytes"] \
-                or not commit_path(job.out, name).is_file():
-            raise OutputDirError(f"{path}: not committed as this job's rows {s.start}..{s.start + s.rows} of "
+        if r is None or r["rows"] != s.rows or job.out.size(name) != r["bytes"] \
+                or job.out.size(commit_name(name)) is None:
+            raise OutputDirError(f"{job.out.where(name)}: not committed as this job's rows {s.start}..{s.start + s.rows} of "
                                  f"{s.file.path}; rerun with --resume")
     if sum(r["rows"] for r in records) != job.total_rows:
         raise OutputDirError(f"{job.out}: the shards hold {sum(r['rows'] for r in records)} rows, the inputs "
@@ -156,7 +149,7 @@ def manifest(job: Job, records: list[dict], seconds: float, runner_info: dict) -
 
 
 @contextlib.contextmanager
-def _os_errors(out: Path) -> Iterator[None]:
+def _os_errors(out: Output) -> Iterator[None]:
     """An OS error (disk full, read-only file system, no permission, ...) as an ElmoError naming the path."""
     try:
         yield
@@ -172,8 +165,8 @@ def _os_errors(out: Path) -> Iterator[None]:
         raise kind(f"{where}: {e.strerror or e}" + (f"; {hint}" if hint else "")) from None
 
 
-def _run(job: Job) -> dict:
-    """The job's part that writes, under OUTPUT_DIR's lock."""
+def _run(job: Job, lock: Any) -> dict:
+    """The job's part that writes, under OUTPUT_DIR's ``lock``."""
     opts = job.opts
     claim_output_dir(job.out, job.identity, job.digest, opts.resume)
     if opts.verify_inputs:
@@ -197,18 +190,19 @@ def _run(job: Job) -> dict:
     _final_check(job, job.kept + new)
     result = manifest(job, job.kept + new, seconds, info)
     result["stages"] = job.clock.report(seconds, opts.device)
-    write_json_atomic(job.out / MANIFEST_FILE, result)
-    (job.out / SUCCESS_FILE).write_text("")
+    lock.check()
+    job.out.write_json(MANIFEST_FILE, result)
+    job.out.write_json(SUCCESS_FILE, {"job_digest": job.digest})
     return result
 
 
 def _kept(job: Job) -> str:
     """What an interrupted job leaves: its committed shards, and the command that continues it."""
     records = []
-    for path in (job.out / COMMITS_DIR).glob("*.json"):
+    for name in job.out.commit_names(COMMITS_DIR):
         try:
-            records.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
+            records.append(json.loads(job.out.read_text(name)))
+        except (OSError, ValueError, OutputDirError):
             continue  # an unreadable commit is redone by --resume, as it is not counted here
     rows = sum(r.get("rows", 0) for r in records if isinstance(r, dict))
     return (f"kept: {len(records)} finished shards with {rows:,} of {job.total_rows:,} rows in {job.out}; "
@@ -226,9 +220,9 @@ def embed_parquet(input: str | Path, output_dir: str | Path, /, model: str | Pat
     job = plan_job(input, output_dir, model, opts)
     try:
         with _os_errors(job.out):
-            job.out.mkdir(parents=True, exist_ok=True)
-            with OutputLock.for_dir(job.out):
-                result = _run(job)
+            job.out.create()
+            with job.out.lock() as lock:
+                result = _run(job, lock)
     finally:
         if job.predictor is not None:
             job.predictor.close()
@@ -244,7 +238,7 @@ def _runner(name: str) -> Callable[[Job, list[Shard], Progress], tuple[list[dict
     return run_local
 
 
-def summary_line(m: dict, out: Path) -> str:
+def summary_line(m: dict, out: Output) -> str:
     run = m["this_run"]
     kept = f", {run['shards_kept']} shards kept from a previous run" if run["shards_kept"] else ""
     bad = f", {m['invalid_utf8']:,} with invalid UTF-8 dropped" if m.get("invalid_utf8") else ""

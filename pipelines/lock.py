@@ -62,6 +62,9 @@ class OutputLock:
         os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
         return self
 
+    def check(self) -> None:
+        """Held until released: the kernel keeps it (see pipelines.store_lock for a lock that can be lost)."""
+
     def __exit__(self, *exc: object) -> None:
         if self.fd is not None:
             fcntl.flock(self.fd, fcntl.LOCK_UN)

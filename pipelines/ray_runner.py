@@ -7,13 +7,16 @@ construction and ``--resume`` works shard by shard for both runners.
 
 The unit of work is one shard (``--rows-per-shard`` rows of one input file), so a job runs as
 many shards at once as it has workers and pending shards. Workers read INPUT, fetch the model and
-write OUTPUT_DIR themselves: INPUT and the model may be object-store URIs (``elmo_core.storage``),
-OUTPUT_DIR must be on a file system every node sees.
-The driver holds OUTPUT_DIR's lock, hands out shards and collects their commit records.
+write OUTPUT_DIR themselves: on a cluster with no shared disk all three live in an object store
+(``s3://``; ``elmo_core.storage``, ``pipelines.output_dir``), and each worker reaches it with the
+credentials of its own environment; the endpoint and region variables of the driver's are passed
+on (``FORWARDED_ENV``), never its secrets. The driver holds OUTPUT_DIR's lock, hands out shards
+and collects their commit records.
 """
 from __future__ import annotations
 
-from pathlib import Path
+import os
+
 
 import pyarrow as pa
 
@@ -24,8 +27,13 @@ from .options import EmbedOptions
 from .predictor import ElmoPredictor
 from .progress import Progress
 from .shard_loop import embed_shards
+from .sink import Output
 from .source import Shard
 from .stages import StageClock
+
+# Where the store is, not who may use it: workers take credentials from their own environment
+# (an instance role, the cluster's secrets), so none travel through Ray's control plane.
+FORWARDED_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION")
 
 
 class ShardWorker:
@@ -34,7 +42,7 @@ class ShardWorker:
     def __init__(self, model: str, options: dict) -> None:
         self.predictor = ElmoPredictor(model, options)
 
-    def embed(self, shard: Shard, out: Path, schema: pa.Schema, job_digest: str) -> tuple[dict, dict]:
+    def embed(self, shard: Shard, out: Output, schema: pa.Schema, job_digest: str) -> tuple[dict, dict]:
         """(the shard's commit record, seconds per stage)."""
         clock = StageClock()
         return embed_shards(self.predictor, [shard], out, schema, job_digest, clock=clock)[0], clock.seconds
@@ -46,10 +54,13 @@ def _init_ray(opts: EmbedOptions):  # type: ignore[no-untyped-def]
     except ImportError:
         raise InputError("--engine ray needs Ray: pip install -e '.[ray]'") from None
     if not ray.is_initialized():
+        env = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
+        kwargs = {"include_dashboard": False, "log_to_driver": not opts.quiet,
+                  "runtime_env": {"env_vars": env} if env else None}
         if opts.ray_address is None:  # a local cluster of our own: it ends with this process, however it ends
-            init_local_ray(ray, include_dashboard=False, log_to_driver=not opts.quiet)
+            init_local_ray(ray, **kwargs)
         else:
-            ray.init(address=opts.ray_address, include_dashboard=False, log_to_driver=not opts.quiet)
+            ray.init(address=opts.ray_address, **kwargs)
     return ray
 
 

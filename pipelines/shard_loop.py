@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from pathlib import Path
 from typing import Callable, Iterator
 
 import pyarrow as pa
@@ -21,7 +20,7 @@ from elmo_core.errors import InputError
 from .options import EmbedOptions
 from .predictor import ElmoPredictor
 from .prefetch import prefetch
-from .sink import ShardWriter
+from .sink import Output, ShardWriter
 from .stages import StageClock
 from .source import Shard, read_windows
 
@@ -58,7 +57,7 @@ class _WriterThread:
     the thread reaches the caller at its next ``put`` or at ``close``; its open shard is aborted
     either way."""
 
-    def __init__(self, out: Path, schema: pa.Schema, job_digest: str, opts: EmbedOptions, clock: StageClock,
+    def __init__(self, out: Output, schema: pa.Schema, job_digest: str, opts: EmbedOptions, clock: StageClock,
                  slots: threading.Semaphore, name: str = "elmo-writer") -> None:
         self.args, self.clock, self.slots = (out, schema, job_digest, opts), clock, slots
         self.queue: queue.Queue = queue.Queue()
@@ -100,7 +99,7 @@ class _WriterPool:
     with one thread (two waiting, one in hand), 16 per thread with several, so that each can hold
     a shard of up to ~16 windows (see docs/pipelines.md for memory)."""
 
-    def __init__(self, out: Path, schema: pa.Schema, job_digest: str, opts: EmbedOptions, clock: StageClock) -> None:
+    def __init__(self, out: Output, schema: pa.Schema, job_digest: str, opts: EmbedOptions, clock: StageClock) -> None:
         n = opts.writer_threads
         self.slots = threading.Semaphore(3 if n == 1 else 16 * n)
         self.threads = [_WriterThread(out, schema, job_digest, opts, clock, self.slots, f"elmo-writer-{i}")
@@ -142,7 +141,7 @@ class _WriterPool:
             t.thread.join(timeout=120)
 
 
-def embed_shards(predictor: ElmoPredictor, shards: list[Shard], out: Path, schema: pa.Schema, job_digest: str,
+def embed_shards(predictor: ElmoPredictor, shards: list[Shard], out: Output, schema: pa.Schema, job_digest: str,
                  on_batch: Callable[[int, int], None] = lambda rows, tokens: None,
                  clock: StageClock | None = None) -> list[dict]:
     """Embed and commit ``shards`` (in input order); returns their commit records. The prefetch

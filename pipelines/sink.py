@@ -1,35 +1,37 @@
-"""The output side: shards written under a temporary name, checksummed, then renamed; the job file
-that makes OUTPUT_DIR belong to one job; the verification that makes ``--resume`` exactly once.
+"""The output side: shards committed once each, checksummed; the job file that makes OUTPUT_DIR
+belong to one job; the verification that makes ``--resume`` exactly once. Written once for a local
+OUTPUT_DIR and one on an object store (``pipelines.output_dir`` says how each makes a shard visible).
 
 Layout of OUTPUT_DIR (everything but the shards starts with ``_`` or ``.``, so readers skip it):
   part-IIIII-KKKKK.parquet         shard K of input file I (see pipelines.source)
-  .part-IIIII-KKKKK.parquet.tmp    a shard being written (deleted on failure and on resume)
-  _shards/part-IIIII-KKKKK.json    the shard's commit: the sha256 and size of its bytes, its counts
+  .part-IIIII-KKKKK.parquet.tmp    a shard being written (local; deleted on failure and on resume)
+  _shards/part-IIIII-KKKKK.json    the shard's commit: the sha256 and size of its bytes (ETag on a
+                                   store), its counts
   _job.json                        the job's identity: input files, model sha256, options
   _manifest.json                   counts, timing, options, every shard and its sha256 (at the end)
   _SUCCESS                         written last, after every shard was verified
-  .elmo.lock                       held by the running job (pipelines.lock)
+  .elmo.lock                       held by the running job (pipelines.lock, pipelines.store_lock)
 Each shard's Parquet footer also holds ``elmo.shard`` (job digest, input file, first row, rows).
-A shard counts as done only when its bytes match its commit record: ``--resume`` and
-``elmo verify`` read every byte, so a torn or altered shard is found and redone.
+A shard counts as done only when its bytes match its commit record: ``--resume`` reads every byte
+(on a store: the ETag the store gives every new version), ``elmo verify`` every byte everywhere, so
+a torn or altered shard is found and redone. Once ``_SUCCESS`` is there, the ``part-*.parquet``
+files are exactly the shards ``_manifest.json`` lists: a reader of the directory reads this job's rows.
 """
 from __future__ import annotations
 
 import json
 import os
 import socket
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from elmo_core.atomic import TMP_GLOB, fsync, write_json_atomic
-from elmo_core.model_io import file_sha256
 from inference.batching import window_counts
 
 from .options import EmbedOptions, OutputDirError
+from .output_dir import LocalDir, StoreDir
 from .schema import conform, parquet_options
 from .source import Shard
 
@@ -38,20 +40,22 @@ SHARD_KEY = b"elmo.shard"
 COUNTS = ("rows", "tokens", "windows", "windowed_rows", "null_rows", "empty_rows", "invalid_utf8")
 
 
-def commit_path(out_dir: Path, shard_name: str) -> Path:
-    return out_dir / COMMITS_DIR / f"{shard_name.removesuffix('.parquet')}.json"
+Output = LocalDir | StoreDir
+
+
+def commit_name(shard_name: str) -> str:
+    return f"{COMMITS_DIR}/{shard_name.removesuffix('.parquet')}.json"
 
 
 class ShardWriter:
-    """Streams one shard's tables to ``.NAME.tmp`` in the job's schema; ``commit`` adds the footer
-    record, checksums the file, writes its commit record and renames it."""
+    """Streams one shard's tables in the job's schema to its sink (``output_dir``); ``commit`` adds
+    the footer record, checksums the bytes, writes the commit record and makes the shard visible."""
 
-    def __init__(self, out_dir: Path, shard: Shard, schema: pa.Schema, job_digest: str, opts: EmbedOptions) -> None:
-        self.out, self.shard, self.schema, self.job_digest, self.opts = out_dir, shard, schema, job_digest, opts
-        self.final = out_dir / shard.name
-        self.tmp = out_dir / f".{shard.name}.tmp"
+    def __init__(self, out: Output, shard: Shard, schema: pa.Schema, job_digest: str, opts: EmbedOptions) -> None:
+        self.out, self.shard, self.schema, self.job_digest, self.opts = out, shard, schema, job_digest, opts
         self.counts = dict.fromkeys(COUNTS, 0)
-        self.writer = pq.ParquetWriter(self.tmp, schema, **parquet_options(schema, opts.compression))
+        self.sink = out.shard_sink(shard.name)
+        self.writer = pq.ParquetWriter(self.sink.file, schema, **parquet_options(schema, opts.compression))
 
     def write(self, table: pa.Table, lengths: np.ndarray, invalid_utf8: int = 0) -> None:
         """Shape: R rows of the shard, in input order, with the job's output columns; lengths (R,)
@@ -76,29 +80,25 @@ class ShardWriter:
         record = self.footer_record()
         self.writer.add_key_value_metadata({SHARD_KEY: json.dumps(record, sort_keys=True)})
         self.writer.close()
-        fsync(self.tmp)
-        record.update(sha256=file_sha256(self.tmp), bytes=self.tmp.stat().st_size,
-                      writer=f"{socket.gethostname()}:{os.getpid()}")
-        commit = commit_path(self.out, self.shard.name)
-        commit.parent.mkdir(exist_ok=True)
-        write_json_atomic(commit, record)
-        os.replace(self.tmp, self.final)
-        fsync(self.out)
+        record.update(self.sink.finish(), writer=f"{socket.gethostname()}:{os.getpid()}")
+        self.out.write_json(commit_name(self.shard.name), record)
+        self.sink.publish()
         return record
 
     def abort(self) -> None:
-        """Drop the temporary file (after a failure: closing may fail too, e.g. on a full disk)."""
+        """Drop the partial shard (after a failure: closing may fail too, e.g. on a full disk)."""
         try:
             self.writer.close()
         except OSError:
-            pass  # the file is deleted next; a full disk cannot flush it
-        self.tmp.unlink(missing_ok=True)
+            pass  # the bytes are dropped next; a full disk cannot flush them
+        self.sink.abort()
 
 
-def footer_record(path: Path) -> dict | None:
+def footer_record(out: Output, name: str) -> dict | None:
     """The ``elmo.shard`` record of a shard's footer (plus its row count), or None if unreadable."""
     try:
-        meta = pq.read_metadata(path)
+        with out.open_read(name) as f:
+            meta = pq.read_metadata(f)
     except (pa.ArrowInvalid, pa.ArrowException, OSError):
         return None
     raw = (meta.metadata or {}).get(SHARD_KEY)
@@ -109,21 +109,30 @@ def footer_record(path: Path) -> dict | None:
     return {**record, "footer_rows": meta.num_rows} if isinstance(record, dict) else None
 
 
-def check_shard(out_dir: Path, name: str, job_digest: str, file_index: int, row_start: int, rows: int) -> tuple[dict | None, str]:
-    """(commit record, "") if shard ``name`` is this job's, for these input rows, complete and
-    byte-for-byte what was committed; else (None, why not)."""
-    path, commit = out_dir / name, commit_path(out_dir, name)
+def read_commit(out: Output, name: str) -> dict | None:
+    """Shard ``name``'s commit record, or None where there is no readable one."""
     try:
-        record = json.loads(commit.read_text())
+        record = json.loads(out.read_text(commit_name(name)))
     except (OSError, ValueError):
-        record = None
-    if not isinstance(record, dict):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def check_shard(out: Output, name: str, job_digest: str, file_index: int, row_start: int, rows: int,
+                every_byte: bool = True) -> tuple[dict | None, str]:
+    """(commit record, "") if shard ``name`` is this job's, for these input rows, complete and what
+    was committed (``every_byte``: its sha256, else what the output checks cheaply); else (None, why not)."""
+    record = read_commit(out, name)
+    if record is None:
         return None, "no readable commit record"
-    if not path.is_file() or path.stat().st_size != record.get("bytes"):
-        return None, "missing, or its size differs from its commit record"
-    if file_sha256(path) != record.get("sha256"):
-        return None, "its bytes differ from its commit record (sha256)"
-    footer = footer_record(path)
+    if every_byte:
+        if out.size(name) != record.get("bytes"):
+            return None, "missing, or its size differs from its commit record"
+        if out.sha256(name) != record.get("sha256"):
+            return None, "its bytes differ from its commit record (sha256)"
+    elif not out.unchanged(name, record):
+        return None, "missing, or not the version its commit record describes (size, ETag)"
+    footer = footer_record(out, name)
     want = {"job": job_digest, "input_file": file_index, "row_start": row_start, "rows": rows}
     if footer is None or footer.get("footer_rows") != rows or any(footer.get(k) != v for k, v in want.items()) \
             or any(record.get(k) != v for k, v in want.items()):
@@ -131,38 +140,38 @@ def check_shard(out_dir: Path, name: str, job_digest: str, file_index: int, row_
     return record, ""
 
 
-def verify_shard(out_dir: Path, shard: Shard, job_digest: str) -> dict | None:
-    """The shard's commit record if it is done (see ``check_shard``), else None."""
-    return check_shard(out_dir, shard.name, job_digest, shard.file.index, shard.start, shard.rows)[0]
+def verify_shard(out: Output, shard: Shard, job_digest: str) -> dict | None:
+    """The shard's commit record if it is done (see ``check_shard``; on a store by its ETag), else None."""
+    return check_shard(out, shard.name, job_digest, shard.file.index, shard.start, shard.rows,
+                       every_byte=not out.is_store)[0]
 
 
-def discard_shard(out_dir: Path, name: str) -> None:
-    (out_dir / name).unlink(missing_ok=True)
-    commit_path(out_dir, name).unlink(missing_ok=True)
+def discard_shard(out: Output, name: str) -> None:
+    out.delete(name)
+    out.delete(commit_name(name))
 
 
-def claim_output_dir(out_dir: Path, job: dict, job_digest: str, resume: bool) -> None:
+def claim_output_dir(out: Output, job: dict, job_digest: str, resume: bool) -> None:
     """Make OUTPUT_DIR this job's: refuse a non-empty one without --resume, and another job's always.
     The caller holds OUTPUT_DIR's lock."""
-    job_path = out_dir / JOB_FILE
-    names = sorted(p.name for p in out_dir.iterdir() if not p.name.startswith("."))  # dot-files: lock, temporaries
-    if job_path.is_file():
+    names = sorted(n for n in out.entries() if not n.startswith("."))  # dot-files: lock, temporaries
+    if JOB_FILE in names:
         try:
-            theirs = json.loads(job_path.read_text())
+            theirs = json.loads(out.read_text(JOB_FILE))
         except ValueError:
-            raise OutputDirError(f"{job_path}: not valid JSON; this OUTPUT_DIR was not written by elmo embed, or "
-                                 f"was damaged: delete it to start over") from None
+            raise OutputDirError(f"{out.where(JOB_FILE)}: not valid JSON; this OUTPUT_DIR was not written by elmo "
+                                 f"embed, or was damaged: delete it to start over") from None
         if theirs.get("digest") != job_digest:
-            raise OutputDirError(f"{out_dir} holds another job's output ({_difference(theirs, job)}); "
+            raise OutputDirError(f"{out} holds another job's output ({_difference(theirs, job)}); "
                                  f"use another OUTPUT_DIR, or delete this one to start over")
         if not resume:
-            raise OutputDirError(f"{out_dir} already holds this job's output; pass --resume to finish or "
+            raise OutputDirError(f"{out} already holds this job's output; pass --resume to finish or "
                                  f"verify it, or use another OUTPUT_DIR")
         return
     if names:
-        raise OutputDirError(f"{out_dir} is not empty and holds no {JOB_FILE} ({names[:5]}...); "
+        raise OutputDirError(f"{out} is not empty and holds no {JOB_FILE} ({names[:5]}...); "
                              f"give an empty or new OUTPUT_DIR")
-    write_json_atomic(job_path, {**job, "digest": job_digest})
+    out.write_json(JOB_FILE, {**job, "digest": job_digest})
 
 
 def _difference(theirs: dict, ours: dict) -> str:
@@ -179,20 +188,18 @@ def _difference(theirs: dict, ours: dict) -> str:
     return "different " + ", ".join(diffs or ["job"])
 
 
-def remove_temporaries(out_dir: Path) -> list[str]:
-    """Delete the job's temporary files (``.*.tmp``, here and under _shards/); return their names."""
-    found = [p for d in (out_dir, out_dir / COMMITS_DIR) if d.is_dir() for p in d.glob(TMP_GLOB)]
-    for p in found:
-        p.unlink(missing_ok=True)
-    return sorted(str(p.relative_to(out_dir)) for p in found)
+def remove_temporaries(out: Output) -> list[str]:
+    """Delete the job's unfinished writes (temporary files here and under _shards/, a store's
+    uncompleted uploads); return their names."""
+    return out.remove_temporaries((COMMITS_DIR,))
 
 
-def clean_strays(out_dir: Path, expected: Callable[[str], bool]) -> list[str]:
+def clean_strays(out: Output, expected: Callable[[str], bool]) -> list[str]:
     """Delete temporaries, refuse shards this job would not write; return the removed names."""
-    for p in sorted(out_dir.iterdir()):
-        if not p.name.startswith(("_", ".")) and not expected(p.name):
-            raise OutputDirError(f"{out_dir}: {p.name} is not a shard of this job; move it away and rerun")
-    removed = remove_temporaries(out_dir)
-    for name in (MANIFEST_FILE, SUCCESS_FILE):
-        (out_dir / name).unlink(missing_ok=True)
+    for name in sorted(out.entries()):
+        if not name.startswith(("_", ".")) and not expected(name):
+            raise OutputDirError(f"{out}: {name} is not a shard of this job; move it away and rerun")
+    removed = remove_temporaries(out)
+    for name in (SUCCESS_FILE, MANIFEST_FILE):  # _SUCCESS first: it vouches for the manifest
+        out.delete(name)
     return removed

@@ -20,14 +20,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from elmo_core.atomic import read_json_object
 from elmo_core.errors import ElmoError, InputError
 from elmo_core.storage import dataset_source, file_info
 
 from .options import EmbedOptions, OutputDirError
+from .output_dir import open_output
 from .rows import row_tokens
 from .schema import ELMO_COLUMN
-from .sink import JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, check_shard
+from .sink import JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, Output, check_shard
 from .source import footer_sha256
 
 
@@ -41,12 +41,12 @@ SHARD_KEYS = {"file": str, "input_file": int, "row_start": int, "rows": int}
 INPUT_KEYS = {"path": str, "rows": int, "bytes": int, "mtime_ns": int, "footer_sha256": str}
 
 
-def _record(path: Path, keys: dict[str, type], problems: list[str]) -> dict | None:
+def _record(out: Output, name: str, keys: dict[str, type], problems: list[str]) -> dict | None:
     """A JSON object with these keys and types, or None with the problem added."""
     try:
-        obj = read_json_object(path)
+        obj = out.read_json(name)
     except FileNotFoundError:
-        problems.append(f"{path.name}: missing; is this a finished elmo embed OUTPUT_DIR? (a job that did not "
+        problems.append(f"{name}: missing; is this a finished elmo embed OUTPUT_DIR? (a job that did not "
                         f"finish: rerun it with --resume)")
         return None
     except InputError as e:
@@ -54,7 +54,7 @@ def _record(path: Path, keys: dict[str, type], problems: list[str]) -> dict | No
         return None
     why = _shape_problem(obj, keys)
     if why:
-        problems.append(f"{path.name}: {why}")
+        problems.append(f"{name}: {why}")
         return None
     return obj
 
@@ -64,15 +64,14 @@ def _shape_problem(obj: object, keys: dict[str, type]) -> str:
     return f"{', '.join(wrong)} missing or of the wrong type" if wrong else ""
 
 
-def _shard_problems(out: Path, manifest: dict, job: dict, good: set[str]) -> list[str]:
+def _shard_problems(out: Output, manifest: dict, job: dict, good: set[str]) -> list[str]:
     """The shards' problems; ``good`` receives the names of the shards that passed."""
     problems = []
     listed = {s["file"]: s for s in manifest["shards"]}
-    present = sorted(out.glob("part-*.parquet"))
-    problems += [f"{p.name}: a directory where a shard should be" for p in present if p.is_dir()]
-    on_disk = {p.name for p in present if not p.is_dir()}
-    problems += [f"{n}: listed in {MANIFEST_FILE} but missing" for n in sorted(set(listed) - on_disk)
-                 if not (out / n).is_dir()]
+    present = {n: is_dir for n, is_dir in out.entries().items() if n.startswith("part-") and n.endswith(".parquet")}
+    problems += [f"{n}: a directory where a shard should be" for n, is_dir in sorted(present.items()) if is_dir]
+    on_disk = {n for n, is_dir in present.items() if not is_dir}
+    problems += [f"{n}: listed in {MANIFEST_FILE} but missing" for n in sorted(set(listed) - set(present))]
     problems += [f"{n}: not a shard of this job" for n in sorted(on_disk - set(listed))]
     for name, s in sorted(listed.items()):
         if name not in on_disk:
@@ -99,11 +98,11 @@ def _unchanged(inp: dict) -> bool:
     return info == (inp["bytes"], inp["mtime_ns"]) and footer_sha256(inp["path"]) == inp["footer_sha256"]
 
 
-def _row_problems(out: Path, shard: dict, inp: dict, inputs: pa.Table, opts: EmbedOptions) -> list[str]:
+def _row_problems(out: Output, shard: dict, inp: dict, inputs: pa.Table, opts: EmbedOptions) -> list[str]:
     """Each output row against its input row: the id, and the vector count against the token count."""
     text = opts.tokens_column or opts.text_column
     source = inputs.slice(shard["row_start"], shard["rows"])
-    got = pq.read_table(out / shard["file"], columns=[c for c in (opts.id_column, ELMO_COLUMN) if c])
+    got = out.read_table(shard["file"], [c for c in (opts.id_column, ELMO_COLUMN) if c])
     problems = []
     if opts.id_column and got.column(opts.id_column).to_pylist() != source.column(opts.id_column).to_pylist():
         problems.append(f"{shard['file']}: its {opts.id_column} column is not the input's rows "
@@ -125,12 +124,12 @@ def _row_problems(out: Path, shard: dict, inp: dict, inputs: pa.Table, opts: Emb
 
 def verify_output(out_dir: str | Path, check_inputs: bool = True) -> dict:
     """A report of a finished output; raises VerificationError listing every problem found."""
-    out = Path(out_dir)
-    if not out.is_dir():
-        raise VerificationError(f"{out}: not a directory")
+    out = open_output(out_dir)
+    if not out.exists():
+        raise VerificationError(f"{out}: not a directory" + (" (no object under this prefix)" if out.is_store else ""))
     problems: list[str] = []
-    job, manifest = _record(out / JOB_FILE, JOB_KEYS, problems), _record(out / MANIFEST_FILE, MANIFEST_KEYS, problems)
-    if not (out / SUCCESS_FILE).is_file():
+    job, manifest = _record(out, JOB_FILE, JOB_KEYS, problems), _record(out, MANIFEST_FILE, MANIFEST_KEYS, problems)
+    if out.size(SUCCESS_FILE) is None:
         problems.append(f"{SUCCESS_FILE} is missing: the job did not finish")
     if job is None or manifest is None:
         _raise(out, problems)
@@ -167,5 +166,5 @@ def _entry_problems(entries: list, keys: dict[str, type], what: str) -> list[str
     return [f"{what} {k} is malformed: {why}" for k, e in enumerate(entries) if (why := _shape_problem(e, keys))]
 
 
-def _raise(out: Path, problems: list[str]) -> NoReturn:
+def _raise(out: Output, problems: list[str]) -> NoReturn:
     raise VerificationError(f"{out}: {len(problems)} problem(s):\n  " + "\n  ".join(problems))

@@ -1,8 +1,8 @@
 """Models on an object store (``--model s3://bucket/model``), against a real S3-compatible server on
 127.0.0.1 (moto's standalone server, the ``s3test`` extra): fetched once per machine into the
 local cache, the same vectors as the local model, fetched again when the store's files change;
-credentials never printed. INPUT on a store (a file or a prefix) gives the local job's rows and vectors; OUTPUT_DIR on a store
-is refused with a clear error."""
+credentials never printed. INPUT on a store (a file or a prefix) gives the local job's rows and
+vectors; Ray workers read and write only the store. (OUTPUT_DIR on a store: test_store_output.py.)"""
 from __future__ import annotations
 
 import json
@@ -13,46 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pytest
 
 from elmo_cli.main import main
 from pipelines.corpus import write_sample_corpus
+from tests.pipelines.store_utils import upload
 
-moto_server = pytest.importorskip("moto.server", reason="the S3 test server is the `s3test` extra (moto[server])")
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def s3():  # type: ignore[no-untyped-def]
-    """A running S3 server and the environment a user would set for it; yields the pyarrow fs."""
-    import pyarrow.fs as pafs
-
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "test-key-id",
-           "AWS_SECRET_ACCESS_KEY": "test-secret-do-not-print", "AWS_REGION": "us-east-1"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    fs = pafs.S3FileSystem(endpoint_override=env["AWS_ENDPOINT_URL"], scheme="http", region="us-east-1",
-                           allow_bucket_creation=True)
-    fs.create_dir("models")
-    try:
-        yield fs
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        server.stop()
-
-
-def _upload(fs, local: Path, prefix: str) -> str:  # type: ignore[no-untyped-def]
-    for f in local.iterdir():
-        with fs.open_output_stream(f"{prefix}/{f.name}") as out:
-            out.write(f.read_bytes())
-    return f"s3://{prefix}"
 
 
 def _vectors(out: Path) -> np.ndarray:
@@ -62,7 +30,7 @@ def _vectors(out: Path) -> np.ndarray:
 
 def test_a_model_on_the_store_is_fetched_once_and_gives_the_local_vectors(s3, tiny_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("ELMO_CACHE_DIR", str(tmp_path / "cache"))
-    uri = _upload(s3, tiny_dir, "models/tiny")
+    uri = upload(s3, tiny_dir, "models/tiny")
     write_sample_corpus(tmp_path / "corpus", rows=40, files=1)
     run = ["embed", str(tmp_path / "corpus"), "--output", "mixed", "--quiet"]
     assert main([*run[:2], str(tmp_path / "local"), "--model", str(tiny_dir), *run[2:]]) == 0
@@ -87,7 +55,7 @@ def test_a_corpus_on_the_store_gives_the_local_jobs_rows_and_vectors(s3, tiny_di
     where they live."""
     write_sample_corpus(tmp_path / "corpus", rows=60, files=2)
     s3.create_dir("corpora")
-    uri = _upload(s3, tmp_path / "corpus", "corpora/sotu")
+    uri = upload(s3, tmp_path / "corpus", "corpora/sotu")
     with s3.open_output_stream("corpora/sotu/_scratch/ignored.parquet") as out:
         out.write(b"not parquet: skipped like a local _ directory")
     run = ["--model", str(tiny_dir), "--id-column", "id", "--rows-per-shard", "25", "--quiet"]
@@ -114,9 +82,14 @@ def test_store_errors_are_clear_and_never_show_the_secret(s3, tiny_dir, tmp_path
                             "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert os.environ["AWS_SECRET_ACCESS_KEY"] not in r.stderr + r.stdout
-    r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "corpus"), "s3://models/out",
+    r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "corpus"), "gs://bucket/out",
                         "--model", str(tiny_dir), "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "writing to an object store is not supported yet" in r.stderr, r.stderr
+    assert r.returncode == 2 and "OUTPUT_DIR gs://bucket/out: elmo embed writes to a local or shared file system " \
+        "or to s3://" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "corpus"), "s3://no-bucket/out",
+                        "--model", str(tiny_dir), "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "s3://no-bucket/out" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert os.environ["AWS_SECRET_ACCESS_KEY"] not in r.stderr
     r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "corpus"), "s3://models/out.hdf5",
                         "--format", "hdf5", "--model", str(tiny_dir), "--quiet"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
@@ -131,7 +104,7 @@ def test_serve_runs_a_model_from_the_store(s3, tiny_dir, tmp_path, monkeypatch):
     from tests.serving.server_utils import ServerProcess, reference
 
     monkeypatch.setenv("ELMO_CACHE_DIR", str(tmp_path / "cache"))
-    uri = _upload(s3, tiny_dir, "models/served")
+    uri = upload(s3, tiny_dir, "models/served")
     server = ServerProcess(uri)  # type: ignore[arg-type]
     try:
         info = httpx.get(f"{server.url}/info").json()
@@ -144,29 +117,31 @@ def test_serve_runs_a_model_from_the_store(s3, tiny_dir, tmp_path, monkeypatch):
         server.stop()
 
 
-def test_ray_workers_read_the_corpus_and_the_model_from_the_store(s3, tiny_dir, tmp_path):
-    """--engine ray, 2 workers: each reads its input shards and fetches the model from the store
-    itself (nothing shared on disk but OUTPUT_DIR); the same rows and vectors as the local runner."""
+def test_ray_workers_read_and_write_only_the_store(s3, tiny_dir, tmp_path):
+    """--engine ray, 2 workers: each reads its input shards, fetches the model and writes its output
+    shards on the store itself (no shared disk); the same rows and vectors as the local runner."""
     ray = pytest.importorskip("ray", reason="Ray is the optional 'ray' extra")
     from pipelines import embed_parquet
 
     write_sample_corpus(tmp_path / "corpus", rows=120, files=2)
     s3.create_dir("raycorpus")
-    source, model = _upload(s3, tmp_path / "corpus", "raycorpus/c"), _upload(s3, tiny_dir, "models/ray")
+    source, model = upload(s3, tmp_path / "corpus", "raycorpus/c"), upload(s3, tiny_dir, "models/ray")
     opts = dict(id_column="id", rows_per_shard=30, quiet=True)
     os.environ["ELMO_CACHE_DIR"] = str(tmp_path / "cache")  # the workers' environment: set before Ray starts
     try:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        remote = embed_parquet(source, tmp_path / "ray", model, engine="ray", workers=2, **opts)
+        remote = embed_parquet(source, "s3://raycorpus/vectors", model, engine="ray", workers=2, **opts)
     finally:
         ray.shutdown()
         os.environ.pop("ELMO_CACHE_DIR")
     embed_parquet(tmp_path / "corpus", tmp_path / "local", tiny_dir, **opts)
     a = ds.dataset(tmp_path / "local", format="parquet").to_table()
-    b = ds.dataset(tmp_path / "ray", format="parquet").to_table()
+    b = ds.dataset("raycorpus/vectors", format="parquet", filesystem=s3).to_table()  # what a reader of the store sees
     assert a.column("id").to_pylist() == b.column("id").to_pylist() == list(range(120))
     # the same predictor and plan; only the threads differ (see tests/pipelines/test_ray.py): 1e-6
-    np.testing.assert_allclose(_vectors(tmp_path / "ray"), _vectors(tmp_path / "local"), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(np.concatenate([np.asarray(v, np.float32) for v in b.column("elmo").to_pylist()]),
+                               _vectors(tmp_path / "local"), atol=1e-6, rtol=0)
     assert remote["engine"]["name"] == "ray" and len(remote["shards"]) == 4
-    writers = {json.loads(p.read_text())["writer"] for p in (tmp_path / "ray" / "_shards").glob("*.json")}
-    assert len(writers) == 2
+    commits = [i.path for i in s3.get_file_info(pafs.FileSelector("raycorpus/vectors/_shards"))]
+    writers = {json.loads(s3.open_input_stream(p).read())["writer"] for p in commits}
+    assert len(commits) == 4 and len(writers) == 2

@@ -1,0 +1,352 @@
+"""Where an ``elmo embed`` job writes: OUTPUT_DIR on a local (or shared) file system, or a prefix of
+an object store (``s3://bucket/prefix``). One interface over both, so that the commit protocol
+(``pipelines.sink``), ``--resume`` and ``elmo verify`` are written once.
+
+Names are relative to OUTPUT_DIR (``part-00000-00000.parquet``, ``_shards/part-00000-00000.json``).
+What differs is how a shard's bytes become visible under their name:
+
+- local: written to ``.NAME.tmp``, fsynced, renamed after its commit record (rename is atomic);
+- store: streamed as a multipart upload, which the store shows whole or not at all when it is
+  completed; the completion is conditional (``If-None-Match: *``), so an object, once there, is
+  never replaced: a late writer of a dead attempt cannot overwrite a committed shard. Its commit
+  record follows it and carries the object's ETag, which changes whenever an object is rewritten,
+  so ``--resume`` checks a shard with one HEAD; ``elmo verify`` still reads every byte.
+
+``open_output(spec)`` gives the one for a path or a URI; only ``s3://`` can be written (the lock
+and the commit need conditional writes, see ``pipelines.store_lock``).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from elmo_core.atomic import TMP_GLOB, fsync, parse_json_object, read_json_object, write_json_atomic
+from elmo_core.model_io import file_sha256
+from elmo_core.errors import InputError
+from elmo_core.storage import dataset_source, filesystem, is_uri, redacted, s3_client, s3_location
+
+from .lock import OutputLock
+from .options import OutputDirError
+
+PART_BYTES = 16 << 20  # a multipart upload's part (the store's minimum is 5 MiB; at most 10,000 parts: 160 GB)
+
+
+def open_output(spec: str | Path) -> "LocalDir | StoreDir":
+    if not is_uri(spec):
+        return LocalDir(Path(spec))
+    if str(spec).startswith("file://"):
+        return LocalDir(Path(str(spec)[len("file://"):]))
+    if not str(spec).startswith("s3://"):
+        raise OutputDirError(f"OUTPUT_DIR {spec}: elmo embed writes to a local or shared file system or to s3:// "
+                             f"(its commit needs conditional writes); write to one of those")
+    return StoreDir(str(spec).rstrip("/"))
+
+
+class LocalDir:
+    """OUTPUT_DIR on a file system: temporary file, fsync, rename; a ``flock`` lock."""
+
+    is_store = False
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    def where(self, name: str) -> str:
+        return str(self.root / name)
+
+    def prepare(self) -> None:
+        if self.root.exists() and not self.root.is_dir():
+            raise OutputDirError(f"{self.root}: exists and is not a directory; OUTPUT_DIR must be a directory "
+                                 f"(new or empty)")
+
+    def create(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def exists(self) -> bool:
+        return self.root.is_dir()
+
+    def lock(self) -> OutputLock:
+        return OutputLock.for_dir(self.root)
+
+    def entries(self) -> dict[str, bool]:
+        """Top-level names -> whether each is a directory."""
+        return {p.name: p.is_dir() for p in self.root.iterdir()} if self.root.is_dir() else {}
+
+    def commit_names(self, folder: str) -> list[str]:
+        return sorted(f"{folder}/{p.name}" for p in (self.root / folder).glob("*.json"))
+
+    def size(self, name: str) -> int | None:
+        path = self.root / name
+        return path.stat().st_size if path.is_file() else None
+
+    def read_text(self, name: str) -> str:
+        """The file's text; FileNotFoundError where there is none."""
+        return (self.root / name).read_text(encoding="utf-8")
+
+    def read_json(self, name: str) -> dict:
+        """The JSON object in ``name``: InputError where it is not one, FileNotFoundError where it is missing."""
+        return read_json_object(self.root / name)
+
+    def write_json(self, name: str, obj: Any) -> None:
+        (self.root / name).parent.mkdir(exist_ok=True)
+        write_json_atomic(self.root / name, obj)
+
+    def delete(self, name: str) -> None:
+        (self.root / name).unlink(missing_ok=True)
+
+    def sha256(self, name: str) -> str:
+        return file_sha256(self.root / name)
+
+    def unchanged(self, name: str, record: dict) -> bool:
+        """Whether the file holds what ``record`` committed (every byte read)."""
+        return self.size(name) == record.get("bytes") and self.sha256(name) == record.get("sha256")
+
+    def open_read(self, name: str) -> Any:
+        return open(self.root / name, "rb")
+
+    def read_table(self, name: str, columns: list[str]) -> pa.Table:
+        return pq.read_table(self.root / name, columns=columns)
+
+    def shard_sink(self, name: str) -> "LocalSink":
+        return LocalSink(self.root, name)
+
+    def remove_temporaries(self, folders: tuple[str, ...]) -> list[str]:
+        found = [p for d in ("", *folders) if (self.root / d).is_dir() for p in (self.root / d).glob(TMP_GLOB)]
+        for p in found:
+            p.unlink(missing_ok=True)
+        return sorted(str(p.relative_to(self.root)) for p in found)
+
+
+class LocalSink:
+    """A shard's bytes in ``.NAME.tmp``; ``finish`` makes them durable, ``publish`` renames them."""
+
+    def __init__(self, root: Path, name: str) -> None:
+        self.root, self.final, self.tmp = root, root / name, root / f".{name}.tmp"
+        self.file: Any = self.tmp
+
+    def finish(self) -> dict:
+        fsync(self.tmp)
+        return {"sha256": file_sha256(self.tmp), "bytes": self.tmp.stat().st_size}
+
+    def publish(self) -> None:
+        os.replace(self.tmp, self.final)
+        fsync(self.root)
+
+    def abort(self) -> None:
+        self.tmp.unlink(missing_ok=True)
+
+
+class StoreDir:
+    """OUTPUT_DIR on S3 (or an S3-compatible store with conditional writes): conditional multipart
+    uploads, a lease lock (``pipelines.store_lock``)."""
+
+    is_store = True
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.bucket, self.prefix = s3_location(uri)
+
+    def __str__(self) -> str:
+        return self.uri
+
+    def __reduce__(self) -> tuple:  # Ray workers get the URI; each process makes its own client
+        return StoreDir, (self.uri,)
+
+    def where(self, name: str) -> str:
+        return f"{self.uri}/{name}"
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def prepare(self) -> None:
+        with self._errors(""):
+            s3_client().head_bucket(Bucket=self.bucket)
+
+    def create(self) -> None:
+        """Nothing to create: a prefix exists once an object is under it."""
+
+    def exists(self) -> bool:
+        return bool(self.entries())
+
+    def lock(self) -> Any:
+        from .store_lock import StoreLock
+        return StoreLock(self)
+
+    def entries(self) -> dict[str, bool]:
+        found: dict[str, bool] = {}
+        start = self.key("")
+        with self._errors(""):
+            for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start,
+                                                                              Delimiter="/"):
+                found.update({o["Key"][len(start):]: False for o in page.get("Contents", [])})
+                found.update({p["Prefix"][len(start):].rstrip("/"): True for p in page.get("CommonPrefixes", [])})
+        return found
+
+    def commit_names(self, folder: str) -> list[str]:
+        start = self.key(f"{folder}/")
+        with self._errors(folder):
+            pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start)
+            return sorted(f"{folder}/{o['Key'][len(start):]}" for page in pages for o in page.get("Contents", [])
+                          if o["Key"].endswith(".json") and "/" not in o["Key"][len(start):])
+
+    def head(self, name: str) -> dict | None:
+        from botocore.exceptions import ClientError
+        try:
+            return s3_client().head_object(Bucket=self.bucket, Key=self.key(name))
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise OutputDirError(f"{self.where(name)}: {redacted(e)}") from None
+
+    def size(self, name: str) -> int | None:
+        head = self.head(name)
+        return None if head is None else int(head["ContentLength"])
+
+    def read_text(self, name: str) -> str:
+        from botocore.exceptions import ClientError
+        try:
+            return s3_client().get_object(Bucket=self.bucket, Key=self.key(name))["Body"].read().decode("utf-8")
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+                raise FileNotFoundError(self.where(name)) from None
+            raise OutputDirError(f"{self.where(name)}: {redacted(e)}") from None
+
+    def read_json(self, name: str) -> dict:
+        """The JSON object in ``name``: InputError where it is not one, FileNotFoundError where it is missing."""
+        try:
+            text = self.read_text(name)
+        except UnicodeDecodeError as e:
+            raise InputError(f"{self.where(name)}: cannot be read as JSON ({e})") from None
+        return parse_json_object(text, self.where(name))
+
+    def write_json(self, name: str, obj: Any) -> None:
+        body = (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+        with self._errors(name):  # one PUT: the object is the old one or the whole new one
+            s3_client().put_object(Bucket=self.bucket, Key=self.key(name), Body=body)
+
+    def delete(self, name: str) -> None:
+        with self._errors(name):
+            s3_client().delete_object(Bucket=self.bucket, Key=self.key(name))
+
+    def sha256(self, name: str) -> str:
+        h = hashlib.sha256()
+        with self._errors(name):
+            body = s3_client().get_object(Bucket=self.bucket, Key=self.key(name))["Body"]
+            for chunk in iter(lambda: body.read(8 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest()
+
+    def unchanged(self, name: str, record: dict) -> bool:
+        """Whether the object is the one ``record`` committed: its size and ETag (a rewrite changes it)."""
+        head = self.head(name)
+        return head is not None and head["ContentLength"] == record.get("bytes") and head["ETag"] == record.get("etag")
+
+    def open_read(self, name: str) -> Any:
+        fs, path = filesystem(self.where(name))
+        return fs.open_input_file(path)
+
+    def read_table(self, name: str, columns: list[str]) -> pa.Table:
+        path, fs = dataset_source(self.where(name))
+        return pq.read_table(path, columns=columns, filesystem=fs)
+
+    def shard_sink(self, name: str) -> "StoreUpload":
+        return StoreUpload(self, name)
+
+    def remove_temporaries(self, folders: tuple[str, ...]) -> list[str]:
+        """Abort the multipart uploads under OUTPUT_DIR that never completed (writers that died)."""
+        client, found = s3_client(), []
+        with self._errors(""):
+            for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket,
+                                                                                Prefix=self.key("")):
+                for u in page.get("Uploads", []):
+                    client.abort_multipart_upload(Bucket=self.bucket, Key=u["Key"], UploadId=u["UploadId"])
+                    found.append(u["Key"][len(self.key("")):] + " (upload)")
+        return sorted(found)
+
+    @contextlib.contextmanager
+    def _errors(self, name: str) -> Iterator[None]:
+        """A store's error as an OutputDirError naming the object (credentials never in it)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+        try:
+            yield
+        except (ClientError, BotoCoreError) as e:
+            raise OutputDirError(f"{self.where(name).rstrip('/')}: {redacted(e)}") from None
+
+
+class StoreUpload(io.RawIOBase):
+    """A shard streamed to the store as a multipart upload (a single PUT when it is small), hashed
+    as it goes. ``finish`` completes it only if no object has the name yet; ``publish`` has nothing
+    left to do."""
+
+    def __init__(self, out: StoreDir, name: str) -> None:
+        super().__init__()
+        self.out, self.name, self.key = out, name, out.key(name)
+        self.buffer, self.parts, self.upload_id = bytearray(), [], None
+        self.hash, self.bytes = hashlib.sha256(), 0
+        self.file: Any = self
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.buffer += data
+        self.hash.update(data)
+        self.bytes += len(data)
+        if len(self.buffer) >= PART_BYTES:
+            self._send_part()
+        return len(data)
+
+    def tell(self) -> int:
+        return self.bytes
+
+    def _send_part(self) -> None:
+        client = s3_client()
+        with self.out._errors(self.name):
+            if self.upload_id is None:
+                self.upload_id = client.create_multipart_upload(Bucket=self.out.bucket, Key=self.key)["UploadId"]
+            n = len(self.parts) + 1
+            etag = client.upload_part(Bucket=self.out.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=n,
+                                      Body=bytes(self.buffer))["ETag"]
+        self.parts.append({"PartNumber": n, "ETag": etag})
+        self.buffer = bytearray()
+
+    def finish(self) -> dict:
+        from botocore.exceptions import ClientError
+        client, where = s3_client(), self.out.where(self.name)
+        try:
+            if self.upload_id is None:
+                etag = client.put_object(Bucket=self.out.bucket, Key=self.key, Body=bytes(self.buffer),
+                                         IfNoneMatch="*")["ETag"]
+            else:
+                self._send_part()
+                etag = client.complete_multipart_upload(Bucket=self.out.bucket, Key=self.key, UploadId=self.upload_id,
+                                                        MultipartUpload={"Parts": self.parts}, IfNoneMatch="*")["ETag"]
+        except ClientError as e:
+            self.abort()
+            if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
+                raise OutputDirError(f"{where}: another writer created it while this one wrote it (a worker of an "
+                                     f"earlier attempt still running?); rerun with --resume") from None
+            raise OutputDirError(f"{where}: {redacted(e)}") from None
+        self.upload_id = None
+        return {"sha256": self.hash.hexdigest(), "bytes": self.bytes, "etag": etag}
+
+    def publish(self) -> None:
+        """Completed by ``finish``: nothing to rename."""
+
+    def abort(self) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+        if self.upload_id is not None:
+            with contextlib.suppress(ClientError, BotoCoreError):  # best effort: --resume aborts what is left
+                s3_client().abort_multipart_upload(Bucket=self.out.bucket, Key=self.key, UploadId=self.upload_id)
+            self.upload_id = None
+        self.buffer = bytearray()

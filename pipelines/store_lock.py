@@ -1,0 +1,150 @@
+"""One job at a time on an OUTPUT_DIR in an object store: a lease held in ``OUTPUT_DIR/.elmo.lock``.
+
+No kernel releases a lock on a store when its holder dies, so the lock is a lease, taken and
+renewed by conditional writes only, which is what we rely on from the store: a PUT with
+``If-None-Match: *`` creates the object only if there is none, a PUT with ``If-Match: ETAG`` replaces
+it only if it is still the version read (S3 since 2024; MinIO; moto). So two drivers can never both
+hold it:
+
+- take: create the object (``If-None-Match``); if it exists and is free (released, its lease run
+  out by the store's own clock, or its holder a dead process on this host), replace that very
+  version (``If-Match``): of two drivers racing for it, one wins, the other is refused;
+- hold: a thread renews the lease every ``lease/4`` s (``If-Match`` on the version it wrote); if
+  that fails, another driver took the lock after this one's lease ran out: the job stops before
+  it writes its manifest (``check``);
+- release: write it back marked released (``If-Match``); the object is never deleted.
+
+A driver killed on another host frees the lock when its lease runs out (``LEASE_SECONDS``); one
+killed on this host frees it at once. The record names the holder, which a refused job quotes.
+"""
+from __future__ import annotations
+
+import email.utils
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from elmo_core.storage import redacted, s3_client
+
+from .lock import LOCK_FILE
+from .options import OutputDirError
+
+LOCK_NAME = LOCK_FILE
+LEASE_SECONDS = 120.0
+
+
+class StoreLock:
+    """``with StoreLock(out):`` holds the store OUTPUT_DIR ``out`` for the block (see the module)."""
+
+    def __init__(self, out: Any, lease: float = LEASE_SECONDS) -> None:
+        self.out, self.lease, self.key = out, lease, out.key(LOCK_NAME)
+        self.etag: str | None = None
+        self.lost = False
+        self.since = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _record(self, released: bool = False) -> bytes:
+        return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "released": released,
+                           "since": self.since, "lease_seconds": self.lease,
+                           "command": " ".join(sys.argv)[:500]}).encode()
+
+    def _put(self, **condition: str) -> str | None:
+        """Write the record under ``condition``; its new ETag, or None if the condition failed."""
+        from botocore.exceptions import BotoCoreError, ClientError
+        try:
+            return s3_client().put_object(Bucket=self.out.bucket, Key=self.key, Body=self._record(), **condition)["ETag"]
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return None
+            raise OutputDirError(f"{self.out.where(LOCK_NAME)}: {redacted(e)}") from None
+        except BotoCoreError as e:
+            raise OutputDirError(f"{self.out.where(LOCK_NAME)}: {redacted(e)}") from None
+
+    def __enter__(self) -> "StoreLock":
+        self.etag = self._put(IfNoneMatch="*")
+        if self.etag is None:
+            holder, etag, age = self._current()
+            if not _free(holder, age):
+                raise OutputDirError(
+                    f"{self.out} is in use by another elmo embed job ({_describe(holder)}; lease renewed {age:.0f} s "
+                    f"ago); one job at a time per output: wait for it to finish or stop it (a stopped job releases "
+                    f"the lock; a killed one on another host after its {holder.get('lease_seconds', self.lease):.0f} s "
+                    f"lease), then rerun with --resume")
+            self.etag = self._put(IfMatch=etag)
+            if self.etag is None:
+                raise OutputDirError(f"{self.out}: another elmo embed job took its lock at the same moment; "
+                                     f"one job at a time per output")
+        self._thread = threading.Thread(target=self._renew, name="elmo-lease", daemon=True)
+        self._thread.start()
+        return self
+
+    def _current(self) -> tuple[dict, str, float]:
+        """(the holder's record, its ETag, seconds since it was written by the store's clock)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+        try:
+            got = s3_client().get_object(Bucket=self.out.bucket, Key=self.key)
+        except (ClientError, BotoCoreError) as e:
+            raise OutputDirError(f"{self.out.where(LOCK_NAME)}: {redacted(e)}") from None
+        try:
+            holder = json.loads(got["Body"].read())
+        except ValueError:
+            holder = {}
+        date = got["ResponseMetadata"].get("HTTPHeaders", {}).get("date")
+        now = email.utils.parsedate_to_datetime(date) if date else datetime.now(timezone.utc)
+        return holder if isinstance(holder, dict) else {}, got["ETag"], (now - got["LastModified"]).total_seconds()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.lease / 4):
+            try:
+                etag = self._put(IfMatch=self.etag)
+            except OutputDirError:
+                continue  # the store did not answer: try again; the lease outlasts a few misses
+            if etag is None:
+                self.lost = True
+                return
+            self.etag = etag
+
+    def check(self) -> None:
+        """Raise if another job took the lock after this one's lease ran out."""
+        if self.lost:
+            raise OutputDirError(f"{self.out}: this job lost its lock (its lease of {self.lease:.0f} s ran out without "
+                                 f"renewal and another job took it); its shards are kept: rerun with --resume")
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.etag is not None and not self.lost:
+            from botocore.exceptions import BotoCoreError, ClientError
+            try:  # released: the next job takes it at once; if another took it meanwhile, it stays theirs
+                s3_client().put_object(Bucket=self.out.bucket, Key=self.key, IfMatch=self.etag,
+                                       Body=self._record(released=True))
+            except (ClientError, BotoCoreError) as e:  # not released: its lease runs out by itself
+                print(f"warning: {self.out}: the lock was not released ({redacted(e)}); it frees itself in "
+                      f"{self.lease:.0f} s", file=sys.stderr)
+        self.etag = None
+
+
+def _free(holder: dict, age: float) -> bool:
+    if holder.get("released") or age > float(holder.get("lease_seconds", LEASE_SECONDS)):
+        return True
+    if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
+        try:
+            os.kill(holder["pid"], 0)
+        except ProcessLookupError:
+            return True  # its holder died on this host
+        except PermissionError:
+            return False
+    return False
+
+
+def _describe(holder: dict) -> str:
+    if not holder:
+        return "holder unknown"
+    return f"pid {holder.get('pid')} on host {holder.get('host')}, since {holder.get('since')}: {holder.get('command', '')}"

@@ -1,0 +1,200 @@
+"""OUTPUT_DIR on an object store (``s3://``), against a real S3-compatible server on 127.0.0.1:
+the same rows and vectors as a local job, exactly once after SIGKILL of the driver and
+``--resume``, one driver at a time (a lease taken and renewed by conditional writes), strays of a
+killed attempt never read back, ``elmo verify s3://...``. (Ray workers writing to the store:
+test_object_store.py.)"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from elmo_cli.main import main
+from pipelines.corpus import write_sample_corpus
+from pipelines.options import OutputDirError
+from tests.pipelines.store_utils import upload
+
+ROOT = Path(__file__).resolve().parents[2]
+# A resumed job embeds the shards left in other batches (a shard alone, other neighbours in its
+# sort windows), so its float32 sums run in another order than an uninterrupted job's: the bound
+# of tests/pipelines/test_resume.py.
+ATOL = 1e-5
+RUN = ["--id-column", "id", "--rows-per-shard", "30", "--sort-window-rows", "15", "--max-tokens-per-batch", "300",
+       "--threads", "1", "--quiet"]
+
+
+def _table(s3, prefix: str):  # type: ignore[no-untyped-def]
+    """What a reader of the store sees: pyarrow.dataset over the prefix (``_`` and ``.`` names skipped)."""
+    return ds.dataset(prefix, format="parquet", filesystem=s3).to_table()
+
+
+def _vectors(table) -> np.ndarray:  # type: ignore[no-untyped-def]
+    return np.concatenate([np.asarray(v, np.float32) for v in table.column("elmo").to_pylist()])  # (N, D)
+
+
+def _names(s3, prefix: str) -> list[str]:  # type: ignore[no-untyped-def]
+    import pyarrow.fs as pafs
+    selector = pafs.FileSelector(prefix, recursive=True, allow_not_found=True)
+    return sorted(i.path[len(prefix) + 1:] for i in s3.get_file_info(selector) if i.is_file)
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "elmo_cli", *args], cwd=ROOT, env=env or dict(os.environ),
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def corpus(s3, tmp_path):  # type: ignore[no-untyped-def]
+    write_sample_corpus(tmp_path / "corpus", rows=300, files=2, row_group_rows=50)
+    return tmp_path / "corpus"
+
+
+def test_store_to_store_equals_the_local_job_and_verifies(s3, corpus, tiny_dir, tmp_path, capsys):
+    s3.create_dir("jobs")
+    source = upload(s3, corpus, "jobs/corpus")
+    assert main(["embed", str(corpus), str(tmp_path / "local"), "--model", str(tiny_dir), *RUN]) == 0
+    assert main(["embed", source, "s3://jobs/vectors", "--model", str(tiny_dir), *RUN]) == 0
+    local, remote = ds.dataset(tmp_path / "local", format="parquet").to_table(), _table(s3, "jobs/vectors")
+    assert remote.column("id").to_pylist() == local.column("id").to_pylist()  # every row once, in input order
+    np.testing.assert_array_equal(_vectors(remote), _vectors(local))  # the same process, plan and batches
+    names = _names(s3, "jobs/vectors")
+    shards = [n for n in names if n.startswith("part-")]
+    assert len(shards) == 10 and {"_SUCCESS", "_job.json", "_manifest.json", ".elmo.lock"} <= set(names)
+    assert len(names) == 2 * len(shards) + 4  # a commit record per shard, nothing else left behind
+    manifest = json.loads(s3.open_input_stream("jobs/vectors/_manifest.json").read())
+    assert [s["file"] for s in manifest["shards"]] == shards and manifest["rows"] == 300
+    assert json.loads(s3.open_input_stream("jobs/vectors/.elmo.lock").read())["released"] is True
+    capsys.readouterr()
+    assert main(["verify", "s3://jobs/vectors"]) == 0
+    assert "against 2 input file(s)" in capsys.readouterr().out
+
+
+def test_a_shard_changed_on_the_store_is_found_by_verify_and_redone_by_resume(s3, corpus, tiny_dir):
+    s3.create_dir("damaged")
+    assert main(["embed", str(corpus), "s3://damaged/out", "--model", str(tiny_dir), *RUN]) == 0
+    first = s3.open_input_stream("damaged/out/part-00001-00002.parquet").read()
+    with s3.open_output_stream("damaged/out/part-00001-00002.parquet") as f:  # same size, other bytes
+        f.write(first[:100] + bytes([first[100] ^ 1]) + first[101:])
+    r = _cli("verify", "s3://damaged/out")
+    assert r.returncode == 2 and "part-00001-00002.parquet: its bytes differ from its commit record (sha256)" \
+        in r.stderr and "Traceback" not in r.stderr, r.stderr
+    from pipelines import embed_parquet
+    m = embed_parquet(corpus, "s3://damaged/out", tiny_dir, id_column="id", rows_per_shard=30, sort_window_rows=15,
+                      max_tokens_per_batch=300, threads=1, quiet=True, resume=True)
+    assert (m["this_run"]["shards"], m["this_run"]["shards_kept"]) == (1, 9)  # the altered one, by its ETag
+    again = pq.read_table(s3.open_input_file("damaged/out/part-00001-00002.parquet"))
+    before = pq.read_table(pa.BufferReader(first))
+    assert again.column("id").to_pylist() == before.column("id").to_pylist()
+    np.testing.assert_allclose(_vectors(again), _vectors(before), atol=ATOL, rtol=0)
+    assert main(["verify", "s3://damaged/out"]) == 0
+
+
+@pytest.mark.parametrize("commits_before_kill", [0, 1, 4])
+def test_sigkill_of_the_driver_then_resume_gives_every_row_once_in_order(s3, corpus, tiny_dir, tmp_path,
+                                                                         commits_before_kill):
+    """Killed before any shard, after the first, after several: ``--resume`` (at once: the lock's
+    holder is a dead process on this host) keeps what was committed, aborts the killed upload and
+    drops shards without a commit record; a reader then sees each input row once, in order."""
+    bucket = f"kill{commits_before_kill}"
+    s3.create_dir(bucket)
+    out = f"s3://{bucket}/out"
+    cmd = [sys.executable, "-m", "elmo_cli", "embed", str(corpus), out, "--model", str(tiny_dir), *RUN]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    wanted = "_job.json" if commits_before_kill == 0 else None
+    while proc.poll() is None and time.monotonic() < deadline:
+        names = _names(s3, f"{bucket}/out")
+        if (wanted in names) if wanted else sum(n.startswith("_shards/") for n in names) >= commits_before_kill:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, f"the run ended before it could be killed: {proc.communicate()}"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    kept = {n for n in _names(s3, f"{bucket}/out") if n.startswith("_shards/")}
+    assert len(kept) < 10 and "_SUCCESS" not in _names(s3, f"{bucket}/out")
+
+    r = _cli("embed", str(corpus), out, "--model", str(tiny_dir), *RUN, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert all(n in _names(s3, f"{bucket}/out") for n in kept)
+    table, source = _table(s3, f"{bucket}/out"), ds.dataset(corpus, format="parquet").to_table()
+    assert table.column("id").to_pylist() == source.column("id").to_pylist()
+    reference = ds.dataset(_local_reference(corpus, tiny_dir, tmp_path), format="parquet").to_table()
+    np.testing.assert_allclose(_vectors(table), _vectors(reference), atol=ATOL, rtol=0)
+    assert main(["verify", out]) == 0
+
+
+def _local_reference(corpus: Path, tiny_dir: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "reference"
+    assert main(["embed", str(corpus), str(out), "--model", str(tiny_dir), *RUN]) == 0
+    return out
+
+
+def test_strays_of_a_killed_attempt_are_not_read_back(s3, corpus, tiny_dir):
+    """A shard completed without its commit record (a worker killed between the two) and an upload
+    never completed: ``--resume`` deletes the first, aborts the second, and a late writer can never
+    replace a committed shard (its completion is conditional)."""
+    from pipelines import embed_parquet
+    from pipelines.output_dir import open_output
+    from elmo_core.storage import s3_client
+
+    s3.create_dir("strays")
+    opts = dict(id_column="id", rows_per_shard=30, sort_window_rows=15, max_tokens_per_batch=300, threads=1, quiet=True)
+    embed_parquet(corpus, "s3://strays/out", tiny_dir, **opts)
+    committed = s3.open_input_stream("strays/out/part-00000-00003.parquet").read()
+    out = open_output("s3://strays/out")
+    late = out.shard_sink("part-00000-00003.parquet")  # a worker of a dead attempt, finishing late
+    late.write(b"PAR1 stale bytes of a dead attempt")
+    with pytest.raises(OutputDirError, match="another writer created it"):
+        late.finish()
+    assert s3.open_input_stream("strays/out/part-00000-00003.parquet").read() == committed
+
+    out.delete("_shards/part-00000-00004.json")  # completed, then killed before its commit record
+    out.delete("_SUCCESS")
+    client = s3_client()
+    client.create_multipart_upload(Bucket="strays", Key="out/part-00001-00000.parquet")  # killed mid-upload
+    m = embed_parquet(corpus, "s3://strays/out", tiny_dir, resume=True, **opts)
+    assert (m["this_run"]["shards"], m["this_run"]["shards_kept"]) == (1, 9)
+    assert not client.list_multipart_uploads(Bucket="strays").get("Uploads")
+    assert _table(s3, "strays/out").column("id").to_pylist() == \
+        ds.dataset(corpus, format="parquet").to_table().column("id").to_pylist()
+
+
+def test_two_drivers_on_one_output_the_second_is_refused(s3, corpus, tiny_dir):
+    """A driver holding the lock (a real process) refuses a second, naming it; SIGKILLed, it frees
+    the lock at once on this host. A holder elsewhere frees it when its lease runs out."""
+    s3.create_dir("locks")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pipelines.output_dir import open_output; "
+                               "open_output(sys.argv[1]).lock().__enter__(); print('locked', flush=True); "
+                               "time.sleep(120)", "s3://locks/out"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        r = _cli("embed", str(corpus), "s3://locks/out", "--model", str(tiny_dir), *RUN)
+        assert r.returncode == 2 and "s3://locks/out is in use by another elmo embed job (pid " \
+            f"{holder.pid} on host" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(["embed", str(corpus), "s3://locks/out", "--model", str(tiny_dir), *RUN, "--resume"]) == 0
+
+    def held_elsewhere(lease: float) -> None:
+        record = {"pid": 1, "host": "another-node", "released": False, "since": "then", "lease_seconds": lease,
+                  "command": "elmo embed ..."}
+        with s3.open_output_stream("locks/out/.elmo.lock") as f:
+            f.write(json.dumps(record).encode())
+
+    held_elsewhere(3600.0)
+    r = _cli("embed", str(corpus), "s3://locks/out", "--model", str(tiny_dir), *RUN, "--resume")
+    assert r.returncode == 2 and "(pid 1 on host another-node" in r.stderr, r.stderr
+    held_elsewhere(1.0)
+    time.sleep(2.5)  # the store's clock (its Last-Modified against its Date) says the lease ran out
+    assert main(["embed", str(corpus), "s3://locks/out", "--model", str(tiny_dir), *RUN, "--resume"]) == 0
