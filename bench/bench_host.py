@@ -5,10 +5,13 @@ output in float16; target >= 30,000 tokens/s on a 2-core CPU.
 
 Each run is a fresh process. ``--baseline REV`` runs the same job with the code of an earlier commit
 (a git worktree) in the same session, taking turns with this tree; each figure is the best of
-``--repeats``. The stage seconds of this tree's best run are printed too.
+``--repeats``. The stage seconds of this tree's best run are printed too. ``--store`` times the same
+job writing OUTPUT_DIR to an S3 server on 127.0.0.1 (moto's, the ``s3test`` extra, started here: it
+shares the machine's cores with the job, which a real store does not) in turns with the local disk,
+and reports the store's requests per shard.
 
     python bench/bench_host.py [--rows 40000] [--repeats 2] [--dtype float16] [--threads N] [--baseline REV]
-                               [--writer-threads 1,2]
+                               [--writer-threads 1,2] [--store]
 """
 from __future__ import annotations
 
@@ -30,8 +33,9 @@ JOB = ("import json, sys; from pipelines import embed_parquet; "
        "threads = int(sys.argv[5]) or None; "
        "m = embed_parquet(sys.argv[1], sys.argv[2], sys.argv[3], dtype=sys.argv[4], output='mixed', quiet=True, "
        "threads=threads, **json.loads(sys.argv[6])); "
+       "requests = getattr(sys.modules.get('elmo_core.storage'), 'S3_REQUESTS', {}).get('count', 0); "
        "print(json.dumps({'tokens_per_s': m['this_run']['tokens_per_second'], 'tokens': m['tokens'], "
-       "'stages': m.get('stages')}))")
+       "'stages': m.get('stages'), 'shards': len(m['shards']), 'requests': requests}))")
 
 
 def prepare(work: Path, rows: int) -> tuple[Path, Path]:
@@ -57,6 +61,21 @@ def run_job(tree: Path, corpus: Path, out: Path, model: Path, dtype: str, thread
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def start_store() -> dict:
+    """An S3 server on 127.0.0.1 with a bucket ``bench``; the environment a job needs to reach it."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+           "AWS_REGION": "us-east-1"}
+    os.environ.update(env)
+    import boto3
+    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1").create_bucket(Bucket="bench")
+    return env
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=40_000)
@@ -66,6 +85,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="the job's --threads (default: torch's)")
     ap.add_argument("--work", type=Path, help="work directory (default: a temporary one)")
     ap.add_argument("--writer-threads", default="1", help="comma-separated values, each timed in turn (this tree)")
+    ap.add_argument("--store", action="store_true", help="also write to an S3 server on 127.0.0.1, in turns")
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_host_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -79,11 +99,16 @@ def main() -> None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), args.baseline], check=True,
                            capture_output=True)
         trees[f"baseline {args.baseline}"] = (base, {})
+    if args.store:
+        start_store()
+        trees["this tree, to s3"] = (ROOT, {})
     best: dict[str, dict] = {}
     for rep in range(args.repeats):
         for name, (tree, extra) in trees.items():
             out = work / f"out-{name.replace(' ', '_').replace(',', '')}-{rep}"
             shutil.rmtree(out, ignore_errors=True)
+            if name.endswith("to s3"):
+                out = f"s3://bench/out-{rep}"  # type: ignore[assignment]
             result = run_job(tree, corpus, out, model, args.dtype, args.threads, extra)
             print(f"  {name:>20}, run {rep + 1}: {result['tokens_per_s']:>9,.0f} tokens/s", flush=True)
             if name not in best or result["tokens_per_s"] > best[name]["tokens_per_s"]:
@@ -97,6 +122,11 @@ def main() -> None:
         if name != "this tree":
             print(f"  {name} / this tree = {r['tokens_per_s'] / ours['tokens_per_s']:.2f}x")
     print(f"  vs the 30,000 tokens/s target: {ours['tokens_per_s'] / 30_000:.2f}x")
+    if args.store:
+        r = best["this tree, to s3"]
+        print(f"  to s3: {r['requests'] / r['shards']:.1f} store requests per shard ({r['requests']:,} for "
+              f"{r['shards']} shards, the lock and the manifest included); the store costs "
+              f"{1 - r['tokens_per_s'] / ours['tokens_per_s']:.0%} of the local disk's throughput (target <= 15 %)")
     if ours.get("stages"):
         st = ours["stages"]
         print("  stages (wall s, overlapping): " + ", ".join(f"{k} {v:.1f}" for k, v in st["seconds"].items())

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import os
 from pathlib import Path
@@ -35,9 +34,6 @@ from elmo_core.storage import dataset_source, filesystem, is_uri, redacted, s3_c
 
 from .lock import OutputLock
 from .options import OutputDirError
-
-PART_BYTES = 16 << 20  # a multipart upload's part (the store's minimum is 5 MiB; at most 10,000 parts: 160 GB)
-
 
 def open_output(spec: str | Path) -> "LocalDir | StoreDir":
     if not is_uri(spec):
@@ -259,7 +255,8 @@ class StoreDir:
         path, fs = dataset_source(self.where(name))
         return pq.read_table(path, columns=columns, filesystem=fs)
 
-    def shard_sink(self, name: str) -> "StoreUpload":
+    def shard_sink(self, name: str) -> Any:
+        from .store_upload import StoreUpload
         return StoreUpload(self, name)
 
     def remove_temporaries(self, folders: tuple[str, ...]) -> list[str]:
@@ -282,71 +279,3 @@ class StoreDir:
         except (ClientError, BotoCoreError) as e:
             raise OutputDirError(f"{self.where(name).rstrip('/')}: {redacted(e)}") from None
 
-
-class StoreUpload(io.RawIOBase):
-    """A shard streamed to the store as a multipart upload (a single PUT when it is small), hashed
-    as it goes. ``finish`` completes it only if no object has the name yet; ``publish`` has nothing
-    left to do."""
-
-    def __init__(self, out: StoreDir, name: str) -> None:
-        super().__init__()
-        self.out, self.name, self.key = out, name, out.key(name)
-        self.buffer, self.parts, self.upload_id = bytearray(), [], None
-        self.hash, self.bytes = hashlib.sha256(), 0
-        self.file: Any = self
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        self.buffer += data
-        self.hash.update(data)
-        self.bytes += len(data)
-        if len(self.buffer) >= PART_BYTES:
-            self._send_part()
-        return len(data)
-
-    def tell(self) -> int:
-        return self.bytes
-
-    def _send_part(self) -> None:
-        client = s3_client()
-        with self.out._errors(self.name):
-            if self.upload_id is None:
-                self.upload_id = client.create_multipart_upload(Bucket=self.out.bucket, Key=self.key)["UploadId"]
-            n = len(self.parts) + 1
-            etag = client.upload_part(Bucket=self.out.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=n,
-                                      Body=bytes(self.buffer))["ETag"]
-        self.parts.append({"PartNumber": n, "ETag": etag})
-        self.buffer = bytearray()
-
-    def finish(self) -> dict:
-        from botocore.exceptions import ClientError
-        client, where = s3_client(), self.out.where(self.name)
-        try:
-            if self.upload_id is None:
-                etag = client.put_object(Bucket=self.out.bucket, Key=self.key, Body=bytes(self.buffer),
-                                         IfNoneMatch="*")["ETag"]
-            else:
-                self._send_part()
-                etag = client.complete_multipart_upload(Bucket=self.out.bucket, Key=self.key, UploadId=self.upload_id,
-                                                        MultipartUpload={"Parts": self.parts}, IfNoneMatch="*")["ETag"]
-        except ClientError as e:
-            self.abort()
-            if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
-                raise OutputDirError(f"{where}: another writer created it while this one wrote it (a worker of an "
-                                     f"earlier attempt still running?); rerun with --resume") from None
-            raise OutputDirError(f"{where}: {redacted(e)}") from None
-        self.upload_id = None
-        return {"sha256": self.hash.hexdigest(), "bytes": self.bytes, "etag": etag}
-
-    def publish(self) -> None:
-        """Completed by ``finish``: nothing to rename."""
-
-    def abort(self) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
-        if self.upload_id is not None:
-            with contextlib.suppress(ClientError, BotoCoreError):  # best effort: --resume aborts what is left
-                s3_client().abort_multipart_upload(Bucket=self.out.bucket, Key=self.key, UploadId=self.upload_id)
-            self.upload_id = None
-        self.buffer = bytearray()

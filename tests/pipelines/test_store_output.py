@@ -198,3 +198,50 @@ def test_two_drivers_on_one_output_the_second_is_refused(s3, corpus, tiny_dir):
     held_elsewhere(1.0)
     time.sleep(2.5)  # the store's clock (its Last-Modified against its Date) says the lease ran out
     assert main(["embed", str(corpus), "s3://locks/out", "--model", str(tiny_dir), *RUN, "--resume"]) == 0
+
+
+def test_a_driver_that_lost_its_lease_stops_before_its_manifest(s3):
+    """The lease is renewed every lease/4 s by a conditional write; once another driver has taken
+    the lock (after the lease ran out), the renewal fails and the job may not commit its manifest."""
+    from pipelines.output_dir import open_output
+    from pipelines.store_lock import StoreLock
+
+    s3.create_dir("lease")
+    with StoreLock(open_output("s3://lease/out"), lease=0.4) as lock:
+        time.sleep(0.5)  # longer than the lease: still held, as it was renewed
+        lock.check()
+        with s3.open_output_stream("lease/out/.elmo.lock") as f:  # taken by another after a stall of this one
+            f.write(json.dumps({"pid": 1, "host": "another-node", "released": False, "lease_seconds": 120}).encode())
+        deadline = time.monotonic() + 5
+        while not lock.lost and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(OutputDirError, match="this job lost its lock"):
+            lock.check()
+    assert json.loads(s3.open_input_stream("lease/out/.elmo.lock").read())["host"] == "another-node"  # not released
+
+
+def test_a_large_shard_travels_in_parts_and_appears_whole(s3, monkeypatch):
+    """Parts of 5 MiB (the store's minimum), sent while more is written: the object appears only
+    when completed, byte for byte, with the sha256 of what was written; an aborted one never does."""
+    import hashlib
+
+    from elmo_core.storage import s3_client
+    from pipelines import store_upload
+    from pipelines.output_dir import open_output
+
+    monkeypatch.setattr(store_upload, "PART_BYTES", 5 << 20)
+    s3.create_dir("parts")
+    out, data = open_output("s3://parts/out"), np.random.default_rng(0).bytes((12 << 20) + 123)
+    upload = out.shard_sink("part-00000-00000.parquet")
+    for i in range(0, len(data), 1 << 20):
+        upload.write(data[i:i + (1 << 20)])
+    assert out.size("part-00000-00000.parquet") is None  # three parts sent or travelling, nothing visible
+    record = upload.finish()
+    assert record["sha256"] == hashlib.sha256(data).hexdigest() and record["bytes"] == len(data)
+    assert record["etag"].endswith('-3"') and s3.open_input_stream("parts/out/part-00000-00000.parquet").read() == data
+
+    aborted = out.shard_sink("part-00000-00001.parquet")
+    aborted.write(data[: 6 << 20])
+    aborted.abort()
+    assert out.size("part-00000-00001.parquet") is None
+    assert not s3_client().list_multipart_uploads(Bucket="parts").get("Uploads")
