@@ -33,6 +33,10 @@ class OutputDirError(ElmoError):
     """OUTPUT_DIR is not empty, holds another job's output, or holds files this job did not write."""
 
 
+class WorkerLostError(ElmoError):
+    """A worker of the job died (killed, out of memory, its node gone): its shard was not committed."""
+
+
 @dataclass(frozen=True)
 class EmbedOptions:
     """Everything ``elmo embed`` takes besides INPUT, OUTPUT_DIR and MODEL."""

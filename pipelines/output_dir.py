@@ -165,6 +165,7 @@ class StoreDir:
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def prepare(self) -> None:
+        """Check that the bucket is there and ours to use, before anything is computed."""
         with self._errors(""):
             s3_client().head_bucket(Bucket=self.bucket)
 
@@ -277,5 +278,10 @@ class StoreDir:
         try:
             yield
         except (ClientError, BotoCoreError) as e:
-            raise OutputDirError(f"{self.where(name).rstrip('/')}: {redacted(e)}") from None
+            code = e.response.get("Error", {}).get("Code") if isinstance(e, ClientError) else None
+            hint = {"404": f"no bucket {self.bucket} on this store (create it first)", "NoSuchBucket":
+                    f"no bucket {self.bucket} on this store (create it first)",
+                    "403": "access denied: check the credentials (AWS_* variables, AWS_PROFILE) and their permissions",
+                    "AccessDenied": "access denied: check the credentials and their permissions"}.get(code or "")
+            raise OutputDirError(f"{self.where(name).rstrip('/')}: {hint or redacted(e)}") from None
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 from elmo_core.errors import InputError
 from elmo_core.reaper import init_local_ray
 
-from .options import EmbedOptions
+from .options import EmbedOptions, WorkerLostError
 from .predictor import ElmoPredictor
 from .progress import Progress
 from .shard_loop import embed_shards
@@ -90,6 +90,9 @@ def run_ray(job, shards: list[Shard], progress: Progress) -> tuple[list[dict], d
             records.append(record)
             job.clock.add(seconds)
             progress.update(record["rows"], record["tokens"])
+    except ray.exceptions.RayActorError as e:
+        raise WorkerLostError(f"a Ray worker died while it wrote a shard ({str(e).splitlines()[0][:200]}); the "
+                              f"{len(records)} shards committed in this run are kept: rerun with --resume") from None
     finally:
         for a in actors:
             ray.kill(a)

@@ -55,7 +55,7 @@ class StoreUpload(io.RawIOBase):
             with self.out._errors(self.name):
                 self.upload_id = s3_client().create_multipart_upload(Bucket=self.out.bucket, Key=self.key)["UploadId"]
             self.pool = ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="elmo-upload")
-        body, self.buffer = bytes(self.buffer), bytearray()
+        body, self.buffer = self.buffer, bytearray()  # handed over, not copied
         self.parts.append(self.pool.submit(self._upload_part, len(self.parts) + 1, body))  # type: ignore[union-attr]
         travelling = [f for f in self.parts if not f.done()]
         while len(travelling) > IN_FLIGHT:
@@ -65,7 +65,7 @@ class StoreUpload(io.RawIOBase):
             if f.done():
                 f.result()  # a part's error, here rather than at the end
 
-    def _upload_part(self, number: int, body: bytes) -> dict:
+    def _upload_part(self, number: int, body: bytearray) -> dict:
         with self.out._errors(self.name):
             etag = s3_client().upload_part(Bucket=self.out.bucket, Key=self.key, UploadId=self.upload_id,
                                            PartNumber=number, Body=body)["ETag"]

@@ -88,7 +88,8 @@ def test_store_errors_are_clear_and_never_show_the_secret(s3, tiny_dir, tmp_path
         "or to s3://" in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "corpus"), "s3://no-bucket/out",
                         "--model", str(tiny_dir), "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "s3://no-bucket/out" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 2 and "s3://no-bucket/out: no bucket no-bucket on this store (create it first)" \
+        in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert os.environ["AWS_SECRET_ACCESS_KEY"] not in r.stderr
     r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "corpus"), "s3://models/out.hdf5",
                         "--format", "hdf5", "--model", str(tiny_dir), "--quiet"], cwd=ROOT, env=env,
@@ -145,3 +146,44 @@ def test_ray_workers_read_and_write_only_the_store(s3, tiny_dir, tmp_path):
     commits = [i.path for i in s3.get_file_info(pafs.FileSelector("raycorpus/vectors/_shards"))]
     writers = {json.loads(s3.open_input_stream(p).read())["writer"] for p in commits}
     assert len(commits) == 4 and len(writers) == 2
+
+
+def test_sigkill_of_a_ray_worker_then_resume_on_the_store(s3, tiny_dir, tmp_path):
+    """A worker SIGKILLed while the job writes to the store: the driver stops with a clear error
+    (exit 2, no traceback), then ``--resume`` gives every row once, in order."""
+    pytest.importorskip("ray", reason="Ray is the optional 'ray' extra")
+    import signal
+    import time
+
+    from elmo_core.reaper import descendants
+
+    write_sample_corpus(tmp_path / "corpus", rows=600, files=2, row_group_rows=100)
+    s3.create_dir("rayfail")
+    cmd = [sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "corpus"), "s3://rayfail/out", "--model",
+           str(tiny_dir), "--engine", "ray", "--workers", "2", "--rows-per-shard", "30", "--sort-window-rows", "15",
+           "--threads", "1", "--id-column", "id", "--quiet"]
+    env = dict(os.environ, ELMO_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    selector = pafs.FileSelector("rayfail/out/_shards", allow_not_found=True)
+    while not s3.get_file_info(selector) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    workers = [p for p in descendants(proc.pid) if b"ShardWorker" in _cmdline(p)]
+    assert proc.poll() is None and workers, f"no worker to kill: {proc.poll()}"
+    os.kill(workers[0], signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "a Ray worker died while it wrote a shard" in stderr \
+        and "rerun with --resume" in stderr and "Traceback" not in stderr, stderr
+
+    r = subprocess.run([*cmd, "--resume"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = ds.dataset("rayfail/out", format="parquet", filesystem=s3).to_table().column("id").to_pylist()
+    assert got == ds.dataset(tmp_path / "corpus", format="parquet").to_table().column("id").to_pylist()
+    assert main(["verify", "s3://rayfail/out"]) == 0
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
