@@ -74,6 +74,12 @@ def test_store_to_store_equals_the_local_job_and_verifies(s3, corpus, tiny_dir, 
     manifest = json.loads(s3.open_input_stream("jobs/vectors/_manifest.json").read())
     assert [s["file"] for s in manifest["shards"]] == shards and manifest["rows"] == 300
     assert json.loads(s3.open_input_stream("jobs/vectors/.elmo.lock").read())["released"] is True
+    pl = pytest.importorskip("polars", reason="polars is in the dev extra")
+    options = {"aws_endpoint_url": os.environ["AWS_ENDPOINT_URL"], "aws_region": "us-east-1", "aws_allow_http": "true",
+               "aws_access_key_id": os.environ["AWS_ACCESS_KEY_ID"],
+               "aws_secret_access_key": os.environ["AWS_SECRET_ACCESS_KEY"]}
+    frame = pl.read_parquet("s3://jobs/vectors/part-*.parquet", storage_options=options)  # the shards, by name
+    assert frame["id"].to_list() == local.column("id").to_pylist()
     capsys.readouterr()
     assert main(["verify", "s3://jobs/vectors"]) == 0
     assert "against 2 input file(s)" in capsys.readouterr().out
