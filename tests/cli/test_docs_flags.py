@@ -17,7 +17,7 @@ OTHER_TOOLS = {"--no-deps", "--logdir", "--options-file", "--weight-file", "--cu
                "--average", "--use-sentence-keys", "--nproc-per-node", "--nproc_per_node", "--model-repository",
                "--index-url", "--extra-index-url", "--upgrade", "--standalone", "--nnodes", "--address", "--head",
                "--port", "--num-cpus", "--block", "--help", "--version", "--user", "--break-system-packages",
-               "--no-index", "--find-links", "--backend-directory", "--http-port"}
+               "--no-index", "--find-links", "--backend-directory", "--http-port", "--runtime-env-json"}
 
 
 def _subcommands(parser: argparse.ArgumentParser | None = None, prefix: str = "") -> dict[str, set[str]]:

@@ -53,18 +53,32 @@ def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-@pytest.fixture
-def corpus(s3, tmp_path):  # type: ignore[no-untyped-def]
-    write_sample_corpus(tmp_path / "corpus", rows=300, files=2, row_group_rows=50)
-    return tmp_path / "corpus"
+@pytest.fixture(scope="module")
+def corpus(s3, tmp_path_factory):  # type: ignore[no-untyped-def]
+    path = tmp_path_factory.mktemp("store") / "corpus"
+    write_sample_corpus(path, rows=300, files=2, row_group_rows=50)
+    return path
 
 
-def test_store_to_store_equals_the_local_job_and_verifies(s3, corpus, tiny_dir, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):  # type: ignore[no-untyped-def]
+    from tests.helpers import TINY_OPTIONS, make_model_dir
+    return make_model_dir(tmp_path_factory.mktemp("store") / "tiny", TINY_OPTIONS)
+
+
+@pytest.fixture(scope="module")
+def reference(corpus, model, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """The same job on a local disk, uninterrupted."""
+    out = tmp_path_factory.mktemp("store") / "reference"
+    assert main(["embed", str(corpus), str(out), "--model", str(model), *RUN]) == 0
+    return ds.dataset(out, format="parquet").to_table()
+
+
+def test_store_to_store_equals_the_local_job_and_verifies(s3, corpus, model, reference, capsys):
     s3.create_dir("jobs")
     source = upload(s3, corpus, "jobs/corpus")
-    assert main(["embed", str(corpus), str(tmp_path / "local"), "--model", str(tiny_dir), *RUN]) == 0
-    assert main(["embed", source, "s3://jobs/vectors", "--model", str(tiny_dir), *RUN]) == 0
-    local, remote = ds.dataset(tmp_path / "local", format="parquet").to_table(), _table(s3, "jobs/vectors")
+    assert main(["embed", source, "s3://jobs/vectors", "--model", str(model), *RUN]) == 0
+    local, remote = reference, _table(s3, "jobs/vectors")
     assert remote.column("id").to_pylist() == local.column("id").to_pylist()  # every row once, in input order
     np.testing.assert_array_equal(_vectors(remote), _vectors(local))  # the same process, plan and batches
     names = _names(s3, "jobs/vectors")
@@ -85,9 +99,9 @@ def test_store_to_store_equals_the_local_job_and_verifies(s3, corpus, tiny_dir, 
     assert "against 2 input file(s)" in capsys.readouterr().out
 
 
-def test_a_shard_changed_on_the_store_is_found_by_verify_and_redone_by_resume(s3, corpus, tiny_dir):
+def test_a_shard_changed_on_the_store_is_found_by_verify_and_redone_by_resume(s3, corpus, model):
     s3.create_dir("damaged")
-    assert main(["embed", str(corpus), "s3://damaged/out", "--model", str(tiny_dir), *RUN]) == 0
+    assert main(["embed", str(corpus), "s3://damaged/out", "--model", str(model), *RUN]) == 0
     first = s3.open_input_stream("damaged/out/part-00001-00002.parquet").read()
     with s3.open_output_stream("damaged/out/part-00001-00002.parquet") as f:  # same size, other bytes
         f.write(first[:100] + bytes([first[100] ^ 1]) + first[101:])
@@ -95,7 +109,7 @@ def test_a_shard_changed_on_the_store_is_found_by_verify_and_redone_by_resume(s3
     assert r.returncode == 2 and "part-00001-00002.parquet: its bytes differ from its commit record (sha256)" \
         in r.stderr and "Traceback" not in r.stderr, r.stderr
     from pipelines import embed_parquet
-    m = embed_parquet(corpus, "s3://damaged/out", tiny_dir, id_column="id", rows_per_shard=30, sort_window_rows=15,
+    m = embed_parquet(corpus, "s3://damaged/out", model, id_column="id", rows_per_shard=30, sort_window_rows=15,
                       max_tokens_per_batch=300, threads=1, quiet=True, resume=True)
     assert (m["this_run"]["shards"], m["this_run"]["shards_kept"]) == (1, 9)  # the altered one, by its ETag
     again = pq.read_table(s3.open_input_file("damaged/out/part-00001-00002.parquet"))
@@ -106,7 +120,7 @@ def test_a_shard_changed_on_the_store_is_found_by_verify_and_redone_by_resume(s3
 
 
 @pytest.mark.parametrize("commits_before_kill", [0, 1, 4])
-def test_sigkill_of_the_driver_then_resume_gives_every_row_once_in_order(s3, corpus, tiny_dir, tmp_path,
+def test_sigkill_of_the_driver_then_resume_gives_every_row_once_in_order(s3, corpus, model, reference,
                                                                          commits_before_kill):
     """Killed before any shard, after the first, after several: ``--resume`` (at once: the lock's
     holder is a dead process on this host) keeps what was committed, aborts the killed upload and
@@ -114,7 +128,7 @@ def test_sigkill_of_the_driver_then_resume_gives_every_row_once_in_order(s3, cor
     bucket = f"kill{commits_before_kill}"
     s3.create_dir(bucket)
     out = f"s3://{bucket}/out"
-    cmd = [sys.executable, "-m", "elmo_cli", "embed", str(corpus), out, "--model", str(tiny_dir), *RUN]
+    cmd = [sys.executable, "-m", "elmo_cli", "embed", str(corpus), out, "--model", str(model), *RUN]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     wanted = "_job.json" if commits_before_kill == 0 else None
@@ -129,23 +143,15 @@ def test_sigkill_of_the_driver_then_resume_gives_every_row_once_in_order(s3, cor
     kept = {n for n in _names(s3, f"{bucket}/out") if n.startswith("_shards/")}
     assert len(kept) < 10 and "_SUCCESS" not in _names(s3, f"{bucket}/out")
 
-    r = _cli("embed", str(corpus), out, "--model", str(tiny_dir), *RUN, "--resume")
-    assert r.returncode == 0, r.stderr
+    assert main(["embed", str(corpus), out, "--model", str(model), *RUN, "--resume"]) == 0
     assert all(n in _names(s3, f"{bucket}/out") for n in kept)
     table, source = _table(s3, f"{bucket}/out"), ds.dataset(corpus, format="parquet").to_table()
     assert table.column("id").to_pylist() == source.column("id").to_pylist()
-    reference = ds.dataset(_local_reference(corpus, tiny_dir, tmp_path), format="parquet").to_table()
     np.testing.assert_allclose(_vectors(table), _vectors(reference), atol=ATOL, rtol=0)
     assert main(["verify", out]) == 0
 
 
-def _local_reference(corpus: Path, tiny_dir: Path, tmp_path: Path) -> Path:
-    out = tmp_path / "reference"
-    assert main(["embed", str(corpus), str(out), "--model", str(tiny_dir), *RUN]) == 0
-    return out
-
-
-def test_strays_of_a_killed_attempt_are_not_read_back(s3, corpus, tiny_dir):
+def test_strays_of_a_killed_attempt_are_not_read_back(s3, corpus, model):
     """A shard completed without its commit record (a worker killed between the two) and an upload
     never completed: ``--resume`` deletes the first, aborts the second, and a late writer can never
     replace a committed shard (its completion is conditional)."""
@@ -155,7 +161,7 @@ def test_strays_of_a_killed_attempt_are_not_read_back(s3, corpus, tiny_dir):
 
     s3.create_dir("strays")
     opts = dict(id_column="id", rows_per_shard=30, sort_window_rows=15, max_tokens_per_batch=300, threads=1, quiet=True)
-    embed_parquet(corpus, "s3://strays/out", tiny_dir, **opts)
+    embed_parquet(corpus, "s3://strays/out", model, **opts)
     committed = s3.open_input_stream("strays/out/part-00000-00003.parquet").read()
     out = open_output("s3://strays/out")
     late = out.shard_sink("part-00000-00003.parquet")  # a worker of a dead attempt, finishing late
@@ -168,14 +174,14 @@ def test_strays_of_a_killed_attempt_are_not_read_back(s3, corpus, tiny_dir):
     out.delete("_SUCCESS")
     client = s3_client()
     client.create_multipart_upload(Bucket="strays", Key="out/part-00001-00000.parquet")  # killed mid-upload
-    m = embed_parquet(corpus, "s3://strays/out", tiny_dir, resume=True, **opts)
+    m = embed_parquet(corpus, "s3://strays/out", model, resume=True, **opts)
     assert (m["this_run"]["shards"], m["this_run"]["shards_kept"]) == (1, 9)
     assert not client.list_multipart_uploads(Bucket="strays").get("Uploads")
     assert _table(s3, "strays/out").column("id").to_pylist() == \
         ds.dataset(corpus, format="parquet").to_table().column("id").to_pylist()
 
 
-def test_two_drivers_on_one_output_the_second_is_refused(s3, corpus, tiny_dir):
+def test_two_drivers_on_one_output_the_second_is_refused(s3, corpus, model, capsys):
     """A driver holding the lock (a real process) refuses a second, naming it; SIGKILLed, it frees
     the lock at once on this host. A holder elsewhere frees it when its lease runs out."""
     s3.create_dir("locks")
@@ -184,13 +190,13 @@ def test_two_drivers_on_one_output_the_second_is_refused(s3, corpus, tiny_dir):
                                "time.sleep(120)", "s3://locks/out"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        r = _cli("embed", str(corpus), "s3://locks/out", "--model", str(tiny_dir), *RUN)
-        assert r.returncode == 2 and "s3://locks/out is in use by another elmo embed job (pid " \
-            f"{holder.pid} on host" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        capsys.readouterr()
+        assert main(["embed", str(corpus), "s3://locks/out", "--model", str(model), *RUN]) == 2
+        assert f"s3://locks/out is in use by another elmo embed job (pid {holder.pid} on host" in capsys.readouterr().err
     finally:
         holder.kill()
         holder.wait()
-    assert main(["embed", str(corpus), "s3://locks/out", "--model", str(tiny_dir), *RUN, "--resume"]) == 0
+    assert main(["embed", str(corpus), "s3://locks/out", "--model", str(model), *RUN, "--resume"]) == 0
 
     def held_elsewhere(lease: float) -> None:
         record = {"pid": 1, "host": "another-node", "released": False, "since": "then", "lease_seconds": lease,
@@ -199,11 +205,12 @@ def test_two_drivers_on_one_output_the_second_is_refused(s3, corpus, tiny_dir):
             f.write(json.dumps(record).encode())
 
     held_elsewhere(3600.0)
-    r = _cli("embed", str(corpus), "s3://locks/out", "--model", str(tiny_dir), *RUN, "--resume")
-    assert r.returncode == 2 and "(pid 1 on host another-node" in r.stderr, r.stderr
+    capsys.readouterr()
+    assert main(["embed", str(corpus), "s3://locks/out", "--model", str(model), *RUN, "--resume"]) == 2
+    assert "(pid 1 on host another-node" in capsys.readouterr().err
     held_elsewhere(1.0)
     time.sleep(2.5)  # the store's clock (its Last-Modified against its Date) says the lease ran out
-    assert main(["embed", str(corpus), "s3://locks/out", "--model", str(tiny_dir), *RUN, "--resume"]) == 0
+    assert main(["embed", str(corpus), "s3://locks/out", "--model", str(model), *RUN, "--resume"]) == 0
 
 
 def test_a_driver_that_lost_its_lease_stops_before_its_manifest(s3):
