@@ -7,10 +7,7 @@ from .errors import ConfigError, ElmoError, InputError, WeightsError
 from .lstm import LstmState
 from .model_io import ModelFiles, load_bilm, resolve_model, save_model
 from .pooling import POOLS, pool_tokens
-from .runtime import bound_primitive_caches
 from .scalar_mix import ScalarMix
-
-bound_primitive_caches()  # before torch builds any oneDNN primitive (importing torch builds none)
 
 __all__ = [
     "BiLM", "BiLMOutput", "StatefulBiLM", "batch_to_ids", "tokens_to_char_ids", "CharCnnConfig",

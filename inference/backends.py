@@ -22,6 +22,7 @@ from elmo_core.chars import ByteTokenizer
 from elmo_core.errors import ElmoError, InputError
 from elmo_core.token_cache import TokenCache
 from elmo_core.token_embeddings import preload_token_cache, read_token_embeddings
+from runtime import use_threads
 
 from .cuda_graphs import GraphedStack
 from .host_copy import PinnedCopies
@@ -140,8 +141,7 @@ class TorchBackend(BackendBase):
         is_cuda = torch.device(device).type == "cuda"
         if cuda_graphs and not is_cuda:
             raise InputError(f"cuda_graphs needs a CUDA device, got {device!r}")
-        if threads:
-            torch.set_num_threads(threads)
+        use_threads(threads)
         if token_vocab is not None and token_embeddings is None:
             raise InputError("token_vocab (--token-vocab) names the rows of a token-embedding file; pass that file too")
         self.model = model.eval().to(device).set_precision(precision)

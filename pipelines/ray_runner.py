@@ -21,7 +21,7 @@ import os
 import pyarrow as pa
 
 from elmo_core.errors import InputError
-from elmo_core.reaper import init_local_ray
+from runtime.ray_local import init_local_ray
 
 from .options import EmbedOptions, WorkerLostError
 from .predictor import ElmoPredictor

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from elmo_core.errors import InputError
-from elmo_core.reaper import init_local_ray
+from runtime.ray_local import init_local_ray
 
 from .access import exposure_warning
 from .app import create_app

@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from elmo_core import ElmoConfig, LstmState, save_model
 from elmo_core.atomic import write_json_atomic
 from elmo_core.lstm_cell import lstm_step
+from runtime import use_threads
 
 from .checkpoint import optimizer_tensors, load_optimizer
 from .checkpointer import Checkpointer
@@ -45,8 +46,7 @@ class Trainer:
         self.opts, self.log = opts, log
         self.dist = init_from_env(opts.device)
         self.out, self.device = Path(opts.out), torch.device(opts.device)
-        if opts.threads:
-            torch.set_num_threads(opts.threads)
+        use_threads(opts.threads)
         # Saturated gates produce denormal floats, which make CPU kernels ~10x slower; flushing
         # them to zero (values below 1e-38) is numerically immaterial.
         torch.set_flush_denormal(True)

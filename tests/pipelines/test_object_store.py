@@ -123,7 +123,7 @@ def test_ray_workers_read_and_write_only_the_store_and_survive_a_killed_worker(s
     import signal
     import time
 
-    from elmo_core.reaper import descendants
+    from runtime.ray_local import descendants
     from pipelines import embed_parquet
 
     write_sample_corpus(tmp_path / "corpus", rows=300, files=2, row_group_rows=50)

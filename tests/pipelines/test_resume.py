@@ -80,7 +80,7 @@ def test_resume_redoes_a_damaged_shard(tiny_dir, tmp_path):
 
 def test_sigkill_of_a_ray_driver_takes_its_local_cluster_with_it(tiny_dir, tmp_path):
     pytest.importorskip("ray", reason="Ray is the optional 'ray' extra")
-    from elmo_core.reaper import descendants
+    from runtime.ray_local import descendants
 
     corpus = tmp_path / "corpus"
     write_sample_corpus(corpus, rows=900, files=2, row_group_rows=100)

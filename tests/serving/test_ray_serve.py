@@ -62,7 +62,7 @@ def test_two_replicas_answer_what_the_local_server_answers(tmp_path: Path):
 def test_a_sigkill_during_ray_start_up_orphans_nothing(tmp_path: Path):
     """The reaper is armed before ``ray.init``: kill the server while its local cluster starts, and
     every process of that cluster ends and its session folder goes."""
-    from elmo_core.reaper import descendants, marked
+    from runtime.ray_local import descendants, marked
 
     model = make_model_dir(tmp_path / "tiny", TINY_OPTIONS)
     proc = subprocess.Popen([sys.executable, "-m", "elmo_cli", "serve", str(model), "--engine", "ray", "--port", "0",

@@ -1,4 +1,5 @@
-"""Process settings the CPU backends need, applied once when ``elmo_core`` is imported.
+"""Process settings the CPU backends need: the oneDNN cache caps, applied once when ``runtime`` is
+imported (``inference`` and ``training`` import it before any model runs), and the thread count.
 
 oneDNN (under torch's convolutions and pre-packed GEMMs) caches one compiled primitive per input
 shape: by default 1,024 in oneDNN's global cache plus 1,024 in each thread's ideep cache. The
@@ -19,3 +20,10 @@ def bound_primitive_caches() -> None:
     """Cap oneDNN's and ideep's primitive caches (read at their first use, so call this early)."""
     for name in _CACHE_VARIABLES:
         os.environ.setdefault(name, PRIMITIVE_CACHE_CAPACITY)
+
+
+def use_threads(threads: int | None) -> None:
+    """Run torch's CPU kernels on ``threads`` threads (None or 0: leave torch's choice)."""
+    if threads:
+        import torch
+        torch.set_num_threads(threads)

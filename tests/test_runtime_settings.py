@@ -1,5 +1,5 @@
-"""elmo_core caps oneDNN's primitive caches at import (bounded memory in long jobs), unless the
-user set them."""
+"""Importing ``inference`` (which imports ``runtime``) caps oneDNN's primitive caches before any
+model runs (bounded memory in long jobs), unless the user set them."""
 from __future__ import annotations
 
 import json
@@ -7,9 +7,9 @@ import os
 import subprocess
 import sys
 
-from elmo_core.runtime import PRIMITIVE_CACHE_CAPACITY
+from runtime.settings import PRIMITIVE_CACHE_CAPACITY
 
-CODE = ("import json, os, elmo_core; print(json.dumps({k: os.environ.get(k) for k in "
+CODE = ("import json, os, inference; print(json.dumps({k: os.environ.get(k) for k in "
         "('ONEDNN_PRIMITIVE_CACHE_CAPACITY', 'LRU_CACHE_CAPACITY')}))")
 
 

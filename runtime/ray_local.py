@@ -88,7 +88,7 @@ def reap_marked(parent: int, marker: str) -> subprocess.Popen | None:
     and removes that folder; None where /proc is absent."""
     if not Path("/proc/self/stat").exists():
         return None
-    code = "import sys; from elmo_core.reaper import watch; watch(int(sys.argv[1]), sys.argv[2])"
+    code = "import sys; from runtime.ray_local import watch; watch(int(sys.argv[1]), sys.argv[2])"
     return subprocess.Popen([sys.executable, "-c", code, str(parent), marker], start_new_session=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
