@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from elmo_core import BiLM, ElmoConfig, batch_to_ids, save_model, tokens_to_char_ids  # noqa: E402
 from elmo_core.init import init_bilm  # noqa: E402
-from elmo_core.text import sotu_sentences  # noqa: E402
+from corpora.sotu import sotu_sentences  # noqa: E402
 from inference import TorchBackend  # noqa: E402
 
 FULL_SIZE = {

@@ -43,7 +43,7 @@ def prepare(work: Path, rows: int) -> tuple[Path, Path]:
     sys.path.insert(0, str(ROOT))
     from elmo_core import BiLM, ElmoConfig, save_model
     from elmo_core.init import init_bilm
-    from pipelines.corpus import write_sample_corpus
+    from corpora.sample import write_sample_corpus
 
     model, corpus = work / "tiny", work / "corpus"
     if not (model / "options.json").is_file():

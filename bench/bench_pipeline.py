@@ -34,7 +34,7 @@ from elmo_core.init import init_bilm
 from export.onnx_export import export_onnx
 from inference import Embedder, reduce_layers
 from pipelines import ElmoPredictor, embed_parquet
-from pipelines.corpus import write_sample_corpus
+from corpora.sample import write_sample_corpus
 from pipelines.source import read_windows, scan_inputs, shards_of
 from training.recipes import default_options_path
 

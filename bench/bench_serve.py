@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_bilm import full_size_model  # noqa: E402
 
-from elmo_core.text import sotu_sentences  # noqa: E402
+from corpora.sotu import sotu_sentences  # noqa: E402
 from inference import Embedder  # noqa: E402
 
 

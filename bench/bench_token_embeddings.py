@@ -31,7 +31,7 @@ from bench_bilm import bench_sentences, full_size_model  # noqa: E402
 from bench_onnx import timed_alternating  # noqa: E402
 
 from elmo_cli.main import main as elmo  # noqa: E402
-from elmo_core.text import sotu_sentences  # noqa: E402
+from corpora.sotu import sotu_sentences  # noqa: E402
 from inference import Embedder  # noqa: E402
 
 

@@ -30,7 +30,7 @@ from training.recipes import default_options_path  # noqa: E402
 from training.data import iter_sentences  # noqa: E402
 from training.evaluate import perplexity  # noqa: E402
 from training.model import LanguageModel  # noqa: E402
-from training.sotu_corpus import write_sotu_corpus  # noqa: E402
+from corpora.sotu_text import write_sotu_corpus  # noqa: E402
 from training.trainer import Trainer, TrainOptions  # noqa: E402
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from inference import Embedder
 from inference.registry import model_identity
-from pipelines.corpus import write_sample_corpus
+from corpora.sample import write_sample_corpus
 from pipelines.job import embed_parquet, summary_line
 from training.default_model import shipped_model
 from training.probe import DEFAULT_WORDS

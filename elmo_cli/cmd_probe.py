@@ -16,13 +16,13 @@ from typing import Sequence
 import numpy as np
 
 from elmo_core.errors import InputError
-from elmo_core.text import sotu_sentences
+from corpora.sotu import sotu_sentences
 from elmo_core.whitespace import split_tokens
 from inference import Embedder
 from training.probe import (DEFAULT_WORDS, USES, WordProbe, collect, layer_names, nearest, pooled,
                             split_lines)
 from training.probe_picture import write_picture
-from training.sotu_corpus import split_speeches
+from corpora.sotu_text import split_speeches
 
 
 @functools.lru_cache(maxsize=1)

@@ -86,7 +86,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
 
 
 def run_sotu_corpus(args: argparse.Namespace) -> int:
-    from training.sotu_corpus import write_sotu_corpus
+    from corpora.sotu_text import write_sotu_corpus
 
     for split, c in write_sotu_corpus(args.out_dir, args.valid_every).items():
         print(f"{split}: {c['speeches']} speeches, {c['sentences']:,} sentences, {c['tokens']:,} tokens")

@@ -36,6 +36,7 @@ from typing import Any, Iterator
 import h5py
 import numpy as np
 
+from corpora.files import is_parquet, parquet_files
 from elmo_core.atomic import atomic_path
 from elmo_core.errors import InputError
 from elmo_core.storage import is_uri
@@ -47,7 +48,7 @@ from .options import EmbedOptions
 from .predictor import default_threads
 from .lock import OutputLock
 from .rows import row_values
-from .source import PARQUET_SUFFIXES, open_dataset, resolve_inputs, scan_inputs
+from .source import open_dataset, scan_inputs
 
 SENTENCE_TO_INDEX = "sentence_to_index"
 # Options of the Parquet output that the hdf5 layout has no place for.
@@ -56,7 +57,7 @@ PARQUET_ONLY = {"pool": None, "id_column": None, "keep_columns": (), "engine": "
 
 def is_text_input(spec: str | Path) -> bool:
     path = Path(spec)
-    return path.is_file() and path.suffix.lower() not in PARQUET_SUFFIXES
+    return path.is_file() and not is_parquet(path)
 
 
 def text_sentences(path: Path) -> Iterator[tuple[str, list[str], str]]:
@@ -113,7 +114,7 @@ def embed_to_hdf5(input: str | Path, out: str | Path, /, model: str | Path, use_
     _check_options(opts, out)
     text_input = is_text_input(input)
     if not text_input:
-        resolve_inputs(input)  # a missing INPUT is named before the model loads
+        parquet_files(input)  # a missing INPUT is named before the model loads
     counts = {"sentences": 0, "tokens": 0, "invalid_utf8": 0}
     sentences = text_sentences(Path(input)) if text_input else parquet_sentences(input, opts, counts)
     threads = opts.threads or default_threads(model_config(model, opts.backend, opts.weights), opts.device)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from corpora.files import decode_utf8
 from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens
 
@@ -39,11 +40,9 @@ def decode_column(column: pa.Array | pa.ChunkedArray) -> tuple[list, int]:
 
     def decode(b: bytes) -> str:
         nonlocal bad
-        try:
-            return b.decode("utf-8")
-        except UnicodeDecodeError:
-            bad += 1
-            return b.decode("utf-8", errors="ignore")
+        text, invalid = decode_utf8(b)
+        bad += invalid
+        return text
     values = [None if v is None else [None if b is None else decode(b) for b in v] if _is_list(t) else decode(v)
               for v in as_bytes]
     return values, bad

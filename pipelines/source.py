@@ -7,7 +7,6 @@ as ``part-{i:05d}-{k:05d}.parquet``. Sorting the output names therefore gives th
 """
 from __future__ import annotations
 
-import glob
 import hashlib
 import os
 from dataclasses import dataclass
@@ -20,8 +19,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from corpora.files import parquet_files
 from elmo_core.errors import InputError
-from elmo_core.storage import dataset_source, file_info, is_uri, list_files, open_input
+from elmo_core.storage import dataset_source, file_info, is_uri, open_input
 from elmo_core.whitespace import TOKEN_PATTERN
 
 from .options import EmbedOptions
@@ -58,29 +58,6 @@ class Shard:
         return f"part-{self.file.index:05d}-{self.chunk:05d}.parquet"
 
 
-PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
-
-
-def resolve_inputs(spec: str | Path) -> list[Path | str]:
-    """A Parquet file, a directory (its *.parquet, recursively, hidden names skipped) or a glob; on
-    an object store (a URI: ``s3://bucket/corpus``), a file or a prefix."""
-    if is_uri(spec):
-        return list(list_files(str(spec), PARQUET_SUFFIXES))
-    path = Path(spec)
-    if path.is_file():
-        return [path]
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.suffix in PARQUET_SUFFIXES and p.is_file()
-                       and not any(part.startswith((".", "_")) for part in p.relative_to(path).parts))
-        if not files:
-            raise InputError(f"{path}: no Parquet files ({', '.join(PARQUET_SUFFIXES)}) in this directory")
-        return files
-    matches = sorted(Path(p) for p in glob.glob(str(spec), recursive=True) if Path(p).is_file())
-    if not matches:
-        raise InputError(f"{spec}: no such file, directory, or files matching this pattern")
-    return matches
-
-
 def _open(path: Path | str) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(open_input(path) if is_uri(path) else path)
@@ -115,7 +92,7 @@ def footer_sha256(path: Path | str) -> str:
 def scan_inputs(spec: str | Path, opts: EmbedOptions) -> list[InputFile]:
     """Open every input file's footer and check its columns: errors come before any output."""
     files = []
-    for i, path in enumerate(resolve_inputs(spec)):
+    for i, path in enumerate(parquet_files(spec)):
         pf = _open(path)
         check_schema(pf.schema_arrow, opts, str(path))
         size, mtime_ns = file_info(path) or (0, 0)

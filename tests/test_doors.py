@@ -20,7 +20,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from elmo_core.text import sotu_sentences
+from corpora.sotu import sotu_sentences
 from elmo_core.whitespace import split_tokens
 from inference import Embedder
 from inference.batching import BatchPolicy

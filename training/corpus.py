@@ -15,11 +15,11 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from corpora.files import decode_utf8, is_parquet
 from elmo_core.whitespace import split_tokens
 
 from .errors import CorpusError
 
-PARQUET_SUFFIXES = (".parquet", ".pq")
 TOKEN_COLUMNS = ("tokens", "text", "sentence")
 
 
@@ -55,13 +55,6 @@ def list_shards(path: str | Path) -> list[Path]:
     raise CorpusError(f"{p}: no such file or directory; give a text/.gz/Parquet file, a directory or a glob")
 
 
-def _decode(line: bytes) -> tuple[str, bool]:
-    try:
-        return line.decode("utf-8"), False
-    except UnicodeDecodeError:
-        return line.decode("utf-8", errors="ignore"), True
-
-
 def _iter_text(path: Path, skip: int) -> Iterator[tuple[list[str], bool]]:
     opener = gzip.open if path.suffix == ".gz" else open
     try:
@@ -69,7 +62,7 @@ def _iter_text(path: Path, skip: int) -> Iterator[tuple[list[str], bool]]:
             for i, line in enumerate(f):
                 if i < skip:
                     continue
-                text, bad = _decode(line)
+                text, bad = decode_utf8(line)
                 yield split_tokens(text), bad
     except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
         raise CorpusError(f"{path}: cannot be read as {'gzip ' if opener is gzip.open else ''}text ({e})") from None
@@ -95,7 +88,7 @@ def _cell(value: object, path: Path, row: int, column: str) -> tuple[list[str], 
     if isinstance(value, str):
         return split_tokens(value), False
     if isinstance(value, bytes):
-        text, bad = _decode(value)
+        text, bad = decode_utf8(value)
         return split_tokens(text), bad
     if isinstance(value, list) and all(isinstance(t, str) for t in value):
         return [t for t in value if t and not t.isspace()], False
@@ -122,6 +115,6 @@ def _iter_parquet(path: Path, skip: int, column: str | None) -> Iterator[tuple[l
 
 def iter_records(path: Path, skip: int = 0, column: str | None = None) -> Iterator[tuple[list[str], bool]]:
     """Each record of one shard from record ``skip`` on: (tokens, had_invalid_utf8)."""
-    if path.suffix.lower() in PARQUET_SUFFIXES:
+    if is_parquet(path):
         return _iter_parquet(path, skip, column)
     return _iter_text(path, skip)

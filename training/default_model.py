@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 
 from elmo_core.atomic import atomic_path, read_json_object, write_json_atomic
-from elmo_core.text import sotu_sentences
+from corpora.sotu import sotu_sentences
 from inference import Embedder
 
 from .errors import TrainingError
@@ -90,7 +90,7 @@ def build_default_model(out: str | Path, work: str | Path, minutes: float, seed:
             storage = "float32"
         card = {"command": f"elmo default-model --minutes {minutes:g} --seed {seed}",
                 "recipe": "elmo train's defaults (training.recipes: small-512.json, Adam 0.005, packed batching)",
-                "corpus": "sotu speeches, split by speech: every 10th held out (training.sotu_corpus)",
+                "corpus": "sotu speeches, split by speech: every 10th held out (corpora.sotu_text)",
                 "seed": seed, "minutes": minutes, "steps": summary["step"], "tokens": summary["tokens"],
                 "train_s": round(summary["train_s"], 1), "held_out": summary["valid"],
                 "train_eval": summary.get("train_eval"), "storage": storage,

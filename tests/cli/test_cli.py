@@ -42,7 +42,7 @@ def test_a_signal_during_imports_exits_cleanly(tiny_dir, tmp_path):
     import signal
     import time
 
-    from pipelines.corpus import write_sample_corpus
+    from corpora.sample import write_sample_corpus
 
     write_sample_corpus(tmp_path / "corpus", rows=3000, files=1)
     signals = ((signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated"))
@@ -89,7 +89,7 @@ def test_demo_with_another_model_in_the_same_work_dir(tiny_dir, tmp_path, capsys
 def test_info_knows_every_directory_the_project_writes(tiny_dir, tmp_path, capsys):
     from export.build import build_for_machine
     from pipelines import embed_parquet
-    from pipelines.corpus import write_sample_corpus
+    from corpora.sample import write_sample_corpus
 
     build_for_machine(str(tiny_dir), tmp_path / "engine", threads=1)
     write_sample_corpus(tmp_path / "corpus", rows=50, files=1)
@@ -118,7 +118,7 @@ def test_info_in_a_pipe_that_closes_early(tiny_dir):
 
 def test_precision_auto_is_settled_printed_and_recorded(tiny_dir, tmp_path, capsys):
     from elmo_core.precision import resolve_precision
-    from pipelines.corpus import write_sample_corpus
+    from corpora.sample import write_sample_corpus
 
     write_sample_corpus(tmp_path / "corpus", rows=50, files=1)
     assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "out"), "--model", str(tiny_dir),

@@ -16,7 +16,7 @@ from elmo_core.model_io import file_sha256, resolve_model
 from elmo_core.precision import INT8_CPU_FLAGS, int8_cpu_report
 from elmo_core.storage import cache_root
 from export.cache import cached_onnx_export
-from pipelines.corpus import write_sample_corpus
+from corpora.sample import write_sample_corpus
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from inference.cuda_graphs import GraphedStack
 from inference.embedder import Embedder
 from inference.onnx_backend import OnnxBackend
 from pipelines import embed_parquet
-from pipelines.corpus import write_sample_corpus
+from corpora.sample import write_sample_corpus
 
 
 def _need_cuda() -> None:

@@ -13,7 +13,7 @@ from elmo_cli.main import main
 from elmo_core.errors import InputError
 from export.onnx_export import export_onnx
 from inference import Embedder
-from pipelines.corpus import write_sample_corpus
+from corpora.sample import write_sample_corpus
 from tests.helpers import SENTENCES
 from tests.serving.server_utils import ServerProcess
 

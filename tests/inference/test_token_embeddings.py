@@ -16,7 +16,7 @@ from elmo_core.errors import InputError
 from elmo_core.token_embeddings import TokenEmbeddingsError, read_token_embeddings
 from inference import Embedder
 from pipelines import embed_parquet
-from pipelines.corpus import write_sample_corpus
+from corpora.sample import write_sample_corpus
 from tests.helpers import make_model_dir, tiny_options
 
 ATOL = 1e-5  # a char-CNN vector read from a file vs computed in another batch: float32 sums in another order

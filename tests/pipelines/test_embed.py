@@ -15,7 +15,7 @@ from elmo_core.errors import InputError
 from elmo_core.model_io import file_sha256
 from inference import Embedder
 from pipelines import ElmoPredictor, OutputDirError, embed_parquet
-from pipelines.corpus import write_sample_corpus
+from corpora.sample import write_sample_corpus
 from inference.batching import window_spans
 from pipelines.verify import verify_output
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from elmo_core.text import sotu_sentences
+from corpora.sotu import sotu_sentences
 from inference import Embedder, ElmoMix
 from pipelines import ElmoLayersDataset, OutputDirError, collate_layers, embed_parquet
 

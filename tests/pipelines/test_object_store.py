@@ -17,7 +17,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from elmo_cli.main import main
-from pipelines.corpus import write_sample_corpus
+from corpora.sample import write_sample_corpus
 from tests.pipelines.store_utils import upload
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from pipelines import embed_parquet
-from pipelines.corpus import write_sample_corpus
+from corpora.sample import write_sample_corpus
 from pipelines.verify import VerificationError, verify_output
 
 ELMO = [sys.executable, "-m", "elmo_cli"]

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines import embed_parquet
-from pipelines.corpus import write_sample_corpus
+from corpora.sample import write_sample_corpus
 
 ray = pytest.importorskip("ray", reason="Ray is the optional 'ray' extra (pip install -e '.[ray]')")
 

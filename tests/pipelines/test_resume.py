@@ -14,7 +14,7 @@ import pytest
 
 from inference import Embedder
 from pipelines import embed_parquet
-from pipelines.corpus import write_sample_corpus
+from corpora.sample import write_sample_corpus
 
 ATOL = 1e-5  # shards of a resumed run vs an uninterrupted one: other batch compositions, float32 sums in another order
 

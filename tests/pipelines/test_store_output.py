@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from elmo_cli.main import main
-from pipelines.corpus import write_sample_corpus
+from corpora.sample import write_sample_corpus
 from pipelines.options import OutputDirError
 from tests.pipelines.store_utils import upload
 

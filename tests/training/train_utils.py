@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from elmo_core.text import sotu_speech, split_sentences
+from corpora.sotu import sotu_speech, split_sentences
 from training.trainer import TrainOptions
 
 TINY_LM_OPTIONS = {

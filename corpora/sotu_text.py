@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from elmo_core.atomic import write_text_atomic
-from elmo_core.text import sotu_fileids, sotu_speech, split_sentences
+
+from .sotu import sotu_fileids, sotu_speech, split_sentences
 
 
 def split_speeches(valid_every: int = 10) -> tuple[list[str], list[str]]:

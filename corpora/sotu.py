@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from .errors import ElmoError
+from elmo_core.errors import ElmoError
 
 _ABBREV = r"(?:Mr|Mrs|Ms|Dr|St|Jr|Sr|Gen|Gov|Sen|Rep|Hon|Messrs|No|Co|vs)\."
 _TOKEN = re.compile(rf"{_ABBREV}|(?:[A-Za-z]\.){{2,}}|\d+(?:[.,]\d+)*|\w+(?:['’-]\w+)*|[^\w\s]")

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 
 from elmo_core.atomic import atomic_path
 from elmo_core.errors import InputError
-from elmo_core.text import sotu_sentences
+
+from .sotu import sotu_sentences
 
 
 def write_sample_corpus(out_dir: str | Path, rows: int = 2000, files: int = 2, row_group_rows: int = 1000) -> list[Path]:

@@ -1,0 +1,47 @@
+"""Where a corpus's files are and how their bytes become text, for ``elmo embed`` and ``elmo train``
+alike: the Parquet suffixes, the Parquet files of an INPUT (a file, a directory, a glob, or a file
+or prefix on an object store), and the one UTF-8 decoder (invalid bytes dropped, as the original
+reads text with ``errors="ignore"``, and reported so that callers count them).
+"""
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+from elmo_core.errors import InputError
+from elmo_core.storage import is_uri, list_files
+
+PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
+
+
+def is_parquet(path: str | Path) -> bool:
+    return Path(str(path)).suffix.lower() in PARQUET_SUFFIXES
+
+
+def parquet_files(spec: str | Path) -> list[Path | str]:
+    """A Parquet file, a directory (its Parquet files, recursively; names starting with ``.`` or
+    ``_`` skipped, and what is below them) or a glob; on an object store (a URI:
+    ``s3://bucket/corpus``), a file or a prefix. Sorted by path."""
+    if is_uri(spec):
+        return list(list_files(str(spec), PARQUET_SUFFIXES))
+    path = Path(spec)
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if is_parquet(p) and p.is_file()
+                       and not any(part.startswith((".", "_")) for part in p.relative_to(path).parts))
+        if not files:
+            raise InputError(f"{path}: no Parquet files ({', '.join(PARQUET_SUFFIXES)}) in this directory")
+        return files
+    matches = sorted(Path(p) for p in glob.glob(str(spec), recursive=True) if Path(p).is_file())
+    if not matches:
+        raise InputError(f"{spec}: no such file, directory, or files matching this pattern")
+    return matches
+
+
+def decode_utf8(data: bytes) -> tuple[str, bool]:
+    """(the text, whether it held invalid UTF-8, whose bytes are dropped)."""
+    try:
+        return data.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return data.decode("utf-8", errors="ignore"), True
