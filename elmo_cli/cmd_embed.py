@@ -10,8 +10,8 @@ from elmo_cli.cmd_tokens import add_token_embedding_arguments
 from elmo_cli.precision_args import add_precision_argument, settle_precision
 from elmo_core.names import DTYPES, ENGINES, OUTPUT_FORMATS, OUTPUT_MODES, POOLS
 from inference.registry import BACKEND_NAMES
-from elmo_core.errors import InputError
 from corpora.sample import write_sample_corpus
+from elmo_core.errors import InputError
 from pipelines.hdf5_output import embed_to_hdf5, is_text_input
 from pipelines.job import embed_parquet
 from pipelines.options import EmbedOptions

@@ -15,8 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
-from elmo_core.errors import InputError
 from corpora.sotu import sotu_sentences
+from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens
 from inference import Embedder
 from training.probe import (DEFAULT_WORDS, USES, WordProbe, collect, layer_names, nearest, pooled,

@@ -18,13 +18,13 @@ from typing import Callable
 import h5py
 import numpy as np
 
-from elmo_core.atomic import atomic_path, read_json_object, write_json_atomic
 from corpora.sotu import sotu_sentences
+from corpora.sotu_text import split_speeches
+from elmo_core.atomic import atomic_path, read_json_object, write_json_atomic
 from inference import Embedder
 
 from .errors import TrainingError
 from .recipes import train_default_model
-from .sotu_corpus import split_speeches
 
 SHIPPED = Path(__file__).resolve().parents[1] / "models" / "default"
 MIN_COSINE = 0.9999

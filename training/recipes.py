@@ -8,8 +8,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable
 
+from corpora.sotu_text import write_sotu_corpus
+
 from .errors import TrainingError
-from .sotu_corpus import write_sotu_corpus
 from .trainer import TrainOptions, train
 
 DEFAULT_OPTIONS = "small-512.json"
