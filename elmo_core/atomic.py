@@ -4,13 +4,16 @@
 readers, unique to the writing process, so two writers never share one); when the block ends
 without an error the file is fsynced, renamed over ``path`` and its directory fsynced, so after a
 crash ``path`` holds either its old content or the whole new one. On an error the temporary file
-is removed. Cleaners of a directory recognise leftovers by the ``.*.tmp`` pattern.
+is removed. ``atomic_dir(path, complete)`` does the same for a directory built once and shared by
+processes (a cache entry): of several builders, the first rename wins and the others keep it.
+Cleaners of a directory recognise leftovers by the ``.*.tmp`` pattern.
 ``read_json_object`` is the one way it reads back the JSON records it writes.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -41,6 +44,27 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         fsync(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def atomic_dir(path: str | Path, complete: str) -> Iterator[Path]:
+    """``with atomic_dir(d, "manifest.json") as tmp:`` fill the new directory ``tmp``; it becomes
+    ``d`` when the block succeeds. If another process published ``d`` meanwhile (its ``complete``
+    file is there), theirs is kept and this one dropped. On an error ``tmp`` is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            if not (path / complete).is_file():  # not another process's finished copy: a real failure
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

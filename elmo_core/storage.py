@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 from urllib.parse import urlparse
 
+from .atomic import atomic_dir
 from .errors import InputError
 
 URI_SCHEMES = ("s3", "gs", "gcs", "hdfs", "viewfs", "file")
@@ -186,19 +187,12 @@ def local_copy(uri: str, root: Path | None = None) -> Path:
     target = (root or cache_root()) / "remote" / key
     if (target / ".complete").is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{key}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     try:
-        for info in infos:
-            with fs.open_input_stream(info.path) as src, open(tmp / info.base_name, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-        (tmp / ".complete").write_text(json.dumps({"uri": uri, "files": listing}))
-        os.rename(tmp, target)
+        with atomic_dir(target, ".complete") as tmp:
+            for info in infos:
+                with fs.open_input_stream(info.path) as src, open(tmp / info.base_name, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+            (tmp / ".complete").write_text(json.dumps({"uri": uri, "files": listing}))
     except OSError as e:
-        if not (target / ".complete").is_file():  # not another process's finished copy: a real failure
-            raise InputError(f"{uri}: fetching it into {target} failed ({redacted(e)})") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        raise InputError(f"{uri}: fetching it into {target} failed ({redacted(e)})") from None
     return target

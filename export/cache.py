@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Callable
 
 from elmo_core import InputError
+from elmo_core.atomic import atomic_dir
 from elmo_core.model_io import file_sha256, resolve_model
 from elmo_core.storage import cache_root
 from elmo_core.names import VALIDATED_EXPORT_PRECISIONS
@@ -58,15 +57,6 @@ def cached_onnx_export(model: str | Path, precision: str, weights: str | Path | 
         return target, False
     if on_build is not None:
         on_build(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with atomic_dir(target, MANIFEST_NAME) as tmp:
         export_onnx(model, tmp, precision=precision, threads=threads, weights=weights)  # raises ParityError
-        os.rename(tmp, target)
-    except OSError:
-        if not (target / MANIFEST_NAME).is_file():  # not another process's finished entry: a real failure
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target, True

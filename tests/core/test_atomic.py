@@ -1,0 +1,34 @@
+"""The one atomic writer (``elmo_core/atomic.py``): a file or a shared directory is whole or absent."""
+from __future__ import annotations
+
+import pytest
+
+from elmo_core.atomic import atomic_dir, write_json_atomic
+
+
+def test_a_shared_directory_is_published_once_and_a_late_builder_keeps_the_first(tmp_path):
+    target = tmp_path / "cache" / "entry"
+    with atomic_dir(target, "done") as tmp:
+        (tmp / "data").write_text("first")
+        (tmp / "done").write_text("")
+        assert not target.exists()  # nothing visible while it is built
+    with atomic_dir(target, "done") as tmp:  # a second process's build, finished after the first
+        (tmp / "data").write_text("second")
+        (tmp / "done").write_text("")
+    assert (target / "data").read_text() == "first"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["entry"]  # no temporary left behind
+
+
+def test_a_failed_build_leaves_nothing(tmp_path):
+    target = tmp_path / "entry"
+    with pytest.raises(RuntimeError):
+        with atomic_dir(target, "done") as tmp:
+            (tmp / "data").write_text("half")
+            raise RuntimeError("the build failed")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_is_replaced_whole(tmp_path):
+    write_json_atomic(tmp_path / "r.json", {"a": 1})
+    write_json_atomic(tmp_path / "r.json", {"a": 2})
+    assert (tmp_path / "r.json").read_text() == '{\n  "a": 2\n}\n' and len(list(tmp_path.iterdir())) == 1
