@@ -27,15 +27,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("embed", help="embed a Parquet corpus into Parquet ELMo vectors (local or Ray)",
                        description="Stream Parquet rows through a biLM; write one Parquet shard per input "
                                    "file chunk into OUTPUT_DIR (see docs/pipelines.md).")
-    p.add_argument("input", help="a Parquet file, a directory of them, or a glob; with --format hdf5 also a text file "
-                                 "of one whitespace-tokenized sentence per line")
-    p.add_argument("output_dir", help="output directory (new or empty; or this job's, with --resume); with --format "
-                                      "hdf5 the file to write")
+    p.add_argument("input", help="a Parquet file, a directory of them, or a glob, or a file or prefix on an object "
+                                 "store (s3://bucket/corpus); with --format hdf5 also a text file of one "
+                                 "whitespace-tokenized sentence per line")
+    p.add_argument("output_dir", help="output directory (new or empty; or this job's, with --resume), local or "
+                                      "s3://bucket/prefix; with --format hdf5 the (local) file to write")
     p.add_argument("--format", choices=OUTPUT_FORMATS, default=OUTPUT_FORMATS[0],
                    help="hdf5: the file `allennlp elmo` writes (one dataset per sentence, sentence_to_index)")
     p.add_argument("--use-sentence-keys", action="store_true",
                    help="--format hdf5: key each dataset by its sentence instead of its index")
-    p.add_argument("--model", required=True, help="model directory (options.json + weights), or an export dir")
+    p.add_argument("--model", required=True, help="model directory (options.json + weights), or an export dir; "
+                                                 "local or on a store (s3://bucket/models/elmo)")
     p.add_argument("--weights", help="the weights file, when --model's directory holds several (or --model is "
                                      "an options.json)")
     p.add_argument("--backend", choices=BACKEND_NAMES, default=d.backend)
@@ -135,7 +137,7 @@ def run_sample_corpus(args: argparse.Namespace) -> int:
 def _register_verify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="check a finished elmo embed OUTPUT_DIR (rows, order, checksums) "
                                       "without recomputing vectors")
-    p.add_argument("output_dir")
+    p.add_argument("output_dir", help="the job's OUTPUT_DIR, local or s3://bucket/prefix")
     p.add_argument("--no-inputs", action="store_true", help="do not match output rows to the input files")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_verify)
