@@ -18,7 +18,6 @@ and the commit need conditional writes, see ``pipelines.store_lock``).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -236,12 +235,10 @@ class StoreDir:
             s3_client().delete_object(Bucket=self.bucket, Key=self.key(name))
 
     def sha256(self, name: str) -> str:
-        h = hashlib.sha256()
-        with self._errors(name):
-            body = s3_client().get_object(Bucket=self.bucket, Key=self.key(name))["Body"]
-            for chunk in iter(lambda: body.read(8 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest()
+        try:
+            return file_sha256(self.where(name))  # read through elmo_core.storage, like any URI
+        except OSError as e:
+            raise OutputDirError(f"{self.where(name)}: {redacted(e)}") from None
 
     def unchanged(self, name: str, record: dict) -> bool:
         """Whether the object is the one ``record`` committed: its size and ETag (a rewrite changes it)."""

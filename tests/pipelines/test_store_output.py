@@ -77,7 +77,7 @@ def reference(corpus, model, tmp_path_factory):  # type: ignore[no-untyped-def]
 def test_store_to_store_equals_the_local_job_and_verifies(s3, corpus, model, reference, capsys):
     s3.create_dir("jobs")
     source = upload(s3, corpus, "jobs/corpus")
-    assert main(["embed", source, "s3://jobs/vectors", "--model", str(model), *RUN]) == 0
+    assert main(["embed", source, "s3://jobs/vectors", "--model", str(model), *RUN, "--verify-inputs"]) == 0
     local, remote = reference, _table(s3, "jobs/vectors")
     assert remote.column("id").to_pylist() == local.column("id").to_pylist()  # every row once, in input order
     np.testing.assert_array_equal(_vectors(remote), _vectors(local))  # the same process, plan and batches
@@ -85,6 +85,8 @@ def test_store_to_store_equals_the_local_job_and_verifies(s3, corpus, model, ref
     shards = [n for n in names if n.startswith("part-")]
     assert len(shards) == 10 and {"_SUCCESS", "_job.json", "_manifest.json", ".elmo.lock"} <= set(names)
     assert len(names) == 2 * len(shards) + 4  # a commit record per shard, nothing else left behind
+    job = json.loads(s3.open_input_stream("jobs/vectors/_job.json").read())
+    assert sorted(job["input_sha256"]) == [f"{source}/corpus-00000.parquet", f"{source}/corpus-00001.parquet"]
     manifest = json.loads(s3.open_input_stream("jobs/vectors/_manifest.json").read())
     assert [s["file"] for s in manifest["shards"]] == shards and manifest["rows"] == 300
     assert json.loads(s3.open_input_stream("jobs/vectors/.elmo.lock").read())["released"] is True
