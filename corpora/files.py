@@ -9,7 +9,7 @@ import glob
 from pathlib import Path
 
 from elmo_core.errors import InputError
-from elmo_core.storage import is_uri, list_files
+from elmo_core.storage import is_hidden, is_uri, list_files
 
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 
@@ -29,7 +29,7 @@ def parquet_files(spec: str | Path) -> list[Path | str]:
         return [path]
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if is_parquet(p) and p.is_file()
-                       and not any(part.startswith((".", "_")) for part in p.relative_to(path).parts))
+                       and not is_hidden(str(p.relative_to(path))))
         if not files:
             raise InputError(f"{path}: no Parquet files ({', '.join(PARQUET_SUFFIXES)}) in this directory")
         return files

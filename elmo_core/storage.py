@@ -27,6 +27,9 @@ from .atomic import atomic_dir
 from .errors import InputError
 
 URI_SCHEMES = ("s3", "gs", "gcs", "hdfs", "viewfs", "file")
+# Where an S3-compatible store is (not who may use it): read here, passed on to Ray's workers.
+LOCATION_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION")
+HIDDEN_PREFIXES = (".", "_")  # names readers skip (and what is below them): temporaries, manifests, locks
 
 
 def cache_root() -> Path:
@@ -43,14 +46,24 @@ def is_uri(spec: str | Path) -> bool:
     return isinstance(spec, str) and urlparse(spec).scheme in URI_SCHEMES and "://" in spec
 
 
+def is_hidden(relative: str) -> bool:
+    """Whether a path below a corpus or output directory is skipped by readers (a part starts with
+    ``.`` or ``_``)."""
+    return any(part.startswith(HIDDEN_PREFIXES) for part in Path(relative).parts)
+
+
+def _s3_endpoint_and_region() -> tuple[str | None, str]:
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return endpoint, os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+
+
 def filesystem(uri: str):  # type: ignore[no-untyped-def]
     """(pyarrow FileSystem, path within it) of a URI; an S3 endpoint from ``AWS_ENDPOINT_URL`` (one
     FileSystem, and its connections, per endpoint in a process)."""
     import pyarrow.fs as pafs
 
     parsed = urlparse(uri)
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    endpoint, region = _s3_endpoint_and_region()
     try:
         if parsed.scheme == "s3" and endpoint:
             return _s3_at(endpoint, region), f"{parsed.netloc}{parsed.path}".rstrip("/")
@@ -81,9 +94,7 @@ def s3_location(uri: str) -> tuple[str, str]:
 def s3_client():  # type: ignore[no-untyped-def]
     """The process's boto3 S3 client for the endpoint and region of the environment (credentials:
     boto3's standard chain)."""
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    return _s3_client_at(endpoint, region)
+    return _s3_client_at(*_s3_endpoint_and_region())
 
 
 @functools.lru_cache(maxsize=16)
@@ -142,8 +153,7 @@ def list_files(uri: str, suffixes: tuple[str, ...]) -> list[str]:
     if info.type != pafs.FileType.Directory:
         raise InputError(f"{uri}: no such file or directory on the store")
     found = [i.path for i in fs.get_file_info(pafs.FileSelector(base, recursive=True))
-             if i.is_file and i.path.endswith(suffixes)
-             and not any(part.startswith((".", "_")) for part in i.path[len(base):].split("/") if part)]
+             if i.is_file and i.path.endswith(suffixes) and not is_hidden(i.path[len(base):].lstrip("/"))]
     if not found:
         raise InputError(f"{uri}: no files ending in {', '.join(suffixes)} there")
     return sorted(f"{scheme}://{p}" for p in found)

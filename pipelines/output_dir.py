@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from elmo_core.atomic import TMP_GLOB, fsync, parse_json_object, read_json_object, write_json_atomic
 from elmo_core.model_io import file_sha256
 from elmo_core.errors import InputError
-from elmo_core.storage import dataset_source, filesystem, is_uri, redacted, s3_client, s3_location
+from elmo_core.storage import dataset_source, is_uri, open_input, redacted, s3_client, s3_location
 
 from .lock import OutputLock
 from .options import OutputDirError
@@ -45,7 +45,28 @@ def open_output(spec: str | Path) -> "LocalDir | StoreDir":
     return StoreDir(str(spec).rstrip("/"))
 
 
-class LocalDir:
+class _Readable:
+    """What both outputs read the same way: through ``elmo_core.storage``, by ``where(name)``."""
+
+    def where(self, name: str) -> str:
+        raise NotImplementedError
+
+    def sha256(self, name: str) -> str:
+        try:
+            return file_sha256(self.where(name))
+        except OSError as e:
+            raise OutputDirError(f"{self.where(name)}: {redacted(e)}") from None
+
+    def open_read(self, name: str) -> Any:
+        """A random-access reader of ``name`` (InputError where it cannot be opened)."""
+        return open_input(self.where(name))
+
+    def read_table(self, name: str, columns: list[str]) -> pa.Table:
+        path, fs = dataset_source(self.where(name))
+        return pq.read_table(path, columns=columns, filesystem=fs)
+
+
+class LocalDir(_Readable):
     """OUTPUT_DIR on a file system: temporary file, fsync, rename; a ``flock`` lock."""
 
     is_store = False
@@ -99,18 +120,9 @@ class LocalDir:
     def delete(self, name: str) -> None:
         (self.root / name).unlink(missing_ok=True)
 
-    def sha256(self, name: str) -> str:
-        return file_sha256(self.root / name)
-
     def unchanged(self, name: str, record: dict) -> bool:
         """Whether the file holds what ``record`` committed (every byte read)."""
         return self.size(name) == record.get("bytes") and self.sha256(name) == record.get("sha256")
-
-    def open_read(self, name: str) -> Any:
-        return open(self.root / name, "rb")
-
-    def read_table(self, name: str, columns: list[str]) -> pa.Table:
-        return pq.read_table(self.root / name, columns=columns)
 
     def shard_sink(self, name: str) -> "LocalSink":
         return LocalSink(self.root, name)
@@ -141,7 +153,7 @@ class LocalSink:
         self.tmp.unlink(missing_ok=True)
 
 
-class StoreDir:
+class StoreDir(_Readable):
     """OUTPUT_DIR on S3 (or an S3-compatible store with conditional writes): conditional multipart
     uploads, a lease lock (``pipelines.store_lock``)."""
 
@@ -234,24 +246,10 @@ class StoreDir:
         with self._errors(name):
             s3_client().delete_object(Bucket=self.bucket, Key=self.key(name))
 
-    def sha256(self, name: str) -> str:
-        try:
-            return file_sha256(self.where(name))  # read through elmo_core.storage, like any URI
-        except OSError as e:
-            raise OutputDirError(f"{self.where(name)}: {redacted(e)}") from None
-
     def unchanged(self, name: str, record: dict) -> bool:
         """Whether the object is the one ``record`` committed: its size and ETag (a rewrite changes it)."""
         head = self.head(name)
         return head is not None and head["ContentLength"] == record.get("bytes") and head["ETag"] == record.get("etag")
-
-    def open_read(self, name: str) -> Any:
-        fs, path = filesystem(self.where(name))
-        return fs.open_input_file(path)
-
-    def read_table(self, name: str, columns: list[str]) -> pa.Table:
-        path, fs = dataset_source(self.where(name))
-        return pq.read_table(path, columns=columns, filesystem=fs)
 
     def shard_sink(self, name: str) -> Any:
         from .store_upload import StoreUpload

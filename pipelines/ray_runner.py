@@ -21,6 +21,7 @@ import os
 import pyarrow as pa
 
 from elmo_core.errors import InputError
+from elmo_core.storage import LOCATION_VARIABLES
 from runtime.ray_local import init_local_ray
 
 from .options import EmbedOptions, WorkerLostError
@@ -33,7 +34,7 @@ from .stages import StageClock
 
 # Where the store is, not who may use it: workers take credentials from their own environment
 # (an instance role, the cluster's secrets), so none travel through Ray's control plane.
-FORWARDED_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION")
+FORWARDED_ENV = LOCATION_VARIABLES
 
 
 class ShardWorker:

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from elmo_core.errors import InputError
 from inference.batching import window_counts
 
 from .options import EmbedOptions, OutputDirError
@@ -99,7 +100,7 @@ def footer_record(out: Output, name: str) -> dict | None:
     try:
         with out.open_read(name) as f:
             meta = pq.read_metadata(f)
-    except (pa.ArrowInvalid, pa.ArrowException, OSError):
+    except (pa.ArrowInvalid, pa.ArrowException, OSError, InputError):
         return None
     raw = (meta.metadata or {}).get(SHARD_KEY)
     try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any
 
 from elmo_core.storage import redacted, s3_client
@@ -112,7 +112,6 @@ class StoreUpload(io.RawIOBase):
     def _stop_pool(self) -> None:
         if self.pool is not None:
             for f in self.parts:
-                if isinstance(f, Future):
-                    f.cancel()
+                f.cancel()  # parts not yet sent; those in flight finish
             self.pool.shutdown(wait=True)
             self.pool = None
