@@ -28,9 +28,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from elmo_core import BiLM, ElmoConfig, batch_to_ids, save_model, tokens_to_char_ids  # noqa: E402
-from elmo_core.init import init_bilm  # noqa: E402
 from corpora.sotu import sotu_sentences  # noqa: E402
+from elmo_core import BiLM, ElmoConfig, batch_to_ids, tokens_to_char_ids  # noqa: E402
+from elmo_core.init import init_bilm  # noqa: E402
+from formats import save_model  # noqa: E402
 from inference import TorchBackend  # noqa: E402
 
 FULL_SIZE = {
@@ -106,7 +107,7 @@ def compare_precisions(model_dir: Path, batches: list[list[list[str]]], threads:
     """torch fp32 and each other precision in turns, twice; best tokens/s of each; min cosine
     against torch fp32. ONNX ones run the export ``elmo embed --backend onnx --precision P`` builds
     (``export.cache``, under ``workdir``; the first run exports and validates)."""
-    from elmo_core.precision import BF16_CPU_FLAGS, INT8_CPU_FLAGS, cpu_flags
+    from inference.precision import BF16_CPU_FLAGS, INT8_CPU_FLAGS, cpu_flags
     from export.cache import cached_onnx_export
     from inference.registry import open_backend
 
@@ -194,7 +195,7 @@ def main() -> None:
         print(f"AllenNLP peer not found at {a.peer!r}: run ../shared/peers/setup_allennlp.sh")
         return
     peer = run_peer(a.peer, model_dir, sent_file, a.batches, a.batch_size, a.threads)
-    backend.model.token_cache.clear()  # cold again, as in run 1
+    backend.fast.token_cache.clear()  # cold again, as in run 1
     again, _ = time_ours(backend, batches)  # after the peer too, so drift on the machine shows
     mean = (ours + again) / 2
     print(f"ours (torch fp32), run 2: {again:8.0f} tokens/s; mean {mean:.0f} ({mean / bound:.0%} of the fp32 bound)")

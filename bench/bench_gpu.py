@@ -28,14 +28,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_onnx import FULL, QUICK, accuracy, bench_sentences, timed_alternating  # noqa: E402
-from elmo_core import BiLM, ElmoConfig, save_model  # noqa: E402
+from elmo_core import BiLM, ElmoConfig  # noqa: E402
 from elmo_core.init import init_bilm  # noqa: E402
-from inference.errors import ExportError, TensorRTUnavailableError  # noqa: E402
-from inference.export_manifest import read_spec  # noqa: E402
 from export.onnx_export import export_onnx  # noqa: E402
-from inference.export_spec import TENSORRT_TOLERANCES  # noqa: E402
 from export.tensorrt import build_engine, profile_from_args, tensorrt_ep_providers  # noqa: E402
+from formats import save_model  # noqa: E402
+from formats.errors import ExportError  # noqa: E402
+from formats.export_manifest import read_spec  # noqa: E402
+from formats.export_spec import TENSORRT_TOLERANCES  # noqa: E402
 from inference.embedder import Embedder  # noqa: E402
+from inference.errors import TensorRTUnavailableError  # noqa: E402
 from inference.onnx_backend import OnnxBackend  # noqa: E402
 
 Opener = Callable[[], Embedder]
@@ -112,7 +114,7 @@ def open_all(stack: contextlib.ExitStack, chosen: dict[str, tuple[str, Opener]])
             print(f"{name}: not run: {e}", flush=True)
             continue
         setup[name] = time.perf_counter() - t0
-        cache = getattr(getattr(emb.backend, "model", None), "token_cache", None)
+        cache = getattr(getattr(emb.backend, "fast", None), "token_cache", None)
         runners[name] = (emb, cache.clear if cache is not None else lambda: None)
         print(f"{name}: ready in {setup[name]:.1f} s", flush=True)
     return runners, setup, skipped

@@ -23,10 +23,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from elmo_core import BiLM, ElmoConfig, save_model  # noqa: E402
-from elmo_core.init import init_bilm  # noqa: E402
-from pipelines import ElmoPredictor, embed_parquet  # noqa: E402
 from corpora.sample import write_sample_corpus  # noqa: E402
+from elmo_core import BiLM, ElmoConfig  # noqa: E402
+from elmo_core.init import init_bilm  # noqa: E402
+from formats import save_model  # noqa: E402
+from pipelines import ElmoPredictor, embed_parquet  # noqa: E402
 from pipelines.source import read_windows, scan_inputs, shards_of  # noqa: E402
 
 

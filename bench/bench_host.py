@@ -41,7 +41,8 @@ JOB = ("import json, sys; from pipelines import embed_parquet; "
 
 def prepare(work: Path, rows: int) -> tuple[Path, Path]:
     sys.path.insert(0, str(ROOT))
-    from elmo_core import BiLM, ElmoConfig, save_model
+    from elmo_core import BiLM, ElmoConfig
+    from formats import save_model
     from elmo_core.init import init_bilm
     from corpora.sample import write_sample_corpus
 

@@ -28,10 +28,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from elmo_core import BiLM, ElmoConfig, save_model  # noqa: E402
-from elmo_core.init import init_bilm  # noqa: E402
 from corpora.sotu import sotu_sentences  # noqa: E402
+from elmo_core import BiLM, ElmoConfig  # noqa: E402
+from elmo_core.init import init_bilm  # noqa: E402
 from export.onnx_export import export_onnx, quantize_int8  # noqa: E402
+from formats import save_model  # noqa: E402
 from inference.embedder import Embedder  # noqa: E402
 
 FULL = {"lstm": {"dim": 4096, "projection_dim": 512, "n_layers": 2, "cell_clip": 3, "proj_clip": 3,
@@ -174,7 +175,7 @@ def main() -> int:
         # "torch": each timed pass starts with an empty token cache, as a first pass over new text
         # does (the cache still serves repeats within the pass); "torch_warm": the cache already
         # holds every token, which only repeated text gives.
-        runners = {"torch": (emb, emb.backend.model.token_cache.clear), "torch_warm": (emb, lambda: None)}
+        runners = {"torch": (emb, emb.backend.fast.token_cache.clear), "torch_warm": (emb, lambda: None)}
         for v in variants:
             runners[f"ort_{v}"] = (stack.enter_context(Embedder.from_onnx(work / v, threads=args.threads)), lambda: None)
         results = timed_alternating(runners, sentences, args.batch_size, args.repeats)

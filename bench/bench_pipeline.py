@@ -29,12 +29,13 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import torch
 
-from elmo_core import BiLM, ElmoConfig, save_model
+from corpora.sample import write_sample_corpus
+from elmo_core import BiLM, ElmoConfig
 from elmo_core.init import init_bilm
 from export.onnx_export import export_onnx
+from formats import save_model
 from inference import Embedder, reduce_layers
 from pipelines import ElmoPredictor, embed_parquet
-from corpora.sample import write_sample_corpus
 from pipelines.source import read_windows, scan_inputs, shards_of
 from training.recipes import default_options_path
 

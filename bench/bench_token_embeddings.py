@@ -69,7 +69,7 @@ def main() -> None:
     cached = Embedder.open(model, threads=args.threads)
     runners = {
         "no_cache": (plain, lambda: None),
-        "cold_cache": (cached, cached.backend.model.token_cache.clear),
+        "cold_cache": (cached, cached.backend.fast.token_cache.clear),
         "warm_cache": (cached, lambda: None),
         "token_file": (with_file, lambda: None),
     }

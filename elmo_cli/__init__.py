@@ -1,2 +1,2 @@
 """The `elmo` command line: argparse meets the library here, and library errors become exit codes.
-May import: elmo_core, runtime, corpora, inference, export, training, pipelines, serving (tests/test_layers.py)."""
+May import: elmo_core, runtime, corpora, formats, inference, export, training, pipelines, serving (tests/test_layers.py)."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from elmo_core import save_model
-from elmo_core.efml import load_efml
+from formats import save_model
+from formats.efml import load_efml
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from elmo_core.errors import InputError
 from elmo_core.names import EXPORT_PRECISIONS, VALIDATED_EXPORT_PRECISIONS
-from inference.export_spec import DEFAULT_OPSET, OUTPUT_NAMES, SUPPORTED_OPSETS
+from formats.export_spec import DEFAULT_OPSET, OUTPUT_NAMES, SUPPORTED_OPSETS
 from inference.registry import BACKEND_NAMES
 from export.triton_repo import KINDS
 

@@ -10,14 +10,17 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from elmo_core import load_bilm, resolve_model
 from elmo_core.atomic import read_json_object
 from elmo_core.errors import InputError
-from elmo_core.model_io import count_parameters, file_sha256
-from inference.export_manifest import MANIFEST_NAME, read_manifest
+from elmo_core.storage import file_sha256
+from formats import load_bilm, resolve_model
+from formats.export_manifest import MANIFEST_NAME, read_manifest
 from training.default_model import CARD
+
+if TYPE_CHECKING:
+    import torch
 
 EMBED_MANIFEST, EMBED_JOB, RUN_SUMMARY, RUN_INFO = "_manifest.json", "_job.json", "summary.json", "run.json"
 
@@ -36,16 +39,20 @@ def describe(model_path: str, weights: str | None = None) -> dict:
     model = load_bilm(files.options, files.weights)
     cfg = model.config
     pad_row = cfg.char_cnn.embedding_dim  # the all-zero padding row of char_embed is no weight of the file
-    enc = count_parameters(model.encoder) - pad_row
+    enc = _parameters(model.encoder) - pad_row
     card = files.options.parent / CARD
     return {
         "kind": "model", "options": str(files.options), "weights": str(files.weights), "format": files.format,
         "weights_sha256": file_sha256(files.weights),
         "architecture": cfg.to_dict(),
         "output_layers": cfg.n_output_layers, "output_dim": cfg.output_dim,
-        "parameters": {"total": count_parameters(model) - pad_row, "char_cnn": enc, "lstm": count_parameters(model.lstm)},
+        "parameters": {"total": _parameters(model) - pad_row, "char_cnn": enc, "lstm": _parameters(model.lstm)},
         "card": read_json_object(card) if card.is_file() else None,  # `elmo default-model`'s record
     }
+
+
+def _parameters(module: "torch.nn.Module") -> int:
+    return sum(p.numel() for p in module.parameters())
 
 
 def _export(path: Path) -> dict:

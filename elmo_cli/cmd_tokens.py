@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from elmo_core import load_bilm, resolve_model
-from elmo_core.token_embeddings import (TokenEmbeddings, compute_token_embeddings, read_vocab_lines,
-                                        write_token_embeddings)
+from formats import load_bilm, resolve_model
+from formats.token_embeddings import TokenEmbeddings, read_vocab_lines, write_token_embeddings
+from inference.token_cache import compute_token_embeddings
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -13,7 +13,7 @@ import sys
 
 from elmo_core.errors import InputError
 from elmo_core.names import EXPORT_PRECISIONS, PRECISIONS
-from elmo_core.precision import bf16_cpu_warning, int8_cpu_report, resolve_precision
+from inference.precision import bf16_cpu_warning, int8_cpu_report, resolve_precision
 from inference.registry import exported_precision
 
 CHOICES = tuple(dict.fromkeys(PRECISIONS + EXPORT_PRECISIONS)) + ("auto",)

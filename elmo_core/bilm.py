@@ -3,11 +3,16 @@
 Stateless by default: a sentence's vectors do not depend on its batch neighbours, padding or
 order. Passing a state (see ``StatefulBiLM``) carries each row's (h, c) across calls, which is
 only there to reproduce the original TensorFlow code.
+
+This is the reference model, the one training runs. Inference plugs in faster code for three of
+its steps through one interface, ``FastPath`` (``BiLM.use_fast_path``), used only while autograd is
+off; ``inference.fast_path.FastInference`` implements it (token cache, reduced-precision weight
+copies, packed products, CUDA graphs) and is tested against this model.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -17,12 +22,26 @@ from .chars import ByteTokenizer
 from .config import ElmoConfig
 from .dictionaries import DictionaryTokenizer
 from .errors import ConfigError, InputError
-from .lstm import BiLstmStack, LstmState
-from .precision import matmul_dtype
-from .token_cache import TokenCache
+from .lstm import BiLstmStack, LstmState, Packing
 
 
 Tokenizer = ByteTokenizer | DictionaryTokenizer
+
+
+class FastPath(Protocol):
+    """Faster code for three steps of ``BiLM``, each computing what the reference step computes
+    (within the products' precision), used only while autograd is off."""
+
+    def encode(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """Distinct tokens' representations, as ``BiLM.encoder``. Shape: (U, C) -> (U, P) fp32."""
+
+    def run_layer(self, layer: int, xs: torch.Tensor, pack: Packing, h: torch.Tensor,
+                  c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One layer of both directions, as ``BiLstmStack.run_layer``."""
+
+    def combine(self, x: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor, positions: slice,
+                keep: torch.Tensor) -> torch.Tensor:
+        """The layers combined, as ``BiLstmStack.forward_combined``."""
 
 
 @dataclass
@@ -76,28 +95,15 @@ class BiLM(nn.Module):
         self.encoder = CharEncoder(config.char_cnn, config.lstm.projection_dim, tokenizer.boundary_ids(),
                                    config.char_rows, (d.n_words, d.word_dim) if d is not None and d.words else None)
         self.lstm = BiLstmStack(config.lstm, dropout=config.training.dropout)
-        self.token_cache: TokenCache | None = None  # optional, inference only (see TokenCache)
-        self.precision = "fp32"  # inference's matrix products (see set_precision)
-        # Inference: what run_combined calls instead of ``lstm.forward_combined`` (same signature and
-        # result), e.g. inference.cuda_graphs.GraphedStack (the recurrence replayed as CUDA graphs).
-        self.lstm_combined: Callable[..., torch.Tensor] | None = None
+        self.fast_path: FastPath | None = None
 
-    def set_precision(self, precision: str) -> "BiLM":
-        """Inference's matrix products in fp32, tf32, bf16 or fp16 (``elmo_core.precision``); the
-        caller enters ``tf32_products`` around tf32 runs. Training is not affected."""
-        self.lstm.matmul_dtype = matmul_dtype(precision)
-        self.precision = precision
-        if self.token_cache is not None:
-            self.token_cache.clear()
+    def use_fast_path(self, path: FastPath | None) -> "BiLM":
+        """Run ``path``'s steps instead of the reference's while autograd is off (None: the reference)."""
+        self.fast_path = path
         return self
 
-    def _encode(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """The char-CNN, under autocast in bf16 / fp16 inference; fp32 out. Shape: (N, C) -> (N, P)."""
-        low = self.lstm.matmul_dtype
-        if low == torch.float32 or torch.is_grad_enabled():
-            return self.encoder(char_ids)
-        with torch.autocast(char_ids.device.type, dtype=low):
-            return self.encoder(char_ids).float()
+    def _fast(self) -> FastPath | None:
+        return None if torch.is_grad_enabled() else self.fast_path
 
     def embed_tokens(self, char_ids: torch.Tensor, mask: torch.Tensor, dedup: bool = True) -> torch.Tensor:
         """Token representations, zero at padding; the char-CNN runs once per distinct token.
@@ -107,14 +113,13 @@ class BiLM(nn.Module):
         B, T, C = char_ids.shape
         flat_mask = mask.reshape(-1)  # (B*T,)
         real = char_ids.reshape(-1, C)[flat_mask]  # (N, C)
+        fast = self._fast()
+        encode = fast.encode if fast is not None else self.encoder
         if dedup and real.shape[0] > 1:
             uniq, inverse = unique_rows(real)  # (U, C), (N,)
-            if self.token_cache is not None and not torch.is_grad_enabled():
-                emb = self.token_cache.lookup(uniq, self._encode, list(self.encoder.parameters()))[inverse]
-            else:
-                emb = self._encode(uniq)[inverse]  # (N, P)
+            emb = encode(uniq)[inverse]  # (N, P)
         else:
-            emb = self._encode(real)  # (N, P)
+            emb = encode(real)  # (N, P)
         out = emb.new_zeros(B * T, emb.shape[-1])  # (B*T, P)
         out[flat_mask] = emb
         return out.view(B, T, -1)
@@ -151,7 +156,8 @@ class BiLM(nn.Module):
         mask, lengths = self._mask(char_ids)
         T = char_ids.shape[1]
         x = self._with_boundaries(self.embed_tokens(char_ids, mask), lengths)  # (B, T+2, P)
-        run = self.lstm_combined or self.lstm.forward_combined
+        fast = self._fast()
+        run = fast.combine if fast is not None else self.lstm.forward_combined
         combined = run(x, lengths + 2, weights.to(x.dtype), slice(1, T + 1), mask)  # (B, T, 2P)
         return combined, mask
 
@@ -164,7 +170,9 @@ class BiLM(nn.Module):
         x = self._with_boundaries(tokens, lengths)  # (B, T+2, P)
         full_mask = torch.arange(T + 2, device=x.device)[None, :] < (lengths + 2)[:, None]  # (B, T+2)
         shortcut = state is None and not keep_boundaries  # the boundary outputs are dropped anyway
-        lstm_layers, new_state = self.lstm(x, lengths + 2, state, boundary_shortcut=shortcut)  # L x (B, T+2, 2P)
+        fast = self._fast()
+        lstm_layers, new_state = self.lstm(x, lengths + 2, state, boundary_shortcut=shortcut,
+                                           run_layer=fast.run_layer if fast is not None else None)  # L x (B, T+2, 2P)
         m = full_mask[:, :, None].to(x.dtype)  # (B, T+2, 1)
         layers = torch.stack([torch.cat([x, x], dim=-1) * m] + [h * m for h in lstm_layers], dim=1)  # (B, L+1, T+2, 2P)
         if keep_boundaries:

@@ -6,8 +6,8 @@
 ``h = (sigmoid(o) tanh(c)) W_P`` clipped to ``proj_clip``. Changing the cell means changing it
 here and in each variant below; each is tested against ``lstm_step``:
 
-- ``lstm_step_inplace`` (below): inference (torch backend). Same maths, computed in place in
-  the gate buffer, the projection injected (pre-packed oneDNN weights on x86 CPUs).
+- ``inference.fast_lstm.lstm_step_inplace``: inference (torch backend). Same maths, computed in
+  place in the gate buffer, the projection injected (pre-packed oneDNN weights on x86 CPUs).
   Tested in ``tests/core/test_lstm_cell.py``.
 - ``elmo_core.lstm_sequence.LstmSequence``: training. A layer's whole recurrence as one autograd
   function with a hand-written backward. Tested against autograd over ``lstm_step`` in
@@ -19,8 +19,6 @@ here and in each variant below; each is tested against ``lstm_step``:
 the model, deliberately not sharing this code).
 """
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 
@@ -42,23 +40,10 @@ def lstm_step(gates: torch.Tensor, c_prev: torch.Tensor, w_proj: torch.Tensor,
     return h, c
 
 
-def lstm_step_inplace(gates: torch.Tensor, c_prev: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor],
-                      cell_clip: float | None, proj_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``lstm_step`` for inference, in place: ``gates`` is overwritten and ``c_prev`` (a view into the
-    caller's state buffer) becomes the new cell state, which is returned; ``project`` applies W_P
-    (a pre-packed oneDNN product on x86 CPUs). No autograd.
+def low_bmm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``a @ w`` with ``a`` rounded to ``w``'s type, the result in ``a``'s type (no casts when the
+    types agree): every reduced-precision product of the LSTM, training and inference.
 
-    Shape: gates (..., N, 4C), c_prev (..., N, C) -> h (..., N, P), c (..., N, C) (c_prev itself).
+    Shape: a (D, N, K), w (D, K, M) -> (D, N, M).
     """
-    C = c_prev.shape[-1]
-    gates[..., :C].sigmoid_()  # i
-    gates[..., C : 2 * C].tanh_()  # j
-    gates[..., 2 * C :].sigmoid_()  # f, o
-    i, j, f, o = gates.chunk(4, dim=-1)  # (..., N, C) each
-    c = c_prev.mul_(f).addcmul_(i, j)  # (..., N, C): f c_prev + i j, in c_prev's buffer
-    if cell_clip is not None:
-        c.clamp_(-cell_clip, cell_clip)
-    h = project(o.mul_(torch.tanh(c)))  # (..., N, P)
-    if proj_clip is not None:
-        h.clamp_(-proj_clip, proj_clip)
-    return h, c
+    return torch.bmm(a.to(w.dtype), w).to(a.dtype)

@@ -10,13 +10,13 @@ Same maths as ``lstm_step`` (TF gate order i, j, f, o; clamp gradients pass wher
 
 ``matmul_dtype`` bf16 / fp16 (training under autocast; None: the tensors' own type): every
 matrix product, forward and backward, takes its inputs in that type and gives fp32; the cell,
-gates, clips and every saved factor stay fp32 (``elmo_core.precision``'s rule, as inference).
+gates, clips and every saved factor stay fp32 (``inference.precision``'s rule, as inference).
 """
 from __future__ import annotations
 
 import torch
 
-from .precision import low_bmm
+from .lstm_cell import low_bmm
 
 
 def _bmm_in(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:

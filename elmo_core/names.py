@@ -7,8 +7,8 @@ from __future__ import annotations
 OUTPUT_MODES = ("mixed", "top", "average", "all")  # what becomes of the L+1 layers (inference.outputs)
 POOLS = ("mean", "max")  # one vector per sentence, over its tokens (elmo_core.pooling)
 DTYPES = ("float32", "float16")  # of the vectors written or answered
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # the torch backend's matrix products (elmo_core.precision)
-EXPORT_PRECISIONS = ("fp32", "fp16", "bf16", "int8")  # of an ONNX export (inference.export_spec)
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # the torch backend's matrix products (inference.precision)
+EXPORT_PRECISIONS = ("fp32", "fp16", "bf16", "int8")  # of an ONNX export (formats.export_spec)
 # those an export can be validated in on a CPU (bf16 graphs do not run on ONNX Runtime's CPU provider):
 # `elmo engine`, and the exports `--backend onnx --precision` builds on demand (export.cache)
 VALIDATED_EXPORT_PRECISIONS = tuple(p for p in EXPORT_PRECISIONS if p != "bf16")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -42,6 +43,12 @@ class ScalarMix(nn.Module):
 
     def normalized_weights(self) -> torch.Tensor:
         return torch.softmax(self.scalars, dim=0)  # (L+1,)
+
+    def layer_weights(self) -> np.ndarray:
+        """``gamma * softmax(s)`` in float64: the mix as one weight per layer (what the packed
+        inference path and the mixed ONNX export multiply by). Shape: (L+1,)."""
+        with torch.no_grad():
+            return (self.gamma.double() * torch.softmax(self.scalars.double(), dim=0)).numpy()
 
     def forward(self, layers: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if self.do_layer_norm:

@@ -206,3 +206,12 @@ def local_copy(uri: str, root: Path | None = None) -> Path:
     except OSError as e:
         raise InputError(f"{uri}: fetching it into {target} failed ({redacted(e)})") from None
     return target
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file's bytes, at a local path or a URI."""
+    h = hashlib.sha256()
+    with open_input(path) as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

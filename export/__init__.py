@@ -1,2 +1,2 @@
 """Making artifacts: the ONNX graph, its validation, int8 and on-demand exports, TensorRT engines, `elmo engine`'s build.
-May import: elmo_core, runtime, corpora, inference (tests/test_layers.py)."""
+May import: elmo_core, runtime, corpora, formats, inference (tests/test_layers.py)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from inference.errors import ExportError
+from formats.errors import ExportError
 from inference.onnx_backend import CACHE_DIR, OnnxBackend, cuda_provider_status
 from inference.tensorrt_runtime import tensorrt_status
 

@@ -5,7 +5,7 @@ what the export depends on: the model's options and weights (sha256), the precis
 the export format and the ONNX Runtime version (its quantizer writes the int8 graph). Changed
 weights give a new key, so a stale export is never run. Each entry is a complete, validated
 `elmo export onnx` directory (parity checked against the torch backend at the precision's
-tolerance, ``inference.export_spec.TOLERANCES``); it is built in a temporary directory and renamed
+tolerance, ``formats.export_spec.TOLERANCES``); it is built in a temporary directory and renamed
 into place, so a reader sees a whole entry or none, and two processes building the same entry at
 once both end up with one of them.
 
@@ -21,11 +21,12 @@ from typing import Callable
 
 from elmo_core import InputError
 from elmo_core.atomic import atomic_dir
-from elmo_core.model_io import file_sha256, resolve_model
-from elmo_core.storage import cache_root
 from elmo_core.names import VALIDATED_EXPORT_PRECISIONS
-from inference.export_manifest import FORMAT_VERSION, MANIFEST_NAME
-from inference.export_spec import DEFAULT_OPSET
+from elmo_core.storage import file_sha256
+from elmo_core.storage import cache_root
+from formats.export_manifest import FORMAT_VERSION, MANIFEST_NAME
+from formats.export_spec import DEFAULT_OPSET
+from formats.model_dir import resolve_model
 
 from .onnx_export import export_onnx
 

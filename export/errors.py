@@ -1,7 +1,7 @@
 """Typed errors raised while building an export (reading one raises inference.errors.ExportError)."""
 from __future__ import annotations
 
-from inference.errors import ExportError
+from formats.errors import ExportError
 
 
 class ParityError(ExportError):

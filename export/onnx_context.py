@@ -11,7 +11,7 @@ import torch
 from onnx import TensorProto
 
 from elmo_core import BiLM
-from inference.export_spec import ExportSpec
+from formats.export_spec import ExportSpec
 
 from .onnx_builder import GraphBuilder
 

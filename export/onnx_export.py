@@ -7,13 +7,15 @@ from typing import Any, Sequence
 
 import onnx
 
-from elmo_core import BiLM, load_bilm, resolve_model
+from elmo_core import BiLM
 from elmo_core.dictionaries import DictionaryTokenizer
-from elmo_core.model_io import ModelFiles, file_sha256, save_dictionaries
+from elmo_core.storage import file_sha256
+from formats import load_bilm, resolve_model
+from formats.errors import ExportError
+from formats.export_manifest import FORMAT_VERSION, MANIFEST_NAME, ONNX_NAME, producer, write_manifest
+from formats.export_spec import DEFAULT_OPSET, ExportSpec
+from formats.model_dir import ModelFiles, save_dictionaries
 from inference.backends import TorchBackend
-from inference.errors import ExportError
-from inference.export_manifest import FORMAT_VERSION, MANIFEST_NAME, ONNX_NAME, producer, write_manifest
-from inference.export_spec import DEFAULT_OPSET, ExportSpec
 
 from .errors import UnsupportedOpError
 from .onnx_graph import build_onnx

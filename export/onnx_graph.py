@@ -19,7 +19,7 @@ import torch
 from onnx import TensorProto, helper
 
 from elmo_core import BiLM
-from inference.export_spec import INPUT_NAME, MASK_NAME, ExportSpec
+from formats.export_spec import INPUT_NAME, MASK_NAME, ExportSpec
 
 from .onnx_builder import DTYPE_NAMES, GraphBuilder
 from .onnx_char_cnn import char_cnn

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from elmo_core.model_io import file_sha256
-from inference.errors import ExportError
-from inference.export_manifest import ENGINE_NAME, FORMAT_VERSION, check_file, producer, read_spec, write_manifest
-from inference.export_spec import DEFAULT_PROFILE, ExportSpec
+from elmo_core.storage import file_sha256
+from formats.errors import ExportError
+from formats.export_manifest import ENGINE_NAME, FORMAT_VERSION, check_file, producer, read_spec, write_manifest
+from formats.export_spec import DEFAULT_PROFILE, ExportSpec
 from inference.tensorrt_runtime import gpu_identity, import_tensorrt
 
 TIMING_CACHE_NAME = "timing.cache"

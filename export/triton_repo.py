@@ -23,7 +23,7 @@ from pathlib import Path
 
 from elmo_core.errors import InputError
 from elmo_core.config import ElmoConfig
-from elmo_core.model_io import HDF5_NAME, NATIVE_NAME, OPTIONS_NAME, resolve_model
+from formats.model_dir import HDF5_NAME, NATIVE_NAME, OPTIONS_NAME, resolve_model
 from inference.registry import BACKEND_NAMES, artifact_file, model_config
 
 MODEL_CODE = Path(__file__).with_name("triton_model.py")

@@ -9,7 +9,7 @@ from elmo_core.bilm import Tokenizer
 from inference.backends import TorchBackend
 from inference.outputs import reduce_layers
 
-from inference.export_spec import ExportSpec, Tolerance
+from formats.export_spec import ExportSpec, Tolerance
 
 from .errors import ParityError
 

@@ -1,5 +1,5 @@
-"""Running a biLM: the one engine (batches, outputs, pooling), the backends (torch, ONNX Runtime, TensorRT) and their registry.
-May import: elmo_core, runtime, corpora (tests/test_layers.py)."""
+"""Running a biLM: the one engine (batches, outputs, pooling), the fast inference path (fast_path.py), the backends (torch, ONNX Runtime, TensorRT) and their registry.
+May import: elmo_core, runtime, corpora, formats (tests/test_layers.py)."""
 from .backends import Backend, BackendBase, TorchBackend
 from .elmo_module import Elmo, ElmoMix
 from .embedder import Embedder

@@ -14,19 +14,20 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
-from elmo_core import BiLM, ElmoConfig, StatefulBiLM, load_bilm
-from elmo_core.model_io import load_tokenizer
-from elmo_core.precision import check_precision, tf32_products
+from elmo_core import BiLM, ElmoConfig, StatefulBiLM
 from elmo_core.bilm import Tokenizer
 from elmo_core.chars import ByteTokenizer
 from elmo_core.errors import ElmoError, InputError
-from elmo_core.token_cache import TokenCache
-from elmo_core.token_embeddings import preload_token_cache, read_token_embeddings
+from formats import load_bilm
+from formats.model_dir import load_tokenizer
+from formats.token_embeddings import read_token_embeddings
 from runtime import use_threads
 
-from .cuda_graphs import GraphedStack
+from .fast_path import FastInference
 from .host_copy import PinnedCopies
 from .outputs import VectorRequest, combine_layers, finish_on_device, reduce_on_device
+from .precision import check_precision, tf32_products
+from .token_cache import TokenCache, preload_token_cache
 
 _TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16}
 
@@ -126,7 +127,7 @@ class TorchBackend(BackendBase):
     ``token_cache``: how many distinct tokens' char-CNN outputs to keep across calls (0: none).
     ``token_embeddings``: a token-embedding file (``elmo dump-tokens``, or the original's with its
     ``token_vocab``) whose tokens skip the char-CNN, besides the ``token_cache`` ones.
-    ``precision``: fp32, tf32 (CUDA), bf16 or fp16 matrix products (``elmo_core.precision``).
+    ``precision``: fp32, tf32 (CUDA), bf16 or fp16 matrix products (``inference.precision``).
     ``cuda_graphs``: the stateless recurrence of ``run_combined`` replayed as CUDA graphs
     (``inference.cuda_graphs``); default on for a CUDA device.
     """
@@ -144,17 +145,17 @@ class TorchBackend(BackendBase):
         use_threads(threads)
         if token_vocab is not None and token_embeddings is None:
             raise InputError("token_vocab (--token-vocab) names the rows of a token-embedding file; pass that file too")
-        self.model = model.eval().to(device).set_precision(precision)
+        self.model = model.eval().to(device)
         self.precision = precision
         cache = TokenCache(token_cache) if token_cache > 0 or token_embeddings is not None else None
         if token_embeddings is not None:
             preload_token_cache(self.model, read_token_embeddings(token_embeddings, token_vocab), cache)
-        self.model.token_cache = cache
+        graphs = (is_cuda if cuda_graphs is None else cuda_graphs) and not stateful
+        self.fast = FastInference(self.model, precision, cache, cuda_graphs=graphs)
+        self.model.use_fast_path(self.fast)
         self.device = torch.device(device)
         self.config = model.config
         self.stateful = StatefulBiLM(self.model) if stateful else None
-        if (is_cuda if cuda_graphs is None else cuda_graphs) and not stateful:
-            self.model.lstm_combined = GraphedStack(self.model.lstm)
         self._copies = PinnedCopies()  # used on CUDA only
 
     @classmethod
@@ -215,8 +216,8 @@ class TorchBackend(BackendBase):
             return {}
         report = {"gpu_peak_allocated_bytes": torch.cuda.max_memory_allocated(self.device),
                   "gpu_peak_reserved_bytes": torch.cuda.max_memory_reserved(self.device)}
-        graphs = self.model.lstm_combined
-        if isinstance(graphs, GraphedStack):
+        graphs = self.fast.graphs
+        if graphs is not None:
             report["cuda_graphs"] = {"kept": len(graphs.graphs), "captured": graphs.captures,
                                      "replayed": graphs.replays, "buffer_bytes": graphs.memory_bytes()}
         return report

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from elmo_core.lstm import BiLstmStack, Packing
+from elmo_core.lstm import BiLstmStack, Packing, RunLayer
 
 
 def bucket_size(n: int, minimum: int = 8) -> int:
@@ -51,13 +51,14 @@ class GraphedStack:
     """``BiLstmStack.forward_combined`` (same signature, same vectors) over bucketed, padded
     batches, each bucket's recurrence a CUDA graph replayed (``capture=True``, CUDA only).
 
-    ``max_graphs``: graphs kept; each holds its buffers (about 12 x steps x rows x P floats plus
-    the input products' chunk, see ``memory_bytes``).
+    ``run_layer``: how each layer runs (``BiLstmStack.run_packed``; inference passes
+    ``FastLstm.run_layer``). ``max_graphs``: graphs kept; each holds its buffers (about
+    12 x steps x rows x P floats plus the input products' chunk, see ``memory_bytes``).
     """
 
-    def __init__(self, stack: BiLstmStack, capture: bool = True, max_graphs: int = 16, min_rows: int = 8,
-                 min_steps: int = 8) -> None:
-        self.stack, self.capture, self.max_graphs = stack, capture, max_graphs
+    def __init__(self, stack: BiLstmStack, run_layer: RunLayer | None = None, capture: bool = True,
+                 max_graphs: int = 16, min_rows: int = 8, min_steps: int = 8) -> None:
+        self.stack, self.run_layer, self.capture, self.max_graphs = stack, run_layer, capture, max_graphs
         self.min_rows, self.min_steps = min_rows, min_steps
         self.graphs: OrderedDict[tuple[int, int], _Graph] = OrderedDict()
         self.captures = self.replays = 0
@@ -81,7 +82,7 @@ class GraphedStack:
             g.graph.replay()
             self.replays += 1
         else:
-            g.combined = self.stack.combine_packed(g.xs, g.pack, g.weights)  # (2, N+1, P)
+            g.combined = self.stack.combine_packed(g.xs, g.pack, g.weights, self.run_layer)  # (2, N+1, P)
         return pack.unpack(g.combined, positions, keep)[:B]  # (B, T', 2P)
 
     def _graph(self, rows: int, steps: int, dtype: torch.dtype) -> _Graph:
@@ -105,11 +106,11 @@ class GraphedStack:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self.stack.combine_packed(g.xs, g.pack, g.weights)
+            self.stack.combine_packed(g.xs, g.pack, g.weights, self.run_layer)
         torch.cuda.current_stream().wait_stream(side)
         g.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g.graph, capture_error_mode="thread_local"):  # other threads may use CUDA meanwhile
-            g.combined = self.stack.combine_packed(g.xs, g.pack, g.weights)  # (2, N+1, P), static
+            g.combined = self.stack.combine_packed(g.xs, g.pack, g.weights, self.run_layer)  # (2, N+1, P), static
         self.captures += 1
 
     def memory_bytes(self) -> int:

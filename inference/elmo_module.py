@@ -15,8 +15,9 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from elmo_core import BiLM, ScalarMix, StatefulBiLM, load_bilm
+from elmo_core import BiLM, ScalarMix, StatefulBiLM
 from elmo_core.errors import InputError
+from formats import load_bilm
 
 
 class ElmoMix(nn.Module):

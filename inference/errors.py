@@ -1,13 +1,9 @@
-"""Typed errors of the inference package and of the export format it reads (the CLI maps every
-ElmoError to exit code 2)."""
+"""Typed errors of the inference package; ``ExportError`` is the export format's (``formats.errors``).
+The CLI maps every ElmoError to exit code 2."""
 from __future__ import annotations
 
-from elmo_core.errors import ElmoError, InputError
-
-
-class ExportError(ElmoError):
-    """An export that cannot be built, written or read back (bad spec, manifest or graph), or a
-    backend run on one that fails."""
+from elmo_core.errors import InputError
+from formats.errors import ExportError
 
 
 class EngineMismatchError(ExportError):

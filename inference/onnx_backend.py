@@ -21,7 +21,7 @@ from elmo_core.errors import InputError
 from .backends import BackendBase
 from .outputs import VectorRequest
 from .errors import ExportError
-from .export_manifest import check_file, read_spec
+from formats.export_manifest import check_file, read_spec
 
 GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "ROCMExecutionProvider")
 PROVIDER_HINTS = {

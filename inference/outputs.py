@@ -153,9 +153,7 @@ def layer_weights(output: str, n_layers: int, mix_weights: Sequence[float] | Non
         return np.eye(n_layers)[-1]
     if output == "average":
         return np.full(n_layers, 1.0 / n_layers)
-    mix = ScalarMix(n_layers, mix_weights, gamma)  # its parameters, normalised here in float64
-    with torch.no_grad():
-        return (mix.gamma.double() * torch.softmax(mix.scalars.double(), dim=0)).numpy()
+    return ScalarMix(n_layers, mix_weights, gamma).layer_weights()
 
 
 def combine_layers(layers: np.ndarray, weights: np.ndarray) -> np.ndarray:

@@ -14,14 +14,15 @@ from typing import Any, Sequence
 
 from elmo_core import ElmoConfig, InputError
 from elmo_core.atomic import read_json_object
-from elmo_core.model_io import file_sha256, resolve_model
 from elmo_core.names import EXPORT_PRECISIONS, PRECISIONS
+from elmo_core.storage import file_sha256
 from elmo_core.storage import is_uri, local_copy
-from elmo_core.precision import check_precision
+from formats.model_dir import resolve_model
+from inference.precision import check_precision
 
 from .backends import Backend
 from .errors import BackendUnavailableError
-from .export_manifest import ENGINE_NAME, MANIFEST_NAME, ONNX_NAME, read_manifest
+from formats.export_manifest import ENGINE_NAME, MANIFEST_NAME, ONNX_NAME, read_manifest
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from elmo_core.errors import InputError
 
 from .backends import BackendBase
 from .errors import ExportError
-from .export_manifest import check_file, read_spec
+from formats.export_manifest import check_file, read_spec
 from .onnx_backend import check_char_ids
 from .tensorrt_runtime import check_engine_manifest, cuda_check, gpu_identity, import_cudart, import_tensorrt
 

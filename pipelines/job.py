@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 
 from elmo_core.errors import InputError
-from elmo_core.model_io import file_sha256
+from elmo_core.storage import file_sha256
 from inference.registry import check_device, model_identity
 
 from .options import EmbedOptions, OutputDirError, digest

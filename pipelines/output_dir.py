@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from elmo_core.atomic import TMP_GLOB, fsync, parse_json_object, read_json_object, write_json_atomic
-from elmo_core.model_io import file_sha256
+from elmo_core.storage import file_sha256
 from elmo_core.errors import InputError
 from elmo_core.storage import dataset_source, is_uri, open_input, redacted, s3_client, s3_location
 

@@ -1,2 +1,2 @@
 """`elmo serve`: the HTTP app, the cross-request batcher, limits, metrics, Ray Serve and the Triton model repository.
-May import: elmo_core, runtime, corpora, inference, export, training (tests/test_layers.py)."""
+May import: elmo_core, runtime, corpora, formats, inference, export, training (tests/test_layers.py)."""

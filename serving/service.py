@@ -39,7 +39,7 @@ class ModelSource:
     threads: int | None = None
     token_embeddings: str | None = None  # see inference.backends.TorchBackend
     token_vocab: str | None = None
-    precision: str = "fp32"  # the torch backend's matrix products (elmo_core.precision)
+    precision: str = "fp32"  # the torch backend's matrix products (inference.precision)
 
     @property
     def name(self) -> str:

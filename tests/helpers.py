@@ -7,9 +7,10 @@ from pathlib import Path
 
 import torch
 
-from elmo_core import BiLM, ElmoConfig, save_model
-from elmo_core.lstm import BiLstmStack
+from elmo_core import BiLM, ElmoConfig
 from elmo_core.init import init_bilm
+from elmo_core.lstm import BiLstmStack
+from formats import save_model
 
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "elmo_tf_reference"
 

@@ -1,2 +1,2 @@
 """Pretraining and fine-tuning a biLM: corpus, vocabulary, objective, optimizer recipes, checkpoints, evaluation, the probe.
-May import: elmo_core, runtime, corpora, inference (tests/test_layers.py)."""
+May import: elmo_core, runtime, corpora, formats, inference (tests/test_layers.py)."""

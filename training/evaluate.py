@@ -14,10 +14,11 @@ import h5py
 import numpy as np
 import torch
 
-from elmo_core import ElmoConfig, LstmState, resolve_model
+from elmo_core import ElmoConfig, LstmState
 from elmo_core.atomic import atomic_path
 from elmo_core.errors import WeightsError
-from elmo_core.weights_hdf5 import load_hdf5_weights
+from formats import resolve_model
+from formats.weights_hdf5 import load_hdf5_weights
 
 from .data import BpttBatcher, SentenceBatcher, SentenceStream
 from .errors import CorpusError

@@ -23,9 +23,10 @@ import h5py
 import numpy as np
 import torch
 
-from elmo_core import ElmoConfig, load_bilm, resolve_model
+from elmo_core import ElmoConfig
 from elmo_core.errors import WeightsError
-from elmo_core.model_io import ModelFiles
+from formats import load_bilm, resolve_model
+from formats.model_dir import ModelFiles
 
 from .errors import TrainingError
 from .model import LanguageModel

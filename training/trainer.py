@@ -16,9 +16,9 @@ from typing import Callable
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from elmo_core import ElmoConfig, LstmState, save_model
+from elmo_core import ElmoConfig, LstmState
 from elmo_core.atomic import write_json_atomic
-from elmo_core.lstm_cell import lstm_step
+from formats import save_model
 from runtime import use_threads
 
 from .checkpoint import optimizer_tensors, load_optimizer
@@ -119,7 +119,7 @@ class Trainer:
             load_initial_weights(lm, self.source, self.vocab)
         lm.to(self.device)
         if self.opts.compile:  # the LSTM cell only: see docs/training.md (whole-model inductor code crashed)
-            lm.bilm.lstm.train_cell = torch.compile(lstm_step, dynamic=False)
+            lm.bilm.lstm.compile_cell()
         # find_unused_parameters: with packed segments the ranks' autograd graphs differ in shape (their
         # own segment packings), and DDP's static bucket check then stops at step 2 although every
         # parameter gets its gradient (tests/training/test_ddp.py: the same weights as one process).

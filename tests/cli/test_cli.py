@@ -117,7 +117,7 @@ def test_info_in_a_pipe_that_closes_early(tiny_dir):
 
 
 def test_precision_auto_is_settled_printed_and_recorded(tiny_dir, tmp_path, capsys):
-    from elmo_core.precision import resolve_precision
+    from inference.precision import resolve_precision
     from corpora.sample import write_sample_corpus
 
     write_sample_corpus(tmp_path / "corpus", rows=50, files=1)

@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from elmo_core import InputError, StatefulBiLM, batch_to_ids, load_bilm
+from elmo_core import InputError, StatefulBiLM, batch_to_ids
+
+from formats import load_bilm
 
 from tests.helpers import SENTENCES, TINY_OPTIONS, make_model_dir, tiny_options
 from tests.reference_impl import ReferenceElmo
@@ -28,19 +30,21 @@ def _run(model, sentences):
     return out.layers.numpy(), out.mask.numpy()
 
 
-@pytest.mark.parametrize("prepacked", [False, True], ids=["plain-gemm", "prepacked-gemm"])
+@pytest.mark.parametrize("path", ["model", "fast-plain-gemm", "fast-prepacked-gemm"])
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_matches_reference_for_every_option(name, prepacked, tmp_path, monkeypatch):
-    """Both recurrent-product paths: the tiny models take the plain one unless pre-packing is forced."""
-    from elmo_core.lstm import BiLstmStack
-    from elmo_core.packed_gemm import packed_gemm_available
+def test_matches_reference_for_every_option(name, path, tmp_path):
+    """The model itself and its inference fast path (``inference.fast_path``) with both recurrent
+    products: the tiny models take the plain one unless pre-packing is forced."""
+    from inference.fast_path import FastInference
+    from inference.packed_gemm import packed_gemm_available
 
-    if prepacked and not packed_gemm_available(torch.device("cpu")):
+    if path == "fast-prepacked-gemm" and not packed_gemm_available(torch.device("cpu")):
         pytest.skip("this torch build has no oneDNN pre-packed linear (non-x86 CPU)")
-    monkeypatch.setattr(BiLstmStack, "packed_gemm_min_weights", 0 if prepacked else 1 << 62)
     options = VARIANTS[name]
     model_dir = make_model_dir(tmp_path / name, options, seed=3, lstm_scale=2.0)
     model = load_bilm(model_dir)
+    if path != "model":
+        model.use_fast_path(FastInference(model, packed_min_weights=0 if path == "fast-prepacked-gemm" else 1 << 62))
     ref = ReferenceElmo(options, str(model_dir / "weights.hdf5"))
     layers, mask = _run(model, SENTENCES)
     assert layers.shape == (len(SENTENCES), options["lstm"]["n_layers"] + 1, max(map(len, SENTENCES)),
@@ -136,64 +140,6 @@ def test_gradients_flow_in_training_mode(tiny_dir):
     out.layers.sum().backward()
     assert model.lstm.w_state.grad is not None and model.lstm.w_state.grad.abs().sum() > 0
     assert model.encoder.char_embed.grad[0].abs().sum() == 0  # the padding row never learns
-
-
-def test_training_and_inference_steps_agree(tiny_dir):
-    """Inference uses an in-place LSTM step, training the functional one: same numbers."""
-    model = load_bilm(tiny_dir)
-    ids = torch.from_numpy(batch_to_ids(SENTENCES))
-    with torch.inference_mode():
-        fast = model.run(ids).layers
-    with torch.enable_grad():
-        slow = model.run(ids).layers.detach()
-    # fused inference step vs the training path: the same fp32 maths, products grouped differently
-    torch.testing.assert_close(fast, slow, atol=1e-6, rtol=0)
-
-
-def test_token_cache_gives_the_same_vectors_and_follows_weight_changes(tiny_dir):
-    from elmo_core.token_cache import TokenCache
-
-    model = load_bilm(tiny_dir)
-    ids = torch.from_numpy(batch_to_ids(SENTENCES))
-    with torch.inference_mode():
-        plain = model.run(ids).layers
-        model.token_cache = TokenCache(max_tokens=20)  # smaller than the vocabulary: some tokens never cached
-        first, second = model.run(ids).layers, model.run(ids).layers
-    assert model.token_cache.hits > 0 and len(model.token_cache.index) == 20
-    # cached char-CNN rows were computed in other batch shapes: fp32 rounding only
-    torch.testing.assert_close(first, plain, atol=1e-6, rtol=0)
-    torch.testing.assert_close(second, plain, atol=1e-6, rtol=0)
-    with torch.no_grad():
-        model.encoder.proj_bias.add_(1.0)
-    with torch.inference_mode():
-        changed = model.run(ids).layers
-    model.token_cache = None
-    with torch.inference_mode():
-        # as above: cached rows computed in another batch shape
-        torch.testing.assert_close(changed, model.run(ids).layers, atol=1e-6, rtol=0)
-
-
-@pytest.mark.parametrize("chunk_rows", [1, 3, 7])
-def test_input_projection_chunks_give_the_same_layers(tiny_dir, chunk_rows):
-    """Inference computes W_x x a few whole steps at a time into a reused buffer: same numbers.
-
-    Chunks smaller than one step (1, 3 rows: every step is its own chunk) and spanning several
-    steps (7) are compared with one chunk for the whole batch (the training path's single GEMM).
-    """
-    model = load_bilm(tiny_dir)
-    ids = torch.from_numpy(batch_to_ids(SENTENCES))
-    with torch.inference_mode():
-        whole = model.run(ids).layers
-    lstm = model.lstm
-    try:
-        lstm.input_chunk_rows = chunk_rows
-        with torch.inference_mode():
-            chunked = model.run(ids).layers
-    finally:
-        del lstm.input_chunk_rows  # back to the class default
-    assert lstm.input_chunk_rows >= ids.shape[0] * ids.shape[1] + 2 * ids.shape[0]  # whole ran as one chunk
-    # input products in row chunks vs one GEMM: fp32 blocking differs
-    torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("chunk_tokens", [1, 5])

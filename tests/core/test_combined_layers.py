@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from elmo_core import ScalarMix, batch_to_ids, load_bilm
+from elmo_core import ScalarMix, batch_to_ids
+
+from formats import load_bilm
 from tests.helpers import SENTENCES, make_model_dir, tiny_options
 
 

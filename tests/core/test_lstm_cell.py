@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from elmo_core.lstm_cell import lstm_step, lstm_step_inplace
+from elmo_core.lstm_cell import lstm_step
+from inference.fast_lstm import lstm_step_inplace
 
 
 @pytest.mark.parametrize("clips", [(None, None), (0.5, 0.05)])  # tight clips: both clamp some values

@@ -7,7 +7,9 @@ import h5py
 import numpy as np
 import torch
 
-from elmo_core import StatefulBiLM, batch_to_ids, load_bilm, tokens_to_char_ids
+from elmo_core import StatefulBiLM, batch_to_ids, tokens_to_char_ids
+
+from formats import load_bilm
 from inference import Embedder
 
 # float32 TF vs float32 torch on the full-size model: other kernels and sum orders (errors ~1e-6 on

@@ -1,4 +1,4 @@
-"""Reduced-precision inference (``elmo_core.precision``): the matrix products in bf16 / fp16, the
+"""Reduced-precision inference (``inference.precision``): the matrix products in bf16 / fp16, the
 rest in fp32; every token's cosine >= 0.999 against fp32, every layer, on the TF reference model
 and its real sentences (the GPU figures are in tests/gpu and bench/bench_gpu.py)."""
 from __future__ import annotations
@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-from elmo_core import load_bilm
 from elmo_core.errors import InputError
-from elmo_core.lstm import BiLstmStack
-from elmo_core.packed_gemm import packed_gemm_available
-from elmo_core.precision import BF16_CPU_FLAGS, bf16_cpu_warning, check_precision, cpu_flags, resolve_precision
+from formats import load_bilm
 from inference.backends import TorchBackend
+from inference.fast_path import FastInference
+from inference.packed_gemm import packed_gemm_available
+from inference.precision import BF16_CPU_FLAGS, bf16_cpu_warning, check_precision, cpu_flags, resolve_precision
 from pipelines.options import EmbedOptions
 
 
@@ -27,48 +27,49 @@ def _min_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=-1).min())
 
 
-def _fp32_and(model, ids, precision: str):
-    """(fp32 layers, fp32 mix, mask, layers and mix at ``precision``), checking every token's cosine
-    >= 0.999 against fp32 for every layer and the mix."""
+def _fp32_and(model, ids, fast: FastInference):
+    """(the model's fp32 layers, fp32 mix, mask, layers and mix through ``fast``), checking every
+    token's cosine >= 0.999 against fp32 for every layer and the mix."""
     weights = torch.tensor([0.2, 0.5, 0.3])
     with torch.inference_mode():
         ref, (ref_mixed, mask) = model.run(ids), model.run_combined(ids, weights)
-        model.set_precision(precision)
+        model.use_fast_path(fast)
         low, (low_mixed, _) = model.run(ids), model.run_combined(ids, weights)
     for layer in range(ref.layers.shape[1]):
         cos = _min_cosine(low.layers[:, layer][mask], ref.layers[:, layer][mask])
-        assert cos >= 0.999, (precision, layer, cos)
+        assert cos >= 0.999, (fast.precision, layer, cos)
     assert _min_cosine(low_mixed[mask], ref_mixed[mask]) >= 0.999
     return ref.layers, ref_mixed, mask, low.layers, low_mixed
 
 
 @pytest.mark.parametrize("precision,prepacked", [("bf16", False), ("bf16", True), ("fp16", False)])
-def test_reduced_precision_keeps_every_token_and_layer_within_cosine(fixture_dir, monkeypatch, precision, prepacked):
+def test_reduced_precision_keeps_every_token_and_layer_within_cosine(fixture_dir, precision, prepacked):
     """prepacked: bf16 through oneDNN's packed weights (the path of full-size models on x86 CPUs,
     forced here for the small fixture model); else batched products on bf16 weight copies."""
-    monkeypatch.setattr(BiLstmStack, "packed_gemm_min_weights", 0 if prepacked else 1 << 62)
     model, ids = _model_and_ids(fixture_dir)
-    ref, _, mask, low, low_mixed = _fp32_and(model, ids, precision)
+    fast = FastInference(model, precision, packed_min_weights=0 if prepacked else 1 << 62)
+    ref, _, mask, low, low_mixed = _fp32_and(model, ids, fast)
     assert (low - ref).abs().max() > 1e-5  # the products really ran in the reduced type
     assert low.dtype == torch.float32 and not low_mixed[~mask].any()
-    assert model.lstm._matmul_weights()[1].dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-    assert model.lstm._packed_low() == (prepacked and packed_gemm_available(torch.device("cpu"))
+    assert fast.lstm._weight_copies()[1].dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    assert fast.lstm._packed_low() == (prepacked and packed_gemm_available(torch.device("cpu"))
                                         and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def test_back_to_fp32_is_bit_identical(fixture_dir):
+    """A bf16 path leaves the model's fp32 weights as they were."""
     model, ids = _model_and_ids(fixture_dir)
     with torch.inference_mode():
-        before = model.run(ids).layers
-        model.set_precision("bf16").run(ids)
-        after = model.set_precision("fp32").run(ids).layers
-    assert torch.equal(before, after)
+        before = model.use_fast_path(FastInference(model)).run(ids).layers
+        bf16 = model.use_fast_path(FastInference(model, "bf16")).run(ids).layers
+        after = model.use_fast_path(FastInference(model)).run(ids).layers
+    assert torch.equal(before, after) and not torch.equal(before, bf16)
 
 
 def test_training_ignores_the_inference_precision(fixture_dir):
     model, ids = _model_and_ids(fixture_dir)
     want = model.run(ids).layers.detach()  # autograd path, fp32
-    got = model.set_precision("bf16").run(ids).layers.detach()
+    got = model.use_fast_path(FastInference(model, "bf16")).run(ids).layers.detach()
     assert torch.equal(got, want)
 
 
@@ -116,7 +117,7 @@ def test_auto_meets_parity_on_this_machine(fixture_dir):
     stay within cosine 0.999 of fp32."""
     precision, _ = resolve_precision("auto", "cpu")
     model, ids = _model_and_ids(fixture_dir)
-    _fp32_and(model, ids, precision)
+    _fp32_and(model, ids, FastInference(model, precision))
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):

@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from elmo_core import WeightsError, batch_to_ids, load_bilm, save_model
-from elmo_core.model_io import resolve_model
+from elmo_core import WeightsError, batch_to_ids
+
+from formats import load_bilm, save_model
+from formats.model_dir import resolve_model
 
 from tests.helpers import SENTENCES, tiny_options
 

@@ -11,12 +11,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from corpora.sample import write_sample_corpus
 from elmo_cli.main import main
-from elmo_core.model_io import file_sha256, resolve_model
-from elmo_core.precision import INT8_CPU_FLAGS, int8_cpu_report
+from elmo_core.storage import file_sha256
 from elmo_core.storage import cache_root
 from export.cache import cached_onnx_export
-from corpora.sample import write_sample_corpus
+from formats.model_dir import resolve_model
+from inference.precision import INT8_CPU_FLAGS, int8_cpu_report
 
 
 @pytest.fixture

@@ -9,17 +9,19 @@ import onnx
 import pytest
 from onnx import TensorProto
 
-from elmo_core import BiLM, ElmoConfig, batch_to_ids, load_bilm
+from elmo_core import BiLM, ElmoConfig, batch_to_ids
 from elmo_core.init import init_bilm
-from elmo_core.model_io import file_sha256
+from elmo_core.storage import file_sha256
 from export.errors import ParityError
-from inference.errors import ExportError
 from export.onnx_export import export_onnx, ort_run
 from export.onnx_graph import build_onnx
 from export.tensorrt_ops import TENSORRT_SUPPORTED_OPS, TENSORRT_UNSUPPORTED_OPS, iter_nodes
-from inference.export_spec import VALIDATION_BATCHES, VALIDATION_TIMES, ExportSpec, Tolerance
 from export.validate import check_parity
+from formats import load_bilm
+from formats.errors import ExportError
+from formats.export_spec import VALIDATION_BATCHES, VALIDATION_TIMES, ExportSpec, Tolerance
 from inference.backends import TorchBackend
+
 from tests.helpers import TINY_OPTIONS, make_model_dir
 
 QUICK = ((1, 1), (3, 8), (2, 33))

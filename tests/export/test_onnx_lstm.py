@@ -12,7 +12,7 @@ from elmo_core import BiLM, ElmoConfig
 from elmo_core.lstm_cell import lstm_step
 from export.onnx_context import GraphContext
 from export.onnx_lstm import lstm_step_graph
-from inference.export_spec import ExportSpec
+from formats.export_spec import ExportSpec
 from tests.helpers import tiny_options
 
 

@@ -11,7 +11,7 @@ from elmo_cli.main import build_parser, main
 from elmo_core import batch_to_ids
 from inference.errors import EngineMismatchError, ExportError, TensorRTUnavailableError
 from export.onnx_export import export_onnx
-from inference.export_spec import ExportSpec
+from formats.export_spec import ExportSpec
 from export.tensorrt import build_engine, parse_bt, profile_from_args, tensorrt_ep_providers
 from inference.tensorrt_runtime import check_engine_manifest
 from tests.helpers import SENTENCES
@@ -92,7 +92,7 @@ def _gpu_engine_dir(tiny_dir: Path, tmp_path: Path, precision: str) -> Path:
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_tensorrt_engine_parity(tiny_dir, tmp_path, precision):
-    from inference.export_spec import TENSORRT_TOLERANCES
+    from formats.export_spec import TENSORRT_TOLERANCES
     from export.validate import compare
     from inference.backends import TorchBackend
     from inference.tensorrt_backend import TensorRTBackend

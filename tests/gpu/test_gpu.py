@@ -15,9 +15,9 @@ import pyarrow.dataset as ds
 import pytest
 import torch
 
-from inference.errors import ExportError
+from formats.errors import ExportError
 from export.onnx_export import export_onnx
-from inference.export_spec import TENSORRT_TOLERANCES, ExportSpec
+from formats.export_spec import TENSORRT_TOLERANCES, ExportSpec
 from export.tensorrt import profile_from_args, tensorrt_ep_providers
 from export.validate import check_parity
 from inference.backends import TorchBackend
@@ -123,11 +123,11 @@ def test_torch_cuda_precisions_against_cpu_fp32(fixture_dir, precision):
     weights = np.array([0.2, 0.5, 0.3], np.float32)
     tol = TENSORRT_TOLERANCES[precision]
     with TorchBackend.from_files(*files) as cpu, TorchBackend.from_files(*files, device="cuda", precision=precision) as gpu:
-        assert isinstance(gpu.model.lstm_combined, GraphedStack)
+        assert isinstance(gpu.fast.graphs, GraphedStack)
         pairs = [(gpu.run(ids)[0][:, j], cpu.run(ids)[0][:, j]) for j in range(3)]  # (B, T, 2P) per layer
         pairs.append((gpu.run_combined(ids, weights)[0], cpu.run_combined(ids, weights)[0]))
         mask = cpu.run(ids)[1]
-        assert gpu.model.lstm_combined.captures >= 1
+        assert gpu.fast.graphs.captures >= 1
     for got, want in pairs:
         got, want = got[mask].astype(np.float64), want[mask].astype(np.float64)  # (N, 2P)
         if tol.max_abs is not None:
@@ -144,7 +144,7 @@ def test_cuda_graph_replays_equal_eager_cuda(fixture_dir):
     weights = np.array([0.2, 0.5, 0.3], np.float32)
     with TorchBackend.from_files(*files, device="cuda") as graphed, \
             TorchBackend.from_files(*files, device="cuda", cuda_graphs=False) as eager:
-        assert eager.model.lstm_combined is None
+        assert eager.fast.graphs is None
         for start in range(0, len(sentences) - 5, 2):  # overlapping batches: several replays per bucket
             ids = graphed.tokenizer.batch(sentences[start : start + 6])
             got, mask = graphed.run_combined(ids, weights)
@@ -152,5 +152,5 @@ def test_cuda_graph_replays_equal_eager_cuda(fixture_dir):
             assert np.array_equal(mask, want_mask)
             # CUDA fp32 vs CUDA fp32 in another batch shape: other kernels' sum orders
             np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
-        stack = graphed.model.lstm_combined
+        stack = graphed.fast.graphs
         assert stack.replays > stack.captures >= 1 and len(stack.graphs) == stack.captures

@@ -8,11 +8,14 @@ import copy
 import pytest
 import torch
 
-from elmo_core import batch_to_ids, load_bilm
+from elmo_core import batch_to_ids
+from elmo_core.errors import InputError
 from elmo_core.lstm import Packing
+from formats import load_bilm
 from inference.backends import TorchBackend
 from inference.cuda_graphs import GraphedStack, bucket_size
-from elmo_core.errors import InputError
+from inference.fast_path import FastInference
+
 from tests.helpers import SENTENCES, assert_as_accurate, make_model_dir, tiny_options
 
 
@@ -26,22 +29,21 @@ def _batches() -> list[list[list[str]]]:
 def test_padded_buckets_give_the_packed_vectors(tmp_path, options, precision):
     model = load_bilm(make_model_dir(tmp_path / "m", tiny_options(**options), lstm_scale=3.0)).eval()
     reference = copy.deepcopy(model.lstm).double()  # the float64 maths both paths compute
-    model.set_precision(precision)
+    packed, bucketed = FastInference(model, precision), FastInference(model, precision, cuda_graphs=True, capture=False)
+    graphed = bucketed.graphs
     weights = torch.linspace(0.2, 1.1, model.config.n_output_layers)
-    graphed = GraphedStack(model.lstm, capture=False)
+    model.use_fast_path(packed)
     with torch.inference_mode():
         for sentences in _batches():
             ids = torch.from_numpy(batch_to_ids(sentences))
             mask, lengths = model._mask(ids)
             x = model._with_boundaries(model.embed_tokens(ids, mask), lengths)  # (B, T+2, P): both paths' input
             exact = reference.forward_combined(x.double(), lengths + 2, weights.double(), slice(1, x.shape[1] - 1), mask)
-            model.lstm_combined = None
-            want, mask = model.run_combined(ids, weights)
-            model.lstm_combined = graphed
-            got, got_mask = model.run_combined(ids, weights)
+            want, mask = model.use_fast_path(packed).run_combined(ids, weights)
+            got, got_mask = model.use_fast_path(bucketed).run_combined(ids, weights)
             assert torch.equal(mask, got_mask)
             # the buckets pad rows and steps, so the products run in other shapes: as accurate, not equal
-            assert_as_accurate(got, want, exact, model.lstm.matmul_dtype, model.lstm, x.shape[1])
+            assert_as_accurate(got, want, exact, packed.dtype, model.lstm, x.shape[1])
             assert not got[~mask].any()  # the padding ran every step, and is zero in what comes back
     buckets = {(bucket_size(len(s)), bucket_size(max(map(len, s)) + 2)) for s in _batches()}  # +2: <S>, </S>
     assert set(graphed.graphs) == buckets and graphed.captures == 0

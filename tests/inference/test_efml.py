@@ -18,9 +18,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from elmo_cli.main import main
-from elmo_core.efml import _load_state
 from elmo_core.errors import WeightsError
 from export.onnx_export import export_onnx
+from formats.efml import _load_state
 from inference import Embedder
 from pipelines import embed_parquet
 

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from elmo_core import batch_to_ids, load_bilm
+from elmo_core import batch_to_ids
 from elmo_core.errors import InputError
+from formats import load_bilm
 from inference.elmo_module import Elmo, ElmoMix
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ from tests.helpers import SENTENCES
 from tests.serving.server_utils import ServerProcess
 
 MIX, GAMMA = [1.0, 0.0, -1.0], 0.5
-# The export's own parity bound against torch (inference.export_spec.TOLERANCES["fp32"]: 1e-4 on
+# The export's own parity bound against torch (formats.export_spec.TOLERANCES["fp32"]: 1e-4 on
 # every output); a mean or a unit-length scaling of such vectors stays within it (|v| ~ 1).
 ATOL = 1e-4
 

@@ -12,7 +12,7 @@ from elmo_cli.main import main
 from elmo_core import batch_to_ids
 from elmo_core.errors import InputError
 from export.build import build_for_machine
-from inference.errors import ExportError
+from formats.errors import ExportError
 from export.onnx_export import export_onnx
 from inference.embedder import Embedder
 from inference.onnx_backend import CACHE_DIR, OnnxBackend

@@ -13,7 +13,7 @@ import pytest
 
 from elmo_cli.main import main
 from elmo_core.errors import InputError
-from elmo_core.token_embeddings import TokenEmbeddingsError, read_token_embeddings
+from formats.token_embeddings import TokenEmbeddingsError, read_token_embeddings
 from inference import Embedder
 from pipelines import embed_parquet
 from corpora.sample import write_sample_corpus
@@ -50,7 +50,7 @@ def test_known_tokens_skip_the_char_cnn_with_the_same_vectors(fixture_model, fix
     plain = Embedder.open(fixture_model, token_cache=0)
     with_file = Embedder.open(fixture_model, token_cache=0, token_embeddings=str(fixture_dir / "elmo_token_embeddings.hdf5"),
                               token_vocab=str(fixture_dir / "vocab_test.txt"))
-    cache = with_file.backend.model.token_cache
+    cache = with_file.backend.fast.token_cache
     for output in ("all", "mixed"):
         for got, want in zip(with_file.embed_sentences(sentences, output=output),
                              plain.embed_sentences(sentences, output=output)):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from elmo_cli.main import main as cli
-from elmo_core import load_bilm
+from formats import load_bilm
 from training import checkpoint as ck
 from training.errors import TrainingError
 from training.init_from import read_softmax

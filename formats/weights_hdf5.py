@@ -11,9 +11,9 @@ import h5py
 import numpy as np
 import torch
 
-from .atomic import atomic_path
-from .bilm import BiLM
-from .errors import WeightsError
+from elmo_core.atomic import atomic_path
+from elmo_core.bilm import BiLM
+from elmo_core.errors import WeightsError
 
 _LSTM_CELL = "RNN_{d}/RNN/MultiRNNCell/Cell{l}/LSTMCell"  # d: 0 forward, 1 backward
 

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from .bilm import BiLM
-from .config import CharCnnConfig, DictionaryConfig, ElmoConfig, LstmConfig
-from .dictionaries import CHAR_SPECIALS, WORD_SPECIALS, DictionaryTokenizer, read_dictionary
-from .errors import WeightsError
+from elmo_core.bilm import BiLM
+from elmo_core.config import CharCnnConfig, DictionaryConfig, ElmoConfig, LstmConfig
+from elmo_core.dictionaries import CHAR_SPECIALS, WORD_SPECIALS, DictionaryTokenizer, read_dictionary
+from elmo_core.errors import WeightsError
 
 # The architecture file their released models name (configs/cnn_50_100_512_4096_sample.json in
 # their package; cnn_0_100_512_4096_sample.json is the same): found here when a released

@@ -1,20 +1,18 @@
 """Finding, loading and saving models: published (options.json + hdf5) and native (safetensors)."""
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .atomic import atomic_path
-from .bilm import BiLM
-from .config import ElmoConfig
-from .dictionaries import CHAR_SPECIALS, WORD_SPECIALS, DictionaryTokenizer, read_dictionary
-from .errors import WeightsError
-from .storage import is_uri, local_copy, open_input
+from elmo_core.atomic import atomic_path
+from elmo_core.bilm import BiLM
+from elmo_core.config import ElmoConfig
+from elmo_core.dictionaries import CHAR_SPECIALS, WORD_SPECIALS, DictionaryTokenizer, read_dictionary
+from elmo_core.errors import WeightsError
+from elmo_core.storage import is_uri, local_copy
 from .weights_hdf5 import load_hdf5_weights, save_hdf5_weights
 
 OPTIONS_NAME = "options.json"
@@ -132,19 +130,6 @@ def save_model(model: BiLM, out_dir: str | Path, fmt: str = "hdf5") -> ModelFile
             save_file(state, str(tmp))
         return ModelFiles(out_dir / OPTIONS_NAME, out_dir / NATIVE_NAME)
     raise WeightsError(f"unknown weights format {fmt!r}; use 'hdf5' or 'safetensors'")
-
-
-def file_sha256(path: str | Path) -> str:
-    """sha256 of a file's bytes, at a local path or a URI (``elmo_core.storage``)."""
-    h = hashlib.sha256()
-    with open_input(path) as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def count_parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
 
 
 def load_tokenizer(config: ElmoConfig, model_dir: Path) -> DictionaryTokenizer:

@@ -2,13 +2,19 @@
 
 The char-CNN is a pure function of a token's characters, so its output can be kept, like the
 original's token-embedding dump (``dump_token_embeddings``), but filled on the fly. Inference
-only; cleared whenever the encoder's parameters change.
+only; cleared whenever the encoder's parameters change. ``compute_token_embeddings`` makes a
+token-embedding file's vectors (``elmo dump-tokens``); ``preload_token_cache`` puts a file's into a
+cache after checking them against the model (the file format: ``formats.token_embeddings``).
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
+import numpy as np
 import torch
+
+from elmo_core.bilm import BiLM
+from formats.token_embeddings import TokenEmbeddings, TokenEmbeddingsError
 
 
 class TokenCache:
@@ -77,3 +83,42 @@ class TokenCache:
         self.store[start : start + len(keys)] = values
         self.index.update((k, start + i) for i, k in enumerate(keys))
         self.filled += len(keys)
+
+
+def compute_token_embeddings(model: BiLM, tokens: Sequence[str], chunk: int = 4096) -> np.ndarray:
+    """Each token's char-CNN representation (highway and projection included), as the model
+    computes it inside a sentence.
+
+    Shape: V tokens -> (V, P) float32.
+    """
+    ids = model.tokenizer.token_ids(tokens)  # (V, W)
+    device = next(model.parameters()).device
+    out = np.empty((len(tokens), model.config.lstm.projection_dim), dtype=np.float32)  # (V, P)
+    with torch.inference_mode():
+        for start in range(0, len(tokens), chunk):
+            part = torch.from_numpy(ids[start : start + chunk]).to(device)  # (n, C)
+            out[start : start + part.shape[0]] = model.encoder(part).float().cpu().numpy()  # (n, P)
+    return out
+
+
+def preload_token_cache(model: BiLM, table: TokenEmbeddings, cache: TokenCache, check_rows: int = 64) -> None:
+    """Put a file's vectors into ``cache`` so that its tokens skip the char-CNN, after checking
+    that this model computes the same vectors for a spread of its rows (atol = rtol = 1e-4): a file
+    dumped from another model is an error, not silently wrong vectors."""
+    ids = torch.from_numpy(model.tokenizer.token_ids(table.tokens))  # (V, W)
+    vectors = torch.from_numpy(table.vectors)  # (V, P)
+    P = model.config.lstm.projection_dim
+    if vectors.shape[1] != P:
+        raise TokenEmbeddingsError(f"token embeddings are {vectors.shape[1]}-wide but the model's projection is {P}; "
+                                   f"dump them from this model (elmo dump-tokens)")
+    device = next(model.parameters()).device
+    rows = torch.linspace(0, len(table.tokens) - 1, min(check_rows, len(table.tokens))).long().unique()  # (k,)
+    with torch.inference_mode():
+        fresh = model.encoder(ids[rows].to(device)).float().cpu()  # (k, P)
+    err = (fresh - vectors[rows]).abs() - 1e-4 * vectors[rows].abs()  # (k, P)
+    if err.max() > 1e-4:
+        k = int(rows[err.amax(dim=1).argmax()])
+        raise TokenEmbeddingsError(f"token embeddings do not match this model's char-CNN (token {table.tokens[k]!r}, "
+                                   f"row {k}: max |diff| {float((fresh - vectors[rows]).abs().max()):.3g}); "
+                                   f"dump them from this model (elmo dump-tokens)")
+    cache.preload(ids, vectors.to(device, next(model.parameters()).dtype), list(model.encoder.parameters()))

@@ -19,8 +19,8 @@ from typing import Iterator
 
 import torch
 
-from .errors import InputError
-from .names import PRECISIONS
+from elmo_core.errors import InputError
+from elmo_core.names import PRECISIONS
 
 _MATMUL_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -123,12 +123,3 @@ def tf32_products(enabled: bool) -> Iterator[None]:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
-
-def low_bmm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``a @ w`` with ``a`` rounded to ``w``'s type, the result in ``a``'s type (no casts when the
-    types agree).
-
-    Shape: a (D, N, K), w (D, K, M) -> (D, N, M).
-    """
-    return torch.bmm(a.to(w.dtype), w).to(a.dtype)

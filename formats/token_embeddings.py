@@ -11,16 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import h5py
 import numpy as np
-import torch
 
-from .atomic import atomic_path
-from .bilm import BiLM
-from .errors import ElmoError
-from .token_cache import TokenCache
+from elmo_core.atomic import atomic_path
+from elmo_core.errors import ElmoError
 
 EMBEDDING = "embedding"
 TOKENS = "tokens"
@@ -49,22 +45,6 @@ def read_vocab_lines(path: str | Path) -> list[str]:
     if not tokens:
         raise TokenEmbeddingsError(f"{path}: the vocabulary file is empty")
     return tokens
-
-
-def compute_token_embeddings(model: BiLM, tokens: Sequence[str], chunk: int = 4096) -> np.ndarray:
-    """Each token's char-CNN representation (highway and projection included), as the model
-    computes it inside a sentence.
-
-    Shape: V tokens -> (V, P) float32.
-    """
-    ids = model.tokenizer.token_ids(tokens)  # (V, W)
-    device = next(model.parameters()).device
-    out = np.empty((len(tokens), model.config.lstm.projection_dim), dtype=np.float32)  # (V, P)
-    with torch.inference_mode():
-        for start in range(0, len(tokens), chunk):
-            part = torch.from_numpy(ids[start : start + chunk]).to(device)  # (n, C)
-            out[start : start + part.shape[0]] = model.encoder(part).float().cpu().numpy()  # (n, P)
-    return out
 
 
 def write_token_embeddings(path: str | Path, table: TokenEmbeddings) -> None:
@@ -118,26 +98,3 @@ def _row_tokens(path: Path, stored: list[str] | None, vocab: str | Path | None) 
         raise TokenEmbeddingsError(f"{path}: its tokens differ from {vocab} at row {k}; "
                                    f"leave the vocabulary out (the file lists its own tokens)")
     return tokens
-
-
-def preload_token_cache(model: BiLM, table: TokenEmbeddings, cache: TokenCache, check_rows: int = 64) -> None:
-    """Put a file's vectors into ``cache`` so that its tokens skip the char-CNN, after checking
-    that this model computes the same vectors for a spread of its rows (atol = rtol = 1e-4): a file
-    dumped from another model is an error, not silently wrong vectors."""
-    ids = torch.from_numpy(model.tokenizer.token_ids(table.tokens))  # (V, W)
-    vectors = torch.from_numpy(table.vectors)  # (V, P)
-    P = model.config.lstm.projection_dim
-    if vectors.shape[1] != P:
-        raise TokenEmbeddingsError(f"token embeddings are {vectors.shape[1]}-wide but the model's projection is {P}; "
-                                   f"dump them from this model (elmo dump-tokens)")
-    device = next(model.parameters()).device
-    rows = torch.linspace(0, len(table.tokens) - 1, min(check_rows, len(table.tokens))).long().unique()  # (k,)
-    with torch.inference_mode():
-        fresh = model.encoder(ids[rows].to(device)).float().cpu()  # (k, P)
-    err = (fresh - vectors[rows]).abs() - 1e-4 * vectors[rows].abs()  # (k, P)
-    if err.max() > 1e-4:
-        k = int(rows[err.amax(dim=1).argmax()])
-        raise TokenEmbeddingsError(f"token embeddings do not match this model's char-CNN (token {table.tokens[k]!r}, "
-                                   f"row {k}: max |diff| {float((fresh - vectors[rows]).abs().max()):.3g}); "
-                                   f"dump them from this model (elmo dump-tokens)")
-    cache.preload(ids, vectors.to(device, next(model.parameters()).dtype), list(model.encoder.parameters()))

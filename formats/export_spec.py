@@ -10,11 +10,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from elmo_core import ElmoConfig
+from elmo_core import ElmoConfig, ScalarMix
 from elmo_core.names import EXPORT_PRECISIONS
 
 from .errors import ExportError
-from .outputs import layer_weights
 
 INPUT_NAME = "char_ids"
 MASK_NAME = "mask"
@@ -136,8 +135,8 @@ class ExportSpec:
         return TOLERANCES[self.precision]
 
     def normalized_mix(self) -> np.ndarray:
-        """gamma * softmax(s), computed in float64 (``inference.outputs.layer_weights``). Shape: (L+1,)."""
-        return layer_weights("mixed", self.n_layers, self.mix_weights, self.gamma)
+        """gamma * softmax(s), computed in float64 (``ScalarMix.layer_weights``). Shape: (L+1,)."""
+        return ScalarMix(self.n_layers, self.mix_weights, self.gamma).layer_weights()
 
     # ---- TensorRT -----------------------------------------------------------------------------
     def profile(self, min_bt: tuple[int, int], opt_bt: tuple[int, int],

@@ -1,0 +1,5 @@
+"""The files the project reads and writes: model directories (model_dir.py), the published hdf5 weights, ELMoForManyLangs, token-embedding files, the export spec and manifest.
+May import: elmo_core (tests/test_layers.py)."""
+from .model_dir import ModelFiles, load_bilm, resolve_model, save_model
+
+__all__ = ["ModelFiles", "load_bilm", "resolve_model", "save_model"]

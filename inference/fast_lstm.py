@@ -1,0 +1,211 @@
+"""The biLM's recurrence for inference: ``BiLstmStack.run_layer``'s maths, faster, autograd off.
+
+What it does that the reference (``elmo_core.lstm``) does not:
+- the state is updated in place and each step's output written straight into one buffer;
+- the input part of the gates (``x W_in + b``) is computed a chunk of whole steps at a time
+  (``chunk_rows``) into one reused buffer, not for the whole batch at once;
+- on x86 CPUs the recurrent and projection products use oneDNN weights packed once
+  (``inference.packed_gemm``) for matrices of ``packed_min_weights`` weights and up;
+- bf16 / fp16 products (``inference.precision``): weight copies made once, inputs rounded, results
+  fp32; bf16 on a CPU with bf16 instructions through packed oneDNN weights.
+
+Tested against the reference: tests/core/test_bilm.py (every option, both GEMM paths),
+tests/inference/test_fast_path.py, tests/core/test_precision.py.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import torch
+
+from elmo_core.lstm import BiLstmStack, Packing
+from elmo_core.lstm_cell import low_bmm
+
+from .packed_gemm import PackedLinear, packed_gemm_available
+
+# Rows of the input projection computed at a time: (2, 512, 4C) floats is 64 MiB at full size,
+# where the whole batch at once (2, N, 4C) was 512 MiB for a 4096-token batch. GEMMs of 512 rows
+# run at full speed.
+INPUT_CHUNK_ROWS = 512
+# Pre-packed oneDNN products for the recurrent step only from this many weights per matrix (P x 4C)
+# up. Measured on a 2-core AMD EPYC, model alone: full size (512 x 16384) 570 vs 488 tokens/s with
+# and without; the shipped small config (128 x 4096) 7.0k vs 7.6k; a 512 x 32 one 35k vs 45k: on
+# small matrices oneDNN's per-shape primitive set-up costs more than it saves.
+PACKED_MIN_WEIGHTS = 1 << 22
+
+
+def lstm_step_inplace(gates: torch.Tensor, c_prev: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor],
+                      cell_clip: float | None, proj_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``elmo_core.lstm_cell.lstm_step`` in place: ``gates`` is overwritten and ``c_prev`` (a view
+    into the caller's state buffer) becomes the new cell state, which is returned; ``project``
+    applies W_P (a pre-packed oneDNN product on x86 CPUs). No autograd.
+
+    Shape: gates (..., N, 4C), c_prev (..., N, C) -> h (..., N, P), c (..., N, C) (c_prev itself).
+    """
+    C = c_prev.shape[-1]
+    gates[..., :C].sigmoid_()  # i
+    gates[..., C : 2 * C].tanh_()  # j
+    gates[..., 2 * C :].sigmoid_()  # f, o
+    i, j, f, o = gates.chunk(4, dim=-1)  # (..., N, C) each
+    c = c_prev.mul_(f).addcmul_(i, j)  # (..., N, C): f c_prev + i j, in c_prev's buffer
+    if cell_clip is not None:
+        c.clamp_(-cell_clip, cell_clip)
+    h = project(o.mul_(torch.tanh(c)))  # (..., N, P)
+    if proj_clip is not None:
+        h.clamp_(-proj_clip, proj_clip)
+    return h, c
+
+
+class FastLstm:
+    """``run_layer(layer, xs, pack, h, c)`` as ``BiLstmStack.run_layer`` computes it, for inference.
+
+    ``dtype``: the type the products' inputs are rounded to (fp32: none). Weight copies and packed
+    weights are made on first use and remade when the stack's parameters change.
+    """
+
+    def __init__(self, stack: BiLstmStack, dtype: torch.dtype = torch.float32, chunk_rows: int = INPUT_CHUNK_ROWS,
+                 packed_min_weights: int = PACKED_MIN_WEIGHTS) -> None:
+        self.stack, self.dtype, self.chunk_rows = stack, dtype, chunk_rows
+        self.packed_min_weights = packed_min_weights
+        self._copies: tuple = (None, ())  # (key, (W_in, W_h, W_P) in dtype)
+        self._packed: tuple = (None, [])  # (key, per layer and direction (W_h, W_P, W_in) packed)
+
+    def run_layer(self, layer: int, xs: torch.Tensor, pack: Packing, h: torch.Tensor,
+                  c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Shape: xs (2, N, P), h (2, B, P), c (2, B, C) -> out (2, N, P), h, c."""
+        out = xs.new_empty(xs.shape[0], xs.shape[1], self.stack.cfg.projection_dim)  # (2, N, P)
+        h, c = h.clone(), c.clone()  # (2, B, P), (2, B, C): this layer's state, updated in place
+        step = self._step(layer)
+        parts = _input_parts(xs, pack.steps, self.chunk_rows, self._input_projection(layer))
+        for (start, n), gx_t in zip(pack.steps, parts):
+            h_new = step(gx_t, h[:, :n], c[:, :n])  # (2, n, P); c[:, :n] now holds the new cell state
+            out[:, start : start + n] = h_new
+            if pack.shared_first and start == 0:  # step 0 ran once: its state holds for every row
+                h[:], c[:] = h_new, c[:, :1].clone()
+            else:
+                h[:, :n] = h_new
+        return out, h, c
+
+    def _step(self, layer: int) -> Callable[..., torch.Tensor]:
+        """One step of both directions.
+
+        Shape: gx (2, n, 4C), h (2, n, P), c (2, n, C) -> h (2, n, P); ``c`` is updated in place.
+        """
+        clips = self.stack.clips
+        if self._packed_low():
+            return self._packed_low_step(layer)
+        if self.dtype != torch.float32:
+            w_state, w_proj = (w[layer] for w in self._weight_copies()[1:])  # (2, P, 4C), (2, C, P) reduced
+            return lambda gx, h, c: lstm_step_inplace(
+                low_bmm(h, w_state).add_(gx), c, lambda m: low_bmm(m, w_proj), *clips)[0]
+        if not self._use_packed():
+            w_state, w_proj = self.stack.w_state[layer].detach(), self.stack.w_proj[layer].detach()
+            return lambda gx, h, c: lstm_step_inplace(
+                torch.baddbmm(gx, h, w_state), c, lambda m: torch.bmm(m, w_proj), *clips)[0]
+        packed = self._packed_weights()[layer]
+
+        def step(gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+            h_new = h.new_empty(h.shape)  # (2, n, P)
+            for d, (w_s, w_p, _) in enumerate(packed):
+                h_new[d] = lstm_step_inplace(w_s(h[d]).add_(gx[d]), c[d], w_p, *clips)[0]
+            return h_new
+        return step
+
+    def _use_packed(self) -> bool:
+        w = self.stack.w_state
+        return packed_gemm_available(w.device) and w[0, 0].numel() >= self.packed_min_weights
+
+    def _packed_low(self) -> bool:
+        """bf16 products through oneDNN with weights packed once (AMX / AVX512-BF16 kernels on x86):
+        on a CPU, for matrices as large as the fp32 packed path's."""
+        return (self.dtype == torch.bfloat16 and self._use_packed()
+                and torch.ops.mkldnn._is_mkldnn_bf16_supported())  # False on AVX2-only CPUs: no bf16 packing
+
+    def _packed_low_step(self, layer: int) -> Callable[..., torch.Tensor]:
+        """``_step`` in bf16 on packed weights: ``gx`` holds the input part in bf16
+        (``_input_projection``); one GEMM adds the recurrent product to it and rounds the sum to
+        bf16 once; the gates, the cell state and the clips are fp32, as in every precision.
+
+        Shape: gx (2, n, 4C) bf16 (or a pair of (n, 4C)), h (2, n, P), c (2, n, C) fp32 -> h (2, n, P).
+        """
+        low, packed, clips = self.dtype, self._packed_weights()[layer], self.stack.clips
+
+        def step(gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+            h_new = h.new_empty(h.shape)  # (2, n, P)
+            for d, (w_s, w_p, _) in enumerate(packed):
+                gates = w_s.add(h[d].to(low), gx[d]).float()  # (n, 4C): h W_h + gx, rounded to bf16 once
+                h_new[d] = lstm_step_inplace(gates, c[d], lambda m: w_p(m.to(low)).float(), *clips)[0]
+            return h_new
+        return step
+
+    def _input_projection(self, layer: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The input part of the gates for a chunk of packed rows, ``x W_in + b``.
+
+        fp32: into one reused buffer; bf16 / fp16: products' inputs rounded, result fp32; packed
+        bf16: per direction, bf16, bias added inside the GEMM.
+        Shape: x (2, rows, P) -> (2, rows, 4C), or a pair of (rows, 4C) on the packed bf16 path.
+        """
+        bias = self.stack.gate_bias(layer).detach()  # (2, 1, 4C)
+        if self._packed_low():
+            packed, b = self._packed_weights()[layer], bias[:, 0]  # b (2, 4C) fp32
+            return lambda x: tuple(w_in(x[d].to(self.dtype), b[d]) for d, (_, _, w_in) in enumerate(packed))
+        w_input = self._weight_copies()[0][layer]  # (2, P, 4C)
+        if w_input.dtype != torch.float32:
+            return lambda x: torch.add(torch.bmm(x.to(w_input.dtype), w_input), bias)
+        buffer: list[torch.Tensor] = []
+
+        def project(x: torch.Tensor) -> torch.Tensor:
+            size = x.shape[0] * x.shape[1] * w_input.shape[-1]
+            if not buffer or buffer[0].numel() < size:
+                buffer[:] = [x.new_empty(size)]
+            return torch.baddbmm(bias, x, w_input, out=buffer[0][:size].view(x.shape[0], x.shape[1], -1))
+        return project
+
+    def _key(self, params: tuple[torch.Tensor, ...]) -> tuple:
+        return (self.dtype,) + tuple((w._version, w.data_ptr()) for w in params)
+
+    def _weight_copies(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(W_in, W_h, W_P) in ``dtype``: the parameters themselves in fp32, else copies made once.
+
+        Shape: (L, 2, P, 4C), (L, 2, P, 4C), (L, 2, C, P).
+        """
+        params = (self.stack.w_input, self.stack.w_state, self.stack.w_proj)
+        if self.dtype == torch.float32:
+            return tuple(w.detach() for w in params)  # type: ignore[return-value]
+        if self._copies[0] != self._key(params):
+            self._copies = (self._key(params), tuple(w.detach().to(self.dtype) for w in params))
+        return self._copies[1]
+
+    def _packed_weights(self) -> list[list[tuple[PackedLinear, PackedLinear, PackedLinear | None]]]:
+        """Per layer and direction (W_h, W_P, W_in) in ``dtype``, packed once. fp32 leaves W_in out
+        (its product runs as one large batched GEMM, where packing gains nothing)."""
+        s = self.stack
+        params = (s.w_state, s.w_proj, s.w_input)
+        if self._packed[0] != self._key(params):
+            pack = lambda w: PackedLinear(w.detach().to(self.dtype))  # noqa: E731
+            self._packed = (self._key(params), [
+                [(pack(s.w_state[l, d]), pack(s.w_proj[l, d]), pack(s.w_input[l, d]) if self.dtype != torch.float32 else None)
+                 for d in range(2)] for l in range(s.cfg.n_layers)])
+        return self._packed[1]
+
+
+def _input_parts(xs: torch.Tensor, steps: list[tuple[int, int]], chunk_rows: int,
+                 project: Callable[[torch.Tensor], torch.Tensor | tuple[torch.Tensor, ...]]) -> Iterator:
+    """Each step's input pre-activations, computed a chunk of whole steps at a time.
+
+    ``project`` may reuse its buffer: each part must be consumed before the next is drawn.
+    Shape: xs (2, N, P) -> per step (2, n_t, 4C), or a pair of (n_t, 4C) where ``project`` gives pairs.
+    """
+    i = 0
+    while i < len(steps):
+        j, rows = i, 0
+        while j < len(steps) and (rows == 0 or rows + steps[j][1] <= chunk_rows):
+            rows += steps[j][1]
+            j += 1
+        start, sizes = steps[i][0], [n for _, n in steps[i:j]]
+        gx = project(xs[:, start:start + rows])  # (2, rows, 4C), or a pair of (rows, 4C)
+        if isinstance(gx, tuple):
+            yield from zip(*(g.split(sizes, dim=0) for g in gx))
+        else:
+            yield from gx.split(sizes, dim=1)
+        i = j

@@ -1,0 +1,65 @@
+"""The biLM's inference fast path: ``elmo_core.bilm.FastPath`` for the torch backend.
+
+One object per backend, plugged into its model with ``BiLM.use_fast_path``; the model runs it only
+while autograd is off, so training never sees it. What each step adds to the reference:
+
+- ``encode``: a ``TokenCache`` of char-CNN outputs across batches (and a token-embedding file's
+  vectors preloaded into it); the char-CNN under ``torch.autocast`` in bf16 / fp16.
+- ``run_layer``: ``inference.fast_lstm.FastLstm`` (in-place steps, chunked input products,
+  packed oneDNN weights, reduced-precision weight copies).
+- ``combine``: the layers mixed while packed, each layer by ``run_layer``; with ``cuda_graphs``
+  the whole recurrence replayed as CUDA graphs (``inference.cuda_graphs.GraphedStack``).
+
+Each is tested against the reference model: tests/inference/test_fast_path.py, and every option
+in tests/core/test_bilm.py, every precision in tests/core/test_precision.py.
+"""
+from __future__ import annotations
+
+import torch
+
+from elmo_core.bilm import BiLM
+from elmo_core.lstm import Packing
+
+from .cuda_graphs import GraphedStack
+from .fast_lstm import INPUT_CHUNK_ROWS, PACKED_MIN_WEIGHTS, FastLstm
+from .precision import matmul_dtype
+from .token_cache import TokenCache
+
+
+class FastInference:
+    """``precision``: the products' precision (``inference.precision``; the caller enters
+    ``tf32_products`` around tf32 runs). ``token_cache``: None for none. ``cuda_graphs``: replay
+    ``combine`` as CUDA graphs (a CUDA device; ``capture=False`` runs the same bucketed path eagerly)."""
+
+    def __init__(self, model: BiLM, precision: str = "fp32", token_cache: TokenCache | None = None,
+                 cuda_graphs: bool = False, capture: bool = True, chunk_rows: int = INPUT_CHUNK_ROWS,
+                 packed_min_weights: int = PACKED_MIN_WEIGHTS) -> None:
+        self.model, self.precision, self.token_cache = model, precision, token_cache
+        self.dtype = matmul_dtype(precision)
+        self.lstm = FastLstm(model.lstm, self.dtype, chunk_rows, packed_min_weights)
+        self.graphs = GraphedStack(model.lstm, self.lstm.run_layer, capture=capture) if cuda_graphs else None
+
+    def encode(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """Shape: (U, C) distinct tokens -> (U, P) fp32."""
+        if self.token_cache is None:
+            return self._char_cnn(char_ids)
+        return self.token_cache.lookup(char_ids, self._char_cnn, list(self.model.encoder.parameters()))
+
+    def _char_cnn(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """The char-CNN, under autocast in bf16 / fp16; fp32 out. Shape: (N, C) -> (N, P)."""
+        if self.dtype == torch.float32:
+            return self.model.encoder(char_ids)
+        with torch.autocast(char_ids.device.type, dtype=self.dtype):
+            return self.model.encoder(char_ids).float()
+
+    def run_layer(self, layer: int, xs: torch.Tensor, pack: Packing, h: torch.Tensor,
+                  c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Shape: xs (2, N, P), h (2, B, P), c (2, B, C) -> out (2, N, P), h, c."""
+        return self.lstm.run_layer(layer, xs, pack, h, c)
+
+    def combine(self, x: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor, positions: slice = slice(None),
+                keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Shape: x (B, T, P), lengths (B,), weights (L+1,) -> (B, T', 2P)."""
+        if self.graphs is not None:
+            return self.graphs(x, lengths, weights, positions, keep)
+        return self.model.lstm.forward_combined(x, lengths, weights, positions, keep, self.lstm.run_layer)

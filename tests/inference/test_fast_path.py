@@ -1,0 +1,81 @@
+"""The inference fast path (``inference.fast_path.FastInference``) against the reference model it
+plugs into (``BiLM.use_fast_path``): each of its steps computes what the model computes.
+
+Every option of the model, with both recurrent products, is in tests/core/test_bilm.py; every
+precision in tests/core/test_precision.py; the CUDA-graph ``combine`` in test_cuda_graphs.py.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from elmo_core import batch_to_ids
+from formats import load_bilm
+from inference.fast_path import FastInference
+from inference.token_cache import TokenCache
+
+from tests.helpers import SENTENCES
+
+
+def _layers(model, ids, grad=False):
+    with torch.enable_grad() if grad else torch.inference_mode():
+        return model.run(ids).layers.detach()
+
+
+def test_fast_path_equals_the_model_and_is_off_while_autograd_is_on(tiny_dir):
+    """In-place steps, chunked input products and the packed mix vs the model's own recurrence
+    (``LstmSequence``): the same fp32 maths, products grouped differently (1e-6, measured ~1e-7)."""
+    model = load_bilm(tiny_dir)
+    ids = torch.from_numpy(batch_to_ids(SENTENCES))
+    reference = _layers(model, ids)
+    weights = torch.tensor([0.2, 0.3, 0.5])
+    with torch.inference_mode():
+        ref_mixed, _ = model.run_combined(ids, weights)
+    fast = FastInference(model)
+    model.use_fast_path(fast)
+    calls, run_layer = [], fast.lstm.run_layer
+    fast.lstm.run_layer = lambda *a: calls.append(a[0]) or run_layer(*a)  # counts the layers it runs
+    torch.testing.assert_close(_layers(model, ids), reference, atol=1e-6, rtol=0)
+    assert calls == [0, 1], "run did not go through the fast path"
+    with torch.inference_mode():
+        mixed, _ = model.run_combined(ids, weights)
+    torch.testing.assert_close(mixed, ref_mixed, atol=1e-6, rtol=0)
+    assert len(calls) == 4
+    trained = _layers(model, ids, grad=True)  # autograd on: the model's own path, never the fast one
+    assert len(calls) == 4
+    torch.testing.assert_close(trained, reference, atol=0, rtol=0)
+
+
+def test_token_cache_gives_the_same_vectors_and_follows_weight_changes(tiny_dir):
+    model = load_bilm(tiny_dir)
+    ids = torch.from_numpy(batch_to_ids(SENTENCES))
+    plain = _layers(model.use_fast_path(FastInference(model)), ids)
+    cache = TokenCache(max_tokens=20)  # smaller than the vocabulary: some tokens never cached
+    model.use_fast_path(FastInference(model, token_cache=cache))
+    first, second = _layers(model, ids), _layers(model, ids)
+    assert cache.hits > 0 and len(cache.index) == 20
+    # cached char-CNN rows were computed in other batch shapes: fp32 rounding only
+    torch.testing.assert_close(first, plain, atol=1e-6, rtol=0)
+    torch.testing.assert_close(second, plain, atol=1e-6, rtol=0)
+    with torch.no_grad():
+        model.encoder.proj_bias.add_(1.0)
+    changed = _layers(model, ids)
+    assert (changed - plain).abs().max() > 1e-3, "the weight change must show"
+    # as above: cached rows computed in another batch shape
+    torch.testing.assert_close(changed, _layers(model.use_fast_path(None), ids), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 3, 7])
+def test_input_projection_chunks_give_the_same_layers(tiny_dir, chunk_rows):
+    """The fast path computes W_x x a few whole steps at a time into a reused buffer: same numbers.
+
+    Chunks smaller than one step (1, 3 rows: every step is its own chunk) and spanning several
+    steps (7) are compared with one chunk for the whole batch.
+    """
+    model = load_bilm(tiny_dir)
+    ids = torch.from_numpy(batch_to_ids(SENTENCES))
+    whole_rows = ids.shape[0] * (ids.shape[1] + 2)
+    whole = _layers(model.use_fast_path(FastInference(model, chunk_rows=whole_rows)), ids)
+    chunked = _layers(model.use_fast_path(FastInference(model, chunk_rows=chunk_rows)), ids)
+    # input products in row chunks vs one GEMM: fp32 blocking differs
+    torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-6)
