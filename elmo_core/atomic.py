@@ -47,24 +47,36 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 @contextmanager
-def atomic_dir(path: str | Path, complete: str) -> Iterator[Path]:
+def atomic_dir(path: str | Path, complete: str, replace: bool = False) -> Iterator[Path]:
     """``with atomic_dir(d, "manifest.json") as tmp:`` fill the new directory ``tmp``; it becomes
     ``d`` when the block succeeds. If another process published ``d`` meanwhile (its ``complete``
-    file is there), theirs is kept and this one dropped. On an error ``tmp`` is removed."""
+    file is there), theirs is kept and this one dropped; with ``replace`` an existing ``d`` is
+    moved aside and removed instead (readers see the old directory or the new one, never a mix).
+    On an error ``tmp`` is removed and ``d`` is as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp, old = (path.with_name(f".{path.name}.{os.getpid()}{k}.tmp") for k in ("", ".old"))
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
         yield tmp
-        try:
-            os.rename(tmp, path)
-        except OSError:
-            if not (path / complete).is_file():  # not another process's finished copy: a real failure
+        if replace and path.exists():
+            os.rename(path, old)
+            try:
+                os.rename(tmp, path)
+            except OSError:
+                os.rename(old, path)
                 raise
+        else:
+            try:
+                os.rename(tmp, path)
+            except OSError:
+                if not (path / complete).is_file():  # not another process's finished copy: a real failure
+                    raise
+        fsync(path.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

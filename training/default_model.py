@@ -9,7 +9,6 @@ float32); a card (``card.json``) with the command, seed, split, tokens, time and
 """
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ import numpy as np
 
 from corpora.sotu import sotu_sentences
 from corpora.sotu_text import split_speeches
-from elmo_core.atomic import atomic_path, read_json_object, write_json_atomic
+from elmo_core.atomic import atomic_dir, atomic_path, read_json_object, write_json_atomic
 from inference import Embedder
 
 from .errors import TrainingError
@@ -78,9 +77,7 @@ def build_default_model(out: str | Path, work: str | Path, minutes: float, seed:
         raise TrainingError(f"{work / 'train' / 'summary.json'}: the run scored no held-out text")
     _, valid_ids = split_speeches()
     check = [t for _, t in zip(range(CHECK_SENTENCES), (t for _, t in sotu_sentences(valid_ids)))]
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:  # the directory appears whole or not at all: a failure removes the temporary one
+    with atomic_dir(out, CARD, replace=True) as tmp:  # the directory appears whole or not at all
         write_half(model, tmp)
         cosine = min_cosine(model, tmp, check)
         storage = "float16"
@@ -97,12 +94,6 @@ def build_default_model(out: str | Path, work: str | Path, minutes: float, seed:
                 "storage_min_cosine": cosine, "storage_check": f"{len(check)} held-out sentences, every token and layer",
                 "built": time.strftime("%Y-%m-%d", time.gmtime(started))}
         write_json_atomic(tmp / CARD, card)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log(f"default model: {out} ({storage}, min cosine {cosine:.6f} against float32; held-out perplexity "
         f"{summary['valid']['mean']:.1f})")
     return card

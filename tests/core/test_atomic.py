@@ -32,3 +32,21 @@ def test_a_file_is_replaced_whole(tmp_path):
     write_json_atomic(tmp_path / "r.json", {"a": 1})
     write_json_atomic(tmp_path / "r.json", {"a": 2})
     assert (tmp_path / "r.json").read_text() == '{\n  "a": 2\n}\n' and len(list(tmp_path.iterdir())) == 1
+
+
+def test_replace_swaps_a_directory_whole_and_a_failed_build_keeps_the_old_one(tmp_path):
+    """``replace`` (the shipped default model's OUT): the new directory takes the old one's place;
+    a build that fails leaves the old directory as it was."""
+    target = tmp_path / "model"
+    target.mkdir()
+    (target / "old-only").write_text("old")
+    with pytest.raises(RuntimeError):
+        with atomic_dir(target, "card.json", replace=True) as tmp:
+            (tmp / "card.json").write_text("{}")
+            raise RuntimeError("the build failed")
+    assert sorted(p.name for p in target.iterdir()) == ["old-only"]
+    with atomic_dir(target, "card.json", replace=True) as tmp:
+        (tmp / "card.json").write_text("{}")
+        assert (target / "old-only").exists()  # the old one is served while the new one is built
+    assert sorted(p.name for p in target.iterdir()) == ["card.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # nothing left aside
