@@ -102,7 +102,8 @@ class BiLM(nn.Module):
         self.fast_path = path
         return self
 
-    def _fast(self) -> FastPath | None:
+    def fast_path_in_use(self) -> FastPath | None:
+        """The plugged-in fast path while autograd is off, else None (the reference runs)."""
         return None if torch.is_grad_enabled() else self.fast_path
 
     def embed_tokens(self, char_ids: torch.Tensor, mask: torch.Tensor, dedup: bool = True) -> torch.Tensor:
@@ -113,7 +114,7 @@ class BiLM(nn.Module):
         B, T, C = char_ids.shape
         flat_mask = mask.reshape(-1)  # (B*T,)
         real = char_ids.reshape(-1, C)[flat_mask]  # (N, C)
-        fast = self._fast()
+        fast = self.fast_path_in_use()
         encode = fast.encode if fast is not None else self.encoder
         if dedup and real.shape[0] > 1:
             uniq, inverse = unique_rows(real)  # (U, C), (N,)
@@ -156,7 +157,7 @@ class BiLM(nn.Module):
         mask, lengths = self._mask(char_ids)
         T = char_ids.shape[1]
         x = self._with_boundaries(self.embed_tokens(char_ids, mask), lengths)  # (B, T+2, P)
-        fast = self._fast()
+        fast = self.fast_path_in_use()
         run = fast.combine if fast is not None else self.lstm.forward_combined
         combined = run(x, lengths + 2, weights.to(x.dtype), slice(1, T + 1), mask)  # (B, T, 2P)
         return combined, mask
@@ -170,7 +171,7 @@ class BiLM(nn.Module):
         x = self._with_boundaries(tokens, lengths)  # (B, T+2, P)
         full_mask = torch.arange(T + 2, device=x.device)[None, :] < (lengths + 2)[:, None]  # (B, T+2)
         shortcut = state is None and not keep_boundaries  # the boundary outputs are dropped anyway
-        fast = self._fast()
+        fast = self.fast_path_in_use()
         lstm_layers, new_state = self.lstm(x, lengths + 2, state, boundary_shortcut=shortcut,
                                            run_layer=fast.run_layer if fast is not None else None)  # L x (B, T+2, 2P)
         m = full_mask[:, :, None].to(x.dtype)  # (B, T+2, 1)

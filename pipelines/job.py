@@ -29,7 +29,7 @@ from .output_dir import open_output
 from .predictor import ElmoPredictor
 from .shard_loop import embed_shards
 from .stages import StageClock
-from .progress import Progress
+from .progress import ProgressBar
 from .schema import output_schema
 from .sink import COMMITS_DIR, COUNTS, JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, Output, claim_output_dir, \
     clean_strays, commit_name, discard_shard, remove_temporaries, verify_shard
@@ -107,7 +107,7 @@ def pending_shards(job: Job) -> list[Shard]:
     return pending
 
 
-def run_local(job: Job, shards: list[Shard], progress: Progress) -> tuple[list[dict], dict]:
+def run_local(job: Job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dict], dict]:
     """The local runner: the job's one model, in this process."""
     records = embed_shards(job.predictor, shards, job.out, job.schema, job.digest, progress.update, job.clock)
     return records, {"name": "local", "threads": job.opts.threads, "device": job.opts.device,
@@ -172,7 +172,7 @@ def _run(job: Job, lock: Any) -> dict:
     if opts.verify_inputs:
         _check_input_contents(job)
     shards = pending_shards(job)
-    progress = Progress(job.total_rows, sum(r["rows"] for r in job.kept), quiet=opts.quiet,
+    progress = ProgressBar(job.total_rows, sum(r["rows"] for r in job.kept), quiet=opts.quiet,
                         done_tokens=sum(r.get("tokens", 0) for r in job.kept))
     t0 = time.perf_counter()
     try:
@@ -231,7 +231,7 @@ def embed_parquet(input: str | Path, output_dir: str | Path, /, model: str | Pat
     return result
 
 
-def _runner(name: str) -> Callable[[Job, list[Shard], Progress], tuple[list[dict], dict]]:
+def _runner(name: str) -> Callable[[Job, list[Shard], ProgressBar], tuple[list[dict], dict]]:
     if name == "ray":
         from .ray_runner import run_ray
         return run_ray

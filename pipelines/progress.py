@@ -13,7 +13,7 @@ def _duration(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-class Progress:
+class ProgressBar:
     """``update(rows, tokens)`` after each batch; ``close()`` ends the line. Silent when ``quiet``.
     Rows and tokens both count the whole job (``done_*``: those of shards kept from an earlier run);
     the rates and the ETA count this run's work only."""

@@ -26,7 +26,7 @@ from runtime.ray_local import init_local_ray
 
 from .options import EmbedOptions, WorkerLostError
 from .predictor import ElmoPredictor
-from .progress import Progress
+from .progress import ProgressBar
 from .shard_loop import embed_shards
 from .sink import Output
 from .source import Shard
@@ -71,7 +71,7 @@ def _worker_cpus(ray, opts: EmbedOptions) -> float:  # type: ignore[no-untyped-d
     return max(0.25, min(float(opts.threads or 1), total / opts.workers))
 
 
-def run_ray(job, shards: list[Shard], progress: Progress) -> tuple[list[dict], dict]:  # type: ignore[no-untyped-def]
+def run_ray(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dict], dict]:  # type: ignore[no-untyped-def]
     opts: EmbedOptions = job.opts
     ray = _init_ray(opts)
     from ray.util import ActorPool

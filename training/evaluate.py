@@ -2,13 +2,15 @@
 
 Stateless by default, as the model is used (each sentence from a zero state); ``stateful=True``
 is bilm-tf's evaluation: ``batch_size`` rows each read a continuous stream of sentences, the LSTM
-state carried from sentence to sentence.
+state carried from sentence to sentence. The LSTM runs the inference recurrence
+(``inference.fast_path``), as ``elmo embed`` does.
 """
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import h5py
 import numpy as np
@@ -19,6 +21,7 @@ from elmo_core.atomic import atomic_path
 from elmo_core.errors import WeightsError
 from formats import resolve_model
 from formats.weights_hdf5 import load_hdf5_weights
+from inference.fast_path import FastInference
 
 from .data import BpttBatcher, SentenceBatcher, SentenceStream
 from .errors import CorpusError
@@ -28,6 +31,21 @@ from .vocab import Vocab
 SOFTMAX_NAME = "softmax.hdf5"
 
 
+def _on_the_fast_path(score: Callable[..., dict]) -> Callable[..., dict]:
+    """Run ``score(lm, ...)`` with the inference recurrence plugged into ``lm.bilm``
+    (``inference.fast_path``; autograd is off there), and the model as it was afterwards."""
+    @functools.wraps(score)
+    def scored(lm: LanguageModel, *args: Any, **kwargs: Any) -> dict:
+        previous = lm.bilm.fast_path
+        lm.bilm.use_fast_path(FastInference(lm.bilm))
+        try:
+            return score(lm, *args, **kwargs)
+        finally:
+            lm.bilm.use_fast_path(previous)
+    return scored
+
+
+@_on_the_fast_path
 @torch.no_grad()
 def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: int = 32,
                max_sentences: int | None = None, column: str | None = None, device: str = "cpu",

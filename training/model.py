@@ -15,30 +15,32 @@ from torch import nn
 
 from elmo_core import BiLM, ElmoConfig, LstmState
 from elmo_core.init import init_bilm
-from elmo_core.lstm import BiLstmStack, Packing
+from elmo_core.lstm import BiLstmStack, Packing, RunLayer
 
 from .objective import Candidates, LogUniformSampler, full_softmax_nll, sampled_softmax_nll
 from .segments import Segments
 from .sparse_softmax import SoftmaxRows
 
 
-def run_directions(lstm: BiLstmStack, xs: torch.Tensor, state: LstmState) -> tuple[torch.Tensor, LstmState]:
+def run_directions(lstm: BiLstmStack, xs: torch.Tensor, state: LstmState,
+                   run_layer: RunLayer | None = None) -> tuple[torch.Tensor, LstmState]:
     """Both directions over their own inputs, each read left to right from ``state``: every row
     runs every step, so the inputs are already packed time-major (BiLstmStack.run_packed).
 
     Shape: xs (2, T, B, P) (direction 0 forward, 1 backward), state h (L, 2, B, P), c (L, 2, B, C)
-    -> top layer (2, T, B, P), final state.
+    -> top layer (2, T, B, P), final state. ``run_layer``: see ``BiLstmStack.run_packed``.
     """
     D, T, B, P = xs.shape
-    outputs, final = lstm.run_packed(xs.reshape(D, T * B, P), Packing.full(B, T, xs.device), state)  # L x (2, T*B, P)
+    outputs, final = lstm.run_packed(xs.reshape(D, T * B, P), Packing.full(B, T, xs.device), state, run_layer)  # L x (2, T*B, P)
     return outputs[-1].view(D, T, B, P), final
 
 
-def run_segments(lstm: BiLstmStack, x: torch.Tensor, seg: Segments, state: LstmState) -> tuple[torch.Tensor, LstmState]:
+def run_segments(lstm: BiLstmStack, x: torch.Tensor, seg: Segments, state: LstmState,
+                 run_layer: RunLayer | None = None) -> tuple[torch.Tensor, LstmState]:
     """Both directions over sentence segments (training.segments), packed, each from its own
     initial state. Shape: x (2, B*T, P) rows' inputs in reading order -> top (2, B*T, P), final state."""
     xs = x.index_select(1, seg.source)  # (2, N, P)
-    outputs, seg_final = lstm.run_packed(xs, seg.packing, seg.initial(state))  # L x (2, N, P)
+    outputs, seg_final = lstm.run_packed(xs, seg.packing, seg.initial(state), run_layer)  # L x (2, N, P)
     padded = torch.cat([outputs[-1], outputs[-1].new_zeros(2, 1, outputs[-1].shape[-1])], dim=1)  # (2, N+1, P)
     return padded.index_select(1, seg.unpack), seg.final(state, seg_final)  # (2, B*T, P)
 
@@ -86,11 +88,13 @@ class LanguageModel(nn.Module):
         both_mask = mask[None].expand(D, B, T).reshape(D * B, T)  # (2B, T)
         x = self.bilm.embed_tokens(chars.reshape(D * B, T, C), both_mask)  # (2B, T, P)
         state = state if state is not None else self.zero_state(B)
+        fast = self.bilm.fast_path_in_use()  # evaluation: the inference recurrence (training.evaluate)
+        run_layer = fast.run_layer if fast is not None else None
         if starts is None:
-            top, final = run_directions(self.bilm.lstm, x.view(D, B, T, -1).transpose(1, 2), state)  # (2, T, B, P)
+            top, final = run_directions(self.bilm.lstm, x.view(D, B, T, -1).transpose(1, 2), state, run_layer)  # (2, T, B, P)
             top = top.transpose(1, 2)  # (2, B, T, P)
         else:
-            top, final = run_segments(self.bilm.lstm, x.view(D, B * T, -1), Segments.of(starts, mask), state)
+            top, final = run_segments(self.bilm.lstm, x.view(D, B * T, -1), Segments.of(starts, mask), state, run_layer)
             top = top.view(D, B, T, -1)  # (2, B, T, P)
         if self.training and self.bilm.lstm.dropout > 0:
             top = F.dropout(top, self.bilm.lstm.dropout, training=True)

@@ -79,3 +79,32 @@ def test_input_projection_chunks_give_the_same_layers(tiny_dir, chunk_rows):
     chunked = _layers(model.use_fast_path(FastInference(model, chunk_rows=chunk_rows)), ids)
     # input products in row chunks vs one GEMM: fp32 blocking differs
     torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-6)
+
+
+def test_perplexity_runs_the_fast_path_and_leaves_the_model_as_it_was(tmp_path):
+    """``elmo perplexity`` and a run's evaluations score through the inference recurrence; the
+    language model's own path (the reference) gives the same perplexities to rounding."""
+    from training.evaluate import perplexity
+    from training.model import LanguageModel
+    from training.vocab import Vocab
+    from tests.helpers import TINY_OPTIONS
+    from elmo_core import ElmoConfig
+
+    words = sorted({w for s in SENTENCES for w in s})
+    vocab = Vocab(["<S>", "</S>", "<UNK>"] + words)
+    lm = LanguageModel(ElmoConfig.from_dict(TINY_OPTIONS), len(vocab)).initialise(0)
+    corpus = tmp_path / "valid.txt"
+    corpus.write_text("\n".join(" ".join(s) for s in SENTENCES) + "\n", encoding="utf-8")
+    layers = []
+    run_layer = FastInference.run_layer
+    FastInference.run_layer = lambda self, *a: layers.append(a[0]) or run_layer(self, *a)
+    try:
+        fast = perplexity(lm, corpus, vocab, batch_size=2)
+    finally:
+        FastInference.run_layer = run_layer
+    assert layers and lm.bilm.fast_path is None  # scored on the fast path, then unplugged
+    with torch.no_grad():
+        reference = perplexity.__wrapped__(lm, corpus, vocab, batch_size=2)  # the model's own recurrence
+    assert fast["predictions"] == reference["predictions"] > 0
+    for k in ("forward", "backward", "mean"):
+        assert fast[k] == pytest.approx(reference[k], rel=1e-5), k  # fp32 sums grouped differently

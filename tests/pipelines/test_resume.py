@@ -114,9 +114,9 @@ def test_sigkill_of_a_ray_driver_takes_its_local_cluster_with_it(tiny_dir, tmp_p
 def test_progress_counts_rows_and_tokens_alike_over_a_resume():
     import io
 
-    from pipelines.progress import Progress
+    from pipelines.progress import ProgressBar
 
-    progress = Progress(100, done_rows=40, stream=io.StringIO(), done_tokens=400)  # 40 rows kept, 400 tokens
+    progress = ProgressBar(100, done_rows=40, stream=io.StringIO(), done_tokens=400)  # 40 rows kept, 400 tokens
     progress.update(10, 100)
     line = progress.line(progress.t0 + 2.0)
     assert "rows 50/100" in line and "tokens 500 |" in line and "| 50 tokens/s |" in line, line  # rate: this run's
