@@ -1,11 +1,7 @@
 """Token ids from character and word dictionaries, exactly as ELMoForManyLangs builds them
 (HIT-SCIR ELMoForManyLangs, elmoformanylangs/elmo.py and frontend.py, 0.0.4.post2).
 
-Their conventions, each kept:
-- a dictionary file is UTF-8, one ``token<TAB>id`` per line; lines split as Python's
-  ``str.splitlines`` does (their ``codecs.open`` splits on every Unicode line break); a line that
-  ``strip()`` leaves with one field is the character U+3000 (a whitespace character stripped
-  away: their loader inserts it); ids must be exactly 0..n-1;
+Their conventions, each kept (their dictionary files are read by ``formats.model_dir.read_dictionary``):
 - a sentence is ``<bos> tokens... <eos>``; a token longer than ``max_chars - 2`` characters is cut
   to that many, for its characters and its word lookup alike;
 - a token's characters are ``[id(<eow>), its characters..., id(<bow>), id(<pad>)...]``: their code
@@ -18,38 +14,14 @@ word id (+1) is one more column after the characters.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from .chars import pad_batch
-from .errors import WeightsError
 
 CHAR_SPECIALS = ("<bos>", "<eos>", "<oov>", "<pad>", "<bow>", "<eow>")
 WORD_SPECIALS = ("<oov>", "<bos>", "<eos>", "<pad>")
-
-
-def read_dictionary(path: str | Path, specials: Sequence[str]) -> dict[str, int]:
-    """A ``token<TAB>id`` dictionary file, checked: ids 0..n-1 once each, ``specials`` present."""
-    path = Path(path)
-    if not path.is_file():
-        raise WeightsError(f"{path}: dictionary file not found")
-    out: dict[str, int] = {}
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
-        fields = line.strip().split("\t")
-        if len(fields) == 1:
-            fields.insert(0, "\u3000")  # their loader's rule for a character that strip() removed
-        try:
-            out[fields[0]] = int(fields[1])
-        except ValueError:
-            raise WeightsError(f"{path}: line {n + 1} is not 'token<TAB>id' ({line!r})") from None
-    if sorted(out.values()) != list(range(len(out))):
-        raise WeightsError(f"{path}: ids must be 0..{len(out) - 1}, each once (the embedding has one row per entry)")
-    missing = [s for s in specials if s not in out]
-    if missing:
-        raise WeightsError(f"{path}: lacks the special entries {missing}")
-    return out
 
 
 class DictionaryTokenizer:

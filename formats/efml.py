@@ -26,8 +26,10 @@ import torch
 
 from elmo_core.bilm import BiLM
 from elmo_core.config import CharCnnConfig, DictionaryConfig, ElmoConfig, LstmConfig
-from elmo_core.dictionaries import CHAR_SPECIALS, WORD_SPECIALS, DictionaryTokenizer, read_dictionary
+from elmo_core.dictionaries import CHAR_SPECIALS, WORD_SPECIALS, DictionaryTokenizer
 from elmo_core.errors import WeightsError
+
+from .model_dir import read_dictionary
 
 # The architecture file their released models name (configs/cnn_50_100_512_4096_sample.json in
 # their package; cnn_0_100_512_4096_sample.json is the same): found here when a released

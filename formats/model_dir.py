@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
@@ -10,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from elmo_core.atomic import atomic_path
 from elmo_core.bilm import BiLM
 from elmo_core.config import ElmoConfig
-from elmo_core.dictionaries import CHAR_SPECIALS, WORD_SPECIALS, DictionaryTokenizer, read_dictionary
+from elmo_core.dictionaries import CHAR_SPECIALS, WORD_SPECIALS, DictionaryTokenizer
 from elmo_core.errors import WeightsError
 from elmo_core.storage import is_uri, local_copy
 from .weights_hdf5 import load_hdf5_weights, save_hdf5_weights
@@ -130,6 +131,34 @@ def save_model(model: BiLM, out_dir: str | Path, fmt: str = "hdf5") -> ModelFile
             save_file(state, str(tmp))
         return ModelFiles(out_dir / OPTIONS_NAME, out_dir / NATIVE_NAME)
     raise WeightsError(f"unknown weights format {fmt!r}; use 'hdf5' or 'safetensors'")
+
+
+def read_dictionary(path: str | Path, specials: Sequence[str]) -> dict[str, int]:
+    """An ELMoForManyLangs dictionary file, checked: ids 0..n-1 once each, ``specials`` present.
+
+    Their format, kept: UTF-8, one ``token<TAB>id`` per line; lines split as Python's
+    ``str.splitlines`` does (their ``codecs.open`` splits on every Unicode line break); a line that
+    ``strip()`` leaves with one field is the character U+3000 (a whitespace character stripped
+    away: their loader inserts it).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsError(f"{path}: dictionary file not found")
+    out: dict[str, int] = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        fields = line.strip().split("\t")
+        if len(fields) == 1:
+            fields.insert(0, "\u3000")  # their loader's rule for a character that strip() removed
+        try:
+            out[fields[0]] = int(fields[1])
+        except ValueError:
+            raise WeightsError(f"{path}: line {n + 1} is not 'token<TAB>id' ({line!r})") from None
+    if sorted(out.values()) != list(range(len(out))):
+        raise WeightsError(f"{path}: ids must be 0..{len(out) - 1}, each once (the embedding has one row per entry)")
+    missing = [s for s in specials if s not in out]
+    if missing:
+        raise WeightsError(f"{path}: lacks the special entries {missing}")
+    return out
 
 
 def load_tokenizer(config: ElmoConfig, model_dir: Path) -> DictionaryTokenizer:
