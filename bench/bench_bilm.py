@@ -107,15 +107,23 @@ def compare_precisions(model_dir: Path, batches: list[list[list[str]]], threads:
     """torch fp32 and each other precision in turns, twice; best tokens/s of each; min cosine
     against torch fp32. ONNX ones run the export ``elmo embed --backend onnx --precision P`` builds
     (``export.cache``, under ``workdir``; the first run exports and validates)."""
-    from inference.precision import BF16_CPU_FLAGS, INT8_CPU_FLAGS, cpu_flags
+    from elmo_core.errors import InputError
+    from inference.precision import BF16_CPU_FLAGS, INT8_CPU_FLAGS, bf16_cpu_warning, cpu_flags
     from export.cache import cached_onnx_export
     from inference.registry import open_backend
 
     flags = cpu_flags()
     shown = [f for f in BF16_CPU_FLAGS + INT8_CPU_FLAGS + ("avx512f", "avx2") if f in flags]
     print(f"CPU flags: {' '.join(shown) or 'none of the bf16 / int8 ones'}")
+    refused = {}
+    for p in precisions:
+        try:
+            bf16_cpu_warning(p, "cpu")
+        except InputError as e:  # what `elmo embed --precision p` refuses here: scalar products, hours
+            refused[p] = str(e)
+            print(f"torch {p}: refused on this CPU, as the CLI refuses it ({e})")
     runners = {f"torch {p}": TorchBackend.from_files(model_dir, threads=threads, precision=p)
-               for p in dict.fromkeys(["fp32", *precisions])}
+               for p in dict.fromkeys(["fp32", *precisions]) if p not in refused}
     for p in onnx_precisions:
         t0 = time.perf_counter()
         export, built = cached_onnx_export(model_dir, p, threads=threads, root=workdir / "cache")
