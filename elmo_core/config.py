@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from .atomic import write_json_atomic
 from .errors import ConfigError
 
 ACTIVATIONS = ("relu", "tanh")
@@ -163,7 +164,7 @@ class ElmoConfig:
         return out
 
     def to_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+        write_json_atomic(path, self.to_dict(), sort_keys=False)
 
     def with_training(self, **kw: Any) -> "ElmoConfig":
         return replace(self, training=replace(self.training, **kw))

@@ -22,8 +22,7 @@ from typing import Callable
 from elmo_core import InputError
 from elmo_core.atomic import atomic_dir
 from elmo_core.names import VALIDATED_EXPORT_PRECISIONS
-from elmo_core.storage import file_sha256
-from elmo_core.storage import cache_root
+from elmo_core.storage import cache_root, file_sha256
 from formats.export_manifest import FORMAT_VERSION, MANIFEST_NAME
 from formats.export_spec import DEFAULT_OPSET
 from formats.model_dir import resolve_model

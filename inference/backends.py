@@ -26,7 +26,7 @@ from runtime import use_threads
 from .fast_path import FastInference
 from .host_copy import PinnedCopies
 from .outputs import VectorRequest, combine_layers, finish_on_device, reduce_on_device
-from .precision import check_precision, tf32_products
+from .precision import check_precision
 from .token_cache import TokenCache, preload_token_cache
 
 _TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16}
@@ -146,7 +146,6 @@ class TorchBackend(BackendBase):
         if token_vocab is not None and token_embeddings is None:
             raise InputError("token_vocab (--token-vocab) names the rows of a token-embedding file; pass that file too")
         self.model = model.eval().to(device)
-        self.precision = precision
         cache = TokenCache(token_cache) if token_cache > 0 or token_embeddings is not None else None
         if token_embeddings is not None:
             preload_token_cache(self.model, read_token_embeddings(token_embeddings, token_vocab), cache)
@@ -168,7 +167,7 @@ class TorchBackend(BackendBase):
 
     def run(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ids = torch.from_numpy(np.ascontiguousarray(char_ids)).to(self.device)
-        with torch.inference_mode(), tf32_products(self.precision == "tf32"):
+        with self.fast.running():
             out = self.stateful.run(ids) if self.stateful else self.model.run(ids)
         return out.layers.float().cpu().numpy(), out.mask.cpu().numpy()
 
@@ -190,7 +189,7 @@ class TorchBackend(BackendBase):
             return super().submit(char_ids, request, keep)
         ids = torch.from_numpy(np.ascontiguousarray(char_ids)).to(self.device)
         weights = request.weights(self.config.n_output_layers)
-        with torch.inference_mode(), tf32_products(self.precision == "tf32"):
+        with self.fast.running():
             if weights is not None:
                 x, _ = self.model.run_combined(ids, torch.from_numpy(weights).to(self.device))  # (B, T, D)
             else:
@@ -206,9 +205,13 @@ class TorchBackend(BackendBase):
                             dtype: np.dtype | type) -> tuple[torch.Tensor, torch.Tensor]:
         """Shape: char_ids (B, T, C), weights (L+1,) -> (B, T, 2P) in ``dtype``, mask (B, T), on the device."""
         ids = torch.from_numpy(np.ascontiguousarray(char_ids)).to(self.device)
-        with torch.inference_mode(), tf32_products(self.precision == "tf32"):
+        with self.fast.running():
             combined, mask = self.model.run_combined(ids, torch.from_numpy(weights).to(self.device))  # (B, T, 2P)
             return combined.to(_TORCH_DTYPES[np.dtype(dtype)]), mask
+
+    @property
+    def precision(self) -> str:
+        return self.fast.precision
 
     def device_report(self) -> dict:
         """On CUDA: peak GPU memory allocated and reserved, and the CUDA graphs kept, captured, replayed."""

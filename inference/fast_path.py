@@ -15,6 +15,9 @@ in tests/core/test_bilm.py, every precision in tests/core/test_precision.py.
 """
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 
 from elmo_core.bilm import BiLM
@@ -22,13 +25,12 @@ from elmo_core.lstm import Packing
 
 from .cuda_graphs import GraphedStack
 from .fast_lstm import INPUT_CHUNK_ROWS, PACKED_MIN_WEIGHTS, FastLstm
-from .precision import matmul_dtype
+from .precision import matmul_dtype, tf32_products
 from .token_cache import TokenCache
 
 
 class FastInference:
-    """``precision``: the products' precision (``inference.precision``; the caller enters
-    ``tf32_products`` around tf32 runs). ``token_cache``: None for none. ``cuda_graphs``: replay
+    """``precision``: the products' precision (``inference.precision``; runs go inside ``running()``). ``token_cache``: None for none. ``cuda_graphs``: replay
     ``combine`` as CUDA graphs (a CUDA device; ``capture=False`` runs the same bucketed path eagerly)."""
 
     def __init__(self, model: BiLM, precision: str = "fp32", token_cache: TokenCache | None = None,
@@ -38,6 +40,12 @@ class FastInference:
         self.dtype = matmul_dtype(precision)
         self.lstm = FastLstm(model.lstm, self.dtype, chunk_rows, packed_min_weights)
         self.graphs = GraphedStack(model.lstm, self.lstm.run_layer, capture=capture) if cuda_graphs else None
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Where the model runs on this path: no autograd (so the model takes it), tf32 products for tf32."""
+        with torch.inference_mode(), tf32_products(self.precision == "tf32"):
+            yield
 
     def encode(self, char_ids: torch.Tensor) -> torch.Tensor:
         """Shape: (U, C) distinct tokens -> (U, P) fp32."""

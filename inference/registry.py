@@ -15,8 +15,7 @@ from typing import Any, Sequence
 from elmo_core import ElmoConfig, InputError
 from elmo_core.atomic import read_json_object
 from elmo_core.names import EXPORT_PRECISIONS, PRECISIONS
-from elmo_core.storage import file_sha256
-from elmo_core.storage import is_uri, local_copy
+from elmo_core.storage import file_sha256, is_uri, local_copy
 from formats.model_dir import resolve_model
 from inference.precision import check_precision
 

@@ -18,7 +18,6 @@ and the commit need conditional writes, see ``pipelines.store_lock``).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from pathlib import Path
 from typing import Any, Iterator
@@ -26,13 +25,13 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from elmo_core.atomic import TMP_GLOB, fsync, parse_json_object, read_json_object, write_json_atomic
-from elmo_core.storage import file_sha256
+from elmo_core.atomic import TMP_GLOB, fsync, json_text, parse_json_object, read_json_object, write_json_atomic
 from elmo_core.errors import InputError
-from elmo_core.storage import dataset_source, is_uri, open_input, redacted, s3_client, s3_location
+from elmo_core.storage import dataset_source, file_sha256, is_uri, open_input, redacted, s3_client, s3_location
 
 from .lock import OutputLock
 from .options import OutputDirError
+
 
 def open_output(spec: str | Path) -> "LocalDir | StoreDir":
     if not is_uri(spec):
@@ -238,7 +237,7 @@ class StoreDir(_Readable):
         return parse_json_object(text, self.where(name))
 
     def write_json(self, name: str, obj: Any) -> None:
-        body = (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+        body = json_text(obj).encode()
         with self._errors(name):  # one PUT: the object is the old one or the whole new one
             s3_client().put_object(Bucket=self.bucket, Key=self.key(name), Body=body)
 

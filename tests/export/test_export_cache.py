@@ -13,8 +13,7 @@ import pytest
 
 from corpora.sample import write_sample_corpus
 from elmo_cli.main import main
-from elmo_core.storage import file_sha256
-from elmo_core.storage import cache_root
+from elmo_core.storage import cache_root, file_sha256
 from export.cache import cached_onnx_export
 from formats.model_dir import resolve_model
 from inference.precision import INT8_CPU_FLAGS, int8_cpu_report
