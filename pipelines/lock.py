@@ -56,10 +56,8 @@ class OutputLock:
             os.close(fd)
             raise
         self.fd = fd
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                  "command": " ".join(sys.argv)[:500]}
         os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        os.pwrite(fd, (json.dumps(holder_record()) + "\n").encode(), 0)
         return self
 
     def check(self) -> None:
@@ -72,10 +70,22 @@ class OutputLock:
             self.fd = None
 
 
-def _read_holder(fd: int) -> str:
-    try:
-        holder = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
-    except (OSError, ValueError):
+def holder_record(since: str | None = None, **more: object) -> dict:
+    """What a lock records of its holder (both locks: this one and ``pipelines.store_lock``'s)."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "since": since or time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "command": " ".join(sys.argv)[:500], **more}
+
+
+def describe_holder(holder: object) -> str:
+    """A holder record in words, for the refusal a second job gets."""
+    if not isinstance(holder, dict) or not holder:
         return "holder unknown"
     return (f"pid {holder.get('pid')} on host {holder.get('host')}, since {holder.get('since')}: "
             f"{holder.get('command', '')}")
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        return describe_holder(json.loads(os.pread(fd, 4096, 0).decode() or "{}"))
+    except (OSError, ValueError):
+        return "holder unknown"

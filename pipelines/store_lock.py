@@ -31,7 +31,7 @@ from typing import Any
 
 from elmo_core.storage import redacted, s3_client
 
-from .lock import LOCK_FILE
+from .lock import LOCK_FILE, describe_holder, holder_record
 from .options import OutputDirError
 
 LOCK_NAME = LOCK_FILE
@@ -49,16 +49,12 @@ class StoreLock:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _record(self, released: bool = False) -> bytes:
-        return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "released": released,
-                           "since": self.since, "lease_seconds": self.lease,
-                           "command": " ".join(sys.argv)[:500]}).encode()
-
-    def _put(self, **condition: str) -> str | None:
-        """Write the record under ``condition``; its new ETag, or None if the condition failed."""
+    def _put(self, released: bool = False, **condition: str) -> str | None:
+        """Write the holder record under ``condition``; its new ETag, or None if the condition failed."""
         from botocore.exceptions import BotoCoreError, ClientError
+        body = json.dumps(holder_record(self.since, released=released, lease_seconds=self.lease)).encode()
         try:
-            return s3_client().put_object(Bucket=self.out.bucket, Key=self.key, Body=self._record(), **condition)["ETag"]
+            return s3_client().put_object(Bucket=self.out.bucket, Key=self.key, Body=body, **condition)["ETag"]
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
                 return None
@@ -72,7 +68,7 @@ class StoreLock:
             holder, etag, age = self._current()
             if not _free(holder, age):
                 raise OutputDirError(
-                    f"{self.out} is in use by another elmo embed job ({_describe(holder)}; lease renewed {age:.0f} s "
+                    f"{self.out} is in use by another elmo embed job ({describe_holder(holder)}; lease renewed {age:.0f} s "
                     f"ago); one job at a time per output: wait for it to finish or stop it (a stopped job releases "
                     f"the lock; a killed one on another host after its {holder.get('lease_seconds', self.lease):.0f} s "
                     f"lease), then rerun with --resume")
@@ -121,13 +117,11 @@ class StoreLock:
         if self._thread is not None:
             self._thread.join()
         if self.etag is not None and not self.lost:
-            from botocore.exceptions import BotoCoreError, ClientError
             try:  # released: the next job takes it at once; if another took it meanwhile, it stays theirs
-                s3_client().put_object(Bucket=self.out.bucket, Key=self.key, IfMatch=self.etag,
-                                       Body=self._record(released=True))
-            except (ClientError, BotoCoreError) as e:  # not released: its lease runs out by itself
-                print(f"warning: {self.out}: the lock was not released ({redacted(e)}); it frees itself in "
-                      f"{self.lease:.0f} s", file=sys.stderr)
+                self._put(released=True, IfMatch=self.etag)
+            except OutputDirError as e:  # not released: its lease runs out by itself
+                print(f"warning: the lock was not released ({e}); it frees itself in {self.lease:.0f} s",
+                      file=sys.stderr)
         self.etag = None
 
 
@@ -143,8 +137,3 @@ def _free(holder: dict, age: float) -> bool:
             return False
     return False
 
-
-def _describe(holder: dict) -> str:
-    if not holder:
-        return "holder unknown"
-    return f"pid {holder.get('pid')} on host {holder.get('host')}, since {holder.get('since')}: {holder.get('command', '')}"
