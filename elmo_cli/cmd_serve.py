@@ -11,7 +11,7 @@ from elmo_cli.cmd_tokens import add_token_embedding_arguments
 from elmo_core.errors import InputError
 from elmo_cli.precision_args import add_precision_argument, settle_precision
 from inference.registry import BACKEND_NAMES, check_device, check_precision_for, model_config
-from serving.limits import AccessOptions, ConnectionLimits, ServeLimits
+from serving.limits import AccessOptions, ConnectionLimits, ServeLimits, check_port
 
 def _add_fields(group: argparse._ArgumentGroup, cls: type) -> None:
     """One flag per field of the frozen dataclass ``cls`` (help: the field's metadata)."""
@@ -64,6 +64,7 @@ def _ignore(signum: int, frame: object) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    check_port(args.port)
     limits, connections = _from_args(ServeLimits, args), _from_args(ConnectionLimits, args)
     access = AccessOptions(args.api_key, args.protect_probes, tuple(args.cors_allow_origin))
     check_device(args.device, args.backend)

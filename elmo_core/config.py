@@ -6,6 +6,7 @@ values of the wrong type are errors; absent optional keys take the original's de
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -133,8 +134,14 @@ class ElmoConfig:
             options = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"{path}: options file not found") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: not valid JSON ({e})") from None
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot be read ({e.strerror or e})") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not UTF-8 text ({e}); options.json is UTF-8 JSON") from None
+        except RecursionError:
+            raise ConfigError(f"{path}: nested too deeply to be an options.json (an object of a few levels)") from None
+        except ValueError as e:  # JSONDecodeError, or an integer of more digits than Python converts
+            raise ConfigError(f"{path}: not valid JSON ({str(e)[:200]})") from None
         return _from_options(options, str(path))
 
     def to_dict(self) -> dict[str, Any]:
@@ -194,6 +201,8 @@ def _clip(value: Any, where: str) -> float | None:
     if value is None:
         return None
     _check_type(value, (int, float), where)
+    if not math.isfinite(value):
+        raise ConfigError(f"{where}: must be a finite number (0 or null: no clipping), got {value!r}")
     return float(value) if value > 0 else None
 
 
@@ -253,6 +262,8 @@ def _parse_training(d: dict[str, Any], where: str) -> TrainingConfig:
     for k in _TRAIN_KEYS & set(d):
         kw[k] = _check_type(d[k], types[k], f"{where}.{k}")
         if k in ("dropout", "all_clip_norm_val"):
+            if not math.isfinite(kw[k]):
+                raise ConfigError(f"{where}.{k}: must be a finite number, got {kw[k]!r}")
             kw[k] = float(kw[k])
     return TrainingConfig(**kw)
 
@@ -264,13 +275,14 @@ def _from_options(options: Any, source: str) -> ElmoConfig:
         raise ConfigError(f"{source}: no 'char_cnn' section; only character-based ELMo models are supported")
     if "lstm" not in options:
         raise ConfigError(f"{source}: no 'lstm' section")
-    return ElmoConfig(
-        char_cnn=_parse_char_cnn(options["char_cnn"], f"{source}: char_cnn"),
-        lstm=_parse_lstm(options["lstm"], f"{source}: lstm"),
-        training=_parse_training(options, source),
-        dictionaries=_parse_dictionaries(options["dictionaries"], f"{source}: dictionaries")
-        if "dictionaries" in options else None,
-    )
+    parts = dict(char_cnn=_parse_char_cnn(options["char_cnn"], f"{source}: char_cnn"),
+                 lstm=_parse_lstm(options["lstm"], f"{source}: lstm"), training=_parse_training(options, source),
+                 dictionaries=_parse_dictionaries(options["dictionaries"], f"{source}: dictionaries")
+                 if "dictionaries" in options else None)
+    try:
+        return ElmoConfig(**parts)
+    except ConfigError as e:  # a value out of range: named with the file it came from
+        raise ConfigError(f"{source}: {e}") from None
 
 
 def _parse_dictionaries(d: Any, where: str) -> DictionaryConfig:
@@ -287,13 +299,67 @@ def _parse_dictionaries(d: Any, where: str) -> DictionaryConfig:
 
 
 # ---- validation -------------------------------------------------------------------------------
+MAX_INT = 2**31 - 1  # any count in options.json (epochs, tokens, vocabulary)
+MAX_WIDTH = 65536  # a layer's width: lstm.dim, projection_dim, embedding dims, filters per width
+MAX_PARAMETERS = 2**31  # 8 GiB of float32: the model is allocated whole when it loads
+# The other counts, each far above every published model's (full size: 2 layers, 50 characters).
+LIMITS = {"lstm.dim": MAX_WIDTH, "lstm.projection_dim": MAX_WIDTH, "lstm.n_layers": 64,
+          "char_cnn.embedding.dim": MAX_WIDTH, "char_cnn.n_highway": 64, "char_cnn.max_characters_per_token": 1024,
+          "char_cnn.n_characters": 2**24, "char_cnn.filters": 64, "char_cnn.filters n_filters": MAX_WIDTH,
+          "dictionaries.word_dim": MAX_WIDTH, "dictionaries.n_words": 2**27, "training.n_train_tokens": 2**62}
+
+
 def _positive(value: int, where: str) -> None:
     if value <= 0:
         raise ConfigError(f"{where} must be positive, got {value}")
 
 
+def _at_most(value: int, where: str) -> None:
+    limit = LIMITS.get(where, MAX_INT)
+    if value > limit:
+        raise ConfigError(f"{where} is {value}, over the limit of {limit:,}: not an ELMo model this program "
+                          f"can allocate (check the value)")
+
+
+def parameter_count(cfg: "ElmoConfig") -> int:
+    """The model's weights, counted before any is allocated: char and word embeddings, the
+    convolutions, highway and projection, both directions of every LSTM layer."""
+    cc, ls, d = cfg.char_cnn, cfg.lstm, cfg.dictionaries
+    F, P, C = cc.n_filters, ls.projection_dim, ls.dim
+    words = d.n_words * d.word_dim if d is not None else 0
+    encoder = cfg.char_rows * cc.embedding_dim + sum(cc.embedding_dim * w * n + n for w, n in cc.filters)
+    encoder += cc.n_highway * (2 * F * F + 2 * F) + (F + (d.word_dim if d is not None else 0)) * P + P
+    return words + encoder + ls.n_layers * 2 * (P * 4 * C + P * 4 * C + 4 * C + C * P)
+
+
+def _check_sizes(cfg: "ElmoConfig") -> None:
+    """Every count within its limit, then the product that is allocated: the weights."""
+    cc, ls, d = cfg.char_cnn, cfg.lstm, cfg.dictionaries
+    values = {"lstm.dim": ls.dim, "lstm.projection_dim": ls.projection_dim, "lstm.n_layers": ls.n_layers,
+              "char_cnn.embedding.dim": cc.embedding_dim, "char_cnn.n_highway": cc.n_highway,
+              "char_cnn.max_characters_per_token": cc.max_characters_per_token,
+              "char_cnn.n_characters": cc.n_characters, "char_cnn.filters": len(cc.filters),
+              **{f"training.{f.name}": getattr(cfg.training, f.name) for f in fields(TrainingConfig)
+                 if isinstance(getattr(cfg.training, f.name), int)}}
+    if d is not None:
+        values |= {"dictionaries.word_dim": d.word_dim, "dictionaries.n_words": d.n_words}
+    for where, value in values.items():
+        _at_most(value, where)
+    for _, n in cc.filters:
+        _at_most(n, "char_cnn.filters n_filters")
+    n = parameter_count(cfg)
+    if n > MAX_PARAMETERS:
+        raise ConfigError(f"the options describe {n:,} weights (lstm.dim {ls.dim} x lstm.projection_dim "
+                          f"{ls.projection_dim} x lstm.n_layers {ls.n_layers}, the char-CNN's filters), over the "
+                          f"limit of {MAX_PARAMETERS:,} (8 GiB of float32): check lstm.dim and the other sizes")
+
+
 def _validate(cfg: ElmoConfig) -> None:
     cc, ls, tr = cfg.char_cnn, cfg.lstm, cfg.training
+    for k in ("cell_clip", "proj_clip"):
+        clip = getattr(ls, k)
+        if clip is not None and not (math.isfinite(clip) and clip >= 0):
+            raise ConfigError(f"lstm.{k} must be a finite number >= 0 (0 or null: no clipping), got {clip}")
     _positive(cc.embedding_dim, "char_cnn.embedding.dim")
     if not cc.filters:
         raise ConfigError("char_cnn.filters must list at least one [width, n_filters]")
@@ -318,6 +384,7 @@ def _validate(cfg: ElmoConfig) -> None:
         raise ConfigError("bidirectional: false is not supported; ELMo is a biLM")
     if not 0.0 <= tr.dropout < 1.0:
         raise ConfigError(f"dropout must be in [0, 1), got {tr.dropout}")
+    _check_sizes(cfg)
 
 
 def _validate_dictionaries(d: DictionaryConfig, cc: CharCnnConfig) -> None:

@@ -47,9 +47,10 @@ def load_efml(model_dir: str | Path) -> BiLM:
     """An ELMoForManyLangs model directory as our biLM (eval mode), with its dictionary tokenizer."""
     model_dir = Path(model_dir)
     arch = _load_architecture(model_dir)
-    te = arch["token_embedder"]
     chars = read_dictionary(model_dir / "char.dic", CHAR_SPECIALS)
-    words = read_dictionary(model_dir / "word.dic", WORD_SPECIALS) if te.get("word_dim", 0) > 0 else None
+    word_dim = arch["token_embedder"].get("word_dim", 0)
+    words = read_dictionary(model_dir / "word.dic", WORD_SPECIALS) if isinstance(word_dim, int) and word_dim > 0 \
+        else None
     config = _elmo_config(arch, len(chars), len(words) if words is not None else 0, str(model_dir))
     model = BiLM(config, DictionaryTokenizer(chars, words, config.char_cnn.max_characters_per_token))
     token_embedder = _load_state(model_dir / "token_embedder.pkl")
@@ -61,15 +62,30 @@ def load_efml(model_dir: str | Path) -> BiLM:
 
 
 def _load_architecture(model_dir: Path) -> dict:
+    """The architecture (its ``encoder`` and ``token_embedder`` objects), found as they find it."""
+    arch = _find_architecture(model_dir)
+    missing = [k for k in ("encoder", "token_embedder") if not isinstance(arch, dict) or not isinstance(arch.get(k), dict)]
+    if missing:
+        raise WeightsError(f"{model_dir}: the architecture file named by config.json has no {missing} object(s); "
+                           f"ELMoForManyLangs' files hold both (see its configs/*.json)")
+    return arch
+
+
+def _find_architecture(model_dir: Path) -> object:
     """Their lookup order: ``config_path`` under the directory, then its base name there, then the
     package's own configs (ours: the released architecture)."""
     try:
         path = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))["config_path"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise WeightsError(f"{model_dir / 'config.json'}: no readable 'config_path' ({e})") from None
+    if not isinstance(path, str):
+        raise WeightsError(f"{model_dir / 'config.json'}: 'config_path' must be a file name, got {path!r}")
     for candidate in (model_dir / path, model_dir / Path(path).name):
         if candidate.is_file():
-            return json.loads(candidate.read_text(encoding="utf-8"))
+            try:
+                return json.loads(candidate.read_text(encoding="utf-8"))
+            except (OSError, ValueError, RecursionError) as e:
+                raise WeightsError(f"{candidate}: not a readable JSON architecture file ({e})") from None
     if Path(path).name in RELEASED_NAMES:
         return RELEASED_ARCHITECTURE
     raise WeightsError(f"{model_dir}: the architecture file {path!r} named by config.json is not there; "
@@ -77,6 +93,16 @@ def _load_architecture(model_dir: Path) -> dict:
 
 
 def _elmo_config(arch: dict, n_chars: int, n_words: int, where: str) -> ElmoConfig:
+    try:
+        return _architecture(arch, n_chars, n_words, where)
+    except KeyError as e:
+        raise WeightsError(f"{where}: the architecture file has no key {e}; ELMoForManyLangs' files name every "
+                           f"key of 'encoder' and 'token_embedder' (see its configs/*.json)") from None
+    except (TypeError, ValueError, AttributeError) as e:
+        raise WeightsError(f"{where}: the architecture file has a value of the wrong type ({e})") from None
+
+
+def _architecture(arch: dict, n_chars: int, n_words: int, where: str) -> ElmoConfig:
     enc, te = arch["encoder"], arch["token_embedder"]
     if enc.get("name", "").lower() != "elmo" or te.get("name", "").lower() != "cnn":
         raise WeightsError(f"{where}: encoder {enc.get('name')!r} / token embedder {te.get('name')!r}: only "

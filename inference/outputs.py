@@ -9,6 +9,7 @@ against, and what the stateful path uses.
 from __future__ import annotations
 
 import functools
+import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -20,6 +21,7 @@ from elmo_core.errors import InputError
 from elmo_core.names import DTYPES, OUTPUT_MODES, POOLS
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -46,11 +48,25 @@ class VectorRequest:
             raise InputError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.mix is not None:
             object.__setattr__(self, "mix", tuple(float(m) for m in self.mix))
+        _check_scalars(self)
 
     def weights(self, n_layers: int) -> np.ndarray | None:
         """The output mode as one weight per layer (``layer_weights``); None where it is not a fixed
         weighting (all layers, or the layer-normalised mix). Shape: -> (L+1,) float64 or None."""
         return _request_weights(self, n_layers)
+
+
+def _check_scalars(request: VectorRequest) -> None:
+    """``mix`` and ``gamma`` finite, and in range: the mix's weights within float32 (the model's
+    arithmetic), ``gamma`` within the output dtype's largest value (a larger one makes every
+    vector of any size infinite)."""
+    for i, s in enumerate(request.mix or ()):
+        if not abs(s) <= FLOAT32_MAX:  # also refuses inf and nan
+            raise InputError(f"mix[{i}] must be a finite number within float32's range (|s| <= 3.4e38), got {s}")
+    largest = float(np.finfo(request.dtype).max)
+    if not (isinstance(request.gamma, numbers.Real) and abs(request.gamma) <= largest):
+        raise InputError(f"gamma must be a finite number with |gamma| <= {largest:g} (the largest {request.dtype}), "
+                         f"got {request.gamma!r}")
 
 
 @functools.lru_cache(maxsize=64)

@@ -16,8 +16,11 @@ from elmo_core.names import DTYPES, ENGINES, OUTPUT_MODES, POOLS
 from inference.batching import BatchPolicy
 from inference.outputs import VectorRequest
 from inference.registry import BACKEND_NAMES, check_precision_for, torch_options
+from runtime import check_threads
 
 from .schema import COMPRESSIONS
+
+MAX_COUNT = 2**31 - 1  # rows, tokens, workers: what a 32-bit offset indexes
 
 
 # Options that do not change a single output value; they may differ between a run and its resume.
@@ -31,6 +34,14 @@ RUNTIME_ONLY = frozenset({"max_tokens_per_batch", "sort_window_rows", "sort_wind
 
 class OutputDirError(ElmoError):
     """OUTPUT_DIR is not empty, holds another job's output, or holds files this job did not write."""
+
+
+class NonFiniteError(ElmoError):
+    """A row's vectors hold inf or NaN; ``row`` is its index in the batch the predictor was given."""
+
+    def __init__(self, message: str, row: int) -> None:
+        super().__init__(message)
+        self.row = row
 
 
 class WorkerLostError(ElmoError):
@@ -86,13 +97,17 @@ class EmbedOptions:
             _check_choice("pool", self.pool, POOLS)
         for name in ("rows_per_shard", "sort_window_rows", "sort_window_tokens", "workers", "writer_threads",
                      "prefetch"):
-            if int(getattr(self, name)) <= 0:
-                raise InputError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_COUNT:
+                raise InputError(f"{name} must be a positive integer (at most {MAX_COUNT}), got {value!r}")
+        check_threads(self.threads)
+        _check_columns(self)
         self.policy  # validates the batching options
+        self.request  # validates the output's numbers (mix, gamma: finite, in range)
         if self.mix is not None and self.output != "mixed":
             raise InputError(f"--mix only applies to --output mixed (got --output {self.output})")
-        if self.num_gpus_per_worker < 0:
-            raise InputError(f"num_gpus_per_worker must be >= 0, got {self.num_gpus_per_worker}")
+        if not 0 <= self.num_gpus_per_worker <= MAX_COUNT:  # also refuses nan
+            raise InputError(f"--num-gpus-per-worker must be a number >= 0, got {self.num_gpus_per_worker}")
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise InputError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.weights is not None and self.backend != "torch":
@@ -161,6 +176,15 @@ class EmbedOptions:
         jobs keep their identity; so is normalize's default (False)."""
         return {k: v for k, v in self.to_dict().items()
                 if k not in RUNTIME_ONLY and not (k == "precision" and v == "fp32") and not (k == "normalize" and not v)}
+
+
+def _check_columns(opts: EmbedOptions) -> None:
+    """Each output column once: the id column and the kept columns name different columns."""
+    names = opts.passthrough_columns
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise InputError(f"--keep-columns / --id-column name {repeated} more than once; each output column is "
+                         f"written once: list it once")
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

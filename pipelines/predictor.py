@@ -22,7 +22,7 @@ from elmo_core.errors import InputError
 from inference import engine
 from inference.registry import model_config, open_backend
 
-from .options import EmbedOptions
+from .options import EmbedOptions, NonFiniteError
 from .rows import row_tokens
 from .schema import ELMO_COLUMN, elmo_type
 from .stages import StageClock
@@ -115,8 +115,24 @@ class ElmoPredictor:
         vectors = engine.run(self.backend, prepared.prepared, self.request, clock)  # (N or R, [L+1,] D)
         with (clock or StageClock()).stage("assemble"):
             lengths = prepared.plan.lengths
+            self._check_finite(vectors, lengths)
             column = self._pooled(vectors, lengths) if self.request.pool else self._column(vectors, lengths)
             return prepared.passthrough.append_column(pa.field(ELMO_COLUMN, self.type), column)
+
+    def _check_finite(self, vectors: np.ndarray, lengths: np.ndarray) -> None:
+        """NonFiniteError naming the first row whose vectors hold inf or NaN (a pooled row without
+        tokens is NaN by design: it becomes null). Shape: vectors (N or R, [L+1,] D), lengths (R,)."""
+        bad = ~np.isfinite(vectors).reshape(len(vectors), -1).all(axis=1)  # (N,) tokens or (R,) rows
+        if self.request.pool:
+            bad &= lengths > 0
+        if not bad.any():
+            return
+        first = int(np.argmax(bad))
+        row = first if self.request.pool else int(np.searchsorted(np.cumsum(np.maximum(lengths, 0)), first, "right"))
+        o = self.options
+        raise NonFiniteError(f"its vectors hold inf or NaN ({o.dtype}, --gamma {o.gamma:g}): the model's output "
+                             f"times --gamma overflows {o.dtype}, or the model's weights give non-finite values; "
+                             f"use a smaller --gamma or --dtype float32, else check the model", row)
 
     def _pooled(self, rows: np.ndarray, lengths: np.ndarray) -> pa.Array:
         """Shape: rows (R, [L+1,] D) in the output dtype (NaN where no token), lengths (R,) (-1: null)

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from elmo_core.errors import InputError
 
-from .options import EmbedOptions
+from .options import EmbedOptions, NonFiniteError
 from .predictor import ElmoPredictor
 from .prefetch import prefetch
 from .sink import Output, ShardWriter
@@ -172,9 +172,15 @@ def embed_shards(predictor: ElmoPredictor, shards: list[Shard], out: Output, sch
     thread reads and prepares, this one runs the model, the writer threads write."""
     opts, clock = predictor.options, clock or StageClock()
     writer = _WriterPool(out, schema, job_digest, opts, clock)
+    done: dict[str, int] = {}  # rows of each shard computed so far
     try:
         for shard, prepared, last in prefetch(_windows(shards, predictor, opts, clock), opts.prefetch):
-            table = predictor.compute(prepared, clock)
+            try:
+                table = predictor.compute(prepared, clock)
+            except NonFiniteError as e:
+                row = shard.start + done.get(shard.name, 0) + e.row
+                raise NonFiniteError(f"{shard.file.path}: row {row}: {e}", row) from None
+            done[shard.name] = done.get(shard.name, 0) + table.num_rows
             writer.put((shard, table, prepared.plan.lengths, prepared.invalid_utf8, last))
             on_batch(table.num_rows, prepared.plan.tokens)
         return writer.close()

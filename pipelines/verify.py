@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from elmo_core.errors import ElmoError, InputError
-from elmo_core.storage import dataset_source, file_info
+from elmo_core.storage import dataset_source, file_info, is_hidden
 
 from .options import EmbedOptions, OutputDirError
 from .output_dir import open_output
@@ -68,17 +68,21 @@ def _shard_problems(out: Output, manifest: dict, job: dict, good: set[str]) -> l
     """The shards' problems; ``good`` receives the names of the shards that passed."""
     problems = []
     listed = {s["file"]: s for s in manifest["shards"]}
-    present = {n: is_dir for n, is_dir in out.entries().items() if n.startswith("part-") and n.endswith(".parquet")}
-    problems += [f"{n}: a directory where a shard should be" for n, is_dir in sorted(present.items()) if is_dir]
-    on_disk = {n for n, is_dir in present.items() if not is_dir}
-    problems += [f"{n}: listed in {MANIFEST_FILE} but missing" for n in sorted(set(listed) - set(present))]
-    problems += [f"{n}: not a shard of this job" for n in sorted(on_disk - set(listed))]
+    visible = {n: is_dir for n, is_dir in out.entries().items() if not is_hidden(n)}  # what readers read
+    problems += [f"{n}: a directory where a shard should be" for n, is_dir in sorted(visible.items())
+                 if is_dir and n in listed]
+    on_disk = {n for n, is_dir in visible.items() if not is_dir}
+    problems += [f"{n}: listed in {MANIFEST_FILE} but missing" for n in sorted(set(listed) - set(visible))]
+    problems += [f"{n}{'/' if visible[n] else ''}: not a shard of this job, and readers of OUTPUT_DIR would read "
+                 f"it as one: move it out of OUTPUT_DIR" for n in sorted(set(visible) - set(listed))]
     for name, s in sorted(listed.items()):
         if name not in on_disk:
             continue
         record, why = check_shard(out, name, job["digest"], s["input_file"], s["row_start"], s["rows"])
         if record is None or record.get("sha256") != s.get("sha256"):
             problems.append(f"{name}: {why or 'its commit record differs from ' + MANIFEST_FILE}")
+        elif why := _non_finite(out, name):
+            problems.append(f"{name}: {why}")
         else:
             good.add(name)
     for i, inp in enumerate(job["inputs"]):
@@ -91,6 +95,27 @@ def _shard_problems(out: Output, manifest: dict, job: dict, good: set[str]) -> l
         if covered != inp["rows"]:
             problems.append(f"input {inp['path']}: shards cover {covered} of its {inp['rows']} rows")
     return problems
+
+
+def _non_finite(out: Output, name: str) -> str:
+    """The first row of a shard whose vectors hold inf or NaN, in words; "" where every value is
+    finite (one pass over the vectors, a row group at a time; null rows hold no values)."""
+    with out.open_read(name) as f:
+        row = 0
+        for batch in pq.ParquetFile(f).iter_batches(columns=[ELMO_COLUMN]):
+            column = batch.column(0)
+            per_row = column.flatten() if pa.types.is_list(column.type) else column  # tokens, or pooled rows
+            rows = np.repeat(np.arange(len(column)), pc.list_value_length(column).fill_null(0).to_numpy()) \
+                if per_row is not column else np.flatnonzero(column.is_valid().to_numpy(zero_copy_only=False))
+            while pa.types.is_fixed_size_list(per_row.type):
+                per_row = per_row.flatten()
+            values = per_row.to_numpy(zero_copy_only=False).reshape(len(rows), -1) if len(rows) else np.zeros((0, 1))
+            bad = np.flatnonzero(~np.isfinite(values).all(axis=1))
+            if bad.size:
+                return (f"its row {row + int(rows[bad[0]])} holds inf or NaN ({bad.size} vectors of its next "
+                        f"{len(column)} rows); rerun the job into a new OUTPUT_DIR with a smaller --gamma")
+            row += len(column)
+    return ""
 
 
 def _unchanged(inp: dict) -> bool:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 
+from elmo_core.errors import InputError
+
 PRIMITIVE_CACHE_CAPACITY = "8"
 _CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
@@ -22,8 +24,20 @@ def bound_primitive_caches() -> None:
         os.environ.setdefault(name, PRIMITIVE_CACHE_CAPACITY)
 
 
+MAX_THREADS = 4096
+
+
+def check_threads(threads: int | None) -> None:
+    """A thread count a user gave: None or 0 (torch's choice), else 1..MAX_THREADS; InputError otherwise."""
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool)
+                                or not 0 <= threads <= MAX_THREADS):
+        raise InputError(f"--threads must be a positive integer (at most {MAX_THREADS}; 0 or absent: the "
+                         f"default), got {threads!r}")
+
+
 def use_threads(threads: int | None) -> None:
     """Run torch's CPU kernels on ``threads`` threads (None or 0: leave torch's choice)."""
+    check_threads(threads)
     if threads:
         import torch
         torch.set_num_threads(threads)

@@ -102,6 +102,12 @@ class ConnectionLimits:
         return {**asdict(self), "max_connections": self.connection_cap()}
 
 
+def check_port(port: int) -> None:
+    """A TCP port to listen on: 0 (any free one) to 65535; InputError otherwise."""
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+        raise InputError(f"--port must be 0 (any free port) to 65535, got {port!r}")
+
+
 PROBES = frozenset({"/health", "/ready", "/metrics"})
 DOCS = frozenset({"/docs", "/openapi.json"})
 

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, StrictBool, StrictStr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from elmo_core.names import ENCODINGS, OUTPUT_MODES, POOLS
 from elmo_core.whitespace import split_tokens
+from inference.outputs import FLOAT32_MAX
 
 Output = Literal[OUTPUT_MODES]  # type: ignore[valid-type]
 Pool = Literal[("none",) + POOLS]  # type: ignore[valid-type]
 Encoding = Literal[ENCODINGS]  # type: ignore[valid-type]
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _fits_float32(value: float) -> float:

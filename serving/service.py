@@ -16,6 +16,7 @@ from elmo_core.errors import InputError
 from elmo_core.storage import is_uri
 from inference.outputs import OUTPUT_MODES, VectorRequest
 from inference.registry import torch_options
+from runtime import check_threads
 
 from .batcher import DynamicBatcher
 from .errors import NotReady, QueueFull
@@ -40,6 +41,9 @@ class ModelSource:
     token_embeddings: str | None = None  # see inference.backends.TorchBackend
     token_vocab: str | None = None
     precision: str = "fp32"  # the torch backend's matrix products (inference.precision)
+
+    def __post_init__(self) -> None:
+        check_threads(self.threads)
 
     @property
     def name(self) -> str:
