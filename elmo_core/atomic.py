@@ -6,11 +6,13 @@ without an error the file is fsynced, renamed over ``path`` and its directory fs
 crash ``path`` holds either its old content or the whole new one. On an error the temporary file
 is removed. ``atomic_dir(path, complete)`` does the same for a directory built once and shared by
 processes (a cache entry): of several builders, the first rename wins and the others keep it.
-Cleaners of a directory recognise leftovers by the ``.*.tmp`` pattern.
+Cleaners of a directory recognise leftovers by the ``.*.tmp`` pattern; ``remove_stale_temporaries``
+removes those of one file. A temporary name is created exclusively, never through a link.
 ``read_json_object`` is the one way it reads back the JSON records it writes.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -37,13 +39,76 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """``with atomic_path(p) as tmp:`` write ``tmp``; it becomes ``p`` when the block succeeds."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)  # a leftover of an earlier process with this pid, or a planted link: never followed
     try:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666))
         yield tmp
         fsync(tmp)
         os.replace(tmp, path)
         fsync(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+class WriteGuard:
+    """A file opened for a writer that must never meet an I/O error (libhdf5: after a failed write,
+    its error path crashes the process): a failed write or resize (a full disk) is recorded and
+    reported done, and ``check()`` raises the recorded OSError. The caller drops the file whole
+    after that error (``atomic_path`` removes it). Pass it as the file object (``h5py.File(guard, "w")``)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path, self.error = Path(path), None
+        self.file = open(path, "w+b", buffering=0)  # unbuffered: every error comes from its own write
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        try:
+            done = 0
+            while self.error is None and done < len(view):
+                done += self.file.write(view[done:])
+        except OSError as e:
+            self.error = self.error or e
+        return len(view)
+
+    def truncate(self, size: int | None = None) -> int:
+        try:
+            return self.file.truncate(size)
+        except OSError as e:
+            self.error = self.error or e
+            return size if size is not None else self.file.tell()
+
+    def read(self, n: int = -1) -> bytes:
+        return self.file.read(n)
+
+    def readinto(self, buffer: Any) -> int | None:
+        return self.file.readinto(buffer)
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self.file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def flush(self) -> None:
+        """Nothing buffered here (the file is unbuffered)."""
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise OSError(self.error.errno, self.error.strerror, str(self.path))
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def remove_stale_temporaries(path: str | Path) -> list[Path]:
+    """Delete the temporary files ``atomic_path(path)`` left in processes that were killed (any
+    pid); the caller holds ``path``'s lock, so no live writer owns one. Returns what it removed."""
+    path = Path(path)
+    found = [p for p in path.parent.glob(f".{glob.escape(path.name)}.*.tmp")
+             if p.name[len(path.name) + 2:-4].isdigit() and p.name[len(path.name) + 2:-4] != str(os.getpid())]
+    for p in found:
+        p.unlink(missing_ok=True)
+    return found
 
 
 @contextmanager

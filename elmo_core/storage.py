@@ -46,6 +46,33 @@ def is_uri(spec: str | Path) -> bool:
     return isinstance(spec, str) and urlparse(spec).scheme in URI_SCHEMES and "://" in spec
 
 
+def normalize_uri(uri: str) -> str:
+    """``scheme://bucket/key`` with its key's empty and ``.`` segments dropped and ``..`` applied,
+    no trailing '/': the one spelling of a location, so that every command names the same objects
+    (``s3://b//x/`` and ``s3://b/y/../x`` are ``s3://b/x``). InputError for a ``..`` above the bucket."""
+    parsed = urlparse(uri)
+    parts: list[str] = []
+    for part in parsed.path.split("/"):
+        if part == "..":
+            if not parts:
+                raise InputError(f"{uri}: '..' goes above the bucket {parsed.netloc}; name the prefix itself")
+            parts.pop()
+        elif part not in ("", "."):
+            parts.append(part)
+    return f"{parsed.scheme}://{parsed.netloc}" + "".join(f"/{p}" for p in parts)
+
+
+def is_below(path: str | Path, directory: str | Path) -> bool:
+    """Whether ``path`` is ``directory`` or lies below it: local paths resolved (links followed),
+    URIs normalized (``normalize_uri``)."""
+    if is_uri(path) != is_uri(directory):
+        return False
+    if is_uri(path):
+        a, b = normalize_uri(str(path)), normalize_uri(str(directory))
+        return a == b or a.startswith(b + "/")
+    return Path(path).resolve().is_relative_to(Path(directory).resolve())
+
+
 def is_hidden(relative: str) -> bool:
     """Whether a path below a corpus or output directory is skipped by readers (a part starts with
     ``.`` or ``_``)."""
@@ -138,6 +165,24 @@ def file_info(spec: str | Path) -> tuple[int, int] | None:
     fs, path = filesystem(str(spec))
     info = fs.get_file_info(path)
     return (info.size, info.mtime_ns or 0) if info.type == pafs.FileType.File else None
+
+
+def file_etag(spec: str | Path) -> str | None:
+    """The ETag an S3 store gives the object's current version (any rewrite changes it); None for
+    other locations, or where boto3 (the ``s3`` extra) is not installed."""
+    if not str(spec).startswith("s3://"):
+        return None
+    try:
+        client = s3_client()
+    except InputError:
+        return None
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = s3_location(str(spec))
+    try:
+        return client.head_object(Bucket=bucket, Key=key)["ETag"]
+    except (BotoCoreError, ClientError) as e:  # gone or unreadable: what a changed input is too
+        raise InputError(f"{spec}: cannot read its version from the store ({redacted(e)})") from None
 
 
 def list_files(uri: str, suffixes: tuple[str, ...]) -> list[str]:

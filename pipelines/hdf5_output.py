@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -37,14 +38,15 @@ import h5py
 import numpy as np
 
 from corpora.files import is_parquet, parquet_files
-from elmo_core.atomic import atomic_path
+from elmo_core.atomic import WriteGuard, atomic_path, remove_stale_temporaries
 from elmo_core.errors import InputError
 from elmo_core.storage import is_uri
 from elmo_core.whitespace import split_tokens
 from inference import Embedder
 from inference.registry import model_config
 
-from .options import EmbedOptions
+from .job import os_errors
+from .options import EmbedOptions, NonFiniteError
 from .predictor import default_threads
 from .lock import OutputLock
 from .rows import row_values
@@ -120,10 +122,13 @@ def embed_to_hdf5(input: str | Path, out: str | Path, /, model: str | Path, use_
     threads = opts.threads or default_threads(model_config(model, opts.backend, opts.weights), opts.device)
     weights = {"weights": opts.weights} if opts.weights else {}
     start = time.perf_counter()
-    with OutputLock.for_file(out), atomic_path(out) as tmp:
-        with Embedder.open(model, opts.backend, policy=opts.policy, threads=threads, device=opts.device, **weights,
-                           **opts.backend_options) as embedder, h5py.File(tmp, "w") as f:
-            _write(f, embedder, sentences, opts, use_sentence_keys, counts)
+    with os_errors(out.parent, "rerun the same command"), OutputLock.for_file(out):
+        remove_stale_temporaries(out)  # of a killed job on this OUT: none is alive while the lock is ours
+        with atomic_path(out) as tmp, closing(WriteGuard(tmp)) as guard:
+            with Embedder.open(model, opts.backend, policy=opts.policy, threads=threads, device=opts.device,
+                               **weights, **opts.backend_options) as embedder, h5py.File(guard, "w") as f:
+                _write(f, embedder, sentences, opts, use_sentence_keys, counts, guard)
+            guard.check()  # the metadata libhdf5 wrote as it closed the file, too
     result = {**counts, "output": str(out), "seconds": round(time.perf_counter() - start, 3)}
     if not opts.quiet:
         print(f"wrote {out}: {counts['sentences']:,} sentences, {counts['tokens']:,} tokens in "
@@ -133,7 +138,7 @@ def embed_to_hdf5(input: str | Path, out: str | Path, /, model: str | Path, use_
 
 
 def _write(f: h5py.File, embedder: Embedder, sentences: Iterator[tuple[str | None, list[str], str]],
-           opts: EmbedOptions, use_sentence_keys: bool, counts: dict) -> None:
+           opts: EmbedOptions, use_sentence_keys: bool, counts: dict, guard: WriteGuard) -> None:
     index: dict[str, str] = {}
     dtype = np.float16 if opts.dtype == "float16" else np.float32
     for chunk in _chunks(sentences, opts.sort_window_rows):
@@ -143,12 +148,16 @@ def _write(f: h5py.File, embedder: Embedder, sentences: Iterator[tuple[str | Non
                 index[sentence] = where  # type: ignore[index]
         vectors = embedder.embed_sentences([t for _, t, _ in chunk], output=opts.output, mix_weights=opts.mix,
                                            gamma=opts.gamma, normalize=opts.normalize)
-        for (sentence, toks, _), v in zip(chunk, vectors):
-            n = counts["sentences"]
-            f.create_dataset(sentence if use_sentence_keys else str(n), data=v.astype(dtype, copy=False))
+        for (sentence, toks, where), v in zip(chunk, vectors):
+            n, v = counts["sentences"], v.astype(dtype, copy=False)
+            if not np.isfinite(v).all():
+                raise NonFiniteError(f"{where}: its vectors hold inf or NaN ({opts.dtype}, --gamma {opts.gamma:g}): "
+                                     f"use a smaller --gamma or --dtype float32, else check the model", n)
+            f.create_dataset(sentence if use_sentence_keys else str(n), data=v)
             if not use_sentence_keys:
                 index[sentence or ""] = str(n)
             counts["sentences"], counts["tokens"] = n + 1, counts["tokens"] + len(toks)
+        guard.check()  # a full disk stops the job here; libhdf5 never saw the failed write
     if not use_sentence_keys:
         f.create_dataset(SENTENCE_TO_INDEX, (1,), dtype=h5py.string_dtype(), data=[json.dumps(index)])
 

@@ -117,6 +117,8 @@ def run_local(job: Job, shards: list[Shard], progress: ProgressBar) -> tuple[lis
 def _final_check(job: Job, records: list[dict]) -> None:
     """Before _SUCCESS: every shard of the job is committed, present at its committed size, and
     together they hold every input row once (each was checksummed when committed or kept)."""
+    for f in job.files:
+        f.check_unchanged()
     expected = {s.name: s for s in shards_of(job.files, job.opts.rows_per_shard)}
     by_name = {r["file"]: r for r in records}
     for name, s in expected.items():
@@ -149,18 +151,19 @@ def manifest(job: Job, records: list[dict], seconds: float, runner_info: dict) -
 
 
 @contextlib.contextmanager
-def _os_errors(out: Output) -> Iterator[None]:
-    """An OS error (disk full, read-only file system, no permission, ...) as an ElmoError naming the path."""
+def os_errors(out: Output | Path, rerun: str = "rerun with --resume (finished shards are kept)") -> Iterator[None]:
+    """An OS error (disk full, read-only file system, no permission, ...) as an ElmoError naming the
+    path; ``rerun`` says how to go on once the disk has room."""
     try:
         yield
     except OSError as e:
         where = e.filename or out
-        hint = {errno.ENOSPC: "the disk is full: free space, then rerun with --resume (finished shards are kept)",
-                errno.EROFS: "the file system is read-only: choose another OUTPUT_DIR",
+        full = f"the disk is full: free space, then {rerun}"
+        hint = {errno.ENOSPC: full, errno.EROFS: "the file system is read-only: choose another OUTPUT_DIR",
                 errno.EACCES: "permission denied: choose an OUTPUT_DIR you can write",
-                errno.EDQUOT: "the disk quota is exceeded: free space, then rerun with --resume"}.get(e.errno or 0)
+                errno.EDQUOT: f"the disk quota is exceeded: free space, then {rerun}"}.get(e.errno or 0)
         if hint is None and "No space left on device" in str(e):
-            hint = "the disk is full: free space, then rerun with --resume (finished shards are kept)"
+            hint = full
         kind = OutputDirError if str(where).startswith(str(out)) else InputError
         raise kind(f"{where}: {e.strerror or e}" + (f"; {hint}" if hint else "")) from None
 
@@ -219,7 +222,7 @@ def embed_parquet(input: str | Path, output_dir: str | Path, /, model: str | Pat
     opts = EmbedOptions.coerce(options)
     job = plan_job(input, output_dir, model, opts)
     try:
-        with _os_errors(job.out):
+        with os_errors(job.out):
             job.out.create()
             with job.out.lock() as lock:
                 result = _run(job, lock)

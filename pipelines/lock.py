@@ -9,10 +9,12 @@ empty" check skip it.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
@@ -42,7 +44,7 @@ class OutputLock:
         return cls(out.with_name(f".{out.name}.lock"), out)
 
     def __enter__(self) -> "OutputLock":
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._open()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -59,6 +61,26 @@ class OutputLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(holder_record()) + "\n").encode(), 0)
         return self
+
+    def _open(self) -> int:
+        """The lock file, opened without following a link; OutputDirError where the name is not a
+        regular file of its own (a symbolic link, a hard link to another file, a FIFO), which
+        writing the holder's record would overwrite or block on."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise OutputDirError(f"{self.path}: a symbolic link where the lock file should be; elmo never follows "
+                                 f"it (it would overwrite the file it points to): remove it, then {self.then}") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)
+            what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"a file with {st.st_nlink} hard links"
+            raise OutputDirError(f"{self.path}: {what} where the lock file should be; elmo does not write into it "
+                                 f"(it would overwrite another file): remove it, then {self.then}")
+        return fd
 
     def check(self) -> None:
         """Held until released: the kernel keeps it (see pipelines.store_lock for a lock that can be lost)."""

@@ -138,6 +138,7 @@ class LocalSink:
 
     def __init__(self, root: Path, name: str) -> None:
         self.root, self.final, self.tmp = root, root / name, root / f".{name}.tmp"
+        self.tmp.unlink(missing_ok=True)  # a leftover, or a planted link: the writer creates a file of its own
         self.file: Any = self.tmp
 
     def finish(self) -> dict:

@@ -78,6 +78,11 @@ class ShardWriter:
         if self.counts["rows"] != self.shard.rows:
             self.abort()
             raise OutputDirError(f"{self.shard.name}: wrote {self.counts['rows']} rows, the input has {self.shard.rows}")
+        try:
+            self.shard.file.check_unchanged()  # its rows came from the input the job pinned
+        except InputError:
+            self.abort()
+            raise
         record = self.footer_record()
         self.writer.add_key_value_metadata({SHARD_KEY: json.dumps(record, sort_keys=True)})
         self.writer.close()

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from corpora.files import parquet_files
 from elmo_core.errors import InputError
-from elmo_core.storage import dataset_source, file_info, is_uri, open_input
+from elmo_core.storage import dataset_source, file_etag, file_info, is_uri, open_input
 from elmo_core.whitespace import TOKEN_PATTERN
 
 from .options import EmbedOptions
@@ -40,10 +40,23 @@ class InputFile:
     mtime_ns: int
     footer_sha256: str  # the Parquet footer: schema, row groups, their offsets and statistics
     schema: pa.Schema
+    etag: str | None = None  # on S3, the object's version (any rewrite changes it); not in the identity
 
     def identity(self) -> dict:
         return {"path": str(self.path), "rows": self.rows, "bytes": self.size, "mtime_ns": self.mtime_ns,
                 "footer_sha256": self.footer_sha256}
+
+    def check_unchanged(self) -> None:
+        """InputError if the file is not the one the job started with (its size, modification time,
+        and ETag on S3): what the job wrote came from another version of it."""
+        now = file_info(self.path)
+        if now == (self.size, self.mtime_ns) and (self.etag is None or file_etag(self.path) == self.etag):
+            return
+        seen = "gone" if now is None else f"now {now[0]:,} bytes, modified at {now[1]} ns" + \
+            ("" if now != (self.size, self.mtime_ns) else ", another version on the store")
+        raise InputError(f"{self.path}: changed while the job ran ({seen}; it was {self.size:,} bytes, modified "
+                         f"at {self.mtime_ns} ns); the shard from it is not committed. Leave the inputs alone "
+                         f"while a job runs, then rerun the same command: it starts over from the changed input")
 
 
 @dataclass(frozen=True)
@@ -97,7 +110,7 @@ def scan_inputs(spec: str | Path, opts: EmbedOptions) -> list[InputFile]:
         check_schema(pf.schema_arrow, opts, str(path))
         size, mtime_ns = file_info(path) or (0, 0)
         files.append(InputFile(i, path if is_uri(path) else Path(path).resolve(), pf.metadata.num_rows, size,
-                               mtime_ns, footer_sha256(path), pf.schema_arrow))
+                               mtime_ns, footer_sha256(path), pf.schema_arrow, file_etag(path)))
     return files
 
 
