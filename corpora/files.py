@@ -5,11 +5,13 @@ reads text with ``errors="ignore"``, and reported so that callers count them).
 """
 from __future__ import annotations
 
+import fnmatch
 import glob
+import os
 from pathlib import Path
 
 from elmo_core.errors import InputError
-from elmo_core.storage import is_hidden, is_uri, list_files
+from elmo_core.storage import is_below, is_hidden, is_uri, list_files, normalize_uri
 
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 
@@ -37,6 +39,30 @@ def parquet_files(spec: str | Path) -> list[Path | str]:
     if not matches:
         raise InputError(f"{spec}: no such file, directory, or files matching this pattern")
     return matches
+
+
+def would_read(spec: str | Path, path: str | Path) -> bool:
+    """Whether INPUT ``spec`` (as ``parquet_files`` resolves it) would take a Parquet file at
+    ``path`` once one is there: ``path`` below the directory or prefix, or matched by the glob."""
+    if is_uri(spec) or not glob.has_magic(str(spec)):
+        if not is_below(path, spec):
+            return False
+        base = normalize_uri(str(spec)) if is_uri(spec) else str(Path(spec).resolve())
+        here = normalize_uri(str(path)) if is_uri(path) else str(Path(path).resolve())
+        return is_parquet(here) and not is_hidden(here[len(base):].lstrip("/"))
+    if is_uri(path):
+        return False
+    pattern = Path(os.path.abspath(spec)).parts
+    return is_parquet(path) and _glob_matches(pattern, Path(os.path.abspath(path)).parts)
+
+
+def _glob_matches(pattern: tuple[str, ...], parts: tuple[str, ...]) -> bool:
+    """``glob.glob(..., recursive=True)``'s rule, one path component at a time ('**': any number)."""
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(_glob_matches(pattern[1:], parts[i:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], pattern[0]) and _glob_matches(pattern[1:], parts[1:])
 
 
 def decode_utf8(data: bytes) -> tuple[str, bool]:

@@ -149,7 +149,8 @@ def _write(f: h5py.File, embedder: Embedder, sentences: Iterator[tuple[str | Non
         vectors = embedder.embed_sentences([t for _, t, _ in chunk], output=opts.output, mix_weights=opts.mix,
                                            gamma=opts.gamma, normalize=opts.normalize)
         for (sentence, toks, where), v in zip(chunk, vectors):
-            n, v = counts["sentences"], v.astype(dtype, copy=False)
+            with np.errstate(over="ignore"):  # an overflow is found next, and named
+                n, v = counts["sentences"], v.astype(dtype, copy=False)
             if not np.isfinite(v).all():
                 raise NonFiniteError(f"{where}: its vectors hold inf or NaN ({opts.dtype}, --gamma {opts.gamma:g}): "
                                      f"use a smaller --gamma or --dtype float32, else check the model", n)

@@ -20,8 +20,9 @@ from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
+from corpora.files import would_read
 from elmo_core.errors import InputError
-from elmo_core.storage import file_sha256
+from elmo_core.storage import file_sha256, is_below
 from inference.registry import check_device, model_identity
 
 from .options import EmbedOptions, OutputDirError, digest
@@ -31,8 +32,8 @@ from .shard_loop import embed_shards
 from .stages import StageClock
 from .progress import ProgressBar
 from .schema import output_schema
-from .sink import COMMITS_DIR, COUNTS, JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, Output, claim_output_dir, \
-    clean_strays, commit_name, discard_shard, remove_temporaries, verify_shard
+from .sink import COMMITS_DIR, COUNTS, JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, Output, check_claim, \
+    claim_output_dir, clean_strays, commit_name, discard_shard, mark_stopped, remove_temporaries, verify_shard
 from .source import InputFile, Shard, passthrough_schema, scan_inputs, shards_of
 
 
@@ -62,6 +63,7 @@ def plan_job(input: str | Path, output: str | Path, model: str | Path, opts: Emb
     if opts.engine == "local":  # Ray's workers may have GPUs that this process does not see
         check_device(opts.device, opts.backend)
     files = scan_inputs(input, opts)
+    _check_apart(input, out, files)
     passthrough = passthrough_schema(files, opts)
     predictor = ElmoPredictor(model, opts)  # the model's own errors (files, options vs weights) come now
     config = predictor.config
@@ -71,7 +73,27 @@ def plan_job(input: str | Path, output: str | Path, model: str | Path, opts: Emb
     schema = output_schema(passthrough, config.output_dim, config.n_output_layers, opts.output, opts.dtype, opts.pool)
     identity = {"inputs": [f.identity() for f in files],
                 "model": model_identity(model, opts.backend, opts.weights), "options": opts.identity()}
+    try:
+        if out.exists():  # refused before the lock is taken: a refused job leaves nothing behind
+            check_claim(out, identity, digest(identity), opts.resume)
+    except BaseException:
+        if predictor is not None:
+            predictor.close()
+        raise
     return Job(str(input), out, str(model), opts, files, schema, identity, digest(identity), predictor)
+
+
+def _check_apart(input: str | Path, out: Output, files: list[InputFile]) -> None:
+    """OUTPUT_DIR and INPUT do not overlap: no input file inside OUTPUT_DIR, and no shard of OUTPUT_DIR
+    where INPUT would read it (a later run would take it for input)."""
+    inside = [str(f.path) for f in files if is_below(f.path, str(out))]
+    if inside:
+        raise OutputDirError(f"{inside[0]}: an input file inside OUTPUT_DIR {out}; the job would write beside "
+                             f"(or over) what it reads: choose an OUTPUT_DIR outside INPUT")
+    if would_read(input, out.where("part-00000-00000.parquet")):
+        raise OutputDirError(f"OUTPUT_DIR {out} is inside INPUT {input}: the next run (--resume) would read its "
+                             f"shards as input; choose an OUTPUT_DIR outside INPUT (or one whose name starts with "
+                             f"'_' or '.', which INPUT skips)")
 
 
 def _check_input_contents(job: Job) -> None:
@@ -180,17 +202,21 @@ def _run(job: Job, lock: Any) -> dict:
     t0 = time.perf_counter()
     try:
         new, info = _runner(opts.engine)(job, shards, progress)
+        for r in new:
+            r["new"] = True
+        _final_check(job, job.kept + new)
     except BaseException as e:
         remove_temporaries(job.out)  # a runner's writers may have died with it (Ray workers)
         if isinstance(e, KeyboardInterrupt):  # Ctrl-C, SIGTERM: say what is kept and how to go on
             e.add_note(_kept(job))
+        if isinstance(e, InputError):  # a bad row, a changed input: fixed, the same command starts over
+            mark_stopped(job.out, e)
+            raise InputError(f"{e}\n  fix the input, then rerun the same command: this OUTPUT_DIR's shards are "
+                             f"then redone from the fixed input") from None
         raise
     finally:
         progress.close()
     seconds = time.perf_counter() - t0
-    for r in new:
-        r["new"] = True
-    _final_check(job, job.kept + new)
     result = manifest(job, job.kept + new, seconds, info)
     result["stages"] = job.clock.report(seconds, opts.device)
     lock.check()

@@ -27,7 +27,8 @@ import pyarrow.parquet as pq
 
 from elmo_core.atomic import TMP_GLOB, fsync, json_text, parse_json_object, read_json_object, write_json_atomic
 from elmo_core.errors import InputError
-from elmo_core.storage import dataset_source, file_sha256, is_uri, open_input, redacted, s3_client, s3_location
+from elmo_core.storage import dataset_source, file_sha256, is_uri, normalize_uri, open_input, redacted, s3_client, \
+    s3_location
 
 from .lock import OutputLock
 from .options import OutputDirError
@@ -41,7 +42,7 @@ def open_output(spec: str | Path) -> "LocalDir | StoreDir":
     if not str(spec).startswith("s3://"):
         raise OutputDirError(f"OUTPUT_DIR {spec}: elmo embed writes to a local or shared file system or to s3:// "
                              f"(its commit needs conditional writes); write to one of those")
-    return StoreDir(str(spec).rstrip("/"))
+    return StoreDir(normalize_uri(str(spec)))
 
 
 class _Readable:

@@ -157,27 +157,61 @@ def discard_shard(out: Output, name: str) -> None:
     out.delete(commit_name(name))
 
 
-def claim_output_dir(out: Output, job: dict, job_digest: str, resume: bool) -> None:
-    """Make OUTPUT_DIR this job's: refuse a non-empty one without --resume, and another job's always.
-    The caller holds OUTPUT_DIR's lock."""
+def check_claim(out: Output, job: dict, job_digest: str, resume: bool) -> str:
+    """What claiming OUTPUT_DIR for this job does, decided without writing: "new" (an empty or new
+    directory), "resume" (this job's, with --resume) or "restart" (a run of the same command that
+    stopped on an input error, whose inputs were fixed since: its shards are dropped); else
+    OutputDirError. Run before the lock, so that a refused job leaves nothing behind (no lock
+    either), and again under it."""
     names = sorted(n for n in out.entries() if not n.startswith("."))  # dot-files: lock, temporaries
-    if JOB_FILE in names:
-        try:
-            theirs = json.loads(out.read_text(JOB_FILE))
-        except ValueError:
-            raise OutputDirError(f"{out.where(JOB_FILE)}: not valid JSON; this OUTPUT_DIR was not written by elmo "
-                                 f"embed, or was damaged: delete it to start over") from None
-        if theirs.get("digest") != job_digest:
-            raise OutputDirError(f"{out} holds another job's output ({_difference(theirs, job)}); "
-                                 f"use another OUTPUT_DIR, or delete this one to start over")
+    if JOB_FILE not in names:
+        if names:
+            raise OutputDirError(f"{out} is not empty and holds no {JOB_FILE} ({names[:5]}...); "
+                                 f"give an empty or new OUTPUT_DIR")
+        return "new"
+    try:
+        theirs = json.loads(out.read_text(JOB_FILE))
+    except ValueError:
+        theirs = None
+    if not isinstance(theirs, dict):
+        raise OutputDirError(f"{out.where(JOB_FILE)}: not a valid job record; this OUTPUT_DIR was not written by "
+                             f"elmo embed, or was damaged: delete it to start over")
+    if theirs.get("digest") == job_digest:
         if not resume:
             raise OutputDirError(f"{out} already holds this job's output; pass --resume to finish or "
                                  f"verify it, or use another OUTPUT_DIR")
-        return
-    if names:
-        raise OutputDirError(f"{out} is not empty and holds no {JOB_FILE} ({names[:5]}...); "
-                             f"give an empty or new OUTPUT_DIR")
-    out.write_json(JOB_FILE, {**job, "digest": job_digest})
+        return "resume"
+    if theirs.get("stopped") and SUCCESS_FILE not in names and all(theirs.get(k) == job.get(k)
+                                                                   for k in ("model", "options")):
+        return "restart"
+    raise OutputDirError(f"{out} holds another job's output ({_difference(theirs, job)}); "
+                         f"use another OUTPUT_DIR, or delete this one to start over")
+
+
+def claim_output_dir(out: Output, job: dict, job_digest: str, resume: bool) -> None:
+    """Make OUTPUT_DIR this job's (``check_claim``). The caller holds OUTPUT_DIR's lock."""
+    how = check_claim(out, job, job_digest, resume)
+    if how == "restart":
+        drop_shards(out)
+    if how != "resume":
+        out.write_json(JOB_FILE, {**job, "digest": job_digest})
+
+
+def mark_stopped(out: Output, error: Exception) -> None:
+    """Record in the job file that the job stopped on an input error (``check_claim``'s "restart")."""
+    record = json.loads(out.read_text(JOB_FILE))
+    out.write_json(JOB_FILE, {**record, "stopped": {"input_error": str(error)[:2000]}})
+
+
+def drop_shards(out: Output) -> None:
+    """Delete every shard and commit record (a stopped run's, whose inputs changed); refuse other files."""
+    for name in sorted(n for n in out.entries() if not n.startswith(("_", "."))):
+        if not (name.startswith("part-") and name.endswith(".parquet")):
+            raise OutputDirError(f"{out}: {name} is not a shard of elmo embed; move it away and rerun")
+        out.delete(name)
+    for name in out.commit_names(COMMITS_DIR):
+        out.delete(name)
+    remove_temporaries(out)
 
 
 def _difference(theirs: dict, ours: dict) -> str:

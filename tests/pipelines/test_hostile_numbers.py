@@ -1,0 +1,117 @@
+"""Numbers a user passes, checked where they are parsed (issue #47): non-finite or out-of-range
+--gamma / --mix, a vector the model makes non-finite, `elmo verify` on a shard holding inf, and the
+small flags that used to end in tracebacks (--threads -1, a repeated kept column, --port 99999,
+convert-efml without its keys). Each is exit 2 with the field named, and nothing is written."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from corpora.sample import write_sample_corpus
+from elmo_cli.main import main
+from inference import Embedder
+from pipelines import embed_parquet
+from pipelines.predictor import ElmoPredictor
+from pipelines.verify import VerificationError, verify_output
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    write_sample_corpus(tmp_path / "corpus", rows=120, files=1, row_group_rows=60)
+    return tmp_path / "corpus"
+
+
+def run(capsys, *args: object) -> tuple[int, str]:
+    code = main([str(a) for a in args])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--gamma", "nan"], "gamma must be a finite number"),
+    (["--gamma", "inf"], "gamma must be a finite number"),
+    (["--gamma", "1e39"], "gamma must be a finite number with |gamma| <= 3.40282e+38"),
+    (["--mix", "nan,0,0"], "mix[0] must be a finite number"),
+    (["--mix", "0,1e39,0"], "mix[1] must be a finite number"),
+    (["--dtype", "float16", "--gamma", "1e6"], "|gamma| <= 65504 (the largest float16)"),
+    (["--threads", "-1"], "--threads must be a positive integer"),
+    (["--keep-columns", "text,text"], "--keep-columns / --id-column name ['text'] more than once"),
+    (["--id-column", "id", "--keep-columns", "speech,id"], "name ['id'] more than once"),
+    (["--rows-per-shard", str(2**40)], "rows_per_shard must be a positive integer (at most 2147483647)"),
+])
+def test_bad_numbers_and_columns_exit_2_before_anything_is_written(corpus, tiny_dir, tmp_path, capsys, flags, named):
+    out = tmp_path / "out"
+    code, err = run(capsys, "embed", corpus, out, "--model", tiny_dir, "--quiet", *flags)
+    assert code == 2 and named in err and "Traceback" not in err, err
+    assert not out.exists()
+    code, err = run(capsys, "embed", corpus, tmp_path / "out.hdf5", "--format", "hdf5", "--model", tiny_dir,
+                    "--quiet", *[f for f in flags if f not in ("--id-column", "id")])
+    assert code == 2 and not (tmp_path / "out.hdf5").exists(), err
+
+
+def test_a_vector_the_model_makes_non_finite_stops_the_job_naming_its_row(corpus, tiny_dir, tmp_path, capsys):
+    """float16's largest is 65504: with --gamma 60000 the first token whose mixed vector has a
+    component over 65504 / 60000 overflows. That row is named; no shard holds it."""
+    texts = pq.read_table(next(corpus.glob("*.parquet")), columns=["text"]).column("text").to_pylist()
+    with Embedder.open(tiny_dir) as emb:
+        peaks = [float(np.abs(v).max()) if v.size else 0.0 for v in emb.embed_sentences([t.split() for t in texts],
+                                                                                        output="mixed")]
+    first = next(i for i, p in enumerate(peaks) if p * 60000 > 65504)
+    out = tmp_path / "out"
+    code, err = run(capsys, "embed", corpus, out, "--model", tiny_dir, "--dtype", "float16", "--gamma", "60000",
+                    "--quiet", "--rows-per-shard", "1000")
+    assert code == 2 and f"row {first}: its vectors hold inf or NaN" in err and "Traceback" not in err, err
+    assert not list(out.glob("part-*.parquet"))
+    path = tmp_path / "x.hdf5"
+    code, err = run(capsys, "embed", corpus, path, "--format", "hdf5", "--model", tiny_dir, "--dtype", "float16",
+                    "--gamma", "60000", "--quiet")
+    assert code == 2 and f"row {first} (column 'text'): its vectors hold inf or NaN" in err, err
+    assert not path.exists() and not list(tmp_path.glob(".x.hdf5.*.tmp"))
+
+
+def test_verify_fails_on_a_shard_holding_inf(corpus, tiny_dir, tmp_path, monkeypatch):
+    """A job written without the guard (as before it existed): its checksums match, and verify
+    still fails, naming the shard and its row."""
+    monkeypatch.setattr(ElmoPredictor, "_check_finite", lambda self, vectors, lengths: None)
+    out = tmp_path / "out"
+    embed_parquet(corpus, out, tiny_dir, dtype="float16", gamma=60000.0, rows_per_shard=40, quiet=True)
+    with pytest.raises(VerificationError, match=r"part-00000-0000\d\.parquet: its row \d+ holds inf or NaN"):
+        verify_output(out)
+    fine = tmp_path / "fine"
+    embed_parquet(corpus, fine, tiny_dir, dtype="float16", gamma=2.0, rows_per_shard=40, pool="max", quiet=True)
+    assert verify_output(fine)["rows"] == 120  # pooled rows without tokens are null, not a problem
+
+
+def test_serve_port_out_of_range_and_negative_threads_exit_2(tiny_dir, capsys):
+    for flags, named in ((["--port", "99999"], "--port must be 0 (any free port) to 65535, got 99999"),
+                         (["--port", "-1"], "--port must be 0"),
+                         (["--threads", "-1", "--port", "0"], "--threads must be a positive integer")):
+        code, err = run(capsys, "serve", tiny_dir, *flags)
+        assert code == 2 and named in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("arch, named", [
+    ({"token_embedder": {"name": "cnn"}}, "no ['encoder'] object(s)"),
+    ({"encoder": {"name": "elmo"}, "token_embedder": {"name": "cnn", "char_dim": 50}}, "has no key"),
+    ({"encoder": [], "token_embedder": {}}, "no ['encoder'] object(s)"),
+])
+def test_convert_efml_with_missing_keys_exits_2_naming_them(tmp_path, capsys, arch, named):
+    src = tmp_path / "efml"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"config_path": "arch.json"}))
+    (src / "arch.json").write_text(json.dumps(arch))
+    (src / "char.dic").write_text("a\t0\n<oov>\t1\n<bos>\t2\n<eos>\t3\n<bow>\t4\n<eow>\t5\n<pad>\t6\n")
+    code, err = run(capsys, "convert-efml", src, tmp_path / "out")
+    assert code == 2 and named in err and "Traceback" not in err, err
+
+
+def test_a_pooled_row_without_tokens_is_not_a_non_finite_vector(tiny_dir, tmp_path):
+    path = tmp_path / "in" / "a.parquet"
+    path.parent.mkdir()
+    pq.write_table(pa.table({"text": ["a b", "", None, "c"]}), path)
+    m = embed_parquet(path.parent, tmp_path / "out", tiny_dir, pool="mean", quiet=True)
+    assert m["rows"] == 4 and verify_output(tmp_path / "out")["rows"] == 4

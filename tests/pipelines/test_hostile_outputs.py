@@ -1,0 +1,194 @@
+"""What a job writes, under a hostile or unlucky user (issue #47), with real processes, signals and
+file systems: planted links where the lock or a temporary file goes, foreign files in a finished
+OUTPUT_DIR, OUTPUT_DIR inside INPUT (and INPUT inside OUTPUT_DIR), an input replaced while the job
+runs, a rerun after a row-level input error, and --format hdf5 on a full disk or killed."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from corpora.sample import write_sample_corpus
+from elmo_core.atomic import write_text_atomic
+from pipelines import embed_parquet
+from pipelines.verify import verify_output
+
+ELMO = [sys.executable, "-m", "elmo_cli"]
+SLOW = ["--rows-per-shard", "30", "--sort-window-rows", "15", "--max-tokens-per-batch", "300", "--threads", "1"]
+
+
+def elmo(*args: object, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(ELMO + [str(a) for a in args], capture_output=True, text=True, timeout=timeout)
+
+
+def start(*args: object) -> subprocess.Popen:
+    return subprocess.Popen(ELMO + [str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_until(condition, proc: subprocess.Popen, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + 120
+    while not condition() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None and condition(), f"the job ended before {what}: {proc.communicate()}"
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    write_sample_corpus(tmp_path / "corpus", rows=600, files=2, row_group_rows=100)
+    return tmp_path / "corpus"
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hard link"])
+def test_a_planted_lock_file_is_never_written_through(corpus, tiny_dir, tmp_path, kind):
+    victim = tmp_path / "precious.txt"
+    victim.write_text("precious")
+    out, single = tmp_path / "out", tmp_path / "vectors.hdf5"
+    out.mkdir()
+    for lock in (out / ".elmo.lock", tmp_path / ".vectors.hdf5.lock"):
+        os.symlink(victim, lock) if kind == "symlink" else os.link(victim, lock)
+    r = elmo("embed", corpus, out, "--model", tiny_dir, "--quiet")
+    what = "a symbolic link where the lock file should be" if kind == "symlink" else "a file with 3 hard links"
+    assert r.returncode == 2 and f"{out / '.elmo.lock'}: {what}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = elmo("embed", corpus, single, "--format", "hdf5", "--model", tiny_dir, "--quiet")
+    assert r.returncode == 2 and f".vectors.hdf5.lock: {what}" in r.stderr, r.stderr
+    assert victim.read_text() == "precious" and not single.exists() and not (out / "_job.json").exists()
+
+
+def test_a_planted_link_at_a_temporary_name_is_replaced_not_followed(tmp_path):
+    victim = tmp_path / "precious.txt"
+    victim.write_text("precious")
+    os.symlink(victim, tmp_path / f".record.json.{os.getpid()}.tmp")
+    write_text_atomic(tmp_path / "record.json", "{}")
+    assert victim.read_text() == "precious" and (tmp_path / "record.json").read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious.txt", "record.json"]
+
+
+def test_a_foreign_file_or_directory_in_a_finished_output_fails_verify(corpus, tiny_dir, tmp_path):
+    out = tmp_path / "out"
+    embed_parquet(corpus, out, tiny_dir, rows_per_shard=200, quiet=True)
+    assert elmo("verify", out).returncode == 0
+    shutil.copy(next(corpus.glob("*.parquet")), out / "extra.parquet")
+    r = elmo("verify", out)
+    assert r.returncode == 2 and "extra.parquet: not a shard of this job, and readers of OUTPUT_DIR would read it" \
+        in r.stderr, r.stderr
+    (out / "extra.parquet").unlink()
+    (out / "sub").mkdir()
+    shutil.copy(out / "part-00000-00000.parquet", out / "sub" / "part-00000-00000.parquet")
+    r = elmo("verify", out)
+    assert r.returncode == 2 and "sub/: not a shard of this job" in r.stderr, r.stderr
+    r = elmo("embed", corpus, out, "--model", tiny_dir, "--rows-per-shard", "200", "--quiet", "--resume")
+    assert r.returncode == 2 and "sub is not a shard of this job; move it away" in r.stderr  # resume agrees
+    shutil.rmtree(out / "sub")
+    assert elmo("verify", out).returncode == 0
+
+
+def test_output_dir_inside_input_or_input_inside_output_dir_is_refused_before_writing(corpus, tiny_dir, tmp_path):
+    r = elmo("embed", corpus, corpus / "vectors", "--model", tiny_dir, "--quiet")
+    assert r.returncode == 2 and f"OUTPUT_DIR {corpus / 'vectors'} is inside INPUT {corpus}" in r.stderr, r.stderr
+    assert not (corpus / "vectors").exists()
+    r = elmo("embed", f"{tmp_path}/**/*.parquet", tmp_path / "deep" / "vectors", "--model", tiny_dir, "--quiet")
+    assert r.returncode == 2 and "is inside INPUT" in r.stderr and not (tmp_path / "deep").exists(), r.stderr
+    out = tmp_path / "out"
+    (out / ".staging").mkdir(parents=True)
+    shutil.copy(corpus / "corpus-00000.parquet", out / ".staging" / "in.parquet")
+    r = elmo("embed", out / ".staging" / "in.parquet", out, "--model", tiny_dir, "--quiet")
+    assert r.returncode == 2 and f"an input file inside OUTPUT_DIR {out}" in r.stderr, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == [".staging"]
+    r = elmo("embed", corpus, corpus / "_vectors", "--model", tiny_dir, "--quiet")  # a name INPUT skips
+    assert r.returncode == 0, r.stderr
+    assert elmo("embed", corpus, corpus / "_vectors", "--model", tiny_dir, "--quiet", "--resume").returncode == 0
+
+
+def test_an_input_replaced_while_the_job_runs_stops_it_and_the_same_command_then_starts_over(corpus, tiny_dir,
+                                                                                             tmp_path):
+    out = tmp_path / "out"
+    args = ["embed", corpus, out, "--model", tiny_dir, "--id-column", "id", "--quiet", *SLOW]
+    job = start(*args)
+    wait_until(lambda: len(list((out / "_shards").glob("*.json"))) >= 2, job, "two shards were committed")
+    first = corpus / "corpus-00000.parquet"
+    table = pq.read_table(first)
+    pq.write_table(table.set_column(table.schema.get_field_index("text"), "text",
+                                    pa.array(["replaced row"] * table.num_rows)), tmp_path / "new.parquet")
+    os.replace(tmp_path / "new.parquet", first)  # the same rows, other text
+    _, err = job.communicate(timeout=180)
+    assert job.returncode == 2 and f"{first}: changed while the job ran" in err and "Traceback" not in err, err
+    assert not (out / "_SUCCESS").exists()
+    r = elmo(*args)  # the same command, not --resume
+    assert r.returncode == 0, r.stderr
+    report = verify_output(out)
+    assert report["rows"] == 600 and report["inputs_checked"] == 2 and report["inputs_not_checked"] == []
+    texts = pq.read_table(out / "part-00000-00000.parquet").column("elmo").to_pylist()
+    assert all(len(v) == 2 for v in texts)  # "replaced row": two tokens, from the input as it is now
+
+
+def test_a_rerun_after_fixing_a_row_level_input_error_works(tiny_dir, tmp_path):
+    rows = [["a", "b"], ["c"]] * 50
+    good = tmp_path / "in" / "a.parquet"
+    good.parent.mkdir()
+    pq.write_table(pa.table({"id": list(range(100)), "tokens": rows}), good)
+    bad = tmp_path / "in" / "b.parquet"
+    pq.write_table(pa.table({"id": list(range(100)), "tokens": rows[:60] + [["x", None]] + rows[61:]}), bad)
+    out = tmp_path / "out"
+    args = ["embed", good.parent, out, "--model", tiny_dir, "--tokens-column", "tokens", "--id-column", "id",
+            "--rows-per-shard", "50", "--quiet"]
+    r = elmo(*args)
+    assert r.returncode == 2 and "b.parquet, rows 50..99" in r.stderr and "a token is null" in r.stderr, r.stderr
+    assert "fix the input, then rerun the same command" in r.stderr and "Traceback" not in r.stderr
+    assert len(list(out.glob("part-*.parquet"))) == 3  # a.parquet's shards and b.parquet's first were committed
+    pq.write_table(pa.table({"id": list(range(100)), "tokens": rows}), bad)  # fixed
+    r = elmo(*args)
+    assert r.returncode == 0, r.stderr
+    assert verify_output(out)["rows"] == 200
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path):
+    """A real tmpfs of 300 KiB (root only; skipped with the reason elsewhere)."""
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mount)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_hdf5_on_a_full_disk_exits_2_leaves_nothing_and_reruns_once_there_is_room(corpus, tiny_dir, small_fs):
+    out = small_fs / "vectors.hdf5"
+    (small_fs / ".vectors.hdf5.999999.tmp").write_bytes(b"x" * 1000)  # a killed job's
+    args = ["embed", corpus, out, "--format", "hdf5", "--model", tiny_dir, "--output", "all", "--quiet"]
+    r = elmo(*args)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])  # was a segfault in libhdf5 (139)
+    assert "No space left on device; the disk is full: free space, then rerun the same command" in r.stderr
+    assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr
+    assert sorted(p.name for p in small_fs.iterdir()) == [".vectors.hdf5.lock"]
+    subprocess.run(["mount", "-o", "remount,size=40m", str(small_fs)], check=True)
+    assert elmo(*args).returncode == 0
+    with h5py.File(out) as f:
+        assert len(f) == 601 and f["599"].shape[0] == 3  # 600 sentences and sentence_to_index
+
+
+def test_the_temporary_file_of_a_killed_hdf5_job_is_removed_by_the_next_run(corpus, tiny_dir, tmp_path):
+    out = tmp_path / "vectors.hdf5"
+    args = ["embed", corpus, out, "--format", "hdf5", "--model", tiny_dir, "--quiet", "--sort-window-rows", "5",
+            "--max-tokens-per-batch", "300", "--threads", "1"]
+    job = start(*args)
+    wait_until(lambda: any(p.stat().st_size > 20_000 for p in tmp_path.glob(".vectors.hdf5.*.tmp")), job,
+               "its temporary file grew")
+    os.kill(job.pid, signal.SIGKILL)
+    job.wait()
+    assert len(list(tmp_path.glob(".vectors.hdf5.*.tmp"))) == 1 and not out.exists()
+    r = elmo(*args)
+    assert r.returncode == 0, r.stderr
+    assert list(tmp_path.glob(".vectors.hdf5.*.tmp")) == []
+    with h5py.File(out) as f:
+        assert len(f) == 601
