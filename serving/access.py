@@ -32,13 +32,15 @@ class ApiKey:
 
     def __init__(self, app: ASGIApp, key: str, open_paths: frozenset[str], docs_prefix: str) -> None:
         self.app, self.open_paths, self.docs_prefix = app, open_paths, docs_prefix
-        self.expected = f"Bearer {key}".encode()
+        self.expected = key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self.open_paths or scope["path"].startswith(self.docs_prefix):
             return await self.app(scope, receive, send)
         given = dict(scope["headers"]).get(b"authorization", b"")
-        if hmac.compare_digest(given, self.expected):
+        scheme, _, token = given.strip().partition(b" ")
+        # RFC 7235: the scheme is case-insensitive ("bearer KEY" is "Bearer KEY"); the key is compared exactly
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.lstrip(b" "), self.expected):
             return await self.app(scope, receive, send)
         what = "a wrong API key" if given else "no API key"
         await send_error(send, 401, "unauthorized", f"{what}: send the header Authorization: Bearer KEY "

@@ -25,6 +25,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .limits import ConnectionLimits
 from .metrics import ServeMetrics
+from .middleware import CUT_STATUS
 
 def _raw_error(status: int, reason: str, kind: str, message: str) -> bytes:
     """A whole HTTP/1.1 error response that closes the connection (written below the app)."""
@@ -147,6 +148,8 @@ class GuardedH11Protocol(H11Protocol):
         started = cycle is not None and not cycle.response_complete and cycle.response_started
         if status is not None and not started:
             self.transport.write(_raw_error(status, reason, kind, message))
+            if cycle is not None:
+                cycle.scope[CUT_STATUS] = status  # what AccessLog logs and counts (the app saw a disconnect)
         if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True
             cycle.message_event.set()

@@ -20,6 +20,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 access_log = logging.getLogger("elmo.serving.access")
 CLIENT_CLOSED = 499  # nginx's code for "the client closed the connection before the answer"
+CUT_STATUS = "elmo.cut_status"  # scope key: the status the connection answered below the app (a 408 at a deadline)
 
 
 async def send_error(send: Send, status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> None:
@@ -113,6 +114,7 @@ class AccessLog:
             status = 500 if status == CLIENT_CLOSED else status
             raise
         finally:
+            status = scope.get(CUT_STATUS, status) if status == CLIENT_CLOSED else status
             route = scope["path"] if scope["path"] in self.routes else "other"
             self.metrics.observe_request(route, status, started)
             client = scope.get("client") or ("-", 0)
