@@ -204,10 +204,7 @@ class Packing:
     Step t's active rows are the first n_t of the sorted batch and sit contiguously at
     [offset_t, offset_t + n_t) of the packed axis. Direction 1 reads each row reversed within
     its length, so both directions share the packing. With ``shared_first`` step 0 packs only
-    row 0, and unpacking copies its output to every row. ``every_step``: every row runs every step
-    (padding included, after each row's real steps in both directions), so the packed axis is
-    (T*B) time-major whatever the lengths: the static shape CUDA graphs need
-    (``inference.cuda_graphs``). ``Packing.full(B, T)``: rows all T long.
+    row 0, and unpacking copies its output to every row. ``Packing.full(B, T)``: rows all T long.
 
     Packing and unpacking are one indexed gather each: ``sources`` (2, N) says where each packed
     position reads in the (B*T) axis, ``targets`` (2, B*T) which packed position each time step
@@ -215,18 +212,15 @@ class Packing:
     ``Packing.full`` every step and never packs or unpacks.
     """
 
-    def __init__(self, lengths: torch.Tensor, t_max: int, shared_first: bool = False,
-                 every_step: bool = False) -> None:
-        self.shared_first = shared_first and not every_step
+    def __init__(self, lengths: torch.Tensor, t_max: int, shared_first: bool = False) -> None:
+        self.shared_first = shared_first
         self.order = torch.argsort(lengths, descending=True, stable=True)  # (B,)
         self.inverse = torch.argsort(self.order)  # (B,)
         sorted_lengths = lengths[self.order]
         self._rev = reverse_index(sorted_lengths, t_max)  # (T, B)
         steps = sorted_lengths - 1 if shared_first else sorted_lengths  # the last step is skipped
         real = torch.arange(t_max, device=lengths.device)[:, None] < steps[None, :]  # (T, B)
-        if every_step:  # the packed axis is (T*B) time-major, whatever the lengths
-            real = torch.ones_like(real)
-        elif shared_first:
+        if shared_first:
             real[0, 1:] = False
         self._index = torch.nonzero(real.reshape(-1)).squeeze(1)  # (N,) into the flat (T*B) axis
         counts = [n for n in real.sum(1).tolist() if n > 0]
@@ -264,18 +258,26 @@ class Packing:
         return x.reshape(-1, x.shape[-1])[self.sources]  # (2, N, P)
 
     def unpack(self, packed: torch.Tensor, positions: slice = slice(None), keep: torch.Tensor | None = None) -> torch.Tensor:
-        """Shape: (2, N, P) -> (B, T', 2P), zero at padding, the backward half in reading order.
+        """Shape: (2, N, P) -> (B, T', 2P), zero at padding, the backward half in reading order
+        (see ``unpack``)."""
+        return unpack(packed, self.targets, self.sources.shape[1], self.shape, positions, keep)
 
-        ``positions``: the time steps wanted (default all T); ``keep`` (B, T') bool: the positions
-        to fill, the others zero. ``packed`` may carry one more row, all zero (2, N+1, P); else one
-        is added.
-        """
-        T, B = self.shape
-        N = self.sources.shape[1]
-        if packed.shape[1] == N:
-            packed = torch.cat([packed, packed.new_zeros(2, 1, packed.shape[-1])], dim=1)  # (2, N+1, P)
-        targets = self.targets.view(2, B, T)[:, :, positions]  # (2, B, T')
-        if keep is not None:
-            targets = torch.where(keep, targets, N)
-        index = torch.stack([targets[0], targets[1] + (N + 1)], dim=-1)  # (B, T', 2) into both directions
-        return packed.reshape(2 * (N + 1), -1)[index].flatten(2)  # (B, T', 2P)
+
+def unpack(packed: torch.Tensor, targets: torch.Tensor, n_packed: int, shape: tuple[int, int],
+           positions: slice = slice(None), keep: torch.Tensor | None = None) -> torch.Tensor:
+    """Packed outputs of both directions back to rows: ``targets`` says which of the ``n_packed``
+    positions each row's time step comes from (``n_packed``: none, a zero row), per direction.
+
+    ``positions``: the time steps wanted (default all T); ``keep`` (B, T') bool: the positions to
+    fill, the others zero. ``packed`` may carry one more row, all zero (2, N+1, P); else one is added.
+    Shape: packed (2, N[+1], P), targets (2, B*T), shape (T, B) -> (B, T', 2P).
+    """
+    T, B = shape
+    N = n_packed
+    if packed.shape[1] == N:
+        packed = torch.cat([packed, packed.new_zeros(2, 1, packed.shape[-1])], dim=1)  # (2, N+1, P)
+    targets = targets.view(2, B, T)[:, :, positions]  # (2, B, T')
+    if keep is not None:
+        targets = torch.where(keep, targets, N)
+    index = torch.stack([targets[0], targets[1] + (N + 1)], dim=-1)  # (B, T', 2) into both directions
+    return packed.reshape(2 * (N + 1), -1)[index].flatten(2)  # (B, T', 2P)

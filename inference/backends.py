@@ -128,8 +128,8 @@ class TorchBackend(BackendBase):
     ``token_embeddings``: a token-embedding file (``elmo dump-tokens``, or the original's with its
     ``token_vocab``) whose tokens skip the char-CNN, besides the ``token_cache`` ones.
     ``precision``: fp32, tf32 (CUDA), bf16 or fp16 matrix products (``inference.precision``).
-    ``cuda_graphs``: the stateless recurrence of ``run_combined`` replayed as CUDA graphs
-    (``inference.cuda_graphs``); default on for a CUDA device.
+    ``cuda_graphs``: the stateless recurrence of ``run_combined`` over rows of one static shape,
+    replayed as one CUDA graph (``inference.cuda_graphs``); default on for a CUDA device.
     """
 
     name = "torch"
@@ -221,8 +221,10 @@ class TorchBackend(BackendBase):
                   "gpu_peak_reserved_bytes": torch.cuda.max_memory_reserved(self.device)}
         graphs = self.fast.graphs
         if graphs is not None:
-            report["cuda_graphs"] = {"kept": len(graphs.graphs), "captured": graphs.captures,
-                                     "replayed": graphs.replays, "buffer_bytes": graphs.memory_bytes()}
+            report["cuda_graphs"] = {"shape": None if graphs.shape is None else [graphs.shape.rows, graphs.shape.steps],
+                                     "captured": graphs.captures, "replayed": graphs.replays,
+                                     "padded_fraction": graphs.padded / max(graphs.positions, 1),
+                                     "buffer_bytes": graphs.memory_bytes()}
         return report
 
     def reset_state(self) -> None:

@@ -1,121 +1,114 @@
-"""The biLM's recurrence replayed as CUDA graphs: no per-step kernel launches from Python.
+"""The biLM's recurrence replayed as one CUDA graph per job: no per-step kernel launches from Python.
 
-Eager, a batch's recurrence launches ~10 small kernels per time step, layer and direction, and on
-a GPU those launches, not the products, bound it. ``GraphedStack`` captures the whole stateless
-stack (every layer, both directions, the layer mix) once per bucket of (rows, steps) and replays
-it. A graph needs static shapes, so every row of a bucket runs every step
-(``Packing(..., every_step=True)``): each row's padding comes after its real steps in both
-reading orders, so it never reaches a kept vector. It costs the padding's compute, which the
-job's length sorting keeps small, and the rows and steps are rounded up to buckets
-(``bucket_size``: at most ~1/8 more) so that few graphs serve every batch; at most
-``max_graphs`` are kept, least recently used dropped.
+``RowGraphs`` is ``BiLstmStack.forward_combined`` (same signature, same vectors) over the static
+row layout of ``inference.row_lstm``: each batch's sentences are laid end to end in R rows
+(``RowPlan``) and run T steps at a time by ``RowLstm.window``, whose shapes never change, so one
+graph, captured at the first window, replays every window of every batch: a window's
+sentences gathered into its input buffer, the graph replayed, its mix copied out. The state of
+every layer is carried from window to window inside the graph's buffers and zeroed at each
+batch's start. Padding is only what the rows leave empty in a batch's last window
+(``RowPlan.padded_fraction``).
 
-``GraphedStack(stack, capture=False)`` runs the same bucketed path eagerly (any device): that is
-how it is tested on a CPU against ``BiLstmStack.forward_combined``; capture and replay are tested
-on a GPU (tests/gpu).
+The shape: ``RowShape.for_tokens`` of the first batch's token count (about 16 windows a batch)
+unless given. ``RowGraphs(..., capture=False)`` runs the same windows eagerly (any device): that
+is how it is tested on a CPU against ``BiLstmStack.forward_combined``; capture and replay are
+tested on a GPU (tests/gpu).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass
-
 import torch
-import torch.nn.functional as F
 
-from elmo_core.lstm import BiLstmStack, Packing, RunLayer
-
-
-def bucket_size(n: int, minimum: int = 8) -> int:
-    """``n`` rounded up to a multiple of max(minimum, its power of two / 8): at most ~12.5 % more."""
-    if n <= minimum:
-        return minimum
-    step = max(minimum, 1 << max(0, n.bit_length() - 4))
-    return -(-n // step) * step
+from .fused_lstm import FusedLstm
+from .row_lstm import RowLstm, RowPlan, RowShape
 
 
-@dataclass
-class _Graph:
-    """One bucket's static buffers and, when captured, its graph.
+class RowGraphs:
+    """``forward_combined`` over windows of one static shape, replayed as one CUDA graph
+    (``capture=True``, CUDA only) or run eagerly (module doc)."""
 
-    Shape: xs (2, N, P) with N = steps x rows, weights (L+1,), combined (2, N+1, P).
-    """
-
-    pack: Packing
-    xs: torch.Tensor
-    weights: torch.Tensor
-    combined: torch.Tensor | None = None
-    graph: "torch.cuda.CUDAGraph | None" = None
-
-
-class GraphedStack:
-    """``BiLstmStack.forward_combined`` (same signature, same vectors) over bucketed, padded
-    batches, each bucket's recurrence a CUDA graph replayed (``capture=True``, CUDA only).
-
-    ``run_layer``: how each layer runs (``BiLstmStack.run_packed``; inference passes
-    ``FastLstm.run_layer``). ``max_graphs``: graphs kept; each holds its buffers (about
-    12 x steps x rows x P floats plus the input products' chunk, see ``memory_bytes``).
-    """
-
-    def __init__(self, stack: BiLstmStack, run_layer: RunLayer | None = None, capture: bool = True,
-                 max_graphs: int = 16, min_rows: int = 8, min_steps: int = 8) -> None:
-        self.stack, self.run_layer, self.capture, self.max_graphs = stack, run_layer, capture, max_graphs
-        self.min_rows, self.min_steps = min_rows, min_steps
-        self.graphs: OrderedDict[tuple[int, int], _Graph] = OrderedDict()
+    def __init__(self, lstm: FusedLstm, shape: RowShape | None = None, capture: bool = True) -> None:
+        self.lstm, self.shape, self.capture = lstm, shape, capture
+        self.rows: RowLstm | None = None
+        self.graph: "torch.cuda.CUDAGraph | None" = None
         self.captures = self.replays = 0
+        self.padded = self.positions = 0  # padded and all positions computed so far
 
     def __call__(self, x: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor,
                  positions: slice = slice(None), keep: torch.Tensor | None = None) -> torch.Tensor:
         """Shape: x (B, T, P) zero at padding, lengths (B,), weights (L+1,) -> (B, T', 2P)."""
-        B, T, _ = x.shape
-        rows, steps = bucket_size(B, self.min_rows), bucket_size(T, self.min_steps)
-        kept = range(T)[positions]  # the positions wanted, as indices into the unpadded T
-        positions = slice(kept.start, kept.stop, kept.step)
-        if keep is None:  # padding runs in this path: its positions are masked explicitly
-            keep = (torch.arange(T, device=x.device)[None, :] < lengths[:, None])[:, positions]  # (B, T')
-        keep = torch.cat([keep, keep.new_zeros(rows - B, keep.shape[1])])  # (rows, T')
-        x = F.pad(x, (0, 0, 0, steps - T, 0, rows - B))  # (rows, steps, P)
-        pack = Packing(torch.cat([lengths, lengths.new_zeros(rows - B)]), steps, every_step=True)
-        g = self._graph(rows, steps, x.dtype)
-        g.xs.copy_(pack.pack(x))  # (2, N, P)
-        g.weights.copy_(weights)
-        if g.graph is not None:
-            g.graph.replay()
+        B, T, P = x.shape
+        plan = RowPlan(lengths.tolist(), T, self._shape(int(lengths.sum())), x.device)
+        rows = self._rows()
+        xs, keep_buf, weights_buf, _ = self.buffers
+        n = xs.shape[1]  # T*R positions a window
+        flat = torch.cat([x.reshape(B * T, P), x.new_zeros(1, P)])  # (B*T+1, P): the last row is padding's
+        combined = x.new_empty(2, plan.windows * n + 1, P)  # (2, W*T*R+1, P)
+        combined[:, -1] = 0
+        rows.reset()
+        weights_buf.copy_(weights)
+        for w in range(plan.windows):
+            sources, keep_w = plan.window(w)
+            torch.index_select(flat, 0, sources.reshape(-1), out=xs.view(-1, P))  # (2*T*R, P)
+            keep_buf.copy_(keep_w)
+            combined[:, w * n : (w + 1) * n] = self._run(rows)
+        self.positions += plan.windows * n
+        self.padded += plan.windows * n - plan.tokens
+        return plan.unpack(combined, positions, keep)
+
+    def _shape(self, tokens: int) -> RowShape:
+        if self.shape is None:
+            self.shape = RowShape.for_tokens(tokens)
+        return self.shape
+
+    def _rows(self) -> RowLstm:
+        """The window runner and its static input buffers (xs (2, T*R, P), keep (T+1, R), weights (L+1,))."""
+        if self.rows is None:
+            assert self.shape is not None
+            self.rows = RowLstm(self.lstm, self.shape)
+            cfg, dev = self.lstm.stack.cfg, self.rows.h.device
+            R, T = self.shape.rows, self.shape.steps
+            self.buffers = (torch.zeros(2, T * R, cfg.projection_dim, device=dev),
+                            torch.ones(T + 1, R, dtype=torch.bool, device=dev),
+                            torch.zeros(cfg.n_layers + 1, device=dev), None)
+        return self.rows
+
+    def _run(self, rows: RowLstm) -> torch.Tensor:
+        """One window on the static buffers: replayed when captured, else run (and, on the first
+        window with ``capture``, captured). Returns the window's mix (2, T*R, P)."""
+        xs, keep, weights, out = self.buffers
+        if self.graph is not None:
+            self.graph.replay()
             self.replays += 1
-        else:
-            g.combined = self.stack.combine_packed(g.xs, g.pack, g.weights, self.run_layer)  # (2, N+1, P)
-        return pack.unpack(g.combined, positions, keep)[:B]  # (B, T', 2P)
+            return out
+        if not self.capture:
+            return rows.window(xs, keep, weights)
+        return self._capture(rows)
 
-    def _graph(self, rows: int, steps: int, dtype: torch.dtype) -> _Graph:
-        key = (rows, steps)
-        if key in self.graphs:
-            self.graphs.move_to_end(key)
-            return self.graphs[key]
-        while len(self.graphs) >= self.max_graphs:
-            self.graphs.popitem(last=False)
-        device = self.stack.w_input.device
-        L, P = self.stack.cfg.n_layers, self.stack.cfg.projection_dim
-        g = _Graph(Packing.full(rows, steps, device), torch.zeros(2, rows * steps, P, dtype=dtype, device=device),
-                   torch.zeros(L + 1, dtype=dtype, device=device))
-        if self.capture:
-            self._capture(g)
-        self.graphs[key] = g
-        return g
-
-    def _capture(self, g: _Graph) -> None:
-        """Warm up on a side stream (as torch.cuda.graphs requires), then capture ``combine_packed``."""
+    def _capture(self, rows: RowLstm) -> torch.Tensor:
+        """Warm up on a side stream (as torch.cuda.graphs requires; the kernels compile here),
+        then capture one window. The warm-up's result is this window's: the state is restored
+        before the capture so that the captured run computes it again."""
+        xs, keep, weights, _ = self.buffers
+        saved = rows.h.clone(), rows.c.clone()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self.stack.combine_packed(g.xs, g.pack, g.weights, self.run_layer)
+            rows.window(xs, keep, weights)
         torch.cuda.current_stream().wait_stream(side)
-        g.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g.graph, capture_error_mode="thread_local"):  # other threads may use CUDA meanwhile
-            g.combined = self.stack.combine_packed(g.xs, g.pack, g.weights, self.run_layer)  # (2, N+1, P), static
+        rows.h.copy_(saved[0])
+        rows.c.copy_(saved[1])
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):  # other threads may use CUDA meanwhile
+            out = rows.window(xs, keep, weights)  # (2, T*R, P), static
+        self.buffers = (xs, keep, weights, out)
+        self.graph.replay()  # capturing does not run the work
         self.captures += 1
+        return out
 
     def memory_bytes(self) -> int:
-        """Bytes the kept buckets' input and output buffers hold (the graphs' private pools hold
-        the intermediates besides: ``torch.cuda.memory_reserved`` reports the whole)."""
-        return sum(g.xs.numel() * g.xs.element_size() + (g.combined.numel() * g.combined.element_size()
-                                                           if g.combined is not None else 0)
-                   for g in self.graphs.values())
+        """Bytes of the static buffers and the carried state (the graph's private pool holds the
+        intermediates besides: ``torch.cuda.memory_reserved`` reports the whole)."""
+        if self.rows is None:
+            return 0
+        tensors = [t for t in self.buffers if t is not None] + [self.rows.h, self.rows.c]
+        return sum(t.numel() * t.element_size() for t in tensors)

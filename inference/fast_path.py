@@ -6,9 +6,11 @@ while autograd is off, so training never sees it. What each step adds to the ref
 - ``encode``: a ``TokenCache`` of char-CNN outputs across batches (and a token-embedding file's
   vectors preloaded into it); the char-CNN under ``torch.autocast`` in bf16 / fp16.
 - ``run_layer``: ``inference.fast_lstm.FastLstm`` (in-place steps, chunked input products,
-  packed oneDNN weights, reduced-precision weight copies).
+  packed oneDNN weights, reduced-precision weight copies), or with ``fused`` (the default on
+  CUDA) ``inference.fused_lstm.FusedLstm`` (each step two products and two compiled kernels).
 - ``combine``: the layers mixed while packed, each layer by ``run_layer``; with ``cuda_graphs``
-  the whole recurrence replayed as CUDA graphs (``inference.cuda_graphs.GraphedStack``).
+  the sentences laid in rows of one static shape and replayed as one CUDA graph
+  (``inference.cuda_graphs.RowGraphs`` over ``inference.row_lstm``; fused steps).
 
 Each is tested against the reference model: tests/inference/test_fast_path.py, and every option
 in tests/core/test_bilm.py, every precision in tests/core/test_precision.py.
@@ -23,23 +25,31 @@ import torch
 from elmo_core.bilm import BiLM
 from elmo_core.lstm import Packing
 
-from .cuda_graphs import GraphedStack
+from .cuda_graphs import RowGraphs
 from .fast_lstm import INPUT_CHUNK_ROWS, PACKED_MIN_WEIGHTS, FastLstm
+from .fused_lstm import FusedLstm
 from .precision import matmul_dtype, tf32_products
+from .row_lstm import RowShape
 from .token_cache import TokenCache
 
 
 class FastInference:
-    """``precision``: the products' precision (``inference.precision``; runs go inside ``running()``). ``token_cache``: None for none. ``cuda_graphs``: replay
-    ``combine`` as CUDA graphs (a CUDA device; ``capture=False`` runs the same bucketed path eagerly)."""
+    """``precision``: the products' precision (``inference.precision``; runs go inside ``running()``).
+    ``token_cache``: None for none. ``fused``: fused steps (None: on CUDA). ``cuda_graphs``:
+    ``combine`` over static rows, replayed as one CUDA graph (a CUDA device; ``capture=False``
+    runs the same windows eagerly; always fused); ``rows``: their shape (None: from the first batch)."""
 
     def __init__(self, model: BiLM, precision: str = "fp32", token_cache: TokenCache | None = None,
                  cuda_graphs: bool = False, capture: bool = True, chunk_rows: int = INPUT_CHUNK_ROWS,
-                 packed_min_weights: int = PACKED_MIN_WEIGHTS) -> None:
+                 packed_min_weights: int = PACKED_MIN_WEIGHTS, fused: bool | None = None,
+                 rows: RowShape | None = None) -> None:
         self.model, self.precision, self.token_cache = model, precision, token_cache
         self.dtype = matmul_dtype(precision)
-        self.lstm = FastLstm(model.lstm, self.dtype, chunk_rows, packed_min_weights)
-        self.graphs = GraphedStack(model.lstm, self.lstm.run_layer, capture=capture) if cuda_graphs else None
+        if fused is None:
+            fused = model.lstm.w_input.device.type == "cuda"
+        self.lstm = FusedLstm(model.lstm, self.dtype, chunk_rows) if fused or cuda_graphs else \
+            FastLstm(model.lstm, self.dtype, chunk_rows, packed_min_weights)
+        self.graphs = RowGraphs(self.lstm, rows, capture=capture) if cuda_graphs else None
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:

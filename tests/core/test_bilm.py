@@ -30,11 +30,12 @@ def _run(model, sentences):
     return out.layers.numpy(), out.mask.numpy()
 
 
-@pytest.mark.parametrize("path", ["model", "fast-plain-gemm", "fast-prepacked-gemm"])
+@pytest.mark.parametrize("path", ["model", "fast-plain-gemm", "fast-prepacked-gemm", "fast-fused"])
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_matches_reference_for_every_option(name, path, tmp_path):
     """The model itself and its inference fast path (``inference.fast_path``) with both recurrent
-    products: the tiny models take the plain one unless pre-packing is forced."""
+    products (the tiny models take the plain one unless pre-packing is forced), and with fused
+    steps (``inference.fused_lstm``: compiled kernels, inductor's CPU backend here)."""
     from inference.fast_path import FastInference
     from inference.packed_gemm import packed_gemm_available
 
@@ -44,7 +45,8 @@ def test_matches_reference_for_every_option(name, path, tmp_path):
     model_dir = make_model_dir(tmp_path / name, options, seed=3, lstm_scale=2.0)
     model = load_bilm(model_dir)
     if path != "model":
-        model.use_fast_path(FastInference(model, packed_min_weights=0 if path == "fast-prepacked-gemm" else 1 << 62))
+        model.use_fast_path(FastInference(model, packed_min_weights=0 if path == "fast-prepacked-gemm" else 1 << 62,
+                                          fused=path == "fast-fused"))
     ref = ReferenceElmo(options, str(model_dir / "weights.hdf5"))
     layers, mask = _run(model, SENTENCES)
     assert layers.shape == (len(SENTENCES), options["lstm"]["n_layers"] + 1, max(map(len, SENTENCES)),

@@ -42,18 +42,26 @@ def _fp32_and(model, ids, fast: FastInference):
     return ref.layers, ref_mixed, mask, low.layers, low_mixed
 
 
-@pytest.mark.parametrize("precision,prepacked", [("bf16", False), ("bf16", True), ("fp16", False)])
-def test_reduced_precision_keeps_every_token_and_layer_within_cosine(fixture_dir, precision, prepacked):
+@pytest.mark.parametrize("precision,path", [("bf16", "plain"), ("bf16", "prepacked"), ("fp16", "plain"),
+                                            ("bf16", "fused"), ("fp16", "fused"), ("bf16", "rows")])
+def test_reduced_precision_keeps_every_token_and_layer_within_cosine(fixture_dir, precision, path):
     """prepacked: bf16 through oneDNN's packed weights (the path of full-size models on x86 CPUs,
-    forced here for the small fixture model); else batched products on bf16 weight copies."""
+    forced here for the small fixture model); plain: batched products on bf16 weight copies;
+    fused: CUDA's fused steps (``inference.fused_lstm``); rows: CUDA's static rows
+    (``inference.row_lstm``, run eagerly), for the mix."""
+    from inference.row_lstm import RowShape
+
     model, ids = _model_and_ids(fixture_dir)
-    fast = FastInference(model, precision, packed_min_weights=0 if prepacked else 1 << 62)
+    fast = FastInference(model, precision, packed_min_weights=0 if path == "prepacked" else 1 << 62,
+                         fused=path == "fused", cuda_graphs=path == "rows", capture=False, rows=RowShape(8, 4))
     ref, _, mask, low, low_mixed = _fp32_and(model, ids, fast)
     assert (low - ref).abs().max() > 1e-5  # the products really ran in the reduced type
     assert low.dtype == torch.float32 and not low_mixed[~mask].any()
     assert fast.lstm._weight_copies()[1].dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-    assert fast.lstm._packed_low() == (prepacked and packed_gemm_available(torch.device("cpu"))
+    assert fast.lstm._packed_low() == (path == "prepacked" and packed_gemm_available(torch.device("cpu"))
                                         and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if path == "rows":
+        assert fast.graphs.positions > 0  # the mix went through the rows
 
 
 def test_back_to_fp32_is_bit_identical(fixture_dir):

@@ -1,6 +1,7 @@
-"""The CUDA-graph path's bucketed, padded recurrence (``inference.cuda_graphs.GraphedStack``), run
-eagerly on the CPU (``capture=False``) against ``BiLstmStack.forward_combined``; capture and replay
-themselves are tested on a GPU in tests/gpu/test_gpu.py."""
+"""The CUDA-graph path: sentences laid in rows of one static shape (``inference.row_lstm``) and run a
+window at a time (``inference.cuda_graphs.RowGraphs``), eagerly on the CPU (``capture=False``)
+against the packed path and a float64 run of the same maths; capture and replay themselves are
+tested on a GPU in tests/gpu/test_gpu.py."""
 from __future__ import annotations
 
 import copy
@@ -10,11 +11,10 @@ import torch
 
 from elmo_core import batch_to_ids
 from elmo_core.errors import InputError
-from elmo_core.lstm import Packing
 from formats import load_bilm
 from inference.backends import TorchBackend
-from inference.cuda_graphs import GraphedStack, bucket_size
 from inference.fast_path import FastInference
+from inference.row_lstm import RowPlan, RowShape
 
 from tests.helpers import SENTENCES, assert_as_accurate, make_model_dir, tiny_options
 
@@ -24,15 +24,17 @@ def _batches() -> list[list[list[str]]]:
     return [SENTENCES + [[], ["One"]], [long] * 9 + [["a", "b"]], [["x"]], [long[: k + 1] for k in range(11)]]
 
 
-@pytest.mark.parametrize("options", [{}, {"lstm__use_skip_connections": False, "lstm__n_layers": 3}])
+@pytest.mark.parametrize("options", [{}, {"lstm__use_skip_connections": False, "lstm__n_layers": 3},
+                                     {"lstm__cell_clip": 0, "lstm__proj_clip": 0}])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_padded_buckets_give_the_packed_vectors(tmp_path, options, precision):
+def test_rows_give_the_packed_vectors(tmp_path, options, precision):
+    """Rows of 4 x 3 steps: every batch crosses windows, sentences cross windows, the state is
+    carried and zeroed where a sentence starts; both paths as accurate against float64."""
     model = load_bilm(make_model_dir(tmp_path / "m", tiny_options(**options), lstm_scale=3.0)).eval()
     reference = copy.deepcopy(model.lstm).double()  # the float64 maths both paths compute
-    packed, bucketed = FastInference(model, precision), FastInference(model, precision, cuda_graphs=True, capture=False)
-    graphed = bucketed.graphs
+    packed = FastInference(model, precision)
+    rows = FastInference(model, precision, cuda_graphs=True, capture=False, rows=RowShape(4, 3))
     weights = torch.linspace(0.2, 1.1, model.config.n_output_layers)
-    model.use_fast_path(packed)
     with torch.inference_mode():
         for sentences in _batches():
             ids = torch.from_numpy(batch_to_ids(sentences))
@@ -40,55 +42,49 @@ def test_padded_buckets_give_the_packed_vectors(tmp_path, options, precision):
             x = model._with_boundaries(model.embed_tokens(ids, mask), lengths)  # (B, T+2, P): both paths' input
             exact = reference.forward_combined(x.double(), lengths + 2, weights.double(), slice(1, x.shape[1] - 1), mask)
             want, mask = model.use_fast_path(packed).run_combined(ids, weights)
-            got, got_mask = model.use_fast_path(bucketed).run_combined(ids, weights)
+            got, got_mask = model.use_fast_path(rows).run_combined(ids, weights)
             assert torch.equal(mask, got_mask)
-            # the buckets pad rows and steps, so the products run in other shapes: as accurate, not equal
             assert_as_accurate(got, want, exact, packed.dtype, model.lstm, x.shape[1])
-            assert not got[~mask].any()  # the padding ran every step, and is zero in what comes back
-    buckets = {(bucket_size(len(s)), bucket_size(max(map(len, s)) + 2)) for s in _batches()}  # +2: <S>, </S>
-    assert set(graphed.graphs) == buckets and graphed.captures == 0
+            assert not got[~mask].any()
+    graphs = rows.graphs
+    assert graphs.shape == RowShape(4, 3) and graphs.captures == 0 and graphs.positions > 0
 
 
-def test_without_keep_the_padding_is_masked(tmp_path):
-    model = load_bilm(make_model_dir(tmp_path / "m", tiny_options(), lstm_scale=3.0)).eval()
-    x = torch.randn(5, 9, model.config.lstm.projection_dim)  # (B, T, P)
-    lengths = torch.tensor([9, 2, 5, 3, 7])
-    x[torch.arange(9)[None, :] >= lengths[:, None]] = 0
-    x[:, 0] = x[0, 0].clone()  # framed as forward_combined expects: every row starts with <S> ...
-    x[torch.arange(5), lengths - 1] = x[0, 8].clone()  # ... and ends with </S>
-    w = torch.tensor([0.3, 0.3, 0.4])
-    with torch.inference_mode():
-        want = model.lstm.forward_combined(x, lengths, w, slice(1, 8))
-        got = GraphedStack(model.lstm, capture=False)(x, lengths, w, slice(1, 8))
-        exact = copy.deepcopy(model.lstm).double().forward_combined(x.double(), lengths, w.double(), slice(1, 8))
-    valid = (torch.arange(1, 8)[None, :] < (lengths - 1)[:, None])  # forward_combined also zeroes the last step
-    assert_as_accurate(got[valid], want[valid], exact[valid], torch.float32, model.lstm, x.shape[1])
-    assert not got[torch.arange(1, 8)[None, :] >= lengths[:, None]].any()
+def test_a_plan_places_every_token_once_and_zeroes_the_state_at_each_start():
+    lengths = [7, 2, 0, 5, 9, 1, 3]
+    plan = RowPlan(lengths, 9, RowShape(3, 4), "cpu")
+    N, flat_pad = sum(lengths), len(lengths) * 9
+    assert plan.windows * 4 * 3 >= N and plan.tokens == N
+    for d in range(2):
+        real = plan.sources[d][plan.sources[d] < flat_pad]
+        assert sorted(real.tolist()) == sorted(b * 9 + k for b, n in enumerate(lengths) for k in range(n))
+        placed = plan.targets[d][plan.targets[d] < plan.windows * 12]
+        assert sorted(placed.tolist()) == sorted(torch.nonzero(plan.sources[d] < flat_pad).squeeze(1).tolist())
+    # the backward direction reads each sentence reversed in the same span
+    for b, n in enumerate(lengths):
+        fwd = [int(plan.targets[0, b * 9 + k]) for k in range(n)]
+        bwd = [int(plan.targets[1, b * 9 + n - 1 - k]) for k in range(n)]
+        assert fwd == bwd
+        if n:  # its span is contiguous in its row: position s -> window s // T, step s % T
+            s = [(p // 12) * 4 + (p % 12) // 3 for p in fwd]
+            assert s == list(range(s[0], s[0] + n)) and len({p % 3 for p in fwd}) == 1
+            assert not plan.keep[s[0], fwd[0] % 3]  # the state is zeroed at its first position
+    assert int((~plan.keep).sum()) == sum(1 for n in lengths if n)  # and nowhere else
+    assert plan.padded_fraction == pytest.approx(1 - N / (plan.windows * 12))
 
 
-def test_the_graph_cache_is_bounded_least_recently_used_first(tmp_path):
-    model = load_bilm(make_model_dir(tmp_path / "m", tiny_options())).eval()
-    graphed = GraphedStack(model.lstm, capture=False, max_graphs=2)
-    w = torch.full((3,), 1 / 3)
-    with torch.inference_mode():
-        for b, t in [(4, 5), (20, 5), (4, 5), (4, 30)]:  # buckets (8, 8), (24, 8), (8, 8), (8, 32)
-            graphed(torch.zeros(b, t, model.config.lstm.projection_dim), torch.full((b,), t), w)
-    assert list(graphed.graphs) == [(8, 8), (8, 32)]
-    assert graphed.memory_bytes() > 0
+def test_dealing_longest_first_keeps_the_rows_even():
+    lengths = [29, 31, 25, 40, 12, 33, 27, 30] * 64  # sotu-like sentences, a 16k-token batch
+    shape = RowShape.for_tokens(sum(lengths))
+    plan = RowPlan(lengths, 42, shape, "cpu")
+    assert shape == RowShape(32, 16) and plan.windows == 29 and plan.padded_fraction <= 0.05
 
 
-def test_buckets_round_up_by_at_most_an_eighth_from_64():
-    sizes = [bucket_size(n) for n in range(1, 5000)]
-    assert all(s >= n for n, s in zip(range(1, 5000), sizes))
-    assert all(s <= n * 1.125 for n, s in zip(range(1, 5000), sizes) if n >= 64)
-    assert sizes == sorted(sizes)  # monotone: a longer batch never lands in a smaller bucket
-    assert len(set(sizes)) < 100  # few distinct buckets, so few graphs
-
-
-def test_every_step_packing_is_static():
-    pack = Packing(torch.tensor([3, 7, 1, 0]), 8, shared_first=True, every_step=True)
-    assert not pack.shared_first and pack.steps == [(4 * t, 4) for t in range(8)]
-    assert pack.sources.shape == (2, 32)
+def test_row_shapes_follow_the_batch_size():
+    assert RowShape.for_tokens(4096) == RowShape(16, 16)
+    assert RowShape.for_tokens(65536) == RowShape(256, 16)
+    assert RowShape.for_tokens(10) == RowShape(8, 16)
+    assert RowShape.for_tokens(10**8) == RowShape(1024, 16)
 
 
 def test_cuda_graphs_need_a_cuda_device(tmp_path):

@@ -1,0 +1,70 @@
+"""The inference recurrence with fused steps: each step is two products and two kernels.
+
+``FusedLstm`` computes what ``FastLstm`` (and the reference ``BiLstmStack.run_layer``) computes,
+over the same packing (rows sorted by length, the active rows shrinking), but each step is
+
+    r = h W_h                      a product (cuBLAS / oneDNN)
+    m = cell(gx + r, c)            one kernel: gates, the cell and its clip, m (c updated in place)
+    h_raw = m W_P                  a product
+    store(h_raw)                   one kernel: the projection's clip, the output, the next step's h
+
+(``elmo_core.fused_cell``, compiled by ``torch.compile``), where the eager step launches about ten
+kernels, six of them passes over the gate tensor. It is for CUDA, where a step's launches bound
+it; on a CPU the eager ``FastLstm`` with packed oneDNN weights is as fast (docs/gpu.md) and stays
+the default there. The next step's ``h`` is kept in the products' type by ``store``, so bf16 /
+fp16 steps cast nothing. Tested against the reference in tests/inference/test_fused_lstm.py.
+"""
+from __future__ import annotations
+
+import torch
+
+from elmo_core.fused_cell import FusedCell, clip_tensor
+from elmo_core.lstm import BiLstmStack, Packing
+
+from .fast_lstm import INPUT_CHUNK_ROWS, FastLstm, _input_parts
+
+
+class FusedLstm(FastLstm):
+    """``FastLstm.run_layer`` with fused steps (module doc). ``kernels``: compiled by default;
+    ``FusedCell.eager()`` runs the same functions uncompiled."""
+
+    def __init__(self, stack: BiLstmStack, dtype: torch.dtype = torch.float32, chunk_rows: int = INPUT_CHUNK_ROWS,
+                 kernels: FusedCell | None = None) -> None:
+        super().__init__(stack, dtype, chunk_rows, packed_min_weights=1 << 62)  # never oneDNN-packed
+        self.kernels = kernels if kernels is not None else FusedCell.compiled()
+
+    def clips(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cell and projection clips as the kernels take them (0-d tensors on ``device``)."""
+        return clip_tensor(self.stack.cfg.cell_clip, device), clip_tensor(self.stack.cfg.proj_clip, device)
+
+    def products(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """W_h and W_P of ``layer`` in the products' type. Shape: (2, P, 4C), (2, C, P)."""
+        _, w_state, w_proj = self._weight_copies()
+        return w_state[layer], w_proj[layer]
+
+    def run_layer(self, layer: int, xs: torch.Tensor, pack: Packing, h: torch.Tensor,
+                  c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Shape: xs (2, N, P), h (2, B, P), c (2, B, C) -> out (2, N, P), h, c (final, per row)."""
+        k, (w_state, w_proj), (cell_clip, proj_clip) = self.kernels, self.products(layer), self.clips(xs.device)
+        out = xs.new_empty(xs.shape[0], xs.shape[1], w_proj.shape[-1])  # (2, N, P)
+        h_next, c = h.to(self.dtype).clone(), c.clone()  # (2, B, P) the products' input, (2, B, C) fp32
+        for (start, n), gx_t in zip(pack.steps, _input_parts(xs, pack.steps, self.chunk_rows, self._input_projection(layer))):
+            m = k.cell(gx_t, torch.bmm(h_next[:, :n], w_state), c[:, :n], None, cell_clip, self.dtype)  # (2, n, C)
+            k.store(torch.bmm(m, w_proj), out[:, start : start + n], h_next[:, :n], None, proj_clip)
+            if pack.shared_first and start == 0:  # step 0 ran once: its state holds for every row
+                h_next[:], c[:] = h_next[:, :1].clone(), c[:, :1].clone()
+        return out, self._final_h(out, pack, h), c
+
+    def _final_h(self, out: torch.Tensor, pack: Packing, h: torch.Tensor) -> torch.Tensor:
+        """Each row's last output (its state after the layer; a row that never ran keeps ``h``), fp32.
+
+        Shape: out (2, N, P), h (2, B, P) -> (2, B, P).
+        """
+        last = [-1] * h.shape[1]
+        for start, n in pack.steps:
+            last[:n] = range(start, start + n)
+        if pack.shared_first and pack.steps:
+            last = [0 if i < 0 else i for i in last]
+        index = torch.tensor(last, device=out.device)  # (B,)
+        ran = (index >= 0)[None, :, None]  # (1, B, 1)
+        return torch.where(ran, out[:, index.clamp(min=0)], h)

@@ -1,0 +1,95 @@
+"""The fused element-wise kernels of a step (``elmo_core.fused_cell``), compiled (inductor's CPU
+backend) and eager, against the reference cell ``lstm_step``, and each compiled into one kernel."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from elmo_core.fused_cell import FusedCell, clip_tensor
+from elmo_core.lstm_cell import lstm_step
+
+D, N, C, P = 2, 11, 24, 8
+
+
+def _inputs(seed: int, n: int = N):
+    g = torch.Generator().manual_seed(seed)
+    gx, r = (torch.randn(D, n, 4 * C, generator=g) * 2 for _ in range(2))
+    c = torch.randn(D, n, C, generator=g) * 3
+    w_proj = torch.randn(D, C, P, generator=g)
+    return gx, r, c, w_proj
+
+
+def _step_with(kernels: FusedCell, gx, r, c, keep, w_proj, cell_clip, proj_clip, low=torch.float32):
+    """One inference step through ``cell`` and ``store``; returns (out, h_next, c)."""
+    c = c.clone()
+    out, h_next = torch.empty(D, gx.shape[1], P), torch.empty(D, gx.shape[1], P, dtype=low)
+    m = kernels.cell(gx, r, c, keep, clip_tensor(cell_clip, "cpu"), low)
+    kernels.store(torch.bmm(m, w_proj.to(low)), out, h_next, keep, clip_tensor(proj_clip, "cpu"))
+    return out, h_next, c
+
+
+@pytest.mark.parametrize("kind", ["compiled", "eager"])
+@pytest.mark.parametrize("clips", [(3.0, 2.0), (None, None)])
+def test_cell_and_store_are_the_reference_step(kind, clips):
+    kernels = FusedCell.compiled() if kind == "compiled" else FusedCell.eager()
+    gx, r, c, w_proj = _inputs(0)
+    keep = torch.rand(1, N, 1, generator=torch.Generator().manual_seed(1)) > 0.4
+    keep[0, 0, 0] = False
+    for mask in (None, keep):
+        out, h_next, c_new = _step_with(kernels, gx, r, c, mask, w_proj, *clips)
+        c_prev = c if mask is None else torch.where(mask, c, 0.0)
+        want_h, want_c = lstm_step(gx + r, c_prev, w_proj, *clips)  # (D, N, P), (D, N, C)
+        # the same sums in the same order; only sigmoid / tanh may differ by an ulp (vectorized)
+        torch.testing.assert_close(out, want_h, rtol=0, atol=1e-6 * float(want_h.abs().max()))
+        torch.testing.assert_close(c_new, want_c, rtol=0, atol=1e-6 * float(want_c.abs().max()))
+        assert torch.equal(h_next, out if mask is None else torch.where(mask, out, 0.0))
+    if clips[0] is not None:
+        assert float(c_new.abs().max()) == clips[0] and float(out.abs().max()) == clips[1]  # both clips bite
+
+
+def test_bf16_products_keep_the_cell_in_fp32():
+    gx, r, c, w_proj = _inputs(2)
+    out, h_next, c_new = _step_with(FusedCell.compiled(), gx, r, c, None, w_proj, 3.0, 2.0, torch.bfloat16)
+    want_h, want_c = lstm_step(gx + r, c, w_proj, 3.0, 2.0)
+    assert h_next.dtype == torch.bfloat16 and out.dtype == torch.float32 and c_new.dtype == torch.float32
+    torch.testing.assert_close(c_new, want_c, rtol=0, atol=1e-6 * 3)  # the cell never saw bf16
+    cos = torch.nn.functional.cosine_similarity(out, want_h, dim=-1)
+    assert float(cos.min()) >= 0.999
+
+
+def _profiled_kernels(fn, *args) -> list[str]:
+    """The kernels inductor generated that one call runs (the profiler's names for them)."""
+    fn(*args)
+    with torch.profiler.profile() as prof:
+        fn(*args)
+    return [e.name for e in prof.events() if "cpp_fused" in e.name or "triton_" in e.name]
+
+
+def test_each_kernel_compiles_to_one_fused_loop(monkeypatch):
+    """The point of the module: each function is one kernel, so one pass over the gate tensor."""
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config.cpp, "enable_kernel_profile", True)
+    torch._dynamo.reset()
+    FusedCell.compiled.cache_clear()
+    k = FusedCell.compiled()
+    gx, r, c, _ = _inputs(3)
+    clip = clip_tensor(3.0, "cpu")
+    saved = [torch.empty(D, N, C) for _ in range(3)] + [torch.empty(D, N, 3 * C), torch.empty(D, N, C),
+                                                        torch.empty(D, N, C, dtype=torch.bool)]
+    h = torch.randn(D, N, P)
+    calls = {
+        "cell": (k.cell, gx, r, c.clone(), torch.ones(1, N, 1, dtype=torch.bool), clip, torch.bfloat16),
+        "store": (k.store, h, torch.empty(D, N, P), torch.empty(D, N, P), None, clip),
+        "train_forward": (k.train_forward, gx, r, c.clone(), clip, tuple(saved), torch.float32),
+        "train_store": (k.train_store, h, torch.empty(D, N, P), torch.empty(D, N, P),
+                        torch.empty(D, N, P, dtype=torch.bool), clip),
+        "train_backward_h": (k.train_backward_h, h, h, torch.ones(D, N, P, dtype=torch.bool), torch.empty(D, N, P),
+                             torch.bfloat16),
+        "train_backward_cell": (k.train_backward_cell, torch.randn(D, N, C), torch.randn(D, N, C), tuple(saved),
+                                torch.empty(D, N, 4 * C), torch.float32),
+    }
+    counts = {name: len(_profiled_kernels(*call)) for name, call in calls.items()}
+    torch._dynamo.reset()
+    FusedCell.compiled.cache_clear()
+    assert counts == dict.fromkeys(calls, 1)
