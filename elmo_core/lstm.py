@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 from .config import LstmConfig
-from .lstm_cell import low_bmm, lstm_step
-from .lstm_sequence import carry_state, lstm_sequence
+from .fused_sequence import fused_lstm_sequence
+from .lstm_cell import low_bmm
+from .lstm_sequence import lstm_sequence
 
 
 # One layer of both directions over packed rows: (layer, xs, pack, h, c) -> (out, h, c).
@@ -56,11 +57,11 @@ class BiLstmStack(nn.Module):
     +1 forget bias of the original is added at run time, so weight files round-trip bit-exactly.
     """
 
-    # The training path's cell (``compile_cell`` swaps in a compiled one). With the default cell a
-    # layer's whole recurrence is one autograd function (lstm_sequence.LstmSequence): the same
-    # maths, a fused backward, batched weight gradients; under autocast its products run in the
-    # autocast type and everything else in fp32.
-    cell: Callable[..., tuple[torch.Tensor, torch.Tensor]] = staticmethod(lstm_step)
+    # The training path's recurrence: one autograd function per layer (lstm_sequence.LstmSequence:
+    # the maths of ``lstm_step``, a fused backward, batched weight gradients; under autocast its
+    # products run in the autocast type and everything else in fp32). ``compile_cell`` swaps in the
+    # same function with each step's element-wise work compiled into one kernel (fused_sequence).
+    sequence: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = staticmethod(lstm_sequence)
 
     def __init__(self, cfg: LstmConfig, dropout: float = 0.0) -> None:
         super().__init__()
@@ -81,9 +82,9 @@ class BiLstmStack(nn.Module):
         return LstmState(w.new_zeros(L, 2, batch, P), w.new_zeros(L, 2, batch, C))
 
     def compile_cell(self) -> None:
-        """Training with ``torch.compile``d steps (``elmo train --compile``): a Python loop over a
-        compiled ``lstm_step`` instead of ``LstmSequence``."""
-        self.cell = torch.compile(lstm_step, dynamic=False)
+        """Training with fused, compiled steps (``elmo train --compile``, and always on CUDA):
+        ``fused_sequence.FusedLstmSequence`` instead of ``LstmSequence``, the same gradients."""
+        self.sequence = fused_lstm_sequence
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor, state: LstmState | None = None,
                 boundary_shortcut: bool = False, run_layer: RunLayer | None = None
@@ -168,30 +169,18 @@ class BiLstmStack(nn.Module):
     def run_layer(self, layer: int, xs: torch.Tensor, pack: "Packing", h: torch.Tensor,
                   c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One layer of both directions over packed rows, from state (h, c): the reference, and
-        the training path (autograd through ``LstmSequence``, or through ``cell`` step by step).
+        the training path (autograd through ``sequence``).
 
         Shape: xs (2, N, P), h (2, B, P), c (2, B, C) -> out (2, N, P), h, c (final, per row).
         """
         bias = self.gate_bias(layer)  # (2, 1, 4C)
         w_state, w_proj, w_input = self.w_state[layer], self.w_proj[layer], self.w_input[layer]
-        if self.cell is lstm_step:
-            dev = xs.device.type
-            low = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
-            with torch.autocast(dev, enabled=False):  # under autocast: products in ``low``, the rest fp32
-                gx = torch.baddbmm(bias, xs, w_input) if low is None else \
-                    torch.add(bias, low_bmm(xs.to(w_input.dtype), w_input.to(low)))  # (2, N, 4C): all steps' input part
-                return lstm_sequence(gx, h, c, w_state, w_proj, pack.steps, pack.shared_first, *self.clips, low)
-        gx = torch.baddbmm(bias, xs, w_input)  # (2, N, 4C)
-        cell = self.cell
-        step = lambda g, h_, c_: cell(torch.baddbmm(g, h_, w_state), c_, w_proj, *self.clips)  # noqa: E731
-        # split: views whose gradients autograd joins with one cat (slicing per step would not)
-        parts = gx.split([n for _, n in pack.steps], dim=1)
-        outs = []
-        for (start, n), gx_t in zip(pack.steps, parts):
-            h_new, c_new = step(gx_t, h[:, :n], c[:, :n])  # (2, n, P), (2, n, C)
-            outs.append(h_new)
-            h, c = carry_state(h, c, h_new, c_new, pack.shared_first and start == 0)  # (2, B, P), (2, B, C)
-        return torch.cat(outs, dim=1), h, c
+        dev = xs.device.type
+        low = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+        with torch.autocast(dev, enabled=False):  # under autocast: products in ``low``, the rest fp32
+            gx = torch.baddbmm(bias, xs, w_input) if low is None else \
+                torch.add(bias, low_bmm(xs.to(w_input.dtype), w_input.to(low)))  # (2, N, 4C): all steps' input part
+            return self.sequence(gx, h, c, w_state, w_proj, pack.steps, pack.shared_first, *self.clips, low)
 
     @property
     def clips(self) -> tuple[float | None, float | None]:

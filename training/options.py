@@ -66,7 +66,7 @@ class TrainOptions:
                                      "training perplexity held-out perplexity is compared with", "metrics")
     eval_batch_size: int = _opt(32, "sentences a batch in evaluations", "metrics")
     tensorboard: bool = _opt(True, "TensorBoard event files in RUN_DIR/tensorboard (the tensorboard extra)", "metrics")
-    compile: bool = _opt(False, "torch.compile the LSTM cell", "speed")
+    compile: bool = _opt(False, "fused, compiled LSTM steps (elmo_core.fused_sequence; always on CUDA)", "speed")
     bf16: bool = _opt(False, "bf16 autocast", "speed")
     threads: int | None = _opt(None, "torch threads", "speed")
     init_from: str | None = _opt(None, "model directory to start from (published options.json + weights, or ours)",

@@ -58,38 +58,39 @@ def test_bf16_products_keep_the_cell_in_fp32():
 
 
 def _profiled_kernels(fn, *args) -> list[str]:
-    """The kernels inductor generated that one call runs (the profiler's names for them)."""
-    fn(*args)
+    """The kernels inductor generates for ``fn`` (a function of elmo_core.fused_cell), compiled
+    apart from the shared ``FusedCell.compiled()`` with kernel profiling on: the profiler's names
+    for the kernels one call runs."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+
+    def backend(gm, inputs):
+        with inductor_config.patch({"cpp.enable_kernel_profile": True}):
+            return compile_fx(gm, inputs)
+    compiled = torch.compile(fn, backend=backend, dynamic=True, fullgraph=True)
+    compiled(*args)
     with torch.profiler.profile() as prof:
-        fn(*args)
+        compiled(*args)
     return [e.name for e in prof.events() if "cpp_fused" in e.name or "triton_" in e.name]
 
 
-def test_each_kernel_compiles_to_one_fused_loop(monkeypatch):
+def test_each_kernel_compiles_to_one_fused_loop():
     """The point of the module: each function is one kernel, so one pass over the gate tensor."""
-    import torch._inductor.config as inductor_config
+    from elmo_core import fused_cell
 
-    monkeypatch.setattr(inductor_config.cpp, "enable_kernel_profile", True)
-    torch._dynamo.reset()
-    FusedCell.compiled.cache_clear()
-    k = FusedCell.compiled()
     gx, r, c, _ = _inputs(3)
     clip = clip_tensor(3.0, "cpu")
     saved = [torch.empty(D, N, C) for _ in range(3)] + [torch.empty(D, N, 3 * C), torch.empty(D, N, C),
                                                         torch.empty(D, N, C, dtype=torch.bool)]
     h = torch.randn(D, N, P)
     calls = {
-        "cell": (k.cell, gx, r, c.clone(), torch.ones(1, N, 1, dtype=torch.bool), clip, torch.bfloat16),
-        "store": (k.store, h, torch.empty(D, N, P), torch.empty(D, N, P), None, clip),
-        "train_forward": (k.train_forward, gx, r, c.clone(), clip, tuple(saved), torch.float32),
-        "train_store": (k.train_store, h, torch.empty(D, N, P), torch.empty(D, N, P),
-                        torch.empty(D, N, P, dtype=torch.bool), clip),
-        "train_backward_h": (k.train_backward_h, h, h, torch.ones(D, N, P, dtype=torch.bool), torch.empty(D, N, P),
-                             torch.bfloat16),
-        "train_backward_cell": (k.train_backward_cell, torch.randn(D, N, C), torch.randn(D, N, C), tuple(saved),
-                                torch.empty(D, N, 4 * C), torch.float32),
+        "cell": (gx, r, c.clone(), torch.ones(1, N, 1, dtype=torch.bool), clip, torch.bfloat16),
+        "store": (h, torch.empty(D, N, P), torch.empty(D, N, P), None, clip),
+        "train_forward": (gx, r, c.clone(), clip, tuple(saved), torch.float32),
+        "train_store": (h, torch.empty(D, N, P), torch.empty(D, N, P), torch.empty(D, N, P, dtype=torch.bool), clip),
+        "train_backward_h": (h, h, torch.ones(D, N, P, dtype=torch.bool), torch.empty(D, N, P), torch.bfloat16),
+        "train_backward_cell": (torch.randn(D, N, C), torch.randn(D, N, C), tuple(saved), torch.empty(D, N, 4 * C),
+                                torch.float32),
     }
-    counts = {name: len(_profiled_kernels(*call)) for name, call in calls.items()}
-    torch._dynamo.reset()
-    FusedCell.compiled.cache_clear()
+    counts = {name: len(_profiled_kernels(getattr(fused_cell, name), *args)) for name, args in calls.items()}
     assert counts == dict.fromkeys(calls, 1)

@@ -53,7 +53,7 @@ def test_values_and_gradients_match_autograd(lengths, shared, clips):
 
 
 def test_the_bilm_trains_through_it_with_the_same_gradients(tiny_dir, monkeypatch):
-    """The whole biLM in training mode: fused recurrence vs the generic autograd loop."""
+    """The whole biLM in training mode: the recurrence as one function vs autograd over its steps."""
     ids = torch.from_numpy(batch_to_ids(SENTENCES))
 
     def grads():
@@ -63,7 +63,7 @@ def test_the_bilm_trains_through_it_with_the_same_gradients(tiny_dir, monkeypatc
         return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
 
     fused = grads()
-    monkeypatch.setattr(BiLstmStack, "cell", staticmethod(lambda *a: lstm_step(*a)))  # not lstm_step itself
+    monkeypatch.setattr(BiLstmStack, "sequence", staticmethod(lambda *a: _autograd_layer(*a[:-1])))  # a[-1]: no autocast
     generic = grads()
     assert set(fused) == set(generic) and "lstm.w_state" in fused
     for k in fused:
@@ -74,8 +74,6 @@ def test_the_bilm_trains_through_it_with_the_same_gradients(tiny_dir, monkeypatc
 def test_under_autocast_the_fused_recurrence_runs_its_products_in_bf16(tiny_dir, monkeypatch):
     """``elmo train --bf16``: the fused recurrence (not the per-step cell) with bf16 products; its
     outputs and gradients stay fp32 and close to the fp32 ones."""
-    import elmo_core.lstm as lstm_module
-
     ids = torch.from_numpy(batch_to_ids(SENTENCES))
     seen = []
 
@@ -83,7 +81,7 @@ def test_under_autocast_the_fused_recurrence_runs_its_products_in_bf16(tiny_dir,
         seen.append(args[-1])
         return lstm_sequence(*args)
 
-    monkeypatch.setattr(lstm_module, "lstm_sequence", spy)
+    monkeypatch.setattr(BiLstmStack, "sequence", staticmethod(spy))
 
     def run(autocast: bool):
         model = load_bilm(tiny_dir).eval()  # no dropout: the two runs differ only in precision

@@ -43,7 +43,7 @@ def _fp32_and(model, ids, fast: FastInference):
 
 
 @pytest.mark.parametrize("precision,path", [("bf16", "plain"), ("bf16", "prepacked"), ("fp16", "plain"),
-                                            ("bf16", "fused"), ("fp16", "fused"), ("bf16", "rows")])
+                                            ("bf16", "fused"), ("bf16", "rows")])
 def test_reduced_precision_keeps_every_token_and_layer_within_cosine(fixture_dir, precision, path):
     """prepacked: bf16 through oneDNN's packed weights (the path of full-size models on x86 CPUs,
     forced here for the small fixture model); plain: batched products on bf16 weight copies;

@@ -1,8 +1,8 @@
-"""``elmo train --compile``: torch.compile of the training model gives the eager run's weights."""
+"""``elmo train --compile``: the recurrence with fused, compiled steps (``elmo_core.fused_sequence``, as on
+CUDA) gives the eager run's weights."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from training import checkpoint as ck
 from training.trainer import train
@@ -24,12 +24,9 @@ def test_compiled_training_steps_equal_eager(tmp_path):
     options = write_options(tmp_path / "nodrop.json", dropout=0.0)  # same RNG use in both runs
     kw = dict(max_steps=STEPS, options=str(options), seed=1)
     train(tiny_run(tmp_path, p, out="eager", **kw), log=lambda s: None)
-    try:
-        train(tiny_run(tmp_path, p, out="compiled", compile=True, **kw), log=lambda s: None)
-    finally:
-        torch._dynamo.reset()
+    train(tiny_run(tmp_path, p, out="compiled", compile=True, **kw), log=lambda s: None)
     eager, compiled = _model_tensors(tmp_path / "eager"), _model_tensors(tmp_path / "compiled")
     assert set(eager) == set(compiled)
     worst = max(float((eager[k] - compiled[k]).abs().max()) for k in eager)
-    # torch.compile fuses and reorders fp32 ops: rounding over a few steps
+    # the fused kernels round sigmoid / tanh by their own vectorized code: fp32 rounding over a few steps
     assert worst <= 1e-5, worst
