@@ -145,8 +145,8 @@ def _under(event, label: str) -> bool:
 
 def padded_fractions(sentences: list[list[str]], before_budget: int, budget: int, step_rows: int) -> dict:
     """Padded fraction of the engine's batches of ``sentences`` (with <S> and </S>): the previous
-    graph buckets at ``before_budget``, the rows at ``budget`` (their shape as ``RowGraphs`` takes
-    it, each batch's rows by ``RowShape.for_batch`` at ``step_rows``), and the sequential steps
+    graph buckets at ``before_budget``, the rows at ``budget`` (each batch's rows by
+    ``RowShape.for_batch`` at ``step_rows``, as ``RowGraphs``), and the sequential steps
     per 1M tokens of each."""
     def batches(b: int) -> list[list[int]]:
         return [[len(t) + 2 for t in batch.tokens] for batch in plan_batches(sentences, BatchPolicy(max_tokens_per_batch=b)).batches]
@@ -154,7 +154,7 @@ def padded_fractions(sentences: list[list[str]], before_budget: int, budget: int
     real = sum(map(sum, old))
     bucket_pos = sum(_bucket(len(ls)) * _bucket(max(ls)) for ls in old)
     bucket_steps = sum(_bucket(max(ls)) for ls in old)
-    shape = RowShape.for_tokens(len(new[0]) * max(new[0]))  # as RowGraphs: the first batch's padded size
+    shape = RowShape()  # as RowGraphs
     plans = [RowPlan(ls, max(ls), shape.for_batch(ls, step_rows), "cpu") for ls in new]
     row_pos = sum(p.windows * p.shape.steps * p.shape.rows for p in plans)
     return {"buckets": 1 - real / bucket_pos, "rows": 1 - real / row_pos, "row_counts": sorted({p.shape.rows for p in plans}),

@@ -221,7 +221,7 @@ class TorchBackend(BackendBase):
                   "gpu_peak_reserved_bytes": torch.cuda.max_memory_reserved(self.device)}
         graphs = self.fast.graphs
         if graphs is not None:
-            report["cuda_graphs"] = {"shape": None if graphs.shape is None else [graphs.shape.rows, graphs.shape.steps],
+            report["cuda_graphs"] = {"rows": sorted(graphs.windows), "steps": graphs.shape.steps,
                                      "captured": graphs.captures, "replayed": graphs.replays,
                                      "padded_fraction": graphs.padded / max(graphs.positions, 1),
                                      "buffer_bytes": graphs.memory_bytes()}

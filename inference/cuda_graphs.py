@@ -9,11 +9,10 @@ every layer is carried from window to window inside the graph's buffers and zero
 batch's start. Padding is only what the rows leave empty in a batch's last window
 (``RowPlan.padded_fraction``).
 
-The shape: at most ``RowShape.for_tokens`` of the first batch's padded size (rows x longest row:
-about the engine's token budget; about 16 windows a batch) rows unless given; each batch takes
-the power of two of rows up to it that runs it fastest (``RowShape.for_batch``: a batch of few
-long sentences takes fewer rows), so a job keeps one graph per row count it meets (a sotu job:
-two or three). ``RowGraphs(..., capture=False)`` runs the same windows eagerly (any device): that
+The shape: windows of 8 steps, each batch in the power of two of rows up to 1024
+(``RowShape()``) that runs it fastest (``RowShape.for_batch``: a small batch, or one of few long
+sentences, takes fewer rows), so a job keeps one graph per row count it meets (a sotu job at a
+GPU's token budget: two or three). ``RowGraphs(..., capture=False)`` runs the same windows eagerly (any device): that
 is how it is tested on a CPU against ``BiLstmStack.forward_combined``; capture and replay are
 tested on a GPU (tests/gpu).
 """
@@ -44,7 +43,7 @@ class RowGraphs:
     """``forward_combined`` over windows of static shapes, replayed as CUDA graphs
     (``capture=True``, CUDA only) or run eagerly (module doc). ``step_rows``: see ``RowShape.for_batch``."""
 
-    def __init__(self, lstm: FusedLstm, shape: RowShape | None = None, capture: bool = True,
+    def __init__(self, lstm: FusedLstm, shape: RowShape = RowShape(), capture: bool = True,
                  step_rows: int = 128) -> None:
         self.lstm, self.shape, self.capture, self.step_rows = lstm, shape, capture, step_rows
         self.windows: dict[int, _Window] = {}
@@ -55,8 +54,6 @@ class RowGraphs:
                  positions: slice = slice(None), keep: torch.Tensor | None = None) -> torch.Tensor:
         """Shape: x (B, T, P) zero at padding, lengths (B,), weights (L+1,) -> (B, T', 2P)."""
         B, T, P = x.shape
-        if self.shape is None:
-            self.shape = RowShape.for_tokens(B * T)
         lens = lengths.tolist()
         plan = RowPlan(lens, T, self.shape.for_batch(lens, self.step_rows), x.device)
         win = self._window(plan.shape)

@@ -37,12 +37,12 @@ class FastInference:
     """``precision``: the products' precision (``inference.precision``; runs go inside ``running()``).
     ``token_cache``: None for none. ``fused``: fused steps (None: on CUDA). ``cuda_graphs``:
     ``combine`` over static rows, replayed as one CUDA graph (a CUDA device; ``capture=False``
-    runs the same windows eagerly; always fused); ``rows``: their shape (None: from the first batch)."""
+    runs the same windows eagerly; always fused); ``rows``: the most rows and the steps of a window."""
 
     def __init__(self, model: BiLM, precision: str = "fp32", token_cache: TokenCache | None = None,
                  cuda_graphs: bool = False, capture: bool = True, chunk_rows: int = INPUT_CHUNK_ROWS,
                  packed_min_weights: int = PACKED_MIN_WEIGHTS, fused: bool | None = None,
-                 rows: RowShape | None = None) -> None:
+                 rows: RowShape = RowShape()) -> None:
         self.model, self.precision, self.token_cache = model, precision, token_cache
         self.dtype = matmul_dtype(precision)
         if fused is None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from elmo_core.fused_cell import FusedCell, clip_tensor
+from elmo_core.fused_sequence import last_positions
 from elmo_core.lstm import BiLstmStack, Packing
 
 from .fast_lstm import INPUT_CHUNK_ROWS, FastLstm, _input_parts
@@ -60,11 +61,5 @@ class FusedLstm(FastLstm):
 
         Shape: out (2, N, P), h (2, B, P) -> (2, B, P).
         """
-        last = [-1] * h.shape[1]
-        for start, n in pack.steps:
-            last[:n] = range(start, start + n)
-        if pack.shared_first and pack.steps:
-            last = [0 if i < 0 else i for i in last]
-        index = torch.tensor(last, device=out.device)  # (B,)
-        ran = (index >= 0)[None, :, None]  # (1, B, 1)
-        return torch.where(ran, out[:, index.clamp(min=0)], h)
+        index = torch.tensor(last_positions(pack.steps, h.shape[1], pack.shared_first), device=out.device)  # (B,)
+        return torch.where((index >= 0)[None, :, None], out[:, index.clamp(min=0)], h)

@@ -15,7 +15,8 @@ batch runs one shape, ``RowShape(rows=R, steps=T)``:
   window and zeroed where a sentence starts. Each step is two products and two fused kernels
   (``elmo_core.fused_cell``: ``cell`` zeroes the cell state where a sentence starts, ``store``
   the next step's ``h``). Its shapes never change, so one CUDA graph replays it for every window
-  of a job (``inference.cuda_graphs.RowGraphs``).
+  of a job (``inference.cuda_graphs.RowGraphs``). The input part of the gates is one product a
+  layer and window.
 
 Equal per sentence to the reference (tests/inference/test_row_lstm.py: fp32 within 1e-6, bf16
 cosine >= 0.999, every option).
@@ -36,17 +37,10 @@ from .fused_lstm import FusedLstm
 
 @dataclass(frozen=True)
 class RowShape:
-    """R rows of T steps: one window's shape."""
+    """R rows of T steps: one window's shape (as a job's bound: the most rows a batch may take)."""
 
-    rows: int
-    steps: int
-
-    @classmethod
-    def for_tokens(cls, tokens: int, steps: int = 16, windows: int = 16, max_rows: int = 1024) -> "RowShape":
-        """Rows for batches of about ``tokens`` tokens: a power of two (8 to ``max_rows``) that makes
-        such a batch about ``windows`` windows, so the last window's padding is about 1/windows."""
-        rows = max(8, min(max_rows, tokens // (steps * windows)))
-        return cls(1 << (rows.bit_length() - 1), steps)
+    rows: int = 1024
+    steps: int = 8
 
     def for_batch(self, lengths: list[int], step_rows: int = 128) -> "RowShape":
         """The rows (a power of two up to ``rows``) that run a batch of ``lengths`` in the least
@@ -163,7 +157,8 @@ class RowLstm:
         steps = [(t * R, R) for t in range(self.shape.steps)]
         out = xs.new_empty(xs.shape[0], xs.shape[1], w_proj.shape[-1])  # (2, T*R, P)
         h, c, mask = self.h[layer], self.c[layer], keep[:, None, :, None]  # (2, R, P), (2, R, C), (T+1, 1, R, 1)
-        for t, gx_t in enumerate(_input_parts(xs, steps, self.lstm.chunk_rows, self.lstm._input_projection(layer))):
+        parts = _input_parts(xs, steps, xs.shape[1], self.lstm._input_projection(layer))  # the window's in one product
+        for t, gx_t in enumerate(parts):
             m = k.cell(gx_t, torch.bmm(h, w_state), c, mask[t], cell_clip, self.lstm.dtype)  # (2, R, C)
             k.store(torch.bmm(m, w_proj), out[:, t * R : (t + 1) * R], h, mask[t + 1], proj_clip)
         return out

@@ -75,9 +75,9 @@ def test_a_plan_places_every_token_once_and_zeroes_the_state_at_each_start():
 
 def test_dealing_longest_first_keeps_the_rows_even():
     lengths = [29, 31, 25, 40, 12, 33, 27, 30] * 64  # sotu-like sentences, a 16k-token batch
-    shape = RowShape.for_tokens(sum(lengths))
+    shape = RowShape().for_batch(lengths)
     plan = RowPlan(lengths, 42, shape, "cpu")
-    assert shape == RowShape(32, 16) and plan.windows == 29 and plan.padded_fraction <= 0.05
+    assert shape == RowShape(256, 8) and plan.windows == 8 and plan.padded_fraction <= 0.12
 
 
 def test_a_batch_of_few_long_sentences_takes_fewer_rows():
@@ -85,14 +85,8 @@ def test_a_batch_of_few_long_sentences_takes_fewer_rows():
     assert shape.for_batch([226] * 20 + [150] * 200) == RowShape(128, 16)  # 512 rows: mostly padding
     assert shape.for_batch([30] * 4000) == RowShape(512, 16)  # enough tokens: every row
     assert shape.for_batch([5, 3]) == RowShape(8, 16)  # one window whatever the rows: the fewest
+    assert RowShape() == RowShape(1024, 8)
     assert RowShape(4, 3).for_batch([7, 2]) == RowShape(4, 3)  # fewer than 8 rows: as given
-
-
-def test_row_shapes_follow_the_batch_size():
-    assert RowShape.for_tokens(4096) == RowShape(16, 16)
-    assert RowShape.for_tokens(65536) == RowShape(256, 16)
-    assert RowShape.for_tokens(10) == RowShape(8, 16)
-    assert RowShape.for_tokens(10**8) == RowShape(1024, 16)
 
 
 def test_cuda_graphs_need_a_cuda_device(tmp_path):
