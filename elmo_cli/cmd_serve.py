@@ -19,6 +19,8 @@ def _add_fields(group: argparse._ArgumentGroup, cls: type) -> None:
         flag, text = f"--{f.name.replace('_', '-')}", f.metadata["help"]
         if isinstance(f.default, bool):
             group.add_argument(flag, action="store_true", help=text)
+        elif f.default is None:  # a default that depends on the device, named in the help text
+            group.add_argument(flag, type=int, default=None, help=text)
         else:
             group.add_argument(flag, type=type(f.default), default=f.default, help=f"{text} (default {f.default})")
 

@@ -7,7 +7,7 @@ without the ``serve`` extra."""
 from __future__ import annotations
 
 import resource
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from elmo_core.errors import InputError
@@ -16,6 +16,13 @@ from inference.batching import BatchPolicy
 
 def _opt(default: Any, help: str) -> Any:  # noqa: A002
     return field(default=default, metadata={"help": help})
+
+
+# A model batch's padded tokens by default, by device type. On a CPU a batch of 4,096 runs ~100 ms
+# and more: requests arriving meanwhile batch anyway. On a GPU a batch costs about the same from a
+# few sentences to ~1,000 (the recurrence's steps, not its rows, bound it: docs/gpu.md), so the
+# server's batches may be as large as a GPU job's: whatever waits in the queue joins the next batch.
+BATCH_TOKENS = {"cpu": 4096, "cuda": 65536}
 
 
 @dataclass(frozen=True)
@@ -28,8 +35,8 @@ class ServeLimits:
     sentence may wait for others to join its batch.
     """
 
-    max_batch_tokens: int = _opt(4096, "padded tokens (sentences x longest) per model batch")
-    # On a CPU a batch runs ~100 ms+: requests arriving meanwhile batch anyway.
+    max_batch_tokens: int | None = _opt(None, "padded tokens (sentences x longest) per model batch (default: "
+                                               "4096 on a CPU, 65536 on CUDA)")
     max_wait_ms: float = _opt(0.0, "how long the oldest queued sentence waits for others to join its batch")
     max_queue: int = _opt(1024, "sentences waiting for the model; a request that does not fit gets 503 + Retry-After")
     max_request_sentences: int = _opt(256, "sentences (or texts, or inputs) one request may hold (else 413)")
@@ -44,26 +51,39 @@ class ServeLimits:
             if f.name == "auto_truncate":
                 if not isinstance(value, bool):
                     raise InputError(f"auto_truncate must be true or false, got {value!r}")
+            elif f.name == "max_batch_tokens" and value is None:
+                continue
             elif f.name == "max_wait_ms":
                 if not 0 <= value <= 60_000:
                     raise InputError(f"--max-wait-ms must be in [0, 60000], got {value}")
             elif not isinstance(value, int) or value <= 0:
                 raise InputError(f"--{f.name.replace('_', '-')} must be a positive integer, got {value!r}")
-        if self.max_sentence_tokens > self.max_batch_tokens:
+        if self.max_sentence_tokens > self.batch_tokens:
             raise InputError(f"--max-sentence-tokens ({self.max_sentence_tokens}) must be at most "
-                             f"--max-batch-tokens ({self.max_batch_tokens}) so one sentence fits a batch")
+                             f"--max-batch-tokens ({self.batch_tokens}) so one sentence fits a batch")
         if self.max_request_sentences > self.max_queue:
             raise InputError(f"--max-request-sentences ({self.max_request_sentences}) must be at most "
                              f"--max-queue ({self.max_queue}) so one request fits the queue")
+
+    def on_device(self, device: str) -> "ServeLimits":
+        """These limits with the device's defaults filled in (``BATCH_TOKENS``)."""
+        if self.max_batch_tokens is not None:
+            return self
+        return replace(self, max_batch_tokens=BATCH_TOKENS.get(device.split(":")[0], BATCH_TOKENS["cpu"]))
+
+    @property
+    def batch_tokens(self) -> int:
+        """``max_batch_tokens``, a CPU's where no device filled it in."""
+        return self.max_batch_tokens if self.max_batch_tokens is not None else BATCH_TOKENS["cpu"]
 
     @property
     def batch_policy(self) -> BatchPolicy:
         """The engine's batching terms for these limits (a sentence never exceeds
         max_sentence_tokens here, so none is cut into windows)."""
-        return BatchPolicy(max_sentence_length=self.max_sentence_tokens, max_tokens_per_batch=self.max_batch_tokens)
+        return BatchPolicy(max_sentence_length=self.max_sentence_tokens, max_tokens_per_batch=self.batch_tokens)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "max_batch_tokens": self.batch_tokens}
 
 
 FD_RESERVE = 64  # descriptors kept for the model's files, logs and the process itself

@@ -92,7 +92,7 @@ class ServingState:
     load failure is kept in ``error`` and reported through ``on_failure``."""
 
     def __init__(self, source: ModelSource, limits: ServeLimits, metrics: ServeMetrics | None = None) -> None:
-        self.source, self.limits = source, limits
+        self.source, self.limits = source, limits.on_device(source.device)  # the device's batch size
         self.metrics = metrics or ServeMetrics()
         self.predictor: SentencePredictor | None = None
         self.batcher: DynamicBatcher | None = None

@@ -10,6 +10,7 @@ import pytest
 
 from serving.batcher import DynamicBatcher
 from serving.errors import QueueFull
+from elmo_core.errors import InputError
 from serving.limits import ServeLimits
 
 
@@ -128,3 +129,16 @@ def test_a_model_error_reaches_every_request_of_its_batch_and_the_batcher_goes_o
     assert all(isinstance(a, RuntimeError) for a in answers)
     assert run(batcher.submit("s", [["after"]])) == [("s", ("after",))]
     batcher.close()
+
+
+def test_a_gpu_server_batches_as_a_gpu_job_does():
+    """The batch budget follows the device unless given: on CUDA whatever waits joins one batch of
+    up to 65,536 padded tokens (a GPU's batch costs about the same from a few sentences to ~1,000)."""
+    from serving.limits import BATCH_TOKENS
+
+    assert ServeLimits().batch_policy.max_tokens_per_batch == BATCH_TOKENS["cpu"] == 4096
+    assert ServeLimits().on_device("cuda:1").batch_policy.max_tokens_per_batch == BATCH_TOKENS["cuda"] == 65536
+    assert ServeLimits().on_device("cpu").as_dict()["max_batch_tokens"] == 4096
+    assert ServeLimits(max_batch_tokens=8192).on_device("cuda").max_batch_tokens == 8192  # given: kept
+    with pytest.raises(InputError, match="--max-sentence-tokens"):
+        ServeLimits(max_sentence_tokens=5000)  # above the CPU's 4096 when no budget is given
