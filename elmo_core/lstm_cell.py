@@ -6,9 +6,13 @@
 ``h = (sigmoid(o) tanh(c)) W_P`` clipped to ``proj_clip``. Changing the cell means changing it
 here and in each variant below; each is tested against ``lstm_step``:
 
-- ``inference.fast_lstm.lstm_step_inplace``: inference (torch backend). Same maths, computed in
-  place in the gate buffer, the projection injected (pre-packed oneDNN weights on x86 CPUs).
-  Tested in ``tests/core/test_lstm_cell.py``.
+- ``inference.fast_lstm.lstm_step_inplace``: inference on a CPU (torch backend). Same maths,
+  computed in place in the gate buffer, the projection injected (pre-packed oneDNN weights on x86
+  CPUs). Tested in ``tests/core/test_lstm_cell.py``.
+- ``elmo_core.fused_cell``: the element-wise part of a step (``cell``, ``store``; training's
+  ``train_forward``, ``train_store``, ``train_backward_h``, ``train_backward_cell``) as one compiled
+  kernel each, for CUDA (``inference.fused_lstm``, ``inference.row_lstm``,
+  ``elmo_core.fused_sequence``). Tested in ``tests/core/test_fused_cell.py``.
 - ``elmo_core.lstm_sequence.LstmSequence``: training. A layer's whole recurrence as one autograd
   function with a hand-written backward. Tested against autograd over ``lstm_step`` in
   ``tests/core/test_lstm_sequence.py``.
