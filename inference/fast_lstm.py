@@ -76,7 +76,7 @@ class FastLstm:
         out = xs.new_empty(xs.shape[0], xs.shape[1], self.stack.cfg.projection_dim)  # (2, N, P)
         h, c = h.clone(), c.clone()  # (2, B, P), (2, B, C): this layer's state, updated in place
         step = self._step(layer)
-        parts = _input_parts(xs, pack.steps, self.chunk_rows, self._input_projection(layer))
+        parts = input_parts(xs, pack.steps, self.chunk_rows, self.input_projection(layer))
         for (start, n), gx_t in zip(pack.steps, parts):
             h_new = step(gx_t, h[:, :n], c[:, :n])  # (2, n, P); c[:, :n] now holds the new cell state
             out[:, start : start + n] = h_new
@@ -95,7 +95,7 @@ class FastLstm:
         if self._packed_low():
             return self._packed_low_step(layer)
         if self.dtype != torch.float32:
-            w_state, w_proj = (w[layer] for w in self._weight_copies()[1:])  # (2, P, 4C), (2, C, P) reduced
+            w_state, w_proj = (w[layer] for w in self.weight_copies()[1:])  # (2, P, 4C), (2, C, P) reduced
             return lambda gx, h, c: lstm_step_inplace(
                 low_bmm(h, w_state).add_(gx), c, lambda m: low_bmm(m, w_proj), *clips)[0]
         if not self._use_packed():
@@ -123,7 +123,7 @@ class FastLstm:
 
     def _packed_low_step(self, layer: int) -> Callable[..., torch.Tensor]:
         """``_step`` in bf16 on packed weights: ``gx`` holds the input part in bf16
-        (``_input_projection``); one GEMM adds the recurrent product to it and rounds the sum to
+        (``input_projection``); one GEMM adds the recurrent product to it and rounds the sum to
         bf16 once; the gates, the cell state and the clips are fp32, as in every precision.
 
         Shape: gx (2, n, 4C) bf16 (or a pair of (n, 4C)), h (2, n, P), c (2, n, C) fp32 -> h (2, n, P).
@@ -138,7 +138,7 @@ class FastLstm:
             return h_new
         return step
 
-    def _input_projection(self, layer: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    def input_projection(self, layer: int) -> Callable[[torch.Tensor], torch.Tensor]:
         """The input part of the gates for a chunk of packed rows, ``x W_in + b``.
 
         fp32: into one reused buffer; bf16 / fp16: products' inputs rounded, result fp32; packed
@@ -149,7 +149,7 @@ class FastLstm:
         if self._packed_low():
             packed, b = self._packed_weights()[layer], bias[:, 0]  # b (2, 4C) fp32
             return lambda x: tuple(w_in(x[d].to(self.dtype), b[d]) for d, (_, _, w_in) in enumerate(packed))
-        w_input = self._weight_copies()[0][layer]  # (2, P, 4C)
+        w_input = self.weight_copies()[0][layer]  # (2, P, 4C)
         if w_input.dtype != torch.float32:
             return lambda x: torch.add(torch.bmm(x.to(w_input.dtype), w_input), bias)
         buffer: list[torch.Tensor] = []
@@ -164,7 +164,7 @@ class FastLstm:
     def _key(self, params: tuple[torch.Tensor, ...]) -> tuple:
         return (self.dtype,) + tuple((w._version, w.data_ptr()) for w in params)
 
-    def _weight_copies(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def weight_copies(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(W_in, W_h, W_P) in ``dtype``: the parameters themselves in fp32, else copies made once.
 
         Shape: (L, 2, P, 4C), (L, 2, P, 4C), (L, 2, C, P).
@@ -189,7 +189,7 @@ class FastLstm:
         return self._packed[1]
 
 
-def _input_parts(xs: torch.Tensor, steps: list[tuple[int, int]], chunk_rows: int,
+def input_parts(xs: torch.Tensor, steps: list[tuple[int, int]], chunk_rows: int,
                  project: Callable[[torch.Tensor], torch.Tensor | tuple[torch.Tensor, ...]]) -> Iterator:
     """Each step's input pre-activations, computed a chunk of whole steps at a time.
 

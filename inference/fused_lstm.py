@@ -22,7 +22,7 @@ from elmo_core.fused_cell import FusedCell, clip_tensor
 from elmo_core.fused_sequence import last_positions
 from elmo_core.lstm import BiLstmStack, Packing
 
-from .fast_lstm import INPUT_CHUNK_ROWS, FastLstm, _input_parts
+from .fast_lstm import INPUT_CHUNK_ROWS, FastLstm, input_parts
 
 
 class FusedLstm(FastLstm):
@@ -40,7 +40,7 @@ class FusedLstm(FastLstm):
 
     def products(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """W_h and W_P of ``layer`` in the products' type. Shape: (2, P, 4C), (2, C, P)."""
-        _, w_state, w_proj = self._weight_copies()
+        _, w_state, w_proj = self.weight_copies()
         return w_state[layer], w_proj[layer]
 
     def run_layer(self, layer: int, xs: torch.Tensor, pack: Packing, h: torch.Tensor,
@@ -49,7 +49,7 @@ class FusedLstm(FastLstm):
         k, (w_state, w_proj), (cell_clip, proj_clip) = self.kernels, self.products(layer), self.clips(xs.device)
         out = xs.new_empty(xs.shape[0], xs.shape[1], w_proj.shape[-1])  # (2, N, P)
         h_next, c = h.to(self.dtype).clone(), c.clone()  # (2, B, P) the products' input, (2, B, C) fp32
-        for (start, n), gx_t in zip(pack.steps, _input_parts(xs, pack.steps, self.chunk_rows, self._input_projection(layer))):
+        for (start, n), gx_t in zip(pack.steps, input_parts(xs, pack.steps, self.chunk_rows, self.input_projection(layer))):
             m = k.cell(gx_t, torch.bmm(h_next[:, :n], w_state), c[:, :n], None, cell_clip, self.dtype)  # (2, n, C)
             k.store(torch.bmm(m, w_proj), out[:, start : start + n], h_next[:, :n], None, proj_clip)
             if pack.shared_first and start == 0:  # step 0 ran once: its state holds for every row

@@ -31,7 +31,7 @@ import torch
 
 from elmo_core.lstm import unpack
 
-from .fast_lstm import _input_parts
+from .fast_lstm import input_parts
 from .fused_lstm import FusedLstm
 
 
@@ -157,7 +157,7 @@ class RowLstm:
         steps = [(t * R, R) for t in range(self.shape.steps)]
         out = xs.new_empty(xs.shape[0], xs.shape[1], w_proj.shape[-1])  # (2, T*R, P)
         h, c, mask = self.h[layer], self.c[layer], keep[:, None, :, None]  # (2, R, P), (2, R, C), (T+1, 1, R, 1)
-        parts = _input_parts(xs, steps, xs.shape[1], self.lstm._input_projection(layer))  # the window's in one product
+        parts = input_parts(xs, steps, xs.shape[1], self.lstm.input_projection(layer))  # the window's in one product
         for t, gx_t in enumerate(parts):
             m = k.cell(gx_t, torch.bmm(h, w_state), c, mask[t], cell_clip, self.lstm.dtype)  # (2, R, C)
             k.store(torch.bmm(m, w_proj), out[:, t * R : (t + 1) * R], h, mask[t + 1], proj_clip)

@@ -57,7 +57,7 @@ def test_reduced_precision_keeps_every_token_and_layer_within_cosine(fixture_dir
     ref, _, mask, low, low_mixed = _fp32_and(model, ids, fast)
     assert (low - ref).abs().max() > 1e-5  # the products really ran in the reduced type
     assert low.dtype == torch.float32 and not low_mixed[~mask].any()
-    assert fast.lstm._weight_copies()[1].dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    assert fast.lstm.weight_copies()[1].dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     assert fast.lstm._packed_low() == (path == "prepacked" and packed_gemm_available(torch.device("cpu"))
                                         and torch.ops.mkldnn._is_mkldnn_bf16_supported())
     if path == "rows":
