@@ -92,3 +92,20 @@ def test_a_batch_of_few_long_sentences_takes_fewer_rows():
 def test_cuda_graphs_need_a_cuda_device(tmp_path):
     with pytest.raises(InputError, match="cuda_graphs needs a CUDA device"):
         TorchBackend.from_files(make_model_dir(tmp_path / "m", tiny_options()), cuda_graphs=True)
+
+
+def test_a_sentence_in_rows_does_not_depend_on_its_batch(tmp_path):
+    """Stateless as the packed path: the state is zeroed where each sentence starts, so a sentence
+    alone and among others (other rows, other windows, other row counts) gets the same vectors up
+    to the products' summation order."""
+    model = load_bilm(make_model_dir(tmp_path / "m", tiny_options(), lstm_scale=3.0)).eval()
+    rows = FastInference(model, cuda_graphs=True, capture=False, rows=RowShape(8, 3))
+    weights = torch.tensor([0.3, 0.3, 0.4])
+    target = "the quick brown fox jumps over the lazy dog".split()
+    crowd = [target[: k + 1] for k in range(8)] * 3
+    with torch.inference_mode():
+        alone, _ = model.use_fast_path(rows).run_combined(torch.from_numpy(batch_to_ids([target])), weights)
+        among, _ = model.use_fast_path(rows).run_combined(torch.from_numpy(batch_to_ids(crowd + [target] + crowd)), weights)
+    assert sorted(rows.graphs.windows) == [8]  # both ran in windows of 8 rows, the second in many windows
+    got = among[len(crowd), : len(target)]
+    torch.testing.assert_close(got, alone[0, : len(target)], rtol=0, atol=1e-6 * float(alone.abs().max()))
