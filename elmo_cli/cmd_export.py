@@ -6,11 +6,13 @@ import argparse
 import json
 from pathlib import Path
 
+from elmo_cli.status import say
 from elmo_core.errors import InputError
 from elmo_core.names import EXPORT_PRECISIONS, VALIDATED_EXPORT_PRECISIONS
 from formats.export_spec import DEFAULT_OPSET, OUTPUT_NAMES, SUPPORTED_OPSETS
 from inference.registry import BACKEND_NAMES
 from export.triton_repo import KINDS
+from runtime import threads_for
 
 
 def _floats(text: str) -> list[float]:
@@ -127,6 +129,7 @@ def run_engine(args: argparse.Namespace) -> int:
         from training.recipes import train_default_model
 
         model = train_default_model(Path(args.out), args.train_minutes, log=lambda s: print(s, flush=True))
+    say("engine", f"exporting {model} to ONNX, validating it against torch, then building ({threads_for(args.threads)})")
     report = build_for_machine(model, args.out, args.precision, args.threads, args.weights)
     print(f"engine: {report['artifact']} at {report['path']}")
     print(f"why:    {report['why']}")

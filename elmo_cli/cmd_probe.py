@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from corpora.sotu import sotu_sentences
+from elmo_cli.status import say_loading
 from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens
 from inference import Embedder
@@ -104,6 +105,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.contexts < 2:
         raise InputError(f"--contexts must be at least 2, got {args.contexts}")
+    say_loading("probe", args.model, None)
     with Embedder.from_files(args.model, args.weights) as embedder:
         report(embedder, args.word or DEFAULT_WORDS, args.text, args.contexts, args.neighbours,
                Path(args.png) if args.png else None)

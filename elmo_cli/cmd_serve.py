@@ -10,6 +10,7 @@ from dataclasses import fields
 from elmo_cli.cmd_tokens import add_token_embedding_arguments
 from elmo_core.errors import InputError
 from elmo_cli.precision_args import add_precision_argument, settle_precision
+from elmo_cli.status import say, say_loading
 from inference.registry import BACKEND_NAMES, check_device, check_precision_for, model_config
 from serving.limits import AccessOptions, ConnectionLimits, ServeLimits, check_port
 
@@ -80,6 +81,9 @@ def run_serve(args: argparse.Namespace) -> int:
         raise InputError(f"elmo serve needs the `serve` extra: pip install 'elmo-pipeline[serve]' ({e})") from e
     source = ModelSource(args.model, args.backend, args.device, args.weights, args.threads, args.token_embeddings,
                          args.token_vocab, args.precision)
+    if args.engine == "local":
+        say_loading("serve", args.model, args.threads, f"{args.backend} on {args.device}")
+        say("serve", "warming up; `listening on URL` follows once the model answers")
     if args.engine == "ray":
         from serving.ray_serve import run_ray_serve
 

@@ -6,6 +6,8 @@ import json
 
 from dataclasses import fields
 
+from elmo_cli.status import say
+from runtime import process_started, use_threads
 from training.options import TrainOptions
 from training.recipes import default_options_path
 from training.trainer import train
@@ -62,7 +64,8 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     kw = {f.name: getattr(args, f.name) for f in fields(TrainOptions)}
     kw["options"] = args.options or (None if args.init_from else default_options_path())
-    summary = train(TrainOptions(**kw), resume=args.resume, log=lambda s: print(s, flush=True))
+    summary = train(TrainOptions(**kw), resume=args.resume, log=lambda s: print(s, flush=True),
+                    started=process_started())  # --max-minutes: the command's whole time
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -73,6 +76,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
     from training.evaluate import load_language_model, perplexity
 
     torch.set_flush_denormal(True)  # see Trainer: denormals slow CPU kernels ~10x
+    say("perplexity", f"loading the model {args.model} ({use_threads(None)}); then scoring {args.data}")
     lm, vocab = load_language_model(args.model)
     result = perplexity(lm.to(args.device), args.data, vocab, args.batch_size, args.max_sentences, args.column,
                         args.device, stateful=args.stateful)

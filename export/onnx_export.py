@@ -16,6 +16,7 @@ from formats.export_manifest import FORMAT_VERSION, MANIFEST_NAME, ONNX_NAME, pr
 from formats.export_spec import DEFAULT_OPSET, ExportSpec
 from formats.model_dir import ModelFiles, save_dictionaries
 from inference.backends import TorchBackend
+from inference.onnx_backend import session_options
 
 from .errors import UnsupportedOpError
 from .onnx_graph import build_onnx
@@ -53,11 +54,8 @@ def ort_run(path: Path, spec: ExportSpec, threads: int | None = None, providers:
     """A plain ONNX Runtime session on ``path`` as a ``run(ids) -> (out, mask)`` function."""
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    if threads:
-        so.intra_op_num_threads = threads
     try:
-        sess = ort.InferenceSession(str(path), so, providers=list(providers or ["CPUExecutionProvider"]))
+        sess = ort.InferenceSession(str(path), session_options(threads), providers=list(providers or ["CPUExecutionProvider"]))
     except Exception as e:  # onnxruntime raises its own untyped errors
         raise ExportError(f"{path}: ONNX Runtime cannot load the graph ({str(e)[:300]})") from None
     names = [t.name for t in spec.outputs]

@@ -18,6 +18,8 @@ import numpy as np
 from elmo_core import ElmoConfig
 from elmo_core.errors import InputError
 
+from runtime import threads_for
+
 from .backends import BackendBase
 from .outputs import VectorRequest
 from .errors import ExportError
@@ -94,6 +96,18 @@ def _level(name: str):  # type: ignore[no-untyped-def]
     return levels[name]
 
 
+def session_options(threads: int | None = None):  # type: ignore[no-untyped-def]
+    """ONNX Runtime's session options for a run on ``threads`` threads (None: the CPUs this process
+    is given, ``runtime.cpus``): intra-op that count, inter-op one, nodes run in sequence."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads_for(threads).count
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return so
+
+
 class OnnxBackend(BackendBase):
     """An exported biLM on ONNX Runtime.
 
@@ -123,11 +137,8 @@ class OnnxBackend(BackendBase):
             # The CUDA Conv warns "running in Fallback mode" through the process-wide logger for every
             # new shape under the DEFAULT algorithm search (fast here; see CUDA_DEFAULTS); errors still show.
             ort.set_default_logger_severity(3)
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads or 0  # 0: ONNX Runtime's default (one per core)
-        so.inter_op_num_threads = 1
+        so = session_options(threads)
         so.log_severity_level = 3  # the cache is keyed by CPU model, so ORT's "hardware specific" warning is moot
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         self._cache_pending: tuple[Path, Path] | None = None
         self.optimized_path, so.graph_optimization_level = self._cache(path, optimization, cache, so)
         try:

@@ -43,11 +43,11 @@ from elmo_core.errors import InputError
 from elmo_core.storage import is_uri
 from elmo_core.whitespace import split_tokens
 from inference import Embedder
-from inference.registry import model_config
 
 from .job import os_errors
 from .options import EmbedOptions, NonFiniteError
-from .predictor import default_threads
+from .predictor import job_threads
+from .progress import note
 from .lock import OutputLock
 from .rows import row_values
 from .source import open_dataset, scan_inputs
@@ -119,13 +119,14 @@ def embed_to_hdf5(input: str | Path, out: str | Path, /, model: str | Path, use_
         parquet_files(input)  # a missing INPUT is named before the model loads
     counts = {"sentences": 0, "tokens": 0, "invalid_utf8": 0}
     sentences = text_sentences(Path(input)) if text_input else parquet_sentences(input, opts, counts)
-    threads = opts.threads or default_threads(model_config(model, opts.backend, opts.weights), opts.device)
+    threads = job_threads(model, opts)
+    note(f"loading the model {model} ({opts.backend} on {opts.device}; {threads})", opts.quiet)
     weights = {"weights": opts.weights} if opts.weights else {}
     start = time.perf_counter()
     with os_errors(out.parent, "rerun the same command"), OutputLock.for_file(out):
         remove_stale_temporaries(out)  # of a killed job on this OUT: none is alive while the lock is ours
         with atomic_path(out) as tmp, closing(WriteGuard(tmp)) as guard:
-            with Embedder.open(model, opts.backend, policy=opts.policy, threads=threads, device=opts.device,
+            with Embedder.open(model, opts.backend, policy=opts.policy, threads=threads.count, device=opts.device,
                                **weights, **opts.backend_options) as embedder, h5py.File(guard, "w") as f:
                 _write(f, embedder, sentences, opts, use_sentence_keys, counts, guard)
             guard.check()  # the metadata libhdf5 wrote as it closed the file, too

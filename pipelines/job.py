@@ -30,7 +30,7 @@ from .output_dir import open_output
 from .predictor import ElmoPredictor
 from .shard_loop import embed_shards
 from .stages import StageClock
-from .progress import ProgressBar
+from .progress import ProgressBar, note
 from .schema import output_schema
 from .sink import COMMITS_DIR, COUNTS, JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, Output, check_claim, \
     claim_output_dir, clean_strays, commit_name, discard_shard, mark_stopped, remove_temporaries, verify_shard
@@ -62,10 +62,14 @@ def plan_job(input: str | Path, output: str | Path, model: str | Path, opts: Emb
     out.prepare()
     if opts.engine == "local":  # Ray's workers may have GPUs that this process does not see
         check_device(opts.device, opts.backend)
+    note(f"reading the inputs {input}", opts.quiet)
     files = scan_inputs(input, opts)
     _check_apart(input, out, files)
     passthrough = passthrough_schema(files, opts)
-    predictor = ElmoPredictor(model, opts)  # the model's own errors (files, options vs weights) come now
+    if opts.engine != "local":
+        note(f"checking the model {model} (each Ray worker loads its own)", opts.quiet)
+    log = (lambda text: note(text, opts.quiet)) if opts.engine == "local" else None
+    predictor = ElmoPredictor(model, opts, log=log)  # the model's own errors (files, options vs weights) come now
     config = predictor.config
     if opts.engine != "local":
         predictor.close()  # Ray's workers load their own
@@ -132,7 +136,7 @@ def pending_shards(job: Job) -> list[Shard]:
 def run_local(job: Job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dict], dict]:
     """The local runner: the job's one model, in this process."""
     records = embed_shards(job.predictor, shards, job.out, job.schema, job.digest, progress.update, job.clock)
-    return records, {"name": "local", "threads": job.opts.threads, "device": job.opts.device,
+    return records, {"name": "local", "threads": job.predictor.threads.count, "device": job.opts.device,
                      **job.predictor.backend.device_report()}
 
 
@@ -199,6 +203,7 @@ def _run(job: Job, lock: Any) -> dict:
     shards = pending_shards(job)
     progress = ProgressBar(job.total_rows, sum(r["rows"] for r in job.kept), quiet=opts.quiet,
                         done_tokens=sum(r.get("tokens", 0) for r in job.kept))
+    note(f"embedding {job.total_rows - progress.rows:,} rows into {job.out} (the first batches warm up)", opts.quiet)
     t0 = time.perf_counter()
     try:
         new, info = _runner(opts.engine)(job, shards, progress)

@@ -9,10 +9,9 @@ The output columns and their types are ``pipelines.schema``'s.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +19,7 @@ import pyarrow as pa
 from elmo_core import ElmoConfig
 from elmo_core.errors import InputError
 from inference import engine
+from runtime import CpuBudget, process_cpu_budget, threads_for
 from inference.registry import model_config, open_backend
 
 from .options import EmbedOptions, NonFiniteError
@@ -37,12 +37,22 @@ from .stages import StageClock
 HOST_BOUND_FLOPS = 6e6
 
 
-def default_threads(config: ElmoConfig, device: str) -> int | None:
-    """The model's threads when --threads is not given: None (the backend's default, every core) for
-    a model whose compute dominates the job on the CPU; all cores but one otherwise (and on a GPU)."""
-    if device == "cpu" and config.flops_per_token >= HOST_BOUND_FLOPS:
-        return None
-    return max(1, len(os.sched_getaffinity(0)) - 1)
+def default_threads(config: ElmoConfig, device: str) -> CpuBudget:
+    """The model's threads when --threads is not given: the CPUs this process is given
+    (``runtime.cpus``) for a model whose compute dominates the job on the CPU; all of them but one
+    otherwise (and on a GPU)."""
+    budget = process_cpu_budget()
+    if (device == "cpu" and config.flops_per_token >= HOST_BOUND_FLOPS) or budget.count == 1:
+        return budget
+    why = "a small model" if device == "cpu" else "a GPU job"
+    return CpuBudget(budget.count - 1, f"{budget.reason}, one left to the job's readers and writers ({why})")
+
+
+def job_threads(model: str | Path, opts: EmbedOptions) -> CpuBudget:
+    """The model's threads for a job: --threads as given, else ``default_threads``."""
+    if opts.threads:
+        return threads_for(opts.threads)
+    return default_threads(model_config(model, opts.backend, opts.weights), opts.device)
 
 
 @dataclass
@@ -71,16 +81,19 @@ def _as_table(batch: Any) -> pa.Table:
 
 
 class ElmoPredictor:
-    """Embeds batches of rows. ``options``: an EmbedOptions or its dict (Ray passes a dict).
+    """Embeds batches of rows. ``options``: an EmbedOptions or its dict (Ray passes a dict);
+    ``log``: told which model loads, where and on how many threads.
 
     Shape: a batch of R rows -> the same R rows (id + kept columns) + ``elmo`` (see module doc).
     """
 
     def __init__(self, model: str | Path, options: EmbedOptions | Mapping[str, Any] | None = None,
-                 **overrides: Any) -> None:
+                 log: Callable[[str], None] | None = None, **overrides: Any) -> None:
         self.options = opts = EmbedOptions.coerce(options, **overrides)
-        threads = opts.threads or default_threads(model_config(model, opts.backend, opts.weights), opts.device)
-        self.backend = open_backend(model, opts.backend, threads=threads, device=opts.device,
+        self.threads = job_threads(model, opts)
+        if log is not None:
+            log(f"loading the model {model} ({opts.backend} on {opts.device}; {self.threads})")
+        self.backend = open_backend(model, opts.backend, threads=self.threads.count, device=opts.device,
                                     **({"weights": opts.weights} if opts.weights else {}), **opts.backend_options)
         self.config = self.backend.config
         if self.options.mix is not None and len(self.options.mix) != self.config.n_output_layers:

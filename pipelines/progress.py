@@ -1,4 +1,5 @@
-"""A one-line progress bar on stderr (rows, tokens, tokens/s, ETA), refreshed at most twice a second."""
+"""A job's progress on stderr: ``note`` (what it is doing, one line) and a one-line progress bar
+(rows, tokens, tokens/s, ETA), refreshed at most twice a second."""
 from __future__ import annotations
 
 import sys
@@ -13,6 +14,12 @@ def _duration(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+def note(text: str, quiet: bool = False) -> None:
+    """One line on stderr saying what the job is doing now (silent when ``quiet``)."""
+    if not quiet:
+        print(f"elmo embed: {text}", file=sys.stderr, flush=True)
+
+
 class ProgressBar:
     """``update(rows, tokens)`` after each batch; ``close()`` ends the line. Silent when ``quiet``.
     Rows and tokens both count the whole job (``done_*``: those of shards kept from an earlier run);
@@ -25,14 +32,15 @@ class ProgressBar:
         self.quiet, self.stream, self.interval = quiet, stream or sys.stderr, interval
         self.t0 = self.last = time.perf_counter()
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        if not self.tty:  # a log file: a line every 10 s, not a redraw
+        if not self.tty:  # a log file: a line after the first batch, then every 10 s, not a redraw
             self.interval = max(self.interval, 10.0)
 
     def update(self, rows: int, tokens: int) -> None:
         self.rows += rows
         self.tokens += tokens
         now = time.perf_counter()
-        if not self.quiet and now - self.last >= self.interval:
+        first = self.rows - rows == self.start_rows  # the first batch: a line at once, then every interval
+        if not self.quiet and (now - self.last >= self.interval or (first and not self.tty)):
             self.last = now
             self._draw(now, end="\r" if self.tty else "\n")
 

@@ -1,7 +1,9 @@
-"""Process plumbing: oneDNN cache caps and thread counts (settings.py), a local Ray cluster that ends with its driver (ray_local.py).
+"""Process plumbing: the CPUs this process is given (cpus.py), oneDNN cache caps and thread counts (settings.py), a local Ray cluster that ends with its driver (ray_local.py).
 May import: elmo_core (tests/test_layers.py)."""
-from .settings import bound_primitive_caches, check_threads, use_threads
+from .cpus import CpuBudget, cpu_budget, process_cpu_budget, threads_for
+from .settings import bound_primitive_caches, check_threads, process_started, use_threads
 
 bound_primitive_caches()  # before torch builds any oneDNN primitive (importing torch builds none)
 
-__all__ = ["bound_primitive_caches", "check_threads", "use_threads"]
+__all__ = ["CpuBudget", "bound_primitive_caches", "check_threads", "cpu_budget", "process_cpu_budget", "process_started",
+           "threads_for", "use_threads"]

@@ -1,5 +1,6 @@
 """Process settings the CPU backends need: the oneDNN cache caps, applied once when ``runtime`` is
-imported (``inference`` and ``training`` import it before any model runs), and the thread count.
+imported (``inference`` and ``training`` import it before any model runs), and the thread count
+(``use_threads``: the count ``runtime.cpus`` gives, or the one a user gave).
 
 oneDNN (under torch's convolutions and pre-packed GEMMs) caches one compiled primitive per input
 shape: by default 1,024 in oneDNN's global cache plus 1,024 in each thread's ideep cache. The
@@ -11,8 +12,14 @@ below), at no measured cost in speed. A value already in the environment is left
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 
 from elmo_core.errors import InputError
+
+from .cpus import CpuBudget, threads_for
+
+INTEROP_THREADS = 1
 
 PRIMITIVE_CACHE_CAPACITY = "8"
 _CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
@@ -35,9 +42,33 @@ def check_threads(threads: int | None) -> None:
                          f"default), got {threads!r}")
 
 
-def use_threads(threads: int | None) -> None:
-    """Run torch's CPU kernels on ``threads`` threads (None or 0: leave torch's choice)."""
+def use_threads(threads: int | None) -> CpuBudget:
+    """Run torch's CPU kernels on ``threads`` threads (None or 0: the CPUs this process is given,
+    ``runtime.cpus``); returns the count and its reason.
+
+    Intra-op (torch's OpenMP pool): that count. Inter-op: one thread, set while torch still allows
+    it (before its first parallel work): nothing here runs operators beside each other, and a second
+    pool of spinning workers would compete with the first for the same CPUs."""
     check_threads(threads)
-    if threads:
-        import torch
-        torch.set_num_threads(threads)
+    budget = threads_for(threads)
+    import torch
+    torch.set_num_threads(budget.count)
+    if torch.get_num_interop_threads() != INTEROP_THREADS:
+        try:
+            torch.set_num_interop_threads(INTEROP_THREADS)
+        except RuntimeError:  # torch refuses once its inter-op pool has started: it keeps its size
+            pass
+    return budget
+
+
+def process_started() -> float:
+    """When this process started, on ``time.perf_counter()``'s clock (Linux: /proc/self/stat's start
+    time; elsewhere: now). What a budget in wall time, like ``elmo train --max-minutes``, counts from."""
+    now = time.perf_counter()
+    try:
+        stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return now
+    age = uptime - int(stat[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: start time in clock ticks
+    return now - min(max(age, 0.0), 3600.0 * 24)

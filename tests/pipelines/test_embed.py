@@ -265,7 +265,7 @@ def test_device_option_is_checked_and_reaches_the_backend(corpus, tiny_dir, tmp_
     assert onnx_providers("cpu") == ["CPUExecutionProvider"]
     assert onnx_providers("cuda:1") == [("CUDAExecutionProvider", {"device_id": 1})]
     m = embed_parquet(corpus, tmp_path / "out", tiny_dir, device="cpu", **FAST)
-    assert m["engine"] == {"name": "local", "threads": None, "device": "cpu"}
+    assert m["engine"] == {"name": "local", "threads": 1, "device": "cpu"}  # OMP_NUM_THREADS=1 (tests/conftest.py)
     if torch.cuda.is_available():
         return  # tests/test_gpu.py runs it on the GPU
     with pytest.raises(BackendUnavailableError, match="torch sees no CUDA GPU here"):
@@ -281,18 +281,22 @@ def test_device_option_is_checked_and_reaches_the_backend(corpus, tiny_dir, tmp_
         assert not (tmp_path / "o3").exists()
 
 
-def test_default_threads_leave_a_core_to_the_job_when_the_model_is_cheap(tiny_dir):
-    import os
-
+def test_default_threads_leave_a_core_to_the_job_when_the_model_is_cheap(tiny_dir, monkeypatch):
+    import pipelines.predictor
     from elmo_core import ElmoConfig
     from pipelines.predictor import default_threads
+    from runtime import CpuBudget
 
-    cores = len(os.sched_getaffinity(0))
+    budget = CpuBudget(8, "cgroup quota 8.0 CPUs of 64")  # what runtime.cpus gave (tests/test_runtime_cpus.py)
+    monkeypatch.setattr(pipelines.predictor, "process_cpu_budget", lambda: budget)
     assert ElmoConfig().flops_per_token == pytest.approx(204.26e6, rel=1e-3)  # the published full size
-    assert default_threads(ElmoConfig(), "cpu") is None  # compute-bound: the backend's default, every core
-    assert default_threads(ElmoConfig(), "cuda") == max(1, cores - 1)
+    assert default_threads(ElmoConfig(), "cpu") == budget  # compute-bound: every CPU given
     tiny = ElmoConfig.from_json(tiny_dir / "options.json")
-    assert default_threads(tiny, "cpu") == max(1, cores - 1)
+    assert default_threads(tiny, "cpu") == CpuBudget(7, "cgroup quota 8.0 CPUs of 64, one left to the job's "
+                                                        "readers and writers (a small model)")
+    assert default_threads(ElmoConfig(), "cuda").count == 7
+    monkeypatch.setattr(pipelines.predictor, "process_cpu_budget", lambda: CpuBudget(1, "CPU affinity 1 of 64 CPUs"))
+    assert default_threads(tiny, "cpu") == CpuBudget(1, "CPU affinity 1 of 64 CPUs")
 
 
 def test_several_writer_threads_write_the_same_shards(corpus, tiny_dir, tmp_path):
