@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -55,9 +56,11 @@ class ElmoMix(nn.Module):
 
 
 class Elmo(nn.Module):
-    """The biLM and an ``ElmoMix``; ``forward(inputs)`` takes character ids (``(..., T, C)``, as
-    ``elmo_core.batch_to_ids`` or AllenNLP's ``batch_to_ids`` give them) or tokenized sentences and
-    returns ``{"elmo_representations": K x (..., T, D), "mask": (..., T) bool}``.
+    """The biLM and an ``ElmoMix``; ``forward(inputs)`` returns ``{"elmo_representations": K x
+    (..., T, D), "mask": (..., T) bool}``. ``inputs``: tokenized sentences (a list of lists of
+    ``str``), or character ids (``(..., T, C)`` integers, a torch tensor or a numpy array, as
+    ``elmo_core.batch_to_ids`` or AllenNLP's ``batch_to_ids`` give them); anything else is an
+    ``InputError``.
 
     AllenNLP's arguments and defaults. Differences: the biLM is stateless unless ``stateful``
     (AllenNLP's carries each row's LSTM state into the next batch, which makes a sentence's
@@ -89,7 +92,7 @@ class Elmo(nn.Module):
         self.bilm.eval()  # no dropout inside the biLM, in training too (AllenNLP's has none)
         return self
 
-    def forward(self, inputs: torch.Tensor | Sequence[Sequence[str]]) -> dict:
+    def forward(self, inputs: torch.Tensor | np.ndarray | Sequence[Sequence[str]]) -> dict:
         ids = self._char_ids(inputs)  # (..., T, C)
         lead, (T, C) = ids.shape[:-2], ids.shape[-2:]  # C: ids a token (its characters, +1 with words)
         with torch.set_grad_enabled(self.requires_grad and torch.is_grad_enabled()):
@@ -119,12 +122,22 @@ class Elmo(nn.Module):
         if self.stateful is not None:
             self.stateful.reset()
 
-    def _char_ids(self, inputs: torch.Tensor | Sequence[Sequence[str]]) -> torch.Tensor:
+    def _char_ids(self, inputs: torch.Tensor | np.ndarray | Sequence[Sequence[str]]) -> torch.Tensor:
         device = next(self.bilm.parameters()).device
+        if isinstance(inputs, np.ndarray):
+            if not np.issubdtype(inputs.dtype, np.integer):
+                raise InputError(f"inputs: a numpy array must hold integer character ids, got dtype {inputs.dtype}; "
+                                 f"pass tokenized sentences (lists of str) instead")
+            inputs = torch.from_numpy(np.ascontiguousarray(inputs))
         if isinstance(inputs, torch.Tensor):
             if inputs.dim() < 3 or inputs.shape[-1] != self.bilm.config.token_width:
                 raise InputError(f"inputs: expected character ids (..., T, {self.bilm.config.token_width}), "
                                  f"got {tuple(inputs.shape)}")
+            if inputs.is_floating_point() or inputs.is_complex() or inputs.dtype == torch.bool:
+                raise InputError(f"inputs: character ids are integers, got {inputs.dtype}")
             return inputs.to(device)
+        if isinstance(inputs, str) or any(isinstance(s, str) for s in inputs):
+            raise InputError("inputs: a batch of tokenized sentences (a list of lists of str), got a list of str; "
+                             "wrap one sentence as [tokens]")
         ids = self.bilm.tokenizer.batch(inputs)  # (B, T, W)
         return torch.from_numpy(ids).to(device)

@@ -98,6 +98,7 @@ class Evaluator:
         o = self.t.opts
         reserved = 0.0
         if o.max_minutes is not None and o.valid and self.t.dist.is_main:
+            self.log("final evaluation: timing a few batches of --valid to reserve its time within --max-minutes")
             reserved = self._estimate(o.max_minutes * 60)
         reserved = max_all(self.t.dist, reserved)
         self.plan["reserved_s"] = reserved

@@ -42,11 +42,12 @@ from .vocab import Vocab, build_vocab
 class Trainer:
     """One process of a run (rank ``dist.rank`` of ``dist.world``)."""
 
-    def __init__(self, opts: TrainOptions, log: Callable[[str], None] = print) -> None:
+    def __init__(self, opts: TrainOptions, log: Callable[[str], None] = print, started: float | None = None) -> None:
+        self._t0 = time.perf_counter() if started is None else started  # --max-minutes counts from here
         self.opts, self.log = opts, log
         self.dist = init_from_env(opts.device)
         self.out, self.device = Path(opts.out), torch.device(opts.device)
-        use_threads(opts.threads)
+        self.say(f"{use_threads(opts.threads)}; setting up the run in {self.out}")
         # Saturated gates produce denormal floats, which make CPU kernels ~10x slower; flushing
         # them to zero (values below 1e-38) is numerically immaterial.
         torch.set_flush_denormal(True)
@@ -65,7 +66,6 @@ class Trainer:
         self.limits = Limits(opts.max_tokens, opts.max_steps, opts.max_minutes)
         self.state: LstmState | None = None
         self.progress = Progress()
-        self._t0 = time.perf_counter()  # run() restarts it
         self._grad_norms: list[float] = []
 
     # ---- setup ------------------------------------------------------------------------------
@@ -89,6 +89,7 @@ class Trainer:
         else:
             vocab = None
             if self.dist.is_main:
+                self.say(f"building the vocabulary from {o.train}")
                 if self.source is None:
                     vocab = build_vocab(o.train, o.min_count, o.max_vocab, o.column)
                 elif o.extend_vocab:
@@ -281,8 +282,12 @@ class Trainer:
             {"tokens": p.tokens, "elapsed_s": self.elapsed(), "softmax": softmax})
         p.nll, p.nll_tokens, self._grad_norms = [0.0, 0.0], 0, []
 
+    def say(self, text: str) -> None:
+        """A line on what the run is doing (the main rank's)."""
+        if self.dist.is_main:
+            self.log(text)
+
     def run(self, resume: bool = False) -> dict:
-        self._t0 = time.perf_counter()
         if resume:
             step = self.load_checkpoint()
             if self.dist.is_main:
@@ -293,6 +298,8 @@ class Trainer:
         self._write_run_json()
         self._step0 = self.progress.step
         self._last_log = (time.perf_counter(), self.progress.tokens)
+        self.say(f"training: vocabulary {len(self.vocab):,} words, {sum(p.numel() for p in self.lm.parameters()):,} "
+                 f"parameters")
         while not any_true(self.dist, self.limits.reached(self.progress, self.elapsed())):
             batch = self.batcher.next_batch()
             if any_true(self.dist, batch is None):
@@ -304,6 +311,9 @@ class Trainer:
             p.nll = [p.nll[0] + float(totals[0]), p.nll[1] + float(totals[1])]
             if p.step % self.opts.log_every == 0:
                 self._log_progress()
+            elif p.step == self._step0 + 1:
+                self.say(f"step {p.step}: the first step took {time.perf_counter() - self._last_log[0]:.1f} s; "
+                         f"progress every {self.opts.log_every} steps")
             if self.opts.checkpoint_every and p.step % self.opts.checkpoint_every == 0:
                 self.save_checkpoint()
                 self.evaluator.periodic()
@@ -349,6 +359,8 @@ def _describe(h: dict) -> str:
                      for k, v in h.items() if v is not None) or "no limit"
 
 
-def train(opts: TrainOptions, resume: bool = False, log: Callable[[str], None] = print) -> dict:
-    """Train (or resume) a run; returns the summary also written to RUN_DIR/summary.json."""
-    return Trainer(opts, log).run(resume)
+def train(opts: TrainOptions, resume: bool = False, log: Callable[[str], None] = print,
+          started: float | None = None) -> dict:
+    """Train (or resume) a run; returns the summary also written to RUN_DIR/summary.json.
+    ``started``: the ``time.perf_counter()`` that --max-minutes counts from (default: now)."""
+    return Trainer(opts, log, started).run(resume)

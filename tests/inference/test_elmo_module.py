@@ -116,3 +116,20 @@ def test_elmo_mix_on_precomputed_layers_equals_the_module(fixture_dir):
     # the same scalar mix over the same layers, computed in two modules: a few ulp
     np.testing.assert_allclose(mix(out.layers, out.mask)[0].detach().numpy(),
                                elmo(batch)["elmo_representations"][0].numpy(), atol=1e-6, rtol=0)
+
+
+def test_numpy_character_ids_are_accepted_and_other_inputs_named(tiny_dir):
+    elmo = Elmo(tiny_dir / "options.json", tiny_dir / "weights.hdf5", 1, dropout=0.0).eval()
+    batch = [["The", "cat", "sat", "."], ["Hi"]]
+    ids = batch_to_ids(batch)  # numpy (2, 4, 50) int32, as the README's snippet passes it
+    from_numpy, from_tokens = elmo(ids), elmo(batch)
+    from_torch = elmo(torch.from_numpy(ids).long())
+    for got in (from_numpy, from_torch):
+        assert torch.equal(got["elmo_representations"][0], from_tokens["elmo_representations"][0])
+        assert got["mask"].tolist() == [[True] * 4, [True, False, False, False]]
+    with pytest.raises(InputError, match="integer character ids, got dtype float32"):
+        elmo(ids.astype(np.float32))
+    with pytest.raises(InputError, match="character ids are integers"):
+        elmo(torch.from_numpy(ids).float())
+    with pytest.raises(InputError, match="wrap one sentence as"):
+        elmo(["The", "cat"])
