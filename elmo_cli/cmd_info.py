@@ -58,8 +58,9 @@ def _parameters(module: "torch.nn.Module") -> int:
 def _export(path: Path) -> dict:
     kind = read_json_object(path / MANIFEST_NAME).get("kind")
     m = read_manifest(path, str(kind))
+    source = {k: v for k, v in m.get("source", {}).items() if k != "architecture"}
     return {"kind": f"{kind} export", "path": str(path), "precision": m.get("precision"),
-            "outputs": m.get("outputs"), "parity": m.get("parity"), "source": m.get("source", {}).get("model"),
+            "outputs": m.get("outputs"), "parity": m.get("parity"), "source": source,
             "architecture": m.get("source", {}).get("architecture")}
 
 
@@ -120,6 +121,9 @@ def _print_model(info: dict) -> None:
 
 def _print_other(info: dict[str, Any]) -> None:
     print(f"{info['kind']}: {info['path']}")
+    if info["kind"].endswith(" export"):
+        _print_export(info, "")
+        return
     for key, value in info.items():
         if key in ("kind", "path"):
             continue
@@ -128,6 +132,30 @@ def _print_other(info: dict[str, Any]) -> None:
             _print_model(value)
         elif key == "exports":
             for e in value:
-                print(f"  {e['path']}: {e['kind']}, precision {e['precision']}, parity {json.dumps(e['parity'])[:120]}")
+                print(f"{e['kind']}: {e['path']}")
+                _print_export(e, "  ")
         else:
-            print(f"{key:10s}{json.dumps(value)[:200]}")
+            print(f"{key:10s}{json.dumps(value)}")
+
+
+def _print_export(info: dict[str, Any], indent: str) -> None:
+    """An export's precision, outputs, parity, source model and architecture, one line each."""
+    outputs = "; ".join(f"{o['name']} {o['dtype']} [{', '.join(map(str, o['shape']))}]" for o in info["outputs"] or [])
+    src, arch = info.get("source") or {}, info.get("architecture") or {}
+    lstm, cnn = arch.get("lstm", {}), arch.get("char_cnn", {})
+    print(f"{indent}precision    {info['precision']}")
+    print(f"{indent}outputs      {outputs}")
+    print(f"{indent}parity       {_parity(info.get('parity') or {})}")
+    print(f"{indent}source       {src.get('options')}  +  {src.get('weights')} ({src.get('format')}), weights sha256 "
+          f"{src.get('weights_sha256')}")
+    print(f"{indent}architecture biLSTM {lstm.get('n_layers')} layers, cell {lstm.get('dim')}, projection "
+          f"{lstm.get('projection_dim')}; char CNN filters {cnn.get('filters')}, {cnn.get('n_highway')} highway")
+
+
+def _parity(p: dict[str, Any]) -> str:
+    if not p.get("passed"):
+        return f"not checked: {p.get('note')}" if "note" in p else f"failed: {json.dumps(p)}"
+    tolerance = ", ".join(f"{k} {v}" for k, v in (p.get("tolerance") or {}).items() if v is not None)
+    return (f"passed against {p.get('against')} on {len(p.get('shapes', []))} shapes: max |diff| "
+            f"{p.get('max_abs', float('nan')):.2e}, min token cosine {p.get('min_cosine', float('nan')):.6f} "
+            f"(tolerance {tolerance})")

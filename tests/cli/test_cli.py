@@ -102,7 +102,15 @@ def test_info_knows_every_directory_the_project_writes(tiny_dir, tmp_path, capsy
     assert info["rows"] == 50 and info["finished"]
     assert main(["info", str(tmp_path / "engine" / "onnx")]) == 0
     out = capsys.readouterr().out
-    assert "precision" in out and "parity" in out
+    lines = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert lines["precision"].split() == ["precision", "fp32"]
+    assert lines["parity"].startswith("parity       passed against torch backend") and "min token cosine" in out
+    assert lines["source"].startswith(f"source       {tiny_dir / 'options.json'}  +  {tiny_dir / 'weights.hdf5'} "
+                                      f"(hdf5), weights sha256 ") and len(lines["source"].split()[-1]) == 64
+    assert "null" not in out and lines["architecture"].endswith("1 highway")  # whole lines, nothing cut
+    assert main(["info", str(tmp_path / "engine")]) == 0
+    engine = capsys.readouterr().out
+    assert f"onnx export: {tmp_path / 'engine' / 'onnx'}" in engine and lines["source"] in engine
     assert main(["info"]) == 2 and "make info MODEL=DIR" in capsys.readouterr().err
 
 
