@@ -9,7 +9,7 @@ import json
 from elmo_cli.cmd_tokens import add_token_embedding_arguments
 from elmo_cli.precision_args import add_precision_argument, settle_precision
 from elmo_core.names import DTYPES, ENGINES, OUTPUT_FORMATS, OUTPUT_MODES, POOLS
-from inference.registry import BACKEND_NAMES
+from inference.registry import BACKEND_NAMES, exported_backend
 from corpora.sample import write_sample_corpus
 from elmo_core.errors import InputError
 from pipelines.hdf5_output import embed_to_hdf5, is_text_input
@@ -40,7 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                  "local or on a store (s3://bucket/models/elmo)")
     p.add_argument("--weights", help="the weights file, when --model's directory holds several (or --model is "
                                      "an options.json)")
-    p.add_argument("--backend", choices=BACKEND_NAMES, default=d.backend)
+    p.add_argument("--backend", choices=BACKEND_NAMES, help=f"default: the export's own for an export directory "
+                                                              f"(its manifest.json), else {d.backend}")
     cols = p.add_argument_group("columns")
     cols.add_argument("--text-column", default=d.text_column, help="whitespace-tokenized text (default: text)")
     cols.add_argument("--tokens-column", help="list<string> tokens (instead of --text-column)")
@@ -107,6 +108,7 @@ def run_embed(args: argparse.Namespace) -> int:
     if args.format != "hdf5" and (args.output_dir.endswith((".hdf5", ".h5")) or is_text_input(args.input)):
         raise InputError(f"{args.input} -> {args.output_dir}: a text INPUT or an .hdf5 output is --format hdf5 "
                          f"(allennlp elmo's layout); add --format hdf5")
+    args.backend = args.backend or exported_backend(args.model) or EmbedOptions().backend
     options = options_from_args(args)  # settles the precision: --model may become its on-demand export
     if args.format == "hdf5":
         result = embed_to_hdf5(args.input, args.output_dir, args.model, use_sentence_keys=args.use_sentence_keys,

@@ -11,7 +11,7 @@ from elmo_cli.cmd_tokens import add_token_embedding_arguments
 from elmo_core.errors import InputError
 from elmo_cli.precision_args import add_precision_argument, settle_precision
 from elmo_cli.status import say, say_loading
-from inference.registry import BACKEND_NAMES, check_device, check_precision_for, model_config
+from inference.registry import BACKEND_NAMES, check_device, exported_backend, check_precision_for, model_config
 from serving.limits import AccessOptions, ConnectionLimits, ServeLimits, check_port
 
 def _add_fields(group: argparse._ArgumentGroup, cls: type) -> None:
@@ -32,7 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "once the model is loaded and warmed up (see docs/serving.md).")
     p.add_argument("model", help="model directory (options.json + weights), or an export dir for onnx / tensorrt")
     p.add_argument("--weights", help="the weights file, when MODEL's directory holds several")
-    p.add_argument("--backend", choices=BACKEND_NAMES, default="torch")
+    p.add_argument("--backend", choices=BACKEND_NAMES, help="default: the export's own for an export directory "
+                                                              "(its manifest.json), else torch")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, help="the model's threads (default: the backend's)")
     add_precision_argument(p)
@@ -70,6 +71,7 @@ def run_serve(args: argparse.Namespace) -> int:
     check_port(args.port)
     limits, connections = _from_args(ServeLimits, args), _from_args(ConnectionLimits, args)
     access = AccessOptions(args.api_key, args.protect_probes, tuple(args.cors_allow_origin))
+    args.backend = args.backend or exported_backend(args.model) or "torch"
     check_device(args.device, args.backend)
     settle_precision(args)
     check_precision_for(args.backend, args.precision, args.device)

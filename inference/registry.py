@@ -189,9 +189,26 @@ def open_backend(model: str | Path, backend: str = "torch", *, threads: int | No
     return cls(model, **options)
 
 
+def exported_backend(model: str | Path) -> str | None:
+    """The backend a local export directory is for (its manifest's kind; for ``elmo engine``'s OUT,
+    the one kind of export it holds); None for anything else (a model directory, a URI)."""
+    if is_uri(model) or not Path(model).is_dir():
+        return None
+    path = Path(model)
+    kinds = {_manifest_kind(path)} - {None} or {_manifest_kind(d) for d in path.iterdir() if d.is_dir()} - {None}
+    if (path / "options.json").is_file() or len(kinds) != 1:
+        return None
+    kind = kinds.pop()
+    return kind if kind in BACKENDS and BACKENDS[kind].artifact is not None else None
+
+
 def model_config(model: str | Path, backend: str = "torch", weights: str | Path | None = None) -> ElmoConfig:
     """The architecture a backend would run, read without loading the model."""
     if backend_kind(backend).artifact is None:
+        kind = exported_backend(model)
+        if kind is not None:
+            raise InputError(f"{model}: an {kind} export, which the {backend} backend cannot run; add --backend {kind} "
+                             f"(or leave --backend out: it is read from the directory)")
         return ElmoConfig.from_json(resolve_model(model, weights).options)
     model = export_dir(model, backend)
     manifest = read_manifest(model, backend)

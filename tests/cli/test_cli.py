@@ -135,3 +135,19 @@ def test_precision_auto_is_settled_printed_and_recorded(tiny_dir, tmp_path, caps
     assert f"precision auto: {want} ({why})" in capsys.readouterr().err
     options = json.loads((tmp_path / "out" / "_manifest.json").read_text())["options"]
     assert options["precision"] == want and options["precision_reason"] == why
+
+
+def test_embed_reads_the_backend_from_an_export_directory(tiny_dir, tmp_path, capsys):
+    from corpora.sample import write_sample_corpus
+    from export.onnx_export import export_onnx
+
+    export_onnx(str(tiny_dir), tmp_path / "exp", threads=1)
+    write_sample_corpus(tmp_path / "corpus", rows=30, files=1)
+    assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "out"), "--model", str(tmp_path / "exp"),
+                 "--json", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["options"]["backend"] == "onnx"
+    assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "out2"), "--model", str(tmp_path / "exp"),
+                 "--backend", "torch"]) == 2
+    assert f"{tmp_path / 'exp'}: an onnx export, which the torch backend cannot run; add --backend onnx" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "out2").exists()
