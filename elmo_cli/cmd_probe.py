@@ -20,8 +20,8 @@ from elmo_cli.status import say_loading
 from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens
 from inference import Embedder
-from training.probe import (DEFAULT_WORDS, USES, WordProbe, collect, layer_names, nearest, pooled,
-                            split_lines)
+from training.probe import (DEFAULT_WORDS, USES, WordProbe, collect, cosine_decimals, layer_names, nearest,
+                            pooled, split_lines)
 from training.probe_picture import write_picture
 from corpora.sotu_text import split_speeches
 
@@ -56,15 +56,19 @@ def print_table(probes: Sequence[WordProbe], names: list[str]) -> None:
 
 
 def print_neighbours(probe: WordProbe, k: int) -> None:
+    """For the first held-out context of each use, its ``k`` nearest contexts by the mix, the
+    cosines printed with as many decimals as tell them apart (3 to 9)."""
     contexts = probe.test + probe.train
     mix = np.concatenate([probe.test_vectors[:, -1], probe.train_vectors[:, -1]])  # (K, D)
-    for use in USES:
-        query = next((i for i, c in enumerate(probe.test) if c.use == use), None)
-        if query is None:
-            continue
-        print(f"  {use:<5} {contexts[query].snippet()}")
-        for i, cos in nearest(query, mix, k):
-            print(f"        {cos:.3f} {contexts[i].use:<5} {contexts[i].snippet()}")
+    queries = [q for use in USES if (q := next((i for i, c in enumerate(probe.test) if c.use == use), None)) is not None]
+    found = {q: nearest(q, mix, k) for q in queries}
+    d = cosine_decimals([cos for pairs in found.values() for _, cos in pairs])
+    print(f"nearest contexts of '{probe.word}' by the mix (cosine, {d} decimals; by layer 0 every context is at "
+          f"{1:.{d}f}):")
+    for q, pairs in found.items():
+        print(f"  {contexts[q].use:<5} {contexts[q].snippet()}")
+        for i, cos in pairs:
+            print(f"        {cos:.{d}f} {contexts[i].use:<5} {contexts[i].snippet()}")
 
 
 def report(embedder: Embedder, words: Sequence[str], text: str | None, cap: int, neighbours: int,
@@ -78,7 +82,6 @@ def report(embedder: Embedder, words: Sequence[str], text: str | None, cap: int,
     names = layer_names(embedder.config.n_output_layers)
     print("accuracy of a linear probe per layer (layer 0 has no context: it scores the baseline):")
     print_table(probes, names)
-    print(f"nearest contexts of '{words[0]}' by the mix (cosine; by layer 0 every context is at 1.000):")
     print_neighbours(probes[0], neighbours)
     if png is None:
         return None

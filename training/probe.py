@@ -153,11 +153,22 @@ def pooled(results: list[ProbeResult]) -> list[ProbeResult]:
 
 
 def nearest(query: int, vectors: np.ndarray, k: int) -> list[tuple[int, float]]:
-    """The k contexts nearest ``query`` by cosine, itself excluded. Shape: vectors (K, D)."""
-    unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)  # (K, D)
+    """The k contexts nearest ``query`` by cosine (in float64: a weak model's contexts may differ in
+    the 5th decimal only), itself excluded. Shape: vectors (K, D)."""
+    vectors = np.asarray(vectors, dtype=np.float64)
+    unit = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-300)  # (K, D)
     cos = unit @ unit[query]  # (K,)
     order = [int(i) for i in np.argsort(-cos, kind="stable") if i != query][:k]
     return [(i, float(cos[i])) for i in order]
+
+
+def cosine_decimals(values: Sequence[float], least: int = 3, most: int = 9) -> int:
+    """The fewest decimals (``least``..``most``) at which the distinct ``values`` print distinct."""
+    distinct = sorted(set(values))
+    for d in range(least, most):
+        if len({f"{v:.{d}f}" for v in distinct}) == len(distinct):
+            return d
+    return most
 
 
 def check_enough(word: str, train: list[Context], test: list[Context], minimum: int = 2) -> None:

@@ -117,3 +117,22 @@ def test_cli_probe_on_a_users_text_and_a_word_it_cannot_probe(tiny_dir, tmp_path
     assert main(["probe", str(tiny_dir), "--text", str(tmp_path / "text.txt"), "--word", "zebra"]) == 2
     err = capsys.readouterr().err
     assert "--word zebra: too few framed uses" in err and "Traceback" not in err
+
+
+def test_nearest_cosines_of_a_weak_model_print_distinct(capsys):
+    from elmo_cli.cmd_probe import print_neighbours
+    from training.probe import WordProbe, cosine_decimals, find_contexts
+
+    assert cosine_decimals([0.9991234, 0.9991236, 0.998]) == 6 and cosine_decimals([0.5, 0.25]) == 3
+    assert cosine_decimals([0.99912, 0.99912]) == 3  # equal values need no more digits
+    sentences = [f"{w} work {tail} .".split() for w in ("we", "the") for tail in ("a", "b", "c", "d", "e")]
+    contexts = find_contexts(sentences, "work")
+    rng = np.random.default_rng(0)
+    shared = np.tile(rng.normal(size=(1, 4, 16)).astype(np.float32), (len(contexts), 1, 1))  # (K, L+2, D)
+    vectors = shared + 1e-3 * rng.normal(size=shared.shape).astype(np.float32)  # contexts barely apart
+    probe = WordProbe("work", contexts[1::2], contexts[::2], vectors[1::2], vectors[::2])
+    print_neighbours(probe, 3)
+    out = capsys.readouterr().out.splitlines()
+    cosines = [line.split()[0] for line in out[1:] if line.startswith("        ")]
+    assert len(cosines) == 6 and len(set(cosines)) == 6, out
+    assert out[0].startswith("nearest contexts of 'work' by the mix (cosine, ") and "1.000" not in cosines
