@@ -36,6 +36,11 @@ class OutputDirError(ElmoError):
     """OUTPUT_DIR is not empty, holds another job's output, or holds files this job did not write."""
 
 
+class ShardPublishedError(OutputDirError):
+    """Another writer published the shard first (a retried or speculative task of the same job, or
+    the earlier attempt of a killed one); ``sink.ShardWriter.commit`` adopts what it published."""
+
+
 class NonFiniteError(ElmoError):
     """A row's vectors hold inf or NaN; ``row`` is its index in the batch the predictor was given."""
 

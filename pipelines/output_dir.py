@@ -5,12 +5,18 @@ an object store (``s3://bucket/prefix``). One interface over both, so that the c
 Names are relative to OUTPUT_DIR (``part-00000-00000.parquet``, ``_shards/part-00000-00000.json``).
 What differs is how a shard's bytes become visible under their name:
 
-- local: written to ``.NAME.tmp``, fsynced, renamed after its commit record (rename is atomic);
+- local: written to ``.NAME.ATTEMPT.tmp`` (each writer its own), fsynced, then linked under its
+  name only if no file has it yet (``os.link``, atomic and exclusive), like the store's conditional
+  completion below;
 - store: streamed as a multipart upload, which the store shows whole or not at all when it is
   completed; the completion is conditional (``If-None-Match: *``), so an object, once there, is
   never replaced: a late writer of a dead attempt cannot overwrite a committed shard. Its commit
   record follows it and carries the object's ETag, which changes whenever an object is rewritten,
   so ``--resume`` checks a shard with one HEAD; ``elmo verify`` still reads every byte.
+
+Either way the first writer of a shard wins and a later one (a retried or speculative task of the
+same job) gets ``ShardPublishedError``; the commit protocol then adopts the published shard if its
+footer says it is this job's rows (``pipelines.sink``).
 
 ``open_output(spec)`` gives the one for a path or a URI; only ``s3://`` can be written (the lock
 and the commit need conditional writes, see ``pipelines.store_lock``).
@@ -18,7 +24,9 @@ and the commit need conditional writes, see ``pipelines.store_lock``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import secrets
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -31,7 +39,7 @@ from elmo_core.storage import dataset_source, file_sha256, is_uri, normalize_uri
     s3_location
 
 from .lock import OutputLock
-from .options import OutputDirError
+from .options import OutputDirError, ShardPublishedError
 
 
 def open_output(spec: str | Path) -> "LocalDir | StoreDir":
@@ -135,20 +143,32 @@ class LocalDir(_Readable):
 
 
 class LocalSink:
-    """A shard's bytes in ``.NAME.tmp``; ``finish`` makes them durable, ``publish`` renames them."""
+    """A shard's bytes in a temporary file of this writer's own; ``finish`` makes them durable and
+    links them under the shard's name unless another writer did first; ``publish`` drops the
+    temporary name."""
 
     def __init__(self, root: Path, name: str) -> None:
-        self.root, self.final, self.tmp = root, root / name, root / f".{name}.tmp"
-        self.tmp.unlink(missing_ok=True)  # a leftover, or a planted link: the writer creates a file of its own
+        self.root, self.final = root, root / name
+        self.tmp = root / f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"  # its own: attempts may overlap
         self.file: Any = self.tmp
 
     def finish(self) -> dict:
         fsync(self.tmp)
-        return {"sha256": file_sha256(self.tmp), "bytes": self.tmp.stat().st_size}
+        record = {"sha256": file_sha256(self.tmp), "bytes": self.tmp.stat().st_size}
+        try:
+            os.link(self.tmp, self.final)  # atomic, and refused where the name exists
+        except FileExistsError:
+            self.abort()
+            raise ShardPublishedError(f"{self.final}: another writer published it first") from None
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV):
+                raise
+            os.replace(self.tmp, self.final)  # a file system without hard links: the last writer wins
+        fsync(self.root)
+        return record
 
     def publish(self) -> None:
-        os.replace(self.tmp, self.final)
-        fsync(self.root)
+        self.tmp.unlink(missing_ok=True)
 
     def abort(self) -> None:
         self.tmp.unlink(missing_ok=True)

@@ -4,7 +4,7 @@ OUTPUT_DIR and one on an object store (``pipelines.output_dir`` says how each ma
 
 Layout of OUTPUT_DIR (everything but the shards starts with ``_`` or ``.``, so readers skip it):
   part-IIIII-KKKKK.parquet         shard K of input file I (see pipelines.source)
-  .part-IIIII-KKKKK.parquet.tmp    a shard being written (local; deleted on failure and on resume)
+  .part-IIIII-KKKKK.parquet.*.tmp  a shard being written (local; deleted on failure and on resume)
   _shards/part-IIIII-KKKKK.json    the shard's commit: the sha256 and size of its bytes (ETag on a
                                    store), its counts
   _job.json                        the job's identity: input files, model sha256, options
@@ -14,8 +14,12 @@ Layout of OUTPUT_DIR (everything but the shards starts with ``_`` or ``.``, so r
 Each shard's Parquet footer also holds ``elmo.shard`` (job digest, input file, first row, rows).
 A shard counts as done only when its bytes match its commit record: ``--resume`` reads every byte
 (on a store: the ETag the store gives every new version), ``elmo verify`` every byte everywhere, so
-a torn or altered shard is found and redone. Once ``_SUCCESS`` is there, the ``part-*.parquet``
-files are exactly the shards ``_manifest.json`` lists: a reader of the directory reads this job's rows.
+a torn or altered shard is found and redone. A shard is published first, by its first writer only
+(``output_dir``), then its commit record is written; a later writer of the same shard (a retried or
+speculative task) adopts the published one when its footer says it holds this job's rows, and
+writes the record for it, so that the record always describes the bytes under the name. Once
+``_SUCCESS`` is there, the ``part-*.parquet`` files are exactly the shards ``_manifest.json``
+lists: a reader of the directory reads this job's rows.
 """
 from __future__ import annotations
 
@@ -31,13 +35,14 @@ import pyarrow.parquet as pq
 from elmo_core.errors import InputError
 from inference.batching import window_counts
 
-from .options import EmbedOptions, OutputDirError
+from .options import EmbedOptions, OutputDirError, ShardPublishedError
 from .output_dir import LocalDir, StoreDir
 from .schema import conform, parquet_options
 from .source import Shard
 
 JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, COMMITS_DIR = "_job.json", "_manifest.json", "_SUCCESS", "_shards"
 SHARD_KEY = b"elmo.shard"
+NO_RECORD = "no readable commit record"
 COUNTS = ("rows", "tokens", "windows", "windowed_rows", "null_rows", "empty_rows", "invalid_utf8")
 
 
@@ -50,7 +55,7 @@ def commit_name(shard_name: str) -> str:
 
 class ShardWriter:
     """Streams one shard's tables in the job's schema to its sink (``output_dir``); ``commit`` adds
-    the footer record, checksums the bytes, writes the commit record and makes the shard visible."""
+    the footer record, checksums the bytes, makes the shard visible and writes its commit record."""
 
     def __init__(self, out: Output, shard: Shard, schema: pa.Schema, job_digest: str, opts: EmbedOptions) -> None:
         self.out, self.shard, self.schema, self.job_digest, self.opts = out, shard, schema, job_digest, opts
@@ -86,9 +91,12 @@ class ShardWriter:
         record = self.footer_record()
         self.writer.add_key_value_metadata({SHARD_KEY: json.dumps(record, sort_keys=True)})
         self.writer.close()
-        record.update(self.sink.finish(), writer=f"{socket.gethostname()}:{os.getpid()}")
-        self.out.write_json(commit_name(self.shard.name), record)
+        try:
+            record.update(self.sink.finish(), writer=f"{socket.gethostname()}:{os.getpid()}")
+        except ShardPublishedError:
+            record = adopt_published(self.out, self.shard, self.job_digest)
         self.sink.publish()
+        self.out.write_json(commit_name(self.shard.name), record)
         return record
 
     def abort(self) -> None:
@@ -115,6 +123,21 @@ def footer_record(out: Output, name: str) -> dict | None:
     return {**record, "footer_rows": meta.num_rows} if isinstance(record, dict) else None
 
 
+def adopt_published(out: Output, shard: Shard, job_digest: str) -> dict:
+    """The commit record of a shard another writer of this job published first (its footer says so;
+    else OutputDirError: a file that is not this job's holds the name)."""
+    footer = footer_record(out, shard.name)
+    want = {"job": job_digest, "input_file": shard.file.index, "row_start": shard.start, "rows": shard.rows}
+    if footer is None or footer.get("footer_rows") != shard.rows or any(footer.get(k) != v for k, v in want.items()):
+        raise OutputDirError(f"{out.where(shard.name)}: holds a file that is not this job's shard; move it away and "
+                             f"rerun with --resume")
+    record = {k: v for k, v in footer.items() if k != "footer_rows"}
+    record.update(sha256=out.sha256(shard.name), bytes=out.size(shard.name), writer="adopted")
+    if out.is_store:
+        record["etag"] = out.head(shard.name)["ETag"]
+    return record
+
+
 def read_commit(out: Output, name: str) -> dict | None:
     """Shard ``name``'s commit record, or None where there is no readable one."""
     try:
@@ -130,7 +153,7 @@ def check_shard(out: Output, name: str, job_digest: str, file_index: int, row_st
     was committed (``every_byte``: its sha256, else what the output checks cheaply); else (None, why not)."""
     record = read_commit(out, name)
     if record is None:
-        return None, "no readable commit record"
+        return None, NO_RECORD
     if every_byte:
         if out.size(name) != record.get("bytes"):
             return None, "missing, or its size differs from its commit record"
@@ -147,9 +170,18 @@ def check_shard(out: Output, name: str, job_digest: str, file_index: int, row_st
 
 
 def verify_shard(out: Output, shard: Shard, job_digest: str) -> dict | None:
-    """The shard's commit record if it is done (see ``check_shard``; on a store by its ETag), else None."""
-    return check_shard(out, shard.name, job_digest, shard.file.index, shard.start, shard.rows,
-                       every_byte=not out.is_store)[0]
+    """The shard's commit record if it is done (see ``check_shard``; on a store by its ETag), else
+    None. A shard published without its record (its writer killed between the two) is adopted when
+    its footer says it holds this job's rows: its record is written from its bytes."""
+    record, why = check_shard(out, shard.name, job_digest, shard.file.index, shard.start, shard.rows,
+                              every_byte=not out.is_store)
+    if why == NO_RECORD:
+        try:
+            record = adopt_published(out, shard, job_digest)
+        except OutputDirError:
+            return None
+        out.write_json(commit_name(shard.name), record)
+    return record
 
 
 def discard_shard(out: Output, name: str) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from elmo_core.storage import redacted, s3_client
 
-from .options import OutputDirError
+from .options import OutputDirError, ShardPublishedError
 
 PART_BYTES = 16 << 20  # a part (the store's minimum is 5 MiB; at most 10,000 parts: shards up to 160 GB)
 IN_FLIGHT = 2
@@ -88,8 +88,8 @@ class StoreUpload(io.RawIOBase):
             self.abort()
             if isinstance(e, ClientError) and \
                     e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
-                raise OutputDirError(f"{where}: another writer created it while this one wrote it (a worker of an "
-                                     f"earlier attempt still running?); rerun with --resume") from None
+                raise ShardPublishedError(f"{where}: another writer created it while this one wrote it (a retried "
+                                          f"or speculative task, or an earlier attempt still running)") from None
             raise OutputDirError(f"{where}: {redacted(e)}") from None
         self.upload_id = None
         self._stop_pool()

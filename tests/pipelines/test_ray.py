@@ -44,9 +44,11 @@ def test_ray_runner_matches_local_and_resumes(ray_cluster, tiny_dir, tmp_path):
     writers = {json.loads(p.read_text())["writer"] for p in (tmp_path / "ray" / "_shards").glob("*.json")}
     assert len(remote["shards"]) == 6 and len(writers) == 2  # 3 shards a file, spread over both workers
 
-    (tmp_path / "ray" / "_shards" / "part-00001-00001.json").unlink()  # as if killed before that commit
+    (tmp_path / "ray" / "_shards" / "part-00001-00001.json").unlink()  # published, killed before its record
+    (tmp_path / "ray" / "part-00000-00002.parquet").unlink()  # killed before it was published
     again = embed_parquet(corpus, tmp_path / "ray", tiny_dir, engine="ray", workers=2, resume=True, **opts)
-    assert again["this_run"]["shards"] == 1 and again["this_run"]["shards_kept"] == 5
+    assert again["this_run"]["shards"] == 1 and again["this_run"]["shards_kept"] == 5  # the first adopted
+    assert json.loads((tmp_path / "ray" / "_shards" / "part-00001-00001.json").read_text())["writer"] == "adopted"
     c = ds.dataset(tmp_path / "ray", format="parquet").to_table()
     assert c.column("id").to_pylist() == list(range(240))
 

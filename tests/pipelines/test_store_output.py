@@ -155,8 +155,9 @@ def test_sigkill_of_the_driver_then_resume_gives_every_row_once_in_order(s3, cor
 
 def test_strays_of_a_killed_attempt_are_not_read_back(s3, corpus, model):
     """A shard completed without its commit record (a worker killed between the two) and an upload
-    never completed: ``--resume`` deletes the first, aborts the second, and a late writer can never
-    replace a committed shard (its completion is conditional)."""
+    never completed: ``--resume`` adopts the first (its footer says it is this job's rows: its record
+    is written from its bytes), aborts the second, and a late writer can never replace a committed
+    shard (its completion is conditional)."""
     from pipelines import embed_parquet
     from pipelines.output_dir import open_output
     from elmo_core.storage import s3_client
@@ -177,7 +178,8 @@ def test_strays_of_a_killed_attempt_are_not_read_back(s3, corpus, model):
     client = s3_client()
     client.create_multipart_upload(Bucket="strays", Key="out/part-00001-00000.parquet")  # killed mid-upload
     m = embed_parquet(corpus, "s3://strays/out", model, resume=True, **opts)
-    assert (m["this_run"]["shards"], m["this_run"]["shards_kept"]) == (1, 9)
+    assert (m["this_run"]["shards"], m["this_run"]["shards_kept"]) == (0, 10)
+    assert out.read_json("_shards/part-00000-00004.json")["writer"] == "adopted"
     assert not client.list_multipart_uploads(Bucket="strays").get("Uploads")
     assert _table(s3, "strays/out").column("id").to_pylist() == \
         ds.dataset(corpus, format="parquet").to_table().column("id").to_pylist()
