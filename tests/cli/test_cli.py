@@ -78,12 +78,31 @@ def test_demo_with_another_model_in_the_same_work_dir(tiny_dir, tmp_path, capsys
     other = make_model_dir(tmp_path / "other", tiny_options(), seed=1)
     for model in (tiny_dir, other, tiny_dir):  # each model its own vectors; the first is resumed, not redone
         assert main(["demo", "--work-dir", str(tmp_path / "demo"), "--model", str(model), "--rows", "300"]) == 0
-    assert len(list((tmp_path / "demo").glob("vectors-*"))) == 2
+    assert len(list((tmp_path / "demo").glob("sentences-*"))) == 2
     out, err = capsys.readouterr()
     assert "another job's output" not in err
     assert "layer 0" in out and "all words" in out and "nearest contexts of 'work'" in out  # elmo probe's report
-    last = out.strip().splitlines()[-1]
-    assert last.startswith("picture ") and (tmp_path / "demo" / "probe-work.png").is_file(), last
+    lines = out.strip().splitlines()
+    assert lines[-7].startswith("picture ") and (tmp_path / "demo" / "probe-work.png").is_file(), lines[-7]
+    query = lines[-6].split(" to: ", 1)[1]
+    assert lines[-6].startswith("search  the 5 sentences of ") and "work" in query.split()
+    cosines = [float(line.split()[0]) for line in lines[-5:]]
+    assert cosines == sorted(cosines, reverse=True) and all(-1 <= c <= 1 for c in cosines)
+    texts = [line.split(None, 1)[1] for line in lines[-5:]]
+    assert query not in texts and len(set(texts)) == 5
+
+
+def test_demo_without_matplotlib_says_how_to_get_the_picture(tiny_dir, tmp_path, capsys, monkeypatch):
+    import training.probe_picture
+
+    monkeypatch.setattr(training.probe_picture.importlib.util, "find_spec", lambda name: None)
+    assert main(["demo", "--work-dir", str(tmp_path / "demo"), "--model", str(tiny_dir), "--rows", "200",
+                 "--query", "We must work together ."]) == 0
+    out = capsys.readouterr().out
+    assert "picture not drawn: pip install 'elmo-pipeline[plot]' (matplotlib)" in out
+    assert not (tmp_path / "demo" / "probe-work.png").exists() and "to: We must work together ." in out
+    assert main(["probe", str(tiny_dir), "--png", str(tmp_path / "p.png")]) == 2
+    assert "--png" in capsys.readouterr().err
 
 
 def test_info_knows_every_directory_the_project_writes(tiny_dir, tmp_path, capsys):

@@ -1,16 +1,13 @@
 """elmo probe: the framed uses, the ridge probe's maths, layer 0 at its baseline, the picture, the CLI."""
 from __future__ import annotations
 
-import struct
-import zlib
-
 import numpy as np
 import pytest
 
 from elmo_cli.main import main
 from inference import Embedder
 from training.probe import (collect, find_contexts, layer_names, nearest, pooled, ridge_predict)
-from training.probe_picture import COLOURS, MARGIN, PANEL, write_picture
+from training.probe_picture import draw, write_picture
 
 
 def test_uses_are_labelled_by_the_frame_and_the_frame_is_removed():
@@ -81,29 +78,25 @@ def test_nearest_excludes_the_query_and_sorts_by_cosine():
     assert nearest(0, v, 1)[0][1] == pytest.approx(1 / np.sqrt(1.01))
 
 
-def _read_png(path):
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    w, h, depth, kind = struct.unpack(">IIBB", data[16:26])
-    assert (depth, kind) == (8, 2)
-    idat = data[data.index(b"IDAT") + 4:data.index(b"IEND") - 8]
-    rows = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(h, 1 + 3 * w)
-    assert (rows[:, 0] == 0).all()
-    return rows[:, 1:].reshape(h, w, 3)
+def test_the_picture_has_its_title_panels_legend_and_one_dot_for_layer_0(tmp_path):
+    pytest.importorskip("matplotlib", reason="the picture is the `plot` extra")
+    from matplotlib.image import imread
 
-
-def test_the_picture_shows_one_dot_for_layer_0_and_both_uses_apart_in_the_other_panel(tmp_path):
     rng = np.random.default_rng(2)
-    uses = ["noun"] * 20 + ["verb"] * 20
-    layer0 = np.tile(rng.normal(size=8), (40, 1))  # one vector for every context
-    mix = np.concatenate([rng.normal(size=(20, 8)) - 5, rng.normal(size=(20, 8)) + 5])
-    img = _read_png(write_picture(tmp_path / "p.png", [layer0, mix], uses))
-    left = img[MARGIN + 1:MARGIN + PANEL - 1, MARGIN + 1:MARGIN + PANEL - 1]
-    right = img[MARGIN + 1:MARGIN + PANEL - 1, 2 * MARGIN + PANEL + 1:2 * MARGIN + 2 * PANEL - 1]
-    painted = lambda panel, use: np.argwhere((panel == COLOURS[use]).all(-1))  # noqa: E731
-    assert len(painted(left, "verb")) and np.ptp(painted(left, "verb"), axis=0).max() <= 6  # the centre dot only
-    noun, verb = painted(right, "noun")[:, 1].mean(), painted(right, "verb")[:, 1].mean()
-    assert abs(noun - verb) > PANEL / 4  # the first component splits the uses
+    uses = ["noun"] * 20 + ["verb"] * 15
+    layer0 = np.tile(rng.normal(size=8), (35, 1))  # one vector for every context
+    mix = np.concatenate([rng.normal(size=(20, 8)) - 5, rng.normal(size=(15, 8)) + 5])
+    fig = draw("work", [("layer 0 (no context)", layer0), ("the mix", mix)], uses)
+    assert fig._suptitle.get_text() == "'work' in 35 contexts: its uses as a noun and as a verb"
+    left, right = fig.axes
+    assert [left.get_title(), right.get_title()] == ["layer 0 (no context)", "the mix"]
+    for ax in (left, right):
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["noun (20)", "verb (15)"]
+    dots = [[c.get_offsets() for c in ax.collections] for ax in (left, right)]  # per panel: noun (20, 2), verb (15, 2)
+    assert np.ptp(np.concatenate(dots[0]), axis=0).max() == 0  # layer 0: every context on one point
+    assert abs(dots[1][0][:, 0].mean() - dots[1][1][:, 0].mean()) > 1  # the mix: the uses apart
+    image = imread(write_picture(tmp_path / "p.png", "work", [("layer 0", layer0), ("the mix", mix)], uses))
+    assert image.shape[0] > 300 and image.shape[1] > 600
 
 
 def test_cli_probe_on_a_users_text_and_a_word_it_cannot_probe(tiny_dir, tmp_path, capsys):

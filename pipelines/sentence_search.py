@@ -1,0 +1,56 @@
+"""Sentences nearest a query by their pooled ELMo vectors, over a local ``elmo embed --pool mean``
+OUTPUT_DIR (one vector a row; rows without tokens, null there, are left out)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from elmo_core.errors import InputError
+from elmo_core.storage import is_uri
+from training.probe import nearest
+
+from .schema import ELMO_COLUMN
+
+
+@dataclass(frozen=True)
+class SentenceVectors:
+    """Shape: texts N, vectors (N, D) float32."""
+
+    texts: list[str]
+    vectors: np.ndarray
+
+
+def read_pooled(output_dir: str | Path, text_column: str = "text") -> SentenceVectors:
+    """The texts and pooled vectors of a finished local OUTPUT_DIR, in input order."""
+    if is_uri(output_dir):
+        raise InputError(f"{output_dir}: the sentence search reads a local OUTPUT_DIR; copy it here first")
+    files = sorted(Path(output_dir).glob("part-*.parquet"))
+    if not files:
+        raise InputError(f"{output_dir}: no shards (part-*.parquet); run elmo embed --pool mean into it first")
+    missing = {text_column, ELMO_COLUMN} - set(pq.read_schema(files[0]).names)
+    if missing:
+        raise InputError(f"{output_dir}: its shards have no {sorted(missing)} column; embed with --keep-columns "
+                         f"{text_column}")
+    table = pa.concat_tables(pq.read_table(f, columns=[text_column, ELMO_COLUMN]) for f in files)
+    column = table.column(ELMO_COLUMN)
+    if not pa.types.is_fixed_size_list(column.type) or pa.types.is_fixed_size_list(column.type.value_type):
+        raise InputError(f"{output_dir}: its vectors are not one per row; embed with --pool mean (and --output "
+                         f"mixed, top or average)")
+    table = table.filter(pc.is_valid(column))
+    values = table.column(ELMO_COLUMN).combine_chunks()
+    vectors = np.asarray(values.flatten(), dtype=np.float32).reshape(len(values), column.type.list_size)
+    return SentenceVectors(table.column(text_column).to_pylist(), vectors)
+
+
+def nearest_sentences(corpus: SentenceVectors, query: np.ndarray, k: int, query_text: str | None = None
+                      ) -> list[tuple[str, float]]:
+    """The ``k`` sentences nearest ``query`` (D,) by cosine, as (text, cosine); rows whose text is
+    ``query_text`` are left out (the query itself, when it comes from the corpus)."""
+    keep = [i for i, t in enumerate(corpus.texts) if t != query_text]
+    vectors = np.concatenate([corpus.vectors[keep], np.asarray(query, dtype=np.float32)[None]])  # (n + 1, D)
+    return [(corpus.texts[keep[i]], cos) for i, cos in nearest(len(keep), vectors, k)]
