@@ -98,13 +98,15 @@ def _level(name: str):  # type: ignore[no-untyped-def]
 
 def session_options(threads: int | None = None):  # type: ignore[no-untyped-def]
     """ONNX Runtime's session options for a run on ``threads`` threads (None: the CPUs this process
-    is given, ``runtime.cpus``): intra-op that count, inter-op one, nodes run in sequence."""
+    is given, ``runtime.cpus``): intra-op that count, inter-op one, nodes run in sequence, idle
+    workers asleep instead of spinning."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads_for(threads).count
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # idle workers sleep (runtime.cpus)
     return so
 
 

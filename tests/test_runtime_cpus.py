@@ -102,3 +102,24 @@ def test_embed_on_one_cpu_prints_its_threads_once(tiny_dir, tmp_path):
     line = f"1 thread: CPU affinity 1 of {os.cpu_count()} CPUs"
     assert r.stderr.count(line) == 1, r.stderr
     assert json.loads(r.stdout)["engine"]["threads"] == 1
+
+
+def test_openmp_waits_passively_unless_the_user_chose(tmp_path):
+    from runtime.cpus import wait_passively
+
+    env: dict[str, str] = {}
+    wait_passively(env)
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    for chosen in ({"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "300000"}):
+        kept = dict(chosen)
+        wait_passively(kept)
+        assert kept == chosen
+    code = "import os, {0}; import torch; print(os.environ.get('OMP_WAIT_POLICY'))"
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")}
+    for module in ("inference", "training", "runtime"):  # set before torch (and its OpenMP) loads
+        r = subprocess.run([sys.executable, "-c", code.format(module)], env=base, cwd=ROOT, capture_output=True,
+                           text=True, check=True)
+        assert r.stdout.strip() == "PASSIVE", (module, r.stderr)
+    r = subprocess.run([sys.executable, "-c", code.format("inference")], env={**base, "OMP_WAIT_POLICY": "ACTIVE"},
+                       cwd=ROOT, capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "ACTIVE"
