@@ -5,8 +5,8 @@ BIN := $(VENV)/bin
 # ray: the Ray Data engine's test runs a real local cluster (about 30 s); serve: elmo serve's tests;
 # tensorboard: elmo train's event files, read back by its test; s3: writing to s3://; s3test: an S3
 # server on 127.0.0.1 for the object-store tests; plot: the probe's picture (matplotlib), drawn by its test
-# and by the demo.
-EXTRAS ?= dev,ray,serve,tensorboard,s3,s3test,plot
+# and by the demo; spark: elmo embed --engine spark in Spark's local mode (Java 17 on the machine).
+EXTRAS ?= dev,ray,serve,tensorboard,s3,s3test,plot,spark
 
 .PHONY: install peers test info clean engine demo embed default-model
 

@@ -85,6 +85,10 @@ def _add_running_arguments(run: argparse._ArgumentGroup, d: EmbedOptions) -> Non
                      help="shards encoded to Parquet at once (per worker); see docs/pipelines.md")
     run.add_argument("--ray-address", help="an existing Ray cluster (default: start a local one)")
     run.add_argument("--num-gpus-per-worker", type=float, default=d.num_gpus_per_worker)
+    run.add_argument("--spark-master", help="--engine spark: local[N], spark://HOST:PORT, yarn, k8s://... "
+                                            "(default local[*])")
+    run.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                     help="--engine spark: a Spark setting, e.g. spark.executor.memory=8g (repeatable)")
     run.add_argument("--resume", action="store_true", help="keep verified shards, redo the rest")
     run.add_argument("--verify-inputs", action="store_true",
                      help="hash every input file's bytes into the job (an edit that keeps size and mtime is seen)")
@@ -96,7 +100,8 @@ def options_from_args(args: argparse.Namespace) -> dict:
     names = ("backend", "text_column", "tokens_column", "id_column", "keep_columns", "output", "pool", "mix", "gamma",
              "dtype", "max_sentence_length", "window_context", "max_tokens_per_batch", "sort_window_rows",
              "sort_window_tokens", "rows_per_shard", "threads", "engine", "workers", "writer_threads",
-             "ray_address", "num_gpus_per_worker", "resume", "quiet", "device", "weights", "verify_inputs", "compression",
+             "ray_address", "num_gpus_per_worker", "spark_master", "spark_conf", "resume", "quiet", "device", "weights",
+             "verify_inputs", "compression",
              "token_embeddings", "token_vocab", "precision", "normalize")
     reason = settle_precision(args)  # auto becomes the precision it picks
     return {n: getattr(args, n) for n in names} | {"precision_reason": reason}

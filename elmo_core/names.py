@@ -13,5 +13,5 @@ EXPORT_PRECISIONS = ("fp32", "fp16", "bf16", "int8")  # of an ONNX export (forma
 # `elmo engine`, and the exports `--backend onnx --precision` builds on demand (export.cache)
 VALIDATED_EXPORT_PRECISIONS = tuple(p for p in EXPORT_PRECISIONS if p != "bf16")
 OUTPUT_FORMATS = ("parquet", "hdf5")  # what elmo embed writes
-ENGINES = ("local", "ray")  # where elmo embed's batches run
+ENGINES = ("local", "ray", "spark")  # where elmo embed's batches run
 ENCODINGS = ("float", "base64")  # how elmo serve answers vectors

@@ -60,8 +60,11 @@ def plan_job(input: str | Path, output: str | Path, model: str | Path, opts: Emb
     """Every check that writes nothing: inputs, their one schema, the model (loaded), the device."""
     out = open_output(output)
     out.prepare()
-    if opts.engine == "local":  # Ray's workers may have GPUs that this process does not see
+    if opts.engine == "local":  # Ray's and Spark's workers may have GPUs that this process does not see
         check_device(opts.device, opts.backend)
+    if opts.engine == "spark":
+        from .spark_runner import check_spark
+        check_spark()
     note(f"reading the inputs {input}", opts.quiet)
     files = scan_inputs(input, opts)
     _check_apart(input, out, files)
@@ -72,7 +75,7 @@ def plan_job(input: str | Path, output: str | Path, model: str | Path, opts: Emb
     predictor = ElmoPredictor(model, opts, log=log)  # the model's own errors (files, options vs weights) come now
     config = predictor.config
     if opts.engine != "local":
-        predictor.close()  # Ray's workers load their own
+        predictor.close()  # Ray's and Spark's workers load their own
         predictor = None
     schema = output_schema(passthrough, config.output_dim, config.n_output_layers, opts.output, opts.dtype, opts.pool)
     identity = {"inputs": [f.identity() for f in files],
@@ -269,6 +272,9 @@ def _runner(name: str) -> Callable[[Job, list[Shard], ProgressBar], tuple[list[d
     if name == "ray":
         from .ray_runner import run_ray
         return run_ray
+    if name == "spark":
+        from .spark_runner import run_spark
+        return run_spark
     return run_local
 
 

@@ -28,6 +28,7 @@ MAX_COUNT = 2**31 - 1  # rows, tokens, workers: what a 32-bit offset indexes
 # device: CPU and GPU agree to float rounding, as thread counts do.
 RUNTIME_ONLY = frozenset({"max_tokens_per_batch", "sort_window_rows", "sort_window_tokens", "workers",
                           "writer_threads", "threads", "quiet", "ray_address", "num_gpus_per_worker", "resume", "prefetch",
+                          "spark_master", "spark_conf",
                           "device", "weights", "verify_inputs", "compression", "token_embeddings",
                           "token_vocab", "precision_reason"})
 
@@ -71,7 +72,7 @@ class EmbedOptions:
     max_sentence_length: int = BatchPolicy.max_sentence_length  # longer rows: windows (inference.batching)
     window_context: int | None = BatchPolicy.window_context  # context each side of a window; None = M // 8
     rows_per_shard: int = 100_000  # one output shard per this many rows of one input file
-    engine: str = "local"  # the runner (--engine local|ray): where the batches run, not what computes them
+    engine: str = "local"  # the runner (--engine local|ray|spark): where the batches run, not what computes them
     max_tokens_per_batch: int = BatchPolicy.max_tokens_per_batch  # padded tokens (rows x longest row) a call
     sort_window_rows: int = 1024  # rows sorted by length together, then restored to input order
     sort_window_tokens: int = 16_384  # ... and at most this many tokens (bounds a window's vectors)
@@ -83,6 +84,8 @@ class EmbedOptions:
     quiet: bool = False
     ray_address: str | None = None
     num_gpus_per_worker: float = 0.0
+    spark_master: str | None = None  # --engine spark: local[N], spark://HOST:PORT, yarn, ...; None = local[*]
+    spark_conf: tuple[str, ...] = ()  # --engine spark: KEY=VALUE Spark settings
     device: str = "cpu"  # cpu | cuda | cuda:N: where the torch or ONNX Runtime backend runs
     weights: str | None = None  # the weights file, when MODEL's directory holds several (torch backend)
     verify_inputs: bool = False  # hash every input file's bytes into the job's identity (see docs)
@@ -119,6 +122,9 @@ class EmbedOptions:
             raise InputError(f"--weights names a published-format weights file (--backend torch); --backend "
                              f"{self.backend} takes an export directory as --model")
         check_precision_for(self.backend, self.precision, self.device)
+        for kv in self.spark_conf:
+            if "=" not in kv or not kv.partition("=")[0].strip():
+                raise InputError(f"--spark-conf {kv!r}: give KEY=VALUE, e.g. spark.executor.memory=8g")
         if self.engine == "ray" and self.device != "cpu" and not self.num_gpus_per_worker:
             raise InputError(f"--device {self.device} with --engine ray needs --num-gpus-per-worker (e.g. 1) so "
                              f"that Ray gives each worker its own GPU")
@@ -166,12 +172,15 @@ class EmbedOptions:
             base["keep_columns"] = _as_tuple(base["keep_columns"], str)
         if base.get("mix") is not None:
             base["mix"] = _as_tuple(base["mix"], float)
+        if base.get("spark_conf") is not None:
+            base["spark_conf"] = _as_tuple(base["spark_conf"], str)
         return cls(**base)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["keep_columns"] = list(self.keep_columns)
         d["mix"] = list(self.mix) if self.mix is not None else None
+        d["spark_conf"] = list(self.spark_conf)
         d["window_context"] = self.context
         return d
 

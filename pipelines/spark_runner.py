@@ -1,0 +1,160 @@
+"""The Spark runner (``--engine spark``): the job's pending shards as the tasks of one Spark job.
+
+As with Ray (``pipelines.ray_runner``), the unit of work is a shard (``--rows-per-shard`` rows of
+one input file): a DataFrame of the pending shards' indices, one partition each, goes through
+``mapInArrow``, whose task runs ``shard_loop.embed_shards`` on its shard (the same reader,
+predictor, writer, schema and commit as the local runner) and returns the shard's commit record.
+So the output is the local runner's, shard for shard, ids in input order; Spark schedules the
+tasks on its executors, retries a failed one (``spark.task.maxFailures``) and may run a slow one
+twice (``spark.speculation``). That a task may run more than once is what the commit protocol
+settles: a shard is published by its first writer only and a later one adopts it
+(``pipelines.sink``), so a retried, speculative or killed task never leaves a row twice or not
+at all, and ``--resume`` after a killed driver keeps every committed shard.
+
+Each executor's Python worker loads the model once (``predictor_for``: a process cache; PySpark
+reuses its workers) and runs it on ``--threads`` threads (default 1: ``spark.task.cpus`` tasks
+share an executor's cores). Tasks read INPUT and write OUTPUT_DIR themselves: local paths every
+executor sees, or ``s3://`` (``elmo_core.storage``). An input error in a task (a bad row) is
+returned to the driver, not retried: it names the row as the local runner does.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import sys
+from typing import Any, Callable, Iterator
+
+import pyarrow as pa
+
+from elmo_core.errors import ElmoError, InputError
+
+from .options import EmbedOptions, OutputDirError, WorkerLostError
+from .predictor import ElmoPredictor
+from .progress import ProgressBar
+from .shard_loop import embed_shards
+from .sink import remove_temporaries
+from .source import Shard
+from .stages import StageClock
+
+# What a job sets unless --spark-conf says otherwise: no web UI or console progress (the job prints
+# its own), and a failed task retried as a cluster does by default (local mode would not retry).
+SPARK_DEFAULTS = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+                  "spark.task.maxFailures": "4"}
+RESULT_SCHEMA = "record string, seconds string, process string, loads long, error string"
+ERRORS = {"InputError": InputError, "OutputDirError": OutputDirError}
+
+_PREDICTORS: dict[str, ElmoPredictor] = {}  # per Python worker: the model, loaded once
+
+
+def check_spark() -> None:
+    """InputError where pyspark or Java is missing (``plan_job`` asks before anything is written)."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        raise InputError("--engine spark needs pyspark: pip install -e '.[spark]'") from None
+    if not os.environ.get("JAVA_HOME") and shutil.which("java") is None:
+        raise InputError("--engine spark needs Java 17 or later, and none was found: install it and set "
+                         "JAVA_HOME (or put java on PATH)")
+
+
+def spark_session(master: str | None, conf: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
+    """A SparkSession for ``master`` (default ``local[*]``) with the ``K=V`` settings of ``conf``
+    (an existing session of this process is taken as it is: its settings hold)."""
+    check_spark()
+    from pyspark.sql import SparkSession
+
+    settings = {**SPARK_DEFAULTS, **dict(spark_setting(kv) for kv in conf)}
+    master = local_master(master or "local[*]", settings["spark.task.maxFailures"])
+    if master.startswith("local"):  # executors are this machine's: they run this interpreter
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(master).appName("elmo embed")
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def spark_setting(kv: str) -> tuple[str, str]:
+    """``KEY=VALUE`` as (key, value); InputError otherwise."""
+    key, sep, value = kv.partition("=")
+    if not sep or not key.strip():
+        raise InputError(f"--spark-conf {kv!r}: give KEY=VALUE, e.g. spark.executor.memory=8g")
+    return key.strip(), value
+
+
+def local_master(master: str, max_failures: str) -> str:
+    """``local[N]`` retries a failed task as a cluster does (``local[N,F]``, F = spark.task.maxFailures)."""
+    m = re.fullmatch(r"local\[(\*|\d+)\]", master)
+    return f"local[{m.group(1)},{max_failures}]" if m else master
+
+
+def predictor_for(model: str, options: dict) -> ElmoPredictor:
+    key = json.dumps([model, options], sort_keys=True)
+    if key not in _PREDICTORS:
+        _PREDICTORS[key] = ElmoPredictor(model, options)
+    return _PREDICTORS[key]
+
+
+def model_loads() -> int:
+    """Models this Python worker has loaded (one per job is the point of ``predictor_for``)."""
+    return len(_PREDICTORS)
+
+
+def embed_task(model: str, options: dict, shards: list[Shard], out: Any, schema: pa.Schema,
+               job_digest: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The function each task runs over its partition of shard indices (``mapInArrow``)."""
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                clock = StageClock()
+                row = {"record": None, "seconds": None, "process": f"{socket.gethostname()}:{os.getpid()}",
+                       "loads": None, "error": None}
+                try:
+                    predictor = predictor_for(model, options)
+                    record = embed_shards(predictor, [shards[index]], out, schema, job_digest, clock=clock)[0]
+                    row.update(record=json.dumps(record), seconds=json.dumps(clock.seconds))
+                except (InputError, OutputDirError) as e:  # the input's or the output's: a retry fails alike
+                    row["error"] = json.dumps([type(e).__name__, str(e)])
+                row["loads"] = model_loads()
+                yield pa.RecordBatch.from_pylist([row])
+    return run
+
+
+def run_spark(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dict], dict]:  # type: ignore[no-untyped-def]
+    opts: EmbedOptions = job.opts
+    spark = spark_session(opts.spark_master, opts.spark_conf)
+    info = {"name": "spark", "master": spark.sparkContext.master, "spark_version": spark.version}
+    if not shards:
+        return [], info
+    worker_opts = EmbedOptions.coerce(opts, threads=opts.threads or 1).to_dict()
+    task = embed_task(job.model, worker_opts, shards, job.out, job.schema, job.digest)
+    frame = spark.range(len(shards), numPartitions=len(shards)).mapInArrow(task, RESULT_SCHEMA)
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    try:
+        rows = frame.collect()
+    except (Py4JError, PySparkException) as e:
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        raise WorkerLostError(f"a Spark task failed {SPARK_DEFAULTS['spark.task.maxFailures']} times or its "
+                              f"executor was lost ({first}); the shards committed in this run are kept: "
+                              f"rerun with --resume") from None
+    remove_temporaries(job.out)  # a killed attempt's: the committed shards are every shard now
+    errors = [json.loads(r.error) for r in rows if r.error]
+    if errors:
+        kind, message = errors[0]
+        raise ERRORS.get(kind, ElmoError)(message)
+    records = []
+    for r in rows:
+        records.append(json.loads(r.record))
+        job.clock.add(json.loads(r.seconds))
+        progress.update(records[-1]["rows"], records[-1]["tokens"])
+    loads: dict[str, int] = {}
+    for r in rows:
+        loads[r.process] = max(loads.get(r.process, 0), r.loads)
+    info.update(processes=len(loads), model_loads=loads)
+    return records, info

@@ -1,0 +1,238 @@
+"""``elmo embed --engine spark`` and ``pipelines.spark.elmo_vectors`` on a real Spark in local mode
+(``local[2]``, Java on the machine): equal to the local runner row for row, every row exactly once
+when a Python worker is SIGKILLed mid-task (Spark retries it), when two attempts of a task run at
+once (a speculative copy), and after a killed driver (``--resume``). One session for the module:
+its start costs tens of seconds."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from corpora.sample import write_sample_corpus
+from pipelines import embed_parquet
+from pipelines.verify import verify_output
+
+from tests.helpers import TINY_OPTIONS, make_model_dir, tiny_options
+from tests.pipelines.test_hdf5_output import _invalid_utf8_texts
+
+pyspark = pytest.importorskip("pyspark", reason="the spark extra is not installed: pip install -e '.[spark]'")
+if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+    pytest.skip("no Java here (java on PATH or JAVA_HOME): Spark needs Java 17", allow_module_level=True)
+
+psutil = pytest.importorskip("psutil")
+RUN = dict(id_column="id", rows_per_shard=40, sort_window_rows=20, max_tokens_per_batch=400, quiet=True)
+ATOL = 1e-6  # the same predictor and batches as the local runner, on one thread: float32 sums in another order
+
+
+@pytest.fixture(scope="module")
+def spark():
+    """The module's session, with speculation on as a user would set it (the runner's getOrCreate
+    takes this session)."""
+    from pipelines.spark_runner import spark_session
+
+    session = spark_session("local[2]", ("spark.speculation=true", "spark.speculation.multiplier=1.5",
+                                         "spark.speculation.quantile=0.5", "spark.speculation.interval=100ms"))
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return make_model_dir(tmp_path_factory.mktemp("model") / "tiny", TINY_OPTIONS)
+
+
+@pytest.fixture(scope="module")
+def slower(tmp_path_factory) -> Path:
+    """A model whose shards take long enough for a task to be caught writing one."""
+    return make_model_dir(tmp_path_factory.mktemp("model") / "slower",
+                          tiny_options(lstm__dim=1024, lstm__projection_dim=256))
+
+
+def _hard_corpus(root: Path) -> Path:
+    """Two files: sotu rows, and rows that are null, empty, invalid UTF-8 or very long (windows)."""
+    write_sample_corpus(root, rows=240, files=1, row_group_rows=60)
+    raw = [b"The cat sat .", None, b"", b"   ", b"lone \xed\xa0\x80surrogate here", b"x\x00y",
+           (" ".join(["word"] * 700)).encode()] * 6
+    pq.write_table(pa.table({"id": pa.array(range(1000, 1000 + len(raw)), pa.int64()),
+                             "text": _invalid_utf8_texts(raw)}), root / "z-hard.parquet")
+    return root
+
+
+def _table(out: Path) -> pa.Table:
+    return ds.dataset(out, format="parquet").to_table()
+
+
+def _assert_same_rows(got: pa.Table, want: pa.Table) -> None:
+    assert got.schema.equals(want.schema, check_metadata=False)
+    assert got.column("id").to_pylist() == want.column("id").to_pylist()
+    for i, (x, y) in enumerate(zip(got.column("elmo").to_pylist(), want.column("elmo").to_pylist())):
+        assert (x is None) == (y is None), i
+        if x is not None:
+            np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32), atol=ATOL, rtol=0,
+                                       err_msg=f"row {i}")
+
+
+def test_spark_gives_the_local_runners_output_row_for_row(spark, tiny, tmp_path):
+    corpus = _hard_corpus(tmp_path / "corpus")
+    local = embed_parquet(corpus, tmp_path / "local", tiny, **RUN)
+    remote = embed_parquet(corpus, tmp_path / "spark", tiny, engine="spark", **RUN)
+    _assert_same_rows(_table(tmp_path / "spark"), _table(tmp_path / "local"))
+    for key in ("rows", "tokens", "windows", "windowed_rows", "null_rows", "empty_rows", "invalid_utf8"):
+        assert local[key] == remote[key], key
+    assert remote["windowed_rows"] == 6 and remote["null_rows"] == 6 and remote["invalid_utf8"] == 6
+    engine = remote["engine"]
+    assert engine["name"] == "spark" and engine["master"] == "local[2,4]"
+    assert set(engine["model_loads"].values()) == {1}  # each Python worker loaded the model once
+    assert verify_output(tmp_path / "spark")["rows"] == 282
+
+
+def _workers() -> list[psutil.Process]:
+    """PySpark's Python workers of this test process's Spark (its daemon and the workers it forks)."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "pyspark.daemon" in " ".join(p.cmdline()):
+                found.append(p)
+        except psutil.Error:  # gone meanwhile
+            continue
+    return found
+
+
+def test_a_python_worker_killed_mid_task_is_retried_and_every_row_is_written_once(spark, slower, tmp_path):
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=600, files=2, row_group_rows=100)
+    out = tmp_path / "out"
+    killed: list[int] = []
+
+    def kill_when_writing() -> None:
+        deadline = time.monotonic() + 120
+        while not killed and time.monotonic() < deadline:
+            if out.exists() and any(out.glob(".part-*.tmp")):  # a task is writing its shard
+                for p in _workers():
+                    with contextlib.suppress(psutil.Error):
+                        p.send_signal(signal.SIGKILL)
+                        killed.append(p.pid)
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_when_writing)
+    killer.start()
+    m = embed_parquet(corpus, out, slower, engine="spark", threads=1, **{**RUN, "rows_per_shard": 100})
+    killer.join()
+    assert killed, "no worker was caught mid-task"
+    table = _table(out)
+    assert table.column("id").to_pylist() == _table(corpus).column("id").to_pylist()  # each row once, in order
+    assert m["this_run"]["shards"] == 6 and verify_output(out)["rows"] == 600
+    assert not list(out.glob(".*.tmp"))
+
+
+def test_two_attempts_of_one_task_at_once_leave_one_shard_and_a_record_of_its_bytes(slower, tmp_path):
+    """What a speculative copy does: the task function Spark runs, twice at once on one shard (two
+    threads here: Spark in local mode never starts a speculative copy, as it only starts one on
+    another host than the running attempt's). Both write the shard, one publishes it, the other
+    adopts it; one file, and its commit record describes its bytes."""
+    from pipelines.job import pending_shards, plan_job
+    from pipelines.options import EmbedOptions
+    from pipelines.sink import check_shard, claim_output_dir
+    from pipelines.spark_runner import embed_task
+
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=200, files=1, row_group_rows=50)
+    opts = EmbedOptions.coerce({**RUN, "rows_per_shard": 200, "engine": "spark", "threads": 1})
+    job = plan_job(corpus, tmp_path / "out", slower, opts)
+    job.out.create()
+    claim_output_dir(job.out, job.identity, job.digest, resume=False)
+    shards = pending_shards(job)
+    task = embed_task(job.model, opts.to_dict(), shards, job.out, job.schema, job.digest)
+    results: list[dict] = []
+    both_writing = threading.Event()
+
+    def attempt() -> None:
+        for batch in task(iter([pa.RecordBatch.from_pylist([{"id": 0}])])):
+            results.extend(batch.to_pylist())
+
+    def watch() -> None:
+        while len(results) < 2:
+            if len(list((tmp_path / "out").glob(".part-00000-00000.parquet.*.tmp"))) == 2:
+                both_writing.set()
+            time.sleep(0.002)
+
+    threads = [threading.Thread(target=f) for f in (attempt, attempt, watch)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert both_writing.is_set() and len(results) == 2 and not any(r["error"] for r in results)
+    records = [json.loads(r["record"]) for r in results]
+    assert records[0]["sha256"] == records[1]["sha256"] and {r["writer"] == "adopted" for r in records} == {True, False}
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if not p.name.startswith((".", "_"))) == \
+        ["part-00000-00000.parquet"]
+    assert check_shard(job.out, shards[0].name, job.digest, 0, 0, 200)[0] is not None
+
+
+def test_the_driver_killed_then_resume_keeps_every_committed_shard(tiny, tmp_path):
+    """A real ``elmo embed --engine spark`` process (its own Spark) killed with SIGKILL after some
+    shards; ``--resume`` in another process finishes it: every row once, in order."""
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=900, files=2, row_group_rows=100)
+    out = tmp_path / "out"
+    args = ["embed", str(corpus), str(out), "--model", str(tiny), "--engine", "spark", "--spark-master", "local[1]",
+            "--id-column", "id", "--rows-per-shard", "30", "--sort-window-rows", "15", "--quiet"]
+    proc = subprocess.Popen([sys.executable, "-m", "elmo_cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.monotonic() + 240
+    while len(list(out.glob("part-*.parquet"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver, its JVM and its Python workers: a machine gone
+    proc.wait()
+    kept = len(list((out / "_shards").glob("*.json")))
+    assert 1 <= kept < 30 and not (out / "_SUCCESS").exists()
+    r = subprocess.run([sys.executable, "-m", "elmo_cli", *args, "--resume", "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert _table(out).column("id").to_pylist() == _table(corpus).column("id").to_pylist()
+    assert verify_output(out)["rows"] == 900
+
+
+def test_the_transform_in_a_users_pipeline_gives_elmo_embeds_vectors(spark, tiny, tmp_path):
+    from pipelines.spark import elmo_vectors
+
+    corpus = _hard_corpus(tmp_path / "corpus")
+    embed_parquet(corpus, tmp_path / "embed", tiny, pool="mean", **RUN)
+    df = spark.read.parquet(str(corpus)).select("id", "text").where("id >= 0")  # a user's pipeline
+    elmo_vectors(df, str(tiny), pool="mean", max_tokens_per_batch=400).write.parquet(str(tmp_path / "user"))
+    got = ds.dataset(tmp_path / "user", format="parquet").to_table().sort_by("id")
+    want = _table(tmp_path / "embed").sort_by("id")
+    assert got.column("id").to_pylist() == want.column("id").to_pylist() and got.num_rows == 282
+    assert got.schema.field("elmo").type == pa.list_(pa.float32())
+    for i, (x, y) in enumerate(zip(got.column("elmo").to_pylist(), want.column("elmo").to_pylist())):
+        assert (x is None) == (y is None), i  # null and empty texts: null
+        if x is not None:
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=ATOL, rtol=0, err_msg=f"row {i}")
+
+
+def test_spark_refuses_what_it_cannot_do_with_exit_2(tiny, tmp_path):
+    from elmo_cli.main import main
+
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=20, files=1)
+    assert main(["embed", str(corpus), str(tmp_path / "o"), "--model", str(tiny), "--engine", "spark",
+                 "--spark-conf", "no-equals-sign"]) == 2
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = os.path.dirname(sys.executable)  # python, and no java
+    r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", str(corpus), str(tmp_path / "o2"), "--model",
+                        str(tiny), "--engine", "spark"], capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "JAVA_HOME" in r.stderr and "Traceback" not in r.stderr, r.stderr
