@@ -8,7 +8,7 @@ import json
 
 from elmo_cli.cmd_tokens import add_token_embedding_arguments
 from elmo_cli.precision_args import add_precision_argument, settle_precision
-from elmo_core.names import DTYPES, ENGINES, OUTPUT_FORMATS, OUTPUT_MODES, POOLS
+from elmo_core.names import DTYPES, ENGINES, OUTPUT_FORMATS, OUTPUT_NAMES, POOLS
 from inference.registry import BACKEND_NAMES, exported_backend
 from corpora.sample import write_sample_corpus
 from elmo_core.errors import InputError
@@ -48,7 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     cols.add_argument("--id-column", help="copied to the output first")
     cols.add_argument("--keep-columns", default="", help="comma-separated columns copied to the output")
     out = p.add_argument_group("vectors")
-    out.add_argument("--output", choices=OUTPUT_MODES, default=d.output)
+    out.add_argument("--output", default=d.output, help=f"what becomes of the layers: {OUTPUT_NAMES} "
+                                                         f"(default {d.output})")
     out.add_argument("--pool", choices=POOLS, help="one vector per row, pooled over its tokens (null for an empty row)")
     out.add_argument("--mix", help="scalar mix weights s0,s1,... (before softmax; default equal)")
     out.add_argument("--gamma", type=float, default=d.gamma)

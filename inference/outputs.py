@@ -18,7 +18,7 @@ import torch
 
 from elmo_core import ScalarMix
 from elmo_core.errors import InputError
-from elmo_core.names import DTYPES, OUTPUT_MODES, POOLS
+from elmo_core.names import DTYPES, OUTPUT_MODES, POOLS, layer_index, resolve_output
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -40,8 +40,11 @@ class VectorRequest:
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        if self.output not in OUTPUT_MODES:
-            raise InputError(f"output must be one of {OUTPUT_MODES}, got {self.output!r}")
+        if self.pool is not None and self.pool not in POOLS:
+            raise InputError(f"pool must be None or one of {POOLS}, got {self.pool!r}")
+        output, pool = resolve_output(self.output, self.pool)  # TF-Hub's names: ours
+        object.__setattr__(self, "output", output)
+        object.__setattr__(self, "pool", pool)
         if self.pool is not None and self.pool not in POOLS:
             raise InputError(f"pool must be None or one of {POOLS}, got {self.pool!r}")
         if self.dtype not in DTYPES:
@@ -125,8 +128,10 @@ def finish_pooled(partials: np.ndarray, lengths: np.ndarray, request: VectorRequ
 
 
 def check_output(output: str, n_layers: int, mix_weights: Sequence[float] | None) -> None:
-    if output not in OUTPUT_MODES:
-        raise InputError(f"output must be one of {OUTPUT_MODES}, got {output!r}")
+    output, _ = resolve_output(output, None)
+    layer = layer_index(output)
+    if layer is not None and layer >= n_layers:
+        raise InputError(f"output {output}: the model has layers 0 to {n_layers - 1}")
     if mix_weights is not None and len(mix_weights) != n_layers:
         raise InputError(f"mix weights: expected {n_layers} values (one per layer), got {len(mix_weights)}")
 
@@ -143,6 +148,8 @@ def reduce_layers(layers: np.ndarray, mask: np.ndarray, output: str, mix_weights
     check_output(output, layers.shape[1], mix_weights)
     if output == "all":
         return layers
+    if layer_index(output) is not None:
+        return layers[:, layer_index(output)]
     if output == "top":
         return layers[:, -1]
     if output == "average":
@@ -156,7 +163,7 @@ def reduce_layers(layers: np.ndarray, mask: np.ndarray, output: str, mix_weights
 def layer_weights(output: str, n_layers: int, mix_weights: Sequence[float] | None = None,
                   gamma: float = 1.0) -> np.ndarray | None:
     """The output mode as one weight per layer, where it is a linear combination of the layers:
-    top (one-hot), average (1 / (L+1) each), mixed (``gamma * softmax(s)``, ScalarMix's own
+    top and layer:N (one-hot), average (1 / (L+1) each), mixed (``gamma * softmax(s)``, ScalarMix's own
     normalisation, in float64); None for all. ``reduce_layers`` is the reference these weights
     must match; the mixed ONNX export bakes the same weights in (``ExportSpec.normalized_mix``).
 
@@ -165,6 +172,8 @@ def layer_weights(output: str, n_layers: int, mix_weights: Sequence[float] | Non
     check_output(output, n_layers, mix_weights)
     if output == "all":
         return None
+    if layer_index(output) is not None:
+        return np.eye(n_layers)[layer_index(output)]
     if output == "top":
         return np.eye(n_layers)[-1]
     if output == "average":

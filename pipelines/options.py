@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
 from elmo_core.errors import ElmoError, InputError
-from elmo_core.names import DTYPES, ENGINES, OUTPUT_MODES, POOLS
+from elmo_core.names import DTYPES, ENGINES, POOLS, resolve_output
 from inference.batching import BatchPolicy
 from inference.outputs import VectorRequest
 from inference.registry import BACKEND_NAMES, check_precision_for, torch_options
@@ -63,7 +63,7 @@ class EmbedOptions:
     tokens_column: str | None = None  # list<string>
     id_column: str | None = None
     keep_columns: tuple[str, ...] = ()
-    output: str = "mixed"  # mixed | all | top | average
+    output: str = "mixed"  # mixed | all | top | average | layer:N (elmo_core.names.OUTPUT_NAMES)
     pool: str | None = None  # mean | max: one vector per row (over its tokens) instead of one per token
     normalize: bool = False  # each vector (per token and layer, or pooled) scaled to unit L2 norm
     mix: tuple[float, ...] | None = None  # scalar mix s (before softmax); None = equal weights
@@ -97,7 +97,9 @@ class EmbedOptions:
 
     def __post_init__(self) -> None:
         _check_choice("backend", self.backend, BACKEND_NAMES)
-        _check_choice("output", self.output, OUTPUT_MODES)
+        output, pool = resolve_output(self.output, self.pool)  # TF-Hub's names (word_emb, default, ...): ours
+        object.__setattr__(self, "output", output)
+        object.__setattr__(self, "pool", pool)
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("engine", self.engine, ENGINES)
         _check_choice("compression", self.compression, COMPRESSIONS)

@@ -25,6 +25,7 @@ import re
 import shutil
 import socket
 import sys
+import time
 from typing import Any, Callable, Iterator
 
 import pyarrow as pa
@@ -61,16 +62,18 @@ def check_spark() -> None:
 
 
 def spark_session(master: str | None, conf: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
-    """A SparkSession for ``master`` (default ``local[*]``) with the ``K=V`` settings of ``conf``
-    (an existing session of this process is taken as it is: its settings hold)."""
+    """A SparkSession for ``master`` (default ``local[*]``, or spark-submit's ``--master``) with the
+    ``K=V`` settings of ``conf`` (an existing session of this process is taken as it is)."""
     check_spark()
     from pyspark.sql import SparkSession
 
     settings = {**SPARK_DEFAULTS, **dict(spark_setting(kv) for kv in conf)}
-    master = local_master(master or "local[*]", settings["spark.task.maxFailures"])
-    if master.startswith("local"):  # executors are this machine's: they run this interpreter
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.master(master).appName("elmo embed")
+    builder = SparkSession.builder.appName("elmo embed")
+    if master or not os.environ.get("PYSPARK_GATEWAY_PORT"):  # under spark-submit, its --master holds
+        master = local_master(master or "local[*]", settings["spark.task.maxFailures"])
+        builder = builder.master(master)
+        if master.startswith("local"):  # executors are this machine's: they run this interpreter
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -126,8 +129,10 @@ def embed_task(model: str, options: dict, shards: list[Shard], out: Any, schema:
 
 def run_spark(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dict], dict]:  # type: ignore[no-untyped-def]
     opts: EmbedOptions = job.opts
+    t0 = time.perf_counter()
     spark = spark_session(opts.spark_master, opts.spark_conf)
-    info = {"name": "spark", "master": spark.sparkContext.master, "spark_version": spark.version}
+    info = {"name": "spark", "master": spark.sparkContext.master, "spark_version": spark.version,
+            "session_s": round(time.perf_counter() - t0, 3)}
     if not shards:
         return [], info
     worker_opts = EmbedOptions.coerce(opts, threads=opts.threads or 1).to_dict()

@@ -11,11 +11,20 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, StrictBool, StrictStr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from elmo_core.names import ENCODINGS, OUTPUT_MODES, POOLS
+from elmo_core.errors import InputError
+from elmo_core.names import ENCODINGS, OUTPUT_NAMES, POOLS, resolve_output
 from elmo_core.whitespace import split_tokens
 from inference.outputs import FLOAT32_MAX
 
-Output = Literal[OUTPUT_MODES]  # type: ignore[valid-type]
+def _output_name(value: str) -> str:
+    try:
+        resolve_output(value, None)
+    except InputError:
+        raise PydanticCustomError("output", f"must be one of {OUTPUT_NAMES}") from None
+    return value
+
+
+Output = Annotated[StrictStr, AfterValidator(_output_name)]  # resolved with the pool by VectorRequest
 Pool = Literal[("none",) + POOLS]  # type: ignore[valid-type]
 Encoding = Literal[ENCODINGS]  # type: ignore[valid-type]
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from inference import Embedder
 from elmo_core import POOLS
+from elmo_core.names import HUB_OUTPUTS
 from elmo_core.errors import InputError
 from elmo_core.storage import is_uri
 from inference.outputs import OUTPUT_MODES, VectorRequest
@@ -169,6 +170,6 @@ class ServingState:
             "ready": self.ready,
             "dim": config.output_dim if config else None, "layers": config.n_output_layers if config else None,
             "max_characters_per_token": config.char_cnn.max_characters_per_token if config else None,
-            "outputs": list(OUTPUT_MODES), "pools": ["none", *POOLS],
+            "outputs": [*OUTPUT_MODES, "layer:N", *HUB_OUTPUTS], "pools": ["none", *POOLS],
             "limits": self.limits.as_dict(),
         }

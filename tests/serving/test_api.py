@@ -87,12 +87,26 @@ def test_texts_are_whitespace_split(server: ServerProcess, embedder: Embedder):
     np.testing.assert_allclose(np.asarray(got["embeddings"][0], np.float32), want, atol=1e-5, rtol=0)
 
 
+def test_tf_hub_output_names_and_single_layers(server: ServerProcess, embedder: Embedder):
+    """word_emb / lstm_outputs1 / lstm_outputs2 are layers 0 / 1 / 2 (layer:N), default the mean pool of the mix."""
+    sentence = "The cat sat on the mat .".split()
+    layers = reference(embedder, sentence, "all")  # (L+1, T, D)
+    for name, layer in (("word_emb", 0), ("lstm_outputs1", 1), ("layer:2", 2)):
+        got = _request(server.url, {"sentences": [sentence], "output": name}).json()
+        np.testing.assert_allclose(np.asarray(got["embeddings"][0], np.float32), layers[layer], atol=1e-5, rtol=0)
+    pooled = _request(server.url, {"sentences": [sentence], "output": "default"}).json()["embeddings"][0]
+    np.testing.assert_allclose(np.asarray(pooled, np.float32), reference(embedder, sentence, "mixed").mean(0),
+                               atol=1e-5, rtol=0)
+
+
 BAD_REQUESTS = [
     ({"sentences": [["The", 3]]}, 422, "sentences[0][1]"),
     ({"sentences": ["The cat"]}, 422, "sentences[0]"),
     ({"sentences": [["a"]], "texts": ["a"]}, 422, "exactly one"),
     ({}, 422, "exactly one"),
     ({"sentences": [["a"]], "output": "bottom"}, 422, "output"),
+    ({"sentences": [["a"]], "output": "layer:9"}, 422, "layer:9"),
+    ({"sentences": [["a"]], "output": "default", "pool": "max"}, 422, "mean pool"),
     ({"sentences": [["a"]], "mix": [0.0, 1.0]}, 422, "mix"),
     ({"sentences": [["a"]], "pool": "median"}, 422, "pool"),
     ({"sentences": [["a"]], "surprise": 1}, 422, "surprise"),

@@ -1,0 +1,68 @@
+"""``elmo embed --engine spark --spark-master local[2]`` against the local runner on the same corpus
+and model, taking turns, each job a process of its own as a user runs it.
+
+The local runner runs the model on 2 threads; Spark runs 2 tasks at once, each on 1 thread (its
+default). Printed per turn and as the best of each: tokens/s of the whole command (Spark's start
+included), tokens/s once Spark is up (the manifest's ``engine.session_s`` left out), the ratio to
+the local runner (target >= 0.85x), and how many times each Spark Python worker loaded the model
+(target 1).
+
+    python bench/bench_spark.py [--rows 20000] [--repeats 2] [--model models/default]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(args: list[str]) -> tuple[dict, float]:
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "elmo_cli", *args, "--quiet", "--json"], capture_output=True,
+                       text=True, cwd=ROOT)
+    seconds = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"elmo {' '.join(args)} failed:\n{r.stderr[-2000:]}")
+    return json.loads(r.stdout), seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=20_000)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--model", default=str(ROOT / "models" / "default"))
+    ap.add_argument("--rows-per-shard", type=int, default=2_000)
+    a = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench_spark_"))
+    corpus = work / "corpus"
+    subprocess.run([sys.executable, "-m", "elmo_cli", "sample-corpus", str(corpus), "--rows", str(a.rows),
+                    "--files", "4"], check=True, cwd=ROOT, capture_output=True)
+    common = ["--model", a.model, "--id-column", "id", "--rows-per-shard", str(a.rows_per_shard)]
+    runs = {"local": ["--threads", "2"], "spark": ["--engine", "spark", "--spark-master", "local[2]"]}
+    best: dict[str, dict] = {}
+    for turn in range(a.repeats):
+        for name, extra in runs.items():
+            m, wall = run(["embed", str(corpus), str(work / f"{name}-{turn}"), *common, *extra])
+            session = m["engine"].get("session_s", 0.0)
+            f = {"tokens": m["tokens"], "wall_tokens_per_s": m["tokens"] / wall,
+                 "running_tokens_per_s": m["tokens"] / (m["this_run"]["seconds"] - session), "engine": m["engine"]}
+            print(f"turn {turn + 1} {name}: {f['wall_tokens_per_s']:,.0f} tokens/s for the command, "
+                  f"{f['running_tokens_per_s']:,.0f} once running"
+                  + (f" (Spark's start {session:.1f} s)" if name == "spark" else ""), flush=True)
+            if name not in best or f["wall_tokens_per_s"] > best[name]["wall_tokens_per_s"]:
+                best[name] = f
+    spark, local = best["spark"], best["local"]
+    print(f"spark local[2] vs the local runner: {spark['wall_tokens_per_s'] / local['wall_tokens_per_s']:.2f}x for "
+          f"the command, {spark['running_tokens_per_s'] / local['running_tokens_per_s']:.2f}x once running "
+          f"({spark['tokens']:,} tokens, {a.rows:,} rows); model loads per Python worker: "
+          f"{sorted(set(spark['engine']['model_loads'].values()))} over {spark['engine']['processes']} workers")
+
+
+if __name__ == "__main__":
+    main()
