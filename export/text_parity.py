@@ -45,17 +45,34 @@ def sentence_ids(sentences: Sequence[Sequence[str]], tokenizer: Tokenizer) -> np
     return ids
 
 
+def sample_batches(sentences: Sequence[Sequence[str]], tokenizer: Tokenizer,
+                   source: str) -> tuple[list[list[list[str]]], list[np.ndarray]]:
+    """The non-empty sentences (``MAX_TOKENS`` each) sorted by length in batches: (their tokens, their
+    ids). Shape: ids per batch (B, T, W) int32."""
+    kept = sorted((list(s[:MAX_TOKENS]) for s in sentences if s), key=len)
+    if not kept:
+        raise ParityError(f"{source}: no sentence to check the export on")
+    batches = [kept[i:i + BATCH_SIZE] for i in range(0, len(kept), BATCH_SIZE)]
+    return batches, [sentence_ids(b, tokenizer) for b in batches]
+
+
+def tokens_per_s(run: RunFn, batches: Sequence[np.ndarray]) -> float:
+    """Tokens/s of ``run`` over the batches, after one warm-up batch."""
+    run(batches[0])
+    tokens = sum(int((ids != 0).any(-1).sum()) for ids in batches)
+    start = time.perf_counter()
+    for ids in batches:
+        run(ids)
+    return tokens / (time.perf_counter() - start)
+
+
 class TextSample:
     """Sentences in batches of similar length, and the torch backend's outputs on them."""
 
     def __init__(self, sentences: Sequence[Sequence[str]], source: str, torch_backend: TorchBackend,
                  spec: ExportSpec) -> None:
-        kept = sorted((list(s[:MAX_TOKENS]) for s in sentences if s), key=len)
-        if not kept:
-            raise ParityError(f"{source}: no sentence to check the export on")
         self.source, self.spec = source, spec
-        self.sentences = [kept[i:i + BATCH_SIZE] for i in range(0, len(kept), BATCH_SIZE)]
-        self.batches = [sentence_ids(b, torch_backend.tokenizer) for b in self.sentences]
+        self.sentences, self.batches = sample_batches(sentences, torch_backend.tokenizer, source)
         self.refs = [reference(torch_backend, spec, ids) for ids in self.batches]
         self.tokens = sum(len(s) for b in self.sentences for s in b)
 
@@ -86,11 +103,3 @@ class TextSample:
                               f"{self.source}: {found['min_cosine']:.6f} at {where(w, self.spec)} (the word "
                               f"{w['word']!r}); per layer {found['per_layer']}")
         return record
-
-    def tokens_per_s(self, run: RunFn) -> float:
-        """Tokens/s of ``run`` over the sample, after one warm-up batch."""
-        run(self.batches[0])
-        start = time.perf_counter()
-        for ids in self.batches:
-            run(ids)
-        return self.tokens / (time.perf_counter() - start)

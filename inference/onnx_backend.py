@@ -22,6 +22,7 @@ from runtime import threads_for
 
 from .backends import BackendBase
 from .outputs import VectorRequest
+from .precision import cpu_model
 from .errors import ExportError
 from formats.export_manifest import check_file, read_spec
 
@@ -74,16 +75,6 @@ def _with_defaults(provider):  # type: ignore[no-untyped-def]
     """A provider name or (name, options) pair, with our defaults filled in for CUDA."""
     name, options = provider if isinstance(provider, tuple) else (provider, {})
     return (name, {**CUDA_DEFAULTS, **options}) if name == "CUDAExecutionProvider" else provider
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _level(name: str):  # type: ignore[no-untyped-def]
@@ -165,7 +156,7 @@ class OnnxBackend(BackendBase):
         level = _level(optimization)
         if not cache or optimization == "disable":
             return None, level
-        machine = f"{platform.machine()}|{_cpu_model()}"  # level 'all' may emit layouts for this CPU
+        machine = f"{platform.machine()}|{cpu_model()}"  # level 'all' may emit layouts for this CPU
         key = hashlib.sha256(f"{self.manifest['onnx']['sha256']}|{ort.__version__}|{self.providers}|{optimization}|"
                              f"{machine}".encode()).hexdigest()[:16]
         cached = self.export_dir / CACHE_DIR / f"model.{optimization}.{key}.onnx"

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import platform
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 
@@ -63,22 +65,75 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     return frozenset()
 
 
+# What ``--precision auto`` measures for the onnx backend on a model directory, fastest first where
+# the CPU has int8 instructions: int8 (planned per model, ``export.quantize``) and fp32. fp16 is not
+# a candidate: ONNX Runtime's CPU provider has no fp16 products on x86 (casts around fp32 ones,
+# measured 0.64x fp32 at full size); bf16 cannot run on it.
+ONNX_AUTO_CANDIDATES = ("int8", "fp32")
+
+
+@dataclass(frozen=True)
+class MeasuredPrecision:
+    """One candidate of ``--precision auto`` as measured on this model and CPU: its min token cosine
+    against torch fp32 on text (None: it did not validate, ``failure`` says why) and its speed."""
+
+    precision: str
+    min_cosine: float | None
+    tokens_per_s: float | None = None
+    failure: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {"precision": self.precision, "min_cosine": self.min_cosine, "tokens_per_s": self.tokens_per_s,
+                "failure": self.failure}
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """This CPU's model name (``platform.processor()`` where /proc/cpuinfo is absent); read once."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def resolve_precision(precision: str, device: str, backend: str = "torch",
-                      flags: frozenset[str] | None = None) -> tuple[str, str]:
+                      flags: frozenset[str] | None = None,
+                      measured: Sequence[MeasuredPrecision] | None = None) -> tuple[str, str]:
     """``--precision auto`` made concrete, and why: the fastest precision within the parity bound
-    (every token's cosine >= 0.999 against fp32, tested) that this device multiplies in hardware.
-    Any other precision is returned as asked."""
+    (every token's cosine >= 0.999 against fp32, tested) that this device multiplies in hardware;
+    for the onnx backend, the fastest of ``measured`` (``ONNX_AUTO_CANDIDATES`` exported, validated
+    and timed on this model and CPU) that validates. Any other precision is returned as asked."""
     if precision != "auto":
         return precision, "asked for"
     if backend != "torch":
-        return "fp32", (f"the {backend} backend: an export runs its own precision, a model directory is "
-                        f"exported exactly (int8 and fp16 are asked for by name: their parity bounds are below 0.999)")
+        if measured:
+            return fastest_validated(measured)
+        return "fp32", (f"the {backend} backend: an export runs its own precision; a model directory is measured "
+                        f"at {' and '.join(ONNX_AUTO_CANDIDATES)} when exported on demand")
     if device.startswith("cuda"):
         return "bf16", "CUDA: bf16 products on the tensor cores (H100: 1.4x fp32, min token cosine 0.99999)"
     found = [f for f in BF16_CPU_FLAGS if f in (cpu_flags() if flags is None else flags)]
     if found:
         return "bf16", f"this CPU multiplies bf16 in hardware ({found[0]})"
     return "fp32", f"this CPU has no bf16 instructions ({' / '.join(BF16_CPU_FLAGS)})"
+
+
+def fastest_validated(measured: Sequence[MeasuredPrecision]) -> tuple[str, str]:
+    """The fastest measured precision that validated, and why (every candidate's figures)."""
+    valid = [m for m in measured if m.min_cosine is not None and m.tokens_per_s is not None]
+    if not valid:
+        raise InputError("no precision validates for this model: " + "; ".join(m.failure for m in measured))
+    best = max(valid, key=lambda m: m.tokens_per_s or 0.0)
+
+    def figures(m: MeasuredPrecision) -> str:
+        if m.min_cosine is None:
+            return f"{m.precision} does not validate"
+        return f"{m.precision} {m.tokens_per_s:,.0f} tokens/s at min token cosine {m.min_cosine:.6f}"
+    return best.precision, ("the fastest precision that validates for this model on this CPU: "
+                            + ", ".join(figures(m) for m in measured))
 
 
 def bf16_cpu_warning(precision: str, device: str, flags: frozenset[str] | None = None) -> str | None:

@@ -57,12 +57,13 @@ def test_int8_embed_exports_once_then_reuses_and_records_it(tiny_dir, tmp_path, 
     assert list((cache / "onnx").iterdir()) == entries
     assert np.array_equal(_vectors(tmp_path / "a"), _vectors(tmp_path / "b"))
 
-    # The int8 vectors against torch fp32's: per-token cosine >= 0.99, the export's own int8 bound.
+    # The int8 vectors against torch fp32's: per-token cosine >= 0.999, the text target int8 is
+    # planned to on the job's own first rows (export.quantize), which are these rows.
     assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "t"), "--model", str(tiny_dir),
                  "--output", "mixed", "--quiet"]) == 0
     got, want = _vectors(tmp_path / "a"), _vectors(tmp_path / "t")  # (N, D)
     cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
-    assert got.shape == want.shape and cos.min() >= 0.99, cos.min()
+    assert got.shape == want.shape and cos.min() >= 0.999, cos.min()
 
 
 def test_the_cached_export_is_rebuilt_when_the_weights_change(tiny_dir, tmp_path):

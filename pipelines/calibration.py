@@ -1,0 +1,24 @@
+"""A calibration sample: the first sentences of an ``elmo embed`` INPUT (Parquet files, or a text
+file of one sentence a line), on which ``--backend onnx`` plans and validates reduced precision
+(``export.quantize``, ``export.text_parity``)."""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+from .hdf5_output import is_text_input, parquet_sentences, text_sentences
+from .options import EmbedOptions
+
+SAMPLE_ROWS = 64  # rows read: export.text_parity.SAMPLE_SENTENCES
+
+
+def calibration_sample(spec: str | Path, text_column: str = "text", tokens_column: str | None = None,
+                       rows: int = SAMPLE_ROWS) -> tuple[list[list[str]], str]:
+    """(the tokens of the first ``rows`` non-empty rows of ``spec``, where they come from)."""
+    if is_text_input(spec):
+        found = (tokens for _, tokens, _ in text_sentences(Path(spec)))
+    else:
+        opts = EmbedOptions(text_column=text_column, tokens_column=tokens_column)
+        found = (tokens for _, tokens, _ in parquet_sentences(spec, opts, {"invalid_utf8": 0}))
+    sentences = list(itertools.islice((t for t in found if t), rows))
+    return sentences, f"the first {len(sentences)} rows of {spec}"

@@ -1,0 +1,144 @@
+"""int8 planned per model (export/quantize.py), parity on text naming the failing layer and time step
+(export/text_parity.py), the fp32 advice of a failed precision, and ``--precision auto`` on the onnx
+backend measuring the candidates and recording its choice (export/auto.py, inference/precision.py)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from corpora.sample import write_sample_corpus
+from elmo_cli.main import main
+from export.cache import cached_onnx_export
+from export.errors import ParityError
+from export.onnx_export import export_onnx, ort_run
+from export.onnx_graph import build_onnx
+from export.quantize import matmul_groups, plan_int8, quantize_int8
+from export.text_parity import TextSample, default_sample
+from formats import load_bilm
+from formats.export_spec import TEXT_MIN_COSINE, ExportSpec
+from inference.backends import TorchBackend
+from inference.precision import MeasuredPrecision, resolve_precision
+from pipelines.calibration import calibration_sample
+
+GROUPS = {"char_cnn.highway", "char_cnn.projection", "bilstm1.input", "bilstm1.recurrent", "bilstm1.projection",
+          "bilstm2.input", "bilstm2.recurrent", "bilstm2.projection"}
+
+
+@pytest.fixture
+def fp32_graph(tiny_dir, tmp_path) -> Path:
+    bilm = load_bilm(tiny_dir)
+    path = tmp_path / "fp32.onnx"
+    onnx.save(build_onnx(bilm, ExportSpec.for_config(bilm.config, precision="int8")), str(path))
+    return path
+
+
+def _walk(graph: onnx.GraphProto):  # type: ignore[no-untyped-def]
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _walk(attr.g)
+
+
+def test_every_product_has_a_group(fp32_graph):
+    groups = matmul_groups(onnx.load(str(fp32_graph)))
+    assert set(groups) == GROUPS
+    matmuls = [n.name for n in _walk(onnx.load(str(fp32_graph)).graph) if n.op_type == "MatMul"]
+    assert sorted(matmuls) == sorted(n for names in groups.values() for n in names)
+    assert all(len(groups[f"bilstm{k}.{kind}"]) == 2 for k in (1, 2) for kind in ("input", "recurrent", "projection"))
+
+
+def _quantized_groups(path: Path, groups: dict[str, list[str]]) -> set[str]:
+    """The groups none of whose MatMuls is left in ``path`` (the quantizer replaces them)."""
+    left = {n.name for n in _walk(onnx.load(str(path)).graph) if n.op_type == "MatMul"}
+    return {g for g, names in groups.items() if not left & set(names)}
+
+
+def test_kept_groups_stay_fp32(fp32_graph, tmp_path):
+    groups = matmul_groups(onnx.load(str(fp32_graph)))
+    quantize_int8(fp32_graph, tmp_path / "q.onnx", ["char_cnn.projection", "bilstm1.input"])
+    assert _quantized_groups(tmp_path / "q.onnx", groups) == GROUPS - {"char_cnn.projection", "bilstm1.input"}
+
+
+def test_the_plan_adds_groups_from_least_error_while_the_whole_holds(fp32_graph, tmp_path):
+    """The real quantizer and files; the cosine a stand-in: 1 minus each int8 group's own error."""
+    groups = matmul_groups(onnx.load(str(fp32_graph)))
+    error = {g: 1e-4 for g in GROUPS} | {"char_cnn.projection": 2e-3, "bilstm1.input": 6e-4, "bilstm2.input": 4.5e-4}
+
+    def measure(path: Path) -> float:
+        return 1.0 - sum(error[g] for g in _quantized_groups(path, groups))
+    plan = plan_int8(fp32_graph, tmp_path / "q.onnx", 0.999, measure)
+    # the five 1e-4 groups first (5e-4 together), then bilstm2.input (9.5e-4 < 1e-3: kept int8), then
+    # bilstm1.input (1.55e-3: refused); the projection fails alone and is never tried with the others
+    assert set(plan.kept_fp32) == {"char_cnn.projection", "bilstm1.input"}
+    assert _quantized_groups(tmp_path / "q.onnx", groups) == set(plan.quantized) == GROUPS - set(plan.kept_fp32)
+    assert plan.min_cosine == pytest.approx(1 - 9.5e-4) and plan.all_quantized == pytest.approx(1 - 3.55e-3)
+    assert "kept in fp32: char_cnn.projection (0.998000 alone)" in plan.describe()
+    with pytest.raises(ParityError, match="each product group quantized alone drops"):
+        plan_int8(fp32_graph, tmp_path / "q.onnx", 0.99999, measure)
+
+
+def test_int8_export_holds_the_text_target_on_its_sample(tiny_dir, tmp_path):
+    sentences, _ = default_sample(24)
+    m = export_onnx(tiny_dir, tmp_path / "e", precision="int8", threads=1, shapes=[(3, 8)],
+                    sample=(sentences[:12], "the first 12"))
+    text = m["parity"]["text"]
+    assert text["passed"] and text["min_cosine"] >= TEXT_MIN_COSINE["int8"] and len(text["per_layer"]) == 3
+    assert set(m["int8"]["quantized"]) | set(m["int8"]["kept_fp32"]) == GROUPS
+    bilm = load_bilm(tiny_dir)
+    spec = ExportSpec.for_config(bilm.config, precision="int8")
+    again = TextSample(sentences[:12], "again", TorchBackend(bilm, threads=1), spec)
+    assert again.measure(ort_run(tmp_path / "e" / "model.onnx", spec, 1))["min_cosine"] == pytest.approx(
+        text["min_cosine"], abs=1e-6)  # the manifest's figure is what the graph gives
+
+
+def test_a_text_failure_names_layer_time_step_and_word_and_fp32_that_validates(tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setitem(TEXT_MIN_COSINE, "fp16", 1.0)  # no fp16 graph reaches it: a failure to report
+    sample = (default_sample(8)[0], "eight sentences")
+    with pytest.raises(ParityError) as e:
+        cached_onnx_export(tiny_dir, "fp16", root=tmp_path / "c", sample=sample)
+    msg = str(e.value)
+    assert "beyond min token cosine 1.0 on eight sentences" in msg and "time step" in msg and "the word" in msg
+    assert "layer" in msg and "fp32 validates for this model" in msg and "--precision auto" in msg
+    assert [p.name.split("-")[0] for p in (tmp_path / "c" / "onnx").iterdir()] == ["fp32"]  # built, cached
+
+
+def test_auto_picks_the_fastest_that_validates():
+    measured = [MeasuredPrecision("int8", 0.9995, 2000.0), MeasuredPrecision("fp32", 1.0, 1500.0)]
+    precision, why = resolve_precision("auto", "cpu", "onnx", measured=measured)
+    assert precision == "int8" and "int8 2,000 tokens/s at min token cosine 0.999500" in why
+    failed = [MeasuredPrecision("int8", None, failure="beyond"), MeasuredPrecision("fp32", 1.0, 1500.0)]
+    assert resolve_precision("auto", "cpu", "onnx", measured=failed)[0] == "fp32"
+    slower = [MeasuredPrecision("int8", 0.9995, 1400.0), MeasuredPrecision("fp32", 1.0, 1500.0)]
+    assert resolve_precision("auto", "cpu", "onnx", measured=slower)[0] == "fp32"
+
+
+def test_embed_auto_on_onnx_measures_once_and_records_the_choice(tiny_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ELMO_CACHE_DIR", str(tmp_path / "cache"))
+    write_sample_corpus(tmp_path / "corpus", rows=40, files=1)
+    args = ["--model", str(tiny_dir), "--backend", "onnx", "--precision", "auto", "--output", "mixed", "--quiet"]
+    assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "a"), *args]) == 0
+    [record] = (tmp_path / "cache" / "onnx").glob("auto-*.json")
+    chosen = json.loads(record.read_text())
+    assert {c["precision"] for c in chosen["candidates"]} == {"int8", "fp32"}
+    assert all(c["min_cosine"] >= TEXT_MIN_COSINE[c["precision"]] for c in chosen["candidates"])
+    options = json.loads((tmp_path / "a" / "_manifest.json").read_text())["options"]
+    assert options["precision"] == chosen["precision"] and chosen["why"] in options["precision_reason"]
+    assert "the first 40 rows of" in json.loads((Path(chosen["export"]) / "manifest.json").read_text())[
+        "parity"]["text"]["source"]
+    capsys.readouterr()
+    assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "b"), *args]) == 0
+    assert "onnx: exporting" not in capsys.readouterr().err  # the record and the exports reused
+
+
+def test_the_calibration_sample_is_the_inputs_first_rows(tmp_path):
+    write_sample_corpus(tmp_path / "corpus", rows=30, files=2)
+    sentences, source = calibration_sample(tmp_path / "corpus", rows=20)
+    assert len(sentences) == 20 and all(sentences) and source.startswith("the first 20 rows of")
+    (tmp_path / "lines.txt").write_text("one two .\nthree four five\n", encoding="utf-8")
+    assert calibration_sample(tmp_path / "lines.txt")[0] == [["one", "two", "."], ["three", "four", "five"]]
+    assert np.all([isinstance(t, str) for s in sentences for t in s])
