@@ -10,8 +10,11 @@ fp32,int8: the exports ``elmo embed --backend onnx --precision P`` builds) again
 same batches, taking turns: tokens/s and the min per-token cosine against torch fp32 over every
 layer and the average of the layers; the CPU's bf16 / int8 instruction flags are printed first.
 
+``--model DIR`` (a trained model, e.g. models/default) runs only that comparison on it: every
+precision on trained weights, whose int8 export is planned per model (``export.quantize``).
+
   python bench/bench_bilm.py [--threads 2] [--batches 8] [--peer /tmp/peer-allennlp/bin/python]
-                             [--precisions bf16] [--onnx-precisions fp32,int8]
+                             [--precisions bf16] [--onnx-precisions fp32,int8] [--model models/default]
 """
 from __future__ import annotations
 
@@ -175,12 +178,18 @@ def main() -> None:
     ap.add_argument("--precisions", default="bf16", help="torch precisions compared with fp32 ('' for none)")
     ap.add_argument("--onnx-precisions", default="fp32,int8", help="ONNX Runtime exports compared with torch fp32 "
                                                                    "('' for none)")
+    ap.add_argument("--model", type=Path, default=None, help="a trained model directory: only the precisions, on it")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     a.workdir.mkdir(parents=True, exist_ok=True)
-    model_dir = full_size_model(a.workdir)
     sents = bench_sentences((a.batches + 1) * a.batch_size)
     batches = [sents[i * a.batch_size : (i + 1) * a.batch_size] for i in range(a.batches + 1)]
+    if a.model is not None:
+        print(f"{a.model}: {a.batches} batches x {a.batch_size} sentences, threads={a.threads}")
+        compare_precisions(a.model, batches, a.threads, [p for p in a.precisions.split(",") if p],
+                           [p for p in a.onnx_precisions.split(",") if p], a.workdir)
+        return
+    model_dir = full_size_model(a.workdir)
     sent_file = a.workdir / "bench_sentences.txt"
     sent_file.write_text("\n".join(" ".join(s) for s in sents) + "\n", encoding="utf-8")
     cfg = ElmoConfig.from_dict(FULL_SIZE)
