@@ -120,7 +120,7 @@ def embed_task(model: str, options: dict, shards: list[Shard], out: Any, schema:
                     predictor = predictor_for(model, options)
                     record = embed_shards(predictor, [shards[index]], out, schema, job_digest, clock=clock)[0]
                     row.update(record=json.dumps(record), seconds=json.dumps(clock.seconds))
-                except (InputError, OutputDirError) as e:  # the input's or the output's: a retry fails alike
+                except ElmoError as e:  # the input's, the output's, the vectors': a retry would fail alike
                     row["error"] = json.dumps([type(e).__name__, str(e)])
                 row["loads"] = model_loads()
                 yield pa.RecordBatch.from_pylist([row])
@@ -137,17 +137,7 @@ def run_spark(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dic
         return [], info
     worker_opts = EmbedOptions.coerce(opts, threads=opts.threads or 1).to_dict()
     task = embed_task(job.model, worker_opts, shards, job.out, job.schema, job.digest)
-    frame = spark.range(len(shards), numPartitions=len(shards)).mapInArrow(task, RESULT_SCHEMA)
-    from py4j.protocol import Py4JError
-    from pyspark.errors import PySparkException
-
-    try:
-        rows = frame.collect()
-    except (Py4JError, PySparkException) as e:
-        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-        raise WorkerLostError(f"a Spark task failed {SPARK_DEFAULTS['spark.task.maxFailures']} times or its "
-                              f"executor was lost ({first}); the shards committed in this run are kept: "
-                              f"rerun with --resume") from None
+    rows = _collect(spark.range(len(shards), numPartitions=len(shards)).mapInArrow(task, RESULT_SCHEMA))
     remove_temporaries(job.out)  # a killed attempt's: the committed shards are every shard now
     errors = [json.loads(r.error) for r in rows if r.error]
     if errors:
@@ -161,5 +151,19 @@ def run_spark(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dic
     loads: dict[str, int] = {}
     for r in rows:
         loads[r.process] = max(loads.get(r.process, 0), r.loads)
-    info.update(processes=len(loads), model_loads=loads)
-    return records, info
+    return records, {**info, "processes": len(loads), "model_loads": loads}
+
+
+def _collect(frame: Any) -> list:
+    """The tasks' result rows; WorkerLostError where Spark gave up on a task (its retries spent, an
+    executor lost): what was committed is kept for ``--resume``."""
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    try:
+        return frame.collect()
+    except (Py4JError, PySparkException) as e:
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        raise WorkerLostError(f"a Spark task failed {SPARK_DEFAULTS['spark.task.maxFailures']} times or its "
+                              f"executor was lost ({first}); the shards committed in this run are kept: "
+                              f"rerun with --resume") from None
