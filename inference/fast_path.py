@@ -23,6 +23,7 @@ from typing import Iterator
 import torch
 
 from elmo_core.bilm import BiLM
+from elmo_core.fused_cell import FusedCell
 from elmo_core.lstm import Packing
 
 from .cuda_graphs import RowGraphs
@@ -35,19 +36,20 @@ from .token_cache import TokenCache
 
 class FastInference:
     """``precision``: the products' precision (``inference.precision``; runs go inside ``running()``).
-    ``token_cache``: None for none. ``fused``: fused steps (None: on CUDA). ``cuda_graphs``:
+    ``token_cache``: None for none. ``fused``: fused steps (None: on CUDA; ``kernels``: their
+    kernels, see ``FusedLstm``). ``cuda_graphs``:
     ``combine`` over static rows, replayed as one CUDA graph (a CUDA device; ``capture=False``
     runs the same windows eagerly; always fused); ``rows``: the most rows and the steps of a window."""
 
     def __init__(self, model: BiLM, precision: str = "fp32", token_cache: TokenCache | None = None,
                  cuda_graphs: bool = False, capture: bool = True, chunk_rows: int = INPUT_CHUNK_ROWS,
                  packed_min_weights: int = PACKED_MIN_WEIGHTS, fused: bool | None = None,
-                 rows: RowShape = RowShape()) -> None:
+                 rows: RowShape = RowShape(), kernels: FusedCell | None = None) -> None:
         self.model, self.precision, self.token_cache = model, precision, token_cache
         self.dtype = matmul_dtype(precision)
         if fused is None:
             fused = model.lstm.w_input.device.type == "cuda"
-        self.lstm = FusedLstm(model.lstm, self.dtype, chunk_rows) if fused or cuda_graphs else \
+        self.lstm = FusedLstm(model.lstm, self.dtype, chunk_rows, kernels) if fused or cuda_graphs else \
             FastLstm(model.lstm, self.dtype, chunk_rows, packed_min_weights)
         self.graphs = RowGraphs(self.lstm, rows, capture=capture) if cuda_graphs else None
 

@@ -26,13 +26,17 @@ from .fast_lstm import INPUT_CHUNK_ROWS, FastLstm, input_parts
 
 
 class FusedLstm(FastLstm):
-    """``FastLstm.run_layer`` with fused steps (module doc). ``kernels``: compiled by default;
-    ``FusedCell.eager()`` runs the same functions uncompiled."""
+    """``FastLstm.run_layer`` with fused steps (module doc). ``kernels``: by default compiled on
+    CUDA, where this path runs, and the same functions uncompiled on a CPU, where it only runs to be
+    tested (the compiled kernels are tested on the CPU in tests/core/test_fused_cell.py and end to
+    end where a test passes ``FusedCell.compiled()``)."""
 
     def __init__(self, stack: BiLstmStack, dtype: torch.dtype = torch.float32, chunk_rows: int = INPUT_CHUNK_ROWS,
                  kernels: FusedCell | None = None) -> None:
         super().__init__(stack, dtype, chunk_rows, packed_min_weights=1 << 62)  # never oneDNN-packed
-        self.kernels = kernels if kernels is not None else FusedCell.compiled()
+        if kernels is None:
+            kernels = FusedCell.compiled() if stack.w_input.device.type == "cuda" else FusedCell.eager()
+        self.kernels = kernels
 
     def clips(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The cell and projection clips as the kernels take them (0-d tensors on ``device``)."""

@@ -35,7 +35,8 @@ def _run(model, sentences):
 def test_matches_reference_for_every_option(name, path, tmp_path):
     """The model itself and its inference fast path (``inference.fast_path``) with both recurrent
     products (the tiny models take the plain one unless pre-packing is forced), and with fused
-    steps (``inference.fused_lstm``: compiled kernels, inductor's CPU backend here)."""
+    steps (``inference.fused_lstm``; their kernels' functions uncompiled, as on a CPU by default:
+    compiled, below and in test_fused_cell.py)."""
     from inference.fast_path import FastInference
     from inference.packed_gemm import packed_gemm_available
 
@@ -57,6 +58,22 @@ def test_matches_reference_for_every_option(name, path, tmp_path):
         np.testing.assert_allclose(layers[b, :, : len(sent)], want, atol=1e-5, rtol=1e-5)
         assert mask[b].sum() == len(sent)
         assert not layers[b, :, len(sent):].any(), "padded positions must be zero"
+
+
+@pytest.mark.parametrize("name", ["default", "no_clipping"])
+def test_compiled_fused_steps_match_reference(name, tmp_path):
+    """The fused steps as they run on CUDA: kernels compiled by inductor (its CPU backend here)."""
+    from elmo_core.fused_cell import FusedCell
+    from inference.fast_path import FastInference
+
+    options = VARIANTS[name]
+    model_dir = make_model_dir(tmp_path / name, options, seed=3, lstm_scale=2.0)
+    model = load_bilm(model_dir)
+    model.use_fast_path(FastInference(model, fused=True, kernels=FusedCell.compiled()))
+    ref = ReferenceElmo(options, str(model_dir / "weights.hdf5"))
+    layers, _ = _run(model, SENTENCES)
+    for b, sent in enumerate(SENTENCES):
+        np.testing.assert_allclose(layers[b, :, : len(sent)], ref.layers(sent), atol=1e-5, rtol=1e-5)
 
 
 def test_variants_really_differ(tmp_path):
