@@ -1,8 +1,10 @@
 """A real S3-compatible server on 127.0.0.1 for the object-store tests (moto's standalone server,
-the ``s3test`` extra), and the environment a user would set for it."""
+the ``s3test`` extra), and the environment a user would set for it; a small real disk."""
 from __future__ import annotations
 
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -33,3 +35,15 @@ def s3():  # type: ignore[no-untyped-def]
                 os.environ[k] = v
         server.stop()
 
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A real tmpfs of 300 KiB (root only; skipped with the reason elsewhere)."""
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mount)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)

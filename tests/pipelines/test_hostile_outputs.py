@@ -151,18 +151,6 @@ def test_a_rerun_after_fixing_a_row_level_input_error_works(tiny_dir, tmp_path):
     assert verify_output(out)["rows"] == 200
 
 
-@pytest.fixture
-def small_fs(tmp_path: Path):
-    """A real tmpfs of 300 KiB (root only; skipped with the reason elsewhere)."""
-    mount = tmp_path / "fs"
-    mount.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mount)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
-
-
 def test_hdf5_on_a_full_disk_exits_2_leaves_nothing_and_reruns_once_there_is_room(corpus, tiny_dir, small_fs):
     out = small_fs / "vectors.hdf5"
     (small_fs / ".vectors.hdf5.999999.tmp").write_bytes(b"x" * 1000)  # a killed job's

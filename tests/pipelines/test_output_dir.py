@@ -162,18 +162,6 @@ def test_output_dir_that_is_a_file_is_a_clear_error(corpus, tiny_dir, tmp_path):
     assert r.returncode == 2 and f"{target}: exists and is not a directory" in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.fixture
-def small_fs(tmp_path: Path):
-    """A real tmpfs of 300 KiB (root only; skipped with the reason elsewhere)."""
-    mount = tmp_path / "fs"
-    mount.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mount)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
-
-
 def test_a_full_disk_is_a_clear_error_and_resume_finishes_after_freeing_space(corpus, tiny_dir, small_fs):
     out = small_fs / "out"
     args = ["embed", corpus, out, "--model", tiny_dir, "--id-column", "id", "--rows-per-shard", "100", "--quiet"]
