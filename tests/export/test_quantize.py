@@ -142,3 +142,20 @@ def test_the_calibration_sample_is_the_inputs_first_rows(tmp_path):
     (tmp_path / "lines.txt").write_text("one two .\nthree four five\n", encoding="utf-8")
     assert calibration_sample(tmp_path / "lines.txt")[0] == [["one", "two", "."], ["three", "four", "five"]]
     assert np.all([isinstance(t, str) for s in sentences for t in s])
+
+
+def test_export_onnx_plans_and_validates_on_its_calibration_input(tiny_dir, tmp_path, capsys):
+    lines = [" ".join(s) for s in default_sample(80)[0][64:]]
+    (tmp_path / "mine.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "e"
+    assert main(["export", "onnx", "--model", str(tiny_dir), "--out", str(out), "--precision", "int8",
+                 "--calibration", str(tmp_path / "mine.txt"), "--threads", "1"]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["parity"]["text"]["source"] == f"the first {len(lines)} rows of {tmp_path / 'mine.txt'}"
+    assert m["parity"]["text"]["sentences"] == len(lines) and m["parity"]["text"]["passed"]
+    (tmp_path / "empty.txt").write_text("", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["export", "onnx", "--model", str(tiny_dir), "--out", str(tmp_path / "f"), "--precision", "int8",
+                 "--calibration", str(tmp_path / "empty.txt")]) == 2
+    err = capsys.readouterr().err
+    assert "--calibration" in err and "empty.txt" in err and "no row with text" in err
