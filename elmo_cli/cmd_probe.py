@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
+import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
@@ -17,6 +20,7 @@ import numpy as np
 
 from corpora.sotu import sotu_sentences
 from elmo_cli.status import say_loading
+from elmo_cli.vocabulary import add_flag, add_model, need_model
 from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens
 from inference import Embedder
@@ -72,40 +76,51 @@ def print_neighbours(probe: WordProbe, k: int) -> None:
 
 
 def report(embedder: Embedder, words: Sequence[str], text: str | None, cap: int, neighbours: int,
-           png: Path | None) -> Path | None:
+           png: Path | None, as_json: bool = False) -> Path | None:
     """The probe table, the neighbours of ``words[0]`` and its picture (written, named in the last
-    line printed and returned, when ``png`` is given)."""
+    line printed and returned, when ``png`` is given). ``as_json``: the accuracies as one JSON
+    object on stdout instead (the other lines on stderr)."""
     train, test, where = texts(text)
-    print(f"probe   {where}; uses labelled by the token before the word ([the] work: noun, [we] work: verb), "
-          f"that token removed from what the model sees")
+    say = functools.partial(print, file=sys.stderr) if as_json else print
+    say(f"probe   {where}; uses labelled by the token before the word ([the] work: noun, [we] work: verb), "
+        f"that token removed from what the model sees")
     probes = [collect(embedder, train, test, w, cap) for w in words]
     names = layer_names(embedder.config.n_output_layers)
-    print("accuracy of a linear probe per layer (layer 0 has no context: it scores the baseline):")
-    print_table(probes, names)
-    print_neighbours(probes[0], neighbours)
-    if png is None:
-        return None
+    if not as_json:
+        print("accuracy of a linear probe per layer (layer 0 has no context: it scores the baseline):")
+        print_table(probes, names)
+        print_neighbours(probes[0], neighbours)
+    written, line = _picture(probes[0], png) if png is not None else (None, None)
+    if line:
+        say(line)
+    if as_json:
+        results = [r for p in probes for r in p.results(names)]
+        print(json.dumps({"source": where, "layers": names, "picture": written and str(written),
+                          "results": [asdict(r) for r in results + pooled(results)]}, indent=2))
+    return written
+
+
+def _picture(p: WordProbe, png: Path) -> tuple[Path | None, str]:
+    """(the picture of ``p``'s contexts, or None where matplotlib is absent; the line that says so)."""
     if not can_draw():
-        print(f"picture not drawn: {PLOT_EXTRA} draws '{words[0]}''s contexts, layer 0 beside the mix")
-        return None
-    p = probes[0]
+        return None, f"picture not drawn: {PLOT_EXTRA} draws '{p.word}''s contexts, layer 0 beside the mix"
     vectors = np.concatenate([p.train_vectors, p.test_vectors])  # (K, L+2, D)
     panels = [("layer 0 (the char-CNN: no context)", vectors[:, 0]), ("the mix (the average of every layer)", vectors[:, -1])]
-    written = write_picture(png, words[0], panels, [c.use for c in p.train + p.test])
-    print(f"picture {written}: '{words[0]}' in layer 0 (left, no context) and the mix (right); blue noun, orange verb")
-    return written
+    written = write_picture(png, p.word, panels, [c.use for c in p.train + p.test])
+    return written, f"picture {written}: '{p.word}' in layer 0 (left, no context) and the mix (right); blue noun, orange verb"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("probe", help="which layers tell a word's uses apart (noun / verb), and nearest contexts")
-    p.add_argument("model", help="model directory")
-    p.add_argument("--weights", help="the weights file, when the model's directory holds several")
+    add_model(p, "model directory")
     p.add_argument("--text", help="one sentence a line (default: the sotu speeches, split by speech)")
     p.add_argument("--word", action="append", help=f"repeatable (default: {' '.join(DEFAULT_WORDS)})")
     p.add_argument("--contexts", type=int, default=200, help="at most this many contexts per word and split, "
                                                              "taken evenly through the text (default 200)")
     p.add_argument("--neighbours", type=int, default=3, help="nearest contexts shown per query (default 3)")
     p.add_argument("--png", help="write the picture of the first word's contexts here")
+    add_flag(p, "json", help="the probe's accuracies per word and layer as JSON on stdout (the table and the "
+                             "neighbours are not printed)")
     p.set_defaults(func=run)
 
 
@@ -114,8 +129,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--contexts must be at least 2, got {args.contexts}")
     if args.png and not can_draw():
         raise PictureUnavailable(f"--png {args.png}: the picture needs matplotlib: {PLOT_EXTRA}")
-    say_loading("probe", args.model, None)
+    say_loading("probe", need_model(args, "probe"), None)
     with Embedder.from_files(args.model, args.weights) as embedder:
         report(embedder, args.word or DEFAULT_WORDS, args.text, args.contexts, args.neighbours,
-               Path(args.png) if args.png else None)
+               Path(args.png) if args.png else None, args.json)
     return 0

@@ -1,11 +1,12 @@
 """``elmo dump-tokens``: a token-embedding file (the char-CNN representation of each vocabulary
-word, bilm-tf's ``dump_token_embeddings`` layout), and the ``--token-embeddings`` options that
-``elmo embed`` and ``elmo serve`` share."""
+word, bilm-tf's ``dump_token_embeddings`` layout), which ``--token-embeddings`` in ``elmo embed``
+and ``elmo serve`` reads."""
 from __future__ import annotations
 
 import argparse
 import time
 
+from elmo_cli.vocabulary import add_flag
 from formats import load_bilm, resolve_model
 from formats.token_embeddings import TokenEmbeddings, read_vocab_lines, write_token_embeddings
 from inference.token_cache import compute_token_embeddings
@@ -16,19 +17,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Write the dataset 'embedding' (V, P), row k for line k of VOCAB, as bilm-tf's "
                                    "dump_token_embeddings does, plus 'tokens' (the words). --token-embeddings FILE "
                                    "in elmo embed / elmo serve then skips the char-CNN for those words.")
-    p.add_argument("--model", required=True, help="model directory (options.json + weights), or options.json")
-    p.add_argument("--weights", help="the weights file, when --model's directory holds several")
+    add_flag(p, "model", required=True, help="model directory (options.json + weights), or options.json")
+    add_flag(p, "weights")
     p.add_argument("--vocab", required=True, help="vocabulary file, one token per line (<S>, </S> included)")
     p.add_argument("--out", required=True, help="the hdf5 file to write (atomically)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    add_flag(p, "device", default="cpu")
     p.set_defaults(func=run_dump_tokens)
-
-
-def add_token_embedding_arguments(group: argparse._ActionsContainer) -> None:
-    group.add_argument("--token-embeddings", help="a token-embedding file (elmo dump-tokens): its words skip the "
-                                                  "char-CNN (torch backend; same vectors within 1e-5)")
-    group.add_argument("--token-vocab", help="the vocabulary of a --token-embeddings file that does not list its "
-                                             "words (bilm-tf's own files)")
 
 
 def run_dump_tokens(args: argparse.Namespace) -> int:

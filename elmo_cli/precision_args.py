@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from elmo_cli.vocabulary import add_flag
 from elmo_core.errors import InputError
 from elmo_core.names import EXPORT_PRECISIONS, PRECISIONS
 from inference.precision import bf16_cpu_warning, int8_cpu_report, resolve_precision
@@ -24,14 +25,12 @@ CHOICES = tuple(dict.fromkeys(PRECISIONS + EXPORT_PRECISIONS)) + ("auto",)
 
 
 def add_precision_argument(group: argparse._ActionsContainer) -> None:
-    group.add_argument("--precision", choices=CHOICES, default=None,
-                       help="torch: the matrix products (default fp32; tf32: CUDA only). auto: the fastest this "
-                            "device multiplies in hardware within parity (bf16 on CUDA and on CPUs with AMX or "
-                            "AVX512-BF16, else fp32; onnx on a model directory: the fastest of int8 and fp32 that "
-                            "validates, measured on this model and CPU). onnx: an export runs its own precision; "
-                            "a model directory is exported at this one (fp32, fp16 or int8) once, validated and "
-                            "cached. "
-                            "See docs/pipelines.md")
+    add_flag(group, "precision", choices=CHOICES, default=None,
+             help="torch: the matrix products (default fp32; tf32: CUDA only). auto: the fastest this device "
+                  "multiplies in hardware within parity (bf16 on CUDA and on CPUs with AMX or AVX512-BF16, else "
+                  "fp32; onnx on a model directory: the fastest of int8 and fp32 that validates, measured on this "
+                  "model and CPU). onnx: an export runs its own precision; a model directory is exported at this "
+                  "one (fp32, fp16 or int8) once, validated and cached. See docs/pipelines.md")
     group.add_argument("--calibration", metavar="INPUT", default=None,
                        help="onnx on a model directory: the Parquet files or text file whose first rows int8 is "
                             "planned and every precision validated on (default: the job's INPUT; elmo serve: "

@@ -25,8 +25,8 @@ from elmo_core.errors import InputError
 
 @dataclass(frozen=True)
 class BatchPolicy:
-    """The knobs of ``plan_batches`` (``elmo embed --max-sentence-length --window-context
-    --max-tokens-per-batch``), validated once."""
+    """The knobs of ``plan_batches`` (``elmo embed --max-sentence-tokens --window-context
+    --max-batch-tokens``), validated once."""
 
     max_sentence_length: int = 256  # longer sentences are embedded in windows
     window_context: int | None = None  # tokens of context each side of a window; None = M // 8

@@ -20,7 +20,7 @@ before it (allennlp carries each batch row's LSTM state into the next batch of 6
 batch is what we compute).
 
 The one engine computes the vectors (``inference.Embedder``: windows of long sentences, batches
-under ``--max-tokens-per-batch``), ``sort_window_rows`` sentences at a time. The output protocol
+under ``--max-batch-tokens``), ``sort_window_rows`` sentences at a time. The output protocol
 is the Parquet output's: a job holds OUT's lock (``.OUT.lock`` beside it: a second job on the same
 OUT is refused while the first finishes) and writes a temporary file of its own, fsynced and
 renamed over OUT at the end (``elmo_core.atomic``), so OUT is either the whole result or untouched.
@@ -45,7 +45,7 @@ from elmo_core.whitespace import split_tokens
 from inference import Embedder
 
 from .job import os_errors
-from .options import EmbedOptions, NonFiniteError
+from .options import PARQUET_ONLY, EmbedOptions, NonFiniteError
 from .predictor import job_threads
 from .progress import note
 from .lock import OutputLock
@@ -53,8 +53,6 @@ from .rows import row_values
 from .source import open_dataset, scan_inputs
 
 SENTENCE_TO_INDEX = "sentence_to_index"
-# Options of the Parquet output that the hdf5 layout has no place for.
-PARQUET_ONLY = {"pool": None, "id_column": None, "keep_columns": (), "engine": "local", "resume": False}
 
 
 def is_text_input(spec: str | Path) -> bool:

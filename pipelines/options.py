@@ -8,11 +8,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 from elmo_core.errors import ElmoError, InputError
-from elmo_core.names import DTYPES, ENGINES, POOLS, resolve_output
+from elmo_core.names import DTYPES, ENGINES, OUTPUT_NAMES, POOLS, resolve_output
 from inference.batching import BatchPolicy
 from inference.outputs import VectorRequest
 from inference.registry import BACKEND_NAMES, check_precision_for, torch_options
@@ -21,16 +21,6 @@ from runtime import check_threads
 from .schema import COMPRESSIONS
 
 MAX_COUNT = 2**31 - 1  # rows, tokens, workers: what a 32-bit offset indexes
-
-
-# Options that do not change a single output value; they may differ between a run and its resume.
-# weights: the model's identity (its sha256) is part of the job's, whatever names its file;
-# device: CPU and GPU agree to float rounding, as thread counts do.
-RUNTIME_ONLY = frozenset({"max_tokens_per_batch", "sort_window_rows", "sort_window_tokens", "workers",
-                          "writer_threads", "threads", "quiet", "ray_address", "num_gpus_per_worker", "resume", "prefetch",
-                          "spark_master", "spark_conf",
-                          "device", "weights", "verify_inputs", "compression", "token_embeddings",
-                          "token_vocab", "precision_reason"})
 
 
 class OutputDirError(ElmoError):
@@ -54,46 +44,77 @@ class WorkerLostError(ElmoError):
     """A worker of the job died (killed, out of memory, its node gone): its shard was not committed."""
 
 
+def _opt(default: Any, help: str | None = None, group: str | None = None, **meta: Any) -> Any:  # noqa: A002
+    """A field and its flag's metadata (``elmo_cli.vocabulary.add_fields``): help, group, choices, the
+    shared ``meaning`` it is the flag of; ``runtime_only``: it does not change a single output
+    value, so a resumed job may change it; ``parquet_only``: the hdf5 layout has no place for it;
+    ``cli=False``: not a flag of its own."""
+    return field(default=default, metadata={"help": help, "group": group, **meta})
+
+
 @dataclass(frozen=True)
 class EmbedOptions:
-    """Everything ``elmo embed`` takes besides INPUT, OUTPUT_DIR and MODEL."""
+    """Everything ``elmo embed`` takes besides INPUT, OUTPUT_DIR and MODEL. weights: the model's
+    identity (its sha256) is part of the job's, whatever names its file; device: CPU and GPU agree
+    to float rounding, as thread counts do: both are runtime-only."""
 
-    backend: str = "torch"
-    text_column: str = "text"  # whitespace-tokenized text; ignored when tokens_column is set
-    tokens_column: str | None = None  # list<string>
-    id_column: str | None = None
-    keep_columns: tuple[str, ...] = ()
-    output: str = "mixed"  # mixed | all | top | average | layer:N (elmo_core.names.OUTPUT_NAMES)
-    pool: str | None = None  # mean | max: one vector per row (over its tokens) instead of one per token
-    normalize: bool = False  # each vector (per token and layer, or pooled) scaled to unit L2 norm
-    mix: tuple[float, ...] | None = None  # scalar mix s (before softmax); None = equal weights
-    gamma: float = 1.0
-    dtype: str = "float32"
-    max_sentence_length: int = BatchPolicy.max_sentence_length  # longer rows: windows (inference.batching)
-    window_context: int | None = BatchPolicy.window_context  # context each side of a window; None = M // 8
-    rows_per_shard: int = 100_000  # one output shard per this many rows of one input file
-    engine: str = "local"  # the runner (--engine local|ray|spark): where the batches run, not what computes them
-    max_tokens_per_batch: int = BatchPolicy.max_tokens_per_batch  # padded tokens (rows x longest row) a call
-    sort_window_rows: int = 1024  # rows sorted by length together, then restored to input order
-    sort_window_tokens: int = 16_384  # ... and at most this many tokens (bounds a window's vectors)
-    workers: int = 1  # Ray actors (the local runner runs one model)
-    writer_threads: int = 1  # shards encoded at once, each by one thread (per runner process)
-    threads: int | None = None  # torch intra-op threads; None = torch's default
-    prefetch: int = 4  # prepared windows queued ahead of the model
-    resume: bool = False
-    quiet: bool = False
-    ray_address: str | None = None
-    num_gpus_per_worker: float = 0.0
-    spark_master: str | None = None  # --engine spark: local[N], spark://HOST:PORT, yarn, ...; None = local[*]
-    spark_conf: tuple[str, ...] = ()  # --engine spark: KEY=VALUE Spark settings
-    device: str = "cpu"  # cpu | cuda | cuda:N: where the torch or ONNX Runtime backend runs
-    weights: str | None = None  # the weights file, when MODEL's directory holds several (torch backend)
-    verify_inputs: bool = False  # hash every input file's bytes into the job's identity (see docs)
-    compression: str = "snappy"  # of the output shards: snappy | none | lz4 | zstd (the same values)
-    token_embeddings: str | None = None  # a token-embedding file whose tokens skip the char-CNN (torch)
-    token_vocab: str | None = None  # the vocabulary of a token-embedding file that does not list its tokens
-    precision: str = "fp32"  # the torch backend's matrix products: fp32 | tf32 (CUDA) | bf16 | fp16
-    precision_reason: str = ""  # why this precision (--precision auto's choice), recorded in the manifest
+    backend: str = _opt("torch", choices=BACKEND_NAMES, meaning="backend", cli_default=None)
+    text_column: str = _opt("text", "whitespace-tokenized text (ignored with --tokens-column)", "columns",
+                            meaning="text_column")
+    tokens_column: str | None = _opt(None, "list<string> tokens (instead of --text-column)", "columns")
+    id_column: str | None = _opt(None, "copied to the output first", "columns", parquet_only=True)
+    keep_columns: tuple[str, ...] = _opt((), "comma-separated columns copied to the output", "columns",
+                                         parquet_only=True)
+    output: str = _opt("mixed", f"what becomes of the layers: {OUTPUT_NAMES}", "vectors")
+    pool: str | None = _opt(None, "one vector per row, pooled over its tokens (null for an empty row)", "vectors",
+                            choices=POOLS, parquet_only=True)
+    normalize: bool = _opt(False, "scale each vector (per token and layer, or pooled with --pool) to unit L2 norm",
+                           "vectors")
+    mix: tuple[float, ...] | None = _opt(None, "scalar mix weights s0,s1,... (before softmax; default equal)",
+                                         "vectors")
+    gamma: float = _opt(1.0, "the scalar mix's scale", "vectors")
+    dtype: str = _opt("float32", "the vectors' type", "vectors", choices=DTYPES)
+    max_sentence_length: int = _opt(BatchPolicy.max_sentence_length, "longer rows are embedded in overlapping "
+                                    "windows and joined back", "vectors", meaning="max_sentence_tokens")
+    window_context: int | None = _opt(BatchPolicy.window_context, "context tokens each side of a window "
+                                      "(default M/8)", "vectors")
+    rows_per_shard: int = _opt(100_000, "one output shard per this many rows of one input file", "running")
+    engine: str = _opt("local", "the runner: where the batches run, not what computes them", "running",
+                       choices=ENGINES, parquet_only=True)
+    max_tokens_per_batch: int = _opt(BatchPolicy.max_tokens_per_batch, None, "running", meaning="max_batch_tokens",
+                                     runtime_only=True)
+    sort_window_rows: int = _opt(1024, "rows sorted by length together before batching (then restored to input "
+                                 "order)", "running", runtime_only=True)
+    sort_window_tokens: int = _opt(16_384, "at most this many tokens in one sort window (bounds memory; local "
+                                   "engine)", "running", runtime_only=True)
+    workers: int = _opt(1, "--engine ray: copies of the model, each an actor taking shards", "running",
+                        meaning="replicas", runtime_only=True)
+    writer_threads: int = _opt(1, "shards encoded to Parquet at once (per replica); see docs/pipelines.md",
+                               "running", runtime_only=True)
+    threads: int | None = _opt(None, "the model's threads (default: every core for a model whose compute dominates "
+                               "the job, all but one for a small model; see docs/pipelines.md)", "running",
+                               meaning="threads", runtime_only=True)
+    prefetch: int = _opt(4, cli=False, runtime_only=True)  # prepared windows queued ahead of the model
+    resume: bool = _opt(False, "keep verified shards, redo the rest", "running", runtime_only=True, parquet_only=True)
+    quiet: bool = _opt(False, "no progress bar and summary", "running", meaning="quiet", runtime_only=True)
+    ray_address: str | None = _opt(None, None, "running", meaning="ray_address", runtime_only=True)
+    num_gpus_per_worker: float = _opt(0.0, None, "running", meaning="num_gpus_per_replica", runtime_only=True)
+    spark_master: str | None = _opt(None, "--engine spark: local[N], spark://HOST:PORT, yarn, k8s://... (default "
+                                    "local[*])", "running", runtime_only=True)
+    spark_conf: tuple[str, ...] = _opt((), "--engine spark: a Spark setting, e.g. spark.executor.memory=8g "
+                                       "(repeatable)", "running", action="append", metavar="KEY=VALUE",
+                                       runtime_only=True)
+    device: str = _opt("cpu", "cpu, cuda or cuda:N: where the torch / onnx backend runs", "running",
+                       meaning="device", runtime_only=True)
+    weights: str | None = _opt(None, meaning="weights", runtime_only=True)
+    verify_inputs: bool = _opt(False, "hash every input file's bytes into the job (an edit that keeps size and "
+                               "mtime is seen)", "running", runtime_only=True)
+    compression: str = _opt("snappy", "of the output shards (measured: all about as fast; zstd 8%% smaller in "
+                            "float16)", "vectors", choices=COMPRESSIONS, runtime_only=True)
+    token_embeddings: str | None = _opt(None, None, "running", meaning="token_embeddings", runtime_only=True)
+    token_vocab: str | None = _opt(None, None, "running", meaning="token_vocab", runtime_only=True)
+    precision: str = _opt("fp32", cli=False)  # the flag: elmo_cli.precision_args (auto is settled before this)
+    precision_reason: str = _opt("", cli=False, runtime_only=True)  # why this precision, recorded in the manifest
 
     def __post_init__(self) -> None:
         _check_choice("backend", self.backend, BACKEND_NAMES)
@@ -117,7 +138,7 @@ class EmbedOptions:
         if self.mix is not None and self.output != "mixed":
             raise InputError(f"--mix only applies to --output mixed (got --output {self.output})")
         if not 0 <= self.num_gpus_per_worker <= MAX_COUNT:  # also refuses nan
-            raise InputError(f"--num-gpus-per-worker must be a number >= 0, got {self.num_gpus_per_worker}")
+            raise InputError(f"--num-gpus-per-replica must be a number >= 0, got {self.num_gpus_per_worker}")
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise InputError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.weights is not None and self.backend != "torch":
@@ -128,8 +149,8 @@ class EmbedOptions:
             if "=" not in kv or not kv.partition("=")[0].strip():
                 raise InputError(f"--spark-conf {kv!r}: give KEY=VALUE, e.g. spark.executor.memory=8g")
         if self.engine == "ray" and self.device != "cpu" and not self.num_gpus_per_worker:
-            raise InputError(f"--device {self.device} with --engine ray needs --num-gpus-per-worker (e.g. 1) so "
-                             f"that Ray gives each worker its own GPU")
+            raise InputError(f"--device {self.device} with --engine ray needs --num-gpus-per-replica (e.g. 1) so "
+                             f"that Ray gives each replica its own GPU")
 
     @property
     def backend_options(self) -> dict[str, str]:
@@ -221,3 +242,7 @@ def digest(obj: Any) -> str:
     """sha256 of a JSON-able object in canonical form."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
+
+
+RUNTIME_ONLY = frozenset(f.name for f in fields(EmbedOptions) if f.metadata.get("runtime_only"))
+PARQUET_ONLY = {f.name: f.default for f in fields(EmbedOptions) if f.metadata.get("parquet_only")}

@@ -1,4 +1,4 @@
-"""The Ray runner (``--engine ray``): the job's pending shards spread over ``--workers`` Ray actors.
+"""The Ray runner (``--engine ray``): the job's pending shards spread over ``--replicas`` Ray actors.
 
 Each actor holds one ``ElmoPredictor`` (loaded once for the whole job) and runs
 ``shard_loop.embed_shards`` on the shards it is given: the same reader, predictor, writer,

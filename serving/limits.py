@@ -14,8 +14,9 @@ from elmo_core.errors import InputError
 from inference.batching import BatchPolicy
 
 
-def _opt(default: Any, help: str) -> Any:  # noqa: A002
-    return field(default=default, metadata={"help": help})
+def _opt(default: Any, help: str, **meta: Any) -> Any:  # noqa: A002
+    """A field and its flag's help; ``meaning``: the shared flag it is (``elmo_cli.vocabulary``)."""
+    return field(default=default, metadata={"help": help, **meta})
 
 
 # A model batch's padded tokens by default, by device type. On a CPU a batch of 4,096 runs ~100 ms
@@ -30,17 +31,18 @@ class ServeLimits:
     """What one request, one model batch and the queue may hold.
 
     ``max_batch_tokens`` bounds a model batch's padded tokens (sentences x longest sentence, as
-    ``elmo embed``'s ``--max-tokens-per-batch``); ``max_queue`` counts sentences waiting for the
+    ``elmo embed``'s ``--max-batch-tokens``); ``max_queue`` counts sentences waiting for the
     model (a request that does not fit gets 503); ``max_wait_ms`` is how long the oldest queued
     sentence may wait for others to join its batch.
     """
 
     max_batch_tokens: int | None = _opt(None, "padded tokens (sentences x longest) per model batch (default: "
-                                               "4096 on a CPU, 65536 on CUDA)")
+                                               "4096 on a CPU, 65536 on CUDA)", meaning="max_batch_tokens")
     max_wait_ms: float = _opt(0.0, "how long the oldest queued sentence waits for others to join its batch")
     max_queue: int = _opt(1024, "sentences waiting for the model; a request that does not fit gets 503 + Retry-After")
     max_request_sentences: int = _opt(256, "sentences (or texts, or inputs) one request may hold (else 413)")
-    max_sentence_tokens: int = _opt(256, "tokens one sentence may hold (else 413, or cut with --auto-truncate)")
+    max_sentence_tokens: int = _opt(256, "tokens one sentence may hold (else 413, or cut with --auto-truncate)",
+                                    meaning="max_sentence_tokens")
     max_body_bytes: int = _opt(4 * 1024 * 1024, "bytes of one request body (else 413)")
     auto_truncate: bool = _opt(False, "cut a sentence over --max-sentence-tokens to that length instead of a 413 "
                                       "(a request's \"truncate\" overrides it)")

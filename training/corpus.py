@@ -79,7 +79,7 @@ def parquet_column(path: Path, schema: pa.Schema, column: str | None) -> str:
         if name in names:
             return name
     raise CorpusError(f"{path}: no text column; expected one of {list(TOKEN_COLUMNS)} "
-                      f"(or pass --column), the columns are {names}")
+                      f"(or pass --text-column), the columns are {names}")
 
 
 def _cell(value: object, path: Path, row: int, column: str) -> tuple[list[str], bool]:

@@ -181,7 +181,7 @@ class Trainer:
         rows = self.sparse.gather(batch.targets[:, batch.mask], cands) if self.sparse and cands else None
         state = self.state if batch.stateful else None
         starts = None if batch.starts is None else batch.starts.to(dev)
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.opts.bf16):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.opts.precision == "bf16"):
             # Each rank divides by (all ranks' tokens / ranks): DDP's gradient mean is then the
             # gradient of the global mean NLL, however the tokens fall between ranks.
             norm = batch.total_tokens / self.dist.world

@@ -259,7 +259,7 @@ def test_device_option_is_checked_and_reaches_the_backend(corpus, tiny_dir, tmp_
 
     with pytest.raises(InputError, match="device must be cpu, cuda or cuda:N, got 'gpu'"):
         EmbedOptions(device="gpu")
-    with pytest.raises(InputError, match="needs --num-gpus-per-worker"):
+    with pytest.raises(InputError, match="needs --num-gpus-per-replica"):
         EmbedOptions(engine="ray", device="cuda")
     assert "device" not in EmbedOptions(device="cuda:1").identity()  # a resume may switch device
     assert onnx_providers("cpu") == ["CPUExecutionProvider"]

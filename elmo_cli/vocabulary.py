@@ -1,0 +1,184 @@
+"""The command line's vocabulary: one flag per meaning, the same in every subcommand.
+
+``MEANINGS`` names each setting that more than one subcommand takes (the model, the batch budget,
+the time budget, the precision, ...) once: its flag, its help and the older spellings still
+accepted. An older spelling is hidden from ``--help``, behaves as the flag does and prints one
+line on stderr (``--max-tokens-per-batch is deprecated: use --max-batch-tokens``).
+
+Options dataclasses (``EmbedOptions``, ``TrainOptions``, ``ServeLimits``, ...) become flags through
+``add_fields``: one flag per field, its help, group and choices from the field's metadata; a field
+whose metadata names a ``meaning`` takes that meaning's flag, dest and older spellings, so a
+library's field name (``max_tokens_per_batch``) and the flag users type (``--max-batch-tokens``)
+are tied here once. ``field_values`` reads the fields back from the parsed arguments.
+
+Scale-out: ``--replicas`` is the number of copies of the model Ray runs (embed: actors taking
+shards; serve: Ray Serve replicas behind one address), each given ``--num-gpus-per-replica`` GPUs.
+Triton's ``--instances`` stays Triton's own term (instances inside one server's process).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import MISSING, Field, dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Alias:
+    """An older spelling; ``value``: an old switch that stood for one value (``--bf16``)."""
+
+    flag: str
+    value: str | None = None
+
+    def instead(self, meaning: "Meaning") -> str:
+        return meaning.flag if self.value is None else f"{meaning.flag} {self.value}"
+
+
+@dataclass(frozen=True)
+class Meaning:
+    flag: str
+    help: str
+    aliases: tuple[Alias, ...] = ()
+    switch: bool = False  # takes no value (store_true)
+
+    @property
+    def dest(self) -> str:
+        return self.flag[2:].replace("-", "_")
+
+
+MEANINGS: dict[str, Meaning] = {m.dest: m for m in (
+    Meaning("--model", "model directory (options.json + weights), or an export directory"),
+    Meaning("--weights", "the weights file, when --model's directory holds several (or --model is an options.json)"),
+    Meaning("--backend", "what runs the model (default: the export's own for an export directory, its "
+                         "manifest.json; else torch)"),
+    Meaning("--device", "cpu, cuda or cuda:N: where the model runs"),
+    Meaning("--threads", "the model's threads (default: the process's CPUs, see README's Threads)"),
+    Meaning("--precision", "the precision the model multiplies in",
+            (Alias("--bf16", "bf16"), Alias("--no-bf16", "fp32"), Alias("--fp16", "fp16"))),
+    Meaning("--max-batch-tokens", "padded tokens (sentences x longest sentence) per model batch",
+            (Alias("--max-tokens-per-batch"),)),
+    Meaning("--max-sentence-tokens", "tokens one sentence may hold", (Alias("--max-sentence-length"),)),
+    Meaning("--text-column", "the Parquet column of whitespace-tokenized text", (Alias("--column"),)),
+    Meaning("--replicas", "copies of the model Ray runs, each loading it", (Alias("--workers"),)),
+    Meaning("--num-gpus-per-replica", "GPUs Ray gives each replica (a fraction shares one)",
+            (Alias("--num-gpus-per-worker"),)),
+    Meaning("--ray-address", "an existing Ray cluster (default: start a local one)"),
+    Meaning("--max-minutes", "training time in minutes, the final evaluation included",
+            (Alias("--minutes"), Alias("--train-minutes"))),
+    Meaning("--work-dir", "where the command keeps its corpus, runs and outputs", (Alias("--work"),)),
+    Meaning("--token-embeddings", "a token-embedding file (elmo dump-tokens): its words skip the char-CNN (torch "
+                                  "backend; same vectors within 1e-5)"),
+    Meaning("--token-vocab", "the vocabulary of a --token-embeddings file that does not list its words (bilm-tf's "
+                             "own files)"),
+    Meaning("--json", "print the result as JSON on stdout", switch=True),
+    Meaning("--quiet", "no progress lines", switch=True),
+)}
+
+
+def _deprecated(base: type[argparse.Action], alias: Alias, meaning: Meaning) -> type[argparse.Action]:
+    note = f"{alias.flag} is deprecated: use {alias.instead(meaning)}"
+
+    class Deprecated(base):  # type: ignore[misc, valid-type]
+        deprecated_for = meaning.flag
+
+        def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+            print(note, file=sys.stderr)
+            super().__call__(parser, namespace, values, option_string)
+    return Deprecated
+
+
+def add_flag(group: argparse._ActionsContainer, meaning: str, **kwargs: Any) -> argparse.Action:
+    """``meaning``'s flag (help: the table's unless given) and its older spellings, hidden."""
+    m = MEANINGS[meaning]
+    kwargs.setdefault("help", m.help)
+    if m.switch:
+        kwargs.setdefault("action", "store_true")
+    action = group.add_argument(m.flag, dest=m.dest, **kwargs)
+    base = group._registry_get("action", kwargs.get("action"), kwargs.get("action"))
+    for alias in m.aliases:
+        if alias.value is not None:
+            if action.choices is not None and alias.value not in action.choices or action.nargs == 0:
+                continue
+            extra: dict[str, Any] = {"action": _deprecated(argparse._StoreConstAction, alias, m), "const": alias.value}
+        else:
+            extra = {k: v for k, v in kwargs.items() if k not in ("default", "required", "help", "action")}
+            extra["action"] = _deprecated(base, alias, m)
+        group.add_argument(alias.flag, dest=m.dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **extra)
+    return action
+
+
+def add_model(parser: argparse.ArgumentParser, help: str, positional_weights: bool = False) -> None:  # noqa: A002
+    """``--model`` and ``--weights``, and the positional MODEL (and WEIGHTS) older scripts pass
+    (hidden; taken with a note)."""
+    add_flag(parser, "model", help=help)
+    add_flag(parser, "weights")
+    for name in ("model", "weights") if positional_weights else ("model",):
+        parser.add_argument(f"positional_{name}", nargs="?", metavar=name.upper(), help=argparse.SUPPRESS,
+                            action=_Positional, default=None)
+
+
+class _Positional(argparse.Action):
+    """A positional MODEL or WEIGHTS: taken as --model / --weights, with a note."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        if values is None:
+            return
+        flag = "--" + self.dest.removeprefix("positional_")
+        print(f"a positional {self.metavar} is deprecated: use {flag} {self.metavar}", file=sys.stderr)
+        setattr(namespace, flag[2:], values)
+
+
+def need_model(args: argparse.Namespace, command: str) -> str:
+    if args.model is None:
+        from elmo_core.errors import InputError
+
+        raise InputError(f"give the model: elmo {command} --model DIR")
+    return args.model
+
+
+def field_dest(f: Field) -> str:
+    meaning = f.metadata.get("meaning")
+    return MEANINGS[meaning].dest if meaning else f.name
+
+
+def cli_fields(cls: type) -> list[Field]:
+    """The fields of ``cls`` that are flags (metadata ``cli`` not False)."""
+    return [f for f in fields(cls) if f.metadata.get("cli", True)]
+
+
+def field_values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
+    """{field name: the parsed value} for each flag of ``cls``."""
+    return {f.name: getattr(args, field_dest(f)) for f in cli_fields(cls)}
+
+
+def add_fields(parser: argparse.ArgumentParser, cls: type, group: str | None = None,
+               negatable: bool = False) -> dict[str, argparse._ActionsContainer]:
+    """One flag per field of ``cls`` (``cli_fields``), in the argument group its metadata names
+    (else ``group``; else the parser). ``negatable``: booleans take --no-NAME too. Returns the
+    groups by name."""
+    groups: dict[str, argparse._ActionsContainer] = {"run": parser}
+    for f in cli_fields(cls):
+        name = f.metadata.get("group") or group
+        target = parser if name is None else groups.get(name) or groups.setdefault(name, parser.add_argument_group(name))
+        _add_field(target, f, negatable)
+    return groups
+
+
+def _add_field(group: argparse._ActionsContainer, f: Field, negatable: bool) -> None:
+    meta, default = f.metadata, (None if f.default is MISSING else f.default)
+    default = meta.get("cli_default", default)
+    kwargs: dict[str, Any] = {k: meta[k] for k in ("choices", "metavar", "required") if meta.get(k) is not None}
+    if isinstance(default, bool) or str(f.type) == "bool":
+        kwargs["action"] = argparse.BooleanOptionalAction if negatable or default else "store_true"
+    elif meta.get("action") == "append":
+        kwargs["action"], default = "append", list(default)
+    else:
+        kwargs["type"] = next((t for n, t in (("int", int), ("float", float)) if n in str(f.type).split("[")[0]), str)
+    meaning = meta.get("meaning")
+    text = meta.get("help") or MEANINGS[meaning].help
+    shown = default is not None and not isinstance(default, bool) and default not in ((), [])
+    kwargs.update(default=default, help=f"{text} (default {default})" if shown else text)
+    if meaning:
+        add_flag(group, meaning, **kwargs)
+    else:
+        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, **kwargs)
