@@ -29,7 +29,7 @@ from pipelines.hdf5_output import embed_to_hdf5
 from tests.serving.server_utils import ServerProcess
 
 ATOL = 1e-6  # see the module doc
-WINDOW = 24  # --max-sentence-length: the longest rows below go through windows
+WINDOW = 24  # --max-sentence-tokens: the longest rows below go through windows
 HOSTILE = ["", "   ", "a\x00b c", "emoji 😀 🎉 and ZWJ 👩‍👩‍👧 family", "é" * 30 + " " + "日本語" * 6,
            " ".join(f"w{k}" for k in range(70)), "tab\tand\u00a0nbsp\u3000ideographic", "x"]
 

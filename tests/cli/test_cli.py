@@ -9,7 +9,7 @@ from elmo_cli.main import main
 
 
 def test_info_prints_architecture_and_parameter_count(fixture_dir, capsys):
-    assert main(["info", str(fixture_dir / "options.json"), str(fixture_dir / "lm_weights.hdf5"), "--json"]) == 0
+    assert main(["info", "--model", str(fixture_dir / "options.json"), "--weights", str(fixture_dir / "lm_weights.hdf5"), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     # Summed by hand from the hdf5 shapes: char_embed 1,044 + CNN 2,188 + highway 62,000 + proj 2,000 + LSTM 37,888.
     assert info["parameters"]["total"] == 105120
@@ -17,14 +17,14 @@ def test_info_prints_architecture_and_parameter_count(fixture_dir, capsys):
 
 
 def test_info_on_a_bad_model_exits_2_with_a_message(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "elmo_cli", "info", str(tmp_path)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "elmo_cli", "info", "--model", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 2
     assert "no options.json" in r.stderr
 
 
 def test_console_script_is_installed(tiny_dir):
     elmo = Path(sys.executable).parent / "elmo"
-    r = subprocess.run([str(elmo), "info", str(tiny_dir)], capture_output=True, text=True)
+    r = subprocess.run([str(elmo), "info", "--model", str(tiny_dir)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "params" in r.stdout and "2 layers, cell 24, projection 8" in r.stdout
 
@@ -49,7 +49,7 @@ def test_a_signal_during_imports_exits_cleanly(tiny_dir, tmp_path):
     for delay, (sig, code, word) in itertools.product((0.0, 0.2, 0.5, 0.9), signals):
         proc = subprocess.Popen([sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "corpus"),
                                  str(tmp_path / f"out-{code}-{delay}"), "--model", str(tiny_dir), "--threads", "1",
-                                 "--max-tokens-per-batch", "300", "--quiet"],
+                                 "--max-batch-tokens", "300", "--quiet"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         _until_it_catches(proc.pid, signal.SIGTERM)
         time.sleep(delay)
@@ -101,7 +101,7 @@ def test_demo_without_matplotlib_says_how_to_get_the_picture(tiny_dir, tmp_path,
     out = capsys.readouterr().out
     assert "picture not drawn: pip install 'elmo-pipeline[plot]' (matplotlib)" in out
     assert not (tmp_path / "demo" / "probe-work.png").exists() and "to: We must work together ." in out
-    assert main(["probe", str(tiny_dir), "--png", str(tmp_path / "p.png")]) == 2
+    assert main(["probe", "--model", str(tiny_dir), "--png", str(tmp_path / "p.png")]) == 2
     assert "--png" in capsys.readouterr().err
 
 
@@ -115,11 +115,11 @@ def test_info_knows_every_directory_the_project_writes(tiny_dir, tmp_path, capsy
     embed_parquet(tmp_path / "corpus", tmp_path / "vectors", tiny_dir, quiet=True)
     for path, kind in [(tiny_dir, "model"), (tmp_path / "engine" / "onnx", "onnx export"),
                        (tmp_path / "engine", "elmo engine output"), (tmp_path / "vectors", "elmo embed output")]:
-        assert main(["info", str(path), "--json"]) == 0
+        assert main(["info", "--model", str(path), "--json"]) == 0
         info = json.loads(capsys.readouterr().out)
         assert info["kind"] == kind, (path, info)
     assert info["rows"] == 50 and info["finished"]
-    assert main(["info", str(tmp_path / "engine" / "onnx")]) == 0
+    assert main(["info", "--model", str(tmp_path / "engine" / "onnx")]) == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line for line in out.splitlines()[1:]}
     assert lines["precision"].split() == ["precision", "fp32"]
@@ -127,18 +127,18 @@ def test_info_knows_every_directory_the_project_writes(tiny_dir, tmp_path, capsy
     assert lines["source"].startswith(f"source       {tiny_dir / 'options.json'}  +  {tiny_dir / 'weights.hdf5'} "
                                       f"(hdf5), weights sha256 ") and len(lines["source"].split()[-1]) == 64
     assert "null" not in out and lines["architecture"].endswith("1 highway")  # whole lines, nothing cut
-    assert main(["info", str(tmp_path / "engine")]) == 0
+    assert main(["info", "--model", str(tmp_path / "engine")]) == 0
     engine = capsys.readouterr().out
     assert f"onnx export: {tmp_path / 'engine' / 'onnx'}" in engine and lines["source"] in engine
     assert main(["info"]) == 2 and "make info MODEL=DIR" in capsys.readouterr().err
 
 
 def test_info_in_a_pipe_that_closes_early(tiny_dir):
-    r = subprocess.run(f"{sys.executable} -m elmo_cli info {tiny_dir} | head -1", shell=True, capture_output=True,
+    r = subprocess.run(f"{sys.executable} -m elmo_cli info --model {tiny_dir} | head -1", shell=True, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("model ") and r.stderr == "", r.stderr
     # a reader that is gone before anything is written: the writes meet a closed pipe (EPIPE)
-    r = subprocess.run(f"set -o pipefail; {sys.executable} -m elmo_cli info {tiny_dir} | true", shell=True,
+    r = subprocess.run(f"set -o pipefail; {sys.executable} -m elmo_cli info --model {tiny_dir} | true", shell=True,
                        executable="/bin/bash", capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stderr == "", r.stderr
 

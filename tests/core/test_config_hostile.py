@@ -50,8 +50,8 @@ def test_every_command_exits_2_on_a_hostile_options_file(tiny_dir, tmp_path, cap
     shutil.copytree(tiny_dir, model)
     (model / "options.json").write_bytes(HOSTILE[name][0])
     (tmp_path / "in.txt").write_text("The cat sat .\n")
-    for argv in (["info", model], ["embed", tmp_path / "in.txt", tmp_path / "o.hdf5", "--format", "hdf5", "--model",
-                                   model], ["serve", model, "--port", "0"]):
+    for argv in (["info", "--model", model], ["embed", tmp_path / "in.txt", tmp_path / "o.hdf5", "--format", "hdf5", "--model",
+                                   model], ["serve", "--model", model, "--port", "0"]):
         assert main([str(a) for a in argv]) == 2
         err = capsys.readouterr().err
         assert HOSTILE[name][1] in err and "Traceback" not in err, err

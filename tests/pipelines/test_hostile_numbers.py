@@ -90,7 +90,7 @@ def test_serve_port_out_of_range_and_negative_threads_exit_2(tiny_dir, capsys):
     for flags, named in ((["--port", "99999"], "--port must be 0 (any free port) to 65535, got 99999"),
                          (["--port", "-1"], "--port must be 0"),
                          (["--threads", "-1", "--port", "0"], "--threads must be a positive integer")):
-        code, err = run(capsys, "serve", tiny_dir, *flags)
+        code, err = run(capsys, "serve", "--model", tiny_dir, *flags)
         assert code == 2 and named in err and "Traceback" not in err, err
 
 

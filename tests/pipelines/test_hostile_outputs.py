@@ -23,7 +23,7 @@ from pipelines import embed_parquet
 from pipelines.verify import verify_output
 
 ELMO = [sys.executable, "-m", "elmo_cli"]
-SLOW = ["--rows-per-shard", "30", "--sort-window-rows", "15", "--max-tokens-per-batch", "300", "--threads", "1"]
+SLOW = ["--rows-per-shard", "30", "--sort-window-rows", "15", "--max-batch-tokens", "300", "--threads", "1"]
 
 
 def elmo(*args: object, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -169,7 +169,7 @@ def test_hdf5_on_a_full_disk_exits_2_leaves_nothing_and_reruns_once_there_is_roo
 def test_the_temporary_file_of_a_killed_hdf5_job_is_removed_by_the_next_run(corpus, tiny_dir, tmp_path):
     out = tmp_path / "vectors.hdf5"
     args = ["embed", corpus, out, "--format", "hdf5", "--model", tiny_dir, "--quiet", "--sort-window-rows", "5",
-            "--max-tokens-per-batch", "300", "--threads", "1"]
+            "--max-batch-tokens", "300", "--threads", "1"]
     job = start(*args)
     wait_until(lambda: any(p.stat().st_size > 20_000 for p in tmp_path.glob(".vectors.hdf5.*.tmp")), job,
                "its temporary file grew")

@@ -130,7 +130,7 @@ def test_ray_workers_read_and_write_only_the_store_and_survive_a_killed_worker(s
     s3.create_dir("raycorpus")
     source, model = upload(s3, tmp_path / "corpus", "raycorpus/c"), upload(s3, tiny_dir, "models/ray")
     cmd = [sys.executable, "-m", "elmo_cli", "embed", source, "s3://raycorpus/vectors", "--model", model, "--engine",
-           "ray", "--workers", "2", "--rows-per-shard", "15", "--sort-window-rows", "15", "--threads", "1",
+           "ray", "--replicas", "2", "--rows-per-shard", "15", "--sort-window-rows", "15", "--threads", "1",
            "--id-column", "id", "--quiet"]
     env = dict(os.environ, ELMO_CACHE_DIR=str(tmp_path / "cache"))  # the workers' environment comes from it
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

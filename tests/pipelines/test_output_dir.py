@@ -21,7 +21,7 @@ from corpora.sample import write_sample_corpus
 from pipelines.verify import VerificationError, verify_output
 
 ELMO = [sys.executable, "-m", "elmo_cli"]
-SLOW = ["--rows-per-shard", "30", "--sort-window-rows", "15", "--max-tokens-per-batch", "300", "--threads", "1"]
+SLOW = ["--rows-per-shard", "30", "--sort-window-rows", "15", "--max-batch-tokens", "300", "--threads", "1"]
 
 
 def elmo(*args: object, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -77,7 +77,7 @@ def test_two_resumes_at_once_after_sigkill_leave_one_verified_output(corpus, tin
     wait_for_commits(out, first, 3)
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
-    a = start_embed(corpus, out, tiny_dir, "--resume", "--sort-window-rows", "64", "--max-tokens-per-batch", "8192")
+    a = start_embed(corpus, out, tiny_dir, "--resume", "--sort-window-rows", "64", "--max-batch-tokens", "8192")
     b = start_embed(corpus, out, tiny_dir, "--resume")
     results = [(p.wait(timeout=180), p.communicate()[1]) for p in (a, b)]
     assert {rc for rc, _ in results} <= {0, 2} and 0 in {rc for rc, _ in results}, results

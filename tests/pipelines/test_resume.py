@@ -30,7 +30,7 @@ def test_sigkill_then_resume_gives_every_row_exactly_once(tiny_dir, tmp_path, wr
     write_sample_corpus(corpus, rows=900, files=2, row_group_rows=100)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "elmo_cli", "embed", str(corpus), str(out), "--model", str(tiny_dir),
-           "--id-column", "id", "--rows-per-shard", "30", "--sort-window-rows", "15", "--max-tokens-per-batch",
+           "--id-column", "id", "--rows-per-shard", "30", "--sort-window-rows", "15", "--max-batch-tokens",
            "300", "--threads", "1", "--writer-threads", str(writer_threads), "--quiet"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
@@ -86,7 +86,7 @@ def test_sigkill_of_a_ray_driver_takes_its_local_cluster_with_it(tiny_dir, tmp_p
     write_sample_corpus(corpus, rows=900, files=2, row_group_rows=100)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "elmo_cli", "embed", str(corpus), str(out), "--model", str(tiny_dir), "--engine",
-           "ray", "--workers", "1", "--rows-per-shard", "30", "--sort-window-rows", "15", "--threads", "1", "--quiet"]
+           "ray", "--replicas", "1", "--rows-per-shard", "30", "--sort-window-rows", "15", "--threads", "1", "--quiet"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while not list((out / "_shards").glob("*.json")) and proc.poll() is None and time.monotonic() < deadline:

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # sort windows), so its float32 sums run in another order than an uninterrupted job's: the bound
 # of tests/pipelines/test_resume.py.
 ATOL = 1e-5
-RUN = ["--id-column", "id", "--rows-per-shard", "30", "--sort-window-rows", "15", "--max-tokens-per-batch", "300",
+RUN = ["--id-column", "id", "--rows-per-shard", "30", "--sort-window-rows", "15", "--max-batch-tokens", "300",
        "--threads", "1", "--quiet"]
 
 

@@ -20,11 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class ServerProcess:
-    """``elmo serve MODEL --port 0 ARGS``; ``url`` once it printed ``listening on``."""
+    """``elmo serve --model MODEL --port 0 ARGS``; ``url`` once it printed ``listening on``."""
 
     def __init__(self, model: Path, *args: str, timeout: float = 60) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "elmo_cli", "serve", str(model), "--port", "0", *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "elmo_cli", "serve", "--model", str(model), "--port", "0", *args],
                                      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: queue.Queue[str] = queue.Queue()
         self.stderr: list[str] = []

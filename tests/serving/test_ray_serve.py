@@ -65,7 +65,7 @@ def test_a_sigkill_during_ray_start_up_orphans_nothing(tmp_path: Path):
     from runtime.ray_local import descendants, marked
 
     model = make_model_dir(tmp_path / "tiny", TINY_OPTIONS)
-    proc = subprocess.Popen([sys.executable, "-m", "elmo_cli", "serve", str(model), "--engine", "ray", "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "elmo_cli", "serve", "--model", str(model), "--engine", "ray", "--port", "0",
                              "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     folder, deadline = None, time.monotonic() + 120
     while folder is None and time.monotonic() < deadline and proc.poll() is None:

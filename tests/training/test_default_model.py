@@ -45,7 +45,7 @@ def test_build_writes_a_half_precision_model_with_its_card_and_the_demo_finds_it
     from elmo_cli.cmd_demo import get_model
     from elmo_cli.main import main
 
-    assert main(["info", str(out)]) == 0
+    assert main(["info", "--model", str(out)]) == 0
     assert f"trained   elmo default-model --minutes 5 --seed 3 ({card['built']}): {card['tokens']:,} tokens" \
         in capsys.readouterr().out
 

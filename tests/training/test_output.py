@@ -113,7 +113,7 @@ def test_info_on_the_run_dir(trained, capsys):
     from elmo_cli.main import main
 
     trainer, model, tmp, summary = trained
-    assert main(["info", str(tmp / "run"), "--json"]) == 0
+    assert main(["info", "--model", str(tmp / "run"), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["kind"] == "elmo train run" and info["step"] == summary["step"] == 8
     assert info["model"]["output_dim"] == 32 and info["valid"]["mean"] == summary["valid"]["mean"]

@@ -103,11 +103,11 @@ def test_cli_probe_on_a_users_text_and_a_word_it_cannot_probe(tiny_dir, tmp_path
     lines = [f"{subject} {word} every day ." for subject in ("we", "they") for word in ("work", "help")] * 10
     lines += [f"{det} {word} was done ." for det in ("the", "our") for word in ("work", "help")] * 10
     (tmp_path / "text.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    assert main(["probe", str(tiny_dir), "--text", str(tmp_path / "text.txt"), "--word", "work",
+    assert main(["probe", "--model", str(tiny_dir), "--text", str(tmp_path / "text.txt"), "--word", "work",
                  "--png", str(tmp_path / "w.png")]) == 0
     out = capsys.readouterr().out
     assert "every 5th" in out and "all words" in out and (tmp_path / "w.png").stat().st_size > 100
-    assert main(["probe", str(tiny_dir), "--text", str(tmp_path / "text.txt"), "--word", "zebra"]) == 2
+    assert main(["probe", "--model", str(tiny_dir), "--text", str(tmp_path / "text.txt"), "--word", "zebra"]) == 2
     err = capsys.readouterr().err
     assert "--word zebra: too few framed uses" in err and "Traceback" not in err
 
