@@ -27,6 +27,13 @@ def _floats(text: str) -> list[float]:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="export a model to ONNX or a TensorRT engine")
     kinds = p.add_subparsers(dest="export_kind", required=True)
+    _register_onnx(kinds)
+    _register_tensorrt(kinds)
+    _register_triton(kinds)
+    _register_engine(sub)
+
+
+def _register_onnx(kinds: argparse._SubParsersAction) -> None:
     o = kinds.add_parser("onnx", help="model.onnx + manifest.json, validated against the torch backend")
     add_flag(o, "model", required=True, help="model directory (options.json + weights), or options.json")
     add_flag(o, "weights")
@@ -47,6 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_flag(o, "threads", type=int, help="threads for validation (torch and ONNX Runtime)")
     add_flag(o, "json", help="print the manifest as JSON on stdout")
     o.set_defaults(func=run_onnx)
+
+
+def _register_tensorrt(kinds: argparse._SubParsersAction) -> None:
     t = kinds.add_parser("tensorrt", help="a serialized TensorRT engine from an ONNX export (needs the tensorrt extra)")
     t.add_argument("--onnx", required=True, help="directory written by `elmo export onnx`")
     t.add_argument("--out", required=True, help="output directory")
@@ -57,7 +67,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--workspace", type=int, default=4096, help="builder workspace in MiB (default 4096)")
     add_flag(t, "json", help="print the manifest as JSON on stdout")
     t.set_defaults(func=run_tensorrt)
-    _register_triton(kinds)
+
+
+def _register_engine(sub: argparse._SubParsersAction) -> None:
     e = sub.add_parser("engine", help="export + validate, then build TensorRT (GPU) or the optimized ONNX Runtime model")
     add_flag(e, "model", help="model directory with published weights; default: the repository's "
                               "models/default, else the default model trained first")
