@@ -127,6 +127,8 @@ def test_make_engine_without_tensorrt_builds_the_ort_model(tiny_dir, tmp_path, c
     report = build_for_machine(str(tiny_dir), tmp_path, threads=1)
     assert Path(report["path"]).is_file() and CACHE_DIR in report["path"]
     assert f"--backend onnx --model {tmp_path / 'onnx'}" in out  # the directory to pass, printed
+    assert main(["engine", "--model", str(tiny_dir), "--out", str(tmp_path), "--threads", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["path"] == report["path"]  # --json: the report alone on stdout
     ids = batch_to_ids(SENTENCES)
     want = OnnxBackend(tmp_path / "onnx", threads=1).run(ids)[0]
     for given in (tmp_path, tmp_path / "onnx", Path(report["path"])):  # engine OUT, the export, the printed file

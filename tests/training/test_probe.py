@@ -1,6 +1,8 @@
 """elmo probe: the framed uses, the ridge probe's maths, layer 0 at its baseline, the picture, the CLI."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -107,6 +109,10 @@ def test_cli_probe_on_a_users_text_and_a_word_it_cannot_probe(tiny_dir, tmp_path
                  "--png", str(tmp_path / "w.png")]) == 0
     out = capsys.readouterr().out
     assert "every 5th" in out and "all words" in out and (tmp_path / "w.png").stat().st_size > 100
+    assert main(["probe", "--model", str(tiny_dir), "--text", str(tmp_path / "text.txt"), "--word", "work",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)  # --json: the accuracies alone on stdout
+    assert report["layers"][0] == "layer 0" and {r["word"] for r in report["results"]} == {"work", "all words"}
     assert main(["probe", "--model", str(tiny_dir), "--text", str(tmp_path / "text.txt"), "--word", "zebra"]) == 2
     err = capsys.readouterr().err
     assert "--word zebra: too few framed uses" in err and "Traceback" not in err
