@@ -97,7 +97,7 @@ def add_flag(group: argparse._ActionsContainer, meaning: str, **kwargs: Any) -> 
     base = group._registry_get("action", kwargs.get("action"), kwargs.get("action"))
     for alias in m.aliases:
         if alias.value is not None:
-            if action.choices is not None and alias.value not in action.choices or action.nargs == 0:
+            if (action.choices is not None and alias.value not in action.choices) or action.nargs == 0:
                 continue
             extra: dict[str, Any] = {"action": _deprecated(argparse._StoreConstAction, alias, m), "const": alias.value}
         else:
