@@ -38,7 +38,7 @@ def random_char_ids(batch: int, time: int, rng: np.random.Generator, tokenizer: 
 def reference(torch_backend: TorchBackend, spec: ExportSpec, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """What the export must compute, from the torch backend. Shape: as the spec's outputs."""
     layers, mask = torch_backend.run(ids)
-    if spec.output == "all":
+    if spec.mode.layer_axis:
         return layers, mask
     mix = spec.mix_weights if spec.mix_weights is not None else None
     return reduce_layers(layers, mask, "mixed", mix, spec.gamma), mask
@@ -75,31 +75,48 @@ def where(worst: dict | None, spec: ExportSpec) -> str:
     """A worst token's place in words: its layer and time step."""
     if worst is None:
         return "no token"
-    layer = "the mix" if spec.output == "mixed" else ("layer 0 (char-CNN)" if worst["layer"] == 0
+    layer = "the mix" if spec.mode.mixes else ("layer 0 (char-CNN)" if worst["layer"] == 0
                                                        else f"layer {worst['layer']} (biLSTM {worst['layer']})")
     return f"{layer}, time step {worst['time']}"
+
+
+class ShapeSample:
+    """Random ids of each (batch, time) of the spec's validation shapes (or ``shapes``), and the
+    torch backend's outputs on them, computed once for every graph compared."""
+
+    def __init__(self, torch_backend: TorchBackend, spec: ExportSpec,
+                 shapes: Sequence[tuple[int, int]] | None = None, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.spec = spec
+        self.ids = [(b, t, random_char_ids(b, t, rng, torch_backend.tokenizer))
+                    for b, t in shapes or spec.validation_shapes]
+        self.refs = [reference(torch_backend, spec, ids) for _, _, ids in self.ids]
+
+    def rows(self, run: RunFn) -> list[dict[str, object]]:
+        """Per shape: its batch and time, max |diff|, min token cosine and the worst token."""
+        return [{"batch": b, "time": t, **compare(run(ids), ref)} for (b, t, ids), ref in zip(self.ids, self.refs)]
+
+    def check(self, run: RunFn, tolerance: Tolerance | None = None, label: str = "ONNX Runtime") -> dict[str, object]:
+        """``rows`` held to ``tolerance`` (default the spec's); ParityError naming the first shape beyond it.
+        Returns the figures (per shape and worst case) that go into manifest.json."""
+        tol, spec = tolerance or self.spec.tolerance, self.spec
+        rows = self.rows(run)
+        worst = {"max_abs": max(r["max_abs"] for r in rows), "min_cosine": min(r["min_cosine"] for r in rows)}
+        failed = [r for r in rows if (tol.max_abs is not None and not r["max_abs"] <= tol.max_abs)
+                  or (tol.min_cosine is not None and not r["min_cosine"] >= tol.min_cosine)]
+        if failed:
+            r = failed[0]
+            raise ParityError(f"{label} differs from the torch backend beyond {tol.to_dict()} at batch {r['batch']}, "
+                              f"time {r['time']}: max |diff| {r['max_abs']:.3g}, min token cosine "
+                              f"{r['min_cosine']:.6f} at {where(r['worst'], spec)} of row "
+                              f"{r['worst']['row'] if r['worst'] else '-'} ({len(failed)} of {len(rows)} shapes fail)")
+        return {"against": "torch backend (fp32, CPU)", "tolerance": tol.to_dict(), "shapes": rows, **worst,
+                "passed": True}
 
 
 def check_parity(run: RunFn, torch_backend: TorchBackend, spec: ExportSpec,
                  shapes: Sequence[tuple[int, int]] | None = None, tolerance: Tolerance | None = None,
                  seed: int = 0, label: str = "ONNX Runtime") -> dict[str, object]:
-    """Run ``run`` and the torch backend on random ids of each (batch, time); raise if out of tolerance.
-
-    Returns the figures (per shape and worst case) that go into manifest.json.
-    """
-    tol = tolerance or spec.tolerance
-    rng = np.random.default_rng(seed)
-    rows = []
-    for batch, time in shapes or spec.validation_shapes:
-        ids = random_char_ids(batch, time, rng, torch_backend.tokenizer)
-        rows.append({"batch": batch, "time": time, **compare(run(ids), reference(torch_backend, spec, ids))})
-    worst = {"max_abs": max(r["max_abs"] for r in rows), "min_cosine": min(r["min_cosine"] for r in rows)}
-    failed = [r for r in rows if (tol.max_abs is not None and not r["max_abs"] <= tol.max_abs)
-              or (tol.min_cosine is not None and not r["min_cosine"] >= tol.min_cosine)]
-    if failed:
-        r = failed[0]
-        raise ParityError(f"{label} differs from the torch backend beyond {tol.to_dict()} at batch {r['batch']}, "
-                          f"time {r['time']}: max |diff| {r['max_abs']:.3g}, min token cosine {r['min_cosine']:.6f} "
-                          f"at {where(r['worst'], spec)} of row {r['worst']['row'] if r['worst'] else '-'} ({len(failed)} of {len(rows)} shapes fail)")
-    return {"against": "torch backend (fp32, CPU)", "tolerance": tol.to_dict(), "shapes": rows, **worst,
-            "passed": True}
+    """Run ``run`` and the torch backend on random ids of each (batch, time); raise if out of tolerance
+    (``ShapeSample.check``)."""
+    return ShapeSample(torch_backend, spec, shapes, seed).check(run, tolerance, label)

@@ -159,3 +159,30 @@ def test_export_onnx_plans_and_validates_on_its_calibration_input(tiny_dir, tmp_
                  "--calibration", str(tmp_path / "empty.txt")]) == 2
     err = capsys.readouterr().err
     assert "--calibration" in err and "empty.txt" in err and "no row with text" in err
+
+
+def test_the_int8_score_holds_the_random_shapes_floor_as_well_as_the_text_target(tiny_dir):
+    """A graph exact on text but beyond the random shapes' floor on long rows scores below the
+    target, so no plan keeps it and the export's validation, which holds both, cannot then fail."""
+    from export.onnx_export import int8_score
+    from export.validate import ShapeSample, reference
+
+    bilm = load_bilm(tiny_dir)
+    spec, torch_backend = ExportSpec.for_config(bilm.config, precision="int8"), TorchBackend(bilm, threads=1)
+    short = [s for s in default_sample(40)[0] if len(s) <= 12][:8]
+    text = TextSample(short, "short sentences", torch_backend, spec)
+    shapes = ShapeSample(torch_backend, spec, [(3, 8), (1, 33)])
+    g = np.random.default_rng(0)
+
+    def run(ids, noise):  # torch's own output, off by ``noise`` (relative) on rows longer than the text
+        out, mask = reference(torch_backend, spec, ids)
+        if ids.shape[1] > 12:
+            out = out + noise * np.abs(out).max() * g.standard_normal(out.shape).astype(out.dtype)
+        return out, mask
+
+    assert int8_score(lambda ids: run(ids, 0.0), text, shapes) == pytest.approx(1.0, abs=1e-6)
+    far = [float(r["min_cosine"]) for r in shapes.rows(lambda ids: run(ids, 0.3))]
+    assert min(far) < spec.tolerance.min_cosine  # beyond the shapes' floor, exact on the text
+    assert int8_score(lambda ids: run(ids, 0.3), text, shapes) < TEXT_MIN_COSINE["int8"]
+    with pytest.raises(ParityError, match="batch 1, time 33"):
+        shapes.check(lambda ids: run(ids, 0.3))
