@@ -11,12 +11,12 @@ import torch
 from onnx import TensorProto
 
 from elmo_core import BiLM
+from elmo_core.kinds import Precision
 from formats.export_spec import ExportSpec
 
 from .onnx_builder import GraphBuilder
 
 F32 = TensorProto.FLOAT
-MATMUL_TYPES = {"fp32": F32, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16, "int8": F32}
 
 
 def np64(t: torch.Tensor) -> np.ndarray:
@@ -33,7 +33,7 @@ class GraphContext:
     def __init__(self, model: BiLM, spec: ExportSpec) -> None:
         self.model, self.spec, self.cfg = model, spec, model.config
         self.g = GraphBuilder(spec.opset)
-        self.mm_type = MATMUL_TYPES[spec.precision]
+        self.mm_type = getattr(TensorProto, Precision.of(spec.precision).onnx)
         self.boundaries = np64(model.encoder.boundary_embeddings())  # (2, P)
 
     def weight(self, value: np.ndarray, base: str, g: GraphBuilder | None = None) -> str:

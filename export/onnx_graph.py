@@ -97,7 +97,7 @@ def build_onnx(model: BiLM, spec: ExportSpec) -> onnx.ModelProto:
         stacked = g.op("Slice", [stacked, g.const(np.array([1], np.int64)), g.const(np.array([-1], np.int64)),
                                  g.const(np.array([2], np.int64))])  # (B, L+1, T, 2P)
         out = g.op("Mul", [stacked, g.unsqueeze(mask, [1, 3])])  # zero at padding
-        if spec.output == "mixed":
+        if spec.mode.mixes:
             w = g.const(spec.normalized_mix().astype(np.float32).reshape(1, -1, 1, 1), "mix")
             out = g.reduce("ReduceSum", g.op("Mul", [out, w]), [1])  # (B, T, 2P), in fp32
         g.nodes.append(helper.make_node("Identity", [out], [spec.output_name], name="output"))

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from elmo_core import ElmoConfig, ScalarMix
+from elmo_core.kinds import OutputMode
 from elmo_core.names import EXPORT_PRECISIONS
 
 from .errors import ExportError
@@ -108,7 +109,7 @@ class ExportSpec:
             raise ExportError(f"opset {self.opset} is not supported; use one of {SUPPORTED_OPSETS}")
         if self.mix_weights is not None and len(self.mix_weights) != self.n_layers:
             raise ExportError(f"--mix: expected {self.n_layers} weights (one per layer), got {len(self.mix_weights)}")
-        if self.output == "all" and (self.mix_weights is not None or self.gamma != 1.0):
+        if not self.mode.mixes and (self.mix_weights is not None or self.gamma != 1.0):
             raise ExportError("--mix/--gamma only apply to --output mixed")
 
     @classmethod
@@ -125,11 +126,14 @@ class ExportSpec:
         return (TensorSpec(INPUT_NAME, "int32", (BATCH, TIME, self.max_chars)),)
 
     @property
+    def mode(self) -> OutputMode:
+        """The output mode's record: all (a layer axis) or mixed."""
+        return OutputMode.of(self.output)
+
+    @property
     def outputs(self) -> tuple[TensorSpec, ...]:
-        if self.output == "all":
-            main = TensorSpec(OUTPUT_NAMES["all"], "float32", (BATCH, self.n_layers, TIME, self.dim))
-        else:
-            main = TensorSpec(OUTPUT_NAMES["mixed"], "float32", (BATCH, TIME, self.dim))
+        dims = (BATCH, self.n_layers, TIME, self.dim) if self.mode.layer_axis else (BATCH, TIME, self.dim)
+        main = TensorSpec(self.output_name, "float32", dims)
         return main, TensorSpec(MASK_NAME, "bool", (BATCH, TIME))
 
     @property

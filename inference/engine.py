@@ -61,7 +61,7 @@ def run(backend: Backend, prepared: Prepared, request: VectorRequest, clock: Clo
     backend.check_request(request)
     clock = clock or _NoClock()
     config, plan = backend.config, prepared.plan
-    trailing = (config.n_output_layers, config.output_dim) if request.output == "all" else (config.output_dim,)
+    trailing = request.mode.shape(config.n_output_layers, config.output_dim)
     if request.pool is None:
         out = np.empty((plan.tokens, *trailing), dtype=request.dtype)  # (N, [L+1,] D)
         place: Callable[[ModelBatch, np.ndarray], None] = lambda batch, got: _place_tokens(out, batch, got)  # noqa: E731

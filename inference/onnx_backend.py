@@ -197,7 +197,7 @@ class OnnxBackend(BackendBase):
         return out, mask
 
     def run(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if self.spec.output != "all":
+        if not self.spec.mode.layer_axis:
             raise ExportError(f"{self.export_dir} was exported with --output {self.spec.output}: it has no layers; "
                               f"use run_mixed(), or export with --output all for the Embedder")
         return self._run(char_ids)
@@ -205,7 +205,7 @@ class OnnxBackend(BackendBase):
     def check_request(self, request: VectorRequest) -> None:
         """A ``--output mixed`` export computes one weighting of the layers: the request must be it."""
         super().check_request(request)
-        if self.spec.output != "all" and not self._is_baked(request.weights(self.config.n_output_layers)):
+        if not self.spec.mode.layer_axis and not self._is_baked(request.weights(self.config.n_output_layers)):
             raise InputError(f"{self.export_dir} was exported with --output mixed (layer weights "
                              f"{np.round(self.spec.normalized_mix(), 6).tolist()}); it cannot give --output "
                              f"{request.output}{' with layer norm' if request.layer_norm else ''} with these "
@@ -217,7 +217,7 @@ class OnnxBackend(BackendBase):
     def run_combined(self, char_ids: np.ndarray, weights: np.ndarray,
                      dtype: np.dtype | type = np.float32) -> tuple[np.ndarray, np.ndarray]:
         """A mixed export runs its own mix (``weights`` must be it); an all-layers export combines here."""
-        if self.spec.output == "all":
+        if self.spec.mode.layer_axis:
             return super().run_combined(char_ids, weights, dtype)
         if not self._is_baked(weights):
             raise InputError(f"{self.export_dir}: a mixed export computes layer weights "
@@ -227,7 +227,7 @@ class OnnxBackend(BackendBase):
 
     def run_mixed(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Shape: (B, T, C) -> mixed (B, T, 2P), mask (B, T); only for --output mixed exports."""
-        if self.spec.output != "mixed":
+        if not self.spec.mode.mixes:
             raise ExportError(f"{self.export_dir} was exported with --output all; use run()")
         return self._run(char_ids)
 

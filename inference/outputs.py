@@ -18,10 +18,10 @@ import torch
 
 from elmo_core import ScalarMix
 from elmo_core.errors import InputError
-from elmo_core.names import DTYPES, OUTPUT_MODES, POOLS, layer_index, resolve_output
+from elmo_core.kinds import Dtype, OutputMode
+from elmo_core.names import OUTPUT_MODES, POOLS, resolve_output
 
-_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
-FLOAT32_MAX = float(np.finfo(np.float32).max)
+FLOAT32_MAX = Dtype.of("float32").max
 
 
 @dataclass(frozen=True)
@@ -44,14 +44,21 @@ class VectorRequest:
             raise InputError(f"pool must be None or one of {POOLS}, got {self.pool!r}")
         output, pool = resolve_output(self.output, self.pool)  # TF-Hub's names: ours
         object.__setattr__(self, "output", output)
-        object.__setattr__(self, "pool", pool)
-        if self.pool is not None and self.pool not in POOLS:
-            raise InputError(f"pool must be None or one of {POOLS}, got {self.pool!r}")
-        if self.dtype not in DTYPES:
-            raise InputError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        object.__setattr__(self, "pool", pool)  # one of POOLS: the one asked for, or the one implied
+        Dtype.of(self.dtype)
         if self.mix is not None:
             object.__setattr__(self, "mix", tuple(float(m) for m in self.mix))
         _check_scalars(self)
+
+    @property
+    def mode(self) -> OutputMode:
+        """The output mode's record (its layer axis, its one layer, whether it mixes)."""
+        return OutputMode.of(self.output)
+
+    @property
+    def vector_dtype(self) -> Dtype:
+        """The output dtype's record (its torch, numpy and Arrow types)."""
+        return Dtype.of(self.dtype)
 
     def weights(self, n_layers: int) -> np.ndarray | None:
         """The output mode as one weight per layer (``layer_weights``); None where it is not a fixed
@@ -66,7 +73,7 @@ def _check_scalars(request: VectorRequest) -> None:
     for i, s in enumerate(request.mix or ()):
         if not abs(s) <= FLOAT32_MAX:  # also refuses inf and nan
             raise InputError(f"mix[{i}] must be a finite number within float32's range (|s| <= 3.4e38), got {s}")
-    largest = float(np.finfo(request.dtype).max)
+    largest = Dtype.of(request.dtype).max
     if not (isinstance(request.gamma, numbers.Real) and abs(request.gamma) <= largest):
         raise InputError(f"gamma must be a finite number with |gamma| <= {largest:g} (the largest {request.dtype}), "
                          f"got {request.gamma!r}")
@@ -76,7 +83,7 @@ def _check_scalars(request: VectorRequest) -> None:
 def _request_weights(request: VectorRequest, n_layers: int) -> np.ndarray | None:
     """``VectorRequest.weights``, computed once per request and model (the engine asks per batch)."""
     check_output(request.output, n_layers, request.mix)
-    if request.layer_norm and request.output == "mixed":
+    if request.layer_norm and request.mode.mixes:
         return None
     return layer_weights(request.output, n_layers, request.mix, request.gamma)  # shared: callers only read it
 
@@ -85,7 +92,7 @@ def reduce_on_device(layers: torch.Tensor, mask: torch.Tensor, request: VectorRe
     """The output modes that are not a fixed weighting: all layers (token-major) or the
     layer-normalised mix (``reduce_layers``'s; the other modes ignore ``layer_norm`` there too).
     Shape: layers (B, L+1, T, D) float32, mask (B, T) bool -> (B, T, [L+1,] D)."""
-    if request.output == "all":
+    if request.mode.layer_axis:
         return layers.transpose(1, 2)  # (B, T, L+1, D)
     mix = ScalarMix(layers.shape[1], request.mix, request.gamma, do_layer_norm=True).to(layers.device)
     return mix(layers, mask) * mask[:, :, None]  # (B, T, D); bool mask promotes to float
@@ -110,7 +117,7 @@ def finish_on_device(x: torch.Tensor, request: VectorRequest, keep: torch.Tensor
     if request.normalize:
         norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # (B, T, [L+1,] 1)
         x = x / torch.where(norm > 0, norm, 1.0)
-    return x.to(_TORCH_DTYPES[request.dtype])
+    return x.to(request.vector_dtype.torch)
 
 
 def finish_pooled(partials: np.ndarray, lengths: np.ndarray, request: VectorRequest) -> np.ndarray:
@@ -129,7 +136,7 @@ def finish_pooled(partials: np.ndarray, lengths: np.ndarray, request: VectorRequ
 
 def check_output(output: str, n_layers: int, mix_weights: Sequence[float] | None) -> None:
     output, _ = resolve_output(output, None)
-    layer = layer_index(output)
+    layer = OutputMode.of(output).layer
     if layer is not None and layer >= n_layers:
         raise InputError(f"output {output}: the model has layers 0 to {n_layers - 1}")
     if mix_weights is not None and len(mix_weights) != n_layers:
@@ -146,13 +153,12 @@ def reduce_layers(layers: np.ndarray, mask: np.ndarray, output: str, mix_weights
     Shape: layers (B, L+1, T, D), mask (B, T) -> (B, L+1, T, D) for 'all', else (B, T, D).
     """
     check_output(output, layers.shape[1], mix_weights)
-    if output == "all":
+    mode = OutputMode.of(output)
+    if mode.layer_axis:
         return layers
-    if layer_index(output) is not None:
-        return layers[:, layer_index(output)]
-    if output == "top":
-        return layers[:, -1]
-    if output == "average":
+    if mode.layer is not None:
+        return layers[:, mode.layer]
+    if not mode.mixes:  # the average
         return layers.mean(axis=1, dtype=np.float32) * mask[:, :, None]
     mix = ScalarMix(layers.shape[1], mix_weights, gamma, do_layer_norm=layer_norm)
     with torch.inference_mode():
@@ -170,13 +176,12 @@ def layer_weights(output: str, n_layers: int, mix_weights: Sequence[float] | Non
     Shape: -> (L+1,) float64, or None.
     """
     check_output(output, n_layers, mix_weights)
-    if output == "all":
+    mode = OutputMode.of(output)
+    if mode.layer_axis:
         return None
-    if layer_index(output) is not None:
-        return np.eye(n_layers)[layer_index(output)]
-    if output == "top":
-        return np.eye(n_layers)[-1]
-    if output == "average":
+    if mode.layer is not None:
+        return np.eye(n_layers)[mode.layer]
+    if not mode.mixes:  # the average
         return np.full(n_layers, 1.0 / n_layers)
     return ScalarMix(n_layers, mix_weights, gamma).layer_weights()
 

@@ -90,14 +90,14 @@ class TensorRTBackend(BackendBase):
         return outs
 
     def run(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if self.spec.output != "all":
+        if not self.spec.mode.layer_axis:
             raise ExportError(f"{self.engine_dir} was built from a --output mixed export; use run_mixed()")
         out, mask = self._execute(check_char_ids(char_ids, self.spec.max_chars))
         return out.astype(np.float32, copy=False), mask.astype(bool, copy=False)
 
     def run_mixed(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Shape: (B, T, C) -> mixed (B, T, 2P), mask (B, T)."""
-        if self.spec.output != "mixed":
+        if not self.spec.mode.mixes:
             raise ExportError(f"{self.engine_dir} was built from a --output all export; use run()")
         out, mask = self._execute(check_char_ids(char_ids, self.spec.max_chars))
         return out.astype(np.float32, copy=False), mask.astype(bool, copy=False)

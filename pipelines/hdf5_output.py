@@ -139,7 +139,7 @@ def embed_to_hdf5(input: str | Path, out: str | Path, /, model: str | Path, use_
 def _write(f: h5py.File, embedder: Embedder, sentences: Iterator[tuple[str | None, list[str], str]],
            opts: EmbedOptions, use_sentence_keys: bool, counts: dict, guard: WriteGuard) -> None:
     index: dict[str, str] = {}
-    dtype = np.float16 if opts.dtype == "float16" else np.float32
+    dtype = opts.request.vector_dtype.numpy
     for chunk in _chunks(sentences, opts.sort_window_rows):
         if use_sentence_keys:
             for sentence, _, where in chunk:

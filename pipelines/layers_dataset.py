@@ -20,6 +20,8 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
+from elmo_core.kinds import OutputMode
+
 from .options import OutputDirError
 from .schema import ELMO_COLUMN
 from .sink import MANIFEST_FILE, SUCCESS_FILE
@@ -36,7 +38,7 @@ class ElmoLayersDataset(Dataset):
         self.out = Path(output_dir)
         manifest = _finished_manifest(self.out)
         opts = manifest["options"]
-        if opts.get("output") != "all" or opts.get("pool"):
+        if not OutputMode.of(opts.get("output", "mixed")).layer_axis or opts.get("pool"):
             raise OutputDirError(f"{self.out}: written with --output {opts.get('output')}"
                                  f"{' --pool ' + opts['pool'] if opts.get('pool') else ''}; the layers dataset needs "
                                  f"--output all without --pool (rerun elmo embed so)")

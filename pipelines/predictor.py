@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from elmo_core import ElmoConfig
 from elmo_core.errors import InputError
+from elmo_core.kinds import Dtype
 from inference import engine
 from runtime import CpuBudget, process_cpu_budget, threads_for
 from inference.registry import model_config, open_backend
@@ -151,18 +152,18 @@ class ElmoPredictor:
         """Shape: rows (R, [L+1,] D) in the output dtype (NaN where no token), lengths (R,) (-1: null)
         -> R vectors, null where no token."""
         values = np.ascontiguousarray(rows)
-        value_type = pa.float16() if values.dtype == np.float16 else pa.float32()
+        value_type = Dtype.of_numpy(values.dtype).arrow
         inner: pa.Array = pa.Array.from_buffers(value_type, values.size, [None, pa.py_buffer(values)])
-        if self.options.output == "all":  # (R, L+1, D): the layers' vectors, then the rows' lists of layers
+        if self.request.mode.layer_axis:  # (R, L+1, D): the layers' vectors, then the rows' lists of layers
             inner = pa.FixedSizeListArray.from_arrays(inner, self.dim)
         return pa.FixedSizeListArray.from_arrays(inner, type=self.type, mask=pa.array(lengths <= 0))
 
     def _column(self, out: np.ndarray, lengths: np.ndarray) -> pa.Array:
         """Shape: out (N, [L+1,] D) in the output dtype, lengths (R,) (-1: null) -> R list values."""
-        value_type = pa.float16() if out.dtype == np.float16 else pa.float32()
+        value_type = Dtype.of_numpy(out.dtype).arrow
         values = pa.Array.from_buffers(value_type, out.size, [None, pa.py_buffer(out)])  # no copy
         item: pa.Array = pa.FixedSizeListArray.from_arrays(values, self.dim)
-        if self.options.output == "all":
+        if self.request.mode.layer_axis:
             item = pa.FixedSizeListArray.from_arrays(item, self.n_layers)
         offsets = np.concatenate([[0], np.cumsum(np.maximum(lengths, 0))]).astype(np.int32)  # (R+1,)
         return pa.ListArray.from_arrays(pa.array(offsets), item, type=self.type, mask=pa.array(lengths < 0))

@@ -16,15 +16,15 @@ from typing import Any
 
 import pyarrow as pa
 
+from elmo_core.kinds import Dtype, OutputMode
+
 ELMO_COLUMN = "elmo"
 COMPRESSIONS = ("snappy", "none", "lz4", "zstd")  # of the output shards; measured in docs/pipelines.md
 
 
 def elmo_type(dim: int, n_layers: int, output: str, dtype: str, pool: str | None = None) -> pa.DataType:
     """Shape: the Arrow type of the ``elmo`` column, see the module doc."""
-    item = pa.list_(pa.float16() if dtype == "float16" else pa.float32(), dim)
-    if output == "all":
-        item = pa.list_(item, n_layers)
+    item = OutputMode.of(output).arrow(dim, n_layers, Dtype.of(dtype))
     return item if pool else pa.list_(item)
 
 

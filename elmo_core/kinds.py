@@ -1,0 +1,145 @@
+"""The names users pick that carry facts, one frozen record each: an output dtype (its torch, numpy
+and Arrow types), an output mode (what becomes of the L+1 layers: a layer axis kept, one layer, the
+average or the mix) and a precision (its products' torch type, which backends run it).
+``elmo_core.names`` lists their names in the order the CLI offers them. A precision's parity
+tolerances are the export's: ``formats.export_spec.TOLERANCES`` and ``TEXT_MIN_COSINE``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from .errors import InputError
+
+LAYER_OUTPUT = "layer:"  # "layer:N": layer N alone, 0 (the char-CNN's token layer, [x; x]) to L
+
+
+@dataclass(frozen=True)
+class Dtype:
+    """The type the vectors are written or answered in."""
+
+    name: str
+    torch: torch.dtype
+    numpy: np.dtype
+    ALL: ClassVar[dict[str, "Dtype"]]
+
+    @classmethod
+    def of(cls, name: "str | Dtype") -> "Dtype":
+        """The record of a dtype's name; InputError for an unknown one."""
+        if isinstance(name, Dtype):
+            return name
+        if name not in cls.ALL:
+            raise InputError(f"dtype must be one of {tuple(cls.ALL)}, got {name!r}")
+        return cls.ALL[name]
+
+    @classmethod
+    def of_numpy(cls, dtype: Any) -> "Dtype":
+        """The record of a numpy dtype (``np.float16``, ``array.dtype``)."""
+        return cls.of(np.dtype(dtype).name)
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per value."""
+        return self.numpy.itemsize
+
+    @property
+    def max(self) -> float:
+        """The largest finite value."""
+        return float(np.finfo(self.numpy).max)
+
+    @property
+    def arrow(self) -> Any:
+        """The ``pyarrow`` type (imported here, on first use)."""
+        import pyarrow as pa
+
+        return pa.from_numpy_dtype(self.numpy)
+
+
+Dtype.ALL = {d.name: d for d in (Dtype("float32", torch.float32, np.dtype(np.float32)),
+                                 Dtype("float16", torch.float16, np.dtype(np.float16)))}
+
+
+@dataclass(frozen=True)
+class OutputMode:
+    """What becomes of a sentence's L+1 layers (each 2P wide): kept (``layer_axis``: (T, L+1, 2P)),
+    or one 2P vector per token: one layer (``layer``: its index, -1 the top), their average, or
+    their scalar mix (``mixes``: it takes mix weights, gamma and layer norm)."""
+
+    name: str
+    layer_axis: bool = False
+    layer: int | None = None
+    mixes: bool = False
+    ALL: ClassVar[dict[str, "OutputMode"]]
+
+    @classmethod
+    def of(cls, name: str) -> "OutputMode":
+        """The record of an output mode (``layer:N`` included); InputError for anything else."""
+        if name in cls.ALL:
+            return cls.ALL[name]
+        if name.startswith(LAYER_OUTPUT) and name[len(LAYER_OUTPUT):].isdigit():
+            return cls(name, layer=int(name[len(LAYER_OUTPUT):]))
+        raise InputError(f"output mode must be one of {tuple(cls.ALL)} or {LAYER_OUTPUT}N, got {name!r}")
+
+    def shape(self, n_layers: int, dim: int) -> tuple[int, ...]:
+        """One token's vectors. Shape: -> (L+1, 2P) with the layer axis, else (2P,)."""
+        return (n_layers, dim) if self.layer_axis else (dim,)
+
+    def arrow(self, dim: int, n_layers: int, dtype: Dtype) -> Any:
+        """One token's vectors as an Arrow type: ``fixed_size_list<float, D>``, nested L+1 times
+        with the layer axis."""
+        import pyarrow as pa
+
+        item = pa.list_(dtype.arrow, dim)
+        return pa.list_(item, n_layers) if self.layer_axis else item
+
+
+OutputMode.ALL = {m.name: m for m in (OutputMode("mixed", mixes=True), OutputMode("top", layer=-1),
+                                      OutputMode("average"), OutputMode("all", layer_axis=True))}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A precision of the matrix products: the type their inputs are rounded to by us (``torch``;
+    None: not the torch backend's); ``gpu_rounds``: the GPU's tensor cores round them instead (tf32,
+    so CUDA only; fp32 here); whether the torch backend runs it and whether an ONNX export is built
+    in it (the onnx and tensorrt backends run an export's precision), and then ``onnx``: the
+    ``onnx.TensorProto`` type its products' weights are stored in (int8: an fp32 graph, quantized
+    after), and ``cpu_validated``: whether it is validated on a CPU (ONNX Runtime's CPU provider runs
+    no bf16 graph)."""
+
+    name: str
+    torch: torch.dtype | None
+    torch_backend: bool = True
+    gpu_rounds: bool = False
+    onnx: str | None = None
+    cpu_validated: bool = True
+    ALL: ClassVar[dict[str, "Precision"]]  # the torch backend's first, in the order the CLI offers them
+    EXPORT_ORDER: ClassVar[tuple[str, ...]] = ("fp32", "fp16", "bf16", "int8")  # as `elmo export` offers them
+
+    @classmethod
+    def of(cls, name: "str | Precision") -> "Precision":
+        """The record of a precision's name; InputError for an unknown one."""
+        if isinstance(name, Precision):
+            return name
+        if name not in cls.ALL:
+            raise InputError(f"precision must be one of {list(cls.ALL)}, got {name!r}")
+        return cls.ALL[name]
+
+    @property
+    def exported(self) -> bool:
+        """An ONNX export is built in it; the onnx and tensorrt backends run it."""
+        return self.onnx is not None
+
+    @property
+    def reduced(self) -> bool:
+        """Its products' inputs are rounded to a 16-bit float type."""
+        return self.torch in (torch.bfloat16, torch.float16)
+
+
+Precision.ALL = {p.name: p for p in (
+    Precision("fp32", torch.float32, onnx="FLOAT"), Precision("tf32", torch.float32, gpu_rounds=True),
+    Precision("bf16", torch.bfloat16, onnx="BFLOAT16", cpu_validated=False),
+    Precision("fp16", torch.float16, onnx="FLOAT16"), Precision("int8", None, torch_backend=False, onnx="FLOAT"))}
