@@ -10,7 +10,7 @@ from elmo_cli.precision_args import add_precision_argument, settle_precision
 from elmo_cli.status import say, say_loading
 from elmo_cli.vocabulary import add_fields, add_flag, add_model, field_values, need_model
 from elmo_core.errors import InputError
-from inference.registry import BACKEND_NAMES, check_device, exported_backend, check_precision_for, model_config
+from inference.registry import BACKEND_NAMES, check_device, exported_backend, model_config
 from serving.limits import AccessOptions, ConnectionLimits, ServeLimits, check_port
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -58,8 +58,7 @@ def run_serve(args: argparse.Namespace) -> int:
     access = AccessOptions(args.api_key, args.protect_probes, tuple(args.cors_allow_origin))
     args.backend = args.backend or exported_backend(args.model) or "torch"
     check_device(args.device, args.backend)
-    settle_precision(args)
-    check_precision_for(args.backend, args.precision, args.device)
+    settle_precision(args)  # checked with the backend and device by ModelSource
     model_config(args.model, args.backend, args.weights)  # a bad model fails here, before binding the port
     try:
         from serving.server import run_server

@@ -19,7 +19,7 @@ from elmo_cli.vocabulary import add_flag
 from elmo_core.errors import InputError
 from elmo_core.names import EXPORT_PRECISIONS, PRECISIONS
 from inference.precision import bf16_cpu_warning, int8_cpu_report, resolve_precision
-from inference.registry import exported_precision
+from inference.registry import backend_kind, exported_precision
 
 CHOICES = tuple(dict.fromkeys(PRECISIONS + EXPORT_PRECISIONS)) + ("auto",)
 
@@ -43,11 +43,12 @@ def settle_precision(args: argparse.Namespace) -> str:
     about bf16 on a CPU that emulates it, refuse bf16 / fp16 where torch multiplies them in scalar code. Returns the reason (recorded in the job's manifest)."""
     asked = args.precision or "fp32"
     precision, why = resolve_precision(asked, args.device, args.backend)
-    if args.backend == "onnx":
+    backend = backend_kind(args.backend)
+    if backend.exports_on_demand:
         precision, why = _settle_onnx(args, args.precision, precision, why)
     if args.precision == "auto":
         print(f"precision auto: {precision} ({why})", file=sys.stderr)
-    warning = bf16_cpu_warning(precision, args.device) if args.backend == "torch" else None  # may refuse
+    warning = None if backend.exported else bf16_cpu_warning(precision, args.device)  # may refuse
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     args.precision = precision
@@ -56,7 +57,7 @@ def settle_precision(args: argparse.Namespace) -> str:
 
 def _settle_onnx(args: argparse.Namespace, asked: str | None, precision: str, why: str) -> tuple[str, str]:
     """The onnx backend: (precision, reason); ``args.model`` becomes the export that runs."""
-    exported = exported_precision(args.model, "onnx")
+    exported = exported_precision(args.model, args.backend)
     if exported is not None:
         if asked not in (None, "auto", exported):
             raise InputError(f"--model {args.model} is an {exported} ONNX export; for --precision {asked} pass the "

@@ -24,7 +24,7 @@ from pathlib import Path
 from elmo_core.errors import InputError
 from elmo_core.config import ElmoConfig
 from formats.model_dir import HDF5_NAME, NATIVE_NAME, OPTIONS_NAME, resolve_model
-from inference.registry import BACKEND_NAMES, artifact_file, model_config
+from inference.registry import BACKEND_NAMES, artifact_file, backend_kind, model_config
 
 MODEL_CODE = Path(__file__).with_name("triton_model.py")
 KINDS = {"cpu": "KIND_CPU", "gpu": "KIND_GPU"}
@@ -77,7 +77,7 @@ parameters [
 
 
 def _copy_model(model: Path, backend: str, weights: str | None, dest: Path) -> None:
-    if backend == "torch":
+    if not backend_kind(backend).exported:
         files = resolve_model(model, weights)
         dest.mkdir(parents=True)
         shutil.copy2(files.options, dest / OPTIONS_NAME)

@@ -18,6 +18,7 @@ from elmo_core import BiLM, ElmoConfig, StatefulBiLM
 from elmo_core.bilm import Tokenizer
 from elmo_core.chars import ByteTokenizer
 from elmo_core.errors import ElmoError, InputError
+from elmo_core.kinds import Dtype, Precision
 from formats import load_bilm
 from formats.model_dir import load_tokenizer
 from formats.token_embeddings import read_token_embeddings
@@ -28,8 +29,6 @@ from .host_copy import PinnedCopies
 from .outputs import VectorRequest, combine_layers, finish_on_device, reduce_on_device
 from .precision import check_precision
 from .token_cache import TokenCache, preload_token_cache
-
-_TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16}
 
 
 class Backend(Protocol):
@@ -127,7 +126,8 @@ class TorchBackend(BackendBase):
     ``token_cache``: how many distinct tokens' char-CNN outputs to keep across calls (0: none).
     ``token_embeddings``: a token-embedding file (``elmo dump-tokens``, or the original's with its
     ``token_vocab``) whose tokens skip the char-CNN, besides the ``token_cache`` ones.
-    ``precision``: fp32, tf32 (CUDA), bf16 or fp16 matrix products (``inference.precision``).
+    ``precision``: fp32, tf32 (CUDA), bf16 or fp16 matrix products (``inference.precision``): a
+    name, checked here, or the record ``check_precision`` returned where it was resolved.
     ``cuda_graphs``: the stateless recurrence of ``run_combined`` over rows of one static shape,
     replayed as one CUDA graph (``inference.cuda_graphs``); default on for a CUDA device.
     """
@@ -136,9 +136,9 @@ class TorchBackend(BackendBase):
 
     def __init__(self, model: BiLM, stateful: bool = False, threads: int | None = None,
                  device: str = "cpu", token_cache: int = 50_000, token_embeddings: str | Path | None = None,
-                 token_vocab: str | Path | None = None, precision: str = "fp32",
+                 token_vocab: str | Path | None = None, precision: str | Precision = "fp32",
                  cuda_graphs: bool | None = None) -> None:
-        check_precision(precision, device)
+        precision = precision if isinstance(precision, Precision) else check_precision(precision, device)
         is_cuda = torch.device(device).type == "cuda"
         if cuda_graphs and not is_cuda:
             raise InputError(f"cuda_graphs needs a CUDA device, got {device!r}")
@@ -207,7 +207,7 @@ class TorchBackend(BackendBase):
         ids = torch.from_numpy(np.ascontiguousarray(char_ids)).to(self.device)
         with self.fast.running():
             combined, mask = self.model.run_combined(ids, torch.from_numpy(weights).to(self.device))  # (B, T, 2P)
-            return combined.to(_TORCH_DTYPES[np.dtype(dtype)]), mask
+            return combined.to(Dtype.of_numpy(dtype).torch), mask
 
     @property
     def precision(self) -> str:

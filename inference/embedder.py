@@ -14,7 +14,7 @@ from . import engine
 from .backends import Backend
 from .batching import BatchPolicy
 from .outputs import VectorRequest, check_output, reduce_layers, unit_length
-from .registry import open_backend
+from .registry import backend_kind, open_backend
 
 
 class Embedder:
@@ -46,7 +46,7 @@ class Embedder:
 
         ``device``: where the torch backend runs ('cpu', 'cuda', 'cuda:1', ...).
         """
-        if backend != "torch":
+        if backend_kind(backend).exported:
             raise InputError(f"from_files builds the torch backend; for {backend!r} use its export directory "
                              f"(Embedder.from_onnx / from_tensorrt)")
         return cls.open(options, "torch", batch_size, weights=weights, stateful=stateful, threads=threads,
@@ -130,7 +130,7 @@ class Embedder:
             return [None if n == 0 else row for n, row in zip(lengths, out)]  # ([L+1,] D) each
         offsets = np.concatenate([[0], np.cumsum(lengths)])  # (R+1,)
         results = [out[offsets[i]:offsets[i + 1]] for i in range(len(sentences))]  # (T_i, [L+1,] D)
-        if request.output == "all":
+        if request.mode.layer_axis:
             results = [np.ascontiguousarray(r.transpose(1, 0, 2)) for r in results]  # (L+1, T_i, D)
         return results
 
@@ -138,12 +138,12 @@ class Embedder:
         """A stateful backend: the sentences in the order given, ``batch_size`` rows a call.
         Shape: -> (N tokens, [L+1,] D) float32, the sentences' tokens one after another."""
         L1, D = self.config.n_output_layers, self.config.output_dim
-        parts = [np.empty((0, L1, D) if request.output == "all" else (0, D), np.float32)]
+        parts = [np.empty((0, *request.mode.shape(L1, D)), np.float32)]
         for start in range(0, len(sentences), batch_size):
             batch = sentences[start:start + batch_size]
             layers, mask = self.embed_batch(batch)  # (B, L+1, T, D)
             reduced = reduce_layers(layers, mask, request.output, request.mix, request.gamma,
                                     request.layer_norm)  # (B, [L+1,] T, D)
-            parts += [reduced[k, :, :len(s)].transpose(1, 0, 2) if request.output == "all" else reduced[k, :len(s)]
+            parts += [reduced[k, :, :len(s)].transpose(1, 0, 2) if request.mode.layer_axis else reduced[k, :len(s)]
                       for k, s in enumerate(batch)]  # (T_i, [L+1,] D)
         return np.concatenate(parts).astype(np.float32, copy=False)

@@ -22,6 +22,7 @@ from elmo_core.lstm import BiLstmStack, Packing
 from elmo_core.lstm_cell import low_bmm
 
 from .packed_gemm import PackedLinear, packed_gemm_available
+from .precision import cpu_bf16
 
 # Rows of the input projection computed at a time: (2, 512, 4C) floats is 64 MiB at full size,
 # where the whole batch at once (2, N, 4C) was 512 MiB for a 4096-token batch. GEMMs of 512 rows
@@ -118,8 +119,7 @@ class FastLstm:
     def _packed_low(self) -> bool:
         """bf16 products through oneDNN with weights packed once (AMX / AVX512-BF16 kernels on x86):
         on a CPU, for matrices as large as the fp32 packed path's."""
-        return (self.dtype == torch.bfloat16 and self._use_packed()
-                and torch.ops.mkldnn._is_mkldnn_bf16_supported())  # False on AVX2-only CPUs: no bf16 packing
+        return self.dtype == torch.bfloat16 and self._use_packed() and cpu_bf16().onednn  # not on AVX2-only CPUs
 
     def _packed_low_step(self, layer: int) -> Callable[..., torch.Tensor]:
         """``_step`` in bf16 on packed weights: ``gx`` holds the input part in bf16

@@ -24,12 +24,13 @@ import torch
 
 from elmo_core.bilm import BiLM
 from elmo_core.fused_cell import FusedCell
+from elmo_core.kinds import Precision
 from elmo_core.lstm import Packing
 
 from .cuda_graphs import RowGraphs
 from .fast_lstm import INPUT_CHUNK_ROWS, PACKED_MIN_WEIGHTS, FastLstm
 from .fused_lstm import FusedLstm
-from .precision import matmul_dtype, tf32_products
+from .precision import tf32_products, torch_precision
 from .row_lstm import RowShape
 from .token_cache import TokenCache
 
@@ -41,12 +42,13 @@ class FastInference:
     ``combine`` over static rows, replayed as one CUDA graph (a CUDA device; ``capture=False``
     runs the same windows eagerly; always fused); ``rows``: the most rows and the steps of a window."""
 
-    def __init__(self, model: BiLM, precision: str = "fp32", token_cache: TokenCache | None = None,
+    def __init__(self, model: BiLM, precision: str | Precision = "fp32", token_cache: TokenCache | None = None,
                  cuda_graphs: bool = False, capture: bool = True, chunk_rows: int = INPUT_CHUNK_ROWS,
                  packed_min_weights: int = PACKED_MIN_WEIGHTS, fused: bool | None = None,
                  rows: RowShape = RowShape(), kernels: FusedCell | None = None) -> None:
-        self.model, self.precision, self.token_cache = model, precision, token_cache
-        self.dtype = matmul_dtype(precision)
+        self.kind = torch_precision(precision)
+        self.model, self.precision, self.token_cache = model, self.kind.name, token_cache
+        self.dtype = self.kind.torch
         if fused is None:
             fused = model.lstm.w_input.device.type == "cuda"
         self.lstm = FusedLstm(model.lstm, self.dtype, chunk_rows, kernels) if fused or cuda_graphs else \
@@ -56,7 +58,7 @@ class FastInference:
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
         """Where the model runs on this path: no autograd (so the model takes it), tf32 products for tf32."""
-        with torch.inference_mode(), tf32_products(self.precision == "tf32"):
+        with torch.inference_mode(), tf32_products(self.kind.gpu_rounds):
             yield
 
     def encode(self, char_ids: torch.Tensor) -> torch.Tensor:

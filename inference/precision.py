@@ -22,17 +22,26 @@ from typing import Iterator, Sequence
 import torch
 
 from elmo_core.errors import InputError
+from elmo_core.kinds import Precision
 from elmo_core.names import PRECISIONS
 
-_MATMUL_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+def torch_precision(precision: str | Precision) -> Precision:
+    """The record of a precision the torch backend runs; InputError for any other name."""
+    kind = Precision.ALL.get(precision) if isinstance(precision, str) else precision
+    if kind is None or not kind.torch_backend:
+        name = precision if isinstance(precision, str) else precision.name
+        raise InputError(f"precision must be one of {list(PRECISIONS)}, got {name!r}")
+    return kind
 
 
-def check_precision(precision: str, device: str | torch.device) -> None:
-    """Refuse an unknown precision, or tf32 off CUDA."""
-    if precision not in PRECISIONS:
-        raise InputError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
-    if precision == "tf32" and torch.device(device).type != "cuda":
-        raise InputError(f"precision tf32 is a CUDA tensor-core mode; on {device} use fp32 (or bf16 / fp16)")
+def check_precision(precision: str | Precision, device: str | torch.device) -> Precision:
+    """The torch backend's precision on ``device``, checked: InputError for an unknown one, or tf32
+    off CUDA. What runs downstream takes the record this returns and checks nothing again."""
+    kind = torch_precision(precision)
+    if kind.gpu_rounds and torch.device(device).type != "cuda":
+        raise InputError(f"precision {kind.name} is a CUDA tensor-core mode; on {device} use fp32 (or bf16 / fp16)")
+    return kind
 
 
 # What /proc/cpuinfo calls the instructions that multiply bf16 in hardware (Intel AMX on Sapphire
@@ -63,6 +72,31 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     except OSError:
         pass  # not Linux: nothing reported, so nothing assumed
     return frozenset()
+
+
+@dataclass(frozen=True)
+class CpuBf16:
+    """What a CPU does with bf16 products: ``hardware``, the instruction that multiplies them (one
+    of ``BF16_CPU_FLAGS``; None: none, oneDNN emulates them with AVX-512); ``avx512``: it has
+    AVX-512; ``onednn``: oneDNN's bf16 kernels on packed weights run on it (torch's own report)."""
+
+    hardware: str | None
+    avx512: bool
+    onednn: bool
+
+    @property
+    def scalar(self) -> bool:
+        """Neither AVX-512 nor a bf16 instruction: torch multiplies bf16 and fp16 in scalar code."""
+        return self.hardware is None and not self.avx512
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_bf16(flags: frozenset[str] | None = None) -> CpuBf16:
+    """The one judge of what this CPU (or one reporting ``flags``) does with bf16; judged once."""
+    flags = cpu_flags() if flags is None else flags
+    found = [f for f in BF16_CPU_FLAGS if f in flags]
+    return CpuBf16(found[0] if found else None, "avx512f" in flags,
+                   bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
 
 # What ``--precision auto`` measures for the onnx backend on a model directory, fastest first where
@@ -115,9 +149,9 @@ def resolve_precision(precision: str, device: str, backend: str = "torch",
                         f"at {' and '.join(ONNX_AUTO_CANDIDATES)} when exported on demand")
     if device.startswith("cuda"):
         return "bf16", "CUDA: bf16 products on the tensor cores (H100: 1.4x fp32, min token cosine 0.99999)"
-    found = [f for f in BF16_CPU_FLAGS if f in (cpu_flags() if flags is None else flags)]
+    found = cpu_bf16(flags).hardware
     if found:
-        return "bf16", f"this CPU multiplies bf16 in hardware ({found[0]})"
+        return "bf16", f"this CPU multiplies bf16 in hardware ({found})"
     return "fp32", f"this CPU has no bf16 instructions ({' / '.join(BF16_CPU_FLAGS)})"
 
 
@@ -139,14 +173,15 @@ def fastest_validated(measured: Sequence[MeasuredPrecision]) -> tuple[str, str]:
 def bf16_cpu_warning(precision: str, device: str, flags: frozenset[str] | None = None) -> str | None:
     """A warning for bf16 on a CPU that emulates it with AVX-512, else None; InputError for bf16 or
     fp16 on a CPU without AVX-512, where torch multiplies them in scalar code."""
-    if precision not in ("bf16", "fp16") or not device.startswith("cpu"):
+    kind = Precision.ALL.get(precision)
+    if kind is None or not kind.reduced or not device.startswith("cpu"):
         return None
-    flags = cpu_flags() if flags is None else flags
-    if "avx512f" not in flags and not any(f in flags for f in BF16_CPU_FLAGS):
+    cpu = cpu_bf16(flags)
+    if cpu.scalar:
         raise InputError(f"--precision {precision} on a CPU without AVX-512: torch multiplies {precision} in scalar "
                          f"code here, {AVX2_LOW_PRECISION_SLOWDOWN} fp32's speed; use fp32 (or --precision auto), "
                          f"or --backend onnx --precision int8 for a faster CPU path")
-    if precision == "fp16" or any(f in flags for f in BF16_CPU_FLAGS):
+    if precision != "bf16" or cpu.hardware:
         return None
     return (f"--precision bf16 on a CPU without bf16 instructions ({' / '.join(BF16_CPU_FLAGS)}): its products "
             f"are emulated, {BF16_EMULATED_SLOWDOWN} fp32's speed measured; use fp32, or --precision auto")
@@ -158,12 +193,6 @@ def int8_cpu_report(flags: frozenset[str] | None = None) -> str:
     if found:
         return f"this CPU multiplies int8 in hardware ({', '.join(found)})"
     return f"this CPU has no int8 dot-product instructions ({' / '.join(INT8_CPU_FLAGS)}): AVX2 int8 kernels"
-
-
-def matmul_dtype(precision: str) -> torch.dtype:
-    """The type the matrix products' inputs are rounded to by us (tf32: by the GPU, so fp32 here)."""
-    check_precision(precision, "cuda")
-    return _MATMUL_DTYPES[precision]
 
 
 @contextlib.contextmanager

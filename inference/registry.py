@@ -14,7 +14,8 @@ from typing import Any, Sequence
 
 from elmo_core import ElmoConfig, InputError
 from elmo_core.atomic import read_json_object
-from elmo_core.names import EXPORT_PRECISIONS, PRECISIONS
+from elmo_core.kinds import Precision
+from elmo_core.names import EXPORT_PRECISIONS
 from elmo_core.storage import file_sha256, is_uri, local_copy
 from formats.model_dir import resolve_model
 from inference.precision import check_precision
@@ -33,14 +34,22 @@ class BackendKind:
     class_name: str
     artifact: str | None  # the file an export directory holds; None: a published-format model
     install: str  # what to install when its module cannot be imported
+    exports_on_demand: bool = False  # a model directory is exported once, validated and cached (export.cache)
+    gpu_only: bool = False  # its engines always run on the GPU
+
+    @property
+    def exported(self) -> bool:
+        """It runs an export (its precision the export's); else a published-format model, whose
+        products run in the precision asked for (``inference.precision``)."""
+        return self.artifact is not None
 
 
 BACKENDS = {k.name: k for k in (
     BackendKind("torch", "inference.backends", "TorchBackend", None, "the base package"),
     BackendKind("onnx", "inference.onnx_backend", "OnnxBackend", ONNX_NAME,
-                "onnxruntime (base package; the `gpu` extra for CUDA)"),
+                "onnxruntime (base package; the `gpu` extra for CUDA)", exports_on_demand=True),
     BackendKind("tensorrt", "inference.tensorrt_backend", "TensorRTBackend", ENGINE_NAME,
-                "the `tensorrt` extra, on a machine with an NVIDIA GPU"),
+                "the `tensorrt` extra, on a machine with an NVIDIA GPU", gpu_only=True),
 )}
 BACKEND_NAMES = tuple(BACKENDS)
 
@@ -103,7 +112,7 @@ def artifact_file(model: str | Path, backend: str) -> Path:
 
 def check_device(device: str, backend: str = "torch") -> None:
     """Refuse a GPU device the backend cannot reach (callers check before they write anything)."""
-    if device == "cpu" or backend == "tensorrt":  # TensorRT engines always run on the GPU
+    if device == "cpu" or backend_kind(backend).gpu_only:
         return
     if backend == "onnx":
         from .onnx_backend import cuda_provider_status
@@ -120,28 +129,32 @@ def check_device(device: str, backend: str = "torch") -> None:
 
 
 def torch_options(precision: str = "fp32", token_embeddings: str | None = None,
-                  token_vocab: str | None = None, backend: str = "torch") -> dict[str, str]:
+                  token_vocab: str | None = None, backend: str = "torch") -> dict[str, Any]:
     """The torch backend's own ``open_backend`` options, where given (fp32 and no token-embedding
     file are its defaults, left out so that other backends accept the result; another backend's
-    precision is its export's, so it is left out for them too)."""
-    options = {"precision": precision} if precision != "fp32" and backend == "torch" else {}
+    precision is its export's, so it is left out for them too). The precision was checked where it
+    was resolved (``check_precision_for``): it goes on as its record, which the backend reads."""
+    kind = Precision.of(precision)
+    options: dict[str, Any] = {"precision": kind} if kind.name != "fp32" and not backend_kind(backend).exported else {}
     if token_embeddings is not None or token_vocab is not None:
         options.update(token_embeddings=token_embeddings, token_vocab=token_vocab)
     return options
 
 
-def check_precision_for(backend: str, precision: str, device: str) -> None:
-    """Refuse a precision the backend does not take or the device cannot run (tf32 off CUDA). An
-    ONNX or TensorRT model runs its export's precision (``exported_precision``)."""
-    if backend != "torch":
-        if precision not in EXPORT_PRECISIONS:
+def check_precision_for(backend: str, precision: str, device: str) -> Precision:
+    """The one check of a run's precision, where it is resolved: refuse a precision the backend does
+    not take or the device cannot run (tf32 off CUDA). An ONNX or TensorRT model runs its export's
+    precision (``exported_precision``)."""
+    kind = Precision.ALL.get(precision)
+    if backend_kind(backend).exported:
+        if kind is None or not kind.exported:
             raise InputError(f"--precision {precision}: an {backend} model runs its export's precision, "
                              f"one of {list(EXPORT_PRECISIONS)}")
-        return
-    if precision in EXPORT_PRECISIONS and precision not in PRECISIONS:
+        return kind
+    if kind is not None and kind.exported and not kind.torch_backend:
         raise InputError(f"--precision {precision} runs on the onnx backend (ONNX Runtime's quantized model): "
                          f"add --backend onnx")
-    check_precision(precision, "cuda" if device.startswith("cuda") else "cpu")
+    return check_precision(precision, "cuda" if device.startswith("cuda") else "cpu")
 
 
 def exported_precision(model: str | Path, backend: str) -> str | None:
@@ -173,7 +186,7 @@ def open_backend(model: str | Path, backend: str = "torch", *, threads: int | No
     ``optimization``, ``cache``).
     """
     kind = backend_kind(backend)
-    if backend != "torch" and (options.get("token_embeddings") or options.get("token_vocab")):
+    if kind.exported and (options.get("token_embeddings") or options.get("token_vocab")):
         raise InputError(f"token embeddings are used by the torch backend only; the {backend} backend runs "
                          f"the char-CNN inside its graph (leave --token-embeddings out, or use --backend torch)")
     if providers is None:

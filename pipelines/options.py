@@ -5,6 +5,7 @@ resumed job must use the same ones) and those that only change how fast it runs.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -12,10 +13,10 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 from elmo_core.errors import ElmoError, InputError
-from elmo_core.names import DTYPES, ENGINES, OUTPUT_NAMES, POOLS, resolve_output
+from elmo_core.names import DTYPES, ENGINES, OUTPUT_NAMES, POOLS
 from inference.batching import BatchPolicy
 from inference.outputs import VectorRequest
-from inference.registry import BACKEND_NAMES, check_precision_for, torch_options
+from inference.registry import BACKEND_NAMES, backend_kind, check_precision_for, torch_options
 from runtime import check_threads
 
 from .schema import COMPRESSIONS
@@ -118,14 +119,11 @@ class EmbedOptions:
 
     def __post_init__(self) -> None:
         _check_choice("backend", self.backend, BACKEND_NAMES)
-        output, pool = resolve_output(self.output, self.pool)  # TF-Hub's names (word_emb, default, ...): ours
-        object.__setattr__(self, "output", output)
-        object.__setattr__(self, "pool", pool)
-        _check_choice("dtype", self.dtype, DTYPES)
+        request = self.request  # the vectors' options (output, pool, dtype, mix, gamma): VectorRequest checks them
+        object.__setattr__(self, "output", request.output)  # TF-Hub's names (word_emb, default, ...): ours
+        object.__setattr__(self, "pool", request.pool)
         _check_choice("engine", self.engine, ENGINES)
         _check_choice("compression", self.compression, COMPRESSIONS)
-        if self.pool is not None:
-            _check_choice("pool", self.pool, POOLS)
         for name in ("rows_per_shard", "sort_window_rows", "sort_window_tokens", "workers", "writer_threads",
                      "prefetch"):
             value = getattr(self, name)
@@ -134,14 +132,13 @@ class EmbedOptions:
         check_threads(self.threads)
         _check_columns(self)
         self.policy  # validates the batching options
-        self.request  # validates the output's numbers (mix, gamma: finite, in range)
-        if self.mix is not None and self.output != "mixed":
+        if self.mix is not None and not request.mode.mixes:
             raise InputError(f"--mix only applies to --output mixed (got --output {self.output})")
         if not 0 <= self.num_gpus_per_worker <= MAX_COUNT:  # also refuses nan
             raise InputError(f"--num-gpus-per-replica must be a number >= 0, got {self.num_gpus_per_worker}")
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise InputError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
-        if self.weights is not None and self.backend != "torch":
+        if self.weights is not None and backend_kind(self.backend).exported:
             raise InputError(f"--weights names a published-format weights file (--backend torch); --backend "
                              f"{self.backend} takes an export directory as --model")
         check_precision_for(self.backend, self.precision, self.device)
@@ -157,9 +154,10 @@ class EmbedOptions:
         """The torch backend's own options (token embeddings, precision), where given."""
         return torch_options(self.precision, self.token_embeddings, self.token_vocab, self.backend)
 
-    @property
+    @functools.cached_property
     def request(self) -> VectorRequest:
-        """What each row's vectors become (``inference.outputs``; the engine's terms)."""
+        """What each row's vectors become (``inference.outputs``; the engine's terms), made and
+        checked once."""
         return VectorRequest(self.output, self.mix, self.gamma, False, self.pool, self.normalize, self.dtype)
 
     @property

@@ -16,7 +16,7 @@ from elmo_core.names import HUB_OUTPUTS
 from elmo_core.errors import InputError
 from elmo_core.storage import is_uri
 from inference.outputs import OUTPUT_MODES, VectorRequest
-from inference.registry import torch_options
+from inference.registry import check_precision_for, torch_options
 from runtime import check_threads
 
 from .batcher import DynamicBatcher
@@ -45,6 +45,7 @@ class ModelSource:
 
     def __post_init__(self) -> None:
         check_threads(self.threads)
+        check_precision_for(self.backend, self.precision, self.device)  # the one check; the backend reads it
 
     @property
     def name(self) -> str:
