@@ -7,7 +7,7 @@ tolerances are the export's: ``formats.export_spec.TOLERANCES`` and ``TEXT_MIN_C
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import numpy as np
 import torch
@@ -17,23 +17,33 @@ from .errors import InputError
 LAYER_OUTPUT = "layer:"  # "layer:N": layer N alone, 0 (the char-CNN's token layer, [x; x]) to L
 
 
+class _Named:
+    """A record looked up by its name (``of``): the names are ``ALL``'s keys."""
+
+    ALL: ClassVar[dict[str, Any]]
+
+    @classmethod
+    def _choices(cls) -> object:
+        return tuple(cls.ALL)
+
+    @classmethod
+    def of(cls, name: "str | Self") -> Self:
+        """The record of a name (a record is itself); InputError for an unknown one."""
+        if isinstance(name, cls):
+            return name
+        if name not in cls.ALL:
+            raise InputError(f"{cls.__name__.lower()} must be one of {cls._choices()}, got {name!r}")
+        return cls.ALL[name]
+
+
 @dataclass(frozen=True)
-class Dtype:
+class Dtype(_Named):
     """The type the vectors are written or answered in."""
 
     name: str
     torch: torch.dtype
     numpy: np.dtype
     ALL: ClassVar[dict[str, "Dtype"]]
-
-    @classmethod
-    def of(cls, name: "str | Dtype") -> "Dtype":
-        """The record of a dtype's name; InputError for an unknown one."""
-        if isinstance(name, Dtype):
-            return name
-        if name not in cls.ALL:
-            raise InputError(f"dtype must be one of {tuple(cls.ALL)}, got {name!r}")
-        return cls.ALL[name]
 
     @classmethod
     def of_numpy(cls, dtype: Any) -> "Dtype":
@@ -101,7 +111,7 @@ OutputMode.ALL = {m.name: m for m in (OutputMode("mixed", mixes=True), OutputMod
 
 
 @dataclass(frozen=True)
-class Precision:
+class Precision(_Named):
     """A precision of the matrix products: the type their inputs are rounded to by us (``torch``;
     None: not the torch backend's); ``gpu_rounds``: the GPU's tensor cores round them instead (tf32,
     so CUDA only; fp32 here); whether the torch backend runs it and whether an ONNX export is built
@@ -120,13 +130,8 @@ class Precision:
     EXPORT_ORDER: ClassVar[tuple[str, ...]] = ("fp32", "fp16", "bf16", "int8")  # as `elmo export` offers them
 
     @classmethod
-    def of(cls, name: "str | Precision") -> "Precision":
-        """The record of a precision's name; InputError for an unknown one."""
-        if isinstance(name, Precision):
-            return name
-        if name not in cls.ALL:
-            raise InputError(f"precision must be one of {list(cls.ALL)}, got {name!r}")
-        return cls.ALL[name]
+    def _choices(cls) -> object:
+        return list(cls.ALL)
 
     @property
     def exported(self) -> bool:
