@@ -187,7 +187,7 @@ def test_the_driver_killed_then_resume_keeps_every_committed_shard(tiny, tmp_pat
     """A real ``elmo embed --engine spark`` process (its own Spark) killed with SIGKILL after some
     shards; ``--resume`` in another process finishes it: every row once, in order."""
     corpus = tmp_path / "corpus"
-    write_sample_corpus(corpus, rows=900, files=2, row_group_rows=100)
+    write_sample_corpus(corpus, rows=300, files=2, row_group_rows=50)
     out = tmp_path / "out"
     args = ["embed", str(corpus), str(out), "--model", str(tiny), "--engine", "spark", "--spark-master", "local[1]",
             "--id-column", "id", "--rows-per-shard", "30", "--sort-window-rows", "15", "--quiet"]
@@ -200,11 +200,11 @@ def test_the_driver_killed_then_resume_keeps_every_committed_shard(tiny, tmp_pat
     os.killpg(proc.pid, signal.SIGKILL)  # the driver, its JVM and its Python workers: a machine gone
     proc.wait()
     kept = len(list((out / "_shards").glob("*.json")))
-    assert 1 <= kept < 30 and not (out / "_SUCCESS").exists()
+    assert 1 <= kept < 10 and not (out / "_SUCCESS").exists()
     r = subprocess.run([sys.executable, "-m", "elmo_cli", *args, "--resume", "--json"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert _table(out).column("id").to_pylist() == _table(corpus).column("id").to_pylist()
-    assert verify_output(out)["rows"] == 900
+    assert verify_output(out)["rows"] == 300
 
 
 def test_the_transform_in_a_users_pipeline_gives_elmo_embeds_vectors(spark, tiny, tmp_path):
