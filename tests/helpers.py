@@ -2,7 +2,12 @@
 where the original TensorFlow reference fixture lives. Fixtures are in ``tests/conftest.py``."""
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -85,3 +90,25 @@ def assert_as_accurate(got: torch.Tensor, want: torch.Tensor, ref: torch.Tensor,
     unit = float(torch.finfo(low).eps) / 2  # unit roundoff: 2**-8 bf16, 2**-11 fp16
     bound = 2 * err_want + 8 * unit * scale
     assert err_got <= bound, f"error {err_got:.3g} against float64 > {bound:.3g} (2 x {err_want:.3g} + 8 ulp)"
+
+
+def run_cli(*args: object) -> subprocess.CompletedProcess:
+    """``elmo ARGS`` in this process (``elmo_cli.main``): its exit status, stdout and stderr as
+    ``subprocess.run`` gives them, without a second interpreter importing torch (seconds each). The
+    threads and signal handlers a command sets are put back. Where the process itself is under test
+    (signals, a native library that could crash it) tests run ``python -m elmo_cli`` instead."""
+    from elmo_cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    threads, handlers = torch.get_num_threads(), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in args])
+    except SystemExit as e:  # argparse's own errors
+        code = e.code if isinstance(e.code, int) else 2
+    finally:
+        torch.set_num_threads(threads)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    return subprocess.CompletedProcess([sys.executable, "-m", "elmo_cli", *map(str, args)], code, out.getvalue(),
+                                       err.getvalue())

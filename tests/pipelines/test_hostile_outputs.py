@@ -22,11 +22,13 @@ from elmo_core.atomic import write_text_atomic
 from pipelines import embed_parquet
 from pipelines.verify import verify_output
 
+from tests.helpers import run_cli as elmo
+
 ELMO = [sys.executable, "-m", "elmo_cli"]
 SLOW = ["--rows-per-shard", "30", "--sort-window-rows", "15", "--max-batch-tokens", "300", "--threads", "1"]
 
 
-def elmo(*args: object, timeout: float = 180) -> subprocess.CompletedProcess:
+def elmo_process(*args: object, timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run(ELMO + [str(a) for a in args], capture_output=True, text=True, timeout=timeout)
 
 
@@ -155,7 +157,7 @@ def test_hdf5_on_a_full_disk_exits_2_leaves_nothing_and_reruns_once_there_is_roo
     out = small_fs / "vectors.hdf5"
     (small_fs / ".vectors.hdf5.999999.tmp").write_bytes(b"x" * 1000)  # a killed job's
     args = ["embed", corpus, out, "--format", "hdf5", "--model", tiny_dir, "--output", "all", "--quiet"]
-    r = elmo(*args)
+    r = elmo_process(*args)  # a process: libhdf5 once crashed it here
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])  # was a segfault in libhdf5 (139)
     assert "No space left on device; the disk is full: free space, then rerun the same command" in r.stderr
     assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr

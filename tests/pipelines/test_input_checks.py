@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +18,7 @@ from inference import Embedder
 from pipelines import embed_parquet
 from pipelines.verify import verify_output
 
-ELMO = [sys.executable, "-m", "elmo_cli"]
-
-
-def elmo(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run(ELMO + [str(a) for a in args], capture_output=True, text=True, timeout=180)
+from tests.helpers import run_cli as elmo
 
 
 def write(path: Path, **columns: pa.Array) -> Path:

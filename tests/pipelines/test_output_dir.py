@@ -20,12 +20,10 @@ from pipelines import embed_parquet
 from corpora.sample import write_sample_corpus
 from pipelines.verify import VerificationError, verify_output
 
+from tests.helpers import run_cli as elmo
+
 ELMO = [sys.executable, "-m", "elmo_cli"]
 SLOW = ["--rows-per-shard", "30", "--sort-window-rows", "15", "--max-batch-tokens", "300", "--threads", "1"]
-
-
-def elmo(*args: object, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(ELMO + [str(a) for a in args], capture_output=True, text=True, timeout=timeout)
 
 
 def start_embed(corpus: Path, out: Path, model: Path, *extra: str) -> subprocess.Popen:
