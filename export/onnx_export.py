@@ -20,7 +20,7 @@ from inference.onnx_backend import session_options
 
 from .errors import UnsupportedOpError
 from .onnx_graph import build_onnx
-from .quantize import Int8Plan, plan_int8
+from .quantize import Int8Plan, plan_int8, plan_target
 from .tensorrt_ops import check_tensorrt_ops, op_types
 from .text_parity import TextSample, default_sample
 from .validate import ShapeSample
@@ -36,13 +36,14 @@ def _save(proto: onnx.ModelProto, path: Path, spec: ExportSpec, text: TextSample
     tmp = path.with_name(".fp32." + path.name)
     onnx.save(proto, str(tmp))
     try:
-        return plan_int8(tmp, path, spec.text_min_cosine, lambda p: int8_score(ort_run(p, spec, threads), text, shapes))
+        return plan_int8(tmp, path, plan_target(spec.text_min_cosine),
+                         lambda p: int8_score(ort_run(p, spec, threads), text, shapes))
     finally:
         tmp.unlink(missing_ok=True)
 
 
 def int8_score(run, text: TextSample, shapes: ShapeSample) -> float:  # type: ignore[no-untyped-def]
-    """What an int8 plan holds to ``spec.text_min_cosine``: the min token cosine on the text sample,
+    """What an int8 plan holds to its target (``quantize.plan_target``): the min token cosine on the text sample,
     or lower where the random-token shapes come nearer their own floor (``spec.tolerance``, lower
     than the text's target): their error is scaled by the ratio of the two allowances, so a plan
     that holds the score passes both checks of the export's validation."""

@@ -22,7 +22,7 @@ from inference.backends import TorchBackend
 from .errors import ParityError
 from .validate import RunFn, layer_cosines, reference, where, worst_token
 
-SAMPLE_SENTENCES = 64  # sentences of a calibration sample
+SAMPLE_SENTENCES = 256  # sentences of a calibration sample
 MAX_TOKENS = 100  # tokens kept of each sample sentence
 BATCH_SIZE = 16
 

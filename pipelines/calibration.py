@@ -6,14 +6,15 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+from export.text_parity import SAMPLE_SENTENCES
+
 from .hdf5_output import is_text_input, parquet_sentences, text_sentences
 from .options import EmbedOptions
 
-SAMPLE_ROWS = 64  # rows read: export.text_parity.SAMPLE_SENTENCES
 
 
 def calibration_sample(spec: str | Path, text_column: str = "text", tokens_column: str | None = None,
-                       rows: int = SAMPLE_ROWS) -> tuple[list[list[str]], str]:
+                       rows: int = SAMPLE_SENTENCES) -> tuple[list[list[str]], str]:
     """(the tokens of the first ``rows`` non-empty rows of ``spec``, where they come from)."""
     if is_text_input(spec):
         found = (tokens for _, tokens, _ in text_sentences(Path(spec)))
