@@ -53,10 +53,11 @@ def test_ort_tensorrt_execution_provider_options():
 
 def test_cli_tensorrt_arguments():
     args = build_parser().parse_args(["export", "tensorrt", "--onnx", "a", "--out", "b", "--min", "1,2", "--opt",
-                                      "4,16", "--max", "8,64", "--fp16", "--workspace", "1024"])
-    assert (args.min_bt, args.opt_bt, args.max_bt, args.fp16, args.workspace) == ("1,2", "4,16", "8,64", True, 1024)
+                                      "4,16", "--max", "8,64", "--precision", "fp16", "--workspace", "1024"])
+    assert (args.min_bt, args.opt_bt, args.max_bt, args.precision, args.workspace) == ("1,2", "4,16", "8,64", "fp16",
+                                                                                      1024)
     args = build_parser().parse_args(["export", "tensorrt", "--onnx", "a", "--out", "b"])
-    assert (args.min_bt, args.fp16, args.workspace) == (None, False, 4096)
+    assert (args.min_bt, args.precision, args.workspace) == (None, "fp32", 4096)
 
 
 def test_build_engine_checks_before_needing_a_gpu(tiny_dir, tmp_path, capsys):
