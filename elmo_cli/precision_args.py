@@ -86,13 +86,14 @@ def _settle_onnx(args: argparse.Namespace, asked: str | None, precision: str, wh
 
 def _calibration(args: argparse.Namespace) -> tuple[list[list[str]], str] | None:
     """The calibration sample: ``--calibration``, else the job's INPUT; None (the default sample) if neither."""
-    from pipelines.calibration import calibration_sample
+    from pipelines.calibration import calibration_sample, user_calibration
 
-    source = args.calibration or getattr(args, "input", None)
-    if source is None:
-        return None
-    sample = calibration_sample(source, getattr(args, "text_column", "text"), getattr(args, "tokens_column", None))
-    return sample if sample[0] else None
+    columns = getattr(args, "text_column", "text"), getattr(args, "tokens_column", None)
+    if args.calibration:
+        return user_calibration(args.calibration, *columns)
+    source = getattr(args, "input", None)
+    sample = calibration_sample(source, *columns) if source is not None else None
+    return sample if sample and sample[0] else None
 
 
 def _measured(export: Path) -> str:

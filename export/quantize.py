@@ -15,7 +15,8 @@ products, recurrent products and projections) and chosen on a sample of text (th
 sample): each group alone is measured, then the groups are added from the least error to the most
 while the whole graph keeps every layer's token cosine at or above the target, on the sample and,
 scaled to the same allowance, on the random-token shapes validation also holds it to (long random
-tokens drive the recurrence where text seldom does); the others stay in fp32. ``Int8Plan`` records which were quantized, which were kept and each one's own cosine.
+tokens drive the recurrence where text seldom does); the others stay in fp32. ``Int8Plan`` records
+which were quantized, which were kept and each one's own score.
 Static quantization calibrated on the same text (``quantize_static``, MinMax ranges, QOperator or
 QDQ) measured worse on ``models/default`` (min token cosine 0.9925 with only the char-CNN and input
 products quantized, against 0.9988 dynamic), so it is not used.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+from elmo_core.errors import InputError
 from export.text_parity import SAMPLE_SENTENCES
 
 from .hdf5_output import is_text_input, parquet_sentences, text_sentences
@@ -23,3 +24,14 @@ def calibration_sample(spec: str | Path, text_column: str = "text", tokens_colum
         found = (tokens for _, tokens, _ in parquet_sentences(spec, opts, {"invalid_utf8": 0}))
     sentences = list(itertools.islice((t for t in found if t), rows))
     return sentences, f"the first {len(sentences)} rows of {spec}"
+
+
+def user_calibration(spec: str | Path, text_column: str = "text",
+                     tokens_column: str | None = None) -> tuple[list[list[str]], str]:
+    """``--calibration INPUT``'s sample; InputError naming INPUT when none of its rows has text (a
+    job's own INPUT without text falls back to the default sample instead)."""
+    sample = calibration_sample(spec, text_column, tokens_column)
+    if not sample[0]:
+        raise InputError(f"--calibration {spec}: no row with text to plan and validate on; pass Parquet files with "
+                         f"a '{tokens_column or text_column}' column or a text file of one sentence a line")
+    return sample

@@ -159,6 +159,11 @@ def test_export_onnx_plans_and_validates_on_its_calibration_input(tiny_dir, tmp_
                  "--calibration", str(tmp_path / "empty.txt")]) == 2
     err = capsys.readouterr().err
     assert "--calibration" in err and "empty.txt" in err and "no row with text" in err
+    write_sample_corpus(tmp_path / "corpus", rows=10, files=1)  # elmo embed says the same, before writing
+    assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "g"), "--model", str(tiny_dir), "--backend", "onnx",
+                 "--precision", "int8", "--calibration", str(tmp_path / "empty.txt"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "empty.txt" in err and "no row with text" in err and not (tmp_path / "g").exists()
 
 
 def test_the_int8_score_holds_the_random_shapes_floor_as_well_as_the_text_target(tiny_dir):
