@@ -44,7 +44,7 @@ def worker(work: Path, variant: str, batch: int, steps: int, profile: bool) -> d
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = variant == "tf32"
     opts = TrainOptions(train=str(work / "train.txt"), options=str(work / "options.json"), out=str(work / f"run-{variant}"),
                         vocab=str(work / "vocab-20000.txt"), batch_size=batch, max_steps=10_000, checkpoint_every=0,
-                        shuffle_buffer=0, device="cuda", bf16=variant == "bf16")
+                        shuffle_buffer=0, device="cuda", precision="bf16" if variant == "bf16" else "fp32")
     trainer = Trainer(opts, log=lambda s: None)
     if variant == "fp32-unfused":
         trainer.lm.bilm.lstm.sequence = lstm_sequence

@@ -6,7 +6,7 @@ A run saves its options in RUN_DIR/run.json and in every checkpoint.
 """
 from __future__ import annotations
 
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 
 from elmo_core.errors import InputError
 
@@ -85,12 +85,8 @@ class TrainOptions:
     freeze_encoder_steps: int = _opt(0, "train only the softmax for the first N steps (for a fresh softmax)",
                                      "fine-tuning")
 
-    bf16: InitVar[bool] = False  # precision="bf16", as callers of the library spelled it
-
-    def __post_init__(self, bf16: bool) -> None:
+    def __post_init__(self) -> None:
         if self.train is None or self.out is None:
             raise TypeError("TrainOptions needs train and out")
-        if bf16:
-            self.precision = "bf16"
         if self.precision not in PRECISIONS:
             raise InputError(f"--precision {self.precision}: training runs in {' or '.join(PRECISIONS)}")

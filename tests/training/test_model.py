@@ -118,7 +118,7 @@ def test_trained_tiny_model_beats_unigram_perplexity(tmp_path):
 
 def test_bf16_autocast_step_runs(tmp_path):
     p = write_corpus(tmp_path / "train.txt", sotu_sentences(limit=20))
-    trainer = Trainer(tiny_run(tmp_path, p, bf16=True), log=lambda s: None)
+    trainer = Trainer(tiny_run(tmp_path, p, precision="bf16"), log=lambda s: None)
     losses = _steps(trainer, 3)
     assert all(math.isfinite(x) for x in losses) and trainer.state.h.dtype == torch.float32
     assert trainer.lm.softmax_w.dtype == torch.float32  # autocast: parameters stay fp32
