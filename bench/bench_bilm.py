@@ -110,7 +110,6 @@ def compare_precisions(model_dir: Path, batches: list[list[list[str]]], threads:
     """torch fp32 and each other precision in turns, twice; best tokens/s of each; min cosine
     against torch fp32. ONNX ones run the export ``elmo embed --backend onnx --precision P`` builds
     (``export.cache``, under ``workdir``; the first run exports and validates)."""
-    from elmo_core.errors import InputError
     from inference.precision import BF16_CPU_FLAGS, INT8_CPU_FLAGS, bf16_cpu_warning, cpu_flags
     from export.cache import cached_onnx_export
     from inference.registry import open_backend
@@ -120,11 +119,10 @@ def compare_precisions(model_dir: Path, batches: list[list[list[str]]], threads:
     print(f"CPU flags: {' '.join(shown) or 'none of the bf16 / int8 ones'}")
     refused = {}
     for p in precisions:
-        try:
-            bf16_cpu_warning(p, "cpu")
-        except InputError as e:  # what `elmo embed --precision p` refuses here: scalar products, hours
-            refused[p] = str(e)
-            print(f"torch {p}: refused on this CPU, as the CLI refuses it ({e})")
+        slow = bf16_cpu_warning(p, "cpu")
+        if slow is not None and slow.scalar:  # what `elmo embed --precision p` refuses here: scalar products, hours
+            refused[p] = slow.text
+            print(f"torch {p}: refused on this CPU, as the CLI refuses it ({slow.text})")
     runners = {f"torch {p}": TorchBackend.from_files(model_dir, threads=threads, precision=p)
                for p in dict.fromkeys(["fp32", *precisions]) if p not in refused}
     for p in onnx_precisions:

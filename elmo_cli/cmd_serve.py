@@ -6,11 +6,11 @@ import argparse
 import os
 import signal
 
-from elmo_cli.precision_args import add_precision_argument, settle_precision
+from elmo_cli.run_args import add_precision_argument, model_run
 from elmo_cli.status import say, say_loading
 from elmo_cli.vocabulary import add_fields, add_flag, add_model, field_values, need_model
 from elmo_core.errors import InputError
-from inference.registry import BACKEND_NAMES, check_device, exported_backend, model_config
+from inference.registry import BACKEND_NAMES
 from serving.limits import AccessOptions, ConnectionLimits, ServeLimits, check_port
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,28 +56,22 @@ def run_serve(args: argparse.Namespace) -> int:
     limits = ServeLimits(**field_values(ServeLimits, args))
     connections = ConnectionLimits(**field_values(ConnectionLimits, args))
     access = AccessOptions(args.api_key, args.protect_probes, tuple(args.cors_allow_origin))
-    args.backend = args.backend or exported_backend(args.model) or "torch"
-    check_device(args.device, args.backend)
-    settle_precision(args)  # checked with the backend and device by ModelSource
-    model_config(args.model, args.backend, args.weights)  # a bad model fails here, before binding the port
+    run = model_run(args, remote=args.engine == "ray")  # a bad model fails here, before binding the port
     try:
         from serving.server import run_server
-        from serving.service import ModelSource, ServingState
+        from serving.service import ServingState
     except ImportError as e:
         raise InputError(f"elmo serve needs the `serve` extra: pip install 'elmo-pipeline[serve]' ({e})") from e
-    source = ModelSource(args.model, args.backend, args.device, args.weights, args.threads, args.token_embeddings,
-                         args.token_vocab, args.precision)
-    if args.engine == "local":
-        say_loading("serve", args.model, args.threads, f"{args.backend} on {args.device}")
-        say("serve", "warming up; `listening on URL` follows once the model answers")
     if args.engine == "ray":
         from serving.ray_serve import run_ray_serve
 
-        return run_ray_serve(source, limits, args.host, args.port, args.replicas, args.num_gpus_per_replica,
-                             args.ray_address, args.quiet, access)
+        return run_ray_serve(run, limits, args.host, args.port, args.replicas, args.num_gpus_per_replica,
+                             args.ray_address, args.quiet, access, share=args.threads is None)
+    say_loading("serve", run)
+    say("serve", "warming up; `listening on URL` follows once the model answers")
     previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        run_server(ServingState(source, limits), args.host, args.port, args.quiet, connections=connections,
+        run_server(ServingState(run, limits), args.host, args.port, args.quiet, connections=connections,
                    access=access)
     finally:
         for sig, handler in previous.items():

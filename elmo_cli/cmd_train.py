@@ -5,8 +5,9 @@ import argparse
 import json
 import sys
 
-from elmo_cli.status import say
+from elmo_cli.status import say_loading
 from elmo_cli.vocabulary import add_fields, add_flag, field_values
+from inference.model_run import resolve_run
 from runtime import process_started, use_threads
 from training.options import TrainOptions
 from training.recipes import default_options_path
@@ -73,12 +74,14 @@ def run_perplexity(args: argparse.Namespace) -> int:
     from training.evaluate import load_language_model, perplexity
 
     torch.set_flush_denormal(True)  # see Trainer: denormals slow CPU kernels ~10x
-    say("perplexity", f"loading the model {args.model} ({use_threads(None)}); then scoring {args.data}")
-    lm, vocab = load_language_model(args.model)
-    result = perplexity(lm.to(args.device), args.data, vocab, args.batch_size, args.max_sentences, args.text_column,
-                        args.device, stateful=args.stateful)
+    run = resolve_run(args.model, backend="torch", device=args.device)  # the softmax too: the LM, not a backend
+    say_loading("perplexity", run)
+    use_threads(run.threads.count)
+    lm, vocab = load_language_model(run.model)
+    result = perplexity(lm.to(run.device), args.data, vocab, args.batch_size, args.max_sentences, args.text_column,
+                        run.device, stateful=args.stateful)
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps({**result, "run": run.to_dict()}))
     else:
         print(f"perplexity  forward {result['forward']:.2f}  backward {result['backward']:.2f}  "
               f"mean {result['mean']:.2f}  ({result['predictions']:,} predictions per direction, "

@@ -1,7 +1,7 @@
 """``--backend onnx --precision auto`` on a model directory: each candidate precision
 (``inference.precision.ONNX_AUTO_CANDIDATES``) exported on demand and validated (``export.cache``),
 the ones that validate timed in turns on the calibration sample, and the fastest chosen by
-``inference.precision.resolve_precision``. The choice, every candidate's min token cosine and speed
+``inference.precision.fastest_validated``. The choice, every candidate's min token cosine and speed
 are recorded in the cache beside the exports (``onnx/auto-<key>.json``, keyed by the model, the
 sample, ONNX Runtime and the CPU), so a later job on this CPU reuses them.
 """
@@ -17,7 +17,7 @@ from elmo_core.storage import cache_root
 from formats import load_bilm, resolve_model
 from formats.export_manifest import MANIFEST_NAME, ONNX_NAME
 from formats.export_spec import ExportSpec
-from inference.precision import ONNX_AUTO_CANDIDATES, MeasuredPrecision, cpu_model, resolve_precision
+from inference.precision import ONNX_AUTO_CANDIDATES, MeasuredPrecision, cpu_model, fastest_validated
 
 from .cache import Sample, cached_onnx_export, export_key
 from .errors import ParityError
@@ -48,7 +48,7 @@ def auto_onnx_export(model: str | Path, weights: str | Path | None = None, threa
     for precision, path in exports.items():
         text = json.loads((path / MANIFEST_NAME).read_text())["parity"]["text"]
         measured.append(MeasuredPrecision(precision, text["min_cosine"], speeds[precision]))
-    precision, why = resolve_precision("auto", "cpu", "onnx", measured=measured)
+    precision, why = fastest_validated(measured)
     write_json_atomic(record_path, {"precision": precision, "why": why, "export": str(exports[precision]),
                                     "cpu": cpu_model(), "candidates": [m.to_dict() for m in measured]})
     return exports[precision], precision, why

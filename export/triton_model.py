@@ -41,7 +41,7 @@ class TritonPythonModel:
         device = f"cuda:{args['model_instance_device_id']}" if args["model_instance_kind"] == "GPU" else "cpu"
         model_dir = Path(args["model_repository"]) / args["model_version"] / "model"
         threads = int(params["threads"]) if params.get("threads") else None
-        self.embedder = Embedder.open(model_dir, params.get("backend", "torch"), device=device, threads=threads)
+        self.embedder = Embedder.open(model_dir, params.get("backend"), device=device, threads=threads)  # a ModelRun
         self.dim = self.embedder.config.output_dim
 
     def execute(self, requests: list) -> list:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -14,7 +14,8 @@ from . import engine
 from .backends import Backend
 from .batching import BatchPolicy
 from .outputs import VectorRequest, check_output, reduce_layers, unit_length
-from .registry import backend_kind, open_backend
+from .model_run import RUN_OPTIONS, resolve_run
+from .registry import backend_kind
 
 
 class Embedder:
@@ -33,10 +34,13 @@ class Embedder:
         self.config = backend.config
 
     @classmethod
-    def open(cls, model: str | Path, backend: str = "torch", batch_size: int | None = None,
-             policy: BatchPolicy = BatchPolicy(), **options: object) -> "Embedder":
-        """Any backend of the registry (see ``inference.registry.open_backend`` for ``options``)."""
-        return cls(open_backend(model, backend, **options), batch_size, policy)  # type: ignore[arg-type]
+    def open(cls, model: str | Path, backend: str | None = None, batch_size: int | None = None,
+             policy: BatchPolicy = BatchPolicy(), **options: Any) -> "Embedder":
+        """Any backend of the registry, through the one ``ModelRun``: ``options`` are ``resolve_run``'s
+        (device, threads, precision, weights, token_embeddings, token_vocab), the rest the backend's own
+        (``inference.registry.open_backend``: torch's ``stateful``, onnx's ``providers``, ...)."""
+        asked = {k: options.pop(k) for k in RUN_OPTIONS if k in options}
+        return cls(resolve_run(model, backend=backend, **asked).open(**options), batch_size, policy)
 
     @classmethod
     def from_files(cls, options: str | Path, weights: str | Path | None = None, backend: str = "torch",

@@ -133,20 +133,13 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return platform.processor()
 
 
-def resolve_precision(precision: str, device: str, backend: str = "torch",
-                      flags: frozenset[str] | None = None,
-                      measured: Sequence[MeasuredPrecision] | None = None) -> tuple[str, str]:
-    """``--precision auto`` made concrete, and why: the fastest precision within the parity bound
-    (every token's cosine >= 0.999 against fp32, tested) that this device multiplies in hardware;
-    for the onnx backend, the fastest of ``measured`` (``ONNX_AUTO_CANDIDATES`` exported, validated
-    and timed on this model and CPU) that validates. Any other precision is returned as asked."""
+def resolve_precision(precision: str, device: str, flags: frozenset[str] | None = None) -> tuple[str, str]:
+    """The torch backend's ``--precision auto`` made concrete, and why: the fastest precision within
+    the parity bound (every token's cosine >= 0.999 against fp32, tested) that this device multiplies
+    in hardware. Any other precision is returned as asked. (The onnx backend measures its own on a
+    model directory: ``export.auto``, ``fastest_validated``.)"""
     if precision != "auto":
         return precision, "asked for"
-    if backend != "torch":
-        if measured:
-            return fastest_validated(measured)
-        return "fp32", (f"the {backend} backend: an export runs its own precision; a model directory is measured "
-                        f"at {' and '.join(ONNX_AUTO_CANDIDATES)} when exported on demand")
     if device.startswith("cuda"):
         return "bf16", "CUDA: bf16 products on the tensor cores (H100: 1.4x fp32, min token cosine 0.99999)"
     found = cpu_bf16(flags).hardware
@@ -170,21 +163,31 @@ def fastest_validated(measured: Sequence[MeasuredPrecision]) -> tuple[str, str]:
                             + ", ".join(figures(m) for m in measured))
 
 
-def bf16_cpu_warning(precision: str, device: str, flags: frozenset[str] | None = None) -> str | None:
-    """A warning for bf16 on a CPU that emulates it with AVX-512, else None; InputError for bf16 or
-    fp16 on a CPU without AVX-512, where torch multiplies them in scalar code."""
+@dataclass(frozen=True)
+class SlowPrecision:
+    """Why a precision runs below fp32's speed on this CPU; ``scalar``: far below (scalar products),
+    which a command refuses (a library caller may still run it: the vectors are right)."""
+
+    text: str
+    scalar: bool
+
+
+def bf16_cpu_warning(precision: str, device: str, flags: frozenset[str] | None = None) -> SlowPrecision | None:
+    """bf16 on a CPU that emulates it with AVX-512; bf16 or fp16 on a CPU without AVX-512, where
+    torch multiplies them in scalar code (``scalar``); else None."""
     kind = Precision.ALL.get(precision)
     if kind is None or not kind.reduced or not device.startswith("cpu"):
         return None
     cpu = cpu_bf16(flags)
     if cpu.scalar:
-        raise InputError(f"--precision {precision} on a CPU without AVX-512: torch multiplies {precision} in scalar "
-                         f"code here, {AVX2_LOW_PRECISION_SLOWDOWN} fp32's speed; use fp32 (or --precision auto), "
-                         f"or --backend onnx --precision int8 for a faster CPU path")
+        return SlowPrecision(f"--precision {precision} on a CPU without AVX-512: torch multiplies {precision} in "
+                             f"scalar code here, {AVX2_LOW_PRECISION_SLOWDOWN} fp32's speed; use fp32 (or "
+                             f"--precision auto), or --backend onnx --precision int8 for a faster CPU path", True)
     if precision != "bf16" or cpu.hardware:
         return None
-    return (f"--precision bf16 on a CPU without bf16 instructions ({' / '.join(BF16_CPU_FLAGS)}): its products "
-            f"are emulated, {BF16_EMULATED_SLOWDOWN} fp32's speed measured; use fp32, or --precision auto")
+    return SlowPrecision(f"--precision bf16 on a CPU without bf16 instructions ({' / '.join(BF16_CPU_FLAGS)}): its "
+                         f"products are emulated, {BF16_EMULATED_SLOWDOWN} fp32's speed measured; use fp32, or "
+                         f"--precision auto", False)
 
 
 def int8_cpu_report(flags: frozenset[str] | None = None) -> str:

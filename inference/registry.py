@@ -36,6 +36,7 @@ class BackendKind:
     install: str  # what to install when its module cannot be imported
     exports_on_demand: bool = False  # a model directory is exported once, validated and cached (export.cache)
     gpu_only: bool = False  # its engines always run on the GPU
+    title: str = ""  # its name in a sentence (its export's format)
 
     @property
     def exported(self) -> bool:
@@ -45,11 +46,11 @@ class BackendKind:
 
 
 BACKENDS = {k.name: k for k in (
-    BackendKind("torch", "inference.backends", "TorchBackend", None, "the base package"),
+    BackendKind("torch", "inference.backends", "TorchBackend", None, "the base package", title="torch"),
     BackendKind("onnx", "inference.onnx_backend", "OnnxBackend", ONNX_NAME,
-                "onnxruntime (base package; the `gpu` extra for CUDA)", exports_on_demand=True),
+                "onnxruntime (base package; the `gpu` extra for CUDA)", exports_on_demand=True, title="ONNX"),
     BackendKind("tensorrt", "inference.tensorrt_backend", "TensorRTBackend", ENGINE_NAME,
-                "the `tensorrt` extra, on a machine with an NVIDIA GPU", gpu_only=True),
+                "the `tensorrt` extra, on a machine with an NVIDIA GPU", gpu_only=True, title="TensorRT"),
 )}
 BACKEND_NAMES = tuple(BACKENDS)
 

@@ -43,10 +43,10 @@ from elmo_core.errors import InputError
 from elmo_core.storage import is_uri
 from elmo_core.whitespace import split_tokens
 from inference import Embedder
+from inference.model_run import ModelRun
 
 from .job import os_errors
 from .options import PARQUET_ONLY, EmbedOptions, NonFiniteError
-from .predictor import job_threads
 from .progress import note
 from .lock import OutputLock
 from .rows import row_values
@@ -100,8 +100,8 @@ def _check_options(opts: EmbedOptions, out: Path) -> None:
         raise InputError(f"{out}: is a directory; --format hdf5 writes one file (e.g. OUT.hdf5)")
 
 
-def embed_to_hdf5(input: str | Path, out: str | Path, /, model: str | Path, use_sentence_keys: bool = False,
-                  **options: Any) -> dict:
+def embed_to_hdf5(input: str | Path, out: str | Path, /, model: ModelRun | str | Path,
+                  use_sentence_keys: bool = False, **options: Any) -> dict:
     """Write ``out`` in allennlp elmo's layout (see the module doc); return counts and timing.
 
     Shape: sentence i -> dataset str(i): (L+1, T_i, D) for output 'all', else (T_i, D).
@@ -117,18 +117,16 @@ def embed_to_hdf5(input: str | Path, out: str | Path, /, model: str | Path, use_
         parquet_files(input)  # a missing INPUT is named before the model loads
     counts = {"sentences": 0, "tokens": 0, "invalid_utf8": 0}
     sentences = text_sentences(Path(input)) if text_input else parquet_sentences(input, opts, counts)
-    threads = job_threads(model, opts)
-    note(f"loading the model {model} ({opts.backend} on {opts.device}; {threads})", opts.quiet)
-    weights = {"weights": opts.weights} if opts.weights else {}
+    run = model if isinstance(model, ModelRun) else opts.resolve_run(model)
+    note(f"loading the model {run.describe()}", opts.quiet)
     start = time.perf_counter()
     with os_errors(out.parent, "rerun the same command"), OutputLock.for_file(out):
         remove_stale_temporaries(out)  # of a killed job on this OUT: none is alive while the lock is ours
         with atomic_path(out) as tmp, closing(WriteGuard(tmp)) as guard:
-            with Embedder.open(model, opts.backend, policy=opts.policy, threads=threads.count, device=opts.device,
-                               **weights, **opts.backend_options) as embedder, h5py.File(guard, "w") as f:
+            with Embedder(run.open(), policy=opts.policy) as embedder, h5py.File(guard, "w") as f:
                 _write(f, embedder, sentences, opts, use_sentence_keys, counts, guard)
             guard.check()  # the metadata libhdf5 wrote as it closed the file, too
-    result = {**counts, "output": str(out), "seconds": round(time.perf_counter() - start, 3)}
+    result = {**counts, "output": str(out), "seconds": round(time.perf_counter() - start, 3), "run": run.to_dict()}
     if not opts.quiet:
         print(f"wrote {out}: {counts['sentences']:,} sentences, {counts['tokens']:,} tokens in "
               f"{result['seconds']:.1f} s" + (f"; {counts['invalid_utf8']:,} strings had invalid UTF-8 bytes, "

@@ -23,7 +23,7 @@ import pyarrow as pa
 from corpora.files import would_read
 from elmo_core.errors import InputError
 from elmo_core.storage import file_sha256, is_below
-from inference.registry import check_device, model_identity
+from inference.model_run import ModelRun
 
 from .options import EmbedOptions, OutputDirError, digest
 from .output_dir import open_output
@@ -41,7 +41,7 @@ from .source import InputFile, Shard, passthrough_schema, scan_inputs, shards_of
 class Job:
     input: str
     out: Output  # a local OUTPUT_DIR or one on an object store (pipelines.output_dir)
-    model: str  # a path, or a URI each worker fetches (elmo_core.storage)
+    run: ModelRun  # the model (a path, or a URI each worker fetches: elmo_core.storage) and how it runs
     opts: EmbedOptions
     files: list[InputFile]
     schema: pa.Schema  # every shard's
@@ -56,12 +56,13 @@ class Job:
         return sum(f.rows for f in self.files)
 
 
-def plan_job(input: str | Path, output: str | Path, model: str | Path, opts: EmbedOptions) -> Job:
-    """Every check that writes nothing: inputs, their one schema, the model (loaded), the device."""
+def plan_job(input: str | Path, output: str | Path, model: ModelRun | str | Path, opts: EmbedOptions) -> Job:
+    """Every check that writes nothing: the model run (resolved here unless given), inputs, their one
+    schema, the model (loaded)."""
+    run = model if isinstance(model, ModelRun) else opts.resolve_run(model)
+    opts = opts.with_run(run)
     out = open_output(output)
     out.prepare()
-    if opts.engine == "local":  # Ray's and Spark's workers may have GPUs that this process does not see
-        check_device(opts.device, opts.backend)
     if opts.engine == "spark":
         from .spark_runner import check_spark
         check_spark()
@@ -70,16 +71,16 @@ def plan_job(input: str | Path, output: str | Path, model: str | Path, opts: Emb
     _check_apart(input, out, files)
     passthrough = passthrough_schema(files, opts)
     if opts.engine != "local":
-        note(f"checking the model {model} (each Ray worker loads its own)", opts.quiet)
+        note(f"checking the model {run.describe()}; each replica loads its own", opts.quiet)
     log = (lambda text: note(text, opts.quiet)) if opts.engine == "local" else None
-    predictor = ElmoPredictor(model, opts, log=log)  # the model's own errors (files, options vs weights) come now
+    predictor = ElmoPredictor(run, opts, log=log)  # the model's own errors (files, options vs weights) come now
     config = predictor.config
     if opts.engine != "local":
         predictor.close()  # Ray's and Spark's workers load their own
         predictor = None
     schema = output_schema(passthrough, config.output_dim, config.n_output_layers, opts.output, opts.dtype, opts.pool)
     identity = {"inputs": [f.identity() for f in files],
-                "model": model_identity(model, opts.backend, opts.weights), "options": opts.identity()}
+                "model": run.identity(), "options": opts.identity()}
     try:
         if out.exists():  # refused before the lock is taken: a refused job leaves nothing behind
             check_claim(out, identity, digest(identity), opts.resume)
@@ -87,7 +88,7 @@ def plan_job(input: str | Path, output: str | Path, model: str | Path, opts: Emb
         if predictor is not None:
             predictor.close()
         raise
-    return Job(str(input), out, str(model), opts, files, schema, identity, digest(identity), predictor)
+    return Job(str(input), out, run, opts, files, schema, identity, digest(identity), predictor)
 
 
 def _check_apart(input: str | Path, out: Output, files: list[InputFile]) -> None:
@@ -168,7 +169,8 @@ def manifest(job: Job, records: list[dict], seconds: float, runner_info: dict) -
     new_tokens = sum(r["tokens"] for r in new)
     return {
         "format": "elmo-pipeline/embed/2", "input": job.input, "inputs": job.identity["inputs"],
-        "model": job.identity["model"], "options": job.opts.to_dict(), "job_digest": job.digest,
+        "model": job.identity["model"], "run": job.run.to_dict(), "options": job.opts.to_dict(),
+        "job_digest": job.digest,
         "schema": job.schema.to_string(show_schema_metadata=False), **total,
         "shards": [{k: r[k] for k in ("file", "input_file", "row_start", "rows", "tokens", "sha256", "bytes")}
                    for r in records],
@@ -246,9 +248,10 @@ def _kept(job: Job) -> str:
             f"rerun the same command with --resume to continue from there")
 
 
-def embed_parquet(input: str | Path, output_dir: str | Path, /, model: str | Path, **options: Any) -> dict:
+def embed_parquet(input: str | Path, output_dir: str | Path, /, model: ModelRun | str | Path, **options: Any) -> dict:
     """Embed a Parquet corpus into OUTPUT_DIR (see docs/pipelines.md); return the manifest.
 
+    ``model``: a model path, or the ``ModelRun`` the caller resolved (the CLI's: ``opts.resolve_run``);
     ``options``: the fields of :class:`pipelines.options.EmbedOptions` (the CLI flags, snake_case;
     ``output`` is the output mode, hence INPUT and OUTPUT_DIR are positional-only).
     Shape: each input row -> one output row with ``elmo`` (T, D) or, for output 'all', (T, L+1, D).

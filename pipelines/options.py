@@ -8,15 +8,17 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any, Mapping
 
 from elmo_core.errors import ElmoError, InputError
 from elmo_core.names import DTYPES, ENGINES, OUTPUT_NAMES, POOLS
 from inference.batching import BatchPolicy
 from inference.outputs import VectorRequest
-from inference.registry import BACKEND_NAMES, backend_kind, check_precision_for, torch_options
+from elmo_core.kinds import Precision
+from inference.model_run import Exporter, ModelRun, resolve_run
+from inference.registry import BACKEND_NAMES
 from runtime import check_threads
 
 from .schema import COMPRESSIONS
@@ -59,7 +61,7 @@ class EmbedOptions:
     identity (its sha256) is part of the job's, whatever names its file; device: CPU and GPU agree
     to float rounding, as thread counts do: both are runtime-only."""
 
-    backend: str = _opt("torch", choices=BACKEND_NAMES, meaning="backend", cli_default=None)
+    backend: str | None = _opt(None, choices=BACKEND_NAMES, meaning="backend")  # None: read from the model's directory
     text_column: str = _opt("text", "whitespace-tokenized text (ignored with --tokens-column)", "columns",
                             meaning="text_column")
     tokens_column: str | None = _opt(None, "list<string> tokens (instead of --text-column)", "columns")
@@ -114,11 +116,12 @@ class EmbedOptions:
                             "float16)", "vectors", choices=COMPRESSIONS, runtime_only=True)
     token_embeddings: str | None = _opt(None, None, "running", meaning="token_embeddings", runtime_only=True)
     token_vocab: str | None = _opt(None, None, "running", meaning="token_vocab", runtime_only=True)
-    precision: str = _opt("fp32", cli=False)  # the flag: elmo_cli.precision_args (auto is settled before this)
+    precision: str | None = _opt(None, cli=False)  # the flag: elmo_cli.run_args; None: the backend's; resolve_run settles it
     precision_reason: str = _opt("", cli=False, runtime_only=True)  # why this precision, recorded in the manifest
 
     def __post_init__(self) -> None:
-        _check_choice("backend", self.backend, BACKEND_NAMES)
+        if self.backend is not None:
+            _check_choice("backend", self.backend, BACKEND_NAMES)
         request = self.request  # the vectors' options (output, pool, dtype, mix, gamma): VectorRequest checks them
         object.__setattr__(self, "output", request.output)  # TF-Hub's names (word_emb, default, ...): ours
         object.__setattr__(self, "pool", request.pool)
@@ -136,12 +139,8 @@ class EmbedOptions:
             raise InputError(f"--mix only applies to --output mixed (got --output {self.output})")
         if not 0 <= self.num_gpus_per_worker <= MAX_COUNT:  # also refuses nan
             raise InputError(f"--num-gpus-per-replica must be a number >= 0, got {self.num_gpus_per_worker}")
-        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
-            raise InputError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
-        if self.weights is not None and backend_kind(self.backend).exported:
-            raise InputError(f"--weights names a published-format weights file (--backend torch); --backend "
-                             f"{self.backend} takes an export directory as --model")
-        check_precision_for(self.backend, self.precision, self.device)
+        if self.precision is not None:  # checked for its backend and device once, by resolve_run
+            _check_choice("precision", self.precision, (*Precision.ALL, "auto"))
         for kv in self.spark_conf:
             if "=" not in kv or not kv.partition("=")[0].strip():
                 raise InputError(f"--spark-conf {kv!r}: give KEY=VALUE, e.g. spark.executor.memory=8g")
@@ -149,10 +148,18 @@ class EmbedOptions:
             raise InputError(f"--device {self.device} with --engine ray needs --num-gpus-per-replica (e.g. 1) so "
                              f"that Ray gives each replica its own GPU")
 
-    @property
-    def backend_options(self) -> dict[str, str]:
-        """The torch backend's own options (token embeddings, precision), where given."""
-        return torch_options(self.precision, self.token_embeddings, self.token_vocab, self.backend)
+    def resolve_run(self, model: str | Path, exporter: Exporter | None = None) -> ModelRun:
+        """The job's one ``ModelRun`` (``inference.model_run.resolve_run``): a local job's model runs here,
+        Ray's and Spark's in replicas (one thread each unless --threads)."""
+        return resolve_run(model, backend=self.backend, device=self.device, threads=self.threads,
+                           precision=self.precision, weights=self.weights, token_embeddings=self.token_embeddings,
+                           token_vocab=self.token_vocab, job=True, remote=self.engine != "local", exporter=exporter)
+
+    def with_run(self, run: ModelRun) -> "EmbedOptions":
+        """These options with what ``run`` settled (backend, precision and why; an on-demand export
+        has no weights file of its own), as the job records them."""
+        return replace(self, backend=run.backend, device=run.device, precision=run.precision,
+                       precision_reason=run.precision_reason, weights=None if run.source else self.weights)
 
     @functools.cached_property
     def request(self) -> VectorRequest:

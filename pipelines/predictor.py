@@ -1,4 +1,4 @@
-"""``ElmoPredictor``: the one class both runners run (the local loop, and Ray Data's map_batches).
+"""``ElmoPredictor``: the one class every runner runs (the local loop, Ray actors, Spark tasks).
 
 It loads the backend once in ``__init__``; ``__call__(table) -> table`` is pure: the batch's id and
 kept columns, in the same row order, plus the ``elmo`` column. The work is split in two so the
@@ -16,44 +16,15 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import pyarrow as pa
 
-from elmo_core import ElmoConfig
 from elmo_core.errors import InputError
 from elmo_core.kinds import Dtype
 from inference import engine
-from runtime import CpuBudget, process_cpu_budget, threads_for
-from inference.registry import model_config, open_backend
+from inference.model_run import ModelRun
 
 from .options import EmbedOptions, NonFiniteError
 from .rows import row_tokens
 from .schema import ELMO_COLUMN, elmo_type
 from .stages import StageClock
-
-
-# A job's own threads (reading and preparing; encoding and writing Parquet) cost about 30 us of one
-# core per token (float16 encoding most). A model cheaper than about twice that on one core (under
-# 6 MFLOP a token at ~100 GFLOP/s) leaves the job bound by them, and the model's threads then take
-# all cores but one. Measured on 2 cores, a 0.3 MFLOP/token model, 40,000 rows in float16: 23.4k
-# tokens/s with the model on 2 threads, 35.0k on 1. The full-size model (204 MFLOP) and the shipped
-# small config (14 MFLOP) keep every core.
-HOST_BOUND_FLOPS = 6e6
-
-
-def default_threads(config: ElmoConfig, device: str) -> CpuBudget:
-    """The model's threads when --threads is not given: the CPUs this process is given
-    (``runtime.cpus``) for a model whose compute dominates the job on the CPU; all of them but one
-    otherwise (and on a GPU)."""
-    budget = process_cpu_budget()
-    if (device == "cpu" and config.flops_per_token >= HOST_BOUND_FLOPS) or budget.count == 1:
-        return budget
-    why = "a small model" if device == "cpu" else "a GPU job"
-    return CpuBudget(budget.count - 1, f"{budget.reason}, one left to the job's readers and writers ({why})")
-
-
-def job_threads(model: str | Path, opts: EmbedOptions) -> CpuBudget:
-    """The model's threads for a job: --threads as given, else ``default_threads``."""
-    if opts.threads:
-        return threads_for(opts.threads)
-    return default_threads(model_config(model, opts.backend, opts.weights), opts.device)
 
 
 @dataclass
@@ -82,20 +53,21 @@ def _as_table(batch: Any) -> pa.Table:
 
 
 class ElmoPredictor:
-    """Embeds batches of rows. ``options``: an EmbedOptions or its dict (Ray passes a dict);
-    ``log``: told which model loads, where and on how many threads.
+    """Embeds batches of rows with ``run``'s backend (a model path is resolved here, as a library
+    caller's). ``options``: an EmbedOptions or its dict (Ray passes a dict); ``log``: told the run.
 
     Shape: a batch of R rows -> the same R rows (id + kept columns) + ``elmo`` (see module doc).
     """
 
-    def __init__(self, model: str | Path, options: EmbedOptions | Mapping[str, Any] | None = None,
+    def __init__(self, run: ModelRun | str | Path, options: EmbedOptions | Mapping[str, Any] | None = None,
                  log: Callable[[str], None] | None = None, **overrides: Any) -> None:
-        self.options = opts = EmbedOptions.coerce(options, **overrides)
-        self.threads = job_threads(model, opts)
+        opts = EmbedOptions.coerce(options, **overrides)
+        self.run = run if isinstance(run, ModelRun) else opts.resolve_run(run)
+        self.options = opts = opts.with_run(self.run)
+        self.threads = self.run.threads
         if log is not None:
-            log(f"loading the model {model} ({opts.backend} on {opts.device}; {self.threads})")
-        self.backend = open_backend(model, opts.backend, threads=self.threads.count, device=opts.device,
-                                    **({"weights": opts.weights} if opts.weights else {}), **opts.backend_options)
+            log(f"loading the model {self.run.describe()}")
+        self.backend = self.run.open()
         self.config = self.backend.config
         if self.options.mix is not None and len(self.options.mix) != self.config.n_output_layers:
             raise InputError(f"--mix: the model has {self.config.n_output_layers} output layers, "

@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from elmo_core.errors import InputError
 from elmo_core.storage import LOCATION_VARIABLES
+from inference.model_run import ModelRun
 from runtime.ray_local import init_local_ray
 
 from .options import EmbedOptions, WorkerLostError
@@ -40,8 +41,8 @@ FORWARDED_ENV = LOCATION_VARIABLES
 class ShardWorker:
     """One Ray actor's model; ``embed`` commits one shard and returns its commit record."""
 
-    def __init__(self, model: str, options: dict) -> None:
-        self.predictor = ElmoPredictor(model, options)
+    def __init__(self, run: ModelRun, options: dict) -> None:
+        self.predictor = ElmoPredictor(run, options)
 
     def embed(self, shard: Shard, out: Output, schema: pa.Schema, job_digest: str) -> tuple[dict, dict]:
         """(the shard's commit record, seconds per stage)."""
@@ -65,10 +66,10 @@ def _init_ray(opts: EmbedOptions):  # type: ignore[no-untyped-def]
     return ray
 
 
-def _worker_cpus(ray, opts: EmbedOptions) -> float:  # type: ignore[no-untyped-def]
-    """CPUs each actor reserves: its torch threads, within what the cluster has for all workers."""
+def _worker_cpus(ray, threads: int, workers: int) -> float:  # type: ignore[no-untyped-def]
+    """CPUs each actor reserves: its model's threads, within what the cluster has for all workers."""
     total = float(ray.cluster_resources().get("CPU", 1.0))
-    return max(0.25, min(float(opts.threads or 1), total / opts.workers))
+    return max(0.25, min(float(threads), total / workers))
 
 
 def run_ray(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dict], dict]:  # type: ignore[no-untyped-def]
@@ -80,9 +81,9 @@ def run_ray(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dict]
             "num_gpus_per_worker": opts.num_gpus_per_worker}
     if not shards:
         return [], info
-    worker_opts = EmbedOptions.coerce(opts, threads=opts.threads or 1).to_dict()
-    actor = ray.remote(num_cpus=_worker_cpus(ray, opts), num_gpus=opts.num_gpus_per_worker or None)(ShardWorker)
-    actors = [actor.remote(str(job.model), worker_opts) for _ in range(min(opts.workers, len(shards)))]
+    cpus = _worker_cpus(ray, job.run.threads.count, opts.workers)
+    actor = ray.remote(num_cpus=cpus, num_gpus=opts.num_gpus_per_worker or None)(ShardWorker)
+    actors = [actor.remote(job.run, opts.to_dict()) for _ in range(min(opts.workers, len(shards)))]
     records = []
     try:
         pool = ActorPool(actors)

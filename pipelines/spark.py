@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 
 from elmo_core.errors import InputError
-from inference.registry import model_config
+from inference.model_run import ModelRun
 
 from .options import EmbedOptions
 from .schema import ELMO_COLUMN, elmo_type
@@ -46,7 +46,7 @@ def elmo_vectors(df: Any, model: str, text_column: str = "text", output_column: 
     from pyspark.sql.pandas.types import from_arrow_type
     from pyspark.sql.types import StructField, StructType
 
-    opts = EmbedOptions.coerce({"threads": 1, **options}, text_column=text_column)  # a task's share: one core
+    opts = EmbedOptions.coerce(options, text_column=text_column, engine="spark")
     if opts.dtype != "float32":
         raise InputError("dtype: Spark has no float16 type; the vectors are float32 here (write them as float16 "
                          "with elmo embed --dtype float16)")
@@ -56,16 +56,17 @@ def elmo_vectors(df: Any, model: str, text_column: str = "text", output_column: 
     if source not in df.columns or output_column in df.columns:
         raise InputError(f"the DataFrame needs the column {source!r} and no column {output_column!r}; "
                          f"it has {df.columns}")
-    config = model_config(model, opts.backend, opts.weights)
+    run = opts.resolve_run(model)  # in Spark's tasks: one thread each (a task's core) unless threads
+    config = run.config
     arrow = spark_type(elmo_type(config.output_dim, config.n_output_layers, opts.output, opts.dtype, opts.pool))
     schema = StructType(df.schema.fields + [StructField(output_column, from_arrow_type(arrow), True)])
-    return df.mapInArrow(_add_vectors(model, opts.to_dict(), output_column, arrow), schema)
+    return df.mapInArrow(_add_vectors(run, opts.with_run(run).to_dict(), output_column, arrow), schema)
 
 
-def _add_vectors(model: str, options: dict, column: str, arrow: pa.DataType
+def _add_vectors(run: ModelRun, options: dict, column: str, arrow: pa.DataType
                  ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        predictor = predictor_for(model, options)
+        predictor = predictor_for(run, options)
         for batch in batches:
             vectors = predictor(batch).column(ELMO_COLUMN).cast(arrow)  # (R,) in row order
             yield pa.RecordBatch.from_arrays([*batch.columns, vectors.combine_chunks()],

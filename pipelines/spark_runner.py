@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 
 from elmo_core.errors import ElmoError, InputError
+from inference.model_run import ModelRun
 
 from .options import EmbedOptions, OutputDirError, WorkerLostError
 from .predictor import ElmoPredictor
@@ -95,10 +96,10 @@ def local_master(master: str, max_failures: str) -> str:
     return f"local[{m.group(1)},{max_failures}]" if m else master
 
 
-def predictor_for(model: str, options: dict) -> ElmoPredictor:
-    key = json.dumps([model, options], sort_keys=True)
+def predictor_for(run: ModelRun, options: dict) -> ElmoPredictor:
+    key = json.dumps([run.to_dict(), options], sort_keys=True)
     if key not in _PREDICTORS:
-        _PREDICTORS[key] = ElmoPredictor(model, options)
+        _PREDICTORS[key] = ElmoPredictor(run, options)
     return _PREDICTORS[key]
 
 
@@ -107,7 +108,7 @@ def model_loads() -> int:
     return len(_PREDICTORS)
 
 
-def embed_task(model: str, options: dict, shards: list[Shard], out: Any, schema: pa.Schema,
+def embed_task(run: ModelRun, options: dict, shards: list[Shard], out: Any, schema: pa.Schema,
                job_digest: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function each task runs over its partition of shard indices (``mapInArrow``)."""
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -117,7 +118,7 @@ def embed_task(model: str, options: dict, shards: list[Shard], out: Any, schema:
                 row = {"record": None, "seconds": None, "process": f"{socket.gethostname()}:{os.getpid()}",
                        "loads": None, "error": None}
                 try:
-                    predictor = predictor_for(model, options)
+                    predictor = predictor_for(run, options)
                     record = embed_shards(predictor, [shards[index]], out, schema, job_digest, clock=clock)[0]
                     row.update(record=json.dumps(record), seconds=json.dumps(clock.seconds))
                 except ElmoError as e:  # the input's, the output's, the vectors': a retry would fail alike
@@ -135,8 +136,7 @@ def run_spark(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dic
             "session_s": round(time.perf_counter() - t0, 3)}
     if not shards:
         return [], info
-    worker_opts = EmbedOptions.coerce(opts, threads=opts.threads or 1).to_dict()
-    task = embed_task(job.model, worker_opts, shards, job.out, job.schema, job.digest)
+    task = embed_task(job.run, opts.to_dict(), shards, job.out, job.schema, job.digest)
     rows = _collect(spark.range(len(shards), numPartitions=len(shards)).mapInArrow(task, RESULT_SCHEMA))
     remove_temporaries(job.out)  # a killed attempt's: the committed shards are every shard now
     errors = [json.loads(r.error) for r in rows if r.error]

@@ -257,7 +257,7 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
         n = sum(map(len, tokens))
         data = [{"object": "embedding", "index": i, "embedding": encode(r, body.encoding_format)}
                 for i, r in enumerate(results)]
-        return json_response({"object": "list", "data": data, "model": body.model or state.source.name,
+        return json_response({"object": "list", "data": data, "model": body.model or state.run.name,
                               "usage": {"prompt_tokens": n, "total_tokens": n, "truncated": cut}})
 
     @app.post("/tokenize", summary="the tokens the model sees for each text, with their character offsets")

@@ -11,18 +11,17 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from elmo_core.errors import InputError
+from inference.model_run import ModelRun
 from runtime.ray_local import init_local_ray
 
 from .access import exposure_warning
 from .app import create_app
 from .limits import AccessOptions, ServeLimits
 from .server import bind, url
-from .service import ModelSource, ServingState
+from .service import ServingState
 
 LOAD_TIMEOUT_S = 600.0
 
@@ -39,11 +38,11 @@ def _ray() -> Any:
 class ElmoReplica:
     """One Ray Serve replica: a ServingState, loaded before the replica counts as started."""
 
-    def __init__(self, source: ModelSource, limits: ServeLimits, access: AccessOptions) -> None:
-        self.state, self.access = ServingState(source, limits), access
+    def __init__(self, run: ModelRun, limits: ServeLimits, access: AccessOptions) -> None:
+        self.state, self.access = ServingState(run, limits), access
         self.state.start()
         if not self.state.wait_ready(LOAD_TIMEOUT_S):
-            raise self.state.error or TimeoutError(f"{source.model} not loaded in {LOAD_TIMEOUT_S:.0f} s")
+            raise self.state.error or TimeoutError(f"{run.model} not loaded in {LOAD_TIMEOUT_S:.0f} s")
 
     def __serve_build_asgi_app__(self) -> Any:
         return create_app(self.state, self.access)
@@ -53,7 +52,7 @@ class ElmoReplica:
             raise self.state.error
 
 
-def deployment(source: ModelSource, limits: ServeLimits, access: AccessOptions, replicas: int, num_gpus: float,
+def deployment(run: ModelRun, limits: ServeLimits, access: AccessOptions, replicas: int, num_gpus: float,
                cpus: float) -> Any:
     """The bound Ray Serve application of ``replicas`` ElmoReplicas."""
     _, serve = _ray()
@@ -61,7 +60,7 @@ def deployment(source: ModelSource, limits: ServeLimits, access: AccessOptions, 
     return ingress.options(
         num_replicas=replicas, max_ongoing_requests=limits.max_queue, max_queued_requests=limits.max_queue,
         ray_actor_options={"num_cpus": cpus, "num_gpus": num_gpus},
-    ).bind(source, limits, access)
+    ).bind(run, limits, access)
 
 
 def _free_port(host: str) -> int:
@@ -69,11 +68,13 @@ def _free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
-def run_ray_serve(source: ModelSource, limits: ServeLimits, host: str = "127.0.0.1", port: int = 0,
+def run_ray_serve(run: ModelRun, limits: ServeLimits, host: str = "127.0.0.1", port: int = 0,
                   replicas: int = 1, num_gpus: float = 0.0, ray_address: str | None = None,
-                  quiet: bool = False, access: AccessOptions = AccessOptions()) -> int:
+                  quiet: bool = False, access: AccessOptions = AccessOptions(), share: bool = False) -> int:
     """Deploy on a Ray cluster (a local one of our own without ``ray_address``), print ``listening on
-    URL`` once every replica is ready, serve until SIGTERM / SIGINT, then tear it all down."""
+    URL`` once every replica is ready, serve until SIGTERM / SIGINT, then tear it all down. Each
+    replica reserves ``run``'s threads in CPUs; ``share``: each takes the cluster's CPUs / replicas
+    instead (no --threads given)."""
     if replicas < 1:
         raise InputError(f"--replicas must be at least 1, got {replicas}")
     ray, serve = _ray()
@@ -88,12 +89,13 @@ def run_ray_serve(source: ModelSource, limits: ServeLimits, host: str = "127.0.0
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         port = port or _free_port(host)
-        cpus = float(source.threads or max(1.0, ray.cluster_resources().get("CPU", 1.0) // replicas))
-        source = replace(source, model=_absolute(source.model), weights=_absolute(source.weights),  # replicas' cwd differs
-                         threads=int(cpus), token_embeddings=_absolute(source.token_embeddings),
-                         token_vocab=_absolute(source.token_vocab))
+        if share:  # no --threads: each replica takes its share of the cluster's CPUs
+            share_cpus = max(1, int(ray.cluster_resources().get("CPU", 1.0) // replicas))
+            run = run.on_replica(share_cpus, f"each replica's share of the cluster's CPUs ({replicas} replicas)")
+        print(f"elmo serve: deploying the model {run.describe()} on Ray Serve, {replicas} replica(s)",
+              file=sys.stderr, flush=True)
         serve.start(http_options={"host": host, "port": port})
-        serve.run(deployment(source, limits, access, replicas, num_gpus, cpus), name="elmo", route_prefix="/")
+        serve.run(deployment(run, limits, access, replicas, num_gpus, run.threads.count), name="elmo", route_prefix="/")
         print(f"listening on {url(host, port)}", flush=True)
         while not stop.wait(0.5):
             pass
@@ -104,6 +106,3 @@ def run_ray_serve(source: ModelSource, limits: ServeLimits, host: str = "127.0.0
             signal.signal(sig, handler)
     return 0
 
-
-def _absolute(path: str | None) -> str | None:
-    return str(Path(path).resolve()) if path else None

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -14,10 +12,8 @@ from inference import Embedder
 from elmo_core import POOLS
 from elmo_core.names import HUB_OUTPUTS
 from elmo_core.errors import InputError
-from elmo_core.storage import is_uri
 from inference.outputs import OUTPUT_MODES, VectorRequest
-from inference.registry import check_precision_for, torch_options
-from runtime import check_threads
+from inference.model_run import ModelRun
 
 from .batcher import DynamicBatcher
 from .errors import NotReady, QueueFull
@@ -30,28 +26,6 @@ log = logging.getLogger("elmo.serving")
 _WARM_UP = [["The", "cat", "sat", "on", "the", "mat", "."], ["Warm"] * 40]
 
 
-@dataclass(frozen=True)
-class ModelSource:
-    """Where the model comes from and where it runs (``inference.registry.open_backend``'s terms)."""
-
-    model: str
-    backend: str = "torch"
-    device: str = "cpu"
-    weights: str | None = None
-    threads: int | None = None
-    token_embeddings: str | None = None  # see inference.backends.TorchBackend
-    token_vocab: str | None = None
-    precision: str = "fp32"  # the torch backend's matrix products (inference.precision)
-
-    def __post_init__(self) -> None:
-        check_threads(self.threads)
-        check_precision_for(self.backend, self.precision, self.device)  # the one check; the backend reads it
-
-    @property
-    def name(self) -> str:
-        return self.model.rstrip("/").rsplit("/", 1)[-1] if is_uri(self.model) else Path(self.model).resolve().name
-
-
 class SentencePredictor:
     """Loads the backend in ``__init__``; ``__call__(spec, sentences)`` is pure: each sentence's
     vectors, as ``Embedder.embed_sentences`` gives them for that sentence alone.
@@ -59,12 +33,8 @@ class SentencePredictor:
     Shape: B sentences -> B arrays: (T_i, [L+1,] D), or ([L+1,] D) pooled (None if empty).
     """
 
-    def __init__(self, source: ModelSource, limits: ServeLimits = ServeLimits()) -> None:
-        options = {"weights": source.weights} if source.weights else {}
-        options.update(torch_options(source.precision, source.token_embeddings, source.token_vocab, source.backend))
-        policy = limits.batch_policy
-        self.embedder = Embedder.open(source.model, source.backend, policy=policy, threads=source.threads,
-                                      device=source.device, **options)
+    def __init__(self, run: ModelRun, limits: ServeLimits = ServeLimits()) -> None:
+        self.embedder = Embedder(run.open(), policy=limits.batch_policy)
         self.config = self.embedder.config
 
     def check(self, spec: VectorRequest) -> None:
@@ -93,8 +63,8 @@ class ServingState:
     answers /health meanwhile, and /ready 503), then starts the batcher and calls ``on_ready``; a
     load failure is kept in ``error`` and reported through ``on_failure``."""
 
-    def __init__(self, source: ModelSource, limits: ServeLimits, metrics: ServeMetrics | None = None) -> None:
-        self.source, self.limits = source, limits.on_device(source.device)  # the device's batch size
+    def __init__(self, run: ModelRun, limits: ServeLimits, metrics: ServeMetrics | None = None) -> None:
+        self.run, self.limits = run, limits.on_device(run.device)  # the device's batch size
         self.metrics = metrics or ServeMetrics()
         self.predictor: SentencePredictor | None = None
         self.batcher: DynamicBatcher | None = None
@@ -117,11 +87,11 @@ class ServingState:
 
     def _load(self) -> None:
         try:
-            predictor = SentencePredictor(self.source, self.limits)
+            predictor = SentencePredictor(self.run, self.limits)
             predictor.warm_up()
         except Exception as e:  # reported to the server, which stops and shows it
             self.error = e
-            log.error("loading %s failed: %s", self.source.model, e)
+            log.error("loading %s failed: %s", self.run.model, e)
             if self.on_failure:
                 self.on_failure(e)
             return
@@ -165,9 +135,8 @@ class ServingState:
     def info(self) -> dict:
         config = self.predictor.config if self.predictor else None
         return {
-            "model": self.source.name,
-            "path": self.source.model if is_uri(self.source.model) else str(Path(self.source.model).resolve()),
-            "backend": self.source.backend, "device": self.source.device, "precision": self.source.precision,
+            "model": self.run.name, "path": self.run.model, "backend": self.run.backend, "device": self.run.device,
+            "precision": self.run.precision, "run": self.run.to_dict(),
             "ready": self.ready,
             "dim": config.output_dim if config else None, "layers": config.n_output_layers if config else None,
             "max_characters_per_token": config.char_cnn.max_characters_per_token if config else None,

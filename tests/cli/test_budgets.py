@@ -63,5 +63,5 @@ def test_embed_says_what_it_does_within_ten_seconds(tiny_dir, tmp_path):
     assert code == 0, lines
     said = [text for _, text in lines]
     assert lines[0][0] <= FIRST_LINE_S and said[0] == f"elmo embed: reading the inputs {tmp_path / 'corpus'}", lines
-    assert said[1].startswith(f"elmo embed: loading the model {tiny_dir} (torch on cpu; 1 thread: ")
+    assert said[1].startswith(f"elmo embed: loading the model {tiny_dir} (torch on cpu, fp32: the default; 1 thread: ")
     assert said[2].startswith("elmo embed: embedding 200 rows into") and said[3].startswith("rows 200/200"), said

@@ -148,11 +148,14 @@ def test_precision_auto_is_settled_printed_and_recorded(tiny_dir, tmp_path, caps
 
     write_sample_corpus(tmp_path / "corpus", rows=50, files=1)
     assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "out"), "--model", str(tiny_dir),
-                 "--precision", "auto", "--quiet"]) == 0
+                 "--precision", "auto"]) == 0
     want, why = resolve_precision("auto", "cpu")
-    assert f"precision auto: {want} ({why})" in capsys.readouterr().err
-    options = json.loads((tmp_path / "out" / "_manifest.json").read_text())["options"]
-    assert options["precision"] == want and options["precision_reason"] == why
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("elmo embed: loading the model")]
+    assert len(said) == 1 and said[0].startswith(f"elmo embed: loading the model {tiny_dir} (torch on cpu, {want}: "
+                                                 f"{why}; 1 thread: "), said  # the run, printed once
+    manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
+    assert manifest["options"]["precision"] == want and manifest["options"]["precision_reason"] == why
+    assert manifest["run"]["precision"] == want and manifest["run"]["model"] == str(tiny_dir.resolve())
 
 
 def test_embed_reads_the_backend_from_an_export_directory(tiny_dir, tmp_path, capsys):

@@ -43,17 +43,19 @@ def test_int8_embed_exports_once_then_reuses_and_records_it(tiny_dir, tmp_path, 
     args = ["--model", str(tiny_dir), "--backend", "onnx", "--precision", "int8", "--output", "mixed", "--quiet"]
     assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "a"), *args]) == 0
     err = capsys.readouterr().err
-    assert "at int8 once (validated against torch)" in err and "running the int8 export" in err
+    assert "at int8 once (validated against torch)" in err
     entries = list((cache / "onnx").iterdir())
     assert [e.name[:5] for e in entries] == ["int8-"]  # one whole entry, no temporary left
     manifest = json.loads((entries[0] / "manifest.json").read_text())
     assert manifest["precision"] == "int8" and manifest["parity"]["passed"] is True
-    options = json.loads((tmp_path / "a" / "_manifest.json").read_text())["options"]
-    assert options["precision"] == "int8" and int8_cpu_report() in options["precision_reason"]
+    job = json.loads((tmp_path / "a" / "_manifest.json").read_text())
+    assert job["options"]["precision"] == "int8" and int8_cpu_report() in job["options"]["precision_reason"]
+    assert job["run"]["model"] == str(entries[0]) and job["run"]["source"] == str(tiny_dir.resolve())
 
     assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "b"), *args]) == 0
     err = capsys.readouterr().err
-    assert "onnx: exporting" not in err and f"running the int8 export {entries[0]}" in err
+    assert "onnx: exporting" not in err
+    assert json.loads((tmp_path / "b" / "_manifest.json").read_text())["run"]["model"] == str(entries[0])
     assert list((cache / "onnx").iterdir()) == entries
     assert np.array_equal(_vectors(tmp_path / "a"), _vectors(tmp_path / "b"))
 

@@ -21,7 +21,7 @@ from export.text_parity import TextSample, default_sample
 from formats import load_bilm
 from formats.export_spec import TEXT_MIN_COSINE, ExportSpec
 from inference.backends import TorchBackend
-from inference.precision import MeasuredPrecision, resolve_precision
+from inference.precision import MeasuredPrecision, fastest_validated
 from pipelines.calibration import calibration_sample
 
 GROUPS = {"char_cnn.highway", "char_cnn.projection", "bilstm1.input", "bilstm1.recurrent", "bilstm1.projection",
@@ -109,12 +109,12 @@ def test_a_text_failure_names_layer_time_step_and_word_and_fp32_that_validates(t
 
 def test_auto_picks_the_fastest_that_validates():
     measured = [MeasuredPrecision("int8", 0.9995, 2000.0), MeasuredPrecision("fp32", 1.0, 1500.0)]
-    precision, why = resolve_precision("auto", "cpu", "onnx", measured=measured)
+    precision, why = fastest_validated(measured)
     assert precision == "int8" and "int8 2,000 tokens/s at min token cosine 0.999500" in why
     failed = [MeasuredPrecision("int8", None, failure="beyond"), MeasuredPrecision("fp32", 1.0, 1500.0)]
-    assert resolve_precision("auto", "cpu", "onnx", measured=failed)[0] == "fp32"
+    assert fastest_validated(failed)[0] == "fp32"
     slower = [MeasuredPrecision("int8", 0.9995, 1400.0), MeasuredPrecision("fp32", 1.0, 1500.0)]
-    assert resolve_precision("auto", "cpu", "onnx", measured=slower)[0] == "fp32"
+    assert fastest_validated(slower)[0] == "fp32"
 
 
 def test_embed_auto_on_onnx_measures_once_and_records_the_choice(tiny_dir, tmp_path, monkeypatch, capsys):

@@ -257,8 +257,12 @@ def test_device_option_is_checked_and_reaches_the_backend(corpus, tiny_dir, tmp_
     from inference.registry import onnx_providers, open_backend
     from pipelines.options import EmbedOptions
 
+    from inference.model_run import resolve_run
+
     with pytest.raises(InputError, match="device must be cpu, cuda or cuda:N, got 'gpu'"):
-        EmbedOptions(device="gpu")
+        resolve_run(tiny_dir, device="gpu")  # the run's one check
+    with pytest.raises(InputError, match="device must be cpu, cuda or cuda:N, got 'gpu'"):
+        embed_parquet(corpus, tmp_path / "o0", tiny_dir, device="gpu", **FAST)
     with pytest.raises(InputError, match="needs --num-gpus-per-replica"):
         EmbedOptions(engine="ray", device="cuda")
     assert "device" not in EmbedOptions(device="cuda:1").identity()  # a resume may switch device
@@ -282,20 +286,20 @@ def test_device_option_is_checked_and_reaches_the_backend(corpus, tiny_dir, tmp_
 
 
 def test_default_threads_leave_a_core_to_the_job_when_the_model_is_cheap(tiny_dir, monkeypatch):
-    import pipelines.predictor
+    import inference.model_run
     from elmo_core import ElmoConfig
-    from pipelines.predictor import default_threads
+    from inference.model_run import default_threads
     from runtime import CpuBudget
 
     budget = CpuBudget(8, "cgroup quota 8.0 CPUs of 64")  # what runtime.cpus gave (tests/test_runtime_cpus.py)
-    monkeypatch.setattr(pipelines.predictor, "process_cpu_budget", lambda: budget)
+    monkeypatch.setattr(inference.model_run, "process_cpu_budget", lambda: budget)
     assert ElmoConfig().flops_per_token == pytest.approx(204.26e6, rel=1e-3)  # the published full size
     assert default_threads(ElmoConfig(), "cpu") == budget  # compute-bound: every CPU given
     tiny = ElmoConfig.from_json(tiny_dir / "options.json")
     assert default_threads(tiny, "cpu") == CpuBudget(7, "cgroup quota 8.0 CPUs of 64, one left to the job's "
                                                         "readers and writers (a small model)")
     assert default_threads(ElmoConfig(), "cuda").count == 7
-    monkeypatch.setattr(pipelines.predictor, "process_cpu_budget", lambda: CpuBudget(1, "CPU affinity 1 of 64 CPUs"))
+    monkeypatch.setattr(inference.model_run, "process_cpu_budget", lambda: CpuBudget(1, "CPU affinity 1 of 64 CPUs"))
     assert default_threads(tiny, "cpu") == CpuBudget(1, "CPU affinity 1 of 64 CPUs")
 
 

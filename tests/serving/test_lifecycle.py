@@ -17,7 +17,8 @@ import pytest
 from inference import Embedder
 from serving.limits import ServeLimits
 from serving.server import make_server
-from serving.service import ModelSource, ServingState
+from inference.model_run import resolve_run
+from serving.service import ServingState
 from tests.helpers import SENTENCES, TINY_OPTIONS, make_model_dir
 
 from .server_utils import ServerProcess, metric, reference
@@ -148,7 +149,7 @@ class GatedState(ServingState):
 
 
 def test_ready_is_503_until_the_model_is_loaded_and_warm(model: Path):
-    state = GatedState(ModelSource(str(model)), ServeLimits())
+    state = GatedState(resolve_run(model), ServeLimits())
     server, sock, url = make_server(state, quiet=True)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -1,0 +1,188 @@
+"""One resolved model run: which model runs, on which backend and device, on how many threads, in
+which precision, and why each was chosen.
+
+Every door (``elmo embed`` local, Ray and Spark, its hdf5 layout, ``elmo serve`` local and on Ray
+Serve, the Triton model, ``elmo probe``, ``elmo perplexity``, ``Embedder.open``) turns what it was
+asked into a ``ModelRun`` once, with ``resolve_run``, and builds its backend with ``ModelRun.open``,
+in this process or in the replicas the record is sent to. Nothing downstream decides any of it
+again: the precision is checked here once (``registry.check_precision_for``), ``--precision auto``
+is settled here (``precision.resolve_precision``; an on-demand ONNX export measures its own,
+``export.on_demand``), the CPU's bf16 is judged once (``precision.cpu_bf16``). ``describe`` is the
+line a command prints once; ``to_dict`` what ``--json`` and the job's manifest record.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from elmo_core import ElmoConfig
+from elmo_core.errors import InputError
+from elmo_core.storage import is_uri
+from runtime import CpuBudget, check_threads, process_cpu_budget, threads_for
+
+from .backends import Backend
+from .precision import SlowPrecision, bf16_cpu_warning, resolve_precision
+from .registry import (backend_kind, check_device, check_precision_for, export_dir, exported_backend,
+                       exported_precision, model_config, model_identity, open_backend, torch_options)
+
+# (model directory, weights, the precision asked for (auto included), threads) -> (the export
+# directory that runs, its precision, why): how the onnx backend's model directory is exported on
+# demand (``export.on_demand.onnx_exporter``, handed in by the door: the exporter sits above us).
+Exporter = Callable[[str, "str | None", str, int], "tuple[str, str, str]"]
+
+# A job's own threads (reading and preparing; encoding and writing Parquet) cost about 30 us of one
+# core per token (float16 encoding most). A model cheaper than about twice that on one core (under
+# 6 MFLOP a token at ~100 GFLOP/s) leaves the job bound by them, and the model's threads then take
+# all cores but one. Measured on 2 cores, a 0.3 MFLOP/token model, 40,000 rows in float16: 23.4k
+# tokens/s with the model on 2 threads, 35.0k on 1. The full-size model (204 MFLOP) and the shipped
+# small config (14 MFLOP) keep every core.
+HOST_BOUND_FLOPS = 6e6
+
+DEVICE_PATTERN = r"cpu|cuda(:\d+)?"
+# What a door is asked for a run, besides the model and backend: ``resolve_run``'s keywords.
+RUN_OPTIONS = ("device", "threads", "precision", "weights", "token_embeddings", "token_vocab")
+
+
+@dataclass(frozen=True)
+class ModelRun:
+    """What runs and why: made by ``resolve_run`` only. ``model``: a model directory or options.json
+    (torch), or an export directory (onnx, tensorrt), absolute or a URI; ``source``: the model
+    directory an on-demand export was made from."""
+
+    model: str
+    backend: str
+    device: str
+    precision: str
+    precision_reason: str
+    threads: CpuBudget
+    weights: str | None = None
+    token_embeddings: str | None = None
+    token_vocab: str | None = None
+    config: ElmoConfig | None = field(default=None, repr=False, compare=False)  # the architecture that runs
+    source: str | None = None
+    warning: SlowPrecision | None = None  # a command prints it once (and refuses a scalar one)
+
+    @property
+    def name(self) -> str:
+        """The model's name (its directory's), as a server reports it."""
+        return self.model.rstrip("/").rsplit("/", 1)[-1] if is_uri(self.model) else Path(self.model).name
+
+    def identity(self) -> dict:
+        """What identifies the model that runs: its files and their sha256 (``registry.model_identity``)."""
+        return model_identity(self.model, self.backend, self.weights)
+
+    def describe(self) -> str:
+        """The one line a command prints: ``M (torch on cpu, fp32: why; N threads: why)``."""
+        source = f", exported from {self.source}" if self.source else ""
+        return (f"{self.model} ({self.backend} on {self.device}, {self.precision}: {self.precision_reason}{source}; "
+                f"{self.threads})")
+
+    def to_dict(self) -> dict[str, Any]:
+        record = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "config"}
+        record["threads"], record["threads_reason"] = self.threads.count, self.threads.reason
+        record["warning"] = self.warning and self.warning.text
+        return record
+
+    def on_replica(self, threads: int, reason: str) -> "ModelRun":
+        """The record a replica runs where the runner gives each replica its own share of CPUs."""
+        return replace(self, threads=CpuBudget(threads, reason))
+
+    def open(self, **options: Any) -> Backend:
+        """The backend, ready on ``device`` (``options``: the backend's own, e.g. torch's ``stateful``
+        or onnx's ``providers``; ``registry.open_backend``)."""
+        files = {"weights": self.weights} if self.weights else {}
+        return open_backend(self.model, self.backend, threads=self.threads.count, device=self.device, **files,
+                            **torch_options(self.precision, self.token_embeddings, self.token_vocab, self.backend),
+                            **options)
+
+
+def resolve_run(model: str | Path, *, backend: str | None = None, device: str = "cpu", threads: int | None = None,
+                precision: str | None = None, weights: str | Path | None = None,
+                token_embeddings: str | Path | None = None, token_vocab: str | Path | None = None,
+                job: bool = False, remote: bool = False, exporter: Exporter | None = None,
+                flags: frozenset[str] | None = None) -> ModelRun:
+    """The one decision of a run. ``backend``: None reads it from an export directory (else torch);
+    ``precision``: None is the backend's default (an export's own), ``auto`` the fastest that holds
+    parity here; ``job``: an ``elmo embed`` job, whose own readers and writers share the CPUs
+    (``default_threads``); ``remote``: the model runs in replicas on a cluster (Ray, Spark), whose
+    devices this process may not see, on ``threads`` each (default one; the runner may give each its
+    share, ``ModelRun.on_replica``). InputError (or BackendUnavailableError) for what cannot run."""
+    check_threads(threads)
+    if not re.fullmatch(DEVICE_PATTERN, device):
+        raise InputError(f"device must be cpu, cuda or cuda:N, got {device!r}")
+    model = _where(model)
+    backend = backend or exported_backend(model) or "torch"
+    kind = backend_kind(backend)
+    if kind.exported and weights:
+        raise InputError(f"--weights names a published-format weights file (--backend torch); --backend {backend} "
+                         f"takes an export directory as --model")
+    if kind.exported and (token_embeddings or token_vocab):
+        raise InputError(f"token embeddings are used by the torch backend only; the {backend} backend runs the "
+                         f"char-CNN inside its graph (leave --token-embeddings out, or use --backend torch)")
+    if not remote:
+        check_device(device, backend)
+    asked = None if precision in (None, "auto") else check_precision_for(backend, precision, device)  # named first
+    on_demand = kind.exports_on_demand and exporter is not None and exported_precision(model, backend) is None
+    config = model_config(model, "torch" if on_demand else backend, weights)  # an unreadable model fails here
+    budget = _threads(config, device, threads, job, remote)
+    source = None
+    if kind.exported:
+        name, why, exported = _exported_precision(model, backend, precision, weights, budget, exporter)
+        if exported != model:
+            model, source, weights = exported, model, None
+            config = model_config(model, backend)
+    else:
+        name, why = resolve_precision(precision or "fp32", device, flags)
+        if precision is None:
+            why = "the default"
+    checked = asked if asked is not None and asked.name == name else check_precision_for(backend, name, device)
+    warning = None if kind.exported else bf16_cpu_warning(checked.name, device, flags)
+    return ModelRun(model, backend, device, checked.name, why, budget, _where(weights), _where(token_embeddings),
+                    _where(token_vocab), config, source, warning)
+
+
+def _where(path: str | Path | None) -> str | None:
+    """A local path made absolute (a replica's working directory differs); a URI as given."""
+    if path is None:
+        return None
+    return str(path) if is_uri(path) else str(Path(path).resolve())
+
+
+def _threads(config: ElmoConfig, device: str, threads: int | None, job: bool, remote: bool) -> CpuBudget:
+    if threads:
+        return threads_for(threads)
+    if remote:
+        return CpuBudget(1, "one per replica (the default; --threads gives each more)")
+    if job:
+        return default_threads(config, device)
+    return process_cpu_budget()
+
+
+def default_threads(config: ElmoConfig, device: str) -> CpuBudget:
+    """A job's model threads when --threads is not given: the CPUs this process is given
+    (``runtime.cpus``) for a model whose compute dominates the job on the CPU; all of them but one
+    otherwise (and on a GPU)."""
+    budget = process_cpu_budget()
+    if (device == "cpu" and config.flops_per_token >= HOST_BOUND_FLOPS) or budget.count == 1:
+        return budget
+    why = "a small model" if device == "cpu" else "a GPU job"
+    return CpuBudget(budget.count - 1, f"{budget.reason}, one left to the job's readers and writers ({why})")
+
+
+def _exported_precision(model: str, backend: str, asked: str | None, weights: str | Path | None, budget: CpuBudget,
+                        exporter: Exporter | None) -> tuple[str, str, str]:
+    """(precision, why, the export that runs) for the onnx and tensorrt backends: an export runs its own
+    precision; a model directory is exported on demand by ``exporter`` where the backend allows it."""
+    exported = exported_precision(model, backend)
+    if exported is not None:
+        if asked not in (None, "auto", exported):
+            raise InputError(f"--model {model} is an {exported} {backend_kind(backend).title} export; for --precision {asked} pass the "
+                             f"model directory it came from (exported on demand), or run "
+                             f"`elmo export {backend} --precision {asked}`")
+        return exported, "the export's precision", str(export_dir(model, backend))
+    if not backend_kind(backend).exports_on_demand or exporter is None:
+        return asked if asked not in (None, "auto") else "fp32", "asked for", model  # open() names what is missing
+    target, name, why = exporter(model, None if weights is None else str(weights), asked or "fp32", budget.count)
+    return name, why, target
