@@ -17,6 +17,7 @@ OUTPUT_NAMES = f"{', '.join(OUTPUT_MODES)}, layer:N, or TF-Hub's {', '.join(HUB_
 POOLS = ("mean", "max")  # one vector per sentence, over its tokens (elmo_core.pooling)
 DTYPES = tuple(Dtype.ALL)  # of the vectors written or answered
 PRECISIONS = tuple(p.name for p in Precision.ALL.values() if p.torch_backend)  # inference.precision
+TRAIN_PRECISIONS = tuple(p.name for p in Precision.ALL.values() if p.trains)  # training.options
 EXPORT_PRECISIONS = tuple(p for p in Precision.EXPORT_ORDER if Precision.of(p).exported)  # formats.export_spec
 # those an export can be validated in on a CPU: `elmo engine`, and the exports `--backend onnx
 # --precision` builds on demand (export.cache)

@@ -178,7 +178,8 @@ def _exported_precision(model: str, backend: str, asked: str | None, weights: st
     exported = exported_precision(model, backend)
     if exported is not None:
         if asked not in (None, "auto", exported):
-            raise InputError(f"--model {model} is an {exported} {backend_kind(backend).title} export; for --precision {asked} pass the "
+            raise InputError(f"--model {model} is an {exported} {backend_kind(backend).title} export; for "
+                             f"--precision {asked} pass the "
                              f"model directory it came from (exported on demand), or run "
                              f"`elmo export {backend} --precision {asked}`")
         return exported, "the export's precision", str(export_dir(model, backend))

@@ -78,7 +78,7 @@ def plan_job(input: str | Path, output: str | Path, model: ModelRun | str | Path
     if opts.engine != "local":
         predictor.close()  # Ray's and Spark's workers load their own
         predictor = None
-    schema = output_schema(passthrough, config.output_dim, config.n_output_layers, opts.output, opts.dtype, opts.pool)
+    schema = output_schema(passthrough, config.output_dim, config.n_output_layers, opts.request)
     identity = {"inputs": [f.identity() for f in files],
                 "model": run.identity(), "options": opts.identity()}
     try:

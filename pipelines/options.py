@@ -116,7 +116,7 @@ class EmbedOptions:
                             "float16)", "vectors", choices=COMPRESSIONS, runtime_only=True)
     token_embeddings: str | None = _opt(None, None, "running", meaning="token_embeddings", runtime_only=True)
     token_vocab: str | None = _opt(None, None, "running", meaning="token_vocab", runtime_only=True)
-    precision: str | None = _opt(None, cli=False)  # the flag: elmo_cli.run_args; None: the backend's; resolve_run settles it
+    precision: str | None = _opt(None, cli=False)  # the flag: elmo_cli.run_args; None: the backend's (resolve_run)
     precision_reason: str = _opt("", cli=False, runtime_only=True)  # why this precision, recorded in the manifest
 
     def __post_init__(self) -> None:

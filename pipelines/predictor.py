@@ -73,7 +73,7 @@ class ElmoPredictor:
             raise InputError(f"--mix: the model has {self.config.n_output_layers} output layers, "
                              f"got {len(self.options.mix)} weights")
         self.dim, self.n_layers = self.config.output_dim, self.config.n_output_layers
-        self.type = elmo_type(self.dim, self.n_layers, self.options.output, self.options.dtype, self.options.pool)
+        self.type = elmo_type(self.dim, self.n_layers, self.options.request)
         self.request = self.options.request
         self.backend.check_request(self.request)  # before any row is read
 

@@ -16,22 +16,21 @@ from typing import Any
 
 import pyarrow as pa
 
-from elmo_core.kinds import Dtype, OutputMode
+from inference.outputs import VectorRequest
 
 ELMO_COLUMN = "elmo"
 COMPRESSIONS = ("snappy", "none", "lz4", "zstd")  # of the output shards; measured in docs/pipelines.md
 
 
-def elmo_type(dim: int, n_layers: int, output: str, dtype: str, pool: str | None = None) -> pa.DataType:
-    """Shape: the Arrow type of the ``elmo`` column, see the module doc."""
-    item = OutputMode.of(output).arrow(dim, n_layers, Dtype.of(dtype))
-    return item if pool else pa.list_(item)
+def elmo_type(dim: int, n_layers: int, request: VectorRequest) -> pa.DataType:
+    """Shape: the Arrow type of the ``elmo`` column, derived from the request (see the module doc)."""
+    item = request.mode.arrow(dim, n_layers, request.vector_dtype)
+    return item if request.pool else pa.list_(item)
 
 
-def output_schema(passthrough: pa.Schema, dim: int, n_layers: int, output: str, dtype: str,
-                  pool: str | None = None) -> pa.Schema:
+def output_schema(passthrough: pa.Schema, dim: int, n_layers: int, request: VectorRequest) -> pa.Schema:
     """The passed-through columns (id, kept columns, in order) followed by ``elmo``."""
-    return passthrough.append(pa.field(ELMO_COLUMN, elmo_type(dim, n_layers, output, dtype, pool)))
+    return passthrough.append(pa.field(ELMO_COLUMN, elmo_type(dim, n_layers, request)))
 
 
 def parquet_options(schema: pa.Schema, compression: str = COMPRESSIONS[0]) -> dict[str, Any]:

@@ -58,7 +58,7 @@ def elmo_vectors(df: Any, model: str, text_column: str = "text", output_column: 
                          f"it has {df.columns}")
     run = opts.resolve_run(model)  # in Spark's tasks: one thread each (a task's core) unless threads
     config = run.config
-    arrow = spark_type(elmo_type(config.output_dim, config.n_output_layers, opts.output, opts.dtype, opts.pool))
+    arrow = spark_type(elmo_type(config.output_dim, config.n_output_layers, opts.request))
     schema = StructType(df.schema.fields + [StructField(output_column, from_arrow_type(arrow), True)])
     return df.mapInArrow(_add_vectors(run, opts.with_run(run).to_dict(), output_column, arrow), schema)
 

@@ -230,8 +230,7 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
         predictor, batcher = state.serving()
         field = "sentences" if body.sentences is not None else "texts"
         sentences, cut = fit(body.token_lists(), limits, field, body.truncate)
-        spec = VectorRequest(body.output, None if body.mix is None else tuple(body.mix), body.gamma,
-                             pool=None if body.pool == "none" else body.pool, normalize=body.normalize)
+        spec = body.vectors
         predictor.check(spec)
         results = await unless_disconnected(request, batcher.submit(spec, sentences))
         if results is None:

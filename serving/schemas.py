@@ -6,36 +6,17 @@ bytes) are checked by the app, not here: they are 413s, not 422s.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, StrictBool, StrictStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictStr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from elmo_core.errors import InputError
-from elmo_core.names import ENCODINGS, OUTPUT_NAMES, POOLS, resolve_output
+from elmo_core.names import ENCODINGS, OUTPUT_NAMES, POOLS
 from elmo_core.whitespace import split_tokens
-from inference.outputs import FLOAT32_MAX
+from inference.outputs import VectorRequest
 
-def _output_name(value: str) -> str:
-    try:
-        resolve_output(value, None)
-    except InputError:
-        raise PydanticCustomError("output", f"must be one of {OUTPUT_NAMES}") from None
-    return value
-
-
-Output = Annotated[StrictStr, AfterValidator(_output_name)]  # resolved with the pool by VectorRequest
-Pool = Literal[("none",) + POOLS]  # type: ignore[valid-type]
 Encoding = Literal[ENCODINGS]  # type: ignore[valid-type]
-
-
-def _fits_float32(value: float) -> float:
-    if not abs(value) <= FLOAT32_MAX:  # also refuses inf and nan
-        raise PydanticCustomError("float32", "must be a finite number within float32's range (|x| <= 3.4e38)")
-    return value
-
-
-Float32 = Annotated[float, AfterValidator(_fits_float32)]  # the model computes in float32
 TRUNCATE_HELP = "cut sentences over max_sentence_tokens to that length instead of a 413 (default: --auto-truncate)"
 
 
@@ -46,19 +27,32 @@ class EmbedRequest(BaseModel):
 
     sentences: list[list[StrictStr]] | None = None
     texts: list[StrictStr] | None = None
-    output: Output = "mixed"
-    mix: list[Float32] | None = None  # the scalar mix's s before softmax, one per layer (default equal)
-    gamma: Float32 = 1.0
-    pool: Pool = "none"
+    # output, mix, gamma and pool are checked once, by the VectorRequest they make (``vectors``)
+    output: StrictStr = Field("mixed", json_schema_extra={"enum": list(OUTPUT_NAMES)})
+    mix: list[float] | None = None  # the scalar mix's s before softmax, one per layer (default equal)
+    gamma: float = 1.0
+    pool: StrictStr = Field("none", json_schema_extra={"enum": ["none", *POOLS]})
     encoding: Encoding = "float"  # base64: each embedding's little-endian float32 bytes
     normalize: StrictBool = False  # each vector (per token, or pooled) scaled to unit L2 norm
     truncate: StrictBool | None = None  # see TRUNCATE_HELP
+
+    _vectors: VectorRequest = PrivateAttr()
 
     @model_validator(mode="after")
     def _one_input(self) -> "EmbedRequest":
         if (self.sentences is None) == (self.texts is None):
             raise ValueError("give exactly one of 'sentences' (lists of tokens) or 'texts' (strings)")
+        try:
+            self._vectors = VectorRequest(self.output, None if self.mix is None else tuple(self.mix), self.gamma,
+                                          pool=None if self.pool == "none" else self.pool, normalize=self.normalize)
+        except InputError as e:  # its message names the field: output, mix[i], gamma, pool
+            raise PydanticCustomError("vectors", str(e)) from None
         return self
+
+    @property
+    def vectors(self) -> VectorRequest:
+        """What each sentence's vectors become: made, and checked, once with the body."""
+        return self._vectors
 
     def token_lists(self) -> list[list[str]]:
         return self.sentences if self.sentences is not None else [split_tokens(t) for t in self.texts or []]

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from elmo_core.errors import InputError
+from elmo_core.names import TRAIN_PRECISIONS
 
 from .optim import BATCHINGS, LR_DECAYS, OPTIMIZERS, RECIPES
 
 SOFTMAX_UPDATES = ("sparse", "dense")
-PRECISIONS = ("fp32", "bf16")
 
 
 def _opt(default, help: str, group: str = "run", choices: tuple | None = None, **meta):  # noqa: A002
@@ -74,7 +74,7 @@ class TrainOptions:
     tensorboard: bool = _opt(True, "TensorBoard event files in RUN_DIR/tensorboard (the tensorboard extra)", "metrics")
     compile: bool = _opt(False, "fused, compiled LSTM steps (elmo_core.fused_sequence; always on CUDA)", "speed")
     precision: str = _opt("fp32", "bf16: bf16 autocast (parameters and the carried state stay fp32)", "speed",
-                          PRECISIONS, meaning="precision")
+                          TRAIN_PRECISIONS, meaning="precision")
     threads: int | None = _opt(None, "torch threads", "speed", meaning="threads")
     init_from: str | None = _opt(None, "model directory to start from (published options.json + weights, or ours)",
                                  "fine-tuning")
@@ -88,5 +88,5 @@ class TrainOptions:
     def __post_init__(self) -> None:
         if self.train is None or self.out is None:
             raise TypeError("TrainOptions needs train and out")
-        if self.precision not in PRECISIONS:
-            raise InputError(f"--precision {self.precision}: training runs in {' or '.join(PRECISIONS)}")
+        if self.precision not in TRAIN_PRECISIONS:
+            raise InputError(f"--precision {self.precision}: training runs in {' or '.join(TRAIN_PRECISIONS)}")

@@ -9,7 +9,9 @@ import torch
 
 from elmo_core.errors import InputError
 from elmo_core.kinds import Dtype, OutputMode, Precision
-from elmo_core.names import DTYPES, EXPORT_PRECISIONS, OUTPUT_MODES, PRECISIONS, VALIDATED_EXPORT_PRECISIONS
+from elmo_core.names import (DTYPES, EXPORT_PRECISIONS, OUTPUT_MODES, PRECISIONS, TRAIN_PRECISIONS,
+                             VALIDATED_EXPORT_PRECISIONS)
+from inference.outputs import VectorRequest
 from pipelines.schema import elmo_type
 
 
@@ -17,6 +19,7 @@ def test_the_tuples_are_the_records_names_in_the_clis_order():
     assert OUTPUT_MODES == ("mixed", "top", "average", "all")
     assert DTYPES == ("float32", "float16")
     assert PRECISIONS == ("fp32", "tf32", "bf16", "fp16")
+    assert TRAIN_PRECISIONS == ("fp32", "bf16")
     assert EXPORT_PRECISIONS == ("fp32", "fp16", "bf16", "int8")
     assert VALIDATED_EXPORT_PRECISIONS == ("fp32", "fp16", "int8")
 
@@ -41,8 +44,8 @@ def test_an_output_mode_says_what_becomes_of_the_layers():
 
 def test_the_parquet_type_follows_the_records():
     f16 = pa.float16()
-    assert elmo_type(8, 3, "all", "float16") == pa.list_(pa.list_(pa.list_(f16, 8), 3))
-    assert elmo_type(8, 3, "top", "float32", "mean") == pa.list_(pa.float32(), 8)
+    assert elmo_type(8, 3, VectorRequest("all", dtype="float16")) == pa.list_(pa.list_(pa.list_(f16, 8), 3))
+    assert elmo_type(8, 3, VectorRequest("top", pool="mean")) == pa.list_(pa.float32(), 8)
 
 
 def test_a_precision_says_who_runs_it():
