@@ -142,6 +142,36 @@ def compare_precisions(model_dir: Path, batches: list[list[list[str]]], threads:
     for name in list(runners)[1:]:
         print(f"{name}: {best[name]:.0f} tokens/s = {best[name] / base:.2f}x torch fp32 ({base:.0f}); min token "
               f"cosine vs torch fp32 {min_cosine(outs['torch fp32'], outs[name], batches[1:]):.6f} (every layer and the mix)")
+    for p in precisions:
+        if f"torch {p}" in best and p != "fp32":
+            gain = gemm_gain(p, threads)
+            ratio = best[f"torch {p}"] / base / gain
+            print(f"torch {p}: {best[f'torch {p}'] / base:.2f}x fp32 end to end against the {p} GEMM's own {gain:.2f}x "
+                  f"at the LSTM's shape {GEMM_SHAPE[0]}x{GEMM_SHAPE[1]} @ {GEMM_SHAPE[1]}x{GEMM_SHAPE[2]} (same run): "
+                  f"{ratio:.0%} of what the hardware offers (target >= 85% on a CPU with bf16 units)", flush=True)
+
+
+# The LSTM's recurrent product at full size: 256 rows (a batch's two directions) x P=512 @ 512 x 4C=16384.
+GEMM_SHAPE = (256, 512, 16384)
+
+
+def gemm_gain(precision: str, threads: int, turns: int = 5) -> float:
+    """The ``precision`` GEMM's speed over fp32's at ``GEMM_SHAPE`` on this CPU, in turns, best of each."""
+    from elmo_core.kinds import Precision
+
+    torch.set_num_threads(threads)
+    m, k, n = GEMM_SHAPE
+    x, w = torch.randn(m, k), torch.randn(k, n) / k ** 0.5
+    pairs = {"fp32": (x, w), precision: (x.to(Precision.of(precision).torch), w.to(Precision.of(precision).torch))}
+    best = dict.fromkeys(pairs, float("inf"))
+    for _ in range(turns):
+        for name, (a, b) in pairs.items():
+            torch.mm(a, b)
+            t0 = time.perf_counter()
+            for _ in range(4):
+                torch.mm(a, b)
+            best[name] = min(best[name], (time.perf_counter() - t0) / 4)
+    return best["fp32"] / best[precision]
 
 
 def fp32_peak(threads: int, n: int = 2048) -> float:

@@ -65,10 +65,10 @@ def elmo_vectors(df: Any, model: str, text_column: str = "text", output_column: 
 
 def _add_vectors(run: ModelRun, options: dict, column: str, arrow: pa.DataType
                  ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         predictor = predictor_for(run, options)
         for batch in batches:
             vectors = predictor(batch).column(ELMO_COLUMN).cast(arrow)  # (R,) in row order
             yield pa.RecordBatch.from_arrays([*batch.columns, vectors.combine_chunks()],
                                              names=[*batch.schema.names, column])
-    return run
+    return task

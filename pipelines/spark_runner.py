@@ -111,7 +111,7 @@ def model_loads() -> int:
 def embed_task(run: ModelRun, options: dict, shards: list[Shard], out: Any, schema: pa.Schema,
                job_digest: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function each task runs over its partition of shard indices (``mapInArrow``)."""
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for index in batch.column(0).to_pylist():
                 clock = StageClock()
@@ -125,7 +125,7 @@ def embed_task(run: ModelRun, options: dict, shards: list[Shard], out: Any, sche
                     row["error"] = json.dumps([type(e).__name__, str(e)])
                 row["loads"] = model_loads()
                 yield pa.RecordBatch.from_pylist([row])
-    return run
+    return task
 
 
 def run_spark(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dict], dict]:  # type: ignore[no-untyped-def]
