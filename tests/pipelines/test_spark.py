@@ -156,7 +156,7 @@ def test_two_attempts_of_one_task_at_once_leave_one_shard_and_a_record_of_its_by
     job.out.create()
     claim_output_dir(job.out, job.identity, job.digest, resume=False)
     shards = pending_shards(job)
-    task = embed_task(job.model, opts.to_dict(), shards, job.out, job.schema, job.digest)
+    task = embed_task(job.run, opts.to_dict(), shards, job.out, job.schema, job.digest)
     results: list[dict] = []
     both_writing = threading.Event()
 

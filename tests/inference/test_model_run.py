@@ -1,0 +1,99 @@
+"""The one resolved model run (``inference.model_run``): what it settles and why, that it is what
+every door opens, and that nothing else in the library opens a backend."""
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from elmo_core.errors import InputError
+from export.cache import cached_onnx_export
+from inference import Embedder
+from inference.model_run import ModelRun, default_threads, resolve_run
+from runtime import process_cpu_budget
+
+ROOT = Path(__file__).resolve().parents[2]
+LIBRARY = ("elmo_core", "runtime", "corpora", "formats", "inference", "export", "training", "pipelines", "serving",
+           "elmo_cli")
+
+
+def test_a_model_directory_resolves_to_torch_fp32_on_this_process_cpus(tiny_dir):
+    run = resolve_run(tiny_dir)
+    assert (run.model, run.backend, run.device, run.precision) == (str(tiny_dir.resolve()), "torch", "cpu", "fp32")
+    assert run.precision_reason == "the default" and run.threads == process_cpu_budget() and run.source is None
+    assert run.describe() == (f"{tiny_dir.resolve()} (torch on cpu, fp32: the default; {process_cpu_budget()})")
+    record = json.loads(json.dumps(run.to_dict()))  # what --json and the manifest record
+    assert record["threads"] == run.threads.count and record["threads_reason"] == run.threads.reason
+    assert "config" not in record and record["warning"] is None
+    assert resolve_run(tiny_dir, precision="fp32").precision_reason == "asked for"
+    assert resolve_run(tiny_dir, threads=3).threads.count == 3
+
+
+def test_a_job_leaves_its_readers_a_cpu_and_replicas_take_one_each(tiny_dir):
+    assert resolve_run(tiny_dir, job=True).threads == default_threads(resolve_run(tiny_dir).config, "cpu")
+    remote = resolve_run(tiny_dir, remote=True, device="cuda")  # a replica's GPU is checked where it runs
+    assert remote.threads.count == 1 and "one per replica" in remote.threads.reason and remote.device == "cuda"
+    share = remote.on_replica(4, "its share")
+    assert share.threads.count == 4 and share.model == remote.model and remote.threads.count == 1
+
+
+def test_an_export_runs_its_own_precision_and_the_backend_is_read_from_it(tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("ELMO_CACHE_DIR", str(tmp_path / "cache"))
+    export, _ = cached_onnx_export(tiny_dir, "fp32")
+    run = resolve_run(export)
+    assert (run.backend, run.precision, run.precision_reason) == ("onnx", "fp32", "the export's precision")
+    assert run.config.output_dim == resolve_run(tiny_dir).config.output_dim
+    with pytest.raises(InputError, match="is an fp32 ONNX export; for --precision int8"):
+        resolve_run(export, precision="int8")
+    with pytest.raises(InputError, match="--weights names a published-format weights file"):
+        resolve_run(export, weights=tiny_dir / "weights.hdf5")
+    with pytest.raises(InputError, match="token embeddings are used by the torch backend only"):
+        resolve_run(export, token_embeddings=tmp_path / "t.hdf5")
+
+
+def test_an_exporter_is_asked_for_a_model_directory_on_the_onnx_backend(tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("ELMO_CACHE_DIR", str(tmp_path / "cache"))
+    export, _ = cached_onnx_export(tiny_dir, "fp32")
+    asked = []
+
+    def exporter(model: str, weights: str | None, precision: str, threads: int) -> tuple[str, str, str]:
+        asked.append((model, weights, precision, threads))
+        return str(export), "fp32", "measured here"
+    run = resolve_run(tiny_dir, backend="onnx", precision="auto", threads=2, exporter=exporter)
+    assert asked == [(str(tiny_dir.resolve()), None, "auto", 2)]
+    assert (run.model, run.source, run.precision, run.precision_reason) == (
+        str(export), str(tiny_dir.resolve()), "fp32", "measured here")
+    assert f"exported from {tiny_dir.resolve()}" in run.describe()
+
+
+def test_open_is_the_backend_every_door_gets(tiny_dir, monkeypatch):
+    run = resolve_run(tiny_dir, threads=1)
+    sentences = [["The", "cat", "sat", "."], ["A", "longer", "sentence", "than", "that", "one"]]
+    with Embedder(run.open()) as opened, Embedder.open(tiny_dir, threads=1) as door:
+        for a, b in zip(opened.embed_sentences(sentences), door.embed_sentences(sentences)):
+            np.testing.assert_array_equal(a, b)  # the same backend, the same numbers
+    opened_runs: list[ModelRun] = []
+    original = ModelRun.open
+
+    def spy(self: ModelRun, **options: object):  # type: ignore[no-untyped-def]
+        opened_runs.append(self)
+        return original(self, **options)
+    monkeypatch.setattr(ModelRun, "open", spy)
+    Embedder.open(tiny_dir, threads=1).close()
+    assert [r.threads.count for r in opened_runs] == [1]
+
+
+def test_no_library_module_opens_a_backend_but_the_run():
+    """``registry.open_backend`` is called by ``ModelRun.open`` only: every door opens through the run
+    (the exporter builds the backends its parity checks compare itself: export/onnx_export.py, export/build.py)."""
+    callers = []
+    for package in LIBRARY:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                name = getattr(node.func, "id", getattr(node.func, "attr", None)) if isinstance(node, ast.Call) else None
+                if name == "open_backend" and path.relative_to(ROOT).as_posix() != "inference/model_run.py":
+                    callers.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert callers == [], callers
