@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from elmo_core import ElmoConfig, LstmState
 from elmo_core.atomic import write_json_atomic
+from elmo_core.kinds import Precision
 from formats import save_model
 from runtime import use_threads
 
@@ -181,7 +182,8 @@ class Trainer:
         rows = self.sparse.gather(batch.targets[:, batch.mask], cands) if self.sparse and cands else None
         state = self.state if batch.stateful else None
         starts = None if batch.starts is None else batch.starts.to(dev)
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.opts.precision == "bf16"):
+        precision = Precision.of(self.opts.precision)  # fp32 or bf16 (TRAIN_PRECISIONS): autocast in bf16
+        with torch.autocast(dev.type, dtype=precision.torch, enabled=precision.reduced):
             # Each rank divides by (all ranks' tokens / ranks): DDP's gradient mean is then the
             # gradient of the global mean NLL, however the tokens fall between ranks.
             norm = batch.total_tokens / self.dist.world
