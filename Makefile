@@ -26,7 +26,7 @@ peers: install
 # pytest exits 5 when it collects no test; that is not a failure of the code.
 # TEST_WORKERS pytest processes (pytest-xdist), each test file in one of them (its module fixtures,
 # e.g. a Ray cluster, shared by its tests): most tests run one torch thread, so 2 workers on 2 cores
-# take 0.58x the time of one (9 min 27 s against 16 min 13 s measured on a 2-core AMD EPYC).
+# take about 0.6x the time of one (9 min 27 s and 10 min 18 s against 16 min 13 s on a 2-core AMD EPYC).
 TEST_WORKERS ?= 2
 test: install peers
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests; rc=$$?; \
