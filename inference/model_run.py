@@ -85,6 +85,11 @@ class ModelRun:
         record["warning"] = self.warning and self.warning.text
         return record
 
+    def on_cpu(self) -> "ModelRun":
+        """The same run on the CPU: what a driver opens to check the model (its files, what it can
+        compute) where the replicas' GPUs are not visible to it."""
+        return replace(self, device="cpu")
+
     def on_replica(self, threads: int, reason: str) -> "ModelRun":
         """The record a replica runs where the runner gives each replica its own share of CPUs."""
         return replace(self, threads=CpuBudget(threads, reason))

@@ -73,7 +73,8 @@ def plan_job(input: str | Path, output: str | Path, model: ModelRun | str | Path
     if opts.engine != "local":
         note(f"checking the model {run.describe()}; each replica loads its own", opts.quiet)
     log = (lambda text: note(text, opts.quiet)) if opts.engine == "local" else None
-    predictor = ElmoPredictor(run, opts, log=log)  # the model's own errors (files, options vs weights) come now
+    here = run if opts.engine == "local" else run.on_cpu()  # the replicas' GPUs may be out of this process's sight
+    predictor = ElmoPredictor(here, opts, log=log)  # the model's own errors (files, options vs weights) come now
     config = predictor.config
     if opts.engine != "local":
         predictor.close()  # Ray's and Spark's workers load their own

@@ -266,6 +266,11 @@ def test_device_option_is_checked_and_reaches_the_backend(corpus, tiny_dir, tmp_
     with pytest.raises(InputError, match="needs --num-gpus-per-replica"):
         EmbedOptions(engine="ray", device="cuda")
     assert "device" not in EmbedOptions(device="cuda:1").identity()  # a resume may switch device
+    from pipelines.job import plan_job  # a Ray job's GPUs are its workers': a driver without one plans it
+
+    job = plan_job(corpus, tmp_path / "o1", tiny_dir, EmbedOptions(engine="ray", device="cuda", num_gpus_per_worker=1,
+                                                                   quiet=True))
+    assert (job.run.device, job.opts.device, job.predictor, job.run.threads.count) == ("cuda", "cuda", None, 1)
     assert onnx_providers("cpu") == ["CPUExecutionProvider"]
     assert onnx_providers("cuda:1") == [("CUDAExecutionProvider", {"device_id": 1})]
     m = embed_parquet(corpus, tmp_path / "out", tiny_dir, device="cpu", **FAST)
