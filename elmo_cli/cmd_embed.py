@@ -50,7 +50,7 @@ def run_embed(args: argparse.Namespace) -> int:
                          f"(allennlp elmo's layout); add --format hdf5")
     opts = EmbedOptions.coerce(field_values(EmbedOptions, args), precision=args.precision)  # errors before an export
     run = warned(opts.resolve_run(args.model, exporter(args)))  # backend, precision (auto; on-demand export), threads
-    options = asdict(opts.with_run(run))
+    options = asdict(opts)  # the job records them with what the run settled (EmbedOptions.with_run)
     if args.format == "hdf5":
         result = embed_to_hdf5(args.input, args.output_dir, run, use_sentence_keys=args.use_sentence_keys, **options)
         if args.json:

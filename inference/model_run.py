@@ -129,12 +129,13 @@ def resolve_run(model: str | Path, *, backend: str | None = None, device: str = 
     if not remote:
         check_device(device, backend)
     asked = None if precision in (None, "auto") else check_precision_for(backend, precision, device)  # named first
-    on_demand = kind.exports_on_demand and exporter is not None and exported_precision(model, backend) is None
+    own = exported_precision(model, backend) if kind.exported else None  # an export's precision (its manifest)
+    on_demand = kind.exports_on_demand and exporter is not None and own is None
     config = model_config(model, "torch" if on_demand else backend, weights)  # an unreadable model fails here
     budget = _threads(config, device, threads, job, remote)
     source = None
     if kind.exported:
-        name, why, exported = _exported_precision(model, backend, precision, weights, budget, exporter)
+        name, why, exported = _exported_precision(model, backend, own, precision, weights, budget, exporter)
         if exported != model:
             model, source, weights = exported, model, None
             config = model_config(model, backend)
@@ -176,11 +177,12 @@ def default_threads(config: ElmoConfig, device: str) -> CpuBudget:
     return CpuBudget(budget.count - 1, f"{budget.reason}, one left to the job's readers and writers ({why})")
 
 
-def _exported_precision(model: str, backend: str, asked: str | None, weights: str | Path | None, budget: CpuBudget,
+def _exported_precision(model: str, backend: str, exported: str | None, asked: str | None,
+                        weights: str | Path | None, budget: CpuBudget,
                         exporter: Exporter | None) -> tuple[str, str, str]:
     """(precision, why, the export that runs) for the onnx and tensorrt backends: an export runs its own
-    precision; a model directory is exported on demand by ``exporter`` where the backend allows it."""
-    exported = exported_precision(model, backend)
+    precision (``exported``); a model directory is exported on demand by ``exporter`` where the backend
+    allows it."""
     if exported is not None:
         if asked not in (None, "auto", exported):
             raise InputError(f"--model {model} is an {exported} {backend_kind(backend).title} export; for "
