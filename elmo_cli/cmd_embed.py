@@ -48,7 +48,8 @@ def run_embed(args: argparse.Namespace) -> int:
     if args.format != "hdf5" and (args.output_dir.endswith((".hdf5", ".h5")) or is_text_input(args.input)):
         raise InputError(f"{args.input} -> {args.output_dir}: a text INPUT or an .hdf5 output is --format hdf5 "
                          f"(allennlp elmo's layout); add --format hdf5")
-    opts = EmbedOptions.coerce(field_values(EmbedOptions, args), precision=args.precision)  # errors before an export
+    opts = EmbedOptions.coerce(field_values(EmbedOptions, args), precision=args.precision,
+                               layout=args.layout)  # errors before an export
     run = warned(opts.resolve_run(args.model, exporter(args)))  # backend, precision (auto; on-demand export), threads
     options = asdict(opts)  # the job records them with what the run settled (EmbedOptions.with_run)
     if args.format == "hdf5":

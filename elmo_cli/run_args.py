@@ -17,7 +17,7 @@ from typing import Callable
 
 from elmo_cli.vocabulary import add_flag
 from elmo_core.errors import InputError
-from elmo_core.names import EXPORT_PRECISIONS, PRECISIONS
+from elmo_core.names import EXPORT_PRECISIONS, LAYOUTS, PRECISIONS
 from export.on_demand import onnx_exporter
 from inference.model_run import Exporter, ModelRun, resolve_run
 
@@ -31,6 +31,7 @@ def add_precision_argument(group: argparse._ActionsContainer) -> None:
                   "fp32; onnx on a model directory: the fastest of int8 and fp32 that validates, measured on this "
                   "model and CPU). onnx: an export runs its own precision; a model directory is exported at this "
                   "one (fp32, fp16 or int8) once, validated and cached. See docs/pipelines.md")
+    add_flag(group, "layout", choices=LAYOUTS, default=None)
     group.add_argument("--calibration", metavar="INPUT", default=None,
                        help="onnx on a model directory: the Parquet files or text file whose first rows int8 is "
                             "planned and every precision validated on (default: the job's INPUT; elmo serve: "
@@ -43,7 +44,7 @@ def model_run(args: argparse.Namespace, remote: bool = False) -> ModelRun:
     return warned(resolve_run(args.model, backend=args.backend, device=args.device, threads=args.threads,
                               precision=args.precision, weights=getattr(args, "weights", None),
                               token_embeddings=getattr(args, "token_embeddings", None),
-                              token_vocab=getattr(args, "token_vocab", None), remote=remote,
+                              token_vocab=getattr(args, "token_vocab", None), layout=args.layout, remote=remote,
                               exporter=exporter(args)))
 
 

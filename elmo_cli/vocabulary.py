@@ -55,6 +55,9 @@ MEANINGS: dict[str, Meaning] = {m.dest: m for m in (
     Meaning("--threads", "the model's threads (default: the process's CPUs, see README's Threads)"),
     Meaning("--precision", "the precision the model multiplies in",
             (Alias("--bf16", "bf16"), Alias("--no-bf16", "fp32"), Alias("--fp16", "fp16"))),
+    Meaning("--layout", "how the torch backend runs the recurrence: packed (eager steps), fused (compiled "
+                        "steps), rows (CUDA graphs); auto (default): rows on CUDA, on a CPU the faster of packed "
+                        "and fused measured once for this CPU, precision and model shape (inference/layout.py)"),
     Meaning("--max-batch-tokens", "padded tokens (sentences x longest sentence) per model batch",
             (Alias("--max-tokens-per-batch"),)),
     Meaning("--max-sentence-tokens", "tokens one sentence may hold", (Alias("--max-sentence-length"),)),

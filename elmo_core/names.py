@@ -24,6 +24,8 @@ EXPORT_PRECISIONS = tuple(p for p in Precision.EXPORT_ORDER if Precision.of(p).e
 VALIDATED_EXPORT_PRECISIONS = tuple(p for p in EXPORT_PRECISIONS if Precision.of(p).cpu_validated)
 OUTPUT_FORMATS = ("parquet", "hdf5")  # what elmo embed writes
 ENGINES = ("local", "ray", "spark")  # where elmo embed's batches run
+# how the torch backend runs the recurrence (inference.layout): measured per CPU, or packed / fused / rows
+LAYOUTS = ("auto", "packed", "fused", "rows")
 ENCODINGS = ("float", "base64")  # how elmo serve answers vectors
 
 

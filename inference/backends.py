@@ -130,6 +130,8 @@ class TorchBackend(BackendBase):
     name, checked here, or the record ``check_precision`` returned where it was resolved.
     ``cuda_graphs``: the stateless recurrence of ``run_combined`` over rows of one static shape,
     replayed as one CUDA graph (``inference.cuda_graphs``); default on for a CUDA device.
+    ``layout``: how the recurrence runs (``inference.layout``: ``packed``, ``fused``, ``rows``, as a
+    run resolved it); None: the device's default, as ``cuda_graphs`` says.
     """
 
     name = "torch"
@@ -137,7 +139,7 @@ class TorchBackend(BackendBase):
     def __init__(self, model: BiLM, stateful: bool = False, threads: int | None = None,
                  device: str = "cpu", token_cache: int = 50_000, token_embeddings: str | Path | None = None,
                  token_vocab: str | Path | None = None, precision: str | Precision = "fp32",
-                 cuda_graphs: bool | None = None) -> None:
+                 cuda_graphs: bool | None = None, layout: str | None = None) -> None:
         precision = precision if isinstance(precision, Precision) else check_precision(precision, device)
         is_cuda = torch.device(device).type == "cuda"
         if cuda_graphs and not is_cuda:
@@ -150,7 +152,7 @@ class TorchBackend(BackendBase):
         if token_embeddings is not None:
             preload_token_cache(self.model, read_token_embeddings(token_embeddings, token_vocab), cache)
         graphs = (is_cuda if cuda_graphs is None else cuda_graphs) and not stateful
-        self.fast = FastInference(self.model, precision, cache, cuda_graphs=graphs)
+        self.fast = FastInference(self.model, precision, cache, cuda_graphs=graphs and layout is None, layout=layout)
         self.model.use_fast_path(self.fast)
         self.device = torch.device(device)
         self.config = model.config

@@ -37,23 +37,32 @@ from .token_cache import TokenCache
 
 class FastInference:
     """``precision``: the products' precision (``inference.precision``; runs go inside ``running()``).
-    ``token_cache``: None for none. ``fused``: fused steps (None: on CUDA; ``kernels``: their
-    kernels, see ``FusedLstm``). ``cuda_graphs``:
-    ``combine`` over static rows, replayed as one CUDA graph (a CUDA device; ``capture=False``
-    runs the same windows eagerly; always fused); ``rows``: the most rows and the steps of a window."""
+    ``token_cache``: None for none. ``layout`` (``inference.layout``): ``packed``, ``fused`` or
+    ``rows``; None: the device's own (``rows`` on CUDA, ``packed`` on a CPU) unless ``fused`` or
+    ``cuda_graphs`` say otherwise. ``fused``: fused steps (``kernels``: their kernels, see
+    ``FusedLstm``; the ``fused`` layout compiles them and, on a CPU, packs the products' weights).
+    ``cuda_graphs``: ``combine`` over static rows, replayed as one CUDA graph (a CUDA device;
+    ``capture=False`` runs the same windows eagerly; always fused); ``rows``: the most rows and the
+    steps of a window."""
 
     def __init__(self, model: BiLM, precision: str | Precision = "fp32", token_cache: TokenCache | None = None,
                  cuda_graphs: bool = False, capture: bool = True, chunk_rows: int = INPUT_CHUNK_ROWS,
                  packed_min_weights: int = PACKED_MIN_WEIGHTS, fused: bool | None = None,
-                 rows: RowShape = RowShape(), kernels: FusedCell | None = None) -> None:
+                 rows: RowShape = RowShape(), kernels: FusedCell | None = None, layout: str | None = None) -> None:
         self.kind = torch_precision(precision)
         self.model, self.precision, self.token_cache = model, self.kind.name, token_cache
         self.dtype = self.kind.torch
-        if fused is None:
-            fused = model.lstm.w_input.device.type == "cuda"
-        self.lstm = FusedLstm(model.lstm, self.dtype, chunk_rows, kernels) if fused or cuda_graphs else \
-            FastLstm(model.lstm, self.dtype, chunk_rows, packed_min_weights)
-        self.graphs = RowGraphs(self.lstm, rows, capture=capture) if cuda_graphs else None
+        on_cpu, asked = model.lstm.w_input.device.type == "cpu", layout is not None
+        if layout is None:
+            layout = "rows" if cuda_graphs else "fused" if (not on_cpu if fused is None else fused) else "packed"
+        self.layout = layout
+        if layout == "packed":
+            self.lstm: FastLstm = FastLstm(model.lstm, self.dtype, chunk_rows, packed_min_weights)
+        elif asked and on_cpu and kernels is None:  # the CPU's fused layout: compiled kernels, packed weights
+            self.lstm = FusedLstm(model.lstm, self.dtype, chunk_rows, FusedCell.compiled(), packed=True)
+        else:
+            self.lstm = FusedLstm(model.lstm, self.dtype, chunk_rows, kernels)
+        self.graphs = RowGraphs(self.lstm, rows, capture=capture) if layout == "rows" else None
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:

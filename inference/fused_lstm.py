@@ -16,6 +16,8 @@ fp16 steps cast nothing. Tested against the reference in tests/inference/test_fu
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from elmo_core.fused_cell import FusedCell, clip_tensor
@@ -32,8 +34,8 @@ class FusedLstm(FastLstm):
     end where a test passes ``FusedCell.compiled()``)."""
 
     def __init__(self, stack: BiLstmStack, dtype: torch.dtype = torch.float32, chunk_rows: int = INPUT_CHUNK_ROWS,
-                 kernels: FusedCell | None = None) -> None:
-        super().__init__(stack, dtype, chunk_rows, packed_min_weights=1 << 62)  # never oneDNN-packed
+                 kernels: FusedCell | None = None, packed: bool = False) -> None:
+        super().__init__(stack, dtype, chunk_rows, packed_min_weights=0 if packed else 1 << 62)
         if kernels is None:
             kernels = FusedCell.compiled() if stack.w_input.device.type == "cuda" else FusedCell.eager()
         self.kernels = kernels
@@ -50,15 +52,37 @@ class FusedLstm(FastLstm):
     def run_layer(self, layer: int, xs: torch.Tensor, pack: Packing, h: torch.Tensor,
                   c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Shape: xs (2, N, P), h (2, B, P), c (2, B, C) -> out (2, N, P), h, c (final, per row)."""
-        k, (w_state, w_proj), (cell_clip, proj_clip) = self.kernels, self.products(layer), self.clips(xs.device)
-        out = xs.new_empty(xs.shape[0], xs.shape[1], w_proj.shape[-1])  # (2, N, P)
+        out = xs.new_empty(xs.shape[0], xs.shape[1], self.stack.cfg.projection_dim)  # (2, N, P)
         h_next, c = h.to(self.dtype).clone(), c.clone()  # (2, B, P) the products' input, (2, B, C) fp32
+        step = self._fused_step(layer, xs.device)
         for (start, n), gx_t in zip(pack.steps, input_parts(xs, pack.steps, self.chunk_rows, self.input_projection(layer))):
-            m = k.cell(gx_t, torch.bmm(h_next[:, :n], w_state), c[:, :n], None, cell_clip, self.dtype)  # (2, n, C)
-            k.store(torch.bmm(m, w_proj), out[:, start : start + n], h_next[:, :n], None, proj_clip)
+            step(gx_t, h_next[:, :n], c[:, :n], out[:, start : start + n])
             if pack.shared_first and start == 0:  # step 0 ran once: its state holds for every row
                 h_next[:], c[:] = h_next[:, :1].clone(), c[:, :1].clone()
         return out, self._final_h(out, pack, h), c
+
+    def _fused_step(self, layer: int, device: torch.device) -> Callable[..., None]:
+        """One step of both directions: ``h`` becomes the next step's input, ``c`` the new cell
+        state, ``out`` the step's output. Products batched over the directions, or on the CPU's
+        packed oneDNN weights one direction at a time (``gx`` then a pair of (n, 4C)).
+
+        Shape: gx (2, n, 4C), h (2, n, P) in the products' type, c (2, n, C), out (2, n, P).
+        """
+        k, (cell_clip, proj_clip) = self.kernels, self.clips(device)
+        if self._use_packed() and (self.dtype == torch.float32 or self._packed_low()):
+            packed = self._packed_weights()[layer]
+
+            def packed_step(gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor, out: torch.Tensor) -> None:
+                for d, (w_s, w_p, _) in enumerate(packed):
+                    m = k.cell(gx[d][None], w_s(h[d])[None], c[d : d + 1], None, cell_clip, self.dtype)  # (1, n, C)
+                    k.store(w_p(m[0])[None], out[d : d + 1], h[d : d + 1], None, proj_clip)
+            return packed_step
+        w_state, w_proj = self.products(layer)
+
+        def step(gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor, out: torch.Tensor) -> None:
+            m = k.cell(gx, torch.bmm(h, w_state), c, None, cell_clip, self.dtype)  # (2, n, C)
+            k.store(torch.bmm(m, w_proj), out, h, None, proj_clip)
+        return step
 
     def _final_h(self, out: torch.Tensor, pack: Packing, h: torch.Tensor) -> torch.Tensor:
         """Each row's last output (its state after the layer; a row that never ran keeps ``h``), fp32.

@@ -23,6 +23,7 @@ from elmo_core.storage import is_uri
 from runtime import CpuBudget, check_threads, process_cpu_budget, threads_for
 
 from .backends import Backend
+from .layout import Layout, check_layout, resolve_layout
 from .precision import SlowPrecision, bf16_cpu_warning, resolve_precision
 from .registry import (backend_kind, check_device, check_precision_for, export_dir, exported_backend,
                        exported_precision, model_config, model_identity, open_backend, torch_options)
@@ -42,7 +43,7 @@ HOST_BOUND_FLOPS = 6e6
 
 DEVICE_PATTERN = r"cpu|cuda(:\d+)?"
 # What a door is asked for a run, besides the model and backend: ``resolve_run``'s keywords.
-RUN_OPTIONS = ("device", "threads", "precision", "weights", "token_embeddings", "token_vocab")
+RUN_OPTIONS = ("device", "threads", "precision", "weights", "token_embeddings", "token_vocab", "layout")
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ class ModelRun:
     config: ElmoConfig | None = field(default=None, repr=False, compare=False)  # the architecture that runs
     source: str | None = None
     warning: SlowPrecision | None = None  # a command prints it once (and refuses a scalar one)
+    layout: str | None = None  # how torch runs the recurrence (``inference.layout``); None for an export
+    layout_reason: str = ""
 
     @property
     def name(self) -> str:
@@ -76,8 +79,9 @@ class ModelRun:
     def describe(self) -> str:
         """The one line a command prints: ``M (torch on cpu, fp32: why; N threads: why)``."""
         source = f", exported from {self.source}" if self.source else ""
+        layout = f"; {self.layout} layout: {self.layout_reason}" if self.layout else ""
         return (f"{self.model} ({self.backend} on {self.device}, {self.precision}: {self.precision_reason}{source}; "
-                f"{self.threads})")
+                f"{self.threads}{layout})")
 
     def to_dict(self) -> dict[str, Any]:
         record = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "config"}
@@ -94,10 +98,19 @@ class ModelRun:
         """The record a replica runs where the runner gives each replica its own share of CPUs."""
         return replace(self, threads=CpuBudget(threads, reason))
 
+    def settled_layout(self) -> Layout:
+        """The layout that runs: the record's, or where the run was left to a replica (``auto``),
+        measured here, where the model runs."""
+        if self.layout != "auto":
+            return Layout(self.layout or "packed", self.layout_reason)
+        return resolve_layout("auto", self.device, self.precision, self.config, self.threads.count)
+
     def open(self, **options: Any) -> Backend:
         """The backend, ready on ``device`` (``options``: the backend's own, e.g. torch's ``stateful``
         or onnx's ``providers``; ``registry.open_backend``)."""
         files = {"weights": self.weights} if self.weights else {}
+        if self.layout is not None:
+            files["layout"] = self.settled_layout().name
         return open_backend(self.model, self.backend, threads=self.threads.count, device=self.device, **files,
                             **torch_options(self.precision, self.token_embeddings, self.token_vocab, self.backend),
                             **options)
@@ -106,7 +119,7 @@ class ModelRun:
 def resolve_run(model: str | Path, *, backend: str | None = None, device: str = "cpu", threads: int | None = None,
                 precision: str | None = None, weights: str | Path | None = None,
                 token_embeddings: str | Path | None = None, token_vocab: str | Path | None = None,
-                job: bool = False, remote: bool = False, exporter: Exporter | None = None,
+                layout: str | None = None, job: bool = False, remote: bool = False, exporter: Exporter | None = None,
                 flags: frozenset[str] | None = None) -> ModelRun:
     """The one decision of a run. ``backend``: None reads it from an export directory (else torch);
     ``precision``: None is the backend's default (an export's own), ``auto`` the fastest that holds
@@ -145,8 +158,26 @@ def resolve_run(model: str | Path, *, backend: str | None = None, device: str = 
             why = "the default"
     checked = asked if asked is not None and asked.name == name else check_precision_for(backend, name, device)
     warning = None if kind.exported else bf16_cpu_warning(checked.name, device, flags)
+    settled = _layout(layout, kind.exported, device, checked.name, config, budget, remote)
     return ModelRun(model, backend, device, checked.name, why, budget, _where(weights), _where(token_embeddings),
-                    _where(token_vocab), config, source, warning)
+                    _where(token_vocab), config, source, warning, *(settled or (None, "")))
+
+
+def _layout(layout: str | None, exported: bool, device: str, precision: str, config: ElmoConfig,
+            budget: CpuBudget, remote: bool) -> tuple[str, str] | None:
+    """The torch backend's layout and why (None for an export, whose graph is its own); ``auto`` on a
+    cluster's CPUs is left to each replica (``ModelRun.settled_layout``), measured where it runs."""
+    if exported:
+        if layout not in (None, "auto"):
+            raise InputError(f"--layout {layout} is how the torch backend runs the recurrence; an export runs "
+                             f"its own graph (leave --layout out)")
+        return None
+    if layout not in (None, "auto"):
+        return check_layout(layout, device), "asked for"
+    if remote and not device.startswith("cuda"):
+        return "auto", "measured where each replica runs"
+    chosen = resolve_layout(layout, device, precision, config, budget.count)
+    return chosen.name, chosen.reason
 
 
 def _where(path: str | Path | None) -> str | None:

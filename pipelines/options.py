@@ -118,6 +118,7 @@ class EmbedOptions:
     token_vocab: str | None = _opt(None, None, "running", meaning="token_vocab", runtime_only=True)
     precision: str | None = _opt(None, cli=False)  # the flag: elmo_cli.run_args; None: the backend's (resolve_run)
     precision_reason: str = _opt("", cli=False, runtime_only=True)  # why this precision, recorded in the manifest
+    layout: str | None = _opt(None, cli=False, runtime_only=True)  # the flag: elmo_cli.run_args; None: auto
 
     def __post_init__(self) -> None:
         if self.backend is not None:
@@ -153,7 +154,8 @@ class EmbedOptions:
         Ray's and Spark's in replicas (one thread each unless --threads)."""
         return resolve_run(model, backend=self.backend, device=self.device, threads=self.threads,
                            precision=self.precision, weights=self.weights, token_embeddings=self.token_embeddings,
-                           token_vocab=self.token_vocab, job=True, remote=self.engine != "local", exporter=exporter)
+                           token_vocab=self.token_vocab, layout=self.layout, job=True, remote=self.engine != "local",
+                           exporter=exporter)
 
     def with_run(self, run: ModelRun) -> "EmbedOptions":
         """These options with what ``run`` settled (backend, precision and why; an on-demand export

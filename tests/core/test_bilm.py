@@ -60,16 +60,22 @@ def test_matches_reference_for_every_option(name, path, tmp_path):
         assert not layers[b, :, len(sent):].any(), "padded positions must be zero"
 
 
+@pytest.mark.parametrize("layout", ["cuda-kernels", "cpu-fused"])
 @pytest.mark.parametrize("name", ["default", "no_clipping"])
-def test_compiled_fused_steps_match_reference(name, tmp_path):
-    """The fused steps as they run on CUDA: kernels compiled by inductor (its CPU backend here)."""
+def test_compiled_fused_steps_match_reference(name, layout, tmp_path):
+    """The fused steps as they run on CUDA: kernels compiled by inductor (its CPU backend here); and
+    a CPU's ``--layout fused``: the same kernels on packed oneDNN products (``inference.layout``)."""
     from elmo_core.fused_cell import FusedCell
     from inference.fast_path import FastInference
+    from inference.packed_gemm import packed_gemm_available
 
     options = VARIANTS[name]
     model_dir = make_model_dir(tmp_path / name, options, seed=3, lstm_scale=2.0)
     model = load_bilm(model_dir)
-    model.use_fast_path(FastInference(model, fused=True, kernels=FusedCell.compiled()))
+    fast = FastInference(model, fused=True, kernels=FusedCell.compiled()) if layout == "cuda-kernels" else \
+        FastInference(model, layout="fused")
+    model.use_fast_path(fast)
+    assert fast.lstm._use_packed() == (layout == "cpu-fused" and packed_gemm_available(torch.device("cpu")))
     ref = ReferenceElmo(options, str(model_dir / "weights.hdf5"))
     layers, _ = _run(model, SENTENCES)
     for b, sent in enumerate(SENTENCES):

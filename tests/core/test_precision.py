@@ -44,22 +44,26 @@ def _fp32_and(model, ids, fast: FastInference):
 
 
 @pytest.mark.parametrize("precision,path", [("bf16", "plain"), ("bf16", "prepacked"), ("fp16", "plain"),
-                                            ("bf16", "fused"), ("bf16", "rows")])
+                                            ("bf16", "fused"), ("bf16", "rows"), ("bf16", "fused-layout")])
 def test_reduced_precision_keeps_every_token_and_layer_within_cosine(fixture_dir, precision, path):
     """prepacked: bf16 through oneDNN's packed weights (the path of full-size models on x86 CPUs,
     forced here for the small fixture model); plain: batched products on bf16 weight copies;
     fused: CUDA's fused steps (``inference.fused_lstm``); rows: CUDA's static rows
-    (``inference.row_lstm``, run eagerly), for the mix."""
+    (``inference.row_lstm``, run eagerly), for the mix; fused-layout: a CPU's ``--layout fused``
+    (compiled kernels on packed oneDNN weights, ``inference.layout``)."""
     from inference.row_lstm import RowShape
 
     model, ids = _model_and_ids(fixture_dir)
-    fast = FastInference(model, precision, packed_min_weights=0 if path == "prepacked" else 1 << 62,
-                         fused=path == "fused", cuda_graphs=path == "rows", capture=False, rows=RowShape(8, 4))
+    if path == "fused-layout":
+        fast = FastInference(model, precision, layout="fused")
+    else:
+        fast = FastInference(model, precision, packed_min_weights=0 if path == "prepacked" else 1 << 62,
+                             fused=path == "fused", cuda_graphs=path == "rows", capture=False, rows=RowShape(8, 4))
     ref, _, mask, low, low_mixed = _fp32_and(model, ids, fast)
     assert (low - ref).abs().max() > 1e-5  # the products really ran in the reduced type
     assert low.dtype == torch.float32 and not low_mixed[~mask].any()
     assert fast.lstm.weight_copies()[1].dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-    assert fast.lstm._packed_low() == (path == "prepacked" and packed_gemm_available(torch.device("cpu"))
+    assert fast.lstm._packed_low() == (path in ("prepacked", "fused-layout") and packed_gemm_available(torch.device("cpu"))
                                         and torch.ops.mkldnn._is_mkldnn_bf16_supported())
     if path == "rows":
         assert fast.graphs.positions > 0  # the mix went through the rows

@@ -24,7 +24,8 @@ def test_a_model_directory_resolves_to_torch_fp32_on_this_process_cpus(tiny_dir)
     run = resolve_run(tiny_dir)
     assert (run.model, run.backend, run.device, run.precision) == (str(tiny_dir.resolve()), "torch", "cpu", "fp32")
     assert run.precision_reason == "the default" and run.threads == process_cpu_budget() and run.source is None
-    assert run.describe() == (f"{tiny_dir.resolve()} (torch on cpu, fp32: the default; {process_cpu_budget()})")
+    assert run.describe() == (f"{tiny_dir.resolve()} (torch on cpu, fp32: the default; {process_cpu_budget()}; "
+                              f"packed layout: small matrices: eager steps (nothing to measure))")
     record = json.loads(json.dumps(run.to_dict()))  # what --json and the manifest record
     assert record["threads"] == run.threads.count and record["threads_reason"] == run.threads.reason
     assert "config" not in record and record["warning"] is None

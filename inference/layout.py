@@ -1,0 +1,140 @@
+"""How the torch backend runs the biLM's recurrence, and ``--layout auto``: chosen by measurement.
+
+The layouts (``elmo_core.names.LAYOUTS``), each computing what the reference computes:
+
+- ``packed``: the sentences sorted by length, the active rows shrinking (``elmo_core.lstm.Packing``),
+  each step eager and in place (``inference.fast_lstm``), on oneDNN weights packed once on a CPU.
+- ``fused``: the same packing, each step two products and two compiled kernels
+  (``inference.fused_lstm`` over ``elmo_core.fused_cell``); on a CPU the products on packed
+  oneDNN weights and the kernels compiled by inductor's C++ backend (a C++ compiler is needed).
+- ``rows``: static rows replayed as CUDA graphs (``inference.row_lstm``): CUDA only.
+
+``auto`` (the default): ``rows`` on CUDA. On a CPU the fastest of ``packed`` and ``fused`` for this
+CPU model, precision, LSTM shape and thread count, measured once on the recurrence alone (a random
+model of the same shape: the weights' values do not change the time) and kept in the cache
+(``layouts.json`` under ``elmo_core.storage.cache_root``). ``fused`` is taken only when it is
+``FUSED_MARGIN`` faster: never slower than ``packed``, today's CPU path, by more than noise. A
+model whose matrices are below ``PACKED_MIN_WEIGHTS`` takes ``packed`` unmeasured (its steps are too
+small for either to matter, and compiling would cost more than it saves).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from elmo_core import ElmoConfig
+from elmo_core.atomic import write_json_atomic
+from elmo_core.errors import InputError
+from elmo_core.names import LAYOUTS
+from elmo_core.storage import cache_root
+
+from runtime import use_threads
+
+from .fast_lstm import PACKED_MIN_WEIGHTS
+from .precision import cpu_model
+
+FUSED_MARGIN = 1.05  # fused must measure this much faster than packed to be chosen
+# The sample the layouts are timed on: as many sentences as a batch of the engine's default budget
+# holds (4,096 padded tokens, sentences of about 30), so each step runs the rows a job's steps run
+# (the eager steps' passes over the gates slow down as they outgrow the caches: bf16 on an AMX
+# Xeon, fused / packed 1.08x at 64 rows, 1.25x at 192, 1.77x at 576); 10-14 tokens each, which
+# times the same steps in less time; the best of ``SAMPLE_TURNS`` in turns.
+SAMPLE_SENTENCES, SAMPLE_LENGTHS, SAMPLE_TURNS = 128, (10, 14), 3
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A layout that runs (never ``auto``) and why it was chosen."""
+
+    name: str
+    reason: str
+
+
+def check_layout(layout: str, device: str) -> str:
+    """``layout`` checked against the device: InputError for an unknown name or rows off CUDA."""
+    if layout not in LAYOUTS:
+        raise InputError(f"--layout must be one of {list(LAYOUTS)}, got {layout!r}")
+    if layout == "rows" and not device.startswith("cuda"):
+        raise InputError("--layout rows replays CUDA graphs: it needs --device cuda (on a CPU use packed or fused)")
+    return layout
+
+
+def resolve_layout(layout: str | None, device: str, precision: str, config: ElmoConfig, threads: int,
+                   measure: Callable[[ElmoConfig, str, int], dict[str, float]] | None = None) -> Layout:
+    """The layout that runs and why (``layout`` None or ``auto``: the module doc's rule)."""
+    if layout not in (None, "auto"):
+        return Layout(check_layout(layout, device), "asked for")
+    if device.startswith("cuda"):
+        return Layout("rows", "CUDA: static rows replayed as CUDA graphs")
+    lstm = config.lstm
+    if lstm.projection_dim * 4 * lstm.dim < PACKED_MIN_WEIGHTS:
+        return Layout("packed", "small matrices: eager steps (nothing to measure)")
+    key = f"{cpu_model()} | torch {torch.__version__} | {precision} | {lstm.n_layers}x{lstm.dim}/{lstm.projection_dim}" \
+          f" | {threads} threads"
+    cache = cache_root() / "layouts.json"
+    known = _read(cache)
+    if key not in known:
+        print(f"measuring the recurrence's layouts (packed, fused) once for {key} ...", file=sys.stderr, flush=True)
+        known[key] = (measure or measure_layouts)(config, precision, threads)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(cache, {**_read(cache), key: known[key]}, indent=1)
+    return choose(known[key])
+
+
+def choose(tokens_per_s: dict[str, float]) -> Layout:
+    """``fused`` where it measured ``FUSED_MARGIN`` faster than ``packed``, else ``packed``."""
+    packed, fused = tokens_per_s.get("packed", 0.0), tokens_per_s.get("fused", 0.0)
+    figures = f"packed {packed:,.0f}, fused {fused:,.0f} tokens/s of the recurrence, measured on this CPU"
+    if fused >= FUSED_MARGIN * packed:
+        return Layout("fused", figures)
+    return Layout("packed", figures)
+
+
+def _read(path) -> dict:  # type: ignore[no-untyped-def]
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # absent or unreadable: measured again
+    return found if isinstance(found, dict) else {}
+
+
+def measure_layouts(config: ElmoConfig, precision: str, threads: int) -> dict[str, float]:
+    """Tokens/s of the recurrence (every layer, both directions, mixed) under each CPU layout, in
+    turns, best of ``SAMPLE_TURNS``; a layout that fails to build (no C++ compiler for ``fused``)
+    measures 0."""
+    from elmo_core import BiLM
+    from elmo_core.init import init_bilm
+
+    from .fast_path import FastInference
+
+    model = init_bilm(BiLM(config), seed=0).eval()
+    gen = torch.Generator().manual_seed(0)
+    low, high = SAMPLE_LENGTHS
+    lengths = torch.randint(low + 2, high + 3, (SAMPLE_SENTENCES,), generator=gen)  # the tokens and the boundaries
+    x = torch.randn(SAMPLE_SENTENCES, int(lengths.max()), config.lstm.projection_dim, generator=gen)  # (B, T, P)
+    weights = torch.full((config.lstm.n_layers + 1,), 1.0 / (config.lstm.n_layers + 1))
+    tokens = float((lengths - 2).sum())
+    use_threads(threads)  # the run's own count, which its backend sets again when it opens
+    runs, best = {}, {}
+    for name in ("packed", "fused"):
+        fast = FastInference(model, precision, layout=name)
+        try:
+            with fast.running():
+                fast.combine(x, lengths, weights)  # warm-up: packs the weights, compiles the kernels
+        except (RuntimeError, OSError) as e:  # inductor without a C++ compiler, a failed build
+            print(f"layout {name}: cannot run here ({str(e).splitlines()[0][:200]})", file=sys.stderr, flush=True)
+            best[name] = 0.0
+            continue
+        runs[name] = fast
+    for _ in range(SAMPLE_TURNS):
+        for name, fast in runs.items():
+            t0 = time.perf_counter()
+            with fast.running():
+                fast.combine(x, lengths, weights)
+            best[name] = max(best.get(name, 0.0), tokens / (time.perf_counter() - t0))
+    return best

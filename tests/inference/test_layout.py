@@ -1,0 +1,68 @@
+"""How the recurrence runs (``inference.layout``): asked for, CUDA's, and on a CPU measured once per
+CPU, precision, shape and threads, cached, and chosen only by a margin; the run records it."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from elmo_core import ElmoConfig
+from elmo_core.errors import InputError
+from inference.layout import FUSED_MARGIN, choose, resolve_layout
+from inference.model_run import resolve_run
+
+
+def _config(dim: int, projection: int) -> ElmoConfig:
+    from tests.conftest import TINY_OPTIONS
+
+    options = json.loads(json.dumps(TINY_OPTIONS))
+    options["lstm"].update(dim=dim, projection_dim=projection)
+    return ElmoConfig.from_dict(options)
+
+
+def test_asked_for_cuda_and_small_models_are_not_measured(tmp_path, monkeypatch):
+    monkeypatch.setenv("ELMO_CACHE_DIR", str(tmp_path))
+    never = lambda *a: pytest.fail("measured")  # noqa: E731
+    big, small = _config(4096, 512), _config(16, 8)
+    assert resolve_layout("fused", "cpu", "fp32", big, 1, never).reason == "asked for"
+    assert resolve_layout(None, "cuda", "bf16", big, 1, never).name == "rows"
+    assert resolve_layout("auto", "cpu", "bf16", small, 1, never).name == "packed"
+    with pytest.raises(InputError, match="--layout rows replays CUDA graphs"):
+        resolve_layout("rows", "cpu", "fp32", big, 1, never)
+    with pytest.raises(InputError, match="--layout must be one of"):
+        resolve_layout("fast", "cpu", "fp32", big, 1, never)
+    assert not (tmp_path / "layouts.json").exists()
+
+
+def test_a_cpu_measures_once_per_precision_and_threads_and_keeps_the_figures(tmp_path, monkeypatch):
+    monkeypatch.setenv("ELMO_CACHE_DIR", str(tmp_path))
+    big, calls = _config(4096, 512), []
+
+    def measure(config, precision, threads):
+        calls.append((precision, threads))
+        return {"packed": 100.0, "fused": 200.0 if precision == "bf16" else 101.0}
+    assert resolve_layout(None, "cpu", "bf16", big, 2, measure).name == "fused"
+    assert resolve_layout(None, "cpu", "bf16", big, 2, measure).name == "fused"  # from the cache
+    assert resolve_layout(None, "cpu", "fp32", big, 2, measure).name == "packed"  # within the margin
+    assert resolve_layout(None, "cpu", "fp32", big, 1, measure).name == "packed"
+    assert calls == [("bf16", 2), ("fp32", 2), ("fp32", 1)]
+    kept = json.loads((tmp_path / "layouts.json").read_text())
+    assert len(kept) == 3 and any("bf16" in key and "2 threads" in key for key in kept)
+
+
+def test_fused_is_chosen_only_by_the_margin():
+    assert choose({"packed": 100.0, "fused": 100.0 * FUSED_MARGIN}).name == "fused"
+    assert choose({"packed": 100.0, "fused": 100.0 * FUSED_MARGIN - 1}).name == "packed"
+    assert choose({"packed": 100.0, "fused": 0.0}).name == "packed"  # fused could not run here
+    assert "packed 100, fused 0 tokens/s" in choose({"packed": 100.0, "fused": 0.0}).reason
+
+
+def test_the_run_records_its_layout_and_opens_the_backend_with_it(tiny_dir):
+    run = resolve_run(tiny_dir, layout="fused")
+    assert (run.layout, run.layout_reason) == ("fused", "asked for") and run.to_dict()["layout"] == "fused"
+    assert "fused layout: asked for" in run.describe()
+    with run.open() as backend:
+        assert backend.fast.layout == "fused"
+    assert resolve_run(tiny_dir, remote=True).layout == "auto"  # measured where each replica runs
+    with pytest.raises(InputError, match="--layout rows replays CUDA graphs"):
+        resolve_run(tiny_dir, layout="rows")
