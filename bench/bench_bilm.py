@@ -106,12 +106,15 @@ def min_cosine(ref: list[np.ndarray], got: list[np.ndarray], batches: list[list[
 
 
 def compare_precisions(model_dir: Path, batches: list[list[list[str]]], threads: int, precisions: list[str],
-                       onnx_precisions: list[str], workdir: Path) -> None:
-    """torch fp32 and each other precision in turns, twice; best tokens/s of each; min cosine
-    against torch fp32. ONNX ones run the export ``elmo embed --backend onnx --precision P`` builds
-    (``export.cache``, under ``workdir``; the first run exports and validates)."""
+                       onnx_precisions: list[str], workdir: Path, layouts: list[str]) -> None:
+    """torch fp32 and each other precision in turns, twice, under each of ``layouts`` (packed: the
+    fixed CPU path before layouts were measured; fused; ``--layout auto`` picks one of them by its own
+    measurement, printed); best tokens/s of each; min cosine against torch fp32 (packed). ONNX ones
+    run the export ``elmo embed --backend onnx --precision P`` builds (``export.cache``, under
+    ``workdir``; the first run exports and validates)."""
     from inference.precision import BF16_CPU_FLAGS, INT8_CPU_FLAGS, bf16_cpu_warning, cpu_flags
     from export.cache import cached_onnx_export
+    from inference.layout import resolve_layout
     from inference.registry import open_backend
 
     flags = cpu_flags()
@@ -123,8 +126,17 @@ def compare_precisions(model_dir: Path, batches: list[list[list[str]]], threads:
         if slow is not None and slow.scalar:  # what `elmo embed --precision p` refuses here: scalar products, hours
             refused[p] = slow.text
             print(f"torch {p}: refused on this CPU, as the CLI refuses it ({slow.text})")
-    runners = {f"torch {p}": TorchBackend.from_files(model_dir, threads=threads, precision=p)
-               for p in dict.fromkeys(["fp32", *precisions]) if p not in refused}
+    config = ElmoConfig.from_dict(json_options(model_dir))
+    runners, auto = {}, {}
+    for p in dict.fromkeys(["fp32", *precisions]):
+        if p in refused:
+            continue
+        chosen = resolve_layout("auto", "cpu", p, config, threads)
+        auto[p] = chosen
+        print(f"torch {p}: --layout auto takes {chosen.name} ({chosen.reason})", flush=True)
+        for layout in layouts:
+            runners[f"torch {p} {layout}"] = TorchBackend.from_files(model_dir, threads=threads, precision=p,
+                                                                     layout=layout)
     for p in onnx_precisions:
         t0 = time.perf_counter()
         export, built = cached_onnx_export(model_dir, p, threads=threads, root=workdir / "cache")
@@ -137,41 +149,95 @@ def compare_precisions(model_dir: Path, batches: list[list[list[str]]], threads:
         for name, backend in runners.items():
             tps, outs[name] = time_ours(backend, batches)
             best[name] = max(best.get(name, 0.0), tps)
-            print(f"turn {turn + 1}: {name:10s} {tps:8.0f} tokens/s", flush=True)
-    base = best["torch fp32"]
+            print(f"turn {turn + 1}: {name:18s} {tps:8.0f} tokens/s", flush=True)
+    base_name = f"torch fp32 {layouts[0]}"
+    base = best[base_name]
     for name in list(runners)[1:]:
-        print(f"{name}: {best[name]:.0f} tokens/s = {best[name] / base:.2f}x torch fp32 ({base:.0f}); min token "
-              f"cosine vs torch fp32 {min_cosine(outs['torch fp32'], outs[name], batches[1:]):.6f} (every layer and the mix)")
-    for p in precisions:
-        if f"torch {p}" in best and p != "fp32":
-            gain = gemm_gain(p, threads)
-            ratio = best[f"torch {p}"] / base / gain
-            print(f"torch {p}: {best[f'torch {p}'] / base:.2f}x fp32 end to end against the {p} GEMM's own {gain:.2f}x "
-                  f"at the LSTM's shape {GEMM_SHAPE[0]}x{GEMM_SHAPE[1]} @ {GEMM_SHAPE[1]}x{GEMM_SHAPE[2]} (same run): "
-                  f"{ratio:.0%} of what the hardware offers (target >= 85% on a CPU with bf16 units)", flush=True)
+        print(f"{name}: {best[name]:.0f} tokens/s = {best[name] / base:.2f}x {base_name} ({base:.0f}); min token "
+              f"cosine vs it {min_cosine(outs[base_name], outs[name], batches[1:]):.6f} (every layer and the mix)")
+    rows = engine_rows(batches[1:])
+    for p in auto:
+        tps = {layout: best[f"torch {p} {layout}"] for layout in layouts}
+        print(f"torch {p}: --layout auto ({auto[p].name}) {tps.get(auto[p].name, float('nan')):.0f} tokens/s vs the "
+              f"fixed packed {tps.get('packed', float('nan')):.0f} = "
+              f"{tps.get(auto[p].name, float('nan')) / tps.get('packed', float('nan')):.2f}x (target: never slower)")
+    fp32_auto = best.get(f"torch fp32 {auto['fp32'].name}", base)
+    for p in auto:
+        if p == "fp32" or f"torch {p} {auto[p].name}" not in best:
+            continue
+        ours = best[f"torch {p} {auto[p].name}"] / fp32_auto
+        for m in (rows, GEMM_SHAPE[0]):
+            gain = gemm_gain(p, threads, m, config)
+            print(f"torch {p} (auto): {ours:.2f}x fp32 (auto) end to end against the {p} products' own {gain:.2f}x "
+                  f"at {m} rows ({'what the engine runs here' if m == rows else 'fuller tiles'}; the three LSTM "
+                  f"products at their shapes, same run): {ours / gain:.0%} of what the hardware offers (target >= "
+                  f"85% at the engine's rows; >= 3x fp32 with AMX)", flush=True)
+    bound = lstm_bound("fp32", threads, rows, config)
+    print(f"torch fp32 (auto): {fp32_auto:.0f} tokens/s = {fp32_auto / bound:.0%} of the fp32 bound of its LSTM "
+          f"products alone at the engine's shapes ({rows} rows: {bound:.0f} tokens/s; the char-CNN on top; target "
+          f">= 85%)", flush=True)
 
 
-# The LSTM's recurrent product at full size: 256 rows (a batch's two directions) x P=512 @ 512 x 4C=16384.
+def json_options(model_dir: Path) -> dict:
+    import json
+
+    return json.loads((model_dir / "options.json").read_text())
+
+
+def engine_rows(batches: list[list[list[str]]]) -> int:
+    """The rows a recurrent step of the engine multiplies on these batches, on average over steps
+    (the sorted packing: step t runs the sentences longer than t, boundaries included)."""
+    steps = tokens = 0
+    for b in batches:
+        lengths = [len(s) + 2 for s in b]
+        steps += max(lengths)
+        tokens += sum(lengths)
+    return max(1, round(tokens / steps))
+
+
+# The LSTM's recurrent product at full size: rows x P=512 @ 512 x 4C=16384 (256: a batch's two
+# directions of 128 rows, a fuller AMX tile).
 GEMM_SHAPE = (256, 512, 16384)
 
 
-def gemm_gain(precision: str, threads: int, turns: int = 5) -> float:
-    """The ``precision`` GEMM's speed over fp32's at ``GEMM_SHAPE`` on this CPU, in turns, best of each."""
+def product_rate(precision: str, threads: int, m: int, k: int, n: int, turns: int = 3) -> float:
+    """FLOP/s of ``m`` x ``k`` @ ``k`` x ``n`` on oneDNN's packed weights, as the engine runs its
+    products, best of ``turns``."""
     from elmo_core.kinds import Precision
+    from inference.packed_gemm import PackedLinear
 
     torch.set_num_threads(threads)
-    m, k, n = GEMM_SHAPE
-    x, w = torch.randn(m, k), torch.randn(k, n) / k ** 0.5
-    pairs = {"fp32": (x, w), precision: (x.to(Precision.of(precision).torch), w.to(Precision.of(precision).torch))}
-    best = dict.fromkeys(pairs, float("inf"))
+    low = Precision.of(precision).torch
+    x, w = torch.randn(m, k).to(low), (torch.randn(k, n) / k ** 0.5).to(low)
+    packed = PackedLinear(w, m)
+    packed(x)
+    best = float("inf")
     for _ in range(turns):
-        for name, (a, b) in pairs.items():
-            torch.mm(a, b)
-            t0 = time.perf_counter()
-            for _ in range(4):
-                torch.mm(a, b)
-            best[name] = min(best[name], (time.perf_counter() - t0) / 4)
-    return best["fp32"] / best[precision]
+        t0 = time.perf_counter()
+        for _ in range(4):
+            packed(x)
+        best = min(best, (time.perf_counter() - t0) / 4)
+    return 2 * m * k * n / best
+
+
+def lstm_bound(precision: str, threads: int, rows: int, config: ElmoConfig) -> float:
+    """Tokens/s of the biLSTM's products alone at the shapes the engine runs them: the input part
+    at ``INPUT_CHUNK_ROWS`` rows, the recurrent and projection products at ``rows``."""
+    from inference.fast_lstm import INPUT_CHUNK_ROWS
+
+    P, C = config.lstm.projection_dim, config.lstm.dim
+    shapes = [(INPUT_CHUNK_ROWS, P, 4 * C), (rows, P, 4 * C), (rows, C, P)]
+    seconds = sum(2 * k * n / product_rate(precision, threads, m, k, n) for m, k, n in shapes)  # a token, a direction
+    return 1 / (seconds * 2 * config.lstm.n_layers)
+
+
+def gemm_gain(precision: str, threads: int, rows: int, config: ElmoConfig, turns: int = 2) -> float:
+    """The biLSTM's products in ``precision`` over fp32 at the engine's shapes (``lstm_bound``), in turns."""
+    bounds = {"fp32": 0.0, precision: 0.0}
+    for _ in range(turns):
+        for name in bounds:
+            bounds[name] = max(bounds[name], lstm_bound(name, threads, rows, config))
+    return bounds[precision] / bounds["fp32"]
 
 
 def fp32_peak(threads: int, n: int = 2048) -> float:
@@ -199,7 +265,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batches", type=int, default=8)
-    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=128, help="sentences a batch (the engine's default 4,096-token "
+                                                                 "batches hold about 128 of these)")
     ap.add_argument("--peer", default="/tmp/peer-allennlp/bin/python", help="python of the AllenNLP venv ('' to skip)")
     ap.add_argument("--check", type=int, default=4, help="sentences checked against the float64 reference")
     ap.add_argument("--workdir", type=Path, default=ROOT / ".cache" / "bench")
@@ -207,6 +274,8 @@ def main() -> None:
     ap.add_argument("--onnx-precisions", default="fp32,int8", help="ONNX Runtime exports compared with torch fp32 "
                                                                    "('' for none)")
     ap.add_argument("--model", type=Path, default=None, help="a trained model directory: only the precisions, on it")
+    ap.add_argument("--layouts", default="packed,fused", help="torch layouts compared (inference/layout.py; the "
+                                                              "first is the baseline)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     a.workdir.mkdir(parents=True, exist_ok=True)
@@ -215,7 +284,7 @@ def main() -> None:
     if a.model is not None:
         print(f"{a.model}: {a.batches} batches x {a.batch_size} sentences, threads={a.threads}")
         compare_precisions(a.model, batches, a.threads, [p for p in a.precisions.split(",") if p],
-                           [p for p in a.onnx_precisions.split(",") if p], a.workdir)
+                           [p for p in a.onnx_precisions.split(",") if p], a.workdir, a.layouts.split(","))
         return
     model_dir = full_size_model(a.workdir)
     sent_file = a.workdir / "bench_sentences.txt"
@@ -235,7 +304,7 @@ def main() -> None:
     print(f"max |ours - float64 straightforward| over all layers of {a.check} sentences: {err:.2e} (target <= 1e-5)")
     if a.precisions or a.onnx_precisions:
         compare_precisions(model_dir, batches, a.threads, [p for p in a.precisions.split(",") if p],
-                           [p for p in a.onnx_precisions.split(",") if p], a.workdir)
+                           [p for p in a.onnx_precisions.split(",") if p], a.workdir, a.layouts.split(","))
     if not (a.peer and Path(a.peer).exists()):
         print(f"AllenNLP peer not found at {a.peer!r}: run ../shared/peers/setup_allennlp.sh")
         return

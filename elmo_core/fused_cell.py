@@ -15,7 +15,7 @@ tensor on the device (``clip_tensor``: inf for none), so one compiled kernel ser
 Buffers passed in are written in place (a compiled kernel stores straight into them).
 
 Tested against ``lstm_step`` eagerly and compiled (inductor's CPU backend) in
-tests/core/test_fused_cell.py; the recurrences built on them in tests/inference/test_fused_lstm.py
+tests/core/test_fused_cell.py; the recurrences built on them in tests/core/test_bilm.py
 (inference) and tests/core/test_fused_sequence.py (training).
 """
 from __future__ import annotations

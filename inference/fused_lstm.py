@@ -9,10 +9,12 @@ over the same packing (rows sorted by length, the active rows shrinking), but ea
     store(h_raw)                   one kernel: the projection's clip, the output, the next step's h
 
 (``elmo_core.fused_cell``, compiled by ``torch.compile``), where the eager step launches about ten
-kernels, six of them passes over the gate tensor. It is for CUDA, where a step's launches bound
-it; on a CPU the eager ``FastLstm`` with packed oneDNN weights is as fast (docs/gpu.md) and stays
-the default there. The next step's ``h`` is kept in the products' type by ``store``, so bf16 /
-fp16 steps cast nothing. Tested against the reference in tests/inference/test_fused_lstm.py.
+kernels, six of them passes over the gate tensor. On CUDA a step's launches bound it; on a CPU
+(``--layout fused``, ``inference.layout``) the products run on packed oneDNN weights, one direction
+at a time, and the one pass over the gates is what it saves: in bf16 on an AMX Xeon the eager
+passes cost about as much as the products. The next step's ``h`` is kept in the products' type by
+``store``, so bf16 / fp16 steps cast nothing. Tested against the reference in tests/core/test_bilm.py
+and tests/core/test_precision.py (both layouts, every option and precision).
 """
 from __future__ import annotations
 
@@ -29,9 +31,9 @@ from .fast_lstm import INPUT_CHUNK_ROWS, FastLstm, input_parts
 
 class FusedLstm(FastLstm):
     """``FastLstm.run_layer`` with fused steps (module doc). ``kernels``: by default compiled on
-    CUDA, where this path runs, and the same functions uncompiled on a CPU, where it only runs to be
-    tested (the compiled kernels are tested on the CPU in tests/core/test_fused_cell.py and end to
-    end where a test passes ``FusedCell.compiled()``)."""
+    CUDA and the same functions uncompiled on a CPU (the CPU's fused layout passes the compiled
+    ones). ``packed``: the products on packed oneDNN weights (a CPU; fp32, or bf16 where oneDNN
+    runs it), else batched over the directions."""
 
     def __init__(self, stack: BiLstmStack, dtype: torch.dtype = torch.float32, chunk_rows: int = INPUT_CHUNK_ROWS,
                  kernels: FusedCell | None = None, packed: bool = False) -> None:

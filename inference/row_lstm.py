@@ -18,7 +18,7 @@ batch runs one shape, ``RowShape(rows=R, steps=T)``:
   of a job (``inference.cuda_graphs.RowGraphs``). The input part of the gates is one product a
   layer and window.
 
-Equal per sentence to the reference (tests/inference/test_row_lstm.py: fp32 within 1e-6, bf16
+Equal per sentence to the reference (tests/inference/test_cuda_graphs.py: fp32 within 1e-6, bf16
 cosine >= 0.999, every option).
 """
 from __future__ import annotations
