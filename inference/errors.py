@@ -2,7 +2,7 @@
 The CLI maps every ElmoError to exit code 2."""
 from __future__ import annotations
 
-from elmo_core.errors import InputError
+from elmo_core.errors import InputError, WeightsError
 from formats.errors import ExportError
 
 
@@ -16,3 +16,8 @@ class TensorRTUnavailableError(ExportError):
 
 class BackendUnavailableError(InputError):
     """The backend asked for is unknown, not installed, or cannot reach the device asked for."""
+
+
+class ModelChangedError(WeightsError):
+    """A model's files are not the ones a run was pinned to (``ModelRun.pinned``): replaced or edited
+    after a job recorded their sha256."""

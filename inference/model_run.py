@@ -12,6 +12,7 @@ line a command prints once; ``to_dict`` what ``--json`` and the job's manifest r
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -23,10 +24,12 @@ from elmo_core.storage import is_uri
 from runtime import CpuBudget, check_threads, process_cpu_budget, threads_for
 
 from .backends import Backend
+from .errors import ModelChangedError
 from .layout import Layout, check_layout, resolve_layout
 from .precision import SlowPrecision, bf16_cpu_warning, resolve_precision
 from .registry import (backend_kind, check_device, check_precision_for, export_dir, exported_backend,
-                       exported_precision, model_config, model_identity, open_backend, torch_options)
+                       exported_precision, model_config, model_files, model_identity, open_backend,
+                       torch_options)
 
 # (model directory, weights, the precision asked for (auto included), threads) -> (the export
 # directory that runs, its precision, why): how the onnx backend's model directory is exported on
@@ -66,6 +69,7 @@ class ModelRun:
     warning: SlowPrecision | None = None  # a command prints it once (and refuses a scalar one)
     layout: str | None = None  # how torch runs the recurrence (``inference.layout``); None for an export
     layout_reason: str = ""
+    pin: dict | None = field(default=None, repr=False)  # the identity its files must have where it opens (a job's)
 
     @property
     def name(self) -> str:
@@ -76,6 +80,11 @@ class ModelRun:
         """What identifies the model that runs: its files and their sha256 (``registry.model_identity``)."""
         return model_identity(self.model, self.backend, self.weights)
 
+    def pinned(self, identity: dict) -> "ModelRun":
+        """This run, opened only where its files have ``identity`` (``open``): the record a job sends
+        its replicas, each of which hashes the files once, before it loads them."""
+        return replace(self, pin=identity)
+
     def describe(self) -> str:
         """The one line a command prints: ``M (torch on cpu, fp32: why; N threads: why)``."""
         source = f", exported from {self.source}" if self.source else ""
@@ -84,7 +93,7 @@ class ModelRun:
                 f"{self.threads}{layout})")
 
     def to_dict(self) -> dict[str, Any]:
-        record = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "config"}
+        record = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("config", "pin")}
         record["threads"], record["threads_reason"] = self.threads.count, self.threads.reason
         record["warning"] = self.warning and self.warning.text
         return record
@@ -107,7 +116,45 @@ class ModelRun:
 
     def open(self, **options: Any) -> Backend:
         """The backend, ready on ``device`` (``options``: the backend's own, e.g. torch's ``stateful``
-        or onnx's ``providers``; ``registry.open_backend``)."""
+        or onnx's ``providers``; ``registry.open_backend``); a pinned run's only from its pinned files
+        (``open_identified``)."""
+        return self.open_identified(**options)[0] if self.pin is not None else self._open(**options)
+
+    def open_identified(self, **options: Any) -> tuple[Backend, dict]:
+        """(the backend, the identity of the files it loaded): hashed once, before loading, and the
+        same files (device, inode, size, mtime) once loaded. ModelChangedError where they are not
+        the pinned ones, or were replaced while they loaded."""
+        before = self.signature()
+        identity = self.identity()
+        if self.pin is not None and identity != self.pin:
+            raise ModelChangedError(self._changed(identity))
+        backend = self._open(**options)
+        if self.signature() != before:
+            backend.close()
+            raise ModelChangedError(f"{self.model}: its files were replaced while they were loaded; keep the model's "
+                                    f"files in place while a run uses them")
+        return backend, identity
+
+    def signature(self) -> list[tuple]:
+        """Which files the model's are and when they last changed (path, device, inode, size, mtime):
+        a replaced file differs, as does one rewritten in place. Not a checksum: ``identity`` is."""
+        out = []
+        for f in model_files(self.model, self.backend, self.weights):
+            st = os.stat(f)
+            out.append((str(f), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+        return out
+
+    def _changed(self, identity: dict) -> str:
+        pin = self.pin or {}
+        names = {"sha256": "exported model" if backend_kind(self.backend).exported else "weights",
+                 "options_sha256": "options.json"}
+        what = [f"the sha256 of its {names[k]} is {str(identity.get(k))[:16]}..., recorded {str(pin.get(k))[:16]}..."
+                if k in names else f"its {k} is {identity.get(k)}, recorded {pin.get(k)}"
+                for k in sorted(set(identity) | set(pin)) if identity.get(k) != pin.get(k)]
+        return (f"the model {self.model} is not the one recorded when the run started ({'; '.join(what)}): its "
+                f"files were replaced or edited since; nothing was computed with them")
+
+    def _open(self, **options: Any) -> Backend:
         files = {"weights": self.weights} if self.weights else {}
         if self.layout is not None:
             files["layout"] = self.settled_layout().name

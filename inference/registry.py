@@ -236,5 +236,13 @@ def model_identity(model: str | Path, backend: str = "torch", weights: str | Pat
         files = resolve_model(model, weights)
         return {"path": where, "format": files.format,
                 "sha256": file_sha256(files.weights), "options_sha256": file_sha256(files.options)}
-    local = export_dir(model, backend)
-    return {"path": where, "format": backend, "sha256": file_sha256(artifact_file(local, backend))}
+    return {"path": where, "format": backend, "sha256": file_sha256(model_files(model, backend)[0])}
+
+
+def model_files(model: str | Path, backend: str = "torch", weights: str | Path | None = None) -> list[Path]:
+    """The local files ``model_identity`` hashes (a URI's local copy): the weights and options.json of a
+    published-format model, the exported file of an export."""
+    if backend_kind(backend).artifact is None:
+        files = resolve_model(model, weights)
+        return [Path(files.weights), Path(files.options)]
+    return [artifact_file(export_dir(model, backend), backend)]

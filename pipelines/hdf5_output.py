@@ -45,7 +45,7 @@ from elmo_core.whitespace import split_tokens
 from inference import Embedder
 from inference.model_run import ModelRun
 
-from .job import os_errors
+from .os_errors import os_errors
 from .options import PARQUET_ONLY, EmbedOptions, NonFiniteError
 from .progress import note
 from .lock import OutputLock

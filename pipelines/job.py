@@ -1,31 +1,33 @@
 """``embed_parquet``: one ``elmo embed`` job, from checks to ``_SUCCESS``; the local runner.
 
 Order of work: everything that needs no write is checked first (every input footer, column and
-column type, one schema across the files, the model loaded and matched to its weights, the
-device); then OUTPUT_DIR is locked (one job at a time) and claimed (``_job.json``); finished
+column type, one schema across the files, the model loaded and matched to its weights, its files
+hashed as they load: the job's model, which every replica checks before it loads it, the device;
+whether another job holds OUTPUT_DIR, then whether it is this job's; Spark's session or Ray's
+cluster reached); then OUTPUT_DIR is locked (one job at a time) and claimed (``_job.json``); finished
 shards are verified byte for byte and kept, the rest are (re)done; ``_manifest.json`` and
 ``_SUCCESS`` come last. A kill at any point leaves only complete, committed shards and
 temporaries that the next ``--resume`` deletes; any failure removes its temporaries.
 """
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pyarrow as pa
 
 from corpora.files import would_read
 from elmo_core.errors import InputError
 from elmo_core.storage import file_sha256, is_below
+from inference.errors import ModelChangedError
 from inference.model_run import ModelRun
 
 from .options import EmbedOptions, OutputDirError, digest
+from .os_errors import os_errors
 from .output_dir import open_output
 from .predictor import ElmoPredictor
 from .shard_loop import embed_shards
@@ -74,17 +76,19 @@ def plan_job(input: str | Path, output: str | Path, model: ModelRun | str | Path
         note(f"checking the model {run.describe()}; each replica loads its own", opts.quiet)
     log = (lambda text: note(text, opts.quiet)) if opts.engine == "local" else None
     here = run if opts.engine == "local" else run.on_cpu()  # the replicas' GPUs may be out of this process's sight
-    predictor = ElmoPredictor(here, opts, log=log)  # the model's own errors (files, options vs weights) come now
+    predictor = ElmoPredictor(here, opts, log=log, pin=True)  # the model's own errors (files, options vs weights)
+    run = run.pinned(predictor.run.pin)  # what every replica must load (and the local runner loaded)
     config = predictor.config
     if opts.engine != "local":
         predictor.close()  # Ray's and Spark's workers load their own
         predictor = None
     schema = output_schema(passthrough, config.output_dim, config.n_output_layers, opts.request)
-    identity = {"inputs": [f.identity() for f in files],
-                "model": run.identity(), "options": opts.identity()}
+    identity = {"inputs": [f.identity() for f in files], "model": run.pin, "options": opts.identity()}
     try:
         if out.exists():  # refused before the lock is taken: a refused job leaves nothing behind
+            out.lock().check_free()  # a running job's first: what it holds is its own business
             check_claim(out, identity, digest(identity), opts.resume)
+        _start_engine(opts)  # its settings and its cluster, before OUTPUT_DIR is claimed
     except BaseException:
         if predictor is not None:
             predictor.close()
@@ -128,7 +132,7 @@ def pending_shards(job: Job) -> list[Shard]:
     clean_strays(job.out, {s.name for s in shards}.__contains__)
     pending, present, commits = [], job.out.entries(), set(job.out.commit_names(COMMITS_DIR))
     for s in shards:
-        record = verify_shard(job.out, s, job.digest) if s.name in present else None
+        record = verify_shard(job.out, s, job.digest, job.run.pin["sha256"]) if s.name in present else None
         if record is None:
             if s.name in present or commit_name(s.name) in commits:  # a store charges each request
                 discard_shard(job.out, s.name)
@@ -182,28 +186,10 @@ def manifest(job: Job, records: list[dict], seconds: float, runner_info: dict) -
     }
 
 
-@contextlib.contextmanager
-def os_errors(out: Output | Path, rerun: str = "rerun with --resume (finished shards are kept)") -> Iterator[None]:
-    """An OS error (disk full, read-only file system, no permission, ...) as an ElmoError naming the
-    path; ``rerun`` says how to go on once the disk has room."""
-    try:
-        yield
-    except OSError as e:
-        where = e.filename or out
-        full = f"the disk is full: free space, then {rerun}"
-        hint = {errno.ENOSPC: full, errno.EROFS: "the file system is read-only: choose another OUTPUT_DIR",
-                errno.EACCES: "permission denied: choose an OUTPUT_DIR you can write",
-                errno.EDQUOT: f"the disk quota is exceeded: free space, then {rerun}"}.get(e.errno or 0)
-        if hint is None and "No space left on device" in str(e):
-            hint = full
-        kind = OutputDirError if str(where).startswith(str(out)) else InputError
-        raise kind(f"{where}: {e.strerror or e}" + (f"; {hint}" if hint else "")) from None
-
-
 def _run(job: Job, lock: Any) -> dict:
     """The job's part that writes, under OUTPUT_DIR's ``lock``."""
     opts = job.opts
-    claim_output_dir(job.out, job.identity, job.digest, opts.resume)
+    job.digest = claim_output_dir(job.out, job.identity, job.digest, opts.resume)
     if opts.verify_inputs:
         _check_input_contents(job)
     shards = pending_shards(job)
@@ -220,6 +206,10 @@ def _run(job: Job, lock: Any) -> dict:
         remove_temporaries(job.out)  # a runner's writers may have died with it (Ray workers)
         if isinstance(e, KeyboardInterrupt):  # Ctrl-C, SIGTERM: say what is kept and how to go on
             e.add_note(_kept(job))
+        if isinstance(e, ModelChangedError):  # a replica's: it computed nothing
+            raise ModelChangedError(f"{e}\n  the shards committed were computed with the job's model (its sha256 is "
+                                    f"in {JOB_FILE}) and are kept: restore its files, then rerun with --resume; or "
+                                    f"embed with this model into a new OUTPUT_DIR") from None
         if isinstance(e, InputError):  # a bad row, a changed input: fixed, the same command starts over
             mark_stopped(job.out, e)
             raise InputError(f"{e}\n  fix the input, then rerun the same command: this OUTPUT_DIR's shards are "
@@ -270,6 +260,17 @@ def embed_parquet(input: str | Path, output_dir: str | Path, /, model: ModelRun 
     if not opts.quiet:
         print(summary_line(result, job.out), file=sys.stderr)
     return result
+
+
+def _start_engine(opts: EmbedOptions) -> None:
+    """Spark's session or Ray's cluster, started or reached (InputError where its settings are wrong
+    or it cannot be reached, in a bounded time)."""
+    if opts.engine == "spark":
+        from .spark_runner import spark_session
+        spark_session(opts.spark_master, opts.spark_conf)
+    elif opts.engine == "ray":
+        from .ray_runner import init_ray
+        init_ray(opts)
 
 
 def _runner(name: str) -> Callable[[Job, list[Shard], ProgressBar], tuple[list[dict], dict]]:

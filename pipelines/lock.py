@@ -50,10 +50,7 @@ class OutputLock:
         except BlockingIOError:
             holder = _read_holder(fd)
             os.close(fd)
-            raise OutputDirError(
-                f"{self.output} is in use by another elmo embed job ({holder}); one job at a time per output: "
-                f"wait for it to finish or stop it (a stopped or killed job releases the lock itself), then "
-                f"{self.then}") from None
+            raise self._in_use(holder) from None
         except BaseException:
             os.close(fd)
             raise
@@ -61,6 +58,26 @@ class OutputLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(holder_record()) + "\n").encode(), 0)
         return self
+
+    def _in_use(self, holder: str) -> OutputDirError:
+        return OutputDirError(f"{self.output} is in use by another elmo embed job ({holder}); one job at a time per "
+                              f"output: wait for it to finish or stop it (a stopped or killed job releases the lock "
+                              f"itself), then {self.then}")
+
+    def check_free(self) -> None:
+        """OutputDirError naming the holder where a running job holds the lock; writes and creates
+        nothing (no lock file: free). What a job asks first, before it judges what the output holds."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return  # none, or not a lock file: taking the lock names what is wrong with it
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except BlockingIOError:
+            raise self._in_use(_read_holder(fd)) from None
+        finally:
+            os.close(fd)
 
     def _open(self) -> int:
         """The lock file, opened without following a link; OutputDirError where the name is not a

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -24,6 +25,10 @@ from runtime import check_threads
 from .schema import COMPRESSIONS
 
 MAX_COUNT = 2**31 - 1  # rows, tokens, workers: what a 32-bit offset indexes
+# Spark's master URLs: local, local[N], local[*], local[N,F], local-cluster[N,C,M], yarn, and any
+# scheme://... (spark://HOST:PORT, k8s://..., a cluster manager plugin's)
+SPARK_MASTER = r"local(\[([1-9][0-9]*|\*)(,[1-9][0-9]*)?\])?|local-cluster\[[1-9][0-9]*,[1-9][0-9]*,[1-9][0-9]*\]|yarn" \
+               r"|[a-z][a-z0-9+.-]*://\S+"
 
 
 class OutputDirError(ElmoError):
@@ -82,8 +87,9 @@ class EmbedOptions:
     window_context: int | None = _opt(BatchPolicy.window_context, "context tokens each side of a window "
                                       "(default M/8)", "vectors")
     rows_per_shard: int = _opt(100_000, "one output shard per this many rows of one input file", "running")
-    engine: str = _opt("local", "the runner: where the batches run, not what computes them", "running",
-                       choices=ENGINES, parquet_only=True)
+    engine: str = _opt("local", "the runner: where the batches run, not what computes them (a job stopped under one "
+                       "engine resumes under another)", "running", choices=ENGINES, parquet_only=True,
+                       runtime_only=True)
     max_tokens_per_batch: int = _opt(BatchPolicy.max_tokens_per_batch, None, "running", meaning="max_batch_tokens",
                                      runtime_only=True)
     sort_window_rows: int = _opt(1024, "rows sorted by length together before batching (then restored to input "
@@ -142,9 +148,18 @@ class EmbedOptions:
             raise InputError(f"--num-gpus-per-replica must be a number >= 0, got {self.num_gpus_per_worker}")
         if self.precision is not None:  # checked for its backend and device once, by resolve_run
             _check_choice("precision", self.precision, (*Precision.ALL, "auto"))
+        if self.spark_master is not None and not re.fullmatch(SPARK_MASTER, self.spark_master):
+            raise InputError(f"--spark-master {self.spark_master!r}: not a Spark master URL; give local[N], "
+                             f"local[N,F] (F: a task's attempts), local[*], spark://HOST:PORT, yarn or "
+                             f"k8s://https://HOST:PORT")
         for kv in self.spark_conf:
-            if "=" not in kv or not kv.partition("=")[0].strip():
+            key, _, value = kv.partition("=")
+            if "=" not in kv or not key.strip():
                 raise InputError(f"--spark-conf {kv!r}: give KEY=VALUE, e.g. spark.executor.memory=8g")
+            if key.strip() == "spark.task.maxFailures" and not (re.fullmatch(r"[0-9]{1,10}", value)
+                                                              and 0 < int(value) <= MAX_COUNT):
+                raise InputError(f"--spark-conf {kv}: the attempts a task gets before the job fails, a whole number "
+                                 f"from 1 to {MAX_COUNT} (e.g. spark.task.maxFailures=4)")
         if self.engine == "ray" and self.device != "cpu" and not self.num_gpus_per_worker:
             raise InputError(f"--device {self.device} with --engine ray needs --num-gpus-per-replica (e.g. 1) so "
                              f"that Ray gives each replica its own GPU")
@@ -215,11 +230,17 @@ class EmbedOptions:
         return d
 
     def identity(self) -> dict[str, Any]:
-        """The options that change the output, i.e. that a resumed job must keep. fp32, the
-        precision of every job written before the option existed, is left out so that those
-        jobs keep their identity; so is normalize's default (False)."""
-        return {k: v for k, v in self.to_dict().items()
-                if k not in RUNTIME_ONLY and not (k == "precision" and v == "fp32") and not (k == "normalize" and not v)}
+        """The options that change the output, i.e. that a resumed job must keep (``output_options``)."""
+        return output_options(self.to_dict())
+
+
+def output_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options of a job (its ``to_dict``, or the identity a job recorded) that change the output:
+    not the runtime-only ones (a record of a job that counted one of them, e.g. the engine, means the
+    same job). fp32, the precision of every job written before the option existed, is left out so that
+    those jobs keep their identity; so is normalize's default (False)."""
+    return {k: v for k, v in options.items()
+            if k not in RUNTIME_ONLY and not (k == "precision" and v == "fp32") and not (k == "normalize" and not v)}
 
 
 def _check_columns(opts: EmbedOptions) -> None:

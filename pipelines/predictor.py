@@ -54,20 +54,26 @@ def _as_table(batch: Any) -> pa.Table:
 
 class ElmoPredictor:
     """Embeds batches of rows with ``run``'s backend (a model path is resolved here, as a library
-    caller's). ``options``: an EmbedOptions or its dict (Ray passes a dict); ``log``: told the run.
+    caller's). ``options``: an EmbedOptions or its dict (Ray passes a dict); ``log``: told the run;
+    ``pin``: hash the model's files as they load and pin the run to them (a job's first load; a
+    run pinned already is checked against its pin wherever it loads: ``ModelRun.open``).
 
     Shape: a batch of R rows -> the same R rows (id + kept columns) + ``elmo`` (see module doc).
     """
 
     def __init__(self, run: ModelRun | str | Path, options: EmbedOptions | Mapping[str, Any] | None = None,
-                 log: Callable[[str], None] | None = None, **overrides: Any) -> None:
+                 log: Callable[[str], None] | None = None, pin: bool = False, **overrides: Any) -> None:
         opts = EmbedOptions.coerce(options, **overrides)
         self.run = run if isinstance(run, ModelRun) else opts.resolve_run(run)
         self.options = opts = opts.with_run(self.run)
         self.threads = self.run.threads
         if log is not None:
             log(f"loading the model {self.run.describe()}")
-        self.backend = self.run.open()
+        if pin and self.run.pin is None:
+            self.backend, identity = self.run.open_identified()
+            self.run = self.run.pinned(identity)
+        else:
+            self.backend = self.run.open()
         self.config = self.backend.config
         if self.options.mix is not None and len(self.options.mix) != self.config.n_output_layers:
             raise InputError(f"--mix: the model has {self.config.n_output_layers} output layers, "
@@ -76,6 +82,11 @@ class ElmoPredictor:
         self.type = elmo_type(self.dim, self.n_layers, self.options.request)
         self.request = self.options.request
         self.backend.check_request(self.request)  # before any row is read
+
+    @property
+    def model_sha256(self) -> str | None:
+        """The sha256 of the weights (or export) this predictor loaded, where its run is pinned."""
+        return self.run.pin["sha256"] if self.run.pin else None
 
     def close(self) -> None:
         self.backend.close()

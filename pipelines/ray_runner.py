@@ -11,20 +11,23 @@ write OUTPUT_DIR themselves: on a cluster with no shared disk all three live in 
 (``s3://``; ``elmo_core.storage``, ``pipelines.output_dir``), and each worker reaches it with the
 credentials of its own environment; the endpoint and region variables of the driver's are passed
 on (``FORWARDED_ENV``), never its secrets. The driver holds OUTPUT_DIR's lock, hands out shards
-and collects their commit records.
+and collects their commit records. Each actor hashes the model's files once, before it loads them,
+and refuses another model than the job's (``ModelRun.pinned``). The cluster is reached (or the
+local one started) before OUTPUT_DIR is claimed (``job.plan_job``).
 """
 from __future__ import annotations
 
 import os
-
+import socket
 
 import pyarrow as pa
 
-from elmo_core.errors import InputError
+from elmo_core.errors import ElmoError, InputError
 from elmo_core.storage import LOCATION_VARIABLES
 from inference.model_run import ModelRun
 from runtime.ray_local import init_local_ray
 
+from .os_errors import lasting_os_error
 from .options import EmbedOptions, WorkerLostError
 from .predictor import ElmoPredictor
 from .progress import ProgressBar
@@ -36,21 +39,38 @@ from .stages import StageClock
 # Where the store is, not who may use it: workers take credentials from their own environment
 # (an instance role, the cluster's secrets), so none travel through Ray's control plane.
 FORWARDED_ENV = LOCATION_VARIABLES
+REACH_SECONDS = 10.0  # how long the driver tries to reach --ray-address before it gives up
 
 
 class ShardWorker:
-    """One Ray actor's model; ``embed`` commits one shard and returns its commit record."""
+    """One Ray actor's model; ``embed`` commits one shard and returns its commit record. A model the
+    actor refuses (not the job's) is its answer to every shard: the actor lives to say so."""
 
     def __init__(self, run: ModelRun, options: dict) -> None:
-        self.predictor = ElmoPredictor(run, options)
+        self.predictor: ElmoPredictor | None = None
+        self.refused: ElmoError | None = None
+        try:
+            self.predictor = ElmoPredictor(run, options)
+        except ElmoError as e:
+            self.refused = e
 
     def embed(self, shard: Shard, out: Output, schema: pa.Schema, job_digest: str) -> tuple[dict, dict]:
         """(the shard's commit record, seconds per stage)."""
+        if self.refused is not None:
+            raise self.refused
         clock = StageClock()
-        return embed_shards(self.predictor, [shard], out, schema, job_digest, clock=clock)[0], clock.seconds
+        try:
+            return embed_shards(self.predictor, [shard], out, schema, job_digest, clock=clock)[0], clock.seconds
+        except OSError as e:  # a full or read-only disk, said as the local runner says it
+            lasting = lasting_os_error(e, out)
+            if lasting is None:
+                raise
+            raise lasting from None
 
 
-def _init_ray(opts: EmbedOptions):  # type: ignore[no-untyped-def]
+def init_ray(opts: EmbedOptions):  # type: ignore[no-untyped-def]
+    """Ray, connected to ``--ray-address`` (InputError where it does not answer in
+    ``REACH_SECONDS``) or to a local cluster of its own."""
     try:
         import ray
     except ImportError:
@@ -61,9 +81,28 @@ def _init_ray(opts: EmbedOptions):  # type: ignore[no-untyped-def]
                   "runtime_env": {"env_vars": env} if env else None}
         if opts.ray_address is None:  # a local cluster of our own: it ends with this process, however it ends
             init_local_ray(ray, **kwargs)
-        else:
+            return ray
+        _reach(opts.ray_address)
+        try:
             ray.init(address=opts.ray_address, **kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise InputError(f"--ray-address {opts.ray_address}: Ray could not connect ({str(e).strip()[:300]}); "
+                             f"check the address and that the cluster runs (ray start --head)") from None
     return ray
+
+
+def _reach(address: str) -> None:
+    """InputError where nothing accepts a connection at ``HOST:PORT`` (or ``ray://HOST:PORT``) within
+    ``REACH_SECONDS`` (Ray itself waits for minutes); other forms (``auto``) are Ray's to find."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_SECONDS).close()
+    except OSError as e:
+        raise InputError(f"--ray-address {address}: nothing answered there within {REACH_SECONDS:.0f} s "
+                         f"({e.strerror or e}); check the address and that the cluster runs (ray start --head)"
+                         ) from None
 
 
 def _worker_cpus(ray, threads: int, workers: int) -> float:  # type: ignore[no-untyped-def]
@@ -74,7 +113,7 @@ def _worker_cpus(ray, threads: int, workers: int) -> float:  # type: ignore[no-u
 
 def run_ray(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dict], dict]:  # type: ignore[no-untyped-def]
     opts: EmbedOptions = job.opts
-    ray = _init_ray(opts)
+    ray = init_ray(opts)
     from ray.util import ActorPool
 
     info = {"name": "ray", "workers": opts.workers, "ray_version": ray.__version__,
@@ -92,6 +131,10 @@ def run_ray(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dict]
             records.append(record)
             job.clock.add(seconds)
             progress.update(record["rows"], record["tokens"])
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, ElmoError):  # a worker's own error (a bad row, another model, a full disk)
+            raise e.cause from None
+        raise
     except ray.exceptions.RayActorError as e:
         raise WorkerLostError(f"a Ray worker died while it wrote a shard ({str(e).splitlines()[0][:200]}); the "
                               f"{len(records)} shards committed in this run are kept: rerun with --resume") from None

@@ -58,9 +58,9 @@ class _WriterThread:
     one commit at a time. A table waits for one of the pool's ``slots``; an error in the thread
     reaches the caller at its next ``put`` or at ``close``; its open shard is aborted either way."""
 
-    def __init__(self, out: Output, schema: pa.Schema, job_digest: str, opts: EmbedOptions, clock: StageClock,
-                 slots: threading.Semaphore, name: str = "elmo-writer") -> None:
-        self.args, self.clock, self.slots = (out, schema, job_digest, opts), clock, slots
+    def __init__(self, out: Output, schema: pa.Schema, job_digest: str, opts: EmbedOptions, model_sha256: str | None,
+                 clock: StageClock, slots: threading.Semaphore, name: str = "elmo-writer") -> None:
+        self.args, self.clock, self.slots = (out, schema, job_digest, opts, model_sha256), clock, slots
         self.queue: queue.Queue = queue.Queue()
         self.stop = threading.Event()
         self.records: list[dict] = []
@@ -123,10 +123,11 @@ class _WriterPool:
     with one thread (two waiting, one in hand), 16 per thread with several, so that each can hold
     a shard of up to ~16 windows (see docs/pipelines.md for memory)."""
 
-    def __init__(self, out: Output, schema: pa.Schema, job_digest: str, opts: EmbedOptions, clock: StageClock) -> None:
+    def __init__(self, out: Output, schema: pa.Schema, job_digest: str, opts: EmbedOptions, model_sha256: str | None,
+                 clock: StageClock) -> None:
         n = opts.writer_threads
         self.slots = threading.Semaphore(3 if n == 1 else 16 * n)
-        self.threads = [_WriterThread(out, schema, job_digest, opts, clock, self.slots, f"elmo-writer-{i}")
+        self.threads = [_WriterThread(out, schema, job_digest, opts, model_sha256, clock, self.slots, f"elmo-writer-{i}")
                         for i in range(n)]
         self.assigned: dict[str, _WriterThread] = {}
 
@@ -169,9 +170,10 @@ def embed_shards(predictor: ElmoPredictor, shards: list[Shard], out: Output, sch
                  on_batch: Callable[[int, int], None] = lambda rows, tokens: None,
                  clock: StageClock | None = None) -> list[dict]:
     """Embed and commit ``shards`` (in input order); returns their commit records. The prefetch
-    thread reads and prepares, this one runs the model, the writer threads write."""
+    thread reads and prepares, this one runs the model, the writer threads write; each shard records
+    the sha256 of the model the predictor loaded."""
     opts, clock = predictor.options, clock or StageClock()
-    writer = _WriterPool(out, schema, job_digest, opts, clock)
+    writer = _WriterPool(out, schema, job_digest, opts, predictor.model_sha256, clock)
     done: dict[str, int] = {}  # rows of each shard computed so far
     try:
         for shard, prepared, last in prefetch(_windows(shards, predictor, opts, clock), opts.prefetch):

@@ -6,12 +6,13 @@ Layout of OUTPUT_DIR (everything but the shards starts with ``_`` or ``.``, so r
   part-IIIII-KKKKK.parquet         shard K of input file I (see pipelines.source)
   .part-IIIII-KKKKK.parquet.*.tmp  a shard being written (local; deleted on failure and on resume)
   _shards/part-IIIII-KKKKK.json    the shard's commit: the sha256 and size of its bytes (ETag on a
-                                   store), its counts
+                                   store), its counts, the sha256 of the model that computed it
   _job.json                        the job's identity: input files, model sha256, options
   _manifest.json                   counts, timing, options, every shard and its sha256 (at the end)
   _SUCCESS                         written last, after every shard was verified
   .elmo.lock                       held by the running job (pipelines.lock, pipelines.store_lock)
-Each shard's Parquet footer also holds ``elmo.shard`` (job digest, input file, first row, rows).
+Each shard's Parquet footer also holds ``elmo.shard`` (job digest, input file, first row, rows, the
+model's sha256 as its writer loaded it: a shard of another model than the job's is not the job's).
 A shard counts as done only when its bytes match its commit record: ``--resume`` reads every byte
 (on a store: the ETag the store gives every new version), ``elmo verify`` every byte everywhere, so
 a torn or altered shard is found and redone. A shard is published first, by its first writer only
@@ -35,7 +36,7 @@ import pyarrow.parquet as pq
 from elmo_core.errors import InputError
 from inference.batching import window_counts
 
-from .options import EmbedOptions, OutputDirError, ShardPublishedError
+from .options import EmbedOptions, OutputDirError, ShardPublishedError, output_options
 from .output_dir import LocalDir, StoreDir
 from .schema import conform, parquet_options
 from .source import Shard
@@ -57,8 +58,10 @@ class ShardWriter:
     """Streams one shard's tables in the job's schema to its sink (``output_dir``); ``commit`` adds
     the footer record, checksums the bytes, makes the shard visible and writes its commit record."""
 
-    def __init__(self, out: Output, shard: Shard, schema: pa.Schema, job_digest: str, opts: EmbedOptions) -> None:
+    def __init__(self, out: Output, shard: Shard, schema: pa.Schema, job_digest: str, opts: EmbedOptions,
+                 model_sha256: str | None = None) -> None:
         self.out, self.shard, self.schema, self.job_digest, self.opts = out, shard, schema, job_digest, opts
+        self.model_sha256 = model_sha256
         self.counts = dict.fromkeys(COUNTS, 0)
         self.sink = out.shard_sink(shard.name)
         self.writer = pq.ParquetWriter(self.sink.file, schema, **parquet_options(schema, opts.compression))
@@ -76,8 +79,9 @@ class ShardWriter:
 
     def footer_record(self) -> dict:
         s = self.shard
+        model = {"model_sha256": self.model_sha256} if self.model_sha256 else {}
         return {"job": self.job_digest, "file": s.name, "input_file": s.file.index, "input_path": str(s.file.path),
-                "row_start": s.start, **self.counts}
+                "row_start": s.start, **model, **self.counts}
 
     def commit(self) -> dict:
         if self.counts["rows"] != self.shard.rows:
@@ -94,7 +98,7 @@ class ShardWriter:
         try:
             record.update(self.sink.finish(), writer=f"{socket.gethostname()}:{os.getpid()}")
         except ShardPublishedError:
-            record = adopt_published(self.out, self.shard, self.job_digest)
+            record = adopt_published(self.out, self.shard, self.job_digest, self.model_sha256)
         self.sink.publish()
         self.out.write_json(commit_name(self.shard.name), record)
         return record
@@ -123,12 +127,13 @@ def footer_record(out: Output, name: str) -> dict | None:
     return {**record, "footer_rows": meta.num_rows} if isinstance(record, dict) else None
 
 
-def adopt_published(out: Output, shard: Shard, job_digest: str) -> dict:
+def adopt_published(out: Output, shard: Shard, job_digest: str, model_sha256: str | None = None) -> dict:
     """The commit record of a shard another writer of this job published first (its footer says so;
     else OutputDirError: a file that is not this job's holds the name)."""
     footer = footer_record(out, shard.name)
     want = {"job": job_digest, "input_file": shard.file.index, "row_start": shard.start, "rows": shard.rows}
-    if footer is None or footer.get("footer_rows") != shard.rows or any(footer.get(k) != v for k, v in want.items()):
+    if footer is None or footer.get("footer_rows") != shard.rows or any(footer.get(k) != v for k, v in want.items()) \
+            or other_model(footer, model_sha256):
         raise OutputDirError(f"{out.where(shard.name)}: holds a file that is not this job's shard; move it away and "
                              f"rerun with --resume")
     record = {k: v for k, v in footer.items() if k != "footer_rows"}
@@ -147,10 +152,18 @@ def read_commit(out: Output, name: str) -> dict | None:
     return record if isinstance(record, dict) else None
 
 
+def other_model(record: dict, model_sha256: str | None) -> str | None:
+    """The sha256 of the model a shard's record (footer or commit) says computed it, where it is not
+    ``model_sha256`` (the job's); None where it is, or the record predates recording it."""
+    found = record.get("model_sha256", model_sha256)
+    return None if model_sha256 is None or found == model_sha256 else str(found)
+
+
 def check_shard(out: Output, name: str, job_digest: str, file_index: int, row_start: int, rows: int,
-                every_byte: bool = True) -> tuple[dict | None, str]:
-    """(commit record, "") if shard ``name`` is this job's, for these input rows, complete and what
-    was committed (``every_byte``: its sha256, else what the output checks cheaply); else (None, why not)."""
+                every_byte: bool = True, model_sha256: str | None = None) -> tuple[dict | None, str]:
+    """(commit record, "") if shard ``name`` is this job's, for these input rows, computed by the
+    job's model (``model_sha256``), complete and what was committed (``every_byte``: its sha256, else
+    what the output checks cheaply); else (None, why not)."""
     record = read_commit(out, name)
     if record is None:
         return None, NO_RECORD
@@ -166,18 +179,22 @@ def check_shard(out: Output, name: str, job_digest: str, file_index: int, row_st
     if footer is None or footer.get("footer_rows") != rows or any(footer.get(k) != v for k, v in want.items()) \
             or any(record.get(k) != v for k, v in want.items()):
         return None, "its footer or commit record does not describe this job's rows"
+    other = other_model(footer, model_sha256) or other_model(record, model_sha256)
+    if other:
+        return None, (f"computed with another model (sha256 {other[:16]}...) than the job's ({model_sha256[:16]}..., "
+                      f"{JOB_FILE})")
     return record, ""
 
 
-def verify_shard(out: Output, shard: Shard, job_digest: str) -> dict | None:
+def verify_shard(out: Output, shard: Shard, job_digest: str, model_sha256: str | None = None) -> dict | None:
     """The shard's commit record if it is done (see ``check_shard``; on a store by its ETag), else
     None. A shard published without its record (its writer killed between the two) is adopted when
     its footer says it holds this job's rows: its record is written from its bytes."""
     record, why = check_shard(out, shard.name, job_digest, shard.file.index, shard.start, shard.rows,
-                              every_byte=not out.is_store)
+                              every_byte=not out.is_store, model_sha256=model_sha256)
     if why == NO_RECORD:
         try:
-            record = adopt_published(out, shard, job_digest)
+            record = adopt_published(out, shard, job_digest, model_sha256)
         except OutputDirError:
             return None
         out.write_json(commit_name(shard.name), record)
@@ -191,10 +208,11 @@ def discard_shard(out: Output, name: str) -> None:
 
 def check_claim(out: Output, job: dict, job_digest: str, resume: bool) -> str:
     """What claiming OUTPUT_DIR for this job does, decided without writing: "new" (an empty or new
-    directory), "resume" (this job's, with --resume) or "restart" (a run of the same command that
-    stopped on an input error, whose inputs were fixed since: its shards are dropped); else
-    OutputDirError. Run before the lock, so that a refused job leaves nothing behind (no lock
-    either), and again under it."""
+    directory), "resume" (this job's, with --resume: its record's digest is the job's, or its record
+    describes the same inputs, model and output options, ``same_job``) or "restart" (a run of the
+    same command that stopped on an input error, whose inputs were fixed since: its shards are
+    dropped); else OutputDirError. Run before the lock, so that a refused job leaves nothing behind
+    (no lock either), and again under it."""
     names = sorted(n for n in out.entries() if not n.startswith("."))  # dot-files: lock, temporaries
     if JOB_FILE not in names:
         if names:
@@ -208,25 +226,46 @@ def check_claim(out: Output, job: dict, job_digest: str, resume: bool) -> str:
     if not isinstance(theirs, dict):
         raise OutputDirError(f"{out.where(JOB_FILE)}: not a valid job record; this OUTPUT_DIR was not written by "
                              f"elmo embed, or was damaged: delete it to start over")
-    if theirs.get("digest") == job_digest:
+    if theirs.get("digest") == job_digest or same_job(theirs, job):
         if not resume:
             raise OutputDirError(f"{out} already holds this job's output; pass --resume to finish or "
                                  f"verify it, or use another OUTPUT_DIR")
         return "resume"
-    if theirs.get("stopped") and SUCCESS_FILE not in names and all(theirs.get(k) == job.get(k)
-                                                                   for k in ("model", "options")):
+    if theirs.get("stopped") and SUCCESS_FILE not in names and theirs.get("model") == job.get("model") \
+            and _output_options(theirs) == _output_options(job):
         return "restart"
-    raise OutputDirError(f"{out} holds another job's output ({_difference(theirs, job)}); "
-                         f"use another OUTPUT_DIR, or delete this one to start over")
+    advice = "use another OUTPUT_DIR, or delete this one to start over"
+    model, ours = theirs.get("model"), job.get("model") or {}
+    if isinstance(model, dict) and model.get("path") == ours.get("path") and model != ours \
+            and theirs.get("inputs") == job.get("inputs") and _output_options(theirs) == _output_options(job):
+        advice = (f"the files of the model {ours.get('path')} changed since the job started: restore them and rerun "
+                  f"with --resume, or {advice}")
+    raise OutputDirError(f"{out} holds another job's output ({_difference(theirs, job)}); {advice}")
 
 
-def claim_output_dir(out: Output, job: dict, job_digest: str, resume: bool) -> None:
-    """Make OUTPUT_DIR this job's (``check_claim``). The caller holds OUTPUT_DIR's lock."""
+def claim_output_dir(out: Output, job: dict, job_digest: str, resume: bool) -> str:
+    """Make OUTPUT_DIR this job's (``check_claim``); return the digest the job goes on under (a
+    resumed job's, as its record has it). The caller holds OUTPUT_DIR's lock."""
     how = check_claim(out, job, job_digest, resume)
     if how == "restart":
         drop_shards(out)
-    if how != "resume":
-        out.write_json(JOB_FILE, {**job, "digest": job_digest})
+    if how == "resume":
+        return json.loads(out.read_text(JOB_FILE))["digest"]
+    out.write_json(JOB_FILE, {**job, "digest": job_digest})
+    return job_digest
+
+
+def same_job(theirs: dict, ours: dict) -> bool:
+    """Whether a job record describes the job ``ours`` describes: the same inputs, model and options
+    that change the output (a record that also counted a runtime-only option, e.g. the engine, is
+    the same job)."""
+    return isinstance(theirs.get("digest"), str) and theirs.get("inputs") == ours.get("inputs") \
+        and theirs.get("model") == ours.get("model") and _output_options(theirs) == _output_options(ours)
+
+
+def _output_options(job: dict) -> dict | None:
+    options = job.get("options")
+    return output_options(options) if isinstance(options, dict) else None
 
 
 def mark_stopped(out: Output, error: Exception) -> None:
@@ -253,8 +292,16 @@ def _difference(theirs: dict, ours: dict) -> str:
         changed = sorted({i.get("path") for i in a} ^ {i.get("path") for i in b}
                          | {x.get("path") for x, y in zip(a, b) if x != y})
         diffs[diffs.index("inputs")] = f"inputs changed: {changed[:3]}"
+    if _output_options(theirs) == _output_options(ours) and "options" in diffs:
+        diffs.remove("options")
+    if "model" in diffs and isinstance(theirs.get("model"), dict):
+        a, b = theirs["model"], ours["model"]
+        changed = [f"{k} {str(b.get(k))[:16]}... here, {str(a.get(k))[:16]}... in {JOB_FILE}" if "sha256" in k
+                   else f"{k} {b.get(k)} here, {a.get(k)} in {JOB_FILE}" for k in sorted(set(a) | set(b))
+                   if a.get(k) != b.get(k)]
+        diffs[diffs.index("model")] = f"model: {'; '.join(changed)}"
     if "options" in diffs:
-        a, b = theirs.get("options", {}), ours.get("options", {})
+        a, b = _output_options(theirs) or {}, _output_options(ours) or {}
         changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
         diffs[diffs.index("options")] = f"options {changed}"
     return "different " + ", ".join(diffs or ["job"])

@@ -12,10 +12,15 @@ settles: a shard is published by its first writer only and a later one adopts it
 at all, and ``--resume`` after a killed driver keeps every committed shard.
 
 Each executor's Python worker loads the model once (``predictor_for``: a process cache; PySpark
-reuses its workers) and runs it on ``--threads`` threads (default 1: ``spark.task.cpus`` tasks
-share an executor's cores). Tasks read INPUT and write OUTPUT_DIR themselves: local paths every
-executor sees, or ``s3://`` (``elmo_core.storage``). An input error in a task (a bad row) is
-returned to the driver, not retried: it names the row as the local runner does.
+reuses its workers), after it hashed the model's files and found the job's model (the run is
+pinned to it, ``ModelRun.pinned``), and runs it on ``--threads`` threads (default 1:
+``spark.task.cpus`` tasks share an executor's cores). Tasks read INPUT and write OUTPUT_DIR
+themselves: local paths every executor sees, or ``s3://`` (``elmo_core.storage``). An error that
+a retry would meet again (a bad row, another model than the job's, a full or read-only disk) is
+returned to the driver, not retried: it says what the local runner says.
+
+The session is started before OUTPUT_DIR is claimed (``job.plan_job``): a master that cannot be
+reached, or settings Spark refuses, leave OUTPUT_DIR as it was.
 """
 from __future__ import annotations
 
@@ -31,8 +36,10 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 
 from elmo_core.errors import ElmoError, InputError
+from inference.errors import ModelChangedError
 from inference.model_run import ModelRun
 
+from .os_errors import lasting_os_error
 from .options import EmbedOptions, OutputDirError, WorkerLostError
 from .predictor import ElmoPredictor
 from .progress import ProgressBar
@@ -46,9 +53,11 @@ from .stages import StageClock
 SPARK_DEFAULTS = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
                   "spark.task.maxFailures": "4"}
 RESULT_SCHEMA = "record string, seconds string, process string, loads long, error string"
-ERRORS = {"InputError": InputError, "OutputDirError": OutputDirError}
+ERRORS = {"InputError": InputError, "OutputDirError": OutputDirError, "ModelChangedError": ModelChangedError}
+REACH_SECONDS = 10.0  # how long the driver tries to reach a standalone master before it gives up
 
 _PREDICTORS: dict[str, ElmoPredictor] = {}  # per Python worker: the model, loaded once
+_REFUSED: dict[str, tuple[ModelChangedError, list]] = {}  # per Python worker: a refusal, and the files it saw
 
 
 def check_spark() -> None:
@@ -64,8 +73,11 @@ def check_spark() -> None:
 
 def spark_session(master: str | None, conf: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
     """A SparkSession for ``master`` (default ``local[*]``, or spark-submit's ``--master``) with the
-    ``K=V`` settings of ``conf`` (an existing session of this process is taken as it is)."""
+    ``K=V`` settings of ``conf`` (an existing session of this process is taken as it is); InputError
+    where the master does not answer or Spark refuses to start with these settings."""
     check_spark()
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
     from pyspark.sql import SparkSession
 
     settings = {**SPARK_DEFAULTS, **dict(spark_setting(kv) for kv in conf)}
@@ -75,11 +87,52 @@ def spark_session(master: str | None, conf: tuple[str, ...] = ()):  # type: igno
         builder = builder.master(master)
         if master.startswith("local"):  # executors are this machine's: they run this interpreter
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        _reach(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except (Py4JError, PySparkException, RuntimeError) as e:
+        raise InputError(f"Spark could not start a session on {master or 'the master spark-submit gave'} with the "
+                         f"settings given (--spark-master, --spark-conf): {_first_line(e)}") from None
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _reach(master: str) -> None:
+    """InputError where no standalone master of ``spark://HOST:PORT[,HOST:PORT...]`` accepts a
+    connection within ``REACH_SECONDS`` (Spark itself retries for minutes)."""
+    if not master.startswith("spark://"):
+        return
+    why = ""
+    deadline = time.monotonic() + REACH_SECONDS
+    for address in master[len("spark://"):].split(","):
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)),
+                                     timeout=max(0.5, deadline - time.monotonic())).close()
+            return
+        except (OSError, ValueError) as e:
+            why = f"{address}: {e.strerror if isinstance(e, OSError) and e.strerror else e}"
+    raise InputError(f"--spark-master {master}: no Spark master answered within {REACH_SECONDS:.0f} s ({why}); check "
+                     f"the address and that the master runs (start-master.sh), then rerun")
+
+
+def _first_line(e: BaseException) -> str:
+    """An exception's message without its Java or Python trace: the Java exception's own line
+    where py4j wraps one."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    java = [line for line in lines if re.match(r"[\w.$]+(Exception|Error)\b", line)]
+    return (java or lines or [type(e).__name__])[0][:300]
+
+
+def task_attempts(spark: Any) -> int:
+    """How often Spark runs a failing task before it fails the job: F of ``local[N,F]`` (1 in
+    another local master, which ignores spark.task.maxFailures), else spark.task.maxFailures."""
+    local = re.fullmatch(r"local(?:\[(?:\*|\d+)(?:,(\d+))?\])?", spark.sparkContext.master)
+    if local:
+        return int(local.group(1) or 1)
+    return int(spark.sparkContext.getConf().get("spark.task.maxFailures", "4"))
 
 
 def spark_setting(kv: str) -> tuple[str, str]:
@@ -97,9 +150,19 @@ def local_master(master: str, max_failures: str) -> str:
 
 
 def predictor_for(run: ModelRun, options: dict) -> ElmoPredictor:
-    key = json.dumps([run.to_dict(), options], sort_keys=True)
+    """This worker's predictor of ``run`` (a pinned run's files hashed once, before they load). A
+    refusal (files that are not the pinned ones) is kept while the files stay as they were refused,
+    so that the worker's next tasks refuse without hashing them again."""
+    key = json.dumps([run.to_dict(), run.pin, options], sort_keys=True)
     if key not in _PREDICTORS:
-        _PREDICTORS[key] = ElmoPredictor(run, options)
+        refused, seen = _REFUSED.get(key), run.signature()
+        if refused is not None and refused[1] == seen:
+            raise refused[0]
+        try:
+            _PREDICTORS[key] = ElmoPredictor(run, options)
+        except ModelChangedError as e:
+            _REFUSED[key] = (e, seen)
+            raise
     return _PREDICTORS[key]
 
 
@@ -121,8 +184,13 @@ def embed_task(run: ModelRun, options: dict, shards: list[Shard], out: Any, sche
                     predictor = predictor_for(run, options)
                     record = embed_shards(predictor, [shards[index]], out, schema, job_digest, clock=clock)[0]
                     row.update(record=json.dumps(record), seconds=json.dumps(clock.seconds))
-                except ElmoError as e:  # the input's, the output's, the vectors': a retry would fail alike
+                except ElmoError as e:  # the input's, the output's, the model's, the vectors': a retry fails alike
                     row["error"] = json.dumps([type(e).__name__, str(e)])
+                except OSError as e:  # a full or read-only disk is one too; another is retried by Spark
+                    lasting = lasting_os_error(e, out)
+                    if lasting is None:
+                        raise
+                    row["error"] = json.dumps([type(lasting).__name__, str(lasting)])
                 row["loads"] = model_loads()
                 yield pa.RecordBatch.from_pylist([row])
     return task
@@ -137,7 +205,7 @@ def run_spark(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dic
     if not shards:
         return [], info
     task = embed_task(job.run, opts.to_dict(), shards, job.out, job.schema, job.digest)
-    rows = _collect(spark.range(len(shards), numPartitions=len(shards)).mapInArrow(task, RESULT_SCHEMA))
+    rows = _collect(spark, spark.range(len(shards), numPartitions=len(shards)).mapInArrow(task, RESULT_SCHEMA))
     remove_temporaries(job.out)  # a killed attempt's: the committed shards are every shard now
     errors = [json.loads(r.error) for r in rows if r.error]
     if errors:
@@ -154,8 +222,8 @@ def run_spark(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dic
     return records, {**info, "processes": len(loads), "model_loads": loads}
 
 
-def _collect(frame: Any) -> list:
-    """The tasks' result rows; WorkerLostError where Spark gave up on a task (its retries spent, an
+def _collect(spark: Any, frame: Any) -> list:
+    """The tasks' result rows; WorkerLostError where Spark gave up on a task (its attempts spent, an
     executor lost): what was committed is kept for ``--resume``."""
     from py4j.protocol import Py4JError
     from pyspark.errors import PySparkException
@@ -163,7 +231,8 @@ def _collect(frame: Any) -> list:
     try:
         return frame.collect()
     except (Py4JError, PySparkException) as e:
-        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-        raise WorkerLostError(f"a Spark task failed {SPARK_DEFAULTS['spark.task.maxFailures']} times or its "
-                              f"executor was lost ({first}); the shards committed in this run are kept: "
-                              f"rerun with --resume") from None
+        n = task_attempts(spark)
+        raise WorkerLostError(f"a Spark task failed {n} time{'s' if n != 1 else ''} (its attempts: "
+                              f"spark.task.maxFailures, or F of local[N,F]) or its executor was lost "
+                              f"({_first_line(e)}); the shards committed in this run are kept: rerun with "
+                              f"--resume") from None

@@ -67,11 +67,7 @@ class StoreLock:
         if self.etag is None:
             holder, etag, age = self._current()
             if not _free(holder, age):
-                raise OutputDirError(
-                    f"{self.out} is in use by another elmo embed job ({describe_holder(holder)}; lease renewed {age:.0f} s "
-                    f"ago); one job at a time per output: wait for it to finish or stop it (a stopped job releases "
-                    f"the lock; a killed one on another host after its {holder.get('lease_seconds', self.lease):.0f} s "
-                    f"lease), then rerun with --resume")
+                raise self._in_use(holder, age)
             self.etag = self._put(IfMatch=etag)
             if self.etag is None:
                 raise OutputDirError(f"{self.out}: another elmo embed job took its lock at the same moment; "
@@ -79,6 +75,21 @@ class StoreLock:
         self._thread = threading.Thread(target=self._renew, name="elmo-lease", daemon=True)
         self._thread.start()
         return self
+
+    def _in_use(self, holder: dict, age: float) -> OutputDirError:
+        return OutputDirError(
+            f"{self.out} is in use by another elmo embed job ({describe_holder(holder)}; lease renewed {age:.0f} s "
+            f"ago); one job at a time per output: wait for it to finish or stop it (a stopped job releases "
+            f"the lock; a killed one on another host after its {holder.get('lease_seconds', self.lease):.0f} s "
+            f"lease), then rerun with --resume")
+
+    def check_free(self) -> None:
+        """OutputDirError naming the holder where a running job holds the lease; writes nothing."""
+        if self.out.size(LOCK_NAME) is None:
+            return
+        holder, _, age = self._current()
+        if not _free(holder, age):
+            raise self._in_use(holder, age)
 
     def _current(self) -> tuple[dict, str, float]:
         """(the holder's record, its ETag, seconds since it was written by the store's clock)."""

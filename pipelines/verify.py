@@ -2,7 +2,7 @@
 
 What is checked: ``_SUCCESS``, ``_job.json`` and ``_manifest.json`` agree; every shard listed is
 there, no other ``part-*`` file is; each shard's bytes match the sha256 committed for it and its
-footer describes its input rows; per input file, the shards cover rows 0..N-1 once, in name
+footer describes its input rows and the job's model (the sha256 its writer loaded); per input file, the shards cover rows 0..N-1 once, in name
 order. Where the input files are still there unchanged (same size, mtime and footer), each output
 row is matched to its input row: the same id (with ``--id-column``) and as many vectors as the
 row has tokens (null for null), which shows every row is in input order.
@@ -67,6 +67,8 @@ def _shape_problem(obj: object, keys: dict[str, type]) -> str:
 def _shard_problems(out: Output, manifest: dict, job: dict, good: set[str]) -> list[str]:
     """The shards' problems; ``good`` receives the names of the shards that passed."""
     problems = []
+    model = job.get("model")
+    model_sha256 = model.get("sha256") if isinstance(model, dict) and isinstance(model.get("sha256"), str) else None
     listed = {s["file"]: s for s in manifest["shards"]}
     visible = {n: is_dir for n, is_dir in out.entries().items() if not is_hidden(n)}  # what readers read
     problems += [f"{n}: a directory where a shard should be" for n, is_dir in sorted(visible.items())
@@ -78,7 +80,8 @@ def _shard_problems(out: Output, manifest: dict, job: dict, good: set[str]) -> l
     for name, s in sorted(listed.items()):
         if name not in on_disk:
             continue
-        record, why = check_shard(out, name, job["digest"], s["input_file"], s["row_start"], s["rows"])
+        record, why = check_shard(out, name, job["digest"], s["input_file"], s["row_start"], s["rows"],
+                                  model_sha256=model_sha256)
         if record is None or record.get("sha256") != s.get("sha256"):
             problems.append(f"{name}: {why or 'its commit record differs from ' + MANIFEST_FILE}")
         elif why := _non_finite(out, name):

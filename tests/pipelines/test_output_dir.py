@@ -3,6 +3,7 @@ concurrent resumes, shards verified byte for byte, SIGTERM, a full disk and a re
 system (real tmpfs mounts, as root), OUTPUT_DIR being a file. Every wait is bounded."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -66,6 +67,27 @@ def test_a_job_on_a_locked_output_dir_is_refused_naming_the_holder(corpus, tiny_
     r = elmo("embed", corpus, out, "--model", tiny_dir, "--quiet", "--rows-per-shard", "300")
     assert r.returncode == 0, r.stderr
     assert verify_output(out)["rows"] == 900
+
+
+def test_a_running_jobs_output_dir_answers_in_use_before_whose_output_it_is(corpus, tiny_dir, tmp_path):
+    """Another job (here other options) aimed at a running job's OUTPUT_DIR is told who holds it, not
+    to delete the directory."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "_job.json").write_text(json.dumps({"digest": "another", "inputs": [], "model": {}, "options": {}}))
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pipelines.lock import OutputLock; "
+                               "OutputLock.for_dir(sys.argv[1]).__enter__(); print('locked', flush=True); time.sleep(120)",
+                               str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        r = elmo("embed", corpus, out, "--model", tiny_dir, "--output", "top", "--quiet")
+        assert r.returncode == 2 and f"in use by another elmo embed job (pid {holder.pid} on host" in r.stderr, r.stderr
+        assert "holds another job's output" not in r.stderr and "delete" not in r.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    r = elmo("embed", corpus, out, "--model", tiny_dir, "--output", "top", "--quiet")
+    assert r.returncode == 2 and "holds another job's output" in r.stderr, r.stderr  # once free: whose it is
 
 
 def test_two_resumes_at_once_after_sigkill_leave_one_verified_output(corpus, tiny_dir, tmp_path):

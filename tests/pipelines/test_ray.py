@@ -1,9 +1,17 @@
 """The Ray runner on a real local Ray cluster (2 CPUs): the same schema, rows, order and vectors as
 the local runner, the shards spread over the workers, input order in every shard over repeated
-runs, and resume shard by shard."""
+runs, and resume shard by shard; workers that refuse a model swapped after the job started; a full
+disk said as the local runner says it; an address that does not answer, before OUTPUT_DIR is
+claimed."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pyarrow.dataset as ds
@@ -11,7 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines import embed_parquet
+from pipelines.verify import verify_output
 from corpora.sample import write_sample_corpus
+
+from tests.helpers import TINY_OPTIONS, make_model_dir, run_cli
 
 ray = pytest.importorskip("ray", reason="Ray is the optional 'ray' extra (pip install -e '.[ray]')")
 
@@ -67,3 +78,63 @@ def test_ray_rows_in_input_order_in_every_shard_over_runs(ray_cluster, tiny_dir,
             assert part == sorted(part) and part == list(range(part[0], part[0] + len(part))), (run, shard.name)
             ids += part
         assert ids == list(range(600)), run
+
+
+def test_workers_refuse_a_model_swapped_after_the_job_started_and_commit_nothing_of_it(ray_cluster, tmp_path,
+                                                                                       monkeypatch):
+    """The weights are replaced (as ``mv`` does) between the driver's planning and the workers' load:
+    each worker hashes the files before it loads them and refuses. Exit 2 naming the model, nothing
+    committed; with the job's weights back, the job resumes (under the local engine)."""
+    import pipelines.job as job_module
+
+    model = make_model_dir(tmp_path / "model", TINY_OPTIONS)
+    other = make_model_dir(tmp_path / "other", TINY_OPTIONS, seed=7)
+    shutil.copy(model / "weights.hdf5", tmp_path / "job-weights.hdf5")
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=80, files=1)
+    plan = job_module.plan_job
+
+    def plan_then_swap(*args, **kwargs):  # type: ignore[no-untyped-def]
+        job = plan(*args, **kwargs)
+        shutil.copy(other / "weights.hdf5", model / ".weights.new")
+        os.replace(model / ".weights.new", model / "weights.hdf5")
+        return job
+
+    monkeypatch.setattr(job_module, "plan_job", plan_then_swap)
+    out = tmp_path / "out"
+    args = ["embed", corpus, out, "--model", model, "--rows-per-shard", "40", "--quiet"]
+    r = run_cli(*args, "--engine", "ray", "--replicas", "2")
+    assert r.returncode == 2 and f"the model {model.resolve()} is not the one recorded when the run started" in r.stderr
+    assert "restore its files, then rerun with --resume" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not list(out.glob("part-*")) and not list((out / "_shards").glob("*.json"))
+    monkeypatch.setattr(job_module, "plan_job", plan)
+    os.replace(tmp_path / "job-weights.hdf5", model / "weights.hdf5")
+    r = run_cli(*args, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert verify_output(out)["rows"] == 80
+
+
+def test_a_full_disk_under_ray_is_said_as_the_local_runner_says_it(ray_cluster, tiny_dir, small_fs, tmp_path):
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=600, files=2, row_group_rows=100)
+    r = run_cli("embed", corpus, small_fs / "out", "--model", tiny_dir, "--rows-per-shard", "100", "--quiet",
+                "--engine", "ray", "--replicas", "1")
+    assert r.returncode == 2 and "No space left on device; the disk is full: free space, then rerun with --resume" \
+        in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "ray::" not in r.stderr
+
+
+def test_a_ray_address_that_does_not_answer_leaves_output_dir_as_it_was(tiny_dir, tmp_path):
+    """In a process of its own: this module's cluster would be taken as it is."""
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=20, files=1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", str(corpus), str(out), "--model", str(tiny_dir),
+                        "--engine", "ray", "--ray-address", f"127.0.0.1:{closed}", "--quiet"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and f"--ray-address 127.0.0.1:{closed}: nothing answered there" in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 60 and not out.exists() and "Traceback" not in r.stderr

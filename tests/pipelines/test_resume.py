@@ -1,6 +1,8 @@
 """Exactly once: a real ``elmo embed`` process is killed with SIGKILL mid-way, then resumed."""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -10,10 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 
 from inference import Embedder
 from pipelines import embed_parquet
+from pipelines.options import digest
+from pipelines.verify import VerificationError, verify_output
 from corpora.sample import write_sample_corpus
 
 ATOL = 1e-5  # shards of a resumed run vs an uninterrupted one: other batch compositions, float32 sums in another order
@@ -76,6 +81,66 @@ def test_resume_redoes_a_damaged_shard(tiny_dir, tmp_path):
     with pytest.raises(Exception, match="not a shard of this job"):
         (out / "part-00009-00000.parquet").write_bytes(b"x")
         embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
+
+
+def _rewrite_shard(out: Path, name: str, **footer: object) -> None:
+    """Shard ``name`` rewritten with these values in its footer record, and its commit record and
+    the manifest's entry made to match: what a writer holding those values would have committed."""
+    path = out / name
+    table, record = pq.read_table(path), json.loads(pq.read_metadata(path).metadata[b"elmo.shard"])
+    with pq.ParquetWriter(path, table.schema) as writer:
+        writer.write_table(table)
+        writer.add_key_value_metadata({b"elmo.shard": json.dumps({**record, **footer}, sort_keys=True)})
+    digest = {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "bytes": path.stat().st_size}
+    commit = out / "_shards" / name.replace(".parquet", ".json")
+    commit.write_text(json.dumps({**json.loads(commit.read_text()), **footer, **digest}))
+    if (out / "_manifest.json").exists():
+        manifest = json.loads((out / "_manifest.json").read_text())
+        for shard in manifest["shards"]:
+            if shard["file"] == name:
+                shard.update(digest)
+        (out / "_manifest.json").write_text(json.dumps(manifest))
+
+
+def test_verify_and_resume_refuse_a_shard_computed_with_another_model(tiny_dir, tmp_path):
+    """Each shard records the sha256 of the model its writer loaded: a shard of another model than
+    the job's is no shard of the job's, whatever job digest it carries."""
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=60, files=1)
+    out = tmp_path / "out"
+    opts = dict(id_column="id", rows_per_shard=20, quiet=True)
+    embed_parquet(corpus, out, tiny_dir, **opts)
+    job_model = json.loads((out / "_job.json").read_text())["model"]["sha256"]
+    records = [json.loads(p.read_text()) for p in sorted((out / "_shards").glob("*.json"))]
+    assert [r["model_sha256"] for r in records] == [job_model] * 3
+    _rewrite_shard(out, "part-00000-00001.parquet", model_sha256="0" * 64)
+    with pytest.raises(VerificationError, match=r"1 problem\(s\):\n  part-00000-00001.parquet: computed with another "
+                                                r"model \(sha256 0000000000000000\.\.\.\) than the job's"):
+        verify_output(out)
+    m = embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
+    assert m["this_run"]["shards"] == 1 and m["this_run"]["shards_kept"] == 2
+    assert verify_output(out)["rows"] == 60
+
+
+def test_a_job_recorded_with_its_engine_resumes_under_another(tiny_dir, tmp_path):
+    """The engine does not change the output: a job whose record counted it (as jobs did) resumes
+    under another engine, its shards kept."""
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=60, files=1)
+    out = tmp_path / "out"
+    opts = dict(id_column="id", rows_per_shard=20, quiet=True)
+    embed_parquet(corpus, out, tiny_dir, **opts)
+    record = json.loads((out / "_job.json").read_text())
+    old = {k: record[k] for k in ("inputs", "model", "options")}
+    old["options"] = {**old["options"], "engine": "spark"}
+    (out / "_job.json").write_text(json.dumps({**old, "digest": digest(old)}))
+    for shard in _shards(out):
+        _rewrite_shard(out, shard.name, job=digest(old))
+    for name in ("_SUCCESS", "_manifest.json", "part-00000-00002.parquet", "_shards/part-00000-00002.json"):
+        (out / name).unlink()
+    m = embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
+    assert m["this_run"]["shards"] == 1 and m["this_run"]["shards_kept"] == 2 and m["job_digest"] == digest(old)
+    assert verify_output(out)["rows"] == 60
 
 
 def test_sigkill_of_a_ray_driver_takes_its_local_cluster_with_it(tiny_dir, tmp_path):

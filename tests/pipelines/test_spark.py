@@ -1,8 +1,9 @@
 """``elmo embed --engine spark`` and ``pipelines.spark.elmo_vectors`` on a real Spark in local mode
 (``local[2]``, Java on the machine): equal to the local runner row for row, every row exactly once
 when a Python worker is SIGKILLed mid-task (Spark retries it), when two attempts of a task run at
-once (a speculative copy), and after a killed driver (``--resume``). One session for the module:
-its start costs tens of seconds."""
+once (a speculative copy), and after a killed driver (``--resume``); tasks that refuse a model
+swapped after the job started; a full disk said as the local runner says it; a job that cannot
+start leaving OUTPUT_DIR as it was. One session for the module: its start costs tens of seconds."""
 from __future__ import annotations
 
 import contextlib
@@ -10,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,7 +28,7 @@ from corpora.sample import write_sample_corpus
 from pipelines import embed_parquet
 from pipelines.verify import verify_output
 
-from tests.helpers import TINY_OPTIONS, make_model_dir, tiny_options
+from tests.helpers import TINY_OPTIONS, make_model_dir, run_cli, tiny_options
 from tests.pipelines.test_hdf5_output import _invalid_utf8_texts
 
 pyspark = pytest.importorskip("pyspark", reason="the spark extra is not installed: pip install -e '.[spark]'")
@@ -40,12 +42,13 @@ ATOL = 1e-6  # the same predictor and batches as the local runner, on one thread
 
 @pytest.fixture(scope="module")
 def spark():
-    """The module's session, with speculation on as a user would set it (the runner's getOrCreate
-    takes this session)."""
+    """The module's session, with speculation on as a user would set it, and 3 attempts a task (the
+    runner's getOrCreate takes this session)."""
     from pipelines.spark_runner import spark_session
 
     session = spark_session("local[2]", ("spark.speculation=true", "spark.speculation.multiplier=1.5",
-                                         "spark.speculation.quantile=0.5", "spark.speculation.interval=100ms"))
+                                         "spark.speculation.quantile=0.5", "spark.speculation.interval=100ms",
+                                         "spark.task.maxFailures=3"))
     yield session
     session.stop()
 
@@ -95,7 +98,7 @@ def test_spark_gives_the_local_runners_output_row_for_row(spark, tiny, tmp_path)
         assert local[key] == remote[key], key
     assert remote["windowed_rows"] == 6 and remote["null_rows"] == 6 and remote["invalid_utf8"] == 6
     engine = remote["engine"]
-    assert engine["name"] == "spark" and engine["master"] == "local[2,4]"
+    assert engine["name"] == "spark" and engine["master"] == "local[2,3]"
     assert set(engine["model_loads"].values()) == {1}  # each Python worker loaded the model once
     assert verify_output(tmp_path / "spark")["rows"] == 282
 
@@ -236,3 +239,103 @@ def test_spark_refuses_what_it_cannot_do_with_exit_2(tiny, tmp_path):
     r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", str(corpus), str(tmp_path / "o2"), "--model",
                         str(tiny), "--engine", "spark"], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "JAVA_HOME" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def _swap_weights(model: Path, other: Path) -> None:
+    """Replace the model's weights by another model's, as ``mv`` does: a new file under the name."""
+    shutil.copy(other / "weights.hdf5", model / ".weights.new")
+    os.replace(model / ".weights.new", model / "weights.hdf5")
+
+
+def test_tasks_refuse_a_model_swapped_after_the_job_started_and_commit_nothing_of_it(spark, tmp_path, monkeypatch):
+    """The weights are replaced between the driver's planning (which hashed them into _job.json) and
+    the tasks, as on a cluster whose executors open the path later: every task hashes the files
+    before it loads them and refuses. Exit 2 naming the model; nothing committed; with the job's
+    weights back, --resume finishes."""
+    import pipelines.job as job_module
+
+    model = make_model_dir(tmp_path / "model", TINY_OPTIONS)  # a path no worker of the session has loaded
+    other = make_model_dir(tmp_path / "other", TINY_OPTIONS, seed=7)
+    shutil.copy(model / "weights.hdf5", tmp_path / "job-weights.hdf5")
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=80, files=1)
+    plan = job_module.plan_job
+
+    def plan_then_swap(*args, **kwargs):  # type: ignore[no-untyped-def]
+        job = plan(*args, **kwargs)
+        _swap_weights(model, other)
+        return job
+
+    monkeypatch.setattr(job_module, "plan_job", plan_then_swap)
+    out = tmp_path / "out"
+    args = ["embed", corpus, out, "--model", model, "--engine", "spark", "--spark-master", "local[2]",
+            "--rows-per-shard", "40", "--quiet"]
+    r = run_cli(*args)
+    assert r.returncode == 2 and f"the model {model.resolve()} is not the one recorded when the run started" in r.stderr
+    assert "restore its files, then rerun with --resume" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not list(out.glob("part-*")) and not list((out / "_shards").glob("*.json"))
+    monkeypatch.setattr(job_module, "plan_job", plan)
+    os.replace(tmp_path / "job-weights.hdf5", model / "weights.hdf5")
+    r = run_cli(*args, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert verify_output(out)["rows"] == 80
+
+
+def test_a_full_disk_under_spark_is_said_once_and_the_job_resumes_with_the_local_engine(spark, tiny, small_fs,
+                                                                                       tmp_path):
+    """ENOSPC in a task is the local runner's error, not a transient failure Spark retries; the engine
+    is not the job's identity, so the local engine finishes the job."""
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=600, files=2, row_group_rows=100)
+    out = small_fs / "out"
+    args = ["embed", corpus, out, "--model", tiny, "--id-column", "id", "--rows-per-shard", "100", "--quiet"]
+    r = run_cli(*args, "--engine", "spark", "--spark-master", "local[2]")
+    assert r.returncode == 2 and "No space left on device; the disk is full: free space, then rerun with --resume" \
+        in r.stderr, r.stderr
+    assert "failed" not in r.stderr and "Traceback" not in r.stderr
+    subprocess.run(["mount", "-o", "remount,size=20m", str(small_fs)], check=True)
+    r = run_cli(*args, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert verify_output(out)["rows"] == 600
+
+
+def test_a_failing_task_is_said_to_fail_as_often_as_spark_tried_it(spark, tiny, tmp_path, monkeypatch):
+    """OUTPUT_DIR gone after the claim (a shared disk unmounted): each attempt fails, and the message
+    counts the session's attempts (3 here), not a fixed number."""
+    import pipelines.job as job_module
+
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=20, files=1)
+    pending = job_module.pending_shards
+
+    def pending_then_unmount(job):  # type: ignore[no-untyped-def]
+        shards = pending(job)
+        shutil.rmtree(job.out.root)
+        return shards
+
+    monkeypatch.setattr(job_module, "pending_shards", pending_then_unmount)
+    r = run_cli("embed", corpus, tmp_path / "out", "--model", tiny, "--engine", "spark", "--quiet")
+    assert r.returncode == 2 and "a Spark task failed 3 times" in r.stderr and "--resume" in r.stderr, r.stderr
+
+
+def test_a_spark_job_that_cannot_start_leaves_output_dir_as_it_was(spark, tiny, tmp_path):
+    """Settings Spark would refuse and a master that does not answer are found before OUTPUT_DIR is
+    claimed: exit 2, nothing there, and the corrected command (no --resume) runs."""
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=20, files=1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # a port nothing listens on once this socket is closed
+    out = tmp_path / "out"
+    command = ["embed", corpus, out, "--model", tiny, "--engine", "spark", "--quiet"]
+    for wrong, said in [(["--spark-master", "bogus"], "--spark-master 'bogus': not a Spark master URL"),
+                        (["--spark-conf", "spark.task.maxFailures=abc"], "--spark-conf spark.task.maxFailures=abc: "),
+                        (["--spark-conf", "spark.task.maxFailures=-1"], "--spark-conf spark.task.maxFailures=-1: "),
+                        (["--spark-master", f"spark://127.0.0.1:{closed}"],
+                         f"--spark-master spark://127.0.0.1:{closed}: no Spark master answered within 10 s")]:
+        t0 = time.monotonic()
+        r = run_cli(*command, *wrong)
+        assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, (wrong, r.stderr)
+        assert time.monotonic() - t0 < 60 and not out.exists(), wrong
+    r = run_cli(*command, "--spark-master", "local[2]")
+    assert r.returncode == 0, r.stderr
