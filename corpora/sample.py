@@ -11,24 +11,27 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from elmo_core.atomic import atomic_path
-from elmo_core.errors import InputError
+from elmo_core.bounds import check_count
+from elmo_core.errors import SettingError
 
 from .sotu import sotu_sentences
 
 
 def write_sample_corpus(out_dir: str | Path, rows: int = 2000, files: int = 2, row_group_rows: int = 1000) -> list[Path]:
     """Write ``rows`` sentences into ``files`` Parquet files; return their paths."""
-    if rows <= 0 or files <= 0:
-        raise InputError(f"rows and files must be positive, got {rows}, {files}")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    check_count("rows", rows)
+    check_count("files", files)
+    if files > rows:
+        raise SettingError(f"`files` ({files}) must be at most `rows` ({rows}): each file holds one row or more")
     picked = []
     for i, (speech, tokens) in enumerate(sotu_sentences(newest_first=True, min_tokens=3)):
         if i == rows:
             break
         picked.append((i, speech, " ".join(tokens)))
     if len(picked) < rows:
-        raise InputError(f"the sotu package has only {len(picked)} sentences, asked for {rows}")
+        raise SettingError(f"`rows` {rows}: the sotu package has only {len(picked)} sentences")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     per_file = -(-rows // files)
     paths = []
     for k in range(files):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from elmo_core.atomic import write_text_atomic
+from elmo_core.bounds import check_count
 
 from .sotu import sotu_fileids, sotu_speech, split_sentences
 
@@ -12,6 +13,7 @@ from .sotu import sotu_fileids, sotu_speech, split_sentences
 def split_speeches(valid_every: int = 10) -> tuple[list[str], list[str]]:
     """Speech ids for train and valid: every ``valid_every``-th speech (chronologically) is valid."""
     ids = sotu_fileids()
+    check_count("valid_every", valid_every, 2, 2 * len(ids) - 1)  # both splits hold a speech
     valid = [s for i, s in enumerate(ids) if i % valid_every == valid_every // 2]
     return [s for s in ids if s not in set(valid)], valid
 

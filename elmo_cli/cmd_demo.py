@@ -17,6 +17,7 @@ import argparse
 from pathlib import Path
 
 from elmo_cli.vocabulary import add_flag
+from elmo_core.bounds import check_count
 from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens
 from inference import Embedder
@@ -25,6 +26,7 @@ from corpora.sample import write_sample_corpus
 from pipelines.job import embed_parquet, summary_line
 from pipelines.sentence_search import SentenceVectors, nearest_sentences, read_pooled
 from training.default_model import shipped_model
+from training.options import check_max_minutes
 from training.probe import DEFAULT_WORDS, cosine_decimals
 from training.recipes import train_default_model
 
@@ -62,6 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_count("rows", args.rows)
+    check_max_minutes(args.max_minutes)  # also where a model is given: a bad time is a mistake either way
     work = Path(args.work_dir)
     corpus = work / "corpus"
     if not corpus.is_dir():

@@ -9,12 +9,12 @@ from pathlib import Path
 
 from elmo_cli.status import say
 from elmo_cli.vocabulary import add_flag
-from elmo_core.errors import InputError
+from elmo_core.bounds import check_count
 from elmo_core.names import EXPORT_PRECISIONS, VALIDATED_EXPORT_PRECISIONS
 from formats.export_spec import DEFAULT_OPSET, OUTPUT_NAMES, SUPPORTED_OPSETS
 from inference.registry import BACKEND_NAMES
 from export.triton_repo import KINDS
-from runtime import threads_for
+from runtime import check_threads, threads_for
 
 
 def _floats(text: str) -> list[float]:
@@ -136,8 +136,7 @@ def run_onnx(args: argparse.Namespace) -> int:
 def run_tensorrt(args: argparse.Namespace) -> int:
     from export.tensorrt import build_engine
 
-    if args.workspace <= 0:
-        raise InputError(f"--workspace must be positive MiB, got {args.workspace}")
+    check_count("workspace", args.workspace)  # MiB
     m = build_engine(args.onnx, args.out, args.min_bt, args.opt_bt, args.max_bt, args.precision == "fp16",
                      args.workspace)
     if args.json:
@@ -152,7 +151,10 @@ def run_engine(args: argparse.Namespace) -> int:
     from export.build import build_for_machine
 
     from training.default_model import shipped_model
+    from training.options import check_max_minutes
 
+    check_max_minutes(args.max_minutes)  # also where a model is given: a bad time is a mistake either way
+    check_threads(args.threads)  # before the line that names them
     out = sys.stderr if args.json else sys.stdout
     model = args.model or shipped_model()
     if model is None:

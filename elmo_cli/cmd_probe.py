@@ -21,6 +21,7 @@ import numpy as np
 from corpora.sotu import sotu_sentences
 from elmo_cli.status import say_loading
 from elmo_cli.vocabulary import add_flag, add_model, need_model
+from elmo_core.bounds import check_count
 from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens
 from inference import Embedder
@@ -127,8 +128,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.contexts < 2:
-        raise InputError(f"--contexts must be at least 2, got {args.contexts}")
+    check_count("contexts", args.contexts, 2)  # a probe needs two training contexts of each use
+    check_count("neighbours", args.neighbours)
     if args.png and not can_draw():
         raise PictureUnavailable(f"--png {args.png}: the picture needs matplotlib: {PLOT_EXTRA}")
     run = resolve_run(need_model(args, "probe"), backend="torch", weights=args.weights)

@@ -11,7 +11,7 @@ from elmo_cli.status import say, say_loading
 from elmo_cli.vocabulary import add_fields, add_flag, add_model, field_values, need_model
 from elmo_core.errors import InputError
 from inference.registry import BACKEND_NAMES
-from serving.limits import AccessOptions, ConnectionLimits, ServeLimits, check_port
+from serving.limits import AccessOptions, ConnectionLimits, ServeLimits, check_address, check_replicas
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve ELMo vectors over HTTP (/embed, /v1/embeddings, /metrics)",
@@ -29,8 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_fields(p, ServeLimits, "limits")
     add_fields(p, ConnectionLimits, "connections")
     access = p.add_argument_group("access")
-    access.add_argument("--api-key", default=os.environ.get("ELMO_API_KEY") or None,
-                        help="requests must send Authorization: Bearer KEY, else 401 (default: $ELMO_API_KEY; none)")
+    access.add_argument("--api-key", default=os.environ.get("ELMO_API_KEY"),
+                        help="requests must send Authorization: Bearer KEY, else 401 (default: $ELMO_API_KEY; none "
+                             "where it is unset; an empty key is refused)")
     access.add_argument("--protect-probes", action="store_true",
                         help="/health, /ready and /metrics need the key too (default: open to orchestrators)")
     access.add_argument("--cors-allow-origin", action="append", default=[], metavar="ORIGIN",
@@ -52,7 +53,8 @@ def _ignore(signum: int, frame: object) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     need_model(args, "serve")
-    check_port(args.port)
+    check_address(args.host, args.port)
+    check_replicas(args.replicas, args.num_gpus_per_replica)
     limits = ServeLimits(**field_values(ServeLimits, args))
     connections = ConnectionLimits(**field_values(ConnectionLimits, args))
     access = AccessOptions(args.api_key, args.protect_probes, tuple(args.cors_allow_origin))

@@ -34,11 +34,25 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from elmo_cli.vocabulary import command_parsers
+
     parser = argparse.ArgumentParser(prog="elmo", description="Pretrain, export and run ELMo biLMs.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    for command in command_parsers(parser):  # the parser whose flags name the command's settings in its errors
+        command.set_defaults(command_parser=command)
     return parser
+
+
+def _message(error: Exception, args: argparse.Namespace) -> str:
+    """An error's message; a setting it names is named by the command's flag (``--max-batch-tokens``)."""
+    from elmo_cli.vocabulary import flag_spelling
+    from elmo_core.errors import SettingError
+
+    if isinstance(error, SettingError):
+        return error.spelled(flag_spelling(args.command_parser))
+    return str(error)
 
 
 @contextlib.contextmanager
@@ -77,7 +91,7 @@ def _run(argv: list[str] | None) -> int:
             sys.stdout.flush()  # inside the try: a reader that closed the pipe is met here
             return code
         except ElmoError as e:
-            print(f"{command}: error: {e}", file=sys.stderr)
+            print(f"{command}: error: {_message(e, args)}", file=sys.stderr)
             return EXIT_ERROR
         except BrokenPipeError:  # the reader closed the pipe (`elmo info M | head`): it has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import MISSING, Field, dataclass, fields
-from typing import Any
+from typing import Any, Callable, Iterator
 
 
 @dataclass(frozen=True)
@@ -182,6 +182,31 @@ def _add_field(group: argparse._ActionsContainer, f: Field, negatable: bool) -> 
     shown = default is not None and not isinstance(default, bool) and default not in ((), [])
     kwargs.update(default=default, help=f"{text} (default {default})" if shown else text)
     if meaning:
-        add_flag(group, meaning, **kwargs)
+        action = add_flag(group, meaning, **kwargs)
     else:
-        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, **kwargs)
+        action = group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, **kwargs)
+    action.field = f.name  # type: ignore[attr-defined]  # the library's name for it: flag_spelling
+
+
+def flag_spelling(parser: argparse.ArgumentParser) -> Callable[[str], str]:
+    """How a command names a library's setting: a field of its options (``max_tokens_per_batch``)
+    or a dest (``gamma``) -> the flag its users type (``--max-batch-tokens``, ``--gamma``); a name
+    that is no flag of the command stays as it is. ``SettingError.spelled`` takes it."""
+    flags: dict[str, str] = {}
+    for action in parser._actions:
+        if not action.option_strings or getattr(action, "deprecated_for", None) or action.help == argparse.SUPPRESS:
+            continue
+        flag = next((s for s in action.option_strings if s.startswith("--")), action.option_strings[0])
+        flags.setdefault(action.dest, flag)
+        flags.setdefault(getattr(action, "field", action.dest), flag)
+    return lambda name: flags.get(name, name)
+
+
+def command_parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """Every parser below ``parser`` that runs a command (``elmo embed``, ``elmo export onnx``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # an alias names the same parser
+                yield from command_parsers(sub)
+    if parser.get_default("func") is not None:
+        yield parser

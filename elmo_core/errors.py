@@ -1,4 +1,8 @@
 """Typed exceptions raised by library code; only the CLI turns them into exit codes."""
+from __future__ import annotations
+
+import re
+from typing import Callable
 
 
 class ElmoError(Exception):
@@ -15,3 +19,29 @@ class WeightsError(ElmoError, ValueError):
 
 class InputError(ElmoError, ValueError):
     """Sentences or tokens of the wrong type or shape."""
+
+
+_SETTING = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
+
+
+class SettingError(InputError):
+    """A setting out of its range, or settings that cannot go together. The text names each setting
+    by its field in backquotes (`gamma`, `max_tokens_per_batch`); ``str()`` shows the field names
+    (the Python API's keywords, the HTTP body's keys), ``spelled`` shows them as a door spells them
+    (the CLI: the flags the user typed, ``elmo_cli.vocabulary.flag_spelling``)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)  # args: the marked text, so that a pickled copy (Ray, Spark) keeps the names
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.spelled(lambda name: name)
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """The fields the text names, in order."""
+        return tuple(_SETTING.findall(self.text))
+
+    def spelled(self, spell: Callable[[str], str]) -> str:
+        """The message, each setting named as ``spell`` names its field."""
+        return _SETTING.sub(lambda m: spell(m.group(1)), self.text)

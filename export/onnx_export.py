@@ -17,6 +17,7 @@ from formats.export_spec import DEFAULT_OPSET, ExportSpec
 from formats.model_dir import ModelFiles, save_dictionaries
 from inference.backends import TorchBackend
 from inference.onnx_backend import session_options
+from runtime import check_threads
 
 from .errors import UnsupportedOpError
 from .onnx_graph import build_onnx
@@ -80,6 +81,7 @@ def export_onnx(model: str | Path, out_dir: str | Path, output: str = "all", mix
     at ``spec.text_min_cosine``, and raises ParityError beyond either. int8 is planned on the same
     sample (``export.quantize``). Returns the manifest.
     """
+    check_threads(threads)
     files = resolve_model(model, weights)
     bilm = load_bilm(files.options, files.weights)
     spec = ExportSpec.for_config(bilm.config, output, mix, gamma, precision, opset, token_dedup)

@@ -21,10 +21,12 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from elmo_core.bounds import check_count
 from elmo_core.errors import InputError
 from elmo_core.config import ElmoConfig
 from formats.model_dir import HDF5_NAME, NATIVE_NAME, OPTIONS_NAME, resolve_model
 from inference.registry import BACKEND_NAMES, artifact_file, backend_kind, model_config
+from runtime import check_threads
 
 MODEL_CODE = Path(__file__).with_name("triton_model.py")
 KINDS = {"cpu": "KIND_CPU", "gpu": "KIND_GPU"}
@@ -46,10 +48,9 @@ class TritonOptions:
         if self.kind not in KINDS:
             raise InputError(f"--kind must be one of {tuple(KINDS)}, got {self.kind!r}")
         for name in ("instances", "max_batch_size"):
-            if getattr(self, name) < 1:
-                raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.max_queue_delay_us < 0:
-            raise InputError(f"--max-queue-delay-us must be >= 0, got {self.max_queue_delay_us}")
+            check_count(name, getattr(self, name))
+        check_count("max_queue_delay_us", self.max_queue_delay_us, 0, zero="no wait")
+        check_threads(self.threads)
         if not self.name.replace("_", "").replace("-", "").isalnum():
             raise InputError(f"--name must be letters, digits, '-' or '_', got {self.name!r}")
 

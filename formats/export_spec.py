@@ -13,6 +13,7 @@ import numpy as np
 from elmo_core import ElmoConfig, ScalarMix
 from elmo_core.kinds import OutputMode
 from elmo_core.names import EXPORT_PRECISIONS
+from elmo_core.scalar_mix import check_mix_settings
 
 from .errors import ExportError
 
@@ -107,10 +108,9 @@ class ExportSpec:
             raise ExportError(f"precision must be one of {EXPORT_PRECISIONS}, got {self.precision!r}")
         if self.opset not in SUPPORTED_OPSETS:
             raise ExportError(f"opset {self.opset} is not supported; use one of {SUPPORTED_OPSETS}")
+        check_mix_settings(self.mix_weights, self.gamma, self.output, self.mode.mixes)  # float32 outputs
         if self.mix_weights is not None and len(self.mix_weights) != self.n_layers:
             raise ExportError(f"--mix: expected {self.n_layers} weights (one per layer), got {len(self.mix_weights)}")
-        if not self.mode.mixes and (self.mix_weights is not None or self.gamma != 1.0):
-            raise ExportError("--mix/--gamma only apply to --output mixed")
 
     @classmethod
     def for_config(cls, config: ElmoConfig, output: str = "all", mix: Sequence[float] | None = None,

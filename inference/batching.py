@@ -20,7 +20,8 @@ from typing import Sequence
 
 import numpy as np
 
-from elmo_core.errors import InputError
+from elmo_core.bounds import check_count
+from elmo_core.errors import SettingError
 
 
 @dataclass(frozen=True)
@@ -34,13 +35,14 @@ class BatchPolicy:
 
     def __post_init__(self) -> None:
         for name in ("max_sentence_length", "max_tokens_per_batch"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
-                raise InputError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+            check_count(name, getattr(self, name))
         if self.max_tokens_per_batch < self.max_sentence_length:
-            raise InputError(f"max_tokens_per_batch ({self.max_tokens_per_batch}) must be at least "
-                             f"max_sentence_length ({self.max_sentence_length}) so one window fits a batch")
-        if not 0 <= self.context < (self.max_sentence_length + 1) // 2:
-            raise InputError(f"window_context must be in [0, max_sentence_length / 2), got {self.context}")
+            raise SettingError(f"`max_sentence_length` ({self.max_sentence_length}) must be at most "
+                               f"`max_tokens_per_batch` ({self.max_tokens_per_batch}) so one window fits a batch")
+        check_count("window_context", self.window_context, 0, optional="an eighth of the window")
+        if not self.context < (self.max_sentence_length + 1) // 2:
+            raise SettingError(f"`window_context` ({self.context}) must be less than half of `max_sentence_length` "
+                               f"({self.max_sentence_length}) so each window moves forward")
 
     @property
     def context(self) -> int:

@@ -12,6 +12,7 @@ line a command prints once; ``to_dict`` what ``--json`` and the job's manifest r
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
 from dataclasses import dataclass, field, fields, replace
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from elmo_core import ElmoConfig
-from elmo_core.errors import InputError
+from elmo_core.errors import InputError, SettingError
 from elmo_core.storage import is_uri
 from runtime import CpuBudget, check_threads, process_cpu_budget, threads_for
 
@@ -177,7 +178,7 @@ def resolve_run(model: str | Path, *, backend: str | None = None, device: str = 
     check_threads(threads)
     if not re.fullmatch(DEVICE_PATTERN, device):
         raise InputError(f"device must be cpu, cuda or cuda:N, got {device!r}")
-    model = _where(model)
+    model = _where(model, "model")
     backend = backend or exported_backend(model) or "torch"
     kind = backend_kind(backend)
     if kind.exported and weights:
@@ -206,8 +207,9 @@ def resolve_run(model: str | Path, *, backend: str | None = None, device: str = 
     checked = asked if asked is not None and asked.name == name else check_precision_for(backend, name, device)
     warning = None if kind.exported else bf16_cpu_warning(checked.name, device, flags)
     settled = _layout(layout, kind.exported, device, checked.name, config, budget, remote)
-    return ModelRun(model, backend, device, checked.name, why, budget, _where(weights), _where(token_embeddings),
-                    _where(token_vocab), config, source, warning, *(settled or (None, "")))
+    return ModelRun(model, backend, device, checked.name, why, budget, _where(weights, "weights"),
+                    _where(token_embeddings, "token_embeddings"), _where(token_vocab, "token_vocab"), config, source,
+                    warning, *(settled or (None, "")))
 
 
 def _layout(layout: str | None, exported: bool, device: str, precision: str, config: ElmoConfig,
@@ -227,11 +229,20 @@ def _layout(layout: str | None, exported: bool, device: str, precision: str, con
     return chosen.name, chosen.reason
 
 
-def _where(path: str | Path | None) -> str | None:
-    """A local path made absolute (a replica's working directory differs); a URI as given."""
+def _where(path: str | Path | None, name: str) -> str | None:
+    """A local path made absolute (a replica's working directory differs); a URI as given. ``name``:
+    the setting it is (``model``, ``weights``, ...), named where the path cannot be resolved."""
     if path is None:
         return None
-    return str(path) if is_uri(path) else str(Path(path).resolve())
+    if is_uri(path):
+        return str(path)
+    try:
+        return str(Path(path).resolve())
+    except (RuntimeError, OSError) as e:  # a symlink loop: RuntimeError before Python 3.13, OSError ELOOP after
+        loop = isinstance(e, RuntimeError) or e.errno == errno.ELOOP
+        why = "its symbolic links form a loop" if loop else (e.strerror or str(e))
+        raise SettingError(f"`{name}` {path} cannot be resolved: {why}; give the file's or directory's real "
+                           f"path") from None
 
 
 def _threads(config: ElmoConfig, device: str, threads: int | None, job: bool, remote: bool) -> CpuBudget:

@@ -9,7 +9,6 @@ against, and what the stateful path uses.
 from __future__ import annotations
 
 import functools
-import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -17,11 +16,10 @@ import numpy as np
 import torch
 
 from elmo_core import ScalarMix
-from elmo_core.errors import InputError
+from elmo_core.errors import InputError, SettingError
 from elmo_core.kinds import Dtype, OutputMode
 from elmo_core.names import OUTPUT_MODES, POOLS, resolve_output
-
-FLOAT32_MAX = Dtype.of("float32").max
+from elmo_core.scalar_mix import check_mix_settings
 
 
 @dataclass(frozen=True)
@@ -41,14 +39,14 @@ class VectorRequest:
 
     def __post_init__(self) -> None:
         if self.pool is not None and self.pool not in POOLS:
-            raise InputError(f"pool must be None or one of {POOLS}, got {self.pool!r}")
+            raise SettingError(f"`pool` must be None or one of {POOLS}, got {self.pool!r}")
         output, pool = resolve_output(self.output, self.pool)  # TF-Hub's names: ours
         object.__setattr__(self, "output", output)
         object.__setattr__(self, "pool", pool)  # one of POOLS: the one asked for, or the one implied
         Dtype.of(self.dtype)
         if self.mix is not None:
             object.__setattr__(self, "mix", tuple(float(m) for m in self.mix))
-        _check_scalars(self)
+        check_mix_settings(self.mix, self.gamma, self.output, self.mode.mixes, self.vector_dtype.max, self.dtype)
 
     @property
     def mode(self) -> OutputMode:
@@ -64,19 +62,6 @@ class VectorRequest:
         """The output mode as one weight per layer (``layer_weights``); None where it is not a fixed
         weighting (all layers, or the layer-normalised mix). Shape: -> (L+1,) float64 or None."""
         return _request_weights(self, n_layers)
-
-
-def _check_scalars(request: VectorRequest) -> None:
-    """``mix`` and ``gamma`` finite, and in range: the mix's weights within float32 (the model's
-    arithmetic), ``gamma`` within the output dtype's largest value (a larger one makes every
-    vector of any size infinite)."""
-    for i, s in enumerate(request.mix or ()):
-        if not abs(s) <= FLOAT32_MAX:  # also refuses inf and nan
-            raise InputError(f"mix[{i}] must be a finite number within float32's range (|s| <= 3.4e38), got {s}")
-    largest = Dtype.of(request.dtype).max
-    if not (isinstance(request.gamma, numbers.Real) and abs(request.gamma) <= largest):
-        raise InputError(f"gamma must be a finite number with |gamma| <= {largest:g} (the largest {request.dtype}), "
-                         f"got {request.gamma!r}")
 
 
 @functools.lru_cache(maxsize=64)

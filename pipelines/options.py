@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from elmo_core.errors import ElmoError, InputError
+from elmo_core.bounds import MAX_COUNT, check_count, check_gpus
+from elmo_core.errors import ElmoError, InputError, SettingError
 from elmo_core.names import DTYPES, ENGINES, OUTPUT_NAMES, POOLS
 from inference.batching import BatchPolicy
 from inference.outputs import VectorRequest
@@ -24,7 +25,6 @@ from runtime import check_threads
 
 from .schema import COMPRESSIONS
 
-MAX_COUNT = 2**31 - 1  # rows, tokens, workers: what a 32-bit offset indexes
 # Spark's master URLs: local, local[N], local[*], local[N,F], local-cluster[N,C,M], yarn, and any
 # scheme://... (spark://HOST:PORT, k8s://..., a cluster manager plugin's)
 SPARK_MASTER = r"local(\[([1-9][0-9]*|\*)(,[1-9][0-9]*)?\])?|local-cluster\[[1-9][0-9]*,[1-9][0-9]*,[1-9][0-9]*\]|yarn" \
@@ -136,16 +136,11 @@ class EmbedOptions:
         _check_choice("compression", self.compression, COMPRESSIONS)
         for name in ("rows_per_shard", "sort_window_rows", "sort_window_tokens", "workers", "writer_threads",
                      "prefetch"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_COUNT:
-                raise InputError(f"{name} must be a positive integer (at most {MAX_COUNT}), got {value!r}")
+            check_count(name, getattr(self, name))
         check_threads(self.threads)
         _check_columns(self)
         self.policy  # validates the batching options
-        if self.mix is not None and not request.mode.mixes:
-            raise InputError(f"--mix only applies to --output mixed (got --output {self.output})")
-        if not 0 <= self.num_gpus_per_worker <= MAX_COUNT:  # also refuses nan
-            raise InputError(f"--num-gpus-per-replica must be a number >= 0, got {self.num_gpus_per_worker}")
+        check_gpus("num_gpus_per_worker", self.num_gpus_per_worker)
         if self.precision is not None:  # checked for its backend and device once, by resolve_run
             _check_choice("precision", self.precision, (*Precision.ALL, "auto"))
         if self.spark_master is not None and not re.fullmatch(SPARK_MASTER, self.spark_master):
@@ -254,7 +249,7 @@ def _check_columns(opts: EmbedOptions) -> None:
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise InputError(f"{name} must be one of {list(choices)}, got {value!r}")
+        raise SettingError(f"`{name}` must be one of {list(choices)}, got {value!r}")
 
 
 def _as_tuple(value: Any, kind: type) -> tuple:

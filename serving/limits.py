@@ -10,7 +10,8 @@ import resource
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from elmo_core.errors import InputError
+from elmo_core.bounds import check_count, check_gpus, check_number
+from elmo_core.errors import SettingError
 from inference.batching import BatchPolicy
 
 
@@ -52,20 +53,18 @@ class ServeLimits:
             value = getattr(self, f.name)
             if f.name == "auto_truncate":
                 if not isinstance(value, bool):
-                    raise InputError(f"auto_truncate must be true or false, got {value!r}")
-            elif f.name == "max_batch_tokens" and value is None:
-                continue
+                    raise SettingError(f"`auto_truncate` must be true or false, got {value!r}")
             elif f.name == "max_wait_ms":
-                if not 0 <= value <= 60_000:
-                    raise InputError(f"--max-wait-ms must be in [0, 60000], got {value}")
-            elif not isinstance(value, int) or value <= 0:
-                raise InputError(f"--{f.name.replace('_', '-')} must be a positive integer, got {value!r}")
+                check_number(f.name, value, 0, 60_000, unit=" ms")
+            else:
+                check_count(f.name, value, optional="4096 on a CPU, 65536 on CUDA" if f.name == "max_batch_tokens"
+                            else None)
         if self.max_sentence_tokens > self.batch_tokens:
-            raise InputError(f"--max-sentence-tokens ({self.max_sentence_tokens}) must be at most "
-                             f"--max-batch-tokens ({self.batch_tokens}) so one sentence fits a batch")
+            raise SettingError(f"`max_sentence_tokens` ({self.max_sentence_tokens}) must be at most "
+                               f"`max_batch_tokens` ({self.batch_tokens}) so one sentence fits a batch")
         if self.max_request_sentences > self.max_queue:
-            raise InputError(f"--max-request-sentences ({self.max_request_sentences}) must be at most "
-                             f"--max-queue ({self.max_queue}) so one request fits the queue")
+            raise SettingError(f"`max_request_sentences` ({self.max_request_sentences}) must be at most "
+                               f"`max_queue` ({self.max_queue}) so one request fits the queue")
 
     def on_device(self, device: str) -> "ServeLimits":
         """These limits with the device's defaults filled in (``BATCH_TOKENS``)."""
@@ -108,10 +107,9 @@ class ConnectionLimits:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "max_connections":
-                if not isinstance(value, int) or value < 0:
-                    raise InputError(f"--max-connections must be 0 (automatic) or a positive integer, got {value!r}")
-            elif not 0 < value <= 3600:
-                raise InputError(f"--{f.name.replace('_', '-')} must be in (0, 3600] seconds, got {value!r}")
+                check_count(f.name, value, 0, zero="the open-file limit less 64, at most 4096")
+            else:
+                check_number(f.name, value, 0, 3600, low_open=True, unit=" seconds")
 
     def connection_cap(self) -> int:
         if self.max_connections:
@@ -124,10 +122,21 @@ class ConnectionLimits:
         return {**asdict(self), "max_connections": self.connection_cap()}
 
 
-def check_port(port: int) -> None:
-    """A TCP port to listen on: 0 (any free one) to 65535; InputError otherwise."""
+def check_address(host: str, port: int) -> None:
+    """Where to listen: a host (an empty one would bind every interface unasked) and a TCP port, 0
+    (any free one) to 65535; SettingError otherwise."""
+    if not isinstance(host, str) or not host.strip():
+        raise SettingError(f"`host` is empty ({host!r}): give the address to listen on, 127.0.0.1 for this machine "
+                           f"only or 0.0.0.0 for every interface")
     if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
-        raise InputError(f"--port must be 0 (any free port) to 65535, got {port!r}")
+        raise SettingError(f"`port` must be 0 (any free port) to 65535, got {port!r}")
+
+
+def check_replicas(replicas: int, num_gpus_per_replica: float) -> None:
+    """Ray Serve's copies of the model and the GPUs each is given (``elmo embed``'s replicas are
+    checked by the same rules, ``EmbedOptions``)."""
+    check_count("replicas", replicas)
+    check_gpus("num_gpus_per_replica", num_gpus_per_replica)
 
 
 PROBES = frozenset({"/health", "/ready", "/metrics"})
@@ -142,6 +151,15 @@ class AccessOptions:
     api_key: str | None = field(default=None, repr=False)
     protect_probes: bool = False
     cors_origins: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        key = self.api_key  # never printed, not even in these messages
+        if key is not None and not key.strip():
+            raise SettingError("`api_key` is empty (is the variable in `api_key` \"$KEY\" unset?): give the key; to "
+                               "serve without authentication on purpose, leave `api_key` out (and ELMO_API_KEY unset)")
+        if key is not None and key != key.strip():
+            raise SettingError("`api_key` begins or ends with spaces, which a client's Authorization header cannot "
+                               "carry: give the key without them")
 
     def open_paths(self) -> frozenset[str]:
         return DOCS if self.protect_probes else DOCS | PROBES

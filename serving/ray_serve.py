@@ -19,7 +19,7 @@ from runtime.ray_local import init_local_ray
 
 from .access import exposure_warning
 from .app import create_app
-from .limits import AccessOptions, ServeLimits
+from .limits import AccessOptions, ServeLimits, check_replicas
 from .server import bind, url
 from .service import ServingState
 
@@ -75,8 +75,7 @@ def run_ray_serve(run: ModelRun, limits: ServeLimits, host: str = "127.0.0.1", p
     URL`` once every replica is ready, serve until SIGTERM / SIGINT, then tear it all down. Each
     replica reserves ``run``'s threads in CPUs; ``share``: each takes the cluster's CPUs / replicas
     instead (no --threads given)."""
-    if replicas < 1:
-        raise InputError(f"--replicas must be at least 1, got {replicas}")
+    check_replicas(replicas, num_gpus)
     ray, serve = _ray()
     if warning := exposure_warning(host, access):
         print(f"elmo serve: warning: {warning}", file=sys.stderr, flush=True)

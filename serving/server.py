@@ -19,7 +19,7 @@ import uvicorn
 from .access import exposure_warning
 from .app import create_app
 from .connections import GuardedH11Protocol
-from .limits import AccessOptions, ConnectionLimits, check_port
+from .limits import AccessOptions, ConnectionLimits, check_address
 from .service import ServingState
 
 log = logging.getLogger("elmo.serving")
@@ -27,7 +27,7 @@ log = logging.getLogger("elmo.serving")
 
 def bind(host: str, port: int) -> socket.socket:
     """A listening socket on ``host:port`` (IPv4 or IPv6; port 0: a free one)."""
-    check_port(port)
+    check_address(host, port)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

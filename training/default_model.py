@@ -20,9 +20,11 @@ import numpy as np
 from corpora.sotu import sotu_sentences
 from corpora.sotu_text import split_speeches
 from elmo_core.atomic import atomic_dir, atomic_path, read_json_object, write_json_atomic
+from elmo_core.bounds import MAX_SEED, check_count
 from inference import Embedder
 
 from .errors import TrainingError
+from .options import check_max_minutes
 from .recipes import train_default_model
 
 SHIPPED = Path(__file__).resolve().parents[1] / "models" / "default"
@@ -69,6 +71,8 @@ def build_default_model(out: str | Path, work: str | Path, minutes: float, seed:
                         log: Callable[[str], None] = print, **overrides: object) -> dict:
     """Train the default model into WORK, then write the shipped directory OUT (whole or not at
     all) with its card; returns the card. ``overrides``: more TrainOptions fields (tests)."""
+    check_max_minutes(minutes)  # checked also where a model trained before is reused: the card names them
+    check_count("seed", seed, 0, MAX_SEED)
     out, work = Path(out), Path(work)
     started = time.time()
     model = train_default_model(work, minutes, log, seed=seed, **overrides)

@@ -18,6 +18,7 @@ import torch
 
 from elmo_core import ElmoConfig, LstmState
 from elmo_core.atomic import atomic_path
+from elmo_core.bounds import check_count
 from elmo_core.errors import WeightsError
 from formats import resolve_model
 from formats.weights_hdf5 import load_hdf5_weights
@@ -56,6 +57,8 @@ def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: in
 
     Returns forward, backward, mean perplexity and the number of predictions per direction.
     """
+    check_count("batch_size", batch_size)
+    check_count("max_sentences", max_sentences, optional="all of them")
     was_training = lm.training
     lm.eval()
     stream = SentenceStream(path, n_epochs=1, column=column)

@@ -8,12 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from elmo_core.bounds import MAX_SEED, check_count, check_number
 from elmo_core.errors import InputError
 from elmo_core.names import TRAIN_PRECISIONS
+from elmo_core.scalar_mix import FLOAT32_MAX
+from runtime import check_threads
 
 from .optim import BATCHINGS, LR_DECAYS, OPTIMIZERS, RECIPES
+from .vocab import SPECIALS
 
 SOFTMAX_UPDATES = ("sparse", "dense")
+MAX_TOKENS = 2**53  # a run's tokens: counted exactly in a float64
+MAX_MINUTES = 10**7  # about 19 years
+FROM_OPTIONS = "options.json's"
 
 
 def _opt(default, help: str, group: str = "run", choices: tuple | None = None, **meta):  # noqa: A002
@@ -62,7 +69,8 @@ class TrainOptions:
                                 "optimizer", SOFTMAX_UPDATES)
     seed: int = _opt(0, "seed of the initialisation, shuffling, sampling and dropout")
     device: str = _opt("cpu", "cpu, cuda or cuda:N", meaning="device")
-    checkpoint_every: int = _opt(500, "steps between checkpoints (and periodic evaluations)", "checkpoints")
+    checkpoint_every: int = _opt(500, "steps between checkpoints and periodic evaluations (0: none; a run's last "
+                                 "step is always saved)", "checkpoints")
     keep_checkpoints: int = _opt(2, "checkpoints kept", "checkpoints")
     log_every: int = _opt(10, "steps between progress lines", "metrics")
     valid_sentences: int | None = _opt(2000, "sentences of --valid in periodic evaluations", "metrics")
@@ -90,3 +98,37 @@ class TrainOptions:
             raise TypeError("TrainOptions needs train and out")
         if self.precision not in TRAIN_PRECISIONS:
             raise InputError(f"--precision {self.precision}: training runs in {' or '.join(TRAIN_PRECISIONS)}")
+        _check_numbers(self)
+
+
+def check_max_minutes(minutes: float | None, optional: str | None = None) -> None:
+    """A training time in minutes (``elmo train``, ``default-model``, ``engine``, ``demo``), checked
+    where it is given, also where a model already there makes the training unnecessary."""
+    check_number("max_minutes", minutes, 0, MAX_MINUTES, low_open=True, optional=optional)
+
+
+def _check_numbers(o: TrainOptions) -> None:
+    """Every number finite and in its range, None where the flag may be left out (what that means
+    is in the message); no bad value falls back to a default."""
+    check_count("min_count", o.min_count)
+    check_count("max_vocab", o.max_vocab, len(SPECIALS) + 1, optional="every word seen `min_count` times")
+    check_count("shuffle_buffer", o.shuffle_buffer, 0, zero="corpus order")
+    for name in ("max_tokens", "lr_decay_tokens"):
+        check_count(name, getattr(o, name), high=MAX_TOKENS, optional="no such limit")
+    check_count("max_steps", o.max_steps, optional="no such limit")
+    check_count("epochs", o.epochs, optional=f"{FROM_OPTIONS} n_epochs when no other limit is given")
+    check_max_minutes(o.max_minutes, optional="no time limit")
+    check_count("batch_size", o.batch_size, optional=f"{FROM_OPTIONS} batch_size")
+    check_count("unroll", o.unroll, optional=f"{FROM_OPTIONS} unroll_steps")
+    check_number("lr", o.lr, 0, FLOAT32_MAX, optional="the recipe's")
+    check_count("warmup_steps", o.warmup_steps, 0, zero="no warm-up", optional="the recipe's")
+    check_number("lr_final", o.lr_final, 0, 1, optional="the recipe's")
+    check_count("seed", o.seed, 0, MAX_SEED)
+    check_count("checkpoint_every", o.checkpoint_every, 0, zero="none before the last step")
+    for name in ("keep_checkpoints", "log_every", "eval_batch_size"):
+        check_count(name, getattr(o, name))
+    check_count("valid_sentences", o.valid_sentences, optional="all of `valid`")
+    check_count("final_valid_sentences", o.final_valid_sentences, optional="all of `valid`, or what fits `max_minutes`")
+    check_count("train_eval_sentences", o.train_eval_sentences, 0, zero="none")
+    check_count("freeze_encoder_steps", o.freeze_encoder_steps, 0, zero="none")
+    check_threads(o.threads)

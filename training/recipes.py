@@ -34,11 +34,11 @@ def train_default_model(work: str | Path, minutes: float, log: Callable[[str], N
     if (run / "model" / "options.json").is_file():
         log(f"reusing the model trained before at {run / 'model'}")
         return run / "model"
-    if not (corpus / "valid").is_dir():
-        write_sotu_corpus(corpus)
     fields = {"options": default_options_path(), "final_valid_sentences": 2000} | overrides  # a quick final check
     opts = TrainOptions(train=str(corpus / "train"), valid=str(corpus / "valid"), out=str(run), max_minutes=minutes,
-                        **fields)
+                        **fields)  # checked before anything is written
+    if not (corpus / "valid").is_dir():
+        write_sotu_corpus(corpus)
     log(f"training the default model for {minutes:g} min ({opts.options}) into {run}")
     train(opts, resume=(run / "checkpoints").is_dir(), log=log)
     if not (run / "model" / "options.json").is_file():

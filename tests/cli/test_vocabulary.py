@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from elmo_cli.main import build_parser
-from elmo_cli.vocabulary import MEANINGS, add_flag
+from elmo_cli.vocabulary import MEANINGS, add_flag, flag_spelling
+from elmo_core.errors import SettingError
 
 ROOT = Path(__file__).resolve().parents[2]
 OLD = {a.flag: m for m in MEANINGS.values() for a in m.aliases}
@@ -191,3 +193,29 @@ def test_tensorrt_with_fp16_runs_as_precision_fp16(tmp_path):
     new = _elmo("export", "tensorrt", "--onnx", tmp_path / "none", "--out", tmp_path / "trt", "--precision", "fp16")
     assert _notes(old.stderr) == ["--fp16 is deprecated: use --precision fp16"]
     assert old.returncode == new.returncode and old.stderr.splitlines()[1:] == new.stderr.splitlines()
+
+
+def test_every_options_field_is_named_by_the_flag_its_command_has():
+    """A library's setting (a field of EmbedOptions, TrainOptions, ServeLimits, ...) is named in an
+    error by the flag the user typed, the one its command's parser has for it (``flag_spelling``)."""
+    parsers = commands(build_parser())
+    for command, p in parsers.items():
+        spell = flag_spelling(p)
+        for a in p._actions:
+            if hasattr(a, "field"):
+                assert spell(a.field) == a.option_strings[0], (command, a.field)
+    embed, train = flag_spelling(parsers["embed"]), flag_spelling(parsers["train"])
+    assert [embed(n) for n in ("max_tokens_per_batch", "max_sentence_length", "workers", "num_gpus_per_worker",
+                               "gamma", "output")] == ["--max-batch-tokens", "--max-sentence-tokens", "--replicas",
+                                                       "--num-gpus-per-replica", "--gamma", "--output"]
+    assert train("column") == "--text-column" and train("not_a_setting") == "not_a_setting"
+    assert flag_spelling(parsers["export onnx"])("gamma") == "--gamma"
+
+
+def test_a_setting_error_keeps_its_names_through_pickling():
+    """Ray and Spark send errors between processes pickled: the names stay marked for the CLI."""
+    e = pickle.loads(pickle.dumps(SettingError("`max_tokens_per_batch` (3) must be at least `max_sentence_length`")))
+    assert str(e) == "max_tokens_per_batch (3) must be at least max_sentence_length"
+    assert e.settings == ("max_tokens_per_batch", "max_sentence_length")
+    assert e.spelled(flag_spelling(commands(build_parser())["embed"])) == \
+        "--max-batch-tokens (3) must be at least --max-sentence-tokens"

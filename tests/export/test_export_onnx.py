@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto
 
 from elmo_core import BiLM, ElmoConfig, batch_to_ids
+from elmo_core.errors import InputError
 from elmo_core.init import init_bilm
 from elmo_core.storage import file_sha256
 from export.errors import ParityError
@@ -118,7 +119,7 @@ def test_reduced_precision_variants(tiny_dir, tmp_path, precision, ops):
 def test_bad_export_options(tiny_dir, tmp_path):
     with pytest.raises(ExportError, match="expected 3 weights"):
         export_onnx(tiny_dir, tmp_path, output="mixed", mix=[1.0, 2.0])
-    with pytest.raises(ExportError, match="only apply to --output mixed"):
+    with pytest.raises(InputError, match="gamma only applies to the mix"):
         export_onnx(tiny_dir, tmp_path, gamma=2.0)
     with pytest.raises(ExportError, match="opset 12 is not supported"):
         export_onnx(tiny_dir, tmp_path, opset=12)

@@ -2,11 +2,15 @@
 reference ``reduce_layers``, in float32 and float16."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from elmo_core import batch_to_ids
+from elmo_core.errors import SettingError
 from inference import Embedder, layer_weights, reduce_layers
+from inference.outputs import VectorRequest
 from inference.backends import BackendBase
 from tests.helpers import SENTENCES
 
@@ -41,3 +45,18 @@ def test_all_has_no_layer_weights_and_the_stateful_backend_combines_after_run(ti
     layers, _ = stateful.run(ids)
     # fp32 mean of 3 layers computed in two orders: a few ulp
     np.testing.assert_allclose(got, reduce_layers(layers, mask, "average"), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("output, mix, gamma, named", [
+    ("layer:1", None, 5.0, "gamma only applies to the mix (output mixed), not to output layer:1: leave it out"),
+    ("top", (0.0, 1.0, 2.0), 1.0, "mix only applies to the mix (output mixed), not to output top"),
+    ("all", (0.0, 1.0, 2.0), 2.0, "mix and gamma only apply to the mix (output mixed), not to output all: leave them"),
+    ("word_emb", None, 0.5, "not to output layer:0"),
+])
+def test_a_mix_setting_an_output_would_ignore_is_refused_by_every_door(tiny_dir, output, mix, gamma, named):
+    """VectorRequest is what `elmo embed`, the HTTP body, Spark and the Embedder make: the check is there once."""
+    with pytest.raises(SettingError, match=re.escape(named)):
+        VectorRequest(output, mix, gamma)
+    with Embedder.from_files(tiny_dir) as embedder, pytest.raises(SettingError, match=re.escape(named)):
+        embedder.embed_sentences(SENTENCES, output=output, mix_weights=mix, gamma=gamma)
+    assert VectorRequest("default", mix, gamma).mode.mixes  # TF-Hub's default is the mix, mean-pooled

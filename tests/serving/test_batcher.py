@@ -140,5 +140,5 @@ def test_a_gpu_server_batches_as_a_gpu_job_does():
     assert ServeLimits().on_device("cuda:1").batch_policy.max_tokens_per_batch == BATCH_TOKENS["cuda"] == 65536
     assert ServeLimits().on_device("cpu").as_dict()["max_batch_tokens"] == 4096
     assert ServeLimits(max_batch_tokens=8192).on_device("cuda").max_batch_tokens == 8192  # given: kept
-    with pytest.raises(InputError, match="--max-sentence-tokens"):
+    with pytest.raises(InputError, match=r"max_sentence_tokens \(5000\) must be at most max_batch_tokens \(4096\)"):
         ServeLimits(max_sentence_tokens=5000)  # above the CPU's 4096 when no budget is given

@@ -189,6 +189,7 @@ RAW_ERRORS = [  # (body bytes, status, words the message must hold)
     (b'{"texts": ["a"], "gamma": 1e308}', 422, "gamma"),
     (b'{"texts": ["a"], "gamma": -1e39}', 422, "gamma"),
     (b'{"texts": ["a"], "mix": [1e39, 0, 0]}', 422, "mix[0]"),
+    (b'{"texts": ["a"], "output": "layer:1", "gamma": 5}', 422, "gamma only applies to the mix (output mixed)"),
     (b'{"texts": ["a"], "truncate": "yes"}', 422, "truncate"),
 ]
 

@@ -1,0 +1,42 @@
+"""Numbers `elmo export` and `elmo engine` take, refused where the export's record is made
+(``ExportSpec``, ``TritonOptions``) with the flag named, before `--out` is created (issue 54, B1): a
+gamma or mix weight that is not finite or outside float32's range would write a graph of NaNs (or,
+validated, end in a parity failure naming nothing) and leave a file in `--out`."""
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import run_cli
+
+
+@pytest.mark.parametrize("validate", [["--no-validate"], []], ids=["no-validate", "validated"])
+@pytest.mark.parametrize("flags, named", [
+    (["--gamma", "nan"], "--gamma must be a finite number with |gamma| <= 3.40282e+38 (the largest float32), got nan"),
+    (["--gamma", "inf"], "--gamma must be a finite number"),
+    (["--gamma", "1e308"], "--gamma must be a finite number"),
+    (["--mix", "nan,0,0"], "--mix[0] must be a finite number within float32's range"),
+    (["--mix", "0,1e39,0"], "--mix[1] must be a finite number within float32's range"),
+])
+def test_export_onnx_refuses_a_non_finite_mix_before_out_is_created(tiny_dir, tmp_path, flags, named, validate):
+    out = tmp_path / "out"
+    r = run_cli("export", "onnx", "--model", tiny_dir, "--out", out, "--output", "mixed", *flags, *validate)
+    assert r.returncode == 2 and named in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, named", [
+    (["export", "onnx", "--gamma", "2"], "--gamma only applies to the mix (--output mixed), not to --output all"),
+    (["export", "onnx", "--threads", "-1"], "--threads must be a positive integer"),
+    (["export", "triton", "--threads", "-1"], "--threads must be a positive integer"),
+    (["export", "triton", "--max-batch-size", str(2**40)], "--max-batch-size must be a positive integer (at most "
+                                                           "2147483647)"),
+    (["export", "triton", "--max-queue-delay-us", "-1"], "--max-queue-delay-us must be an integer from 0"),
+    (["engine", "--threads", "-1"], "--threads must be a positive integer"),
+    (["engine", "--max-minutes", "nan"], "--max-minutes must be a finite number in (0, 10000000], got nan"),
+])
+def test_export_flags_out_of_range_exit_2_before_out_is_created(tiny_dir, tmp_path, args, named):
+    out = tmp_path / "out"
+    r = run_cli(*args, "--model", tiny_dir, "--out", out)
+    assert r.returncode == 2 and named in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not out.exists()
+
