@@ -184,7 +184,7 @@ def report(options: dict, sentences: list[list[str]], before_budget: int, budget
     model = full_size_stack(options)
     with torch.inference_mode():
         before = eager_step_costs(FastLstm(model.lstm, packed_min_weights=1 << 62), rows=8)  # CUDA's eager products
-        after = row_step_costs(FusedLstm(model.lstm, kernels=FusedCell.compiled()), rows=8)  # as CUDA compiles them
+        after = row_step_costs(FusedLstm(model.lstm, kernels=FusedCell.compile()), rows=8)  # as CUDA compiles them, profiled
     pads = padded_fractions(sentences, before_budget, budget, step_rows=128)
     fewest = padded_fractions(sentences, before_budget, budget, step_rows=0)
     figures = {"kernels_per_step": [before[0], after[0]], "gate_passes_per_step": [before[1], after[1]],

@@ -145,7 +145,7 @@ def train_backward_cell(dm: torch.Tensor, carry_c: torch.Tensor, saved: tuple[to
     return None if m_dtype == torch.float32 else g.view(D, n, 4 * C).to(m_dtype)
 
 
-KERNELS = ("cell", "store", "train_forward", "train_store", "train_backward_h", "train_backward_cell")
+KERNELS = (cell, store, train_forward, train_store, train_backward_h, train_backward_cell)  # FusedCell's fields, in order
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,14 @@ class FusedCell:
 
     @classmethod
     def eager(cls) -> "FusedCell":
-        return cls(*(globals()[k] for k in KERNELS))
+        return cls(*KERNELS)
+
+    @classmethod
+    def compile(cls) -> "FusedCell":
+        """Each function through its own ``torch.compile`` (shapes dynamic: a step's rows vary),
+        compiled on first call; a fresh set each time (``compiled`` is the process's one set)."""
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        return cls(*(torch.compile(k, dynamic=True, fullgraph=True) for k in KERNELS))
 
     @classmethod
     @functools.cache
@@ -173,8 +180,7 @@ class FusedCell:
         Dynamo's default limit of 8 per function would make a process that runs several models
         and precisions (a test session) fall back to eager steps, so the limit is raised to
         ``RECOMPILE_LIMIT``."""
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        return cls(*(torch.compile(globals()[k], dynamic=True, fullgraph=True) for k in KERNELS))
+        return cls.compile()
 
 
 RECOMPILE_LIMIT = 64

@@ -29,7 +29,7 @@ def test_a_fused_row_step_is_four_kernels_and_one_pass_over_the_gates():
     inductor_config.cpp.enable_kernel_profile = True
     model = full_size_stack(SMALL)
     with torch.inference_mode():
-        kernels, passes = row_step_costs(FusedLstm(model.lstm, kernels=FusedCell.compiled()), rows=8)
+        kernels, passes = row_step_costs(FusedLstm(model.lstm, kernels=FusedCell.compile()), rows=8)
         eager_kernels, eager_passes = eager_step_costs(FastLstm(model.lstm, packed_min_weights=1 << 62), rows=8)
     assert kernels <= 4 and passes == 1, (kernels, passes)
     assert eager_kernels > kernels and eager_passes > passes
