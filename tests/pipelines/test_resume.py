@@ -15,6 +15,7 @@ import pytest
 from inference import Embedder
 from pipelines import embed_parquet
 from corpora.sample import write_sample_corpus
+from tests.processes import WAIT_S, wait_until
 
 ATOL = 1e-5  # shards of a resumed run vs an uninterrupted one: other batch compositions, float32 sums in another order
 
@@ -24,7 +25,7 @@ def _shards(out: Path) -> list[Path]:
 
 
 @pytest.mark.parametrize("writer_threads", [1, 3])
-def test_sigkill_then_resume_gives_every_row_exactly_once(tiny_dir, tmp_path, writer_threads):
+def test_sigkill_then_resume_gives_every_row_exactly_once(tiny_dir, tmp_path, writer_threads, spawn):
     """With several writer threads, shards are committed out of order and several are open at the kill."""
     corpus = tmp_path / "corpus"
     write_sample_corpus(corpus, rows=900, files=2, row_group_rows=100)
@@ -32,10 +33,8 @@ def test_sigkill_then_resume_gives_every_row_exactly_once(tiny_dir, tmp_path, wr
     cmd = [sys.executable, "-m", "elmo_cli", "embed", str(corpus), str(out), "--model", str(tiny_dir),
            "--id-column", "id", "--rows-per-shard", "30", "--sort-window-rows", "15", "--max-batch-tokens",
            "300", "--threads", "1", "--writer-threads", str(writer_threads), "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while len(_shards(out)) < 3 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_until(lambda: len(_shards(out)) >= 3, "3 shards written", proc=proc)
     assert proc.poll() is None, f"the run ended before it could be killed: {proc.communicate()}"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -78,7 +77,7 @@ def test_resume_redoes_a_damaged_shard(tiny_dir, tmp_path):
         embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
 
 
-def test_sigkill_of_a_ray_driver_takes_its_local_cluster_with_it(tiny_dir, tmp_path):
+def test_sigkill_of_a_ray_driver_takes_its_local_cluster_with_it(tiny_dir, tmp_path, spawn):
     pytest.importorskip("ray", reason="Ray is the optional 'ray' extra")
     from runtime.ray_local import descendants
 
@@ -87,10 +86,8 @@ def test_sigkill_of_a_ray_driver_takes_its_local_cluster_with_it(tiny_dir, tmp_p
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "elmo_cli", "embed", str(corpus), str(out), "--model", str(tiny_dir), "--engine",
            "ray", "--replicas", "1", "--rows-per-shard", "30", "--sort-window-rows", "15", "--threads", "1", "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while not list((out / "_shards").glob("*.json")) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_until(lambda: list((out / "_shards").glob("*.json")), "a shard committed", proc=proc)
     assert proc.poll() is None, f"the run ended before it could be killed: {proc.communicate()}"
     cluster = descendants(proc.pid)
     assert cluster, "the driver started no processes"
@@ -102,7 +99,7 @@ def test_sigkill_of_a_ray_driver_takes_its_local_cluster_with_it(tiny_dir, tmp_p
         except OSError:
             return False
 
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + WAIT_S
     while any(map(running, cluster)) and time.monotonic() < deadline:
         time.sleep(0.2)
     left = [p for p in cluster if running(p)]

@@ -3,8 +3,9 @@ requests in flight and a stalled upload, readiness before the model is loaded, a
 to load.
 
 Each test waits for the state it needs (the queue's depth, a counter), never for a time: a batch
-that should wait is told to wait a minute (``--max-wait-ms 60000``), and a process's promptness is
-told apart by what it answers (a 503 at SIGTERM, not the 408 of a deadline set an hour away)."""
+that should wait is told to wait a minute (``--max-wait-ms 60000``; SIGTERM runs it at once), and
+a prompt answer is told apart by what it says (a 503 at SIGTERM, not the 408 of a deadline set an
+hour away). Every server is stopped by the ``serve`` fixture, also when a test fails."""
 from __future__ import annotations
 
 import socket
@@ -23,7 +24,6 @@ from serving.server import make_server
 from inference.model_run import resolve_run
 from serving.service import ServingState
 from tests.helpers import SENTENCES, TINY_OPTIONS, make_model_dir
-
 from tests.processes import WAIT_S, wait_until
 
 from .server_utils import metric, reference
