@@ -1,6 +1,8 @@
 """Process settings the CPU backends need: the oneDNN cache caps, applied once when ``runtime`` is
-imported (``inference`` and ``training`` import it before any model runs), and the thread count
-(``use_threads``: the count ``runtime.cpus`` gives, or the one a user gave).
+imported (``inference`` and ``training`` import it before any model runs), the thread count
+(``use_threads``: the count ``runtime.cpus`` gives, or the one a user gave), and torch's
+deterministic kernels for a block that must give the same bits run after run
+(``deterministic_algorithms``).
 
 oneDNN (under torch's convolutions and pre-packed GEMMs) caches one compiled primitive per input
 shape: by default 1,024 in oneDNN's global cache plus 1,024 in each thread's ideep cache. The
@@ -11,9 +13,11 @@ below), at no measured cost in speed. A value already in the environment is left
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
+from typing import Iterator
 
 from elmo_core.errors import InputError
 
@@ -59,6 +63,31 @@ def use_threads(threads: int | None) -> CpuBudget:
         except RuntimeError:  # torch refuses once its inter-op pool has started: it keeps its size
             pass
     return budget
+
+
+CUBLAS_WORKSPACE = ":4096:8"  # the cuBLAS workspace torch's deterministic mode asks for on CUDA
+
+
+@contextlib.contextmanager
+def deterministic_algorithms() -> Iterator[None]:
+    """torch's deterministic kernels while the block runs; the previous mode after it.
+
+    Without it, a CPU process with more than one thread accumulates an indexed gradient (the
+    backward of ``x[index]`` with repeated indices, e.g. the char-CNN's output gathered back to every
+    occurrence of a distinct token) with atomic adds in parallel, whose order follows the threads'
+    timing: the same run then differs in its last bits, and training grows that into ~1e-7 after
+    10 steps and ~1e-6 later. The deterministic kernels add in index order. An operator torch has
+    no deterministic kernel for warns (``warn_only``) instead of failing the block. On CUDA it
+    also needs cuBLAS's fixed workspace (``CUBLAS_WORKSPACE_CONFIG``, read when cuBLAS starts; a
+    value already in the environment is kept)."""
+    import torch
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def process_started() -> float:

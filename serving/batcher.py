@@ -9,6 +9,9 @@ fit a model batch is the engine's rule (``inference.batching.nearest_batch``, un
 ``max_batch_tokens``), and the engine orders and runs them (``Embedder.embed_sentences``); every
 backend is stateless here, so a sentence's vectors do not depend on its batch-mates.
 
+Once the server stops taking connections (``drain``) no new request can join a batch, so the
+queued sentences run without waiting out ``max_wait_ms``.
+
 The event loop only enqueues and awaits; the model thread never touches the loop except through
 ``call_soon_threadsafe``. A request whose awaiting task is cancelled (its client went away) has
 its queued sentences removed at once.
@@ -74,12 +77,19 @@ class DynamicBatcher:
         self._run_batch, self.limits, self.metrics = run_batch, limits, metrics
         self._queue: list[_Item] = []
         self._cond = threading.Condition()
-        self._closing = False
+        self._closing = self._draining = False
         self._thread = threading.Thread(target=self._loop, name="elmo-batcher", daemon=True)
 
     def start(self) -> "DynamicBatcher":
         self._thread.start()
         return self
+
+    def drain(self) -> None:
+        """No new request will come (the server is stopping): queued sentences run now, without
+        waiting for others to join; the requests already in flight may still queue theirs."""
+        with self._cond:
+            self._draining = True
+            self._cond.notify_all()
 
     def close(self, timeout: float | None = None) -> None:
         """Stop taking requests, finish the queued ones, and stop the model thread."""
@@ -151,7 +161,7 @@ class DynamicBatcher:
                     continue
                 chosen, full = self._select()
                 wait = self._queue[0].enqueued + max_wait - time.monotonic()
-                if full or wait <= 0 or self._closing:
+                if full or wait <= 0 or self._closing or self._draining:
                     taken = set(chosen)
                     batch = [self._queue[p] for p in chosen]
                     self._queue = [item for p, item in enumerate(self._queue) if p not in taken]

@@ -1,9 +1,10 @@
 """Run the app on one machine with uvicorn: bind first (port 0 = any free port), load the model
 while /health answers, print ``listening on http://HOST:PORT`` once ready.
 
-SIGTERM or SIGINT stop accepting connections, cut uploads still under way (503), let the requests
-in flight finish (their queued sentences included) for up to ``shutdown_timeout_s``, close the
-model and return; a model that fails to load stops the server and ``run_server`` raises its error.
+SIGTERM or SIGINT stop accepting connections, cut uploads still under way (503), run the queued
+sentences at once (no new request can join their batches: ``ServingState.drain``), let the
+requests in flight finish for up to ``shutdown_timeout_s``, close the model and return; a model
+that fails to load stops the server and ``run_server`` raises its error.
 Connections run ``serving.connections.GuardedH11Protocol`` (deadlines, a connection cap).
 """
 from __future__ import annotations
@@ -50,6 +51,18 @@ def configure_logging(quiet: bool) -> None:
         logger.setLevel(logging.WARNING if quiet else logging.INFO)
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, whose shutdown first drains the batcher (``ServingState.drain``)."""
+
+    def __init__(self, config: uvicorn.Config, state: ServingState) -> None:
+        super().__init__(config)
+        self.state = state
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.state.drain()
+        await super().shutdown(sockets)
+
+
 def make_server(state: ServingState, host: str = "127.0.0.1", port: int = 0, quiet: bool = False,
                 connections: ConnectionLimits = ConnectionLimits(), access: AccessOptions = AccessOptions(),
                 ) -> tuple[uvicorn.Server, socket.socket, str]:
@@ -60,7 +73,7 @@ def make_server(state: ServingState, host: str = "127.0.0.1", port: int = 0, qui
     config = uvicorn.Config(create_app(state, access), http=protocol, log_level="warning" if quiet else "info",
                             access_log=False, lifespan="on", timeout_keep_alive=connections.keep_alive_s,
                             timeout_graceful_shutdown=connections.shutdown_timeout_s, log_config=None)
-    server = uvicorn.Server(config)
+    server = _Server(config, state)
 
     def failed(error: BaseException) -> None:
         server.should_exit = True

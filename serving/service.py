@@ -124,6 +124,11 @@ class ServingState:
             raise QueueFull(f"the queue is full ({batcher.depth} sentences, max_queue {self.limits.max_queue}): "
                             f"retry later")
 
+    def drain(self) -> None:
+        """The server takes no more connections: the queued sentences run without waiting for others."""
+        if self.batcher is not None:
+            self.batcher.drain()
+
     def close(self) -> None:
         """Finish the queued sentences, stop the batcher, release the model."""
         self._closing = True

@@ -12,6 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tests.helpers import FIXTURE, TINY_OPTIONS, make_model_dir  # noqa: E402
+from tests.processes import start_process, stop_process  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -21,6 +22,22 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def spawn():
+    """``spawn(cmd, **popen_kw)`` starts a process (``tests.processes.start_process``) that ends with
+    the test, passed or failed: at teardown whatever is left of its process group is stopped."""
+    started: list = []
+
+    def start(cmd, **kw):  # type: ignore[no-untyped-def]
+        proc = start_process(cmd, **kw)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        stop_process(proc, grace=10)
 
 
 @pytest.fixture

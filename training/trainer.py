@@ -20,7 +20,7 @@ from elmo_core import ElmoConfig, LstmState
 from elmo_core.atomic import write_json_atomic
 from elmo_core.kinds import Precision
 from formats import save_model
-from runtime import use_threads
+from runtime import deterministic_algorithms, use_threads
 
 from .checkpoint import optimizer_tensors, load_optimizer
 from .checkpointer import Checkpointer
@@ -290,6 +290,13 @@ class Trainer:
             self.log(text)
 
     def run(self, resume: bool = False) -> dict:
+        """Train to the run's limits, then export and evaluate; the summary. torch's deterministic
+        kernels throughout: the same options, corpus and seed give the same bits on one machine
+        (docs/training.md, *Reproducibility*)."""
+        with deterministic_algorithms():
+            return self._run(resume)
+
+    def _run(self, resume: bool) -> dict:
         if resume:
             step = self.load_checkpoint()
             if self.dist.is_main:

@@ -16,11 +16,12 @@ ROOT = Path(__file__).resolve().parents[2]
 FIRST_LINE_S = 10.0
 
 
-def _timed_lines(cmd: list[str], timeout: float = 300.0) -> tuple[int, float, list[tuple[float, str]]]:
+def _timed_lines(spawn, cmd: list[str],  # type: ignore[no-untyped-def]
+                 timeout: float = 300.0) -> tuple[int, float, list[tuple[float, str]]]:
     """(exit code, wall seconds, [(seconds since the start, line)] of stdout and stderr as they come)."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = spawn(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                 env={**os.environ, "PYTHONPATH": str(ROOT)})
     sel = selectors.DefaultSelector()
     for stream in (proc.stdout, proc.stderr):
         sel.register(stream, selectors.EVENT_READ)
@@ -37,11 +38,11 @@ def _timed_lines(cmd: list[str], timeout: float = 300.0) -> tuple[int, float, li
     return code, time.monotonic() - t0, lines
 
 
-def test_train_keeps_max_minutes_with_its_final_evaluation_and_talks_early(tmp_path):
+def test_train_keeps_max_minutes_with_its_final_evaluation_and_talks_early(tmp_path, spawn):
     train = write_corpus(tmp_path / "train.txt", sotu_sentences(limit=200))
     valid = write_corpus(tmp_path / "valid.txt", sotu_sentences("1794-Washington-1"))
     minutes = 0.4
-    code, wall, lines = _timed_lines([
+    code, wall, lines = _timed_lines(spawn, [
         sys.executable, "-m", "elmo_cli", "train", "--train", str(train), "--valid", str(valid),
         "--out", str(tmp_path / "run"), "--options", str(write_options(tmp_path / "tiny.json")),
         "--min-count", "1", "--max-minutes", str(minutes), "--no-tensorboard", "--log-every", "100000"])
@@ -54,11 +55,11 @@ def test_train_keeps_max_minutes_with_its_final_evaluation_and_talks_early(tmp_p
     assert any(text.startswith("valid  step") for text in said), said  # the final evaluation ran
 
 
-def test_embed_says_what_it_does_within_ten_seconds(tiny_dir, tmp_path):
+def test_embed_says_what_it_does_within_ten_seconds(tiny_dir, tmp_path, spawn):
     from corpora.sample import write_sample_corpus
 
     write_sample_corpus(tmp_path / "corpus", rows=200, files=1)
-    code, _, lines = _timed_lines([sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "corpus"),
+    code, _, lines = _timed_lines(spawn, [sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "corpus"),
                                    str(tmp_path / "out"), "--model", str(tiny_dir)])
     assert code == 0, lines
     said = [text for _, text in lines]

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from elmo_cli.main import main
+from tests.processes import WAIT_S, wait_until
 
 
 def test_info_prints_architecture_and_parameter_count(fixture_dir, capsys):
@@ -29,7 +30,7 @@ def test_console_script_is_installed(tiny_dir):
     assert "params" in r.stdout and "2 layers, cell 24, projection 8" in r.stdout
 
 
-def test_a_signal_during_imports_exits_cleanly(tiny_dir, tmp_path):
+def test_a_signal_during_imports_exits_cleanly(tiny_dir, tmp_path, spawn):
     """Ctrl-C or SIGTERM while the command's modules are still importing (torch takes ~1 s) or just
     after: a one-line message and the signal's exit code, no traceback. The command (a job of
     several seconds) cannot end before the signal arrives. Several moments: an interruption inside a
@@ -46,29 +47,25 @@ def test_a_signal_during_imports_exits_cleanly(tiny_dir, tmp_path):
     write_sample_corpus(tmp_path / "corpus", rows=3000, files=1)
     interrupt, terminate = (signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")
     for delay, (sig, code, word) in zip((0.0, 0.0, 0.2, 0.5, 0.9), (interrupt, terminate) * 3):
-        proc = subprocess.Popen([sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "corpus"),
-                                 str(tmp_path / f"out-{code}-{delay}"), "--model", str(tiny_dir), "--threads", "1",
-                                 "--max-batch-tokens", "300", "--quiet"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        _until_it_catches(proc.pid, signal.SIGTERM)
+        proc = spawn([sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "corpus"),
+                      str(tmp_path / f"out-{code}-{delay}"), "--model", str(tiny_dir), "--threads", "1",
+                      "--max-batch-tokens", "300", "--quiet"],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _until_it_catches(proc, signal.SIGTERM)
         time.sleep(delay)
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=WAIT_S)
         assert proc.returncode == code and word in err and "Traceback" not in err, (sig, delay, proc.returncode, err)
 
 
-def _until_it_catches(pid: int, sig: int, timeout: float = 30.0) -> None:
-    """Wait until process ``pid`` has a handler for ``sig`` (the SigCgt mask of /proc/PID/status)."""
-    import time
+def _until_it_catches(proc: subprocess.Popen, sig: int) -> None:
+    """Wait until ``proc`` has a handler for ``sig`` (the SigCgt mask of /proc/PID/status)."""
+    def caught() -> bool:
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        return bool(int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+                    >> (sig - 1) & 1)
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = Path(f"/proc/{pid}/status").read_text()
-        caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
-        if caught >> (sig - 1) & 1:
-            return
-        time.sleep(0.002)
-    raise AssertionError(f"process {pid} installed no handler for signal {sig} in {timeout} s")
+    wait_until(caught, f"process {proc.pid} installed a handler for signal {sig}", proc=proc, poll=0.002)
 
 
 def test_demo_with_another_model_in_the_same_work_dir(tiny_dir, tmp_path, capsys):

@@ -37,11 +37,11 @@ def test_a_hostile_options_file_is_a_config_error_naming_the_field(tmp_path, nam
     data, message = HOSTILE[name]
     path = tmp_path / "options.json"
     path.write_bytes(data)
-    started = time.monotonic()
+    started = time.thread_time()  # this thread's CPU time: the work done, whatever else the machine runs
     with pytest.raises(ConfigError) as e:
         ElmoConfig.from_json(path)
     assert str(e.value).startswith(f"{path}: ") and message in str(e.value)
-    assert time.monotonic() - started < 1.0  # found before anything is allocated
+    assert time.thread_time() - started < 1.0  # found before anything is allocated
 
 
 @pytest.mark.parametrize("name", ["nested 200,000 deep", "lstm.dim 2**40", "cell_clip NaN"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import h5py
@@ -18,6 +17,7 @@ from elmo_cli.main import main
 from elmo_core.errors import InputError
 from inference import Embedder
 from pipelines.hdf5_output import embed_to_hdf5
+from tests.processes import WAIT_S, wait_until
 
 PEER = Path("/tmp/peer-allennlp09/bin/allennlp")
 ATOL = 1e-5  # float32 vs allennlp's float32 LSTM (other kernels), or the same engine in other batches
@@ -149,24 +149,21 @@ def test_parquet_rows_get_the_parquet_outputs_handling(tiny_dir, tmp_path, capsy
         assert read(out)["0"][2][0] == 4  # the earlier result ("The cat sat ."), untouched
 
 
-def test_a_second_job_on_the_same_file_is_refused_while_the_first_finishes(tiny_dir, tmp_path, capsys):
+def test_a_second_job_on_the_same_file_is_refused_while_the_first_finishes(tiny_dir, tmp_path, capsys, spawn):
     lines = [" ".join(f"w{(i * 7 + k) % 97}" for k in range(5 + i % 30)) for i in range(6000)]
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.hdf5"
-    first = subprocess.Popen([sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "in.txt"), str(out),
-                              "--format", "hdf5", "--model", str(tiny_dir), "--quiet"],
-                             stderr=subprocess.PIPE, text=True)
+    first = spawn([sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "in.txt"), str(out),
+                   "--format", "hdf5", "--model", str(tiny_dir), "--quiet"], stderr=subprocess.PIPE, text=True)
     lock = tmp_path / ".out.hdf5.lock"
-    deadline = time.monotonic() + 60
-    while not (lock.is_file() and lock.read_text().strip()):  # the holder's record: written once locked
-        assert first.poll() is None and time.monotonic() < deadline, "the first job never took the lock"
-        time.sleep(0.01)
+    # the holder's record: written once locked
+    wait_until(lambda: lock.is_file() and lock.read_text().strip(), "the first job took the lock", proc=first)
     assert main(["embed", str(tmp_path / "in.txt"), str(out), "--format", "hdf5", "--model", str(tiny_dir),
                  "--quiet"]) == 2
     err = capsys.readouterr().err
     assert f"{out} is in use by another elmo embed job (pid {first.pid}" in err, err
     assert first.poll() is None, "the first job ended before the second tried: make it longer"
-    assert first.wait(timeout=300) == 0, first.stderr.read()
+    assert first.wait(timeout=2 * WAIT_S) == 0, first.stderr.read()
     with h5py.File(out) as f:
         assert len(f) == len(lines) + 1 and f[str(len(lines) - 1)].shape == (len(lines[-1].split()), 16)
     assert not list(tmp_path.glob(".*.tmp"))  # neither job left a temporary file

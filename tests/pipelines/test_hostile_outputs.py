@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import h5py
@@ -23,6 +22,7 @@ from pipelines import embed_parquet
 from pipelines.verify import verify_output
 
 from tests.helpers import run_cli as elmo
+from tests.processes import WAIT_S, wait_until
 
 ELMO = [sys.executable, "-m", "elmo_cli"]
 SLOW = ["--rows-per-shard", "30", "--sort-window-rows", "15", "--max-batch-tokens", "300", "--threads", "1"]
@@ -32,15 +32,13 @@ def elmo_process(*args: object, timeout: float = 180) -> subprocess.CompletedPro
     return subprocess.run(ELMO + [str(a) for a in args], capture_output=True, text=True, timeout=timeout)
 
 
-def start(*args: object) -> subprocess.Popen:
-    return subprocess.Popen(ELMO + [str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start(spawn, *args: object) -> subprocess.Popen:  # type: ignore[no-untyped-def]
+    return spawn(ELMO + [str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def wait_until(condition, proc: subprocess.Popen, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + 120
-    while not condition() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert proc.poll() is None and condition(), f"the job ended before {what}: {proc.communicate()}"
+def wait_while_running(condition, proc: subprocess.Popen, what: str) -> None:  # type: ignore[no-untyped-def]
+    wait_until(condition, what, proc=proc)
+    assert proc.poll() is None, f"the job ended once {what}: {proc.communicate()}"
 
 
 @pytest.fixture
@@ -111,17 +109,17 @@ def test_output_dir_inside_input_or_input_inside_output_dir_is_refused_before_wr
 
 
 def test_an_input_replaced_while_the_job_runs_stops_it_and_the_same_command_then_starts_over(corpus, tiny_dir,
-                                                                                             tmp_path):
+                                                                                             tmp_path, spawn):
     out = tmp_path / "out"
     args = ["embed", corpus, out, "--model", tiny_dir, "--id-column", "id", "--quiet", *SLOW]
-    job = start(*args)
-    wait_until(lambda: len(list((out / "_shards").glob("*.json"))) >= 2, job, "two shards were committed")
+    job = start(spawn, *args)
+    wait_while_running(lambda: len(list((out / "_shards").glob("*.json"))) >= 2, job, "two shards were committed")
     first = corpus / "corpus-00000.parquet"
     table = pq.read_table(first)
     pq.write_table(table.set_column(table.schema.get_field_index("text"), "text",
                                     pa.array(["replaced row"] * table.num_rows)), tmp_path / "new.parquet")
     os.replace(tmp_path / "new.parquet", first)  # the same rows, other text
-    _, err = job.communicate(timeout=180)
+    _, err = job.communicate(timeout=WAIT_S)
     assert job.returncode == 2 and f"{first}: changed while the job ran" in err and "Traceback" not in err, err
     assert not (out / "_SUCCESS").exists()
     r = elmo(*args)  # the same command, not --resume
@@ -168,13 +166,13 @@ def test_hdf5_on_a_full_disk_exits_2_leaves_nothing_and_reruns_once_there_is_roo
         assert len(f) == 601 and f["599"].shape[0] == 3  # 600 sentences and sentence_to_index
 
 
-def test_the_temporary_file_of_a_killed_hdf5_job_is_removed_by_the_next_run(corpus, tiny_dir, tmp_path):
+def test_the_temporary_file_of_a_killed_hdf5_job_is_removed_by_the_next_run(corpus, tiny_dir, tmp_path, spawn):
     out = tmp_path / "vectors.hdf5"
     args = ["embed", corpus, out, "--format", "hdf5", "--model", tiny_dir, "--quiet", "--sort-window-rows", "5",
             "--max-batch-tokens", "300", "--threads", "1"]
-    job = start(*args)
-    wait_until(lambda: any(p.stat().st_size > 20_000 for p in tmp_path.glob(".vectors.hdf5.*.tmp")), job,
-               "its temporary file grew")
+    job = start(spawn, *args)
+    wait_while_running(lambda: any(p.stat().st_size > 20_000 for p in tmp_path.glob(".vectors.hdf5.*.tmp")), job,
+                       "its temporary file grew")
     os.kill(job.pid, signal.SIGKILL)
     job.wait()
     assert len(list(tmp_path.glob(".vectors.hdf5.*.tmp"))) == 1 and not out.exists()

@@ -19,6 +19,7 @@ import pytest
 from elmo_cli.main import main
 from corpora.sample import write_sample_corpus
 from tests.pipelines.store_utils import upload
+from tests.processes import WAIT_S, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -114,14 +115,13 @@ def test_serve_runs_a_model_from_the_store(s3, tiny_dir, tmp_path, monkeypatch):
         server.stop()
 
 
-def test_ray_workers_read_and_write_only_the_store_and_survive_a_killed_worker(s3, tiny_dir, tmp_path):
+def test_ray_workers_read_and_write_only_the_store_and_survive_a_killed_worker(s3, tiny_dir, tmp_path, spawn):
     """--engine ray, 2 workers, INPUT, OUTPUT_DIR and --model on the store (no shared disk): each
     worker reads its input shards, fetches the model and uploads its output shards itself. One
     worker SIGKILLed mid-job: the driver stops with a clear error (exit 2, no traceback); then
     ``--resume`` gives every row once, in order, with the local runner's vectors."""
     pytest.importorskip("ray", reason="Ray is the optional 'ray' extra")
     import signal
-    import time
 
     from runtime.ray_local import descendants
     from pipelines import embed_parquet
@@ -133,15 +133,13 @@ def test_ray_workers_read_and_write_only_the_store_and_survive_a_killed_worker(s
            "ray", "--replicas", "2", "--rows-per-shard", "15", "--sort-window-rows", "15", "--threads", "1",
            "--id-column", "id", "--quiet"]
     env = dict(os.environ, ELMO_CACHE_DIR=str(tmp_path / "cache"))  # the workers' environment comes from it
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
+    proc = spawn(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     selector = pafs.FileSelector("raycorpus/vectors/_shards", allow_not_found=True)
-    while not s3.get_file_info(selector) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: s3.get_file_info(selector), "a shard on the store", proc=proc)
     workers = [p for p in descendants(proc.pid) if b"ShardWorker" in _cmdline(p)]
     assert proc.poll() is None and workers, f"no worker to kill: {proc.poll()}"
     os.kill(workers[0], signal.SIGKILL)
-    _, stderr = proc.communicate(timeout=120)
+    _, stderr = proc.communicate(timeout=WAIT_S)
     assert proc.returncode == 2 and "a Ray worker died while it wrote a shard" in stderr \
         and "rerun with --resume" in stderr and "Traceback" not in stderr, stderr
 

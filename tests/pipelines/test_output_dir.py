@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,20 +21,20 @@ from corpora.sample import write_sample_corpus
 from pipelines.verify import VerificationError, verify_output
 
 from tests.helpers import run_cli as elmo
+from tests.processes import WAIT_S, wait_until
 
 ELMO = [sys.executable, "-m", "elmo_cli"]
 SLOW = ["--rows-per-shard", "30", "--sort-window-rows", "15", "--max-batch-tokens", "300", "--threads", "1"]
 
 
-def start_embed(corpus: Path, out: Path, model: Path, *extra: str) -> subprocess.Popen:
+def start_embed(spawn, corpus: Path, out: Path, model: Path,  # type: ignore[no-untyped-def]
+                *extra: str) -> subprocess.Popen:
     cmd = ELMO + ["embed", str(corpus), str(out), "--model", str(model), "--id-column", "id", "--quiet", *SLOW, *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_for_commits(out: Path, proc: subprocess.Popen, n: int) -> None:
-    deadline = time.monotonic() + 120
-    while len(list((out / "_shards").glob("*.json"))) < n and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: len(list((out / "_shards").glob("*.json"))) >= n, f"{n} shards committed", proc=proc)
     assert proc.poll() is None, f"the job ended before it could be interrupted: {proc.communicate()}"
 
 
@@ -49,12 +48,12 @@ def corpus(tmp_path: Path) -> Path:
     return tmp_path / "corpus"
 
 
-def test_a_job_on_a_locked_output_dir_is_refused_naming_the_holder(corpus, tiny_dir, tmp_path):
+def test_a_job_on_a_locked_output_dir_is_refused_naming_the_holder(corpus, tiny_dir, tmp_path, spawn):
     out = tmp_path / "out"
     out.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pipelines.lock import OutputLock; "
-                               "OutputLock.for_dir(sys.argv[1]).__enter__(); print('locked', flush=True); time.sleep(120)",
-                               str(out)], stdout=subprocess.PIPE, text=True)
+    holder = spawn([sys.executable, "-c", "import sys, time; from pipelines.lock import OutputLock; "
+                    "OutputLock.for_dir(sys.argv[1]).__enter__(); print('locked', flush=True); time.sleep(120)",
+                    str(out)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
         r = elmo("embed", corpus, out, "--model", tiny_dir, "--quiet")
@@ -90,16 +89,16 @@ def test_a_running_jobs_output_dir_answers_in_use_before_whose_output_it_is(corp
     assert r.returncode == 2 and "holds another job's output" in r.stderr, r.stderr  # once free: whose it is
 
 
-def test_two_resumes_at_once_after_sigkill_leave_one_verified_output(corpus, tiny_dir, tmp_path):
+def test_two_resumes_at_once_after_sigkill_leave_one_verified_output(corpus, tiny_dir, tmp_path, spawn):
     """What broke before: both ran, one wrote _SUCCESS over a shard the other had half written."""
     out = tmp_path / "out"
-    first = start_embed(corpus, out, tiny_dir)
+    first = start_embed(spawn, corpus, out, tiny_dir)
     wait_for_commits(out, first, 3)
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
-    a = start_embed(corpus, out, tiny_dir, "--resume", "--sort-window-rows", "64", "--max-batch-tokens", "8192")
-    b = start_embed(corpus, out, tiny_dir, "--resume")
-    results = [(p.wait(timeout=180), p.communicate()[1]) for p in (a, b)]
+    a = start_embed(spawn, corpus, out, tiny_dir, "--resume", "--sort-window-rows", "64", "--max-batch-tokens", "8192")
+    b = start_embed(spawn, corpus, out, tiny_dir, "--resume")
+    results = [(p.wait(timeout=WAIT_S), p.communicate()[1]) for p in (a, b)]
     assert {rc for rc, _ in results} <= {0, 2} and 0 in {rc for rc, _ in results}, results
     for rc, err in results:
         assert rc == 0 or "in use by another elmo embed job" in err, err  # the loser is refused, never half-runs
@@ -158,12 +157,12 @@ def test_verify_lists_every_damage_one_line_each_without_a_traceback(corpus, tin
         assert r.returncode == 2 and "Traceback" not in r.stderr and "_manifest.json: " in r.stderr, r.stderr
 
 
-def test_sigterm_stops_like_ctrl_c_and_resume_finishes(corpus, tiny_dir, tmp_path):
+def test_sigterm_stops_like_ctrl_c_and_resume_finishes(corpus, tiny_dir, tmp_path, spawn):
     out = tmp_path / "out"
-    proc = start_embed(corpus, out, tiny_dir)
+    proc = start_embed(spawn, corpus, out, tiny_dir)
     wait_for_commits(out, proc, 2)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=WAIT_S)
     assert proc.returncode == 143 and "elmo embed: terminated" in err and "Traceback" not in err, err
     kept = re.search(rf"kept: (\d+) finished shards with ([\d,]+) of 900 rows in {re.escape(str(out))}; rerun the "
                      rf"same command with --resume", err)

@@ -20,6 +20,7 @@ from pipelines import embed_parquet
 from pipelines.options import digest
 from pipelines.verify import VerificationError, verify_output
 from corpora.sample import write_sample_corpus
+from tests.processes import WAIT_S, wait_until
 
 ATOL = 1e-5  # shards of a resumed run vs an uninterrupted one: other batch compositions, float32 sums in another order
 
@@ -29,7 +30,7 @@ def _shards(out: Path) -> list[Path]:
 
 
 @pytest.mark.parametrize("writer_threads", [1, 3])
-def test_sigkill_then_resume_gives_every_row_exactly_once(tiny_dir, tmp_path, writer_threads):
+def test_sigkill_then_resume_gives_every_row_exactly_once(tiny_dir, tmp_path, writer_threads, spawn):
     """With several writer threads, shards are committed out of order and several are open at the kill."""
     corpus = tmp_path / "corpus"
     write_sample_corpus(corpus, rows=900, files=2, row_group_rows=100)
@@ -37,10 +38,8 @@ def test_sigkill_then_resume_gives_every_row_exactly_once(tiny_dir, tmp_path, wr
     cmd = [sys.executable, "-m", "elmo_cli", "embed", str(corpus), str(out), "--model", str(tiny_dir),
            "--id-column", "id", "--rows-per-shard", "30", "--sort-window-rows", "15", "--max-batch-tokens",
            "300", "--threads", "1", "--writer-threads", str(writer_threads), "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while len(_shards(out)) < 3 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_until(lambda: len(_shards(out)) >= 3, "3 shards written", proc=proc)
     assert proc.poll() is None, f"the run ended before it could be killed: {proc.communicate()}"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -143,7 +142,7 @@ def test_a_job_recorded_with_its_engine_resumes_under_another(tiny_dir, tmp_path
     assert verify_output(out)["rows"] == 60
 
 
-def test_sigkill_of_a_ray_driver_takes_its_local_cluster_with_it(tiny_dir, tmp_path):
+def test_sigkill_of_a_ray_driver_takes_its_local_cluster_with_it(tiny_dir, tmp_path, spawn):
     pytest.importorskip("ray", reason="Ray is the optional 'ray' extra")
     from runtime.ray_local import descendants
 
@@ -152,10 +151,8 @@ def test_sigkill_of_a_ray_driver_takes_its_local_cluster_with_it(tiny_dir, tmp_p
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "elmo_cli", "embed", str(corpus), str(out), "--model", str(tiny_dir), "--engine",
            "ray", "--replicas", "1", "--rows-per-shard", "30", "--sort-window-rows", "15", "--threads", "1", "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while not list((out / "_shards").glob("*.json")) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_until(lambda: list((out / "_shards").glob("*.json")), "a shard committed", proc=proc)
     assert proc.poll() is None, f"the run ended before it could be killed: {proc.communicate()}"
     cluster = descendants(proc.pid)
     assert cluster, "the driver started no processes"
@@ -167,7 +164,7 @@ def test_sigkill_of_a_ray_driver_takes_its_local_cluster_with_it(tiny_dir, tmp_p
         except OSError:
             return False
 
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + WAIT_S
     while any(map(running, cluster)) and time.monotonic() < deadline:
         time.sleep(0.2)
     left = [p for p in cluster if running(p)]

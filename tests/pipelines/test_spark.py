@@ -30,6 +30,7 @@ from pipelines.verify import verify_output
 
 from tests.helpers import TINY_OPTIONS, make_model_dir, run_cli, tiny_options
 from tests.pipelines.test_hdf5_output import _invalid_utf8_texts
+from tests.processes import WAIT_S, wait_until
 
 pyspark = pytest.importorskip("pyspark", reason="the spark extra is not installed: pip install -e '.[spark]'")
 if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
@@ -186,7 +187,7 @@ def test_two_attempts_of_one_task_at_once_leave_one_shard_and_a_record_of_its_by
     assert check_shard(job.out, shards[0].name, job.digest, 0, 0, 200)[0] is not None
 
 
-def test_the_driver_killed_then_resume_keeps_every_committed_shard(tiny, tmp_path):
+def test_the_driver_killed_then_resume_keeps_every_committed_shard(tiny, tmp_path, spawn):
     """A real ``elmo embed --engine spark`` process (its own Spark) killed with SIGKILL after some
     shards; ``--resume`` in another process finishes it: every row once, in order."""
     corpus = tmp_path / "corpus"
@@ -194,11 +195,8 @@ def test_the_driver_killed_then_resume_keeps_every_committed_shard(tiny, tmp_pat
     out = tmp_path / "out"
     args = ["embed", str(corpus), str(out), "--model", str(tiny), "--engine", "spark", "--spark-master", "local[1]",
             "--id-column", "id", "--rows-per-shard", "30", "--sort-window-rows", "15", "--quiet"]
-    proc = subprocess.Popen([sys.executable, "-m", "elmo_cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    deadline = time.monotonic() + 240
-    while len(list(out.glob("part-*.parquet"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    proc = spawn([sys.executable, "-m", "elmo_cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_until(lambda: len(list(out.glob("part-*.parquet"))) >= 2, "2 shards written", timeout=2 * WAIT_S, proc=proc)
     assert proc.poll() is None, proc.communicate()
     os.killpg(proc.pid, signal.SIGKILL)  # the driver, its JVM and its Python workers: a machine gone
     proc.wait()

@@ -23,6 +23,7 @@ from elmo_cli.main import main
 from corpora.sample import write_sample_corpus
 from pipelines.options import OutputDirError
 from tests.pipelines.store_utils import upload
+from tests.processes import WAIT_S, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 # A resumed job embeds the shards left in other batches (a shard alone, other neighbours in its
@@ -123,7 +124,7 @@ def test_a_shard_changed_on_the_store_is_found_by_verify_and_redone_by_resume(s3
 
 @pytest.mark.parametrize("commits_before_kill", [0, 1, 4])
 def test_sigkill_of_the_driver_then_resume_gives_every_row_once_in_order(s3, corpus, model, reference,
-                                                                         commits_before_kill):
+                                                                         commits_before_kill, spawn):
     """Killed before any shard, after the first, after several: ``--resume`` (at once: the lock's
     holder is a dead process on this host) keeps what was committed, aborts the killed upload and
     drops shards without a commit record; a reader then sees each input row once, in order."""
@@ -131,8 +132,8 @@ def test_sigkill_of_the_driver_then_resume_gives_every_row_once_in_order(s3, cor
     s3.create_dir(bucket)
     out = f"s3://{bucket}/out"
     cmd = [sys.executable, "-m", "elmo_cli", "embed", str(corpus), out, "--model", str(model), *RUN]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
+    proc = spawn(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + WAIT_S
     wanted = "_job.json" if commits_before_kill == 0 else None
     while proc.poll() is None and time.monotonic() < deadline:
         names = _names(s3, f"{bucket}/out")
@@ -185,13 +186,13 @@ def test_strays_of_a_killed_attempt_are_not_read_back(s3, corpus, model):
         ds.dataset(corpus, format="parquet").to_table().column("id").to_pylist()
 
 
-def test_two_drivers_on_one_output_the_second_is_refused(s3, corpus, model, capsys):
+def test_two_drivers_on_one_output_the_second_is_refused(s3, corpus, model, capsys, spawn):
     """A driver holding the lock (a real process) refuses a second, naming it; SIGKILLed, it frees
     the lock at once on this host. A holder elsewhere frees it when its lease runs out."""
     s3.create_dir("locks")
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pipelines.output_dir import open_output; "
-                               "open_output(sys.argv[1]).lock().__enter__(); print('locked', flush=True); "
-                               "time.sleep(120)", "s3://locks/out"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    holder = spawn([sys.executable, "-c", "import sys, time; from pipelines.output_dir import open_output; "
+                    "open_output(sys.argv[1]).lock().__enter__(); print('locked', flush=True); "
+                    "time.sleep(120)", "s3://locks/out"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
         capsys.readouterr()
@@ -229,9 +230,7 @@ def test_a_driver_that_lost_its_lease_stops_before_its_manifest(s3):
         lock.check()
         with s3.open_output_stream("lease/out/.elmo.lock") as f:  # taken by another after a stall of this one
             f.write(json.dumps({"pid": 1, "host": "another-node", "released": False, "lease_seconds": 120}).encode())
-        deadline = time.monotonic() + 5
-        while not lock.lost and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: lock.lost, "the renewal found the lock taken")
         with pytest.raises(OutputDirError, match="this job lost its lock"):
             lock.check()
     assert json.loads(s3.open_input_stream("lease/out/.elmo.lock").read())["host"] == "another-node"  # not released

@@ -15,22 +15,29 @@ from pathlib import Path
 import numpy as np
 
 from inference import Embedder
+from tests.processes import WAIT_S, start_process, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 class ServerProcess:
-    """``elmo serve --model MODEL --port 0 ARGS``; ``url`` once it printed ``listening on``."""
+    """``elmo serve --model MODEL --port 0 ARGS`` in a process group of its own; ``url`` once it
+    printed ``listening on``. ``stop()`` ends the group, with whatever the server started; the
+    ``serve`` fixture (tests/serving/conftest.py) calls it when the test ends, passed or failed."""
 
-    def __init__(self, model: Path, *args: str, timeout: float = 60) -> None:
+    def __init__(self, model: Path, *args: str, timeout: float = WAIT_S) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "elmo_cli", "serve", "--model", str(model), "--port", "0", *args],
-                                     cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cmd = [sys.executable, "-m", "elmo_cli", "serve", "--model", str(model), "--port", "0", *args]
+        self.proc = start_process(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: queue.Queue[str] = queue.Queue()
         self.stderr: list[str] = []
         threading.Thread(target=self._pump, args=(self.proc.stdout, self.lines.put), daemon=True).start()
         threading.Thread(target=self._pump, args=(self.proc.stderr, self.stderr.append), daemon=True).start()
-        self.url = self._wait_listening(timeout)
+        try:
+            self.url = self._wait_listening(timeout)
+        except BaseException:
+            self.stop()
+            raise
 
     @staticmethod
     def _pump(stream, put) -> None:  # type: ignore[no-untyped-def]
@@ -54,17 +61,12 @@ class ServerProcess:
     def terminate(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
 
-    def wait(self, timeout: float = 60) -> int:
+    def wait(self, timeout: float = WAIT_S) -> int:
         return self.proc.wait(timeout)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        """SIGTERM, then SIGKILL to whatever of its process group is left after 30 s."""
+        stop_process(self.proc)
 
 
 def metric(text: str, name: str) -> float:

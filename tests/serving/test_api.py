@@ -13,6 +13,7 @@ import pytest
 
 from inference import Embedder
 from tests.helpers import SENTENCES, TINY_OPTIONS, make_model_dir
+from tests.processes import WAIT_S
 
 from .server_utils import ServerProcess, decode, metric, reference
 
@@ -142,7 +143,7 @@ def test_malformed_bodies_and_unknown_routes(server: ServerProcess):
 def test_garbage_on_the_socket_does_not_kill_the_server(server: ServerProcess):
     host, port = server.url.removeprefix("http://").split(":")
     for garbage in (b"\x00\xff\x13 not http\r\n\r\n", b"POST /embed HTTP/1.1\r\nContent-Length: 50\r\n\r\n{"):
-        with socket.create_connection((host, int(port)), timeout=5) as s:
+        with socket.create_connection((host, int(port)), timeout=WAIT_S) as s:
             s.sendall(garbage)
             s.shutdown(socket.SHUT_WR)
             s.recv(1000)

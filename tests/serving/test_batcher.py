@@ -1,5 +1,9 @@
 """The dynamic batcher on its own: which sentences share a batch, the token budget, the wait,
-the order results come back in, and a model error reaching every request of its batch."""
+the order results come back in, and a model error reaching every request of its batch.
+
+A test sets the queue up by holding the model (``Recorder(hold=...)``) and waiting for the state it
+needs (the model entered, the queue's depth), never by sleeping: on a busy machine a sleep may
+end before the batcher's thread has run at all."""
 from __future__ import annotations
 
 import asyncio
@@ -12,6 +16,7 @@ from serving.batcher import DynamicBatcher
 from serving.errors import QueueFull
 from elmo_core.errors import InputError
 from serving.limits import ServeLimits
+from tests.processes import POLL_S, WAIT_S
 
 
 class Recorder:
@@ -20,10 +25,12 @@ class Recorder:
     def __init__(self, fail_on: str | None = None, hold: threading.Event | None = None) -> None:
         self.batches: list[tuple[object, list[list[str]]]] = []
         self.fail_on, self.hold = fail_on, hold
+        self.entered = threading.Event()  # the model thread has taken a batch
 
     def __call__(self, spec, sentences):  # type: ignore[no-untyped-def]
+        self.entered.set()
         if self.hold is not None:
-            self.hold.wait(10)
+            self.hold.wait(WAIT_S)
         self.batches.append((spec, [list(s) for s in sentences]))
         if self.fail_on is not None and any(self.fail_on in s for s in sentences):
             raise RuntimeError("model failure")
@@ -38,20 +45,40 @@ def run(coro):  # type: ignore[no-untyped-def]
     return asyncio.run(coro)
 
 
+async def until(condition, what: str) -> None:  # type: ignore[no-untyped-def]
+    """Yield to the event loop until ``condition()``; AssertionError after ``WAIT_S``."""
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not reached in {WAIT_S:.0f} s"
+        await asyncio.sleep(POLL_S)
+
+
+async def occupied(batcher: DynamicBatcher, rec: Recorder) -> asyncio.Future:
+    """A one-sentence request of spec ``"hold"`` that the model thread has taken (and holds)."""
+    first = asyncio.ensure_future(batcher.submit("hold", [["first"]]))
+    await until(rec.entered.is_set, "the model took the first batch")
+    return first
+
+
 def test_results_come_back_per_request_in_order_and_specs_never_mix():
-    rec = Recorder()
+    hold = threading.Event()
+    rec = Recorder(hold=hold)
     batcher = DynamicBatcher(rec, ServeLimits(max_wait_ms=50)).start()
 
     async def main():  # type: ignore[no-untyped-def]
+        first = await occupied(batcher, rec)
         requests = [("a", [words(3, "x"), words(1, "y")]), ("b", [words(2, "z")]), ("a", [words(5, "q")])]
-        return requests, await asyncio.gather(*(batcher.submit(spec, s) for spec, s in requests))
+        answers = [asyncio.ensure_future(batcher.submit(spec, s)) for spec, s in requests]
+        await until(lambda: batcher.depth == 4, "4 sentences queued")
+        hold.set()
+        return requests, await asyncio.gather(*answers), await first
 
-    requests, answers = run(main())
+    requests, answers, _ = run(main())
     batcher.close()
     for (spec, sentences), answer in zip(requests, answers):
         assert answer == [(spec, tuple(s)) for s in sentences]
     assert all(len({spec}) == 1 for spec, _ in rec.batches)
-    assert sorted(len(b) for _, b in rec.batches) == [1, 3]  # the two 'a' requests shared a batch
+    assert sorted(len(b) for _, b in rec.batches[1:]) == [1, 3]  # the two 'a' requests shared a batch
 
 
 def test_a_batch_keeps_to_the_token_budget_takes_the_oldest_and_groups_lengths():
@@ -62,10 +89,9 @@ def test_a_batch_keeps_to_the_token_budget_takes_the_oldest_and_groups_lengths()
     lengths = [20, 2, 19, 3, 18, 2, 4, 20]
 
     async def main():  # type: ignore[no-untyped-def]
-        first = asyncio.ensure_future(batcher.submit("s", [words(1, "first")]))  # occupies the model
-        await asyncio.sleep(0.1)
+        first = await occupied(batcher, rec)
         rest = [asyncio.ensure_future(batcher.submit("s", [words(n, f"r{i}_")])) for i, n in enumerate(lengths)]
-        await asyncio.sleep(0.1)
+        await until(lambda: batcher.depth == len(lengths), "every sentence queued")
         hold.set()
         await asyncio.gather(first, *rest)
 
@@ -80,20 +106,50 @@ def test_a_batch_keeps_to_the_token_budget_takes_the_oldest_and_groups_lengths()
 
 
 def test_max_wait_gathers_requests_and_a_lone_one_waits_no_longer():
+    """A queued sentence waits ``max_wait_ms`` for others (a minute here: the second request comes
+    well within it), then runs: the lone one's batch starts after its wait, not sooner, and does
+    not wait for a second request that never comes."""
     rec = Recorder()
-    batcher = DynamicBatcher(rec, ServeLimits(max_wait_ms=300)).start()
+    batcher = DynamicBatcher(rec, ServeLimits(max_wait_ms=60_000)).start()
 
-    async def main():  # type: ignore[no-untyped-def]
-        t0 = time.monotonic()
+    async def gathered():  # type: ignore[no-untyped-def]
         first = asyncio.ensure_future(batcher.submit("s", [["a"]]))
-        await asyncio.sleep(0.1)
-        await asyncio.gather(first, batcher.submit("s", [["b"]]))
-        return time.monotonic() - t0
+        await until(lambda: batcher.depth == 1, "the first request queued")
+        second = asyncio.ensure_future(batcher.submit("s", [["b"]]))
+        await until(lambda: batcher.depth == 2, "the second request queued")
+        batcher.drain()  # no third: run them now, not after a minute
+        return await asyncio.gather(first, second)
 
-    elapsed = run(main())
+    assert run(gathered()) == [[("s", ("a",))], [("s", ("b",))]]
     batcher.close()
     assert [len(b) for _, b in rec.batches] == [2]
-    assert 0.25 < elapsed < 2.0
+
+    lone = DynamicBatcher(Recorder(), ServeLimits(max_wait_ms=300)).start()
+
+    async def alone():  # type: ignore[no-untyped-def]
+        t0 = time.monotonic()
+        await asyncio.wait_for(lone.submit("s", [["c"]]), WAIT_S)  # not waiting for a second one forever
+        return time.monotonic() - t0
+
+    assert run(alone()) >= 0.3  # an upper bound would time the machine's load, not the batcher
+    lone.close()
+
+
+def test_drain_runs_the_queued_sentences_at_once_and_takes_the_requests_in_flight():
+    """At SIGTERM the server drains its batcher: no new request can join a batch, so none waits
+    out ``max_wait_ms`` (a minute here; the test allows half of it); a request still in flight may
+    queue its sentences and gets its answer."""
+    rec = Recorder()
+    batcher = DynamicBatcher(rec, ServeLimits(max_wait_ms=60_000)).start()
+
+    async def main():  # type: ignore[no-untyped-def]
+        queued = asyncio.ensure_future(batcher.submit("s", [["a"], ["b"]]))
+        await until(lambda: batcher.depth == 2, "2 sentences queued")
+        batcher.drain()
+        return await asyncio.wait_for(queued, 30), await asyncio.wait_for(batcher.submit("s", [["late"]]), 30)
+
+    assert run(main()) == ([("s", ("a",)), ("s", ("b",))], [("s", ("late",))])
+    batcher.close()
 
 
 def test_a_full_queue_refuses_the_whole_request():
@@ -103,9 +159,9 @@ def test_a_full_queue_refuses_the_whole_request():
 
     async def main():  # type: ignore[no-untyped-def]
         busy = asyncio.ensure_future(batcher.submit("s", [["a"]]))
-        await asyncio.sleep(0.1)  # taken by the model, which holds
+        await until(rec.entered.is_set, "the model took the first batch")  # and holds it
         queued = asyncio.ensure_future(batcher.submit("s", [["b"]] * 3))
-        await asyncio.sleep(0.05)
+        await until(lambda: batcher.depth == 3, "3 sentences queued")
         with pytest.raises(QueueFull, match="max_queue 4"):
             await batcher.submit("s", [["c"]] * 2)
         assert batcher.depth == 3
@@ -118,15 +174,20 @@ def test_a_full_queue_refuses_the_whole_request():
 
 
 def test_a_model_error_reaches_every_request_of_its_batch_and_the_batcher_goes_on():
-    rec = Recorder(fail_on="boom")
+    hold = threading.Event()
+    rec = Recorder(fail_on="boom", hold=hold)
     batcher = DynamicBatcher(rec, ServeLimits(max_wait_ms=100)).start()
 
     async def main():  # type: ignore[no-untyped-def]
-        return await asyncio.gather(batcher.submit("s", [["boom"]]), batcher.submit("s", [["fine"]]),
-                                    return_exceptions=True)
+        first = await occupied(batcher, rec)
+        both = [asyncio.ensure_future(batcher.submit("s", [[word]])) for word in ("boom", "fine")]
+        await until(lambda: batcher.depth == 2, "both requests queued")  # one batch when the model is free
+        hold.set()
+        await first
+        return await asyncio.gather(*both, return_exceptions=True)
 
     answers = run(main())
-    assert all(isinstance(a, RuntimeError) for a in answers)
+    assert all(isinstance(a, RuntimeError) for a in answers), answers
     assert run(batcher.submit("s", [["after"]])) == [("s", ("after",))]
     batcher.close()
 

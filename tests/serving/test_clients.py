@@ -15,14 +15,14 @@ import pytest
 from inference import Embedder
 from tests.helpers import TINY_OPTIONS, make_model_dir
 
+from tests.processes import WAIT_S, wait_until
+
 from .server_utils import ServerProcess, metric, reference
 
 KEY = "s3cret-key"
 AUTH = {"authorization": f"Bearer {KEY}"}
 ORIGIN = "https://app.example"
-DEADLINE_S = 2.0
-# Timer granularity is milliseconds; the slack covers a loaded 2-core machine scheduling the event loop.
-SLACK_S = 3.0
+DEADLINE_S = 3.0  # the server's header and body deadlines
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +67,12 @@ def test_stalled_connections_are_cut_at_their_deadline_and_others_are_served(ser
     socks, opened = [], time.monotonic()
     for i in range(200):
         kind = list(stalls)[i % 3]
-        s = socket.create_connection(addr, timeout=5)
+        s = socket.create_connection(addr, timeout=WAIT_S)
         s.sendall(stalls[kind])
         socks.append((kind, s))
-    started = time.monotonic()
     answer = _post(server.url, "/embed", {"texts": ["served meanwhile"]})
-    assert answer.status_code == 200 and time.monotonic() - started < 1.0, answer.text
+    answered = time.monotonic() - opened
+    assert answer.status_code == 200, answer.text
 
     closed: dict[socket.socket, tuple[str, bytes, float]] = {}
     sel = selectors.DefaultSelector()
@@ -80,7 +80,7 @@ def test_stalled_connections_are_cut_at_their_deadline_and_others_are_served(ser
         s.setblocking(False)
         sel.register(s, selectors.EVENT_READ, kind)
     replies: dict[socket.socket, bytes] = {}
-    deadline = opened + DEADLINE_S + SLACK_S
+    deadline = opened + DEADLINE_S + WAIT_S
     while len(closed) < len(socks) and time.monotonic() < deadline:
         for key, _ in sel.select(timeout=0.1):
             s = key.fileobj
@@ -95,13 +95,16 @@ def test_stalled_connections_are_cut_at_their_deadline_and_others_are_served(ser
             sel.unregister(s)
     for _, s in socks:
         s.close()
-    assert len(closed) == 200, f"{200 - len(closed)} stalled connections still open after {DEADLINE_S + SLACK_S} s"
+    assert len(closed) == 200, f"{200 - len(closed)} stalled connections still open after {DEADLINE_S + WAIT_S} s"
     for kind, reply, _ in closed.values():
         if kind == "idle":
             assert reply == b"", reply  # nothing was asked: closed without an answer
         else:
             assert reply.startswith(b"HTTP/1.1 408 ") and b'"request_timeout"' in reply, reply
-    assert min(t for *_, t in closed.values()) >= DEADLINE_S - 0.05  # not before the deadline either
+    first_cut = min(t for *_, t in closed.values())
+    assert first_cut >= DEADLINE_S - 0.05  # not before the deadline either
+    # served while every stalled connection was still open: they did not hold the server up
+    assert answered < first_cut, (answered, first_cut)
     text = httpx.get(f"{server.url}/metrics").text
     for phase, n in (("idle", 67), ("headers", 67), ("body", 66)):
         assert float(text.split(f'elmo_connections_cut_total{{phase="{phase}"}} ')[1].split()[0]) >= n
@@ -222,13 +225,21 @@ def test_openai_inputs_the_sdk_refuses_are_422s(server: ServerProcess):
         assert words in str(error.value), error.value
 
 
+def _health(url: str) -> int | None:
+    """GET /health's status; None where the connection was closed unanswered (over the cap)."""
+    try:
+        return httpx.get(f"{url}/health", timeout=WAIT_S).status_code
+    except httpx.TransportError:
+        return None
+
+
 def test_connections_over_the_cap_are_refused_and_a_public_bind_warns(model: Path):
     srv = ServerProcess(model, "--host", "0.0.0.0", "--max-connections", "6", "--protect-probes", "--api-key", KEY)
     try:
         assert not any("no API key" in line for line in srv.stderr)
         url = srv.url.replace("0.0.0.0", "127.0.0.1")
-        held = [socket.create_connection(_address(url), timeout=5) for _ in range(6)]
-        extra = socket.create_connection(_address(url), timeout=5)
+        held = [socket.create_connection(_address(url), timeout=WAIT_S) for _ in range(6)]
+        extra = socket.create_connection(_address(url), timeout=WAIT_S)
         extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         try:
             assert _read_all(extra) == b""  # closed as accepted, no answer
@@ -236,8 +247,8 @@ def test_connections_over_the_cap_are_refused_and_a_public_bind_warns(model: Pat
             pass
         for s in held + [extra]:
             s.close()
-        time.sleep(0.2)
-        assert httpx.get(f"{url}/health").status_code == 401  # --protect-probes
+        wait_until(lambda: _health(url) is not None, "a new connection served once the held ones closed")
+        assert _health(url) == 401  # --protect-probes
         text = httpx.get(f"{url}/metrics", headers=AUTH).text
         assert metric(text, "elmo_connections_refused_total") >= 1
     finally:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 
 import httpx
 import pytest
@@ -14,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import TINY_OPTIONS, make_model_dir
+from tests.processes import WAIT_S, wait_until
 
 from .server_utils import ServerProcess
 
@@ -30,7 +30,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _requests(url: str, status: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+    text = httpx.get(f"{url}/metrics", timeout=WAIT_S).text
     prefix = f'elmo_requests_total{{route="/embed",status="{status}"}} '
     return next((float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix)), 0.0)
 
@@ -38,18 +38,16 @@ def _requests(url: str, status: str) -> float:
 def test_a_slow_body_cut_at_its_deadline_is_logged_and_counted_as_408(server: ServerProcess):
     host, port = server.url.removeprefix("http://").split(":")
     before = _requests(server.url, "408"), _requests(server.url, "499")
-    with socket.create_connection((host, int(port)), timeout=10) as s:
+    with socket.create_connection((host, int(port)), timeout=WAIT_S) as s:
         s.sendall(f"POST /embed HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
                   f"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"te".encode())
         reply = b""
         while chunk := s.recv(65536):
             reply += chunk
     assert reply.startswith(b"HTTP/1.1 408 "), reply
-    deadline = time.monotonic() + 5
-    while _requests(server.url, "408") == before[0] and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: _requests(server.url, "408") != before[0], "the 408 counted")
     assert (_requests(server.url, "408"), _requests(server.url, "499")) == (before[0] + 1, before[1])
-    assert any('"POST /embed" 408 ' in line for line in server.stderr), server.stderr[-5:]
+    wait_until(lambda: any('"POST /embed" 408 ' in line for line in server.stderr), "the 408 logged")
 
 
 @pytest.mark.parametrize("header, status", [

@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from tests.helpers import SENTENCES, TINY_OPTIONS, make_model_dir
+from tests.processes import WAIT_S
 
 from .server_utils import ServerProcess, decode
 
@@ -53,21 +54,21 @@ def test_two_replicas_answer_what_the_local_server_answers(tmp_path: Path):
         assert cluster, "the local Ray cluster runs below the server"
         ray_server.terminate()
         assert ray_server.wait(120) == 0, "\n".join(ray_server.stderr[-20:])
-        gone, alive = psutil.wait_procs(cluster, timeout=60)
+        gone, alive = psutil.wait_procs(cluster, timeout=WAIT_S)
         assert not alive, f"left running after SIGTERM: {[p.pid for p in alive]}"
     finally:
         ray_server.stop()
 
 
-def test_a_sigkill_during_ray_start_up_orphans_nothing(tmp_path: Path):
+def test_a_sigkill_during_ray_start_up_orphans_nothing(tmp_path: Path, spawn):
     """The reaper is armed before ``ray.init``: kill the server while its local cluster starts, and
     every process of that cluster ends and its session folder goes."""
     from runtime.ray_local import descendants, marked
 
     model = make_model_dir(tmp_path / "tiny", TINY_OPTIONS)
-    proc = subprocess.Popen([sys.executable, "-m", "elmo_cli", "serve", "--model", str(model), "--engine", "ray", "--port", "0",
-                             "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    folder, deadline = None, time.monotonic() + 120
+    proc = spawn([sys.executable, "-m", "elmo_cli", "serve", "--model", str(model), "--engine", "ray", "--port", "0",
+                  "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    folder, deadline = None, time.monotonic() + WAIT_S
     while folder is None and time.monotonic() < deadline and proc.poll() is None:
         for pid in descendants(proc.pid):  # the GCS server is the first process ray.init starts
             try:
@@ -82,7 +83,7 @@ def test_a_sigkill_during_ray_start_up_orphans_nothing(tmp_path: Path):
     assert Path(folder).name.startswith("elmo-ray-")
     os.kill(proc.pid, signal.SIGKILL)  # mid start-up: ray.init has not returned
     proc.wait()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + WAIT_S
     while (marked(folder) or Path(folder).exists()) and time.monotonic() < deadline:
         time.sleep(0.2)
     left = [(p, Path(f"/proc/{p}/cmdline").read_bytes()[:80]) for p in marked(folder)]

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from training import checkpoint as ck
 from training.evaluate import load_language_model, perplexity
 from training.trainer import train
 
+from tests.processes import wait_until
 from tests.training.train_utils import sotu_sentences, tiny_run, write_corpus, write_options
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,16 +109,14 @@ def _cli_train(tmp_path, corpus, out, max_steps):
             "--seed", "7", "--lr-decay-tokens", "4000", "--no-tensorboard", "--train-eval-sentences", "0"]
 
 
-def test_default_batching_resumes_exactly_after_sigkill(tmp_path):
+def test_default_batching_resumes_exactly_after_sigkill(tmp_path, spawn):
     corpus = write_corpus(tmp_path / "train.txt", sotu_sentences(limit=80))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run(_cli_train(tmp_path, corpus, "straight", 24), cwd=ROOT, env=env, check=True, capture_output=True)
-    proc = subprocess.Popen(_cli_train(tmp_path, corpus, "killed", 24), cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = spawn(_cli_train(tmp_path, corpus, "killed", 24), cwd=ROOT, env=env,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ckpts = tmp_path / "killed" / "checkpoints"
-    deadline = time.monotonic() + 120
-    while ck.latest_step(ckpts, 1) is None and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.02)
+    wait_until(lambda: ck.latest_step(ckpts, 1) is not None, "a checkpoint written", proc=proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     killed_at = ck.latest_step(ckpts, 1)
