@@ -271,6 +271,9 @@ def test_device_option_is_checked_and_reaches_the_backend(corpus, tiny_dir, tmp_
     job = plan_job(corpus, tmp_path / "o1", tiny_dir, EmbedOptions(engine="ray", device="cuda", num_gpus_per_worker=1,
                                                                    quiet=True))
     assert (job.run.device, job.opts.device, job.predictor, job.run.threads.count) == ("cuda", "cuda", None, 1)
+    import ray
+
+    ray.shutdown()  # planning reached a local Ray cluster (the engine starts before OUTPUT_DIR is claimed)
     assert onnx_providers("cpu") == ["CPUExecutionProvider"]
     assert onnx_providers("cuda:1") == [("CUDAExecutionProvider", {"device_id": 1})]
     m = embed_parquet(corpus, tmp_path / "out", tiny_dir, device="cpu", **FAST)

@@ -29,6 +29,8 @@ ray = pytest.importorskip("ray", reason="Ray is the optional 'ray' extra (pip in
 
 @pytest.fixture(scope="module")
 def ray_cluster():
+    if ray.is_initialized():  # a job planned earlier in this process reached Ray of its own
+        ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
