@@ -64,5 +64,9 @@ def test_the_run_records_its_layout_and_opens_the_backend_with_it(tiny_dir):
     with run.open() as backend:
         assert backend.fast.layout == "fused"
     assert resolve_run(tiny_dir, remote=True).layout == "auto"  # measured where each replica runs
+    cuda = resolve_run(tiny_dir, remote=True, device="cuda")
+    assert cuda.layout == "rows" and cuda.on_cpu().layout == "packed"  # a driver checks a CUDA job's model on its CPU
+    with cuda.on_cpu().open() as backend:
+        assert backend.fast.layout == "packed" and backend.fast.graphs is None
     with pytest.raises(InputError, match="--layout rows replays CUDA graphs"):
         resolve_run(tiny_dir, layout="rows")
