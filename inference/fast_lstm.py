@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from elmo_core import ElmoConfig
 from elmo_core.lstm import BiLstmStack, Packing
 from elmo_core.lstm_cell import low_bmm
 
@@ -33,6 +34,12 @@ INPUT_CHUNK_ROWS = 512
 # and without; the shipped small config (128 x 4096) 7.0k vs 7.6k; a 512 x 32 one 35k vs 45k: on
 # small matrices oneDNN's per-shape primitive set-up costs more than it saves.
 PACKED_MIN_WEIGHTS = 1 << 22
+
+
+def packed_products(config: ElmoConfig) -> bool:
+    """Whether a CPU runs this model's recurrent products on packed oneDNN weights (bf16 on them
+    with AMX / AVX512-BF16): matrices of ``PACKED_MIN_WEIGHTS`` and up."""
+    return config.lstm.projection_dim * 4 * config.lstm.dim >= PACKED_MIN_WEIGHTS
 
 
 def lstm_step_inplace(gates: torch.Tensor, c_prev: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor],

@@ -14,7 +14,7 @@ CPU model, precision, LSTM shape and thread count, measured once on the recurren
 model of the same shape: the weights' values do not change the time) and kept in the cache
 (``layouts.json`` under ``elmo_core.storage.cache_root``). ``fused`` is taken only when it is
 ``FUSED_MARGIN`` faster: never slower than ``packed``, today's CPU path, by more than noise. A
-model whose matrices are below ``PACKED_MIN_WEIGHTS`` takes ``packed`` unmeasured (its steps are too
+model whose matrices are below ``fast_lstm.PACKED_MIN_WEIGHTS`` takes ``packed`` unmeasured (its steps are too
 small for either to matter, and compiling would cost more than it saves).
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ from elmo_core.storage import cache_root
 
 from runtime import use_threads
 
-from .fast_lstm import PACKED_MIN_WEIGHTS
+from .fast_lstm import packed_products
 from .precision import cpu_model
 
 FUSED_MARGIN = 1.05  # fused must measure this much faster than packed to be chosen
@@ -72,7 +72,7 @@ def resolve_layout(layout: str | None, device: str, precision: str, config: Elmo
     if device.startswith("cuda"):
         return Layout("rows", "CUDA: static rows replayed as CUDA graphs")
     lstm = config.lstm
-    if lstm.projection_dim * 4 * lstm.dim < PACKED_MIN_WEIGHTS:
+    if not packed_products(config):
         return Layout("packed", "small matrices: eager steps (nothing to measure)")
     key = f"{cpu_model()} | torch {torch.__version__} | {precision} | {lstm.n_layers}x{lstm.dim}/{lstm.projection_dim}" \
           f" | {threads} threads"

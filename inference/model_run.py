@@ -26,6 +26,7 @@ from runtime import CpuBudget, check_threads, process_cpu_budget, threads_for
 
 from .backends import Backend
 from .errors import ModelChangedError
+from .fast_lstm import packed_products
 from .layout import Layout, check_layout, resolve_layout
 from .precision import SlowPrecision, bf16_cpu_warning, resolve_precision
 from .registry import (backend_kind, check_device, check_precision_for, export_dir, exported_backend,
@@ -46,6 +47,11 @@ Exporter = Callable[[str, "str | None", str, int], "tuple[str, str, str]"]
 HOST_BOUND_FLOPS = 6e6
 
 DEVICE_PATTERN = r"cpu|cuda(:\d+)?"
+# --precision auto on a CPU with bf16 units, for a model whose products are too small for packed
+# oneDNN weights: bf16 runs on weight copies there, slower than fp32 (models/default, 2 cores of an
+# AMX Xeon: 0.61x packed, 0.75x fused; docs/performance.md).
+SMALL_BF16 = ("auto: this model's products are too small for the CPU's bf16 units to pay (the shipped model's bf16 "
+              "measured 0.61-0.75x fp32 on an AMX Xeon)")
 # What a door is asked for a run, besides the model and backend: ``resolve_run``'s keywords.
 RUN_OPTIONS = ("device", "threads", "precision", "weights", "token_embeddings", "token_vocab", "layout")
 
@@ -206,6 +212,8 @@ def resolve_run(model: str | Path, *, backend: str | None = None, device: str = 
         name, why = resolve_precision(precision or "fp32", device, flags)
         if precision is None:
             why = "the default"
+        elif precision == "auto" and name == "bf16" and device == "cpu" and not packed_products(config):
+            name, why = "fp32", SMALL_BF16
     checked = asked if asked is not None and asked.name == name else check_precision_for(backend, name, device)
     warning = None if kind.exported else bf16_cpu_warning(checked.name, device, flags)
     settled = _layout(layout, kind.exported, device, checked.name, config, budget, remote)

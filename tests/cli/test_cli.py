@@ -140,13 +140,14 @@ def test_info_in_a_pipe_that_closes_early(tiny_dir):
 
 
 def test_precision_auto_is_settled_printed_and_recorded(tiny_dir, tmp_path, capsys):
-    from inference.precision import resolve_precision
+    from inference.model_run import resolve_run
     from corpora.sample import write_sample_corpus
 
     write_sample_corpus(tmp_path / "corpus", rows=50, files=1)
     assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "out"), "--model", str(tiny_dir),
                  "--precision", "auto"]) == 0
-    want, why = resolve_precision("auto", "cpu")
+    run = resolve_run(tiny_dir, precision="auto")
+    want, why = run.precision, run.precision_reason
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("elmo embed: loading the model")]
     assert len(said) == 1 and said[0].startswith(f"elmo embed: loading the model {tiny_dir} (torch on cpu, {want}: "
                                                  f"{why}; 1 thread: "), said  # the run, printed once

@@ -70,3 +70,15 @@ def test_the_run_records_its_layout_and_opens_the_backend_with_it(tiny_dir):
         assert backend.fast.layout == "packed" and backend.fast.graphs is None
     with pytest.raises(InputError, match="--layout rows replays CUDA graphs"):
         resolve_run(tiny_dir, layout="rows")
+
+
+def test_auto_keeps_fp32_where_the_products_are_too_small_for_bf16_units(tiny_dir):
+    """``--precision auto`` on a CPU with AMX takes bf16 only where the products run on packed oneDNN
+    weights: the small ones ran slower in bf16 (docs/performance.md)."""
+    from inference.fast_lstm import packed_products
+    from inference.model_run import SMALL_BF16
+
+    run = resolve_run(tiny_dir, precision="auto", flags=frozenset({"amx_bf16", "avx512f"}))
+    assert (run.precision, run.precision_reason) == ("fp32", SMALL_BF16)
+    assert resolve_run(tiny_dir, precision="bf16", flags=frozenset({"amx_bf16", "avx512f"})).precision == "bf16"
+    assert packed_products(_config(4096, 512)) and not packed_products(_config(512, 128))
