@@ -152,6 +152,8 @@ class TorchBackend(BackendBase):
         if token_embeddings is not None:
             preload_token_cache(self.model, read_token_embeddings(token_embeddings, token_vocab), cache)
         graphs = (is_cuda if cuda_graphs is None else cuda_graphs) and not stateful
+        if layout == "rows" and not graphs:  # graphs off (asked, or a stateful run): the same steps, fused
+            layout = "fused"
         self.fast = FastInference(self.model, precision, cache, cuda_graphs=graphs and layout is None, layout=layout)
         self.model.use_fast_path(self.fast)
         self.device = torch.device(device)

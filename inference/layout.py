@@ -13,7 +13,7 @@ The layouts (``elmo_core.names.LAYOUTS``), each computing what the reference com
 CPU model, precision, LSTM shape and thread count, measured once on the recurrence alone (a random
 model of the same shape: the weights' values do not change the time) and kept in the cache
 (``layouts.json`` under ``elmo_core.storage.cache_root``). ``fused`` is taken only when it is
-``FUSED_MARGIN`` faster: never slower than ``packed``, today's CPU path, by more than noise. A
+``FUSED_MARGIN`` faster: never slower than ``packed`` by more than noise. A
 model whose matrices are below ``fast_lstm.PACKED_MIN_WEIGHTS`` takes ``packed`` unmeasured (its steps are too
 small for either to matter, and compiling would cost more than it saves).
 """
@@ -77,20 +77,23 @@ def resolve_layout(layout: str | None, device: str, precision: str, config: Elmo
     key = f"{cpu_model()} | torch {torch.__version__} | {precision} | {lstm.n_layers}x{lstm.dim}/{lstm.projection_dim}" \
           f" | {threads} threads"
     cache = cache_root() / "layouts.json"
-    known = _read(cache)
-    if key not in known:
+    known = _read(cache).get(key)
+    if not (isinstance(known, dict) and all(isinstance(v, (int, float)) for v in known.values())):
         print(f"measuring the recurrence's layouts (packed, fused) once for {key} ...", file=sys.stderr, flush=True)
-        known[key] = (measure or measure_layouts)(config, precision, threads)
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(cache, {**_read(cache), key: known[key]}, indent=1)
-    return choose(known[key])
+        known = (measure or measure_layouts)(config, precision, threads)
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(cache, {**_read(cache), key: known}, indent=1)
+        except OSError as e:  # a read-only or full cache: the figures hold for this process only
+            print(f"layouts: not kept in {cache} ({e.strerror or e})", file=sys.stderr, flush=True)
+    return choose(known)
 
 
 def choose(tokens_per_s: dict[str, float]) -> Layout:
     """``fused`` where it measured ``FUSED_MARGIN`` faster than ``packed``, else ``packed``."""
     packed, fused = tokens_per_s.get("packed", 0.0), tokens_per_s.get("fused", 0.0)
     figures = f"packed {packed:,.0f}, fused {fused:,.0f} tokens/s of the recurrence, measured on this CPU"
-    if fused >= FUSED_MARGIN * packed:
+    if fused > 0 and fused >= FUSED_MARGIN * packed:
         return Layout("fused", figures)
     return Layout("packed", figures)
 

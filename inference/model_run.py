@@ -107,9 +107,9 @@ class ModelRun:
 
     def on_cpu(self) -> "ModelRun":
         """The same run on the CPU: what a driver opens to check the model (its files, what it can
-        compute) where the replicas' GPUs are not visible to it; CUDA's rows become the CPU's
-        unmeasured ``packed`` layout (the check runs no job)."""
-        layout = "packed" if self.layout == "rows" else self.layout
+        compute) where the replicas' GPUs are not visible to it, in the unmeasured ``packed`` layout
+        (the check runs no job: nothing to measure or compile)."""
+        layout = "packed" if self.layout else None
         return replace(self, device="cpu", layout=layout, layout_reason="the driver's check" if layout else "")
 
     def on_replica(self, threads: int, reason: str) -> "ModelRun":

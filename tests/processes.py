@@ -47,8 +47,13 @@ def _exited(proc: subprocess.Popen) -> bool:
 def stop_process(proc: subprocess.Popen, grace: float = 30.0) -> None:
     """End ``proc`` and its process group: SIGTERM, then SIGKILL to whatever of the group is left
     after ``grace`` s (processes it started that outlived it too); reaps ``proc``. A process the test
-    already reaped is left alone (its group id may since belong to another process)."""
+    already reaped still has its group killed: its children may have outlived it, and Linux reuses
+    no pid while a process group of that id exists."""
     if proc.returncode is not None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # the group has no process left
+            pass
         return
     try:
         if not _exited(proc):

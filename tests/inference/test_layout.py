@@ -48,12 +48,15 @@ def test_a_cpu_measures_once_per_precision_and_threads_and_keeps_the_figures(tmp
     assert calls == [("bf16", 2), ("fp32", 2), ("fp32", 1)]
     kept = json.loads((tmp_path / "layouts.json").read_text())
     assert len(kept) == 3 and any("bf16" in key and "2 threads" in key for key in kept)
+    (tmp_path / "layouts.json").write_text(json.dumps({key: [1, 2] for key in kept}))  # damaged entries
+    assert resolve_layout(None, "cpu", "bf16", big, 2, measure).name == "fused" and len(calls) == 4  # measured again
 
 
 def test_fused_is_chosen_only_by_the_margin():
     assert choose({"packed": 100.0, "fused": 100.0 * FUSED_MARGIN}).name == "fused"
     assert choose({"packed": 100.0, "fused": 100.0 * FUSED_MARGIN - 1}).name == "packed"
     assert choose({"packed": 100.0, "fused": 0.0}).name == "packed"  # fused could not run here
+    assert choose({"packed": 0.0, "fused": 0.0}).name == "packed"
     assert "packed 100, fused 0 tokens/s" in choose({"packed": 100.0, "fused": 0.0}).reason
 
 
@@ -64,6 +67,7 @@ def test_the_run_records_its_layout_and_opens_the_backend_with_it(tiny_dir):
     with run.open() as backend:
         assert backend.fast.layout == "fused"
     assert resolve_run(tiny_dir, remote=True).layout == "auto"  # measured where each replica runs
+    assert resolve_run(tiny_dir, remote=True).on_cpu().layout == "packed"  # the driver's check measures nothing
     cuda = resolve_run(tiny_dir, remote=True, device="cuda")
     assert cuda.layout == "rows" and cuda.on_cpu().layout == "packed"  # a driver checks a CUDA job's model on its CPU
     with cuda.on_cpu().open() as backend:

@@ -279,7 +279,7 @@ def test_device_option_is_checked_and_reaches_the_backend(corpus, tiny_dir, tmp_
     m = embed_parquet(corpus, tmp_path / "out", tiny_dir, device="cpu", **FAST)
     assert m["engine"] == {"name": "local", "threads": 1, "device": "cpu"}  # OMP_NUM_THREADS=1 (tests/conftest.py)
     if torch.cuda.is_available():
-        return  # tests/test_gpu.py runs it on the GPU
+        return  # tests/gpu/test_gpu.py runs it on the GPU
     with pytest.raises(BackendUnavailableError, match="torch sees no CUDA GPU here"):
         open_backend(tiny_dir, "torch", device="cuda")
     assert main(["embed", str(corpus), str(tmp_path / "o2"), "--model", str(tiny_dir), "--device", "cuda"]) == 2
