@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 from .errors import InputError, SettingError
+from .kinds import Dtype
 
-FLOAT32_MAX = float(np.finfo(np.float32).max)
+FLOAT32_MAX = Dtype.of("float32").max  # the model's arithmetic: a mix weight or gamma beyond it is infinite
 
 
 def check_mix_settings(weights: Sequence[float] | None, gamma: float, output: str, mixes: bool,

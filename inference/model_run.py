@@ -27,7 +27,7 @@ from runtime import CpuBudget, check_threads, process_cpu_budget, threads_for
 from .backends import Backend
 from .errors import ModelChangedError
 from .fast_lstm import packed_products
-from .layout import Layout, check_layout, resolve_layout
+from .layout import Layout, resolve_layout
 from .precision import SlowPrecision, bf16_cpu_warning, resolve_precision
 from .registry import (backend_kind, check_device, check_precision_for, export_dir, exported_backend,
                        exported_precision, model_config, model_files, model_identity, open_backend,
@@ -47,11 +47,6 @@ Exporter = Callable[[str, "str | None", str, int], "tuple[str, str, str]"]
 HOST_BOUND_FLOPS = 6e6
 
 DEVICE_PATTERN = r"cpu|cuda(:\d+)?"
-# --precision auto on a CPU with bf16 units, for a model whose products are too small for packed
-# oneDNN weights: bf16 runs on weight copies there, slower than fp32 (models/default, 2 cores of an
-# AMX Xeon: 0.61x packed, 0.75x fused; docs/performance.md).
-SMALL_BF16 = ("auto: this model's products are too small for the CPU's bf16 units to pay (the shipped model's bf16 "
-              "measured 0.61-0.75x fp32 on an AMX Xeon)")
 # What a door is asked for a run, besides the model and backend: ``resolve_run``'s keywords.
 RUN_OPTIONS = ("device", "threads", "precision", "weights", "token_embeddings", "token_vocab", "layout")
 
@@ -138,7 +133,11 @@ class ModelRun:
         if self.pin is not None and identity != self.pin:
             raise ModelChangedError(self._changed(identity))
         backend = self._open(**options)
-        if self.signature() != before:
+        try:
+            after = self.signature()
+        except OSError:  # a file removed while it loaded
+            after = None
+        if after != before:
             backend.close()
             raise ModelChangedError(f"{self.model}: its files were replaced while they were loaded; keep the model's "
                                     f"files in place while a run uses them")
@@ -209,11 +208,9 @@ def resolve_run(model: str | Path, *, backend: str | None = None, device: str = 
             model, source, weights = exported, model, None
             config = model_config(model, backend)
     else:
-        name, why = resolve_precision(precision or "fp32", device, flags)
+        name, why = resolve_precision(precision or "fp32", device, flags, packed_products(config))
         if precision is None:
             why = "the default"
-        elif precision == "auto" and name == "bf16" and device == "cpu" and not packed_products(config):
-            name, why = "fp32", SMALL_BF16
     checked = asked if asked is not None and asked.name == name else check_precision_for(backend, name, device)
     warning = None if kind.exported else bf16_cpu_warning(checked.name, device, flags)
     settled = _layout(layout, kind.exported, device, checked.name, config, budget, remote)
@@ -231,9 +228,7 @@ def _layout(layout: str | None, exported: bool, device: str, precision: str, con
             raise InputError(f"--layout {layout} is how the torch backend runs the recurrence; an export runs "
                              f"its own graph (leave --layout out)")
         return None
-    if layout not in (None, "auto"):
-        return check_layout(layout, device), "asked for"
-    if remote and not device.startswith("cuda"):
+    if remote and layout in (None, "auto") and not device.startswith("cuda"):
         return "auto", "measured where each replica runs"
     chosen = resolve_layout(layout, device, precision, config, budget.count)
     return chosen.name, chosen.reason

@@ -133,16 +133,28 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return platform.processor()
 
 
-def resolve_precision(precision: str, device: str, flags: frozenset[str] | None = None) -> tuple[str, str]:
+# --precision auto on a CPU with bf16 units, for a model whose products are too small for packed
+# oneDNN weights: bf16 runs on weight copies there, slower than fp32 (models/default, 2 cores of an
+# AMX Xeon: 0.61x packed, 0.75x fused; docs/performance.md).
+SMALL_BF16 = ("this model's products are too small for the CPU's bf16 units to pay (the shipped model's bf16 "
+              "measured 0.61-0.75x fp32 on an AMX Xeon)")
+
+
+def resolve_precision(precision: str, device: str, flags: frozenset[str] | None = None,
+                      packed: bool = True) -> tuple[str, str]:
     """The torch backend's ``--precision auto`` made concrete, and why: the fastest precision within
     the parity bound (every token's cosine >= 0.999 against fp32, tested) that this device multiplies
-    in hardware. Any other precision is returned as asked. (The onnx backend measures its own on a
-    model directory: ``export.auto``, ``fastest_validated``.)"""
+    in hardware; ``packed``: the model's products run on packed oneDNN weights on a CPU
+    (``fast_lstm.packed_products``), without which a CPU's bf16 units do not pay. Any other precision
+    is returned as asked. (The onnx backend measures its own on a model directory: ``export.auto``,
+    ``fastest_validated``.)"""
     if precision != "auto":
         return precision, "asked for"
     if device.startswith("cuda"):
         return "bf16", "CUDA: bf16 products on the tensor cores (H100: 1.4x fp32, min token cosine 0.99999)"
     found = cpu_bf16(flags).hardware
+    if found and not packed:
+        return "fp32", SMALL_BF16
     if found:
         return "bf16", f"this CPU multiplies bf16 in hardware ({found})"
     return "fp32", f"this CPU has no bf16 instructions ({' / '.join(BF16_CPU_FLAGS)})"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,6 +92,12 @@ def assert_as_accurate(got: torch.Tensor, want: torch.Tensor, ref: torch.Tensor,
     unit = float(torch.finfo(low).eps) / 2  # unit roundoff: 2**-8 bf16, 2**-11 fp16
     bound = 2 * err_want + 8 * unit * scale
     assert err_got <= bound, f"error {err_got:.3g} against float64 > {bound:.3g} (2 x {err_want:.3g} + 8 ulp)"
+
+
+def swap_weights(model: Path, other: Path) -> None:
+    """Replace ``model``'s weights by ``other``'s, as ``mv`` does: a new file under the name."""
+    shutil.copy(other / "weights.hdf5", model / ".weights.new")
+    os.replace(model / ".weights.new", model / "weights.hdf5")
 
 
 def run_cli(*args: object) -> subprocess.CompletedProcess:

@@ -80,7 +80,7 @@ def test_auto_keeps_fp32_where_the_products_are_too_small_for_bf16_units(tiny_di
     """``--precision auto`` on a CPU with AMX takes bf16 only where the products run on packed oneDNN
     weights: the small ones ran slower in bf16 (docs/performance.md)."""
     from inference.fast_lstm import packed_products
-    from inference.model_run import SMALL_BF16
+    from inference.precision import SMALL_BF16
 
     run = resolve_run(tiny_dir, precision="auto", flags=frozenset({"amx_bf16", "avx512f"}))
     assert (run.precision, run.precision_reason) == ("fp32", SMALL_BF16)

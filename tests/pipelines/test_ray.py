@@ -22,7 +22,7 @@ from pipelines import embed_parquet
 from pipelines.verify import verify_output
 from corpora.sample import write_sample_corpus
 
-from tests.helpers import TINY_OPTIONS, make_model_dir, run_cli
+from tests.helpers import TINY_OPTIONS, make_model_dir, run_cli, swap_weights
 
 ray = pytest.importorskip("ray", reason="Ray is the optional 'ray' extra (pip install -e '.[ray]')")
 
@@ -98,8 +98,7 @@ def test_workers_refuse_a_model_swapped_after_the_job_started_and_commit_nothing
 
     def plan_then_swap(*args, **kwargs):  # type: ignore[no-untyped-def]
         job = plan(*args, **kwargs)
-        shutil.copy(other / "weights.hdf5", model / ".weights.new")
-        os.replace(model / ".weights.new", model / "weights.hdf5")
+        swap_weights(model, other)
         return job
 
     monkeypatch.setattr(job_module, "plan_job", plan_then_swap)

@@ -28,7 +28,7 @@ from corpora.sample import write_sample_corpus
 from pipelines import embed_parquet
 from pipelines.verify import verify_output
 
-from tests.helpers import TINY_OPTIONS, make_model_dir, run_cli, tiny_options
+from tests.helpers import TINY_OPTIONS, make_model_dir, run_cli, swap_weights, tiny_options
 from tests.pipelines.test_hdf5_output import _invalid_utf8_texts
 from tests.processes import WAIT_S, wait_until
 
@@ -239,12 +239,6 @@ def test_spark_refuses_what_it_cannot_do_with_exit_2(tiny, tmp_path):
     assert r.returncode == 2 and "JAVA_HOME" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
-def _swap_weights(model: Path, other: Path) -> None:
-    """Replace the model's weights by another model's, as ``mv`` does: a new file under the name."""
-    shutil.copy(other / "weights.hdf5", model / ".weights.new")
-    os.replace(model / ".weights.new", model / "weights.hdf5")
-
-
 def test_tasks_refuse_a_model_swapped_after_the_job_started_and_commit_nothing_of_it(spark, tmp_path, monkeypatch):
     """The weights are replaced between the driver's planning (which hashed them into _job.json) and
     the tasks, as on a cluster whose executors open the path later: every task hashes the files
@@ -261,7 +255,7 @@ def test_tasks_refuse_a_model_swapped_after_the_job_started_and_commit_nothing_o
 
     def plan_then_swap(*args, **kwargs):  # type: ignore[no-untyped-def]
         job = plan(*args, **kwargs)
-        _swap_weights(model, other)
+        swap_weights(model, other)
         return job
 
     monkeypatch.setattr(job_module, "plan_job", plan_then_swap)
