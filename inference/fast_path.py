@@ -66,8 +66,11 @@ class FastInference:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        """Where the model runs on this path: no autograd (so the model takes it), tf32 products for tf32."""
-        with torch.inference_mode(), tf32_products(self.kind.gpu_rounds):
+        """Where the model runs on this path: no autograd (so the model takes it), tf32 products for tf32,
+        the model's GPU the current one (``cuda:N``: its streams, graphs and events), whichever thread runs."""
+        device = self.model.lstm.w_input.device
+        on_gpu = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+        with torch.inference_mode(), tf32_products(self.kind.gpu_rounds), on_gpu:
             yield
 
     def encode(self, char_ids: torch.Tensor) -> torch.Tensor:

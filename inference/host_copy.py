@@ -29,7 +29,7 @@ class PinnedCopies:
         host = buf[:nbytes].view(tensor.dtype).view(tensor.shape)
         host.copy_(tensor, non_blocking=True)
         done = torch.cuda.Event()
-        done.record()
+        done.record(torch.cuda.current_stream(tensor.device))  # the copy's device, whichever is current
 
         def result() -> np.ndarray:
             done.synchronize()

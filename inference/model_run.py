@@ -15,7 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import re
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,6 +25,7 @@ from elmo_core.storage import is_uri
 from runtime import CpuBudget, check_threads, process_cpu_budget, threads_for
 
 from .backends import Backend
+from .batching import BatchBudget, cpu_budget, gpu_budget
 from .errors import ModelChangedError
 from .fast_lstm import packed_products
 from .layout import Layout, resolve_layout
@@ -71,6 +72,7 @@ class ModelRun:
     warning: SlowPrecision | None = None  # a command prints it once (and refuses a scalar one)
     layout: str | None = None  # how torch runs the recurrence (``inference.layout``); None for an export
     layout_reason: str = ""
+    batch: BatchBudget = field(default_factory=cpu_budget)  # its batches' and sort windows' tokens, and why
     pin: dict | None = field(default=None, repr=False)  # the identity its files must have where it opens (a job's)
 
     @property
@@ -92,11 +94,12 @@ class ModelRun:
         source = f", exported from {self.source}" if self.source else ""
         layout = f"; {self.layout} layout: {self.layout_reason}" if self.layout else ""
         return (f"{self.model} ({self.backend} on {self.device}, {self.precision}: {self.precision_reason}{source}; "
-                f"{self.threads}{layout})")
+                f"{self.threads}{layout}; {self.batch})")
 
     def to_dict(self) -> dict[str, Any]:
         record = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("config", "pin")}
         record["threads"], record["threads_reason"] = self.threads.count, self.threads.reason
+        record["batch"] = asdict(self.batch)
         record["warning"] = self.warning and self.warning.text
         return record
 
@@ -208,15 +211,15 @@ def resolve_run(model: str | Path, *, backend: str | None = None, device: str = 
             model, source, weights = exported, model, None
             config = model_config(model, backend)
     else:
-        name, why = resolve_precision(precision or "fp32", device, flags, packed_products(config))
+        name, why = resolve_precision(precision or _default_precision(device), device, flags, packed_products(config))
         if precision is None:
-            why = "the default"
+            why = f"the default{' on CUDA, ' + why if device.startswith('cuda') else ''}"
     checked = asked if asked is not None and asked.name == name else check_precision_for(backend, name, device)
     warning = None if kind.exported else bf16_cpu_warning(checked.name, device, flags)
     settled = _layout(layout, kind.exported, device, checked.name, config, budget, remote)
     return ModelRun(model, backend, device, checked.name, why, budget, _where(weights, "weights"),
                     _where(token_embeddings, "token_embeddings"), _where(token_vocab, "token_vocab"), config, source,
-                    warning, *(settled or (None, "")))
+                    warning, *(settled or (None, "")), _batch_budget(device, config, remote))
 
 
 def _layout(layout: str | None, exported: bool, device: str, precision: str, config: ElmoConfig,
@@ -232,6 +235,29 @@ def _layout(layout: str | None, exported: bool, device: str, precision: str, con
         return "auto", "measured where each replica runs"
     chosen = resolve_layout(layout, device, precision, config, budget.count)
     return chosen.name, chosen.reason
+
+
+def _default_precision(device: str) -> str:
+    """The torch backend's precision when none is asked: ``auto`` on CUDA (bf16 on the tensor cores,
+    within the parity bound), fp32 on a CPU (bf16 pays there only where measured: ``--precision auto``)."""
+    return "auto" if device.startswith("cuda") else "fp32"
+
+
+def _batch_budget(device: str, config: ElmoConfig, remote: bool) -> BatchBudget:
+    """The run's batch and sort-window tokens (``inference.batching``): a CPU's, or sized to the
+    GPU's memory where this process sees it (a cluster's replicas' GPUs are not: the smallest
+    data-centre card's budget, 40 GB)."""
+    if not device.startswith("cuda"):
+        return cpu_budget()
+    ls = config.lstm
+    if remote:
+        budget = gpu_budget(40 << 30, ls.dim, ls.projection_dim, ls.n_layers, "")
+        return replace(budget, reason="a replica's GPU, not visible here: sized for a 40 GB card (--max-batch-tokens "
+                                      "sets it)")
+    import torch
+
+    props = torch.cuda.get_device_properties(torch.device(device))
+    return gpu_budget(props.total_memory, ls.dim, ls.projection_dim, ls.n_layers, props.name)
 
 
 def _where(path: str | Path | None, name: str) -> str | None:

@@ -127,6 +127,10 @@ def check_device(device: str, backend: str = "torch") -> None:
     if not torch.cuda.is_available():
         raise BackendUnavailableError(f"--device {device}: torch sees no CUDA GPU here (torch {torch.__version__}); "
                                       f"use --device cpu")
+    index, count = torch.device(device).index, torch.cuda.device_count()
+    if index is not None and index >= count:
+        raise BackendUnavailableError(f"--device {device}: this process sees {count} GPU{'s' if count != 1 else ''} "
+                                      f"(cuda:0 to cuda:{count - 1}; CUDA_VISIBLE_DEVICES hides others)")
 
 
 def torch_options(precision: str = "fp32", token_embeddings: str | None = None,

@@ -116,8 +116,9 @@ def embed_to_hdf5(input: str | Path, out: str | Path, /, model: ModelRun | str |
     if not text_input:
         parquet_files(input)  # a missing INPUT is named before the model loads
     counts = {"sentences": 0, "tokens": 0, "invalid_utf8": 0}
-    sentences = text_sentences(Path(input)) if text_input else parquet_sentences(input, opts, counts)
     run = model if isinstance(model, ModelRun) else opts.resolve_run(model)
+    opts = opts.with_run(run)  # the run's batch budget and sort windows where none was asked
+    sentences = text_sentences(Path(input)) if text_input else parquet_sentences(input, opts, counts)
     note(f"loading the model {run.describe()}", opts.quiet)
     start = time.perf_counter()
     with os_errors(out.parent, "rerun the same command"), OutputLock.for_file(out):

@@ -90,12 +90,14 @@ class EmbedOptions:
     engine: str = _opt("local", "the runner: where the batches run, not what computes them (a job stopped under one "
                        "engine resumes under another)", "running", choices=ENGINES, parquet_only=True,
                        runtime_only=True)
-    max_tokens_per_batch: int = _opt(BatchPolicy.max_tokens_per_batch, None, "running", meaning="max_batch_tokens",
-                                     runtime_only=True)
-    sort_window_rows: int = _opt(1024, "rows sorted by length together before batching (then restored to input "
-                                 "order)", "running", runtime_only=True)
-    sort_window_tokens: int = _opt(16_384, "at most this many tokens in one sort window (bounds memory; local "
-                                   "engine)", "running", runtime_only=True)
+    max_tokens_per_batch: int | None = _opt(None, None, "running", meaning="max_batch_tokens",
+                                            runtime_only=True)  # None: the run's (``ModelRun.batch``)
+    sort_window_rows: int | None = _opt(None, "rows sorted by length together before batching (then restored to "
+                                        "input order; default: the run's, 1024 on a CPU)", "running",
+                                        runtime_only=True)
+    sort_window_tokens: int | None = _opt(None, "at most this many tokens in one sort window (bounds memory; local "
+                                          "engine; default: the run's, 16384 on a CPU, 8 batches on a GPU)",
+                                          "running", runtime_only=True)
     workers: int = _opt(1, "--engine ray: copies of the model, each an actor taking shards", "running",
                         meaning="replicas", runtime_only=True)
     writer_threads: int = _opt(1, "shards encoded to Parquet at once (per replica); see docs/pipelines.md",
@@ -134,9 +136,10 @@ class EmbedOptions:
         object.__setattr__(self, "pool", request.pool)
         _check_choice("engine", self.engine, ENGINES)
         _check_choice("compression", self.compression, COMPRESSIONS)
-        for name in ("rows_per_shard", "sort_window_rows", "sort_window_tokens", "workers", "writer_threads",
-                     "prefetch"):
+        for name in ("rows_per_shard", "workers", "writer_threads", "prefetch"):
             check_count(name, getattr(self, name))
+        for name in ("max_tokens_per_batch", "sort_window_rows", "sort_window_tokens"):
+            check_count(name, getattr(self, name), optional="the run's")
         check_threads(self.threads)
         _check_columns(self)
         self.policy  # validates the batching options
@@ -171,7 +174,10 @@ class EmbedOptions:
         """These options with what ``run`` settled (backend, precision and why; an on-demand export
         has no weights file of its own), as the job records them."""
         return replace(self, backend=run.backend, device=run.device, precision=run.precision,
-                       precision_reason=run.precision_reason, weights=None if run.source else self.weights)
+                       precision_reason=run.precision_reason, weights=None if run.source else self.weights,
+                       max_tokens_per_batch=self.max_tokens_per_batch or run.batch.tokens,
+                       sort_window_rows=self.sort_window_rows or run.batch.window_rows,
+                       sort_window_tokens=self.sort_window_tokens or run.batch.window_tokens)
 
     @functools.cached_property
     def request(self) -> VectorRequest:
@@ -182,7 +188,8 @@ class EmbedOptions:
     @property
     def policy(self) -> BatchPolicy:
         """How rows become model batches (windows, token budget)."""
-        return BatchPolicy(self.max_sentence_length, self.window_context, self.max_tokens_per_batch)
+        tokens = self.max_tokens_per_batch or BatchPolicy.max_tokens_per_batch  # the least any run's budget is
+        return BatchPolicy(self.max_sentence_length, self.window_context, tokens)
 
     @property
     def context(self) -> int:

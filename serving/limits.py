@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import resource
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from elmo_core.bounds import check_count, check_gpus, check_number
 from elmo_core.errors import SettingError
-from inference.batching import BatchPolicy
+from inference.batching import BatchPolicy, cpu_budget
+
+if TYPE_CHECKING:
+    from inference.model_run import ModelRun
 
 
 def _opt(default: Any, help: str, **meta: Any) -> Any:  # noqa: A002
@@ -20,11 +23,12 @@ def _opt(default: Any, help: str, **meta: Any) -> Any:  # noqa: A002
     return field(default=default, metadata={"help": help, **meta})
 
 
-# A model batch's padded tokens by default, by device type. On a CPU a batch of 4,096 runs ~100 ms
-# and more: requests arriving meanwhile batch anyway. On a GPU a batch costs about the same from a
-# few sentences to ~1,000 (the recurrence's steps, not its rows, bound it: docs/gpu.md), so the
-# server's batches may be as large as a GPU job's: whatever waits in the queue joins the next batch.
-BATCH_TOKENS = {"cpu": 4096, "cuda": 65536}
+# A model batch's padded tokens by default: the run's (``ModelRun.batch``, sized to its device). On a
+# CPU a batch of 4,096 runs ~100 ms and more: requests arriving meanwhile batch anyway. On a GPU a
+# batch costs about the same from a few sentences to ~1,000 (the recurrence's steps, not its rows,
+# bound it: docs/gpu.md), so the server's batches may be as large as a GPU job's: whatever waits in
+# the queue joins the next batch.
+DEFAULT_BATCH = "the run's: 4096 on a CPU, sized to the GPU's memory on CUDA"
 
 
 @dataclass(frozen=True)
@@ -37,8 +41,8 @@ class ServeLimits:
     sentence may wait for others to join its batch.
     """
 
-    max_batch_tokens: int | None = _opt(None, "padded tokens (sentences x longest) per model batch (default: "
-                                               "4096 on a CPU, 65536 on CUDA)", meaning="max_batch_tokens")
+    max_batch_tokens: int | None = _opt(None, f"padded tokens (sentences x longest) per model batch (default: "
+                                               f"{DEFAULT_BATCH})", meaning="max_batch_tokens")
     max_wait_ms: float = _opt(0.0, "how long the oldest queued sentence waits for others to join its batch")
     max_queue: int = _opt(1024, "sentences waiting for the model; a request that does not fit gets 503 + Retry-After")
     max_request_sentences: int = _opt(256, "sentences (or texts, or inputs) one request may hold (else 413)")
@@ -57,7 +61,7 @@ class ServeLimits:
             elif f.name == "max_wait_ms":
                 check_number(f.name, value, 0, 60_000, unit=" ms")
             else:
-                check_count(f.name, value, optional="4096 on a CPU, 65536 on CUDA" if f.name == "max_batch_tokens"
+                check_count(f.name, value, optional=DEFAULT_BATCH if f.name == "max_batch_tokens"
                             else None)
         if self.max_sentence_tokens > self.batch_tokens:
             raise SettingError(f"`max_sentence_tokens` ({self.max_sentence_tokens}) must be at most "
@@ -66,16 +70,14 @@ class ServeLimits:
             raise SettingError(f"`max_request_sentences` ({self.max_request_sentences}) must be at most "
                                f"`max_queue` ({self.max_queue}) so one request fits the queue")
 
-    def on_device(self, device: str) -> "ServeLimits":
-        """These limits with the device's defaults filled in (``BATCH_TOKENS``)."""
-        if self.max_batch_tokens is not None:
-            return self
-        return replace(self, max_batch_tokens=BATCH_TOKENS.get(device.split(":")[0], BATCH_TOKENS["cpu"]))
+    def on_run(self, run: ModelRun) -> "ServeLimits":
+        """These limits with the run's batch budget filled in where none was asked."""
+        return self if self.max_batch_tokens is not None else replace(self, max_batch_tokens=run.batch.tokens)
 
     @property
     def batch_tokens(self) -> int:
-        """``max_batch_tokens``, a CPU's where no device filled it in."""
-        return self.max_batch_tokens if self.max_batch_tokens is not None else BATCH_TOKENS["cpu"]
+        """``max_batch_tokens``, a CPU's where no run filled it in."""
+        return self.max_batch_tokens if self.max_batch_tokens is not None else cpu_budget().tokens
 
     @property
     def batch_policy(self) -> BatchPolicy:

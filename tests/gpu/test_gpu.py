@@ -51,7 +51,7 @@ def test_torch_cuda_matches_cpu(fixture_dir):
     _need_cuda()
     files = (fixture_dir / "options.json", fixture_dir / "lm_weights.hdf5")
     sentences = _fixture_sentences(fixture_dir)
-    with Embedder.from_files(*files) as cpu, Embedder.from_files(*files, device="cuda") as gpu:
+    with Embedder.from_files(*files) as cpu, Embedder.from_files(*files, device="cuda", precision="fp32") as gpu:
         assert next(gpu.backend.model.parameters()).is_cuda
         want = cpu.embed_sentences(sentences, batch_size=3)
         got = gpu.embed_sentences(sentences, batch_size=3)
@@ -102,7 +102,8 @@ def test_embed_parquet_on_cuda_matches_cpu(tiny_dir, tmp_path, backend):
     tables = {}
     for device in ("cpu", "cuda"):
         m = embed_parquet(corpus, tmp_path / device, model, backend=backend, device=device, id_column="id",
-                          max_tokens_per_batch=2048, sort_window_rows=64, quiet=True)
+                          max_tokens_per_batch=2048, sort_window_rows=64, quiet=True,
+                          precision="fp32" if backend == "torch" else None)
         assert m["rows"] == 120 and m["engine"]["device"] == device
         if device == "cuda" and backend == "torch":  # GPU memory and the CUDA graphs, reported
             assert m["engine"]["gpu_peak_allocated_bytes"] > 0 and m["engine"]["cuda_graphs"]["captured"] >= 1
@@ -112,6 +113,27 @@ def test_embed_parquet_on_cuda_matches_cpu(tiny_dir, tmp_path, backend):
     worst = max(float(np.abs(np.asarray(g, np.float32) - np.asarray(w, np.float32)).max(initial=0.0))
                 for g, w in pairs if w is not None)
     assert worst <= TENSORRT_TOLERANCES["fp32"].max_abs, worst
+
+
+def test_cuda_defaults_are_the_devices(tiny_dir):
+    """On CUDA the run's batch budget is sized to the GPU's memory (>= 131,072 tokens on an 80 GB
+    card), the default precision is auto (bf16), and a GPU index this process cannot see is refused."""
+    from inference.errors import BackendUnavailableError
+    from inference.model_run import resolve_run
+
+    _need_cuda()
+    last = f"cuda:{torch.cuda.device_count() - 1}"
+    run = resolve_run(tiny_dir, device=last)
+    memory = torch.cuda.get_device_properties(torch.device(last)).total_memory
+    assert run.precision == "bf16" and "the default on CUDA" in run.precision_reason
+    assert run.batch.tokens >= (131072 if memory >= 79 << 30 else 4096), run.batch
+    assert run.batch.window_tokens == 8 * run.batch.tokens and str(run.batch.tokens // 1000) in run.describe()
+    with Embedder.open(tiny_dir, device=last) as e:
+        assert e.policy.max_tokens_per_batch == run.batch.tokens
+        assert next(e.backend.model.parameters()).device == torch.device(last)
+        assert len(e.embed_sentences([["a", "b"], ["c"]])) == 2
+    with pytest.raises(BackendUnavailableError, match=r"sees \d+ GPU"):
+        resolve_run(tiny_dir, device=f"cuda:{torch.cuda.device_count()}")
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "fp16"])

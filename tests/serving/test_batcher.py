@@ -192,14 +192,19 @@ def test_a_model_error_reaches_every_request_of_its_batch_and_the_batcher_goes_o
     batcher.close()
 
 
-def test_a_gpu_server_batches_as_a_gpu_job_does():
-    """The batch budget follows the device unless given: on CUDA whatever waits joins one batch of
-    up to 65,536 padded tokens (a GPU's batch costs about the same from a few sentences to ~1,000)."""
-    from serving.limits import BATCH_TOKENS
+def test_a_gpu_server_batches_as_a_gpu_job_does(tiny_dir):
+    """The batch budget is the run's unless given (``ModelRun.batch``, sized to the device): on an
+    80 GB GPU whatever waits joins one batch of up to 131,072 padded tokens, as a job's batches."""
+    from dataclasses import replace
 
-    assert ServeLimits().batch_policy.max_tokens_per_batch == BATCH_TOKENS["cpu"] == 4096
-    assert ServeLimits().on_device("cuda:1").batch_policy.max_tokens_per_batch == BATCH_TOKENS["cuda"] == 65536
-    assert ServeLimits().on_device("cpu").as_dict()["max_batch_tokens"] == 4096
-    assert ServeLimits(max_batch_tokens=8192).on_device("cuda").max_batch_tokens == 8192  # given: kept
+    from inference.batching import gpu_budget
+    from inference.model_run import resolve_run
+
+    run = resolve_run(tiny_dir)
+    gpu = replace(run, device="cuda:1", batch=gpu_budget(80 << 30, 4096, 512, 2, "an 80 GB card"))
+    assert ServeLimits().batch_policy.max_tokens_per_batch == run.batch.tokens == 4096
+    assert ServeLimits().on_run(gpu).batch_policy.max_tokens_per_batch == 131072
+    assert ServeLimits().on_run(run).as_dict()["max_batch_tokens"] == 4096
+    assert ServeLimits(max_batch_tokens=8192).on_run(gpu).max_batch_tokens == 8192  # given: kept
     with pytest.raises(InputError, match=r"max_sentence_tokens \(5000\) must be at most max_batch_tokens \(4096\)"):
         ServeLimits(max_sentence_tokens=5000)  # above the CPU's 4096 when no budget is given
