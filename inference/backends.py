@@ -43,6 +43,8 @@ class Backend(Protocol):
     def submit(self, char_ids: np.ndarray, request: VectorRequest,
                keep: np.ndarray | None = None) -> Callable[[], np.ndarray]: ...
 
+    def warm_shapes(self, most_sentences: int) -> list[int]: ...
+
     def close(self) -> None: ...
 
     def __enter__(self) -> "Backend": ...
@@ -71,6 +73,11 @@ class BackendBase:
 
     def run(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
+
+    def warm_shapes(self, most_sentences: int) -> list[int]:
+        """Prepare every static shape batches of at most ``most_sentences`` sentences may take (a
+        server, before it says it is ready); the row counts held (none where shapes are free)."""
+        return []
 
     def run_combined(self, char_ids: np.ndarray, weights: np.ndarray,
                      dtype: np.dtype | type = np.float32) -> tuple[np.ndarray, np.ndarray]:
@@ -212,6 +219,13 @@ class TorchBackend(BackendBase):
         with self.fast.running():
             combined, mask = self.model.run_combined(ids, torch.from_numpy(weights).to(self.device))  # (B, T, 2P)
             return combined.to(Dtype.of_numpy(dtype).torch), mask
+
+    def warm_shapes(self, most_sentences: int) -> list[int]:
+        """The CUDA graphs of every row count (``RowGraphs.warm``)."""
+        if self.fast.graphs is None:
+            return []
+        with self.fast.running():
+            return self.fast.graphs.warm(most_sentences)
 
     @property
     def precision(self) -> str:

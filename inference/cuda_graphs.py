@@ -72,6 +72,18 @@ class RowGraphs:
         self.padded += plan.windows * n - plan.tokens
         return plan.unpack(combined, positions, keep)
 
+    def warm(self, most_sentences: int | None = None) -> list[int]:
+        """Capture a window of every row count a batch of at most ``most_sentences`` sentences may
+        take (``RowShape.row_counts``), so that no request waits for a capture; the carried state
+        is zeroed after. Returns the row counts held."""
+        if self.capture:
+            for rows in self.shape.row_counts(most_sentences):
+                win = self._window(RowShape(rows, self.shape.steps))
+                win.rows.reset()
+                self._run(win)
+                win.rows.reset()
+        return sorted(self.windows)
+
     def _window(self, shape: RowShape) -> _Window:
         if shape.rows not in self.windows:
             rows = RowLstm(self.lstm, shape)

@@ -52,8 +52,15 @@ class RowShape:
         def cost(rows: int) -> int:
             windows = math.ceil(max(longest, math.ceil(tokens / rows)) / self.steps)
             return windows * (rows + step_rows)
-        candidates = [self.rows >> k for k in range(self.rows.bit_length()) if self.rows >> k >= 8] or [self.rows]
-        return RowShape(min(candidates, key=lambda r: (cost(r), -r)), self.steps)
+        return RowShape(min(self.row_counts(), key=lambda r: (cost(r), -r)), self.steps)
+
+    def row_counts(self, most_sentences: int | None = None) -> list[int]:
+        """Every row count ``for_batch`` may choose (the powers of two from 8 up to ``rows``), for
+        batches of at most ``most_sentences`` sentences where given."""
+        counts = [self.rows >> k for k in range(self.rows.bit_length()) if self.rows >> k >= 8] or [self.rows]
+        if most_sentences is not None:
+            counts = [r for r in counts if r < 2 * most_sentences] or counts[-1:]
+        return counts
 
 
 class RowPlan:

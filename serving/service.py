@@ -35,7 +35,7 @@ class SentencePredictor:
 
     def __init__(self, run: ModelRun, limits: ServeLimits = ServeLimits()) -> None:
         self.embedder = Embedder(run.open(), policy=limits.batch_policy)
-        self.config = self.embedder.config
+        self.config, self.limits = self.embedder.config, limits
 
     def check(self, spec: VectorRequest) -> None:
         """InputError (a 422) for a spec this model cannot serve, before it is queued."""
@@ -44,15 +44,18 @@ class SentencePredictor:
     def __call__(self, spec: VectorRequest, sentences: list[Sequence[str]]) -> list[np.ndarray | None]:
         return self.embedder.vectors(sentences, spec)
 
-    def warm_up(self) -> None:
+    def warm_up(self) -> list[int]:
         """Each shape of work the routes ask for once, where this model computes it (a mixed
-        ONNX export computes its own mix only)."""
+        ONNX export computes its own mix only), and every static shape the batcher's batches may
+        take (the CUDA graphs of each row count: ``Backend.warm_shapes``), which it returns."""
         for spec in (VectorRequest(), VectorRequest("all"), VectorRequest(pool="mean", normalize=True)):
             try:
                 self.check(spec)
             except InputError:
                 continue  # a request the routes will refuse with a 422: nothing to warm
             self(spec, _WARM_UP)
+        most = min(self.limits.max_queue, self.limits.batch_tokens)  # sentences one batch may hold
+        return self.embedder.backend.warm_shapes(most)
 
     def close(self) -> None:
         self.embedder.close()

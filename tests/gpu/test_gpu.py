@@ -25,6 +25,7 @@ from inference.cuda_graphs import RowGraphs
 from inference.fused_lstm import FusedLstm
 from inference.embedder import Embedder
 from inference.onnx_backend import OnnxBackend
+from inference.outputs import VectorRequest
 from pipelines import embed_parquet
 from corpora.sample import write_sample_corpus
 
@@ -134,6 +135,25 @@ def test_cuda_defaults_are_the_devices(tiny_dir):
         assert len(e.embed_sentences([["a", "b"], ["c"]])) == 2
     with pytest.raises(BackendUnavailableError, match=r"sees \d+ GPU"):
         resolve_run(tiny_dir, device=f"cuda:{torch.cuda.device_count()}")
+
+
+def test_a_server_warms_every_row_count_its_batches_take(tiny_dir):
+    """After the warm-up, no batch the server forms captures a graph: every row count is held."""
+    from inference.model_run import resolve_run
+    from serving.limits import ServeLimits
+    from serving.service import SentencePredictor
+
+    _need_cuda()
+    predictor = SentencePredictor(resolve_run(tiny_dir, device="cuda"), ServeLimits())
+    try:
+        assert predictor.warm_up() == [8, 16, 32, 64, 128, 256, 512, 1024]
+        graphs = predictor.embedder.backend.fast.graphs
+        captured = graphs.captures
+        for n in (1, 9, 300, 1000):
+            predictor(VectorRequest(), [["a", "b", "c"]] * n)
+        assert graphs.captures == captured
+    finally:
+        predictor.close()
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16", "fp16"])

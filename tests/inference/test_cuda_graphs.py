@@ -96,6 +96,17 @@ def test_a_batch_of_few_long_sentences_takes_fewer_rows():
     assert RowShape(4, 3).for_batch([7, 2]) == RowShape(4, 3)  # fewer than 8 rows: as given
 
 
+def test_the_row_counts_a_batch_may_take_are_every_choice_of_for_batch():
+    """What a server warms (``RowGraphs.warm``): every row count ``for_batch`` may choose, and
+    none that batches of its sentences cannot reach."""
+    shape = RowShape()
+    assert shape.row_counts() == [1024, 512, 256, 128, 64, 32, 16, 8]
+    assert shape.row_counts(most_sentences=100) == [128, 64, 32, 16, 8]
+    assert shape.row_counts(most_sentences=1) == [8]
+    chosen = {shape.for_batch([n] * k).rows for n in (1, 5, 30, 200) for k in (1, 7, 100, 1000, 5000)}
+    assert chosen <= set(shape.row_counts()) and len(chosen) > 3
+
+
 def test_cuda_graphs_need_a_cuda_device(tmp_path):
     with pytest.raises(InputError, match="cuda_graphs needs a CUDA device"):
         TorchBackend.from_files(make_model_dir(tmp_path / "m", tiny_options()), cuda_graphs=True)

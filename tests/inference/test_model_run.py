@@ -25,18 +25,39 @@ def test_a_model_directory_resolves_to_torch_fp32_on_this_process_cpus(tiny_dir)
     assert (run.model, run.backend, run.device, run.precision) == (str(tiny_dir.resolve()), "torch", "cpu", "fp32")
     assert run.precision_reason == "the default" and run.threads == process_cpu_budget() and run.source is None
     assert run.describe() == (f"{tiny_dir.resolve()} (torch on cpu, fp32: the default; {process_cpu_budget()}; "
-                              f"packed layout: small matrices: eager steps (nothing to measure))")
+                              f"packed layout: small matrices: eager steps (nothing to measure); {run.batch})")
     record = json.loads(json.dumps(run.to_dict()))  # what --json and the manifest record
     assert record["threads"] == run.threads.count and record["threads_reason"] == run.threads.reason
+    assert record["batch"] == {"tokens": 4096, "window_tokens": 16384, "window_rows": 1024,
+                               "reason": run.batch.reason} and str(run.batch).startswith("batches of 4,096 tokens: ")
     assert "config" not in record and record["warning"] is None
     assert resolve_run(tiny_dir, precision="fp32").precision_reason == "asked for"
     assert resolve_run(tiny_dir, threads=3).threads.count == 3
 
 
+def test_a_gpu_runs_batches_sized_to_its_memory():
+    """131,072 tokens on an 80 GB card for the full-size model (a quarter of its memory for the
+    activations); within the bounds whatever the card; sort windows of 8 batches."""
+    from inference.batching import gpu_budget
+
+    full = {"lstm_dim": 4096, "projection_dim": 512, "n_layers": 2}
+    sizes = {gb: gpu_budget(gb << 30, **full, name="a card").tokens for gb in (8, 24, 40, 80, 141, 1024)}
+    assert sizes == {8: 8192, 24: 32768, 40: 65536, 80: 131072, 141: 131072, 1024: 262144}
+    h100 = gpu_budget(80 << 30, **full, name="NVIDIA H100")
+    assert (h100.window_tokens, h100.window_rows) == (8 * 131072, 65536) and "NVIDIA H100's 80 GiB" in h100.reason
+    assert gpu_budget(1 << 20, **full, name="a tiny card").tokens == 4096  # the floor
+
+
 def test_a_job_leaves_its_readers_a_cpu_and_replicas_take_one_each(tiny_dir):
+    from inference.batching import gpu_budget
+
     assert resolve_run(tiny_dir, job=True).threads == default_threads(resolve_run(tiny_dir).config, "cpu")
     remote = resolve_run(tiny_dir, remote=True, device="cuda")  # a replica's GPU is checked where it runs
     assert remote.threads.count == 1 and "one per replica" in remote.threads.reason and remote.device == "cuda"
+    assert remote.precision == "bf16" and remote.precision_reason.startswith("the default on CUDA, ")
+    ls = remote.config.lstm
+    assert remote.batch.tokens == gpu_budget(40 << 30, ls.dim, ls.projection_dim, ls.n_layers, "").tokens
+    assert "a replica's GPU, not visible here" in remote.batch.reason
     share = remote.on_replica(4, "its share")
     assert share.threads.count == 4 and share.model == remote.model and remote.threads.count == 1
 

@@ -208,3 +208,17 @@ def test_a_gpu_server_batches_as_a_gpu_job_does(tiny_dir):
     assert ServeLimits(max_batch_tokens=8192).on_run(gpu).max_batch_tokens == 8192  # given: kept
     with pytest.raises(InputError, match=r"max_sentence_tokens \(5000\) must be at most max_batch_tokens \(4096\)"):
         ServeLimits(max_sentence_tokens=5000)  # above the CPU's 4096 when no budget is given
+
+
+def test_a_cpu_server_has_no_static_shapes_to_warm(tiny_dir):
+    """The warm-up runs every route's work; the shapes it holds are the CUDA graphs' row counts,
+    none on a CPU (tests/gpu holds a GPU server's: every count its batches may take)."""
+    from inference.model_run import resolve_run
+    from serving.service import SentencePredictor
+
+    predictor = SentencePredictor(resolve_run(tiny_dir), ServeLimits())
+    try:
+        assert predictor.warm_up() == []
+        assert predictor.embedder.policy.max_tokens_per_batch == 4096
+    finally:
+        predictor.close()
