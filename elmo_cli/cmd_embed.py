@@ -31,7 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("output_dir", help="output directory (new or empty; or this job's, with --resume), local or "
                                       "s3://bucket/prefix; with --format hdf5 the (local) file to write")
     p.add_argument("--format", choices=OUTPUT_FORMATS, default=OUTPUT_FORMATS[0],
-                   help="hdf5: the file `allennlp elmo` writes (one dataset per sentence, sentence_to_index)")
+                   help="parquet: shards of Parquet; arrow: shards of Arrow IPC (Feather v2, memory-mappable, the "
+                        "fastest to write); hdf5: the file `allennlp elmo` writes (one dataset per sentence, "
+                        "sentence_to_index)")
     p.add_argument("--use-sentence-keys", action="store_true",
                    help="--format hdf5: key each dataset by its sentence instead of its index")
     add_flag(p, "model", required=True, help="model directory (options.json + weights), or an export dir; local or "
@@ -48,8 +50,9 @@ def run_embed(args: argparse.Namespace) -> int:
     if args.format != "hdf5" and (args.output_dir.endswith((".hdf5", ".h5")) or is_text_input(args.input)):
         raise InputError(f"{args.input} -> {args.output_dir}: a text INPUT or an .hdf5 output is --format hdf5 "
                          f"(allennlp elmo's layout); add --format hdf5")
-    opts = EmbedOptions.coerce(field_values(EmbedOptions, args), precision=args.precision,
-                               layout=args.layout)  # errors before an export
+    shards = {"format": args.format} if args.format != "hdf5" else {}
+    opts = EmbedOptions.coerce(field_values(EmbedOptions, args), precision=args.precision, layout=args.layout,
+                               **shards)  # errors before an export
     run = warned(opts.resolve_run(args.model, exporter(args)))  # backend, precision (auto; on-demand export), threads
     options = asdict(opts)  # the job records them with what the run settled (EmbedOptions.with_run)
     if args.format == "hdf5":

@@ -22,7 +22,8 @@ EXPORT_PRECISIONS = tuple(p for p in Precision.EXPORT_ORDER if Precision.of(p).e
 # those an export can be validated in on a CPU: `elmo engine`, and the exports `--backend onnx
 # --precision` builds on demand (export.cache)
 VALIDATED_EXPORT_PRECISIONS = tuple(p for p in EXPORT_PRECISIONS if Precision.of(p).cpu_validated)
-OUTPUT_FORMATS = ("parquet", "hdf5")  # what elmo embed writes
+OUTPUT_FORMATS = ("parquet", "arrow", "hdf5")  # what elmo embed writes (pipelines.shard_files: the first two)
+VECTOR_LAYOUTS = ("floats", "binary")  # a token's vector in a shard (pipelines.schema)
 ENGINES = ("local", "ray", "spark")  # where elmo embed's batches run
 # how the torch backend runs the recurrence (inference.layout): measured per CPU, or packed / fused / rows
 LAYOUTS = ("auto", "packed", "fused", "rows")

@@ -34,6 +34,7 @@ from .shard_loop import embed_shards
 from .stages import StageClock
 from .progress import ProgressBar, note
 from .schema import output_schema
+from .shard_files import FORMATS
 from .sink import COMMITS_DIR, COUNTS, JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, Output, check_claim, \
     claim_output_dir, clean_strays, commit_name, discard_shard, mark_stopped, remove_temporaries, verify_shard
 from .source import InputFile, Shard, passthrough_schema, scan_inputs, shards_of
@@ -82,7 +83,7 @@ def plan_job(input: str | Path, output: str | Path, model: ModelRun | str | Path
     if opts.engine != "local":
         predictor.close()  # Ray's and Spark's workers load their own
         predictor = None
-    schema = output_schema(passthrough, config.output_dim, config.n_output_layers, opts.request)
+    schema = output_schema(passthrough, config.output_dim, config.n_output_layers, opts.request, opts.vector_layout)
     identity = {"inputs": [f.identity() for f in files], "model": run.pin, "options": opts.identity()}
     try:
         if out.exists():  # refused before the lock is taken: a refused job leaves nothing behind
@@ -103,7 +104,7 @@ def _check_apart(input: str | Path, out: Output, files: list[InputFile]) -> None
     if inside:
         raise OutputDirError(f"{inside[0]}: an input file inside OUTPUT_DIR {out}; the job would write beside "
                              f"(or over) what it reads: choose an OUTPUT_DIR outside INPUT")
-    if would_read(input, out.where("part-00000-00000.parquet")):
+    if any(would_read(input, out.where(f"part-00000-00000{f.suffix}")) for f in FORMATS.values()):
         raise OutputDirError(f"OUTPUT_DIR {out} is inside INPUT {input}: the next run (--resume) would read its "
                              f"shards as input; choose an OUTPUT_DIR outside INPUT (or one whose name starts with "
                              f"'_' or '.', which INPUT skips)")
@@ -128,7 +129,7 @@ def _check_input_contents(job: Job) -> None:
 
 def pending_shards(job: Job) -> list[Shard]:
     """Verify the finished shards (kept in ``job.kept``), delete the rest; return what is left to do."""
-    shards = shards_of(job.files, job.opts.rows_per_shard)
+    shards = shards_of(job.files, job.opts.rows_per_shard, job.opts.shard_format.suffix)
     clean_strays(job.out, {s.name for s in shards}.__contains__)
     pending, present, commits = [], job.out.entries(), set(job.out.commit_names(COMMITS_DIR))
     for s in shards:
@@ -154,7 +155,7 @@ def _final_check(job: Job, records: list[dict]) -> None:
     together they hold every input row once (each was checksummed when committed or kept)."""
     for f in job.files:
         f.check_unchanged()
-    expected = {s.name: s for s in shards_of(job.files, job.opts.rows_per_shard)}
+    expected = {s.name: s for s in shards_of(job.files, job.opts.rows_per_shard, job.opts.shard_format.suffix)}
     by_name = {r["file"]: r for r in records}
     for name, s in expected.items():
         r = by_name.get(name)
@@ -223,6 +224,7 @@ def _run(job: Job, lock: Any) -> dict:
     lock.check()
     job.out.write_json(MANIFEST_FILE, result)
     job.out.write_json(SUCCESS_FILE, {"job_digest": job.digest})
+    lock.finished()  # a finished output keeps no lock file
     return result
 
 

@@ -2,10 +2,12 @@
 on ``.OUT.hdf5.lock`` beside a single output file (``--format hdf5``).
 
 The kernel releases the lock when its holder exits, however it exits (kill -9 included), so a
-lock is never stale. The file is never deleted (deleting it would let a second job lock a new
-file while the first still holds the old one); it holds the holder's pid, host and command line,
-which a refused job quotes. Its name starts with '.', so Parquet readers and the "is OUTPUT_DIR
-empty" check skip it.
+lock is never stale. It holds the holder's pid, host and command line, which a refused job quotes.
+Its name starts with '.', so Parquet readers and the "is OUTPUT_DIR empty" check skip it. A job
+that finished deletes it while it still holds it (``finished``), so a finished output holds no
+lock file; a job that locked the file just before it was deleted finds, once it holds the lock,
+that the name no longer leads to the file it locked, and locks the name's file anew (``__enter__``),
+so two jobs never hold two files of one name.
 """
 from __future__ import annotations
 
@@ -44,16 +46,20 @@ class OutputLock:
         return cls(out.with_name(f".{out.name}.lock"), out)
 
     def __enter__(self) -> "OutputLock":
-        fd = self._open()
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise self._in_use(holder) from None
-        except BaseException:
-            os.close(fd)
-            raise
+        while True:
+            fd = self._open()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_holder(fd)
+                os.close(fd)
+                raise self._in_use(holder) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            if self._still_named(fd):
+                break
+            os.close(fd)  # its holder finished and deleted it meanwhile: lock the name's file anew
         self.fd = fd
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(holder_record()) + "\n").encode(), 0)
@@ -98,6 +104,20 @@ class OutputLock:
             raise OutputDirError(f"{self.path}: {what} where the lock file should be; elmo does not write into it "
                                  f"(it would overwrite another file): remove it, then {self.then}")
         return fd
+
+    def _still_named(self, fd: int) -> bool:
+        """Whether the lock file's name still leads to the file ``fd`` holds."""
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(fd)
+        return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+
+    def finished(self) -> None:
+        """The job is done: delete the lock file while it is held (the module doc says why that is safe)."""
+        if self.fd is not None and self._still_named(self.fd):
+            os.unlink(self.path)
 
     def check(self) -> None:
         """Held until released: the kernel keeps it (see pipelines.store_lock for a lock that can be lost)."""

@@ -15,15 +15,16 @@ from typing import Any, Mapping
 
 from elmo_core.bounds import MAX_COUNT, check_count, check_gpus
 from elmo_core.errors import ElmoError, InputError, SettingError
-from elmo_core.names import DTYPES, ENGINES, OUTPUT_NAMES, POOLS
+from elmo_core.names import DTYPES, ENGINES, OUTPUT_NAMES, POOLS, VECTOR_LAYOUTS
 from inference.batching import BatchPolicy
 from inference.outputs import VectorRequest
 from elmo_core.kinds import Precision
 from inference.model_run import Exporter, ModelRun, resolve_run
 from inference.registry import BACKEND_NAMES
-from runtime import check_threads
+from runtime import check_threads, process_cpu_budget
 
 from .schema import COMPRESSIONS
+from .shard_files import FORMATS, ShardFormat
 
 # Spark's master URLs: local, local[N], local[*], local[N,F], local-cluster[N,C,M], yarn, and any
 # scheme://... (spark://HOST:PORT, k8s://..., a cluster manager plugin's)
@@ -100,8 +101,9 @@ class EmbedOptions:
                                           "running", runtime_only=True)
     workers: int = _opt(1, "--engine ray: copies of the model, each an actor taking shards", "running",
                         meaning="replicas", runtime_only=True)
-    writer_threads: int = _opt(1, "shards encoded to Parquet at once (per replica); see docs/pipelines.md",
-                               "running", runtime_only=True)
+    writer_threads: int | None = _opt(None, "shards encoded at once (per replica; default: 1 on a CPU, where the "
+                                      "model takes the cores; on a GPU the host's cores less two, at most 8); see "
+                                      "docs/pipelines.md", "running", runtime_only=True)
     threads: int | None = _opt(None, "the model's threads (default: every core for a model whose compute dominates "
                                "the job, all but one for a small model; see docs/pipelines.md)", "running",
                                meaning="threads", runtime_only=True)
@@ -120,8 +122,14 @@ class EmbedOptions:
     weights: str | None = _opt(None, meaning="weights", runtime_only=True)
     verify_inputs: bool = _opt(False, "hash every input file's bytes into the job (an edit that keeps size and "
                                "mtime is seen)", "running", runtime_only=True)
-    compression: str = _opt("snappy", "of the output shards (measured: all about as fast; zstd 8%% smaller in "
-                            "float16)", "vectors", choices=COMPRESSIONS, runtime_only=True)
+    compression: str | None = _opt(None, "of the output shards (default: snappy for Parquet, none for Arrow; "
+                                   "measured: snappy, lz4 and none about as fast, zstd 8%% smaller in float16 and "
+                                   "slower)", "vectors", choices=COMPRESSIONS, runtime_only=True)
+    format: str = _opt("parquet", cli=False, choices=tuple(FORMATS))  # the flag: elmo_cli.cmd_embed (hdf5 too)
+    vector_layout: str = _opt("floats", "each token's vector in the shards: floats (a list of floats, as SQL reads "
+                              "them) or binary (its bytes, no per-float levels: Parquet writes it ~6x faster; "
+                              "read with pipelines.schema.vector_array)", "vectors", choices=VECTOR_LAYOUTS,
+                              parquet_only=True)
     token_embeddings: str | None = _opt(None, None, "running", meaning="token_embeddings", runtime_only=True)
     token_vocab: str | None = _opt(None, None, "running", meaning="token_vocab", runtime_only=True)
     precision: str | None = _opt(None, cli=False)  # the flag: elmo_cli.run_args; None: the backend's (resolve_run)
@@ -135,10 +143,14 @@ class EmbedOptions:
         object.__setattr__(self, "output", request.output)  # TF-Hub's names (word_emb, default, ...): ours
         object.__setattr__(self, "pool", request.pool)
         _check_choice("engine", self.engine, ENGINES)
-        _check_choice("compression", self.compression, COMPRESSIONS)
-        for name in ("rows_per_shard", "workers", "writer_threads", "prefetch"):
+        _check_choice("format", self.format, tuple(FORMATS))
+        _check_choice("vector_layout", self.vector_layout, VECTOR_LAYOUTS)
+        if self.compression is not None and self.compression not in self.shard_format.compressions:
+            raise SettingError(f"`compression` {self.compression!r}: {self.format} shards are compressed with "
+                               f"{', '.join(self.shard_format.compressions)}")
+        for name in ("rows_per_shard", "workers", "prefetch"):
             check_count(name, getattr(self, name))
-        for name in ("max_tokens_per_batch", "sort_window_rows", "sort_window_tokens"):
+        for name in ("max_tokens_per_batch", "sort_window_rows", "sort_window_tokens", "writer_threads"):
             check_count(name, getattr(self, name), optional="the run's")
         check_threads(self.threads)
         _check_columns(self)
@@ -177,13 +189,23 @@ class EmbedOptions:
                        precision_reason=run.precision_reason, weights=None if run.source else self.weights,
                        max_tokens_per_batch=self.max_tokens_per_batch or run.batch.tokens,
                        sort_window_rows=self.sort_window_rows or run.batch.window_rows,
-                       sort_window_tokens=self.sort_window_tokens or run.batch.window_tokens)
+                       sort_window_tokens=self.sort_window_tokens or run.batch.window_tokens,
+                       writer_threads=self.writer_threads or default_writers(run.device))
 
     @functools.cached_property
     def request(self) -> VectorRequest:
         """What each row's vectors become (``inference.outputs``; the engine's terms), made and
         checked once."""
         return VectorRequest(self.output, self.mix, self.gamma, False, self.pool, self.normalize, self.dtype)
+
+    @property
+    def shard_format(self) -> ShardFormat:
+        return FORMATS[self.format]
+
+    @property
+    def shard_compression(self) -> str:
+        """The shards' compression: the one asked for, else the format's default."""
+        return self.compression or self.shard_format.compressions[0]
 
     @property
     def policy(self) -> BatchPolicy:
@@ -236,13 +258,24 @@ class EmbedOptions:
         return output_options(self.to_dict())
 
 
+def default_writers(device: str) -> int:
+    """A job's writer threads where none are asked: one on a CPU (its cores run the model); on a GPU,
+    whose vectors come faster than one core encodes them, the process's CPUs less the model's thread
+    and the reader's, at most 8."""
+    if not device.startswith("cuda"):
+        return 1
+    return max(1, min(8, process_cpu_budget().count - 2))
+
+
 def output_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """The options of a job (its ``to_dict``, or the identity a job recorded) that change the output:
     not the runtime-only ones (a record of a job that counted one of them, e.g. the engine, means the
     same job). fp32, the precision of every job written before the option existed, is left out so that
-    those jobs keep their identity; so is normalize's default (False)."""
+    those jobs keep their identity; so are the defaults of normalize (False), format (parquet) and
+    vector_layout (floats)."""
     return {k: v for k, v in options.items()
-            if k not in RUNTIME_ONLY and not (k == "precision" and v == "fp32") and not (k == "normalize" and not v)}
+            if k not in RUNTIME_ONLY and not (k == "precision" and v == "fp32") and not (k == "normalize" and not v)
+            and not (k == "format" and v == "parquet") and not (k == "vector_layout" and v == "floats")}
 
 
 def _check_columns(opts: EmbedOptions) -> None:

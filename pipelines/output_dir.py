@@ -31,15 +31,15 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from elmo_core.atomic import TMP_GLOB, fsync, json_text, parse_json_object, read_json_object, write_json_atomic
 from elmo_core.errors import InputError
-from elmo_core.storage import dataset_source, file_sha256, is_uri, normalize_uri, open_input, redacted, s3_client, \
+from elmo_core.storage import file_sha256, is_uri, normalize_uri, open_input, redacted, s3_client, \
     s3_location
 
 from .lock import OutputLock
 from .options import OutputDirError, ShardPublishedError
+from .shard_files import shard_format
 
 
 def open_output(spec: str | Path) -> "LocalDir | StoreDir":
@@ -70,8 +70,9 @@ class _Readable:
         return open_input(self.where(name))
 
     def read_table(self, name: str, columns: list[str]) -> pa.Table:
-        path, fs = dataset_source(self.where(name))
-        return pq.read_table(path, columns=columns, filesystem=fs)
+        """Shard ``name``'s ``columns`` (its format read from its name: ``shard_files``)."""
+        with self.open_read(name) as f:
+            return shard_format(name).read_table(f, columns)
 
 
 class LocalDir(_Readable):

@@ -23,7 +23,7 @@ from inference.model_run import ModelRun
 
 from .options import EmbedOptions, NonFiniteError
 from .rows import row_tokens
-from .schema import ELMO_COLUMN, elmo_type
+from .schema import elmo_field
 from .stages import StageClock
 
 
@@ -79,7 +79,8 @@ class ElmoPredictor:
             raise InputError(f"--mix: the model has {self.config.n_output_layers} output layers, "
                              f"got {len(self.options.mix)} weights")
         self.dim, self.n_layers = self.config.output_dim, self.config.n_output_layers
-        self.type = elmo_type(self.dim, self.n_layers, self.options.request)
+        self.field = elmo_field(self.dim, self.n_layers, self.options.request, self.options.vector_layout)
+        self.type = self.field.type
         self.request = self.options.request
         self.backend.check_request(self.request)  # before any row is read
 
@@ -114,7 +115,7 @@ class ElmoPredictor:
             lengths = prepared.plan.lengths
             self._check_finite(vectors, lengths)
             column = self._pooled(vectors, lengths) if self.request.pool else self._column(vectors, lengths)
-            return prepared.passthrough.append_column(pa.field(ELMO_COLUMN, self.type), column)
+            return prepared.passthrough.append_column(self.field, column)
 
     def _check_finite(self, vectors: np.ndarray, lengths: np.ndarray) -> None:
         """NonFiniteError naming the first row whose vectors hold inf or NaN (a pooled row without
@@ -134,19 +135,24 @@ class ElmoPredictor:
     def _pooled(self, rows: np.ndarray, lengths: np.ndarray) -> pa.Array:
         """Shape: rows (R, [L+1,] D) in the output dtype (NaN where no token), lengths (R,) (-1: null)
         -> R vectors, null where no token."""
-        values = np.ascontiguousarray(rows)
-        value_type = Dtype.of_numpy(values.dtype).arrow
-        inner: pa.Array = pa.Array.from_buffers(value_type, values.size, [None, pa.py_buffer(values)])
-        if self.request.mode.layer_axis:  # (R, L+1, D): the layers' vectors, then the rows' lists of layers
-            inner = pa.FixedSizeListArray.from_arrays(inner, self.dim)
-        return pa.FixedSizeListArray.from_arrays(inner, type=self.type, mask=pa.array(lengths <= 0))
+        return self._items(np.ascontiguousarray(rows), mask=lengths <= 0)
 
     def _column(self, out: np.ndarray, lengths: np.ndarray) -> pa.Array:
         """Shape: out (N, [L+1,] D) in the output dtype, lengths (R,) (-1: null) -> R list values."""
-        value_type = Dtype.of_numpy(out.dtype).arrow
-        values = pa.Array.from_buffers(value_type, out.size, [None, pa.py_buffer(out)])  # no copy
-        item: pa.Array = pa.FixedSizeListArray.from_arrays(values, self.dim)
-        if self.request.mode.layer_axis:
-            item = pa.FixedSizeListArray.from_arrays(item, self.n_layers)
         offsets = np.concatenate([[0], np.cumsum(np.maximum(lengths, 0))]).astype(np.int32)  # (R+1,)
-        return pa.ListArray.from_arrays(pa.array(offsets), item, type=self.type, mask=pa.array(lengths < 0))
+        return pa.ListArray.from_arrays(pa.array(offsets), self._items(out), type=self.type, mask=pa.array(lengths < 0))
+
+    def _items(self, values: np.ndarray, mask: np.ndarray | None = None) -> pa.Array:
+        """One item per leading row of ``values`` (N, [L+1,] D), on its memory (no copy): a binary
+        layout's bytes, or the floats nested per ``schema.vector_item``."""
+        item_type = self.type if self.request.pool else self.type.value_type
+        validity = None if mask is None else pa.array(~mask).buffers()[1]
+        nulls = -1 if mask is not None else 0
+        if pa.types.is_fixed_size_binary(item_type):
+            return pa.Array.from_buffers(item_type, len(values), [validity, pa.py_buffer(values)], null_count=nulls)
+        flat = pa.Array.from_buffers(Dtype.of_numpy(values.dtype).arrow, values.size, [None, pa.py_buffer(values)])
+        inner: pa.Array = pa.FixedSizeListArray.from_arrays(flat, self.dim)
+        if self.request.mode.layer_axis:  # (N, L+1, D): the layers' vectors, then each item's list of layers
+            inner = pa.FixedSizeListArray.from_arrays(inner, self.n_layers)
+        return inner if mask is None else pa.FixedSizeListArray.from_arrays(inner.flatten(), type=item_type,
+                                                                            mask=pa.array(mask))

@@ -12,25 +12,75 @@ all), pooled over the row's tokens; null for a null or empty text.
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from inference.outputs import VectorRequest
 
 ELMO_COLUMN = "elmo"
+VECTOR_DTYPE, VECTOR_SHAPE = b"elmo.dtype", b"elmo.shape"  # a binary layout's field metadata
 COMPRESSIONS = ("snappy", "none", "lz4", "zstd")  # of the output shards; measured in docs/pipelines.md
 
 
-def elmo_type(dim: int, n_layers: int, request: VectorRequest) -> pa.DataType:
-    """Shape: the Arrow type of the ``elmo`` column, derived from the request (see the module doc)."""
-    item = request.mode.arrow(dim, n_layers, request.vector_dtype)
+def elmo_type(dim: int, n_layers: int, request: VectorRequest, layout: str = "floats") -> pa.DataType:
+    """Shape: the Arrow type of the ``elmo`` column, derived from the request (see the module doc);
+    ``layout`` binary: each vector's bytes (``vector_item``)."""
+    item = vector_item(dim, n_layers, request, layout)
     return item if request.pool else pa.list_(item)
 
 
-def output_schema(passthrough: pa.Schema, dim: int, n_layers: int, request: VectorRequest) -> pa.Schema:
+def vector_item(dim: int, n_layers: int, request: VectorRequest, layout: str = "floats") -> pa.DataType:
+    """One token's (or pooled row's) vectors: ``fixed_size_list<float, D>`` (nested L+1 times for
+    output all), or with ``layout`` binary ``fixed_size_binary(D x [L+1] x itemsize)``."""
+    if layout == "floats":
+        return request.mode.arrow(dim, n_layers, request.vector_dtype)
+    shape = request.mode.shape(n_layers, dim)
+    return pa.binary(int(np.prod(shape)) * request.vector_dtype.itemsize)
+
+
+def elmo_field(dim: int, n_layers: int, request: VectorRequest, layout: str = "floats") -> pa.Field:
+    """The ``elmo`` column; a binary layout's dtype and shape in its metadata (``vector_array``)."""
+    meta = {VECTOR_DTYPE: request.vector_dtype.name,
+            VECTOR_SHAPE: json.dumps(list(request.mode.shape(n_layers, dim)))} if layout == "binary" else None
+    return pa.field(ELMO_COLUMN, elmo_type(dim, n_layers, request, layout), metadata=meta)
+
+
+def output_schema(passthrough: pa.Schema, dim: int, n_layers: int, request: VectorRequest,
+                  layout: str = "floats") -> pa.Schema:
     """The passed-through columns (id, kept columns, in order) followed by ``elmo``."""
-    return passthrough.append(pa.field(ELMO_COLUMN, elmo_type(dim, n_layers, request)))
+    return passthrough.append(elmo_field(dim, n_layers, request, layout))
+
+
+def vector_array(column: pa.Array | pa.ChunkedArray, field: pa.Field | None = None) -> np.ndarray:
+    """The vectors of an ``elmo`` column as one numpy array, every token's (or pooled row's) in
+    order, nulls and empty rows holding none: (N, D) or (N, L+1, D). Without a copy where the
+    column is one chunk without nulls among its vectors: the binary layout's bytes viewed in the
+    dtype its ``field``'s metadata names (``elmo.dtype``, ``elmo.shape``), the float layout's values.
+    ``torch.from_numpy`` of it is a tensor on the same memory."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    parts = [_chunk_vectors(c, field) for c in chunks]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _chunk_vectors(column: pa.Array, field: pa.Field | None) -> np.ndarray:
+    items = column.flatten() if pa.types.is_list(column.type) else column.drop_null()  # tokens, or pooled rows
+    if pa.types.is_fixed_size_binary(items.type):
+        meta = (field.metadata if field is not None else None) or {}
+        if VECTOR_DTYPE not in meta:
+            raise ValueError("a binary vector column needs its field (pipelines.schema.elmo_field) for its dtype and "
+                             "shape: pass table.schema.field('elmo')")
+        shape = tuple(json.loads(meta[VECTOR_SHAPE]))
+        start = items.offset * items.type.byte_width
+        raw = np.frombuffer(items.buffers()[1], dtype=np.uint8)[start:start + len(items) * items.type.byte_width]
+        return raw.view(meta[VECTOR_DTYPE].decode()).reshape(len(items), *shape)
+    shape = []
+    while pa.types.is_fixed_size_list(items.type):
+        shape.append(items.type.list_size)
+        items = items.flatten()
+    return items.to_numpy(zero_copy_only=False).reshape(-1, *shape)
 
 
 def parquet_options(schema: pa.Schema, compression: str = COMPRESSIONS[0]) -> dict[str, Any]:

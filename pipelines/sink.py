@@ -31,18 +31,17 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from elmo_core.errors import InputError
 from inference.batching import window_counts
 
 from .options import EmbedOptions, OutputDirError, ShardPublishedError, output_options
 from .output_dir import LocalDir, StoreDir
-from .schema import conform, parquet_options
+from .schema import conform
+from .shard_files import FORMATS, shard_format
 from .source import Shard
 
 JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, COMMITS_DIR = "_job.json", "_manifest.json", "_SUCCESS", "_shards"
-SHARD_KEY = b"elmo.shard"
 NO_RECORD = "no readable commit record"
 COUNTS = ("rows", "tokens", "windows", "windowed_rows", "null_rows", "empty_rows", "invalid_utf8")
 
@@ -51,7 +50,7 @@ Output = LocalDir | StoreDir
 
 
 def commit_name(shard_name: str) -> str:
-    return f"{COMMITS_DIR}/{shard_name.removesuffix('.parquet')}.json"
+    return f"{COMMITS_DIR}/{shard_name.removesuffix(shard_format(shard_name).suffix)}.json"
 
 
 class ShardWriter:
@@ -64,24 +63,28 @@ class ShardWriter:
         self.model_sha256 = model_sha256
         self.counts = dict.fromkeys(COUNTS, 0)
         self.sink = out.shard_sink(shard.name)
-        self.writer = pq.ParquetWriter(self.sink.file, schema, **parquet_options(schema, opts.compression))
+        self.writer = opts.shard_format.writer(self.sink.file, schema, opts.shard_compression, self.identity())
 
     def write(self, table: pa.Table, lengths: np.ndarray, invalid_utf8: int = 0) -> None:
         """Shape: R rows of the shard, in input order, with the job's output columns; lengths (R,)
         each row's tokens (-1: null text)."""
         table = conform(table, self.schema)
-        self.writer.write_table(table, row_group_size=max(1, table.num_rows))
+        self.writer.write(table)
         windows, windowed = window_counts(lengths, self.opts.max_sentence_length, self.opts.context)
         for key, n in (("rows", table.num_rows), ("tokens", int(np.maximum(lengths, 0).sum())), ("windows", windows),
                        ("windowed_rows", windowed), ("null_rows", int((lengths < 0).sum())),
                        ("empty_rows", int((lengths == 0).sum())), ("invalid_utf8", invalid_utf8)):
             self.counts[key] += n
 
-    def footer_record(self) -> dict:
+    def identity(self) -> dict:
+        """What the shard is, known before its rows: the job, the input rows it holds, its model."""
         s = self.shard
         model = {"model_sha256": self.model_sha256} if self.model_sha256 else {}
         return {"job": self.job_digest, "file": s.name, "input_file": s.file.index, "input_path": str(s.file.path),
-                "row_start": s.start, **model, **self.counts}
+                "row_start": s.start, "rows": s.rows, **model}
+
+    def footer_record(self) -> dict:
+        return {**self.identity(), **self.counts}
 
     def commit(self) -> dict:
         if self.counts["rows"] != self.shard.rows:
@@ -93,8 +96,7 @@ class ShardWriter:
             self.abort()
             raise
         record = self.footer_record()
-        self.writer.add_key_value_metadata({SHARD_KEY: json.dumps(record, sort_keys=True)})
-        self.writer.close()
+        self.writer.close(record)
         try:
             record.update(self.sink.finish(), writer=f"{socket.gethostname()}:{os.getpid()}")
         except ShardPublishedError:
@@ -113,18 +115,14 @@ class ShardWriter:
 
 
 def footer_record(out: Output, name: str) -> dict | None:
-    """The ``elmo.shard`` record of a shard's footer (plus its row count), or None if unreadable."""
+    """The ``elmo.shard`` record a shard file carries (plus the rows it holds), or None if unreadable
+    (``shard_files``)."""
     try:
         with out.open_read(name) as f:
-            meta = pq.read_metadata(f)
+            record, rows = shard_format(name).footer(f)
     except (pa.ArrowInvalid, pa.ArrowException, OSError, InputError):
         return None
-    raw = (meta.metadata or {}).get(SHARD_KEY)
-    try:
-        record = json.loads(raw) if raw is not None else None
-    except ValueError:
-        return None
-    return {**record, "footer_rows": meta.num_rows} if isinstance(record, dict) else None
+    return {**record, "footer_rows": rows} if record is not None else None
 
 
 def adopt_published(out: Output, shard: Shard, job_digest: str, model_sha256: str | None = None) -> dict:
@@ -277,7 +275,7 @@ def mark_stopped(out: Output, error: Exception) -> None:
 def drop_shards(out: Output) -> None:
     """Delete every shard and commit record (a stopped run's, whose inputs changed); refuse other files."""
     for name in sorted(n for n in out.entries() if not n.startswith(("_", "."))):
-        if not (name.startswith("part-") and name.endswith(".parquet")):
+        if not (name.startswith("part-") and name.endswith(tuple(f.suffix for f in FORMATS.values()))):
             raise OutputDirError(f"{out}: {name} is not a shard of elmo embed; move it away and rerun")
         out.delete(name)
     for name in out.commit_names(COMMITS_DIR):

@@ -65,10 +65,11 @@ class Shard:
     chunk: int
     start: int  # first row in the file
     rows: int
+    suffix: str = ".parquet"  # its file format's (pipelines.shard_files)
 
     @property
     def name(self) -> str:
-        return f"part-{self.file.index:05d}-{self.chunk:05d}.parquet"
+        return f"part-{self.file.index:05d}-{self.chunk:05d}{self.suffix}"
 
 
 def _open(path: Path | str) -> pq.ParquetFile:
@@ -131,13 +132,13 @@ def passthrough_schema(files: list[InputFile], opts: EmbedOptions) -> pa.Schema:
     return pa.schema(fields)
 
 
-def shards_of(files: list[InputFile], rows_per_shard: int) -> list[Shard]:
+def shards_of(files: list[InputFile], rows_per_shard: int, suffix: str = ".parquet") -> list[Shard]:
     shards = []
     for f in files:
         n_chunks = max(1, -(-f.rows // rows_per_shard))  # an empty file still gets one (empty) shard
         for k in range(n_chunks):
             start = k * rows_per_shard
-            shards.append(Shard(f, k, start, max(0, min(rows_per_shard, f.rows - start))))
+            shards.append(Shard(f, k, start, max(0, min(rows_per_shard, f.rows - start)), suffix))
     return shards
 
 

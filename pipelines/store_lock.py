@@ -117,6 +117,10 @@ class StoreLock:
                 return
             self.etag = etag
 
+    def finished(self) -> None:
+        """The job is done: the lock object stays, marked released as the job exits (a store's
+        readers list only the prefix's shards)."""
+
     def check(self) -> None:
         """Raise if another job took the lock after this one's lease ran out."""
         if self.lost:

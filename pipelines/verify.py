@@ -26,7 +26,8 @@ from elmo_core.storage import dataset_source, file_info, is_hidden
 from .options import EmbedOptions, OutputDirError
 from .output_dir import open_output
 from .rows import row_tokens
-from .schema import ELMO_COLUMN
+from .schema import ELMO_COLUMN, vector_array
+from .shard_files import shard_format
 from .sink import JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, Output, check_shard
 from .source import footer_sha256
 
@@ -102,18 +103,15 @@ def _shard_problems(out: Output, manifest: dict, job: dict, good: set[str]) -> l
 
 def _non_finite(out: Output, name: str) -> str:
     """The first row of a shard whose vectors hold inf or NaN, in words; "" where every value is
-    finite (one pass over the vectors, a row group at a time; null rows hold no values)."""
+    finite (one pass over the vectors, a row group or record batch at a time; null rows hold none)."""
     with out.open_read(name) as f:
         row = 0
-        for batch in pq.ParquetFile(f).iter_batches(columns=[ELMO_COLUMN]):
+        for batch in shard_format(name).batches(f, [ELMO_COLUMN]):
             column = batch.column(0)
-            per_row = column.flatten() if pa.types.is_list(column.type) else column  # tokens, or pooled rows
+            vectors = vector_array(column, batch.schema.field(0))  # (tokens or pooled rows, ...)
             rows = np.repeat(np.arange(len(column)), pc.list_value_length(column).fill_null(0).to_numpy()) \
-                if per_row is not column else np.flatnonzero(column.is_valid().to_numpy(zero_copy_only=False))
-            while pa.types.is_fixed_size_list(per_row.type):
-                per_row = per_row.flatten()
-            values = per_row.to_numpy(zero_copy_only=False).reshape(len(rows), -1) if len(rows) else np.zeros((0, 1))
-            bad = np.flatnonzero(~np.isfinite(values).all(axis=1))
+                if pa.types.is_list(column.type) else np.flatnonzero(column.is_valid().to_numpy(zero_copy_only=False))
+            bad = np.flatnonzero(~np.isfinite(vectors.reshape(len(rows), -1)).all(axis=1)) if len(rows) else rows
             if bad.size:
                 return (f"its row {row + int(rows[bad[0]])} holds inf or NaN ({bad.size} vectors of its next "
                         f"{len(column)} rows); rerun the job into a new OUTPUT_DIR with a smaller --gamma")

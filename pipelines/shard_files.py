@@ -1,0 +1,117 @@
+"""The file format of an output shard: Parquet (``--format parquet``) or Arrow IPC (``--format
+arrow``, Feather v2, memory-mappable). Everything the job's protocol needs of a shard file is here:
+its name's suffix, a writer, the ``elmo.shard`` record it carries with its row count, and reading
+its batches back; the protocol itself (commit records, verification, resume) is the same for both
+(``pipelines.sink``, ``pipelines.verify``). A shard's format is read from its name, so a reader
+needs no option.
+
+The record: Parquet writes it in the footer's key-value metadata as the shard is closed, with the
+shard's counts; Arrow IPC in the schema's metadata as the file is opened (an IPC file's schema is
+written first), with the rows the shard must hold. Either way ``footer`` returns it with the rows
+the file actually holds (``footer_rows``), which every check compares.
+
+Measured (pyarrow alone, float16, D = 1,024, one core, AMX Xeon): Parquet float lists 61k tokens/s
+(a repetition and definition level per float), Parquet fixed-size binary 346k, Arrow IPC 654k;
+snappy, lz4 and none within 10 % of each other, zstd 0.6-0.9x at 8 % smaller (docs/pipelines.md).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Iterator
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from elmo_core.errors import InputError
+
+from .schema import parquet_options
+
+SHARD_KEY = b"elmo.shard"
+
+
+@dataclass(frozen=True)
+class ShardFormat:
+    """One shard file format: ``name`` (``--format``), ``suffix``, the compressions it writes (the
+    default first)."""
+
+    name: str
+    suffix: str
+    compressions: tuple[str, ...]
+
+    def writer(self, file: BinaryIO, schema: pa.Schema, compression: str, record: dict) -> "ShardFileWriter":
+        """A writer of one shard; ``record``: the shard's identity, known before its rows."""
+        if self.name == "parquet":
+            return _ParquetWriter(pq.ParquetWriter(file, schema, **parquet_options(schema, compression)))
+        meta = {**(schema.metadata or {}), SHARD_KEY: json.dumps(record, sort_keys=True)}
+        options = ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
+        return _ArrowWriter(ipc.new_file(file, schema.with_metadata(meta), options=options))
+
+    def footer(self, file: BinaryIO) -> tuple[dict | None, int]:
+        """(the ``elmo.shard`` record or None, the rows the file holds); pyarrow's errors where the
+        file is not one of this format."""
+        if self.name == "parquet":
+            meta = pq.read_metadata(file)
+            raw, rows = (meta.metadata or {}).get(SHARD_KEY), meta.num_rows
+        else:
+            reader = ipc.open_file(file)
+            raw = (reader.schema.metadata or {}).get(SHARD_KEY)
+            rows = sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+        try:
+            record = json.loads(raw) if raw is not None else None
+        except ValueError:
+            record = None
+        return (record if isinstance(record, dict) else None), rows
+
+    def batches(self, file: BinaryIO, columns: list[str]) -> Iterator[pa.RecordBatch]:
+        """The file's rows, a row group (Parquet) or record batch (Arrow) at a time."""
+        if self.name == "parquet":
+            yield from pq.ParquetFile(file).iter_batches(columns=columns)
+            return
+        reader = ipc.open_file(file)
+        for i in range(reader.num_record_batches):
+            yield reader.get_batch(i).select(columns)
+
+    def read_table(self, file: BinaryIO, columns: list[str]) -> pa.Table:
+        if self.name == "parquet":
+            return pq.read_table(file, columns=columns)
+        return ipc.open_file(file).read_all().select(columns)
+
+
+class _ParquetWriter:
+    def __init__(self, writer: pq.ParquetWriter) -> None:
+        self.writer = writer
+
+    def write(self, table: pa.Table) -> None:
+        self.writer.write_table(table, row_group_size=max(1, table.num_rows))
+
+    def close(self, record: dict | None = None) -> None:
+        if record is not None:
+            self.writer.add_key_value_metadata({SHARD_KEY: json.dumps(record, sort_keys=True)})
+        self.writer.close()
+
+
+class _ArrowWriter:
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+
+    def write(self, table: pa.Table) -> None:
+        self.writer.write_table(table, max_chunksize=max(1, table.num_rows))
+
+    def close(self, record: dict | None = None) -> None:
+        self.writer.close()
+
+
+ShardFileWriter = _ParquetWriter | _ArrowWriter
+FORMATS = {f.name: f for f in (ShardFormat("parquet", ".parquet", ("snappy", "none", "lz4", "zstd")),
+                               ShardFormat("arrow", ".arrow", ("none", "lz4", "zstd")))}
+
+
+def shard_format(name: str) -> ShardFormat:
+    """The format of a shard file, by its name's suffix."""
+    for f in FORMATS.values():
+        if name.endswith(f.suffix):
+            return f
+    raise InputError(f"{name}: not an output shard (its name ends in none of "
+                     f"{', '.join(f.suffix for f in FORMATS.values())})")
