@@ -145,9 +145,9 @@ class EmbedOptions:
         _check_choice("engine", self.engine, ENGINES)
         _check_choice("format", self.format, tuple(FORMATS))
         _check_choice("vector_layout", self.vector_layout, VECTOR_LAYOUTS)
-        if self.compression is not None and self.compression not in self.shard_format.compressions:
-            raise SettingError(f"`compression` {self.compression!r}: {self.format} shards are compressed with "
-                               f"{', '.join(self.shard_format.compressions)}")
+        if self.compression is None:  # the format's own
+            object.__setattr__(self, "compression", self.shard_format.compressions[0])
+        _check_choice("compression", self.compression, self.shard_format.compressions)  # the format's
         for name in ("rows_per_shard", "workers", "prefetch"):
             check_count(name, getattr(self, name))
         for name in ("max_tokens_per_batch", "sort_window_rows", "sort_window_tokens", "writer_threads"):
@@ -201,11 +201,6 @@ class EmbedOptions:
     @property
     def shard_format(self) -> ShardFormat:
         return FORMATS[self.format]
-
-    @property
-    def shard_compression(self) -> str:
-        """The shards' compression: the one asked for, else the format's default."""
-        return self.compression or self.shard_format.compressions[0]
 
     @property
     def policy(self) -> BatchPolicy:

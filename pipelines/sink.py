@@ -63,7 +63,7 @@ class ShardWriter:
         self.model_sha256 = model_sha256
         self.counts = dict.fromkeys(COUNTS, 0)
         self.sink = out.shard_sink(shard.name)
-        self.writer = opts.shard_format.writer(self.sink.file, schema, opts.shard_compression, self.identity())
+        self.writer = opts.shard_format.writer(self.sink.file, schema, opts.compression, self.identity())
 
     def write(self, table: pa.Table, lengths: np.ndarray, invalid_utf8: int = 0) -> None:
         """Shape: R rows of the shard, in input order, with the job's output columns; lengths (R,)

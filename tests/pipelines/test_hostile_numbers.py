@@ -48,9 +48,9 @@ def run(capsys, *args: object) -> tuple[int, str]:
     (["--output", "layer:1", "--gamma", "5"], "--gamma only applies to the mix (--output mixed), not to --output "
                                               "layer:1: leave it out"),
     (["--output", "all", "--mix", "0,0,0"], "--mix only applies to the mix (--output mixed)"),
-    (["--max-batch-tokens", str(2**31)], "--max-batch-tokens must be a positive integer (at most 2147483647), "
-                                         "got 2147483648"),
-    (["--max-batch-tokens", str(2**63)], "--max-batch-tokens must be a positive integer (at most 2147483647)"),
+    (["--max-batch-tokens", str(2**31)], "--max-batch-tokens must be a positive integer (at most 2147483647; left "
+                                         "out: the run's), got 2147483648"),
+    (["--max-batch-tokens", str(2**63)], "--max-batch-tokens must be a positive integer (at most 2147483647; "),
     (["--replicas", "0"], "--replicas must be a positive integer (at most 2147483647), got 0"),
     (["--max-sentence-tokens", "0"], "--max-sentence-tokens must be a positive integer"),
     (["--max-sentence-tokens", "5000"], "--max-sentence-tokens (5000) must be at most --max-batch-tokens (4096)"),

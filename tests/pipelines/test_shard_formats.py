@@ -1,0 +1,154 @@
+"""The shard formats and vector layouts of ``elmo embed`` (``pipelines.shard_files``,
+``pipelines.schema``): Parquet with float lists or fixed-size binary vectors, Arrow IPC with
+either; the same vectors in each, the same protocol (verify, resume, a damaged shard found), and
+each output read as it is by pyarrow, DuckDB, polars and pandas where the reader can read it
+(Spark: tests/pipelines/test_spark.py)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+
+from elmo_core.errors import InputError
+from pipelines import embed_parquet
+from pipelines.schema import vector_array
+from pipelines.verify import VerificationError, verify_output
+from corpora.sample import write_sample_corpus
+
+from tests.helpers import TINY_OPTIONS, make_model_dir
+
+RUN = dict(id_column="id", rows_per_shard=50, max_tokens_per_batch=2048, sort_window_rows=64, quiet=True)
+KINDS = [("parquet", "floats"), ("parquet", "binary"), ("arrow", "floats"), ("arrow", "binary")]
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    """One job per format and layout over the same corpus (float16 vectors, output mixed), and
+    one of output all in binary Parquet."""
+    root = tmp_path_factory.mktemp("formats")
+    corpus, model = root / "corpus", make_model_dir(root / "tiny", TINY_OPTIONS)
+    write_sample_corpus(corpus, rows=120, files=2, row_group_rows=40)
+    made = {}
+    for fmt, layout in KINDS:
+        out = root / f"{fmt}-{layout}"
+        made[fmt, layout] = (out, embed_parquet(corpus, out, model, format=fmt, vector_layout=layout,
+                                                dtype="float16", **RUN))
+    made["all"] = (root / "all", embed_parquet(corpus, root / "all", model, vector_layout="binary", output="all",
+                                               **RUN))
+    made["all-floats"] = (root / "all-floats", embed_parquet(corpus, root / "all-floats", model, output="all", **RUN))
+    return corpus, model, made
+
+
+def _table(out, fmt: str) -> pa.Table:
+    return ds.dataset(out, format="arrow" if fmt == "arrow" else "parquet").to_table()
+
+
+def test_every_format_and_layout_holds_the_same_vectors(outputs):
+    _, _, made = outputs
+    want = None
+    for fmt, layout in KINDS:
+        out, manifest = made[fmt, layout]
+        table = _table(out, fmt)
+        vectors = vector_array(table.column("elmo"), table.schema.field("elmo"))  # (tokens, D)
+        assert vectors.shape == (manifest["tokens"], 16) and vectors.dtype == np.float16
+        assert table.column("id").to_pylist() == list(range(120))
+        assert sorted(p.suffix for p in out.glob("part-*")) == [f".{fmt}"] * 4
+        assert manifest["options"]["format"] == fmt and manifest["options"]["vector_layout"] == layout
+        assert manifest["options"]["compression"] == ("snappy" if fmt == "parquet" else "none")
+        if layout == "binary":
+            assert pa.types.is_fixed_size_binary(table.schema.field("elmo").type.value_type)
+            assert table.schema.field("elmo").metadata == {b"elmo.dtype": b"float16", b"elmo.shape": b"[16]"}
+        want = vectors if want is None else want
+        np.testing.assert_array_equal(vectors, want)
+    (binary, _), (floats, _) = made["all"], made["all-floats"]
+    a, b = _table(binary, "parquet"), _table(floats, "parquet")
+    np.testing.assert_array_equal(vector_array(a.column("elmo"), a.schema.field("elmo")),
+                                  vector_array(b.column("elmo"), b.schema.field("elmo")))  # (tokens, 3, D)
+    assert vector_array(a.column("elmo"), a.schema.field("elmo")).shape[1:] == (3, 16)
+
+
+def test_the_binary_view_is_the_shards_memory():
+    """Zero-copy: the numpy array reads the column's buffer, and torch.from_numpy shares it."""
+    import torch
+
+    values = np.arange(12, dtype=np.float16).reshape(3, 4)
+    items = pa.Array.from_buffers(pa.binary(8), 3, [None, pa.py_buffer(values)])
+    column = pa.ListArray.from_arrays(pa.array([0, 2, 3], pa.int32()), items)
+    field = pa.field("elmo", column.type, metadata={b"elmo.dtype": b"float16", b"elmo.shape": b"[4]"})
+    view = vector_array(column, field)
+    assert np.shares_memory(view, values) and torch.from_numpy(view.copy()).shape == (3, 4)
+    np.testing.assert_array_equal(view, values)
+    with pytest.raises(ValueError, match="needs its field"):
+        vector_array(column)
+
+
+@pytest.mark.parametrize("fmt,layout", KINDS)
+def test_each_kind_verifies_resumes_and_finds_a_damaged_shard(outputs, tmp_path, fmt, layout):
+    corpus, model, made = outputs
+    out, manifest = made[fmt, layout]
+    assert verify_output(out)["rows"] == 120 and not (out / ".elmo.lock").exists()  # finished: no lock file
+    copy = tmp_path / "copy"
+    import shutil
+    shutil.copytree(out, copy)
+    shard = sorted(copy.glob("part-*"))[1]
+    shard.unlink()
+    resumed = embed_parquet(corpus, copy, model, format=fmt, vector_layout=layout, dtype="float16", resume=True,
+                            **RUN)
+    assert resumed["rows"] == 120 and resumed["this_run"]["shards"] == 1 and verify_output(copy)["ok"]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(VerificationError, match="differ from its commit record"):
+        verify_output(copy)
+
+
+def test_a_format_takes_only_its_own_compressions(outputs, tmp_path):
+    corpus, model, _ = outputs
+    with pytest.raises(InputError, match=r"compression must be one of \['none', 'lz4', 'zstd'\], got 'snappy'"):
+        embed_parquet(corpus, tmp_path / "x", model, format="arrow", compression="snappy", **RUN)
+    with pytest.raises(InputError, match="vector_layout must be one of"):
+        embed_parquet(corpus, tmp_path / "x", model, vector_layout="bytes", **RUN)
+    assert not (tmp_path / "x").exists()
+    m = embed_parquet(corpus, tmp_path / "lz4", model, format="arrow", compression="lz4", **RUN)
+    assert m["options"]["compression"] == "lz4" and verify_output(tmp_path / "lz4")["ok"]
+
+
+@pytest.mark.parametrize("fmt,layout", KINDS)
+def test_readers_read_an_output_directory_as_it_is(outputs, fmt, layout):
+    """pyarrow and DuckDB read the directory; polars reads its shards by a glob (given a directory,
+    polars takes every non-empty file under it, sub-directories and '_' / '.' names included, and
+    refuses files of two extensions: the job's records beside the shards); pandas reads the
+    float layouts (the binary one through ``vector_array``)."""
+    duckdb = pytest.importorskip("duckdb")
+    pl = pytest.importorskip("polars")
+    import pandas as pd
+
+    out, manifest = outputs[2][fmt, layout]
+    table = _table(out, fmt)
+    tokens = manifest["tokens"]
+    width = 16 * 2  # float16 bytes
+    if fmt == "parquet":
+        if layout == "floats":
+            got = duckdb.sql(f"select sum(len(elmo)), min(len(elmo[1])) from read_parquet('{out}/*.parquet')")
+            assert got.fetchall() == [(tokens, 16)]
+        else:
+            got = duckdb.sql(f"select sum(len(elmo)), min(octet_length(elmo[1])) from read_parquet('{out}/*.parquet')")
+            assert got.fetchall() == [(tokens, width)]
+        frame = pl.scan_parquet(f"{out}/*.parquet").collect()
+        assert pl.read_parquet(f"{out}/*.parquet").height == frame.height == 120
+        with pytest.raises(pl.exceptions.InvalidOperationError, match="different file extensions"):
+            pl.scan_parquet(out).collect()  # polars' rule: every file under a directory of one extension
+    else:
+        frame = pl.scan_ipc(f"{out}/*.arrow").collect()
+        assert pl.read_ipc(sorted(out.glob("*.arrow"))[0]).height == 50
+        readable = table if layout == "binary" else table.select(["id"])  # DuckDB has no float16 Arrow type
+        assert duckdb.sql("select count(*) from readable").fetchall() == [(120,)]
+    assert frame["id"].to_list() == list(range(120))
+    assert int(frame["elmo"].list.len().sum()) == tokens
+    if layout == "floats":
+        frame_pd = pd.read_parquet(out) if fmt == "parquet" else table.to_pandas()
+        assert len(frame_pd) == 120 and sum(len(v) for v in frame_pd["elmo"] if v is not None) == tokens
+        assert json.loads(json.dumps(len(frame_pd["elmo"][0][0]))) == 16
