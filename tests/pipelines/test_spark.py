@@ -104,6 +104,25 @@ def test_spark_gives_the_local_runners_output_row_for_row(spark, tiny, tmp_path)
     assert verify_output(tmp_path / "spark")["rows"] == 282
 
 
+@pytest.mark.parametrize("layout", ["floats", "binary"])
+def test_spark_reads_an_output_directory_as_it_is_and_writes_arrow_shards(spark, tiny, tmp_path, layout):
+    """A Parquet output, either vector layout, read by Spark as it is (its side files skipped by
+    their '_' and '.' names); the Spark engine writes Arrow shards as the local runner does."""
+    from pyspark.sql import functions as F
+
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=90, files=1, row_group_rows=30)
+    m = embed_parquet(corpus, tmp_path / "out", tiny, vector_layout=layout, **RUN)
+    frame = spark.read.parquet(str(tmp_path / "out"))
+    assert frame.count() == 90 and sorted(r.id for r in frame.select("id").collect()) == list(range(90))
+    assert frame.select(F.sum(F.size("elmo"))).collect()[0][0] == m["tokens"]
+    if layout == "binary":
+        arrow = embed_parquet(corpus, tmp_path / "arrow", tiny, format="arrow", vector_layout=layout, engine="spark",
+                              **RUN)
+        assert arrow["rows"] == 90 and verify_output(tmp_path / "arrow")["ok"]
+        assert sorted(p.suffix for p in (tmp_path / "arrow").glob("part-*")) == [".arrow"] * 3
+
+
 def _workers() -> list[psutil.Process]:
     """PySpark's Python workers of this test process's Spark (its daemon and the workers it forks)."""
     found = []
