@@ -41,10 +41,19 @@ class StageClock:
             for k, v in seconds.items():
                 self.seconds[k] += v
 
-    def report(self, wall: float, device: str) -> dict:
+    def report(self, wall: float, device: str, writers: int = 1) -> dict:
+        """The stages' seconds, the CPU seconds, and ``bound_by``: the thread busiest over the job
+        (``THREADS``: the prefetch thread reads and prepares, the main thread runs the model and
+        assembles, ``writers`` threads write), the one that bounds it."""
         out = {"seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                "process_cpu_seconds": round(time.process_time() - self._cpu0, 3), "wall_seconds": round(wall, 3)}
         if device != "cpu" and wall > 0:
             out["device_busy"] = round(min(1.0, self.seconds["model"] / wall), 3)
+        busy = {name: sum(self.seconds[k] for k in stages) / (writers if name == "write" else 1)
+                for name, stages in THREADS.items()}
+        out["bound_by"] = max(busy, key=busy.__getitem__)
         return out
+
+
+THREADS = {"read": ("read", "prepare"), "model": ("model", "assemble"), "write": ("write",)}  # a job's threads
 

@@ -152,3 +152,15 @@ def test_readers_read_an_output_directory_as_it_is(outputs, fmt, layout):
         frame_pd = pd.read_parquet(out) if fmt == "parquet" else table.to_pandas()
         assert len(frame_pd) == 120 and sum(len(v) for v in frame_pd["elmo"] if v is not None) == tokens
         assert json.loads(json.dumps(len(frame_pd["elmo"][0][0]))) == 16
+
+
+def test_the_summary_names_the_thread_that_bounds_the_job():
+    """Writers share the writing: the busiest thread is the one that bounds the job."""
+    from pipelines.stages import StageClock
+
+    clock = StageClock()
+    clock.add({"read": 1.0, "prepare": 1.0, "model": 2.5, "assemble": 0.5, "write": 5.0})
+    assert clock.report(6.0, "cpu")["bound_by"] == "write"
+    assert clock.report(6.0, "cpu", writers=2)["bound_by"] == "model"  # 2.5 s a writer against 3.0 s
+    clock.add({"prepare": 3.0})
+    assert clock.report(6.0, "cpu", writers=2)["bound_by"] == "read"
