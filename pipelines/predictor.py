@@ -120,7 +120,7 @@ class ElmoPredictor:
     def _check_finite(self, vectors: np.ndarray, lengths: np.ndarray) -> None:
         """NonFiniteError naming the first row whose vectors hold inf or NaN (a pooled row without
         tokens is NaN by design: it becomes null). Shape: vectors (N or R, [L+1,] D), lengths (R,)."""
-        bad = ~np.isfinite(vectors).reshape(len(vectors), -1).all(axis=1)  # (N,) tokens or (R,) rows
+        bad = non_finite_rows(vectors)  # (N,) tokens or (R,) rows
         if self.request.pool:
             bad &= lengths > 0
         if not bad.any():
@@ -156,3 +156,15 @@ class ElmoPredictor:
             inner = pa.FixedSizeListArray.from_arrays(inner, self.n_layers)
         return inner if mask is None else pa.FixedSizeListArray.from_arrays(inner.flatten(), type=item_type,
                                                                             mask=pa.array(mask))
+
+
+# IEEE exponent bits all set: inf or NaN, whatever the mantissa (one integer pass, ~2x np.isfinite on float16)
+_EXPONENT = {np.dtype(np.float16): (np.uint16, 0x7C00), np.dtype(np.float32): (np.uint32, 0x7F800000),
+             np.dtype(np.float64): (np.uint64, 0x7FF0000000000000)}
+
+
+def non_finite_rows(values: np.ndarray) -> np.ndarray:
+    """Which leading rows of ``values`` hold inf or NaN. Shape: (N, ...) -> (N,) bool."""
+    flat = np.ascontiguousarray(values).reshape(len(values), int(np.prod(values.shape[1:])))
+    uint, exponent = _EXPONENT[flat.dtype]
+    return ((flat.view(uint) & uint(exponent)) == uint(exponent)).any(axis=1)

@@ -152,3 +152,14 @@ def test_a_pooled_row_without_tokens_is_not_a_non_finite_vector(tiny_dir, tmp_pa
     pq.write_table(pa.table({"text": ["a b", "", None, "c"]}), path)
     m = embed_parquet(path.parent, tmp_path / "out", tiny_dir, pool="mean", quiet=True)
     assert m["rows"] == 4 and verify_output(tmp_path / "out")["rows"] == 4
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_non_finite_rows_are_found_by_their_exponent_bits(dtype):
+    from pipelines.predictor import non_finite_rows
+
+    v = np.ones((5, 3, 2), dtype)
+    v[1, 2, 1], v[3, 0, 0], v[2, 1, 1] = np.inf, np.nan, -np.inf
+    v[4] = np.finfo(dtype).max  # the largest finite value is finite
+    assert non_finite_rows(v).tolist() == [False, True, True, True, False]
+    assert non_finite_rows(v[:0]).shape == (0,)
