@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from inference.host_copy import to_device
 import torch.nn.functional as F
 
 
@@ -86,9 +88,9 @@ def sampled_softmax_nll(h: torch.Tensor, targets: torch.Tensor, weight: torch.Te
     Shape: h (N, P), targets (N,), weight (V or R, P), bias (V or R,) -> (N,).
     """
     n = cand.ids.numel()
-    true_logq = torch.log(sampler.expected_count(targets.cpu(), n, cand.tries)).to(h.device)  # (N,)
-    samp_logq = torch.log(sampler.expected_count(cand.ids, n, cand.tries)).to(h.device)  # (S,)
-    ids = cand.ids.to(h.device)
+    true_logq = torch.log(sampler.expected_count(targets, n, cand.tries))  # (N,) where the targets are
+    samp_logq = to_device(torch.log(sampler.expected_count(cand.ids, n, cand.tries)), h.device)  # (S,)
+    ids = to_device(cand.ids, h.device)
     if row_ids is not None:  # vocabulary ids -> rows of the gathered weight and bias
         targets, ids = torch.searchsorted(row_ids, targets), torch.searchsorted(row_ids, ids)
     true_logits = (h * F.embedding(targets, weight)).sum(-1) + bias[targets] - true_logq  # (N,)

@@ -57,8 +57,8 @@ class Recipe:
         return self.lr * warm * (self.lr_final + (1.0 - self.lr_final) * shape)
 
     def build(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-        if self.optimizer == "adam":  # on CUDA one fused kernel updates every parameter
-            return torch.optim.Adam(params, lr=self.lr, fused=bool(params) and all(p.is_cuda for p in params))
+        if self.optimizer == "adam":  # one fused kernel updates every parameter, its step count on the device
+            return torch.optim.Adam(params, lr=self.lr, fused=bool(params))
         return torch.optim.Adagrad(params, lr=self.lr, initial_accumulator_value=1.0)
 
 

@@ -5,6 +5,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 
 @dataclass
 class Progress:
@@ -56,3 +58,34 @@ def log_line(p: Progress, rate: float, eta: float | None, softmax: str) -> str:
     return (f"step {p.step:>7}  tokens {p.tokens:>11,}  {rate:>8,.0f} tok/s  loss {0.5 * (f + b):.4f}  "
             f"ppl fwd {math.exp(min(f, 50)):.1f} bwd {math.exp(min(b, 50)):.1f} ({softmax} softmax)  "
             f"ETA {clock(eta)}")
+
+
+class DeviceTotals:
+    """What training steps leave on the device between two reads: the per-direction NLL sums,
+    each step's gradient norm, and the first step whose loss was not finite. Adding waits for
+    nothing; ``read`` copies it all to the host at once and starts anew."""
+
+    def __init__(self) -> None:
+        self.sums: torch.Tensor | None = None  # (2,) float64
+        self.grad_norms: list[torch.Tensor] = []
+        self.bad: torch.Tensor | None = None  # () int64: the first non-finite step, or 0
+
+    def add_sums(self, sums: torch.Tensor) -> None:
+        s = sums.detach().double()
+        self.sums = s if self.sums is None else self.sums + s
+
+    def add_loss(self, loss: torch.Tensor, step: int) -> None:
+        here = torch.where(torch.isfinite(loss), 0, step)  # () int64 on the loss's device
+        self.bad = here if self.bad is None else torch.where(self.bad > 0, self.bad, here)
+
+    def read(self) -> tuple[torch.Tensor, float, int | None]:
+        """(the NLL sums (2,) float64 on the host, the mean gradient norm, the first non-finite step or None)."""
+        if self.sums is None:
+            return torch.zeros(2, dtype=torch.float64), 0.0, None
+        dev = self.sums.device
+        grads = torch.stack(self.grad_norms).double().mean().reshape(1) if self.grad_norms else \
+            torch.zeros(1, dtype=torch.float64, device=dev)
+        bad = (self.bad if self.bad is not None else torch.zeros((), dtype=torch.long, device=dev)).double().reshape(1)
+        host = torch.cat([self.sums, grads.to(dev), bad.to(dev)]).cpu()  # (4,): one copy
+        self.__init__()  # type: ignore[misc]
+        return host[:2], float(host[2]), (int(host[3]) or None)

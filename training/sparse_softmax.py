@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from inference.host_copy import to_device
 import torch.distributed as dist
 from torch import nn
 
@@ -64,8 +66,8 @@ class SparseSoftmax:
         Shape: targets (M,) -> SoftmaxRows with R <= M + 2S rows.
         """
         dev = self.weight.device
-        ids = torch.unique(torch.cat([targets.reshape(-1).to(dev), candidates[0].ids.to(dev),
-                                      candidates[1].ids.to(dev)]))  # (R,)
+        ids = torch.unique(torch.cat([to_device(targets.reshape(-1), dev), to_device(candidates[0].ids, dev),
+                                      to_device(candidates[1].ids, dev)]))  # (R,)
         return SoftmaxRows(ids, self.weight.detach()[ids].requires_grad_(), self.bias.detach()[ids].requires_grad_())
 
     def grads(self, rows: SoftmaxRows) -> list[torch.Tensor]:

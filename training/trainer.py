@@ -20,6 +20,7 @@ from elmo_core import ElmoConfig, LstmState
 from elmo_core.atomic import write_json_atomic
 from elmo_core.kinds import Precision
 from formats import save_model
+from inference.host_copy import to_device
 from runtime import deterministic_algorithms, use_threads
 
 from .checkpoint import optimizer_tensors, load_optimizer
@@ -35,7 +36,7 @@ from .model import LanguageModel
 from .objective import LogUniformSampler
 from .optim import Recipe, resolve
 from .options import SOFTMAX_UPDATES, TrainOptions
-from .progress import Limits, Progress, log_line
+from .progress import DeviceTotals, Limits, Progress, log_line
 from .sparse_softmax import SoftmaxRows, SparseSoftmax, clip_grad_norm_
 from .vocab import Vocab, build_vocab
 
@@ -67,7 +68,7 @@ class Trainer:
         self.limits = Limits(opts.max_tokens, opts.max_steps, opts.max_minutes)
         self.state: LstmState | None = None
         self.progress = Progress()
-        self._grad_norms: list[float] = []
+        self._pending = DeviceTotals()  # the steps' NLL sums, gradient norms, a non-finite loss: read at a flush
 
     # ---- setup ------------------------------------------------------------------------------
     def setup_recipe(self) -> Recipe:
@@ -181,21 +182,21 @@ class Trainer:
         dev = self.device
         rows = self.sparse.gather(batch.targets[:, batch.mask], cands) if self.sparse and cands else None
         state = self.state if batch.stateful else None
-        starts = None if batch.starts is None else batch.starts.to(dev)
+        starts = None if batch.starts is None else to_device(batch.starts, dev)
         precision = Precision.of(self.opts.precision)  # fp32 or bf16 (TRAIN_PRECISIONS): autocast in bf16
         with torch.autocast(dev.type, dtype=precision.torch, enabled=precision.reduced):
             # Each rank divides by (all ranks' tokens / ranks): DDP's gradient mean is then the
             # gradient of the global mean NLL, however the tokens fall between ranks.
             norm = batch.total_tokens / self.dist.world
-            loss, sums, final = self.net(batch.chars.to(dev), batch.targets.to(dev), batch.mask.to(dev),
+            chars, targets, mask = (to_device(t, dev) for t in (batch.chars, batch.targets, batch.mask))
+            loss, sums, final = self.net(chars, targets, mask,
                                          state, cands, self.sampler, norm, rows, starts)
-        if not torch.isfinite(loss):
-            raise TrainingError(f"step {self.progress.step + 1}: the loss is {loss.item()}; lower --lr")
+        self._pending.add_loss(loss.detach(), self.progress.step + 1)  # checked at the next flush, not waited on
         loss.backward()
         if self.progress.step < self.opts.freeze_encoder_steps:  # zero gradients leave Adam and Adagrad still
             for p in self.lm.bilm.parameters():
                 p.grad = None
-        self._grad_norms.append(float(self._update(rows)))
+        self._pending.grad_norms.append(self._update(rows).detach())
         self.state = LstmState(final.h.detach().float(), final.c.detach().float()) if batch.stateful else None
         return sums, batch.n_tokens
 
@@ -217,6 +218,7 @@ class Trainer:
 
     # ---- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
+        self.flush()  # a non-finite loss since the last flush stops the run before its weights are saved
         local = {"rng.torch": torch.get_rng_state()}
         if self.state is not None:
             local.update({"lstm.h": self.state.h, "lstm.c": self.state.c})
@@ -276,13 +278,13 @@ class Trainer:
         if self.dist.is_main:
             s_per_step = (now - self._t0) / (p.step - self._step0) if p.step > self._step0 else None
             self.log(log_line(p, rate, self.limits.eta(p, self.elapsed(), rate, s_per_step), softmax))
+        grad = self.flush()
         f, b = (x / max(p.nll_tokens, 1) for x in p.nll)
-        grad = sum(self._grad_norms) / max(len(self._grad_norms), 1)
         self.metrics.record("train", p.step, {
             "loss": 0.5 * (f + b), "loss_forward": f, "loss_backward": b, "ppl_forward": math.exp(min(f, 50)),
             "ppl_backward": math.exp(min(b, 50)), "lr": self.current_lr(), "tokens_per_s": rate, "grad_norm": grad},
             {"tokens": p.tokens, "elapsed_s": self.elapsed(), "softmax": softmax})
-        p.nll, p.nll_tokens, self._grad_norms = [0.0, 0.0], 0, []
+        p.nll, p.nll_tokens = [0.0, 0.0], 0
 
     def say(self, text: str) -> None:
         """A line on what the run is doing (the main rank's)."""
@@ -308,16 +310,13 @@ class Trainer:
         self._step0 = self.progress.step
         self._last_log = (time.perf_counter(), self.progress.tokens)
         self.say(f"training: vocabulary {len(self.vocab):,} words, {sum(p.numel() for p in self.lm.parameters()):,} "
-                 f"parameters")
+                 f"parameters, {self.opts.precision} ({self.opts.precision_reason})")
         while not any_true(self.dist, self.limits.reached(self.progress, self.elapsed())):
             batch = self.batcher.next_batch()
             if any_true(self.dist, batch is None):
                 break
-            sums, n = self.train_step(batch)
-            totals = sum_all(self.dist, torch.cat([sums.float().cpu(), torch.tensor([float(n)])]))
+            self.step(batch)
             p = self.progress
-            p.step, p.tokens, p.nll_tokens = p.step + 1, p.tokens + int(totals[2]), p.nll_tokens + int(totals[2])
-            p.nll = [p.nll[0] + float(totals[0]), p.nll[1] + float(totals[1])]
             if p.step % self.opts.log_every == 0:
                 self._log_progress()
             elif p.step == self._step0 + 1:
@@ -327,6 +326,26 @@ class Trainer:
                 self.save_checkpoint()
                 self.evaluator.periodic()
         return self._finish()
+
+    def step(self, batch) -> None:
+        """One training step and its accounting, without waiting for the device: the token count
+        is the host's (summed over ranks on the host), the NLL stays on the device until ``flush``."""
+        sums, n = self.train_step(batch)
+        self._pending.add_sums(sums)
+        tokens = int(sum_all(self.dist, torch.tensor([float(n)]))[0]) if self.dist.enabled else n
+        p = self.progress
+        p.step, p.tokens, p.nll_tokens = p.step + 1, p.tokens + tokens, p.nll_tokens + tokens
+
+    def flush(self) -> float:
+        """Read what the steps left on the device (one copy): the NLL sums into the progress, and
+        TrainingError where a loss was not finite. Returns the mean gradient norm since the last flush."""
+        sums, grad, bad_step = self._pending.read()
+        if bad_step is not None:
+            raise TrainingError(f"step {bad_step}: the loss is not finite; lower --lr")
+        sums = sum_all(self.dist, sums)  # (2,) over ranks
+        p = self.progress
+        p.nll = [p.nll[0] + float(sums[0]), p.nll[1] + float(sums[1])]
+        return grad
 
     def _write_run_json(self) -> None:
         if self.dist.is_main:
