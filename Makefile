@@ -1,4 +1,5 @@
-# Every target calls the `elmo` CLI (or pytest); the CLI is the one place behaviour lives.
+# Every target calls the `elmo` CLI (or pytest, or gpu-check's measuring script); the CLI is the one place
+# behaviour lives.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -8,7 +9,7 @@ BIN := $(VENV)/bin
 # and by the demo; spark: elmo embed --engine spark in Spark's local mode (Java 17 on the machine).
 EXTRAS ?= dev,ray,serve,tensorboard,s3,s3test,plot,spark
 
-.PHONY: install peers test info clean engine demo embed default-model
+.PHONY: install peers test info clean engine demo embed default-model gpu-check
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -57,6 +58,10 @@ demo: install
 # make embed INPUT=corpus/ OUT=vectors/ MODEL=dir [ARGS="--dtype float16 --resume"]
 embed: install
 	$(BIN)/elmo embed $(INPUT) $(OUT) --model $(MODEL) $(ARGS)
+
+# make gpu-check [DEVICE=cuda:1]: everything a GPU is for, measured (bench/gpu_check.py; DEVICE=cpu: a dry run)
+gpu-check: install
+	$(BIN)/python bench/gpu_check.py $(if $(DEVICE),--device $(DEVICE)) $(if $(OUT),--out $(OUT))
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
