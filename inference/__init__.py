@@ -1,6 +1,6 @@
 """Running a biLM: the one engine (batches, outputs, pooling), the fast inference path (fast_path.py), the backends (torch, ONNX Runtime, TensorRT) and their registry.
 May import: elmo_core, runtime, corpora, formats (tests/test_layers.py)."""
-import runtime  # noqa: F401 (first: OpenMP's wait policy is set before torch loads; runtime.cpus)
+import elmo_core  # noqa: F401  (first: it settles the process's environment before torch loads: elmo_core.process_env)
 from .backends import Backend, BackendBase, TorchBackend
 from .batching import BatchPolicy
 from .elmo_module import Elmo, ElmoMix

@@ -25,16 +25,6 @@ from .cpus import CpuBudget, threads_for
 
 INTEROP_THREADS = 1
 
-PRIMITIVE_CACHE_CAPACITY = "8"
-_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
-
-
-def bound_primitive_caches() -> None:
-    """Cap oneDNN's and ideep's primitive caches (read at their first use, so call this early)."""
-    for name in _CACHE_VARIABLES:
-        os.environ.setdefault(name, PRIMITIVE_CACHE_CAPACITY)
-
-
 MAX_THREADS = 4096
 
 
