@@ -7,6 +7,7 @@ import argparse
 import time
 
 from elmo_cli.vocabulary import add_flag
+from runtime import threads_for, use_threads
 from formats import load_bilm, resolve_model
 from formats.token_embeddings import TokenEmbeddings, read_vocab_lines, write_token_embeddings
 from inference.token_cache import compute_token_embeddings
@@ -22,12 +23,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vocab", required=True, help="vocabulary file, one token per line (<S>, </S> included)")
     p.add_argument("--out", required=True, help="the hdf5 file to write (atomically)")
     add_flag(p, "device", default="cpu")
+    add_flag(p, "threads", type=int)
     p.set_defaults(func=run_dump_tokens)
 
 
 def run_dump_tokens(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     files = resolve_model(args.model, args.weights)
+    use_threads(threads_for(args.threads).count)
     model = load_bilm(files.options, files.weights).eval().to(args.device)
     tokens = read_vocab_lines(args.vocab)
     vectors = compute_token_embeddings(model, tokens)  # (V, P)
