@@ -30,6 +30,7 @@ from elmo_core import BiLM, ElmoConfig  # noqa: E402
 from elmo_core.init import init_bilm  # noqa: E402
 from formats import save_model  # noqa: E402
 from pipelines import ElmoPredictor, embed_parquet  # noqa: E402
+from pipelines.shard_size import DEFAULT_ROWS  # noqa: E402
 from pipelines.source import read_windows, scan_inputs, shards_of  # noqa: E402
 
 
@@ -38,7 +39,7 @@ def model_alone(model: Path, corpus: Path, opts: dict) -> tuple[float, int]:
     predictor = ElmoPredictor(model, **opts)
     o = predictor.options
     prepared = [predictor.prepare(table) for f in scan_inputs(corpus, o)
-                for _, table, _ in read_windows(f, shards_of([f], o.rows_per_shard), o)]
+                for _, table, _ in read_windows(f, shards_of([f], o.rows_per_shard or DEFAULT_ROWS), o)]
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     pending = None

@@ -36,6 +36,7 @@ from export.onnx_export import export_onnx
 from formats import save_model
 from inference import Embedder, reduce_layers
 from pipelines import ElmoPredictor, embed_parquet
+from pipelines.shard_size import DEFAULT_ROWS
 from pipelines.source import read_windows, scan_inputs, shards_of
 from training.recipes import default_options_path
 
@@ -61,7 +62,7 @@ def pure_compute(model: Path, corpus: Path, opts: dict) -> tuple[float, int]:
     predictor = ElmoPredictor(model, **{k: v for k, v in opts.items() if k != "quiet"})
     o = predictor.options
     prepared = [predictor.prepare(table) for f in scan_inputs(corpus, o)
-                for _, table, _ in read_windows(f, shards_of([f], o.rows_per_shard), o)]
+                for _, table, _ in read_windows(f, shards_of([f], o.rows_per_shard or DEFAULT_ROWS), o)]
     t0 = time.perf_counter()
     for p in prepared:
         for ids in p.char_ids:

@@ -39,6 +39,7 @@ from inference.fused_lstm import FusedLstm
 from inference.row_lstm import RowLstm, RowPlan, RowShape
 from pipelines.options import EmbedOptions
 from pipelines.rows import row_tokens
+from pipelines.shard_size import DEFAULT_ROWS
 from pipelines.source import read_windows, scan_inputs, shards_of
 
 from bench.host_waits import count_in_tree
@@ -162,7 +163,7 @@ def engine_batches(corpus: Path, budget: BatchBudget) -> list[list[int]]:
                         sort_window_rows=budget.window_rows, quiet=True)
     out = []
     for file in scan_inputs(corpus, opts):
-        for _, table, _ in read_windows(file, shards_of([file], opts.rows_per_shard), opts):
+        for _, table, _ in read_windows(file, shards_of([file], opts.rows_per_shard or DEFAULT_ROWS), opts):
             rows, _ = row_tokens(table.column(opts.text_column), False, opts.text_column)
             out += [[len(t) + 2 for t in b.tokens] for b in plan_batches(rows, opts.policy).batches]
     return out

@@ -1,6 +1,7 @@
 """Where a corpus's files are and how their bytes become text, for ``elmo embed`` and ``elmo train``
-alike: the Parquet suffixes, the Parquet files of an INPUT (a file, a directory, a glob, or a file
-or prefix on an object store), and the one UTF-8 decoder (invalid bytes dropped, as the original
+alike: the input formats and their suffixes (``input_format``), the Parquet files of an INPUT (a file,
+a directory, a glob, or a file or prefix on an object store), ``elmo embed``'s input files of any
+format (``input_files``), and the one UTF-8 decoder (invalid bytes dropped, as the original
 reads text with ``errors="ignore"``, and reported so that callers count them).
 """
 from __future__ import annotations
@@ -14,6 +15,56 @@ from elmo_core.errors import InputError
 from elmo_core.storage import is_below, is_hidden, is_uri, list_files, normalize_uri
 
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
+# elmo embed's input formats, told by a file's suffix (case-insensitive); one format per file, never guessed.
+INPUT_FORMATS = {"parquet": PARQUET_SUFFIXES, "csv": (".csv",), "tsv": (".tsv",), "jsonl": (".jsonl", ".ndjson"),
+                 "text": (".txt",)}
+ALL_SUFFIXES = tuple(s for suffixes in INPUT_FORMATS.values() for s in suffixes)
+
+
+def formats_in_words() -> str:
+    return "; ".join(f"{name} ({', '.join(suffixes)})" for name, suffixes in INPUT_FORMATS.items())
+
+
+def input_format(path: str | Path) -> str | None:
+    """The input format a file's suffix names, or None."""
+    suffix = Path(str(path)).suffix.lower()
+    return next((name for name, suffixes in INPUT_FORMATS.items() if suffix in suffixes), None)
+
+
+def input_files(spec: str | Path) -> list[tuple[Path | str, str]]:
+    """(file, format) of elmo embed's INPUT: a file, a glob, a directory or a prefix on a store.
+    A directory gives its Parquet files where it holds any (what else is there is not input), else
+    its files of the one other format it holds. A file whose format its suffix does not name, or a
+    directory with files of several formats and no Parquet file, is an InputError naming the formats."""
+    found = list(list_files(str(spec), ALL_SUFFIXES)) if is_uri(spec) else _local_files(spec)
+    if (is_uri(spec) or Path(spec).is_dir()) and len(found) > 1:
+        kinds = {input_format(p) for p in found}
+        if "parquet" in kinds:
+            found = [p for p in found if is_parquet(p)]
+        elif len(kinds) > 1:
+            raise InputError(f"{spec}: files of several input formats ({', '.join(sorted(kinds))}); a directory "
+                             f"INPUT holds one format: give one file or a glob (e.g. '{spec}/*.csv')")
+    unknown = [p for p in found if input_format(p) is None]
+    if unknown:
+        raise InputError(f"{unknown[0]}: cannot tell its input format from its name; elmo embed reads "
+                         f"{formats_in_words()}: rename the file to the suffix of its format")
+    return [(p, input_format(p)) for p in found]
+
+
+def _local_files(spec: str | Path) -> list[Path]:
+    path = Path(spec)
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if input_format(p) and p.is_file()
+                       and not is_hidden(str(p.relative_to(path))))
+        if not files:
+            raise InputError(f"{path}: no input files in this directory; elmo embed reads {formats_in_words()}")
+        return files
+    matches = sorted(Path(p) for p in glob.glob(str(spec), recursive=True) if Path(p).is_file())
+    if not matches:
+        raise InputError(f"{spec}: no such file, directory, or files matching this pattern")
+    return matches
 
 
 def is_parquet(path: str | Path) -> bool:

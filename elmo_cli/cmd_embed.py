@@ -12,7 +12,7 @@ from elmo_cli.vocabulary import add_fields, add_flag, field_values
 from elmo_core.names import OUTPUT_FORMATS
 from corpora.sample import write_sample_corpus
 from elmo_core.errors import InputError
-from pipelines.hdf5_output import embed_to_hdf5, is_text_input
+from pipelines.hdf5_output import embed_to_hdf5
 from pipelines.job import embed_parquet
 from pipelines.options import EmbedOptions
 from pipelines.verify import verify_output
@@ -22,12 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     """embed's options are generated from ``EmbedOptions``' fields (``elmo_cli.vocabulary``)."""
     _register_sample_corpus(sub)
     _register_verify(sub)
-    p = sub.add_parser("embed", help="embed a Parquet corpus into Parquet ELMo vectors (local or Ray)",
+    p = sub.add_parser("embed", help="embed a corpus (Parquet, CSV, TSV, JSON Lines, text) into Parquet ELMo vectors",
                        description="Stream Parquet rows through a biLM; write one Parquet shard per input "
                                    "file chunk into OUTPUT_DIR (see docs/pipelines.md).")
-    p.add_argument("input", help="a Parquet file, a directory of them, or a glob, or a file or prefix on an object "
-                                 "store (s3://bucket/corpus); with --format hdf5 also a text file of one "
-                                 "whitespace-tokenized sentence per line")
+    p.add_argument("input", help="a file (.parquet, .csv, .tsv, .jsonl/.ndjson, or .txt: one sentence per line), "
+                                 "a directory of them, or a glob, or a file or prefix on an object store "
+                                 "(s3://bucket/corpus); the format is told by the suffix")
     p.add_argument("output_dir", help="output directory (new or empty; or this job's, with --resume), local or "
                                       "s3://bucket/prefix; with --format hdf5 the (local) file to write")
     p.add_argument("--format", choices=OUTPUT_FORMATS, default=OUTPUT_FORMATS[0],
@@ -47,8 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_embed(args: argparse.Namespace) -> int:
     if args.use_sentence_keys and args.format != "hdf5":
         raise InputError("--use-sentence-keys keys the datasets of --format hdf5; add --format hdf5")
-    if args.format != "hdf5" and (args.output_dir.endswith((".hdf5", ".h5")) or is_text_input(args.input)):
-        raise InputError(f"{args.input} -> {args.output_dir}: a text INPUT or an .hdf5 output is --format hdf5 "
+    if args.format != "hdf5" and args.output_dir.endswith((".hdf5", ".h5")):
+        raise InputError(f"{args.input} -> {args.output_dir}: an .hdf5 output is --format hdf5 "
                          f"(allennlp elmo's layout); add --format hdf5")
     shards = {"format": args.format} if args.format != "hdf5" else {}
     opts = EmbedOptions.coerce(field_values(EmbedOptions, args), precision=args.precision, layout=args.layout,

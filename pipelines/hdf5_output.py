@@ -37,7 +37,7 @@ from typing import Any, Iterator
 import h5py
 import numpy as np
 
-from corpora.files import is_parquet, parquet_files
+from corpora.files import input_files, input_format
 from elmo_core.atomic import WriteGuard, atomic_path, remove_stale_temporaries
 from elmo_core.errors import InputError
 from elmo_core.storage import is_uri
@@ -50,14 +50,14 @@ from .options import PARQUET_ONLY, EmbedOptions, NonFiniteError
 from .progress import note
 from .lock import OutputLock
 from .rows import row_values
-from .source import open_dataset, scan_inputs
+from .source import input_batches, scan_inputs
 
 SENTENCE_TO_INDEX = "sentence_to_index"
 
 
 def is_text_input(spec: str | Path) -> bool:
     path = Path(spec)
-    return path.is_file() and not is_parquet(path)
+    return path.is_file() and input_format(path) == "text"
 
 
 def text_sentences(path: Path) -> Iterator[tuple[str, list[str], str]]:
@@ -80,9 +80,8 @@ def parquet_sentences(spec: str | Path, opts: EmbedOptions, counts: dict) -> Ite
     column = opts.tokens_column or opts.text_column
     for file in scan_inputs(spec, opts):
         row = 0
-        for batch in open_dataset(file).to_batches(columns=[column],
-                                                                              batch_size=opts.sort_window_rows):
-            values, bad = row_values(batch.column(0), opts.tokens_column is not None, column)
+        for batch in input_batches(file, opts):
+            values, bad = row_values(batch.column(column), opts.tokens_column is not None, column)
             counts["invalid_utf8"] += bad
             for i, value in enumerate(values):
                 tokens = value if opts.tokens_column or value is None else split_tokens(value)
@@ -114,7 +113,7 @@ def embed_to_hdf5(input: str | Path, out: str | Path, /, model: ModelRun | str |
     _check_options(opts, out)
     text_input = is_text_input(input)
     if not text_input:
-        parquet_files(input)  # a missing INPUT is named before the model loads
+        input_files(input)  # a missing INPUT, or one of no format it reads, is named before the model loads
     counts = {"sentences": 0, "tokens": 0, "invalid_utf8": 0}
     run = model if isinstance(model, ModelRun) else opts.resolve_run(model)
     opts = opts.with_run(run)  # the run's batch budget and sort windows where none was asked

@@ -31,6 +31,7 @@ from .os_errors import os_errors
 from .output_dir import open_output
 from .predictor import ElmoPredictor
 from .shard_loop import embed_shards
+from .shard_size import settle_rows_per_shard
 from .stages import StageClock
 from .progress import ProgressBar, note
 from .schema import output_schema
@@ -73,6 +74,9 @@ def plan_job(input: str | Path, output: str | Path, model: ModelRun | str | Path
     files = scan_inputs(input, opts)
     _check_apart(input, out, files)
     passthrough = passthrough_schema(files, opts)
+    opts = settle_rows_per_shard(opts, files, out)  # Spark's session started here where its slots decide
+    if opts.engine != "local":
+        note(f"shards of {opts.rows_per_shard:,} rows ({opts.rows_per_shard_reason})", opts.quiet)
     if opts.engine != "local":
         note(f"checking the model {run.describe()}; each replica loads its own", opts.quiet)
     log = (lambda text: note(text, opts.quiet)) if opts.engine == "local" else None
@@ -272,7 +276,7 @@ def _start_engine(opts: EmbedOptions) -> None:
     or it cannot be reached, in a bounded time)."""
     if opts.engine == "spark":
         from .spark_runner import spark_session
-        spark_session(opts.spark_master, opts.spark_conf)
+        spark_session(opts.spark_master, opts.spark_conf, opts.verbose)
     elif opts.engine == "ray":
         from .ray_runner import init_ray
         init_ray(opts)

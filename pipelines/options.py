@@ -87,7 +87,9 @@ class EmbedOptions:
                                     "windows and joined back", "vectors", meaning="max_sentence_tokens")
     window_context: int | None = _opt(BatchPolicy.window_context, "context tokens each side of a window "
                                       "(default M/8)", "vectors")
-    rows_per_shard: int = _opt(100_000, "one output shard per this many rows of one input file", "running")
+    rows_per_shard: int | None = _opt(None, "one output shard per this many rows of one input file (default: "
+                                      "100,000 on the local engine; on Spark and Ray two shards per task slot, "
+                                      "500 to 100,000 rows: see docs/pipelines.md)", "running")
     engine: str = _opt("local", "the runner: where the batches run, not what computes them (a job stopped under one "
                        "engine resumes under another)", "running", choices=ENGINES, parquet_only=True,
                        runtime_only=True)
@@ -114,6 +116,8 @@ class EmbedOptions:
     num_gpus_per_worker: float = _opt(0.0, None, "running", meaning="num_gpus_per_replica", runtime_only=True)
     spark_master: str | None = _opt(None, "--engine spark: local[N], spark://HOST:PORT, yarn, k8s://... (default "
                                     "local[*])", "running", runtime_only=True)
+    verbose: bool = _opt(False, "--engine spark: Spark's own log lines from INFO (default: WARN)", "running",
+                         runtime_only=True)
     spark_conf: tuple[str, ...] = _opt((), "--engine spark: a Spark setting, e.g. spark.executor.memory=8g "
                                        "(repeatable)", "running", action="append", metavar="KEY=VALUE",
                                        runtime_only=True)
@@ -133,6 +137,7 @@ class EmbedOptions:
     token_embeddings: str | None = _opt(None, None, "running", meaning="token_embeddings", runtime_only=True)
     token_vocab: str | None = _opt(None, None, "running", meaning="token_vocab", runtime_only=True)
     precision: str | None = _opt(None, cli=False)  # the flag: elmo_cli.run_args; None: the backend's (resolve_run)
+    rows_per_shard_reason: str = _opt("", cli=False, runtime_only=True)  # why this size (pipelines.shard_size)
     precision_reason: str = _opt("", cli=False, runtime_only=True)  # why this precision, recorded in the manifest
     layout: str | None = _opt(None, cli=False, runtime_only=True)  # the flag: elmo_cli.run_args; None: auto
 
@@ -148,7 +153,9 @@ class EmbedOptions:
         if self.compression is None:  # the format's own
             object.__setattr__(self, "compression", self.shard_format.compressions[0])
         _check_choice("compression", self.compression, self.shard_format.compressions)  # the format's
-        for name in ("rows_per_shard", "workers", "prefetch"):
+        if self.rows_per_shard is not None:
+            check_count("rows_per_shard", self.rows_per_shard)
+        for name in ("workers", "prefetch"):
             check_count(name, getattr(self, name))
         for name in ("max_tokens_per_batch", "sort_window_rows", "sort_window_tokens", "writer_threads"):
             check_count(name, getattr(self, name), optional="the run's")

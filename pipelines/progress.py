@@ -44,6 +44,14 @@ class ProgressBar:
             self.last = now
             self._draw(now, end="\r" if self.tty else "\n")
 
+    def shard_done(self, rows: int, tokens: int) -> None:
+        """A finished shard's rows and tokens, with a line at once (a runner that hears of whole shards)."""
+        self.rows += rows
+        self.tokens += tokens
+        if not self.quiet:
+            self.last = time.perf_counter()
+            self._draw(self.last, end="\r" if self.tty else "\n")
+
     def line(self, now: float | None = None) -> str:
         elapsed = max(1e-9, (now or time.perf_counter()) - self.t0)
         rate_rows = (self.rows - self.start_rows) / elapsed

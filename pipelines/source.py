@@ -1,5 +1,6 @@
-"""The input side: resolving INPUT to Parquet files, checking them before anything is written,
-and streaming each shard's rows as windows of record batches with column projection.
+"""The input side: resolving INPUT to its files (Parquet, CSV, TSV, JSON Lines or text:
+``corpora.files.input_files``; the others read by ``pipelines.input_formats``), checking them before
+anything is written, and streaming each shard's rows as windows of record batches with column projection.
 
 Shards: input file i (in sorted path order) is cut into shards of ``rows_per_shard`` rows;
 shard (i, k) holds rows [k * rows_per_shard, (k + 1) * rows_per_shard) of file i and is written
@@ -19,11 +20,12 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from corpora.files import parquet_files
+from corpora.files import input_files
 from elmo_core.errors import InputError
-from elmo_core.storage import dataset_source, file_etag, file_info, is_uri, open_input
+from elmo_core.storage import dataset_source, file_etag, file_info, file_sha256, is_uri, open_input
 from elmo_core.whitespace import TOKEN_PATTERN
 
+from . import input_formats
 from .options import EmbedOptions
 from .rows import check_text_type
 from .schema import ELMO_COLUMN
@@ -38,13 +40,15 @@ class InputFile:
     rows: int
     size: int
     mtime_ns: int
-    footer_sha256: str  # the Parquet footer: schema, row groups, their offsets and statistics
+    footer_sha256: str  # input_sha256: a Parquet file's footer (schema, row groups, offsets, statistics), else all of it
     schema: pa.Schema
     etag: str | None = None  # on S3, the object's version (any rewrite changes it); not in the identity
+    format: str = "parquet"  # corpora.files.INPUT_FORMATS
 
     def identity(self) -> dict:
-        return {"path": str(self.path), "rows": self.rows, "bytes": self.size, "mtime_ns": self.mtime_ns,
-                "footer_sha256": self.footer_sha256}
+        identity = {"path": str(self.path), "rows": self.rows, "bytes": self.size, "mtime_ns": self.mtime_ns,
+                    "footer_sha256": self.footer_sha256}
+        return identity if self.format == "parquet" else {**identity, "format": self.format}
 
     def check_unchanged(self) -> None:
         """InputError if the file is not the one the job started with (its size, modification time,
@@ -103,15 +107,25 @@ def footer_sha256(path: Path | str) -> str:
         return hashlib.sha256(f.read(n)).hexdigest()
 
 
+def input_sha256(path: Path | str, fmt: str) -> str:
+    """What pins an input file's rows: a Parquet file's footer, the whole of any other."""
+    return footer_sha256(path) if fmt == "parquet" else file_sha256(path)
+
+
 def scan_inputs(spec: str | Path, opts: EmbedOptions) -> list[InputFile]:
-    """Open every input file's footer and check its columns: errors come before any output."""
+    """Open every input file's footer (a Parquet file) or read it whole (the others) and check its
+    columns: errors come before any output."""
     files = []
-    for i, path in enumerate(parquet_files(spec)):
-        pf = _open(path)
-        check_schema(pf.schema_arrow, opts, str(path))
+    for i, (path, fmt) in enumerate(input_files(spec)):
         size, mtime_ns = file_info(path) or (0, 0)
-        files.append(InputFile(i, path if is_uri(path) else Path(path).resolve(), pf.metadata.num_rows, size,
-                               mtime_ns, footer_sha256(path), pf.schema_arrow, file_etag(path)))
+        if fmt == "parquet":
+            pf = _open(path)
+            schema, rows = pf.schema_arrow, pf.metadata.num_rows
+        else:
+            schema, rows = input_formats.schema_and_rows(path, fmt, opts.text_column)
+        check_schema(schema, opts, str(path))
+        files.append(InputFile(i, path if is_uri(path) else Path(path).resolve(), rows, size, mtime_ns,
+                               input_sha256(path, fmt), schema, file_etag(path), fmt))
     return files
 
 
@@ -154,7 +168,7 @@ def read_windows(file: InputFile, shards: list[Shard], opts: EmbedOptions) -> It
     wanted = {s.chunk: s for s in shards}
     pending: list[pa.RecordBatch] = []
     pending_rows, pending_tokens, row = 0, 0, 0  # rows and tokens buffered, file row of the first one
-    for batch in _batches(file, opts):
+    for batch in input_batches(file, opts):
         counts = token_counts(batch, opts)  # (R,)
         while batch.num_rows:
             shard_end = min(file.rows, (row // opts.rows_per_shard + 1) * opts.rows_per_shard)
@@ -206,7 +220,12 @@ def open_dataset(file: InputFile) -> ds.Dataset:
     return ds.dataset(path, filesystem=fs, format="parquet")
 
 
-def _batches(file: InputFile, opts: EmbedOptions) -> Iterator[pa.RecordBatch]:
+def input_batches(file: InputFile, opts: EmbedOptions) -> Iterator[pa.RecordBatch]:
+    """The file's rows, the job's columns, in file order."""
+    if file.format != "parquet":
+        for batch in input_formats.batches(file.path, file.format, opts.text_column, opts.sort_window_rows):
+            yield batch.select(opts.input_columns)
+        return
     dataset = open_dataset(file)
     try:
         yield from dataset.to_batches(columns=opts.input_columns, batch_size=opts.sort_window_rows,

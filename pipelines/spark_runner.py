@@ -20,7 +20,12 @@ a retry would meet again (a bad row, another model than the job's, a full or rea
 returned to the driver, not retried: it says what the local runner says.
 
 The session is started before OUTPUT_DIR is claimed (``job.plan_job``): a master that cannot be
-reached, or settings Spark refuses, leave OUTPUT_DIR as it was.
+reached, or settings Spark refuses, leave OUTPUT_DIR as it was. Its task slots (``defaultParallelism``)
+size the shards where ``--rows-per-shard`` is not given (``pipelines.shard_size``). Spark's own log
+lines go to stderr at WARN (INFO with ``--verbose``) through a log4j2 configuration given to the
+driver's JVM as it starts, so that its start prints nothing; a local master binds to 127.0.0.1
+unless ``SPARK_LOCAL_IP`` says otherwise. While the tasks run, a line of progress follows each
+shard committed (``_shards/``, polled by the driver).
 """
 from __future__ import annotations
 
@@ -30,6 +35,8 @@ import re
 import shutil
 import socket
 import sys
+import tempfile
+import threading
 import time
 from typing import Any, Callable, Iterator
 
@@ -44,7 +51,7 @@ from .options import EmbedOptions, OutputDirError, WorkerLostError
 from .predictor import ElmoPredictor
 from .progress import ProgressBar
 from .shard_loop import embed_shards
-from .sink import remove_temporaries
+from .sink import COMMITS_DIR, read_commit, remove_temporaries
 from .source import Shard
 from .stages import StageClock
 
@@ -55,6 +62,18 @@ SPARK_DEFAULTS = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "
 RESULT_SCHEMA = "record string, seconds string, process string, loads long, error string"
 ERRORS = {"InputError": InputError, "OutputDirError": OutputDirError, "ModelChangedError": ModelChangedError}
 REACH_SECONDS = 10.0  # how long the driver tries to reach a standalone master before it gives up
+POLL_SECONDS = 0.5  # how often the driver looks for newly committed shards
+LOG4J2 = """status = error
+rootLogger.level = {level}
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+logger.hadoop.name = org.apache.hadoop.util.NativeCodeLoader
+logger.hadoop.level = error
+"""
 
 _PREDICTORS: dict[str, ElmoPredictor] = {}  # per Python worker: the model, loaded once
 _REFUSED: dict[str, tuple[ModelChangedError, list]] = {}  # per Python worker: a refusal, and the files it saw
@@ -71,7 +90,7 @@ def check_spark() -> None:
                          "JAVA_HOME (or put java on PATH)")
 
 
-def spark_session(master: str | None, conf: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
+def spark_session(master: str | None, conf: tuple[str, ...] = (), verbose: bool = False):  # type: ignore[no-untyped-def]
     """A SparkSession for ``master`` (default ``local[*]``, or spark-submit's ``--master``) with the
     ``K=V`` settings of ``conf`` (an existing session of this process is taken as it is); InputError
     where the master does not answer or Spark refuses to start with these settings."""
@@ -80,13 +99,16 @@ def spark_session(master: str | None, conf: tuple[str, ...] = ()):  # type: igno
     from pyspark.errors import PySparkException
     from pyspark.sql import SparkSession
 
-    settings = {**SPARK_DEFAULTS, **dict(spark_setting(kv) for kv in conf)}
+    level = "INFO" if verbose else "WARN"
+    settings = {**SPARK_DEFAULTS, "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log_config(level)}",
+                **dict(spark_setting(kv) for kv in conf)}
     builder = SparkSession.builder.appName("elmo embed")
     if master or not os.environ.get("PYSPARK_GATEWAY_PORT"):  # under spark-submit, its --master holds
         master = local_master(master or "local[*]", settings["spark.task.maxFailures"])
         builder = builder.master(master)
         if master.startswith("local"):  # executors are this machine's: they run this interpreter
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         _reach(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
@@ -95,8 +117,27 @@ def spark_session(master: str | None, conf: tuple[str, ...] = ()):  # type: igno
     except (Py4JError, PySparkException, RuntimeError) as e:
         raise InputError(f"Spark could not start a session on {master or 'the master spark-submit gave'} with the "
                          f"settings given (--spark-master, --spark-conf): {_first_line(e)}") from None
-    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel(level)
     return spark
+
+
+def spark_slots(opts: EmbedOptions) -> tuple[int, str]:
+    """(the tasks the session runs at once, in words): its ``defaultParallelism``."""
+    spark = spark_session(opts.spark_master, opts.spark_conf, opts.verbose)
+    n = spark.sparkContext.defaultParallelism
+    return n, f"{n} Spark task slot{'s' if n != 1 else ''} ({spark.sparkContext.master})"
+
+
+def _log_config(level: str) -> str:
+    """A log4j2 configuration file: Spark's lines at ``level`` on stderr, Hadoop's native-library note off."""
+    path = os.path.join(tempfile.gettempdir(), f"elmo-spark-log4j2-{level.lower()}-{os.getuid()}.properties")
+    text = LOG4J2.format(level=level.lower())
+    if not os.path.exists(path) or open(path).read() != text:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    return path
 
 
 def _reach(master: str) -> None:
@@ -199,13 +240,14 @@ def embed_task(run: ModelRun, options: dict, shards: list[Shard], out: Any, sche
 def run_spark(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dict], dict]:  # type: ignore[no-untyped-def]
     opts: EmbedOptions = job.opts
     t0 = time.perf_counter()
-    spark = spark_session(opts.spark_master, opts.spark_conf)
+    spark = spark_session(opts.spark_master, opts.spark_conf, opts.verbose)
     info = {"name": "spark", "master": spark.sparkContext.master, "spark_version": spark.version,
             "session_s": round(time.perf_counter() - t0, 3)}
     if not shards:
         return [], info
     task = embed_task(job.run, opts.to_dict(), shards, job.out, job.schema, job.digest)
-    rows = _collect(spark, spark.range(len(shards), numPartitions=len(shards)).mapInArrow(task, RESULT_SCHEMA))
+    with _ShardProgress(job.out, shards, progress) as shown:
+        rows = _collect(spark, spark.range(len(shards), numPartitions=len(shards)).mapInArrow(task, RESULT_SCHEMA))
     remove_temporaries(job.out)  # a killed attempt's: the committed shards are every shard now
     errors = [json.loads(r.error) for r in rows if r.error]
     if errors:
@@ -215,7 +257,8 @@ def run_spark(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dic
     for r in rows:
         records.append(json.loads(r.record))
         job.clock.add(json.loads(r.seconds))
-        progress.update(records[-1]["rows"], records[-1]["tokens"])
+        if records[-1]["file"] not in shown:
+            progress.shard_done(records[-1]["rows"], records[-1]["tokens"])
     loads: dict[str, int] = {}
     for r in rows:
         loads[r.process] = max(loads.get(r.process, 0), r.loads)
@@ -236,3 +279,36 @@ def _collect(spark: Any, frame: Any) -> list:
                               f"spark.task.maxFailures, or F of local[N,F]) or its executor was lost "
                               f"({_first_line(e)}); the shards committed in this run are kept: rerun with "
                               f"--resume") from None
+
+
+class _ShardProgress:
+    """While the tasks run: a progress line per shard committed (its commit record, polled);
+    the names of those shown."""
+
+    def __init__(self, out: Any, shards: list[Shard], progress: ProgressBar) -> None:
+        self.out, self.progress, self.pending = out, progress, {s.name for s in shards}
+        self.shown: set[str] = set()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._poll, name="elmo-spark-progress", daemon=True)
+
+    def __enter__(self) -> set[str]:
+        self.thread.start()
+        return self.shown
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def _poll(self) -> None:
+        while not self.stop.wait(POLL_SECONDS):
+            try:
+                names = self.out.commit_names(COMMITS_DIR)
+            except (OSError, ElmoError):
+                continue  # a store that did not answer this time: the next poll asks again
+            for name in names:
+                shard = f"{name.rsplit('/', 1)[-1].removesuffix('.json')}.parquet"
+                if shard in self.pending and shard not in self.shown:
+                    record = read_commit(self.out, shard)
+                    if record is not None:
+                        self.shown.add(shard)
+                        self.progress.shard_done(int(record.get("rows", 0)), int(record.get("tokens", 0)))

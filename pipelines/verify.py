@@ -29,7 +29,8 @@ from .rows import row_tokens
 from .schema import ELMO_COLUMN, vector_array
 from .shard_files import shard_format
 from .sink import JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, Output, check_shard
-from .source import footer_sha256
+from . import input_formats
+from .source import input_sha256
 
 
 class VerificationError(OutputDirError):
@@ -119,9 +120,18 @@ def _non_finite(out: Output, name: str) -> str:
     return ""
 
 
+def _read_input(inp: dict, columns: list[str], opts: EmbedOptions) -> pa.Table:
+    fmt = inp.get("format", "parquet")
+    if fmt != "parquet":
+        return input_formats.read_table(inp["path"], fmt, opts.text_column, columns)
+    path, fs = dataset_source(inp["path"])  # a local path or a URI
+    return pq.read_table(path, columns=columns, filesystem=fs)
+
+
 def _unchanged(inp: dict) -> bool:
     info = file_info(inp["path"])  # a local path or a URI
-    return info == (inp["bytes"], inp["mtime_ns"]) and footer_sha256(inp["path"]) == inp["footer_sha256"]
+    return info == (inp["bytes"], inp["mtime_ns"]) and \
+        input_sha256(inp["path"], inp.get("format", "parquet")) == inp["footer_sha256"]
 
 
 def _row_problems(out: Output, shard: dict, inp: dict, inputs: pa.Table, opts: EmbedOptions) -> list[str]:
@@ -177,8 +187,7 @@ def verify_output(out_dir: str | Path, check_inputs: bool = True) -> dict:
             skipped.append(inp["path"])
             continue
         columns = [c for c in (opts.id_column, opts.tokens_column or opts.text_column) if c]
-        path, fs = dataset_source(inp["path"])  # a local path or a URI
-        inputs = pq.read_table(path, columns=columns, filesystem=fs)
+        inputs = _read_input(inp, columns, opts)
         for shard in (s for s in manifest["shards"] if s["input_file"] == i and s["file"] in good):
             problems += _row_problems(out, shard, inp, inputs, opts)
         checked += 1

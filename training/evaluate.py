@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -50,10 +51,14 @@ def _on_the_fast_path(score: Callable[..., dict]) -> Callable[..., dict]:
 @torch.no_grad()
 def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: int = 32,
                max_sentences: int | None = None, column: str | None = None, device: str = "cpu",
-               stateful: bool = False, progress: Callable[[int, int], None] | None = None) -> dict:
+               stateful: bool = False, progress: Callable[[int, int], None] | None = None,
+               deadline: float | None = None) -> dict:
     """Each sentence scored alone (<S> .. </S>, from a zero state), every prediction counted; with
     ``stateful`` the state runs on across sentences (module doc; ``max_sentences`` is then ignored).
-    ``progress(sentences, predictions)`` is called after each batch.
+    ``progress(sentences, predictions)`` is called after each batch. ``deadline`` (a
+    ``time.perf_counter()``): no batch is started that would end after it, by the longest batch
+    so far (the first always runs); the result then counts the sentences scored, and says
+    ``cut_by_deadline``.
 
     Returns forward, backward, mean perplexity and the number of predictions per direction.
     """
@@ -69,8 +74,12 @@ def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: in
         state = LstmState(state.h.to(device), state.c.to(device))
     else:
         batcher, state = SentenceBatcher(stream, vocab, batch_size, chars), None
-    sums, count, sentences = torch.zeros(2, dtype=torch.float64), 0, 0
+    sums, count, sentences, longest, cut = torch.zeros(2, dtype=torch.float64), 0, 0, 0.0, False
     while stateful or max_sentences is None or sentences < max_sentences:
+        started = time.perf_counter()
+        if deadline is not None and count and started + longest > deadline:
+            cut = True
+            break
         batch = batcher.next_batch()
         if batch is None:
             break
@@ -83,12 +92,13 @@ def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: in
         sentences = stream.stats.sentences if stateful else sentences + batch.mask.shape[0]
         if progress is not None:
             progress(sentences, count)
+        longest = max(longest, time.perf_counter() - started)
     lm.train(was_training)
     if count == 0:
         raise CorpusError(f"{path}: no sentence to evaluate on")
     fwd, bwd = (sums / count).tolist()
     return {"forward": math.exp(fwd), "backward": math.exp(bwd), "mean": math.exp(0.5 * (fwd + bwd)),
-            "predictions": count, "sentences": sentences}
+            "predictions": count, "sentences": sentences, **({"cut_by_deadline": True} if cut else {})}
 
 
 def save_softmax(lm: LanguageModel, path: Path) -> None:

@@ -66,3 +66,32 @@ def test_embed_says_what_it_does_within_ten_seconds(tiny_dir, tmp_path, spawn):
     assert lines[0][0] <= FIRST_LINE_S and said[0] == f"elmo embed: reading the inputs {tmp_path / 'corpus'}", lines
     assert said[1].startswith(f"elmo embed: loading the model {tiny_dir} (torch on cpu, fp32: the default; 1 thread: ")
     assert said[2].startswith("elmo embed: embedding 200 rows into") and said[3].startswith("rows 200/200"), said
+
+
+def test_train_keeps_max_minutes_when_two_busy_processes_start_after_its_plan(tmp_path, spawn):
+    """The final evaluation is timed on a quiet machine, then two processes keep both cores busy:
+    the evaluation, bounded by the time left as it runs, stops in time and says so."""
+    import json
+
+    train = write_corpus(tmp_path / "train.txt", sotu_sentences(limit=200))
+    valid = write_corpus(tmp_path / "valid.txt", sotu_sentences("1794-Washington-1") * 40)
+    minutes = 0.4
+    t0 = time.monotonic()
+    proc = spawn([sys.executable, "-m", "elmo_cli", "train", "--train", str(train), "--valid", str(valid),
+                  "--out", str(tmp_path / "run"), "--options", str(write_options(tmp_path / "tiny.json")),
+                  "--min-count", "1", "--max-minutes", str(minutes), "--no-tensorboard", "--log-every", "100000",
+                  "--train-eval-sentences", "400"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                 text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    said = []
+    for line in proc.stdout:
+        said.append(line.rstrip("\n"))
+        if line.startswith("final evaluation:") and "training stops at" in line:
+            for _ in range(2):
+                spawn([sys.executable, "-c", "while True: pass"])
+    code, wall = proc.wait(), time.monotonic() - t0
+    assert code == 0, said[-20:]
+    assert wall <= minutes * 60 * 1.05, (wall, said)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    planned = json.loads((tmp_path / "run" / "run.json").read_text())["final_eval"]["sentences"]
+    whole = summary["valid"] is not None and summary["valid"]["sentences"] == planned
+    assert whole or any("evaluation" in w and "--max-minutes" in w for w in summary["warnings"]), summary

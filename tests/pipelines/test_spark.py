@@ -350,3 +350,27 @@ def test_a_spark_job_that_cannot_start_leaves_output_dir_as_it_was(spark, tiny, 
         assert time.monotonic() - t0 < 60 and not out.exists(), wrong
     r = run_cli(*command, "--spark-master", "local[2]")
     assert r.returncode == 0, r.stderr
+
+
+def test_a_spark_job_sizes_its_shards_by_its_slots_reads_csv_and_says_each_shard_quietly(tiny, tmp_path):
+    """A new JVM as a user starts it: no --rows-per-shard, local[2] on 2,400 CSV rows gets 4 shards
+    (2 a slot), a progress line per shard while the tasks run, none of Spark's or log4j's lines on
+    stderr; the vectors are the local runner's from the same CSV."""
+    corpus = write_sample_corpus(tmp_path / "corpus", rows=2400, files=1)[0]
+    csv = tmp_path / "in.csv"
+    import pyarrow.csv as pa_csv
+    pa_csv.write_csv(pq.read_table(corpus, columns=["id", "text"]), csv)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", str(csv), str(out), "--model", str(tiny),
+                        "--engine", "spark", "--spark-master", "local[2]", "--id-column", "id", "--json"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads(r.stdout)
+    assert manifest["options"]["rows_per_shard"] == 600 and len(manifest["shards"]) == 4
+    assert "2 Spark task slots" in manifest["options"]["rows_per_shard_reason"]
+    assert sum(line.startswith("rows ") for line in r.stderr.splitlines()) == 4, r.stderr
+    for noise in ("log4j", " INFO ", " WARN ", "hostname", "NativeCodeLoader"):
+        assert noise not in r.stderr, (noise, r.stderr)
+    local = embed_parquet(csv, tmp_path / "local", tiny, id_column="id", rows_per_shard=600, quiet=True)
+    assert local["rows"] == 2400
+    _assert_same_rows(_table(out), _table(tmp_path / "local"))

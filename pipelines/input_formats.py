@@ -1,0 +1,142 @@
+"""Reading the inputs that are not Parquet, as record batches: CSV and TSV (``pyarrow.csv``: a
+header row names the columns; TSV fields are not quoted), JSON Lines (``pyarrow.json``: one object
+per line, its keys the columns) and text (one sentence per line, the line without its line break
+as the text column ``--text-column``; an empty line is an empty row).
+
+Each is read as a stream, in file order, one row per CSV record, JSON line or text line, so a shard
+(``pipelines.source``) is the same rows whichever process reads it. A file that cannot be read
+whole is an InputError naming the file, the line and what is wrong (a CSV record with the wrong
+number of fields, a line that is not a JSON object, a value of another type than its column's,
+bytes that are not UTF-8), found when the job scans its inputs, before anything is written.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.json as pa_json
+
+from elmo_core.errors import InputError
+from elmo_core.storage import is_uri, open_input
+
+BLOCK_BYTES = 1 << 22
+
+
+def batches(path: Path | str, fmt: str, text_column: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """The file's rows as record batches of at most ``batch_rows`` rows, in file order."""
+    with open_input(path) if is_uri(path) else open(path, "rb") as f:
+        reader = {"csv": _csv, "tsv": _csv, "jsonl": _jsonl, "text": _text}[fmt]
+        for batch in reader(f, path, fmt, text_column, batch_rows):
+            for start in range(0, batch.num_rows, batch_rows):
+                yield batch.slice(start, batch_rows)
+
+
+def schema_and_rows(path: Path | str, fmt: str, text_column: str) -> tuple[pa.Schema, int]:
+    """The file's schema and row count, every row read (and so checked)."""
+    rows, schema = 0, None
+    for batch in batches(path, fmt, text_column, 1 << 16):
+        rows, schema = rows + batch.num_rows, schema or batch.schema
+    if schema is None:  # no rows: the schema the reader saw (a CSV header), else the text column's
+        schema = _empty_schema(path, fmt, text_column)
+    return schema, rows
+
+
+def read_table(path: Path | str, fmt: str, text_column: str, columns: list[str]) -> pa.Table:
+    schema, _ = schema_and_rows(path, fmt, text_column)
+    table = pa.Table.from_batches(list(batches(path, fmt, text_column, 1 << 16)), schema=schema)
+    return table.select(columns)
+
+
+def _empty_schema(path: Path | str, fmt: str, text_column: str) -> pa.Schema:
+    if fmt in ("csv", "tsv"):
+        with open_input(path) if is_uri(path) else open(path, "rb") as f:
+            try:
+                return _csv_reader(f, fmt, text_column, []).schema
+            except pa.ArrowInvalid:  # an empty file: not even a header
+                pass
+    return pa.schema([pa.field(text_column, pa.string())])
+
+
+def _csv_reader(f, fmt: str, text_column: str, bad: list) -> pa_csv.CSVStreamingReader:
+    def invalid(row: pa_csv.InvalidRow) -> str:
+        bad.append(row)
+        return "skip"
+
+    parse = pa_csv.ParseOptions(delimiter="\t" if fmt == "tsv" else ",", quote_char=False if fmt == "tsv" else '"',
+                                invalid_row_handler=invalid)
+    return pa_csv.open_csv(f, read_options=pa_csv.ReadOptions(use_threads=False, block_size=BLOCK_BYTES),
+                           parse_options=parse, convert_options=pa_csv.ConvertOptions(
+                               column_types={text_column: pa.string()}, strings_can_be_null=False))
+
+
+def _csv(f, path, fmt: str, text_column: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    bad: list[pa_csv.InvalidRow] = []
+    try:
+        reader = _csv_reader(f, fmt, text_column, bad)
+        for batch in reader:
+            if bad:
+                break
+            yield batch
+    except pa.ArrowInvalid as e:
+        if "Empty CSV file" in str(e):
+            return
+        raise InputError(f"{path}: not readable as {fmt.upper()} ({e}); fix the file or convert it to Parquet") from None
+    if bad:
+        row = bad[0]
+        raise InputError(f"{path}: line {row.number}: {row.actual_columns} fields where the header has "
+                         f"{row.expected_columns} ({row.text[:80]!r}); quote a field that holds the delimiter"
+                         + (" (TSV fields are not quoted: a tab inside a field cannot be read)" if fmt == "tsv" else ""))
+
+
+def _jsonl(f, path, fmt: str, text_column: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    try:
+        reader = pa_json.open_json(f, read_options=pa_json.ReadOptions(use_threads=False, block_size=BLOCK_BYTES))
+        yield from reader
+    except pa.ArrowInvalid as e:
+        if "Empty JSON file" in str(e):
+            return
+        raise InputError(f"{path}: {_bad_json_line(path) or f'not JSON Lines ({e})'}; every line holds one "
+                         f"JSON object whose keys are the columns, each key's values of one type") from None
+
+
+def _bad_json_line(path: Path | str) -> str:
+    """The first line that is not a JSON object, or whose value changes a key's type, in words."""
+    types: dict[str, str] = {}
+    with open_input(path) if is_uri(path) else open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError as e:
+                return f"line {n} is not JSON ({e})"
+            if not isinstance(value, dict):
+                return f"line {n} is a JSON {type(value).__name__}, not an object"
+            for key, v in value.items():
+                kind = _json_kind(v)
+                if kind != "null" and types.setdefault(key, kind) != kind:
+                    return f"line {n}: column '{key}' holds a {kind} where earlier lines hold a {types[key]}"
+    return ""
+
+
+def _json_kind(v) -> str:
+    return ("null" if v is None else "bool" if isinstance(v, bool) else "number" if isinstance(v, (int, float))
+            else "string" if isinstance(v, str) else type(v).__name__)
+
+
+def _text(f, path, fmt: str, text_column: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    lines: list[str] = []
+    for n, raw in enumerate(f, 1):
+        try:
+            lines.append(re.sub(r"\r?\n\Z", "", raw.decode("utf-8")))
+        except UnicodeDecodeError as e:
+            raise InputError(f"{path}: line {n} is not UTF-8 ({e}); a text INPUT holds one UTF-8 sentence per line")
+        if len(lines) == batch_rows:
+            yield pa.record_batch([pa.array(lines, pa.string())], names=[text_column])
+            lines = []
+    if lines:
+        yield pa.record_batch([pa.array(lines, pa.string())], names=[text_column])

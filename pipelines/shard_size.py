@@ -1,0 +1,63 @@
+"""How many rows a shard holds where ``--rows-per-shard`` is not given, settled once per job and
+recorded with it (``_job.json``'s options, the manifest's ``rows_per_shard_reason``).
+
+A shard is the unit a runner hands out: Spark's task, a Ray replica's call. A job on one engine
+slot (the local runner works one shard at a time) keeps ``DEFAULT_ROWS``; on several slots (Spark's
+``defaultParallelism``: N of ``local[N]``, a cluster's executor cores; Ray's replicas) the corpus
+is cut into ``TASKS_PER_SLOT`` shards per slot, so that every slot gets work and a slow shard
+does not hold the job alone, each at least ``MIN_ROWS`` rows (below that a task's start costs more
+than its rows) and at most ``DEFAULT_ROWS``. A resumed job keeps the size its OUTPUT_DIR records,
+whatever the engine now.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from .options import EmbedOptions
+from .sink import JOB_FILE, Output
+from .source import InputFile
+
+DEFAULT_ROWS = 100_000
+MIN_ROWS = 500
+TASKS_PER_SLOT = 2
+
+
+def settle_rows_per_shard(opts: EmbedOptions, files: list[InputFile], out: Output) -> EmbedOptions:
+    """``opts`` with ``rows_per_shard`` settled and its reason."""
+    if opts.rows_per_shard is not None:
+        return replace(opts, rows_per_shard_reason="--rows-per-shard")
+    recorded = _recorded(out)
+    if recorded is not None:
+        return replace(opts, rows_per_shard=recorded, rows_per_shard_reason="as this OUTPUT_DIR's job recorded")
+    slots, which = engine_slots(opts)
+    if slots <= 1:
+        return replace(opts, rows_per_shard=DEFAULT_ROWS, rows_per_shard_reason=f"{which}: the default")
+    total = sum(f.rows for f in files)
+    rows = shard_rows(total, slots)
+    return replace(opts, rows_per_shard=rows, rows_per_shard_reason=(
+        f"{total:,} rows over {which}: {TASKS_PER_SLOT} shards a slot, {MIN_ROWS:,} to {DEFAULT_ROWS:,} rows each"))
+
+
+def shard_rows(total_rows: int, slots: int) -> int:
+    return min(DEFAULT_ROWS, max(MIN_ROWS, -(-total_rows // (TASKS_PER_SLOT * slots))))
+
+
+def engine_slots(opts: EmbedOptions) -> tuple[int, str]:
+    """(shards the engine runs at once, in words)."""
+    if opts.engine == "spark":
+        from .spark_runner import spark_slots
+        return spark_slots(opts)
+    if opts.engine == "ray":
+        return opts.workers, f"{opts.workers} Ray replica{'s' if opts.workers != 1 else ''}"
+    return 1, "the local runner works one shard at a time"
+
+
+def _recorded(out: Output) -> int | None:
+    if not out.exists() or JOB_FILE not in out.entries():
+        return None
+    try:
+        rows = json.loads(out.read_text(JOB_FILE)).get("options", {}).get("rows_per_shard")
+    except (ValueError, AttributeError):
+        return None  # not a job record: check_claim says so
+    return rows if isinstance(rows, int) and not isinstance(rows, bool) and rows > 0 else None

@@ -1,0 +1,108 @@
+"""``elmo embed``'s inputs besides Parquet: CSV, TSV, JSON Lines and text, each giving the vectors
+the same sentences give from Parquet, resumed and pinned as Parquet is; a file the readers cannot
+read, or whose format its name does not tell, refused before anything is written."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines import embed_parquet
+from pipelines.verify import verify_output
+
+from tests.helpers import run_cli as elmo
+
+SENTENCES = ["The cat sat on the mat .", 'He said "yes , of course" .', "Green ideas sleep .", "",
+             "A fourth , with commas , row", "Ünïcode wörds here", "the last one"]
+IDS = list(range(10, 10 + len(SENTENCES)))
+
+
+def write_inputs(where: Path) -> dict[str, Path]:
+    where.mkdir(parents=True, exist_ok=True)
+    table = pa.table({"id": pa.array(IDS, pa.int64()), "text": SENTENCES})
+    pq.write_table(table, where / "in.parquet")
+    pa_csv.write_csv(table, where / "in.csv")
+    (where / "in.tsv").write_text("id\ttext\n" + "".join(f"{i}\t{s}\n" for i, s in zip(IDS, SENTENCES)))
+    (where / "in.jsonl").write_text("".join(json.dumps({"id": i, "text": s}) + "\n" for i, s in zip(IDS, SENTENCES)))
+    (where / "in.txt").write_text("".join(s + "\n" for s in SENTENCES))
+    return {p.suffix[1:]: p for p in where.iterdir()}
+
+
+def vectors(out: Path) -> list:
+    return ds.dataset(out, format="parquet").to_table().column("elmo").to_pylist()
+
+
+def test_csv_tsv_jsonl_and_text_give_the_vectors_of_the_same_rows_from_parquet(tiny_dir, tmp_path):
+    inputs = write_inputs(tmp_path / "in")
+    expected = None
+    for kind in ("parquet", "csv", "tsv", "jsonl", "txt"):
+        out = tmp_path / f"out-{kind}"
+        ids = [] if kind == "txt" else ["--id-column", "id"]
+        r = elmo("embed", inputs[kind], out, "--model", tiny_dir, "--rows-per-shard", "3", "--quiet", *ids)
+        assert r.returncode == 0, (kind, r.stderr)
+        table = ds.dataset(out, format="parquet").to_table()
+        assert table.num_rows == len(SENTENCES) and len(list(out.glob("part-*.parquet"))) == 3
+        if ids:
+            assert table.column("id").to_pylist() == IDS
+        got = table.column("elmo").to_pylist()
+        expected = expected or got
+        assert [len(v) for v in got] == [len(v) for v in expected]
+        for a, b in zip(got, expected):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+        assert verify_output(out)["inputs_checked"] == 1
+
+
+def test_a_csv_job_resumes_its_damaged_shard_and_is_pinned_to_the_csv(tiny_dir, tmp_path):
+    csv = write_inputs(tmp_path / "in")["csv"]
+    out = tmp_path / "out"
+    opts = dict(id_column="id", rows_per_shard=3, quiet=True)
+    embed_parquet(csv, out, tiny_dir, **opts)
+    first = vectors(out)
+    victim = out / "part-00000-00001.parquet"
+    victim.write_bytes(victim.read_bytes()[:-200])
+    m = embed_parquet(csv, out, tiny_dir, resume=True, **opts)
+    assert m["this_run"]["shards"] == 1 and m["this_run"]["shards_kept"] == 2
+    assert vectors(out) == first
+    csv.write_text(csv.read_text().replace("the last one", "another last one"))
+    r = elmo("embed", csv, out, "--model", tiny_dir, "--id-column", "id", "--rows-per-shard", "3", "--resume")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert vectors(out) == first
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("bad.csv", "id,text\n1,a b\n2,c,d\n3,e\n", "bad.csv: line 3: 3 fields where the header has 2"),
+    ("bad.tsv", "id\ttext\n1\ta b\n2\tc\td\n", "bad.tsv: line 3: 3 fields where the header has 2"),
+    ("bad.jsonl", '{"text": "a b"}\n{"text": "c"}\n{text: 1}\n', "bad.jsonl: line 3 is not JSON"),
+    ("typed.jsonl", '{"text": "a b"}\n{"text": 3}\n', "typed.jsonl: line 2: column 'text' holds a number where "
+                                                      "earlier lines hold a string"),
+    ("cols.csv", "id,sentence\n1,a b\n", "cols.csv: columns ['text'] not found; the columns are ['id', 'sentence']"),
+    ("cols.jsonl", '{"id": 1, "sentence": "a"}\n', "cols.jsonl: columns ['text'] not found"),
+    ("corpus.dat", "a b\n", "corpus.dat: cannot tell its input format from its name; elmo embed reads parquet "
+                            "(.parquet, .parq, .pq); csv (.csv); tsv (.tsv); jsonl (.jsonl, .ndjson); text (.txt)"),
+])
+def test_a_file_that_cannot_be_read_or_told_is_refused_before_anything_is_written(tiny_dir, tmp_path, name,
+                                                                                   content, message):
+    (tmp_path / name).write_text(content)
+    out = tmp_path / "out"
+    r = elmo("embed", tmp_path / name, out, "--model", tiny_dir)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert message in r.stderr
+    assert not out.exists()
+
+
+def test_a_directory_reads_its_one_format_and_refuses_a_mix(tiny_dir, tmp_path):
+    inputs = write_inputs(tmp_path / "in")
+    for kind in ("parquet", "tsv", "txt", "jsonl"):
+        inputs[kind].unlink()
+    r = elmo("embed", tmp_path / "in", tmp_path / "out", "--model", tiny_dir, "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert len(vectors(tmp_path / "out")) == len(SENTENCES)
+    (tmp_path / "in" / "more.jsonl").write_text('{"text": "a b"}\n')
+    r = elmo("embed", tmp_path / "in", tmp_path / "out2", "--model", tiny_dir)
+    assert r.returncode == 2 and "files of several input formats (csv, jsonl)" in r.stderr, r.stderr
