@@ -80,7 +80,6 @@ def _run(argv: list[str] | None) -> int:
     command = "elmo"
     try:
         with _signals_held():
-            import runtime  # noqa: F401 (first: OpenMP's wait policy is set before torch loads; runtime.cpus)
             from elmo_core.errors import ElmoError
 
             parser = build_parser()

@@ -7,11 +7,8 @@ one above it). torch and ONNX Runtime size their pools by the host's cores; more
 make their workers wait at every barrier for one that is not running. The default is the smallest
 of the affinity, the quota (rounded down, at least 1) and ``OMP_NUM_THREADS`` where the user set it.
 
-Those threads wait passively (``wait_passively``: OpenMP's ``OMP_WAIT_POLICY=PASSIVE``; ONNX
-Runtime's sessions without spinning). By default torch's OpenMP workers spin between parallel
-regions, and the LSTM runs thousands of small regions a second: beside another busy process the
-spinners take the CPU from the thread they wait for, and a job on the default threads ran 2.2x the
-time of the same job on one thread, at 3x its CPU seconds (``bench/bench_threads.py``).
+Those threads wait passively (OpenMP's ``OMP_WAIT_POLICY=PASSIVE``, set by ``elmo_core``'s import:
+``elmo_core/process_env.py``; ONNX Runtime's sessions without spinning).
 """
 from __future__ import annotations
 
@@ -124,16 +121,3 @@ def process_cpu_budget() -> CpuBudget:
 def threads_for(threads: int | None) -> CpuBudget:
     """The threads a run uses: ``threads`` as given (--threads), else this process's budget."""
     return CpuBudget(threads, "--threads") if threads else process_cpu_budget()
-
-
-WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
-
-
-def wait_passively(environ: "os._Environ[str] | dict[str, str] | None" = None) -> None:
-    """OpenMP's workers sleep when idle instead of spinning (``OMP_WAIT_POLICY=PASSIVE``) unless the
-    user chose a wait policy. OpenMP reads it once, when torch first loads it: ``runtime`` calls this
-    on import, before anything of it imports torch (and ``inference``, ``training`` and the CLI
-    import ``runtime`` first)."""
-    env = os.environ if environ is None else environ
-    if not any(name in env for name in WAIT_VARIABLES):
-        env["OMP_WAIT_POLICY"] = "PASSIVE"

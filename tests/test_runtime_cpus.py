@@ -105,7 +105,7 @@ def test_embed_on_one_cpu_prints_its_threads_once(tiny_dir, tmp_path):
 
 
 def test_openmp_waits_passively_unless_the_user_chose(tmp_path):
-    from runtime.cpus import wait_passively
+    from elmo_core.process_env import wait_passively
 
     env: dict[str, str] = {}
     wait_passively(env)

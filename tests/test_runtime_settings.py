@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from runtime.settings import PRIMITIVE_CACHE_CAPACITY
+from elmo_core.process_env import PRIMITIVE_CACHE_CAPACITY
 
 CODE = ("import json, os, inference; print(json.dumps({k: os.environ.get(k) for k in "
         "('ONEDNN_PRIMITIVE_CACHE_CAPACITY', 'LRU_CACHE_CAPACITY')}))")
