@@ -16,9 +16,6 @@ from elmo_cli.vocabulary import add_flag, add_model
 from elmo_core.atomic import read_json_object
 from elmo_core.errors import InputError
 from elmo_core.storage import file_sha256
-from formats import load_bilm, resolve_model
-from formats.export_manifest import MANIFEST_NAME, read_manifest
-from training.default_model import CARD
 
 if TYPE_CHECKING:
     import torch
@@ -35,6 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def describe(model_path: str, weights: str | None = None) -> dict:
+    from formats import load_bilm, resolve_model
+    from training.default_model import CARD
+
     files = resolve_model(model_path, weights)
     model = load_bilm(files.options, files.weights)
     cfg = model.config
@@ -56,6 +56,8 @@ def _parameters(module: "torch.nn.Module") -> int:
 
 
 def _export(path: Path) -> dict:
+    from formats.export_manifest import MANIFEST_NAME, read_manifest
+
     kind = read_json_object(path / MANIFEST_NAME).get("kind")
     m = read_manifest(path, str(kind))
     source = {k: v for k, v in m.get("source", {}).items() if k != "architecture"}
@@ -66,6 +68,8 @@ def _export(path: Path) -> dict:
 
 def inspect(path_arg: str, weights: str | None = None) -> dict:
     """What the directory at ``path_arg`` is and holds (see the module doc)."""
+    from formats.export_manifest import MANIFEST_NAME
+
     path = Path(path_arg)
     if path.is_dir() and (path / MANIFEST_NAME).is_file():
         return _export(path)

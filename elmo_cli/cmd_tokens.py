@@ -7,9 +7,6 @@ import argparse
 import time
 
 from elmo_cli.vocabulary import add_flag
-from formats import load_bilm, resolve_model
-from formats.token_embeddings import TokenEmbeddings, read_vocab_lines, write_token_embeddings
-from inference.token_cache import compute_token_embeddings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,6 +23,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_dump_tokens(args: argparse.Namespace) -> int:
+    from formats import load_bilm, resolve_model
+    from formats.token_embeddings import TokenEmbeddings, read_vocab_lines, write_token_embeddings
+    from inference.token_cache import compute_token_embeddings
+
     start = time.perf_counter()
     files = resolve_model(args.model, args.weights)
     model = load_bilm(files.options, files.weights).eval().to(args.device)
