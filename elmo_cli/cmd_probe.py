@@ -122,6 +122,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                              "taken evenly through the text (default 200)")
     p.add_argument("--neighbours", type=int, default=3, help="nearest contexts shown per query (default 3)")
     p.add_argument("--png", help="write the picture of the first word's contexts here")
+    add_flag(p, "device", default="cpu")
+    add_flag(p, "threads", type=int)
     add_flag(p, "json", help="the probe's accuracies per word and layer as JSON on stdout (the table and the "
                              "neighbours are not printed)")
     p.set_defaults(func=run)
@@ -132,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
     check_count("neighbours", args.neighbours)
     if args.png and not can_draw():
         raise PictureUnavailable(f"--png {args.png}: the picture needs matplotlib: {PLOT_EXTRA}")
-    run = resolve_run(need_model(args, "probe"), backend="torch", weights=args.weights)
+    run = resolve_run(need_model(args, "probe"), backend="torch", weights=args.weights,
+                      device=args.device, threads=args.threads)
     say_loading("probe", run)
     with Embedder(run.open()) as embedder:
         report(embedder, args.word or DEFAULT_WORDS, args.text, args.contexts, args.neighbours,

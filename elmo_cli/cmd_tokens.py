@@ -19,6 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vocab", required=True, help="vocabulary file, one token per line (<S>, </S> included)")
     p.add_argument("--out", required=True, help="the hdf5 file to write (atomically)")
     add_flag(p, "device", default="cpu")
+    add_flag(p, "threads", type=int)
     p.set_defaults(func=run_dump_tokens)
 
 
@@ -27,7 +28,10 @@ def run_dump_tokens(args: argparse.Namespace) -> int:
     from formats.token_embeddings import TokenEmbeddings, read_vocab_lines, write_token_embeddings
     from inference.token_cache import compute_token_embeddings
 
+    from runtime import use_threads
+
     start = time.perf_counter()
+    use_threads(args.threads)
     files = resolve_model(args.model, args.weights)
     model = load_bilm(files.options, files.weights).eval().to(args.device)
     tokens = read_vocab_lines(args.vocab)

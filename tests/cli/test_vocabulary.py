@@ -84,6 +84,25 @@ def test_every_command_that_reports_a_result_takes_json():
     assert [c for c in REPORTING if "--json" not in parsers[c]._option_string_actions] == []
 
 
+MODEL_RUNNERS = ("embed", "serve", "train", "perplexity", "probe", "demo", "dump-tokens")
+
+
+def test_every_command_that_runs_a_model_takes_threads_and_device():
+    parsers = commands(build_parser())
+    assert [(c, f) for c in MODEL_RUNNERS for f in ("--threads", "--device")
+            if f not in parsers[c]._option_string_actions] == []
+
+
+def test_the_parsers_build_without_torch():
+    """`elmo --help` and the parsers of commands that need no options record import no model code."""
+    code = ("import sys; from elmo_cli.main import build_parser; build_parser({0}); "
+            "print(sorted(m for m in ('torch', 'pyarrow', 'pandas', 'numpy') if m in sys.modules))")
+    for commands_ in ("[]", "['info']", "['convert-efml']", "['dump-tokens']"):
+        r = subprocess.run([sys.executable, "-c", code.format(commands_)], capture_output=True, text=True, cwd=ROOT,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+        assert (r.returncode, r.stdout.strip()) == (0, "[]"), (commands_, r.stderr[-2000:])
+
+
 def _value(action: argparse.Action) -> list[str]:
     if action.nargs == 0:
         return []
