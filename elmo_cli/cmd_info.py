@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from elmo_cli.human import labelled_lines, value_text
 from elmo_cli.vocabulary import add_flag, add_model
 from elmo_core.atomic import read_json_object
 from elmo_core.errors import InputError
@@ -139,7 +140,7 @@ def _print_other(info: dict[str, Any]) -> None:
                 print(f"{e['kind']}: {e['path']}")
                 _print_export(e, "  ")
         else:
-            print(f"{key:10s}{json.dumps(value)}")
+            print(*labelled_lines({key: value}), sep="\n")
 
 
 def _print_export(info: dict[str, Any], indent: str) -> None:
@@ -149,17 +150,18 @@ def _print_export(info: dict[str, Any], indent: str) -> None:
     lstm, cnn = arch.get("lstm", {}), arch.get("char_cnn", {})
     print(f"{indent}precision    {info['precision']}")
     print(f"{indent}outputs      {outputs}")
-    print(f"{indent}parity       {_parity(info.get('parity') or {})}")
+    print(f"{indent}parity       {parity_line(info.get('parity') or {})}")
     print(f"{indent}source       {src.get('options')}  +  {src.get('weights')} ({src.get('format')}), weights sha256 "
           f"{src.get('weights_sha256')}")
     print(f"{indent}architecture biLSTM {lstm.get('n_layers')} layers, cell {lstm.get('dim')}, projection "
           f"{lstm.get('projection_dim')}; char CNN filters {cnn.get('filters')}, {cnn.get('n_highway')} highway")
 
 
-def _parity(p: dict[str, Any]) -> str:
+def parity_line(p: dict[str, Any]) -> str:
+    """An export's parity record on one line."""
     if not p.get("passed"):
-        return f"not checked: {p.get('note')}" if "note" in p else f"failed: {json.dumps(p)}"
-    tolerance = ", ".join(f"{k} {v}" for k, v in (p.get("tolerance") or {}).items() if v is not None)
+        return f"not checked: {p.get('note')}" if "note" in p else f"failed: {value_text(p)}"
+    tolerance = value_text({k: v for k, v in (p.get("tolerance") or {}).items() if v is not None})
     return (f"passed against {p.get('against')} on {len(p.get('shapes', []))} shapes: max |diff| "
             f"{p.get('max_abs', float('nan')):.2e}, min token cosine {p.get('min_cosine', float('nan')):.6f} "
             f"(tolerance {tolerance})")
