@@ -1,9 +1,7 @@
 """The ground floor: the reference model (config, char ids, char-CNN, LSTM, biLM, scalar mix) and where bytes live (storage, atomic writes).
-May import: no other package of the project (tests/test_layers.py).
-
-The package's names load their modules on first use (PEP 562), so a light module (``errors``,
-``bounds``, ``atomic``) is imported without torch; ``process_env`` runs first, whatever is imported.
-"""
+May import: no other package of the project (tests/test_layers.py)."""
+# The package's names load their modules on first use (PEP 562), so a light module (errors, bounds,
+# atomic) is imported without torch; process_env runs first, whatever is imported.
 from __future__ import annotations
 
 import importlib
