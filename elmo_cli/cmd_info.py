@@ -27,7 +27,7 @@ EMBED_MANIFEST, EMBED_JOB, RUN_SUMMARY, RUN_INFO = "_manifest.json", "_job.json"
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="what a model, export, engine, embed output or training run directory holds")
     add_model(p, "a model directory (or options.json, then give --weights), an export directory, `elmo engine`'s "
-                 "OUT, an `elmo embed` OUTPUT_DIR or a RUN_DIR", positional_weights=True)
+                 "OUT, an `elmo embed` OUTPUT_DIR or a RUN_DIR")
     add_flag(p, "json", help="print JSON")
     p.set_defaults(func=run)
 
