@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from formats import save_model
-from formats.efml import load_efml
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("convert-efml", help="convert an ELMoForManyLangs model directory (HIT-SCIR) to ours",
@@ -19,6 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_convert(args: argparse.Namespace) -> int:
+    from formats import save_model
+    from formats.efml import load_efml
+
     model = load_efml(args.src)
     files = save_model(model, args.out, "safetensors")
     cfg = model.config

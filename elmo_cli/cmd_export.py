@@ -121,15 +121,15 @@ def run_onnx(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(m, indent=2))
         return 0
-    par = m["parity"]
+    import torch
+
+    from elmo_cli.cmd_info import parity_line
+
     print(f"wrote {Path(args.out) / m['onnx']['file']} ({m['onnx']['bytes'] / 1e6:.1f} MB, opset {m['onnx']['opset']}, "
           f"{m['precision']}, output {m['spec']['output']}) and manifest.json")
-    if par.get("passed"):
-        print(f"parity vs torch on {len(par['shapes'])} shapes: max |diff| {par['max_abs']:.2e}, "
-              f"min token cosine {par['min_cosine']:.6f} (tolerance {par['tolerance']})")
-    else:
-        print(f"parity: {par.get('note')}")
-    print(f"TensorRT parser: {m['onnx']['tensorrt_note']}")
+    print(f"parity: {parity_line(m['parity'])}")
+    if torch.cuda.is_available():  # TensorRT runs on a GPU only
+        print(f"TensorRT parser: {m['onnx']['tensorrt_note']}")
     return 0
 
 

@@ -12,13 +12,11 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from elmo_cli.human import labelled_lines, value_text
 from elmo_cli.vocabulary import add_flag, add_model
 from elmo_core.atomic import read_json_object
 from elmo_core.errors import InputError
 from elmo_core.storage import file_sha256
-from formats import load_bilm, resolve_model
-from formats.export_manifest import MANIFEST_NAME, read_manifest
-from training.default_model import CARD
 
 if TYPE_CHECKING:
     import torch
@@ -29,12 +27,15 @@ EMBED_MANIFEST, EMBED_JOB, RUN_SUMMARY, RUN_INFO = "_manifest.json", "_job.json"
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="what a model, export, engine, embed output or training run directory holds")
     add_model(p, "a model directory (or options.json, then give --weights), an export directory, `elmo engine`'s "
-                 "OUT, an `elmo embed` OUTPUT_DIR or a RUN_DIR", positional_weights=True)
+                 "OUT, an `elmo embed` OUTPUT_DIR or a RUN_DIR")
     add_flag(p, "json", help="print JSON")
     p.set_defaults(func=run)
 
 
 def describe(model_path: str, weights: str | None = None) -> dict:
+    from formats import load_bilm, resolve_model
+    from training.default_model import CARD
+
     files = resolve_model(model_path, weights)
     model = load_bilm(files.options, files.weights)
     cfg = model.config
@@ -56,6 +57,8 @@ def _parameters(module: "torch.nn.Module") -> int:
 
 
 def _export(path: Path) -> dict:
+    from formats.export_manifest import MANIFEST_NAME, read_manifest
+
     kind = read_json_object(path / MANIFEST_NAME).get("kind")
     m = read_manifest(path, str(kind))
     source = {k: v for k, v in m.get("source", {}).items() if k != "architecture"}
@@ -66,6 +69,8 @@ def _export(path: Path) -> dict:
 
 def inspect(path_arg: str, weights: str | None = None) -> dict:
     """What the directory at ``path_arg`` is and holds (see the module doc)."""
+    from formats.export_manifest import MANIFEST_NAME
+
     path = Path(path_arg)
     if path.is_dir() and (path / MANIFEST_NAME).is_file():
         return _export(path)
@@ -135,7 +140,7 @@ def _print_other(info: dict[str, Any]) -> None:
                 print(f"{e['kind']}: {e['path']}")
                 _print_export(e, "  ")
         else:
-            print(f"{key:10s}{json.dumps(value)}")
+            print(*labelled_lines({key: value}), sep="\n")
 
 
 def _print_export(info: dict[str, Any], indent: str) -> None:
@@ -145,17 +150,18 @@ def _print_export(info: dict[str, Any], indent: str) -> None:
     lstm, cnn = arch.get("lstm", {}), arch.get("char_cnn", {})
     print(f"{indent}precision    {info['precision']}")
     print(f"{indent}outputs      {outputs}")
-    print(f"{indent}parity       {_parity(info.get('parity') or {})}")
+    print(f"{indent}parity       {parity_line(info.get('parity') or {})}")
     print(f"{indent}source       {src.get('options')}  +  {src.get('weights')} ({src.get('format')}), weights sha256 "
           f"{src.get('weights_sha256')}")
     print(f"{indent}architecture biLSTM {lstm.get('n_layers')} layers, cell {lstm.get('dim')}, projection "
           f"{lstm.get('projection_dim')}; char CNN filters {cnn.get('filters')}, {cnn.get('n_highway')} highway")
 
 
-def _parity(p: dict[str, Any]) -> str:
+def parity_line(p: dict[str, Any]) -> str:
+    """An export's parity record on one line."""
     if not p.get("passed"):
-        return f"not checked: {p.get('note')}" if "note" in p else f"failed: {json.dumps(p)}"
-    tolerance = ", ".join(f"{k} {v}" for k, v in (p.get("tolerance") or {}).items() if v is not None)
+        return f"not checked: {p.get('note')}" if "note" in p else f"failed: {value_text(p)}"
+    tolerance = value_text({k: v for k, v in (p.get("tolerance") or {}).items() if v is not None})
     return (f"passed against {p.get('against')} on {len(p.get('shapes', []))} shapes: max |diff| "
             f"{p.get('max_abs', float('nan')):.2e}, min token cosine {p.get('min_cosine', float('nan')):.6f} "
             f"(tolerance {tolerance})")

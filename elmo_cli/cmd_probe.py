@@ -134,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
     check_count("neighbours", args.neighbours)
     if args.png and not can_draw():
         raise PictureUnavailable(f"--png {args.png}: the picture needs matplotlib: {PLOT_EXTRA}")
-    run = resolve_run(need_model(args, "probe"), backend="torch", weights=args.weights, device=args.device,
-                      threads=args.threads)
+    run = resolve_run(need_model(args, "probe"), backend="torch", weights=args.weights,
+                      device=args.device, threads=args.threads)
     say_loading("probe", run)
     with Embedder(run.open()) as embedder:
         report(embedder, args.word or DEFAULT_WORDS, args.text, args.contexts, args.neighbours,

@@ -7,10 +7,6 @@ import argparse
 import time
 
 from elmo_cli.vocabulary import add_flag
-from runtime import threads_for, use_threads
-from formats import load_bilm, resolve_model
-from formats.token_embeddings import TokenEmbeddings, read_vocab_lines, write_token_embeddings
-from inference.token_cache import compute_token_embeddings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +24,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_dump_tokens(args: argparse.Namespace) -> int:
+    from formats import load_bilm, resolve_model
+    from formats.token_embeddings import TokenEmbeddings, read_vocab_lines, write_token_embeddings
+    from inference.token_cache import compute_token_embeddings
+
+    from runtime import use_threads
+
     start = time.perf_counter()
+    use_threads(args.threads)
     files = resolve_model(args.model, args.weights)
     use_threads(threads_for(args.threads).count)
     model = load_bilm(files.options, files.weights).eval().to(args.device)

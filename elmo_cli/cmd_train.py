@@ -60,12 +60,19 @@ def _log(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return lambda s: print(s, file=out, flush=True)
 
 
+def _print_result(result: dict, as_json: bool) -> None:
+    """The result alone as JSON on stdout with --json; else one labelled line per field."""
+    from elmo_cli.human import labelled_lines
+
+    print(json.dumps(result, indent=2) if as_json else "\n".join(labelled_lines(result)))
+
+
 def run_train(args: argparse.Namespace) -> int:
     kw = field_values(TrainOptions, args)
     kw["options"] = args.options or (None if args.init_from else default_options_path())
     summary = train(TrainOptions(**kw), resume=args.resume, log=_log(args),
                     started=process_started())  # --max-minutes: the command's whole time
-    print(json.dumps(summary, indent=2))
+    _print_result(summary, args.json)
     return 0
 
 
@@ -75,7 +82,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
     from training.evaluate import load_language_model, perplexity
 
     torch.set_flush_denormal(True)  # see Trainer: denormals slow CPU kernels ~10x
-    run = resolve_run(args.model, backend="torch", device=args.device, threads=args.threads)  # the LM, not a backend
+    run = resolve_run(args.model, backend="torch", device=args.device, threads=args.threads)  # the softmax too: the LM, not a backend
     say_loading("perplexity", run)
     use_threads(run.threads.count)
     lm, vocab = load_language_model(run.model)
@@ -103,5 +110,5 @@ def run_default_model(args: argparse.Namespace) -> int:
 
     card = build_default_model(args.out or SHIPPED, args.work_dir, args.max_minutes, args.seed, log=_log(args),
                                final_valid_sentences=None)
-    print(json.dumps(card, indent=2))
+    _print_result(card, args.json)
     return 0

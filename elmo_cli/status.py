@@ -4,14 +4,16 @@ threads and why."""
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
-from inference.model_run import ModelRun
+if TYPE_CHECKING:
+    from inference.model_run import ModelRun
 
 
 def say(command: str, text: str) -> None:
     print(f"elmo {command}: {text}", file=sys.stderr, flush=True)
 
 
-def say_loading(command: str, run: ModelRun) -> None:
+def say_loading(command: str, run: "ModelRun") -> None:
     """``elmo COMMAND: loading the model M (backend on device, precision: why; N threads: why)``, once."""
     say(command, f"loading the model {run.describe()}")

@@ -1,13 +1,11 @@
 """The command line's vocabulary: one flag per meaning, the same in every subcommand.
 
 ``MEANINGS`` names each setting that more than one subcommand takes (the model, the batch budget,
-the time budget, the precision, ...) once: its flag, its help and the older spellings still
-accepted. An older spelling is hidden from ``--help``, behaves as the flag does and prints one
-line on stderr (``--max-tokens-per-batch is deprecated: use --max-batch-tokens``).
+the time budget, the precision, ...) once: its flag and its help.
 
 Options dataclasses (``EmbedOptions``, ``TrainOptions``, ``ServeLimits``, ...) become flags through
 ``add_fields``: one flag per field, its help, group and choices from the field's metadata; a field
-whose metadata names a ``meaning`` takes that meaning's flag, dest and older spellings, so a
+whose metadata names a ``meaning`` takes that meaning's flag and dest, so a
 library's field name (``max_tokens_per_batch``) and the flag users type (``--max-batch-tokens``)
 are tied here once. ``field_values`` reads the fields back from the parsed arguments.
 
@@ -18,27 +16,14 @@ Triton's ``--instances`` stays Triton's own term (instances inside one server's 
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import MISSING, Field, dataclass, fields
 from typing import Any, Callable, Iterator
-
-
-@dataclass(frozen=True)
-class Alias:
-    """An older spelling; ``value``: an old switch that stood for one value (``--bf16``)."""
-
-    flag: str
-    value: str | None = None
-
-    def instead(self, meaning: "Meaning") -> str:
-        return meaning.flag if self.value is None else f"{meaning.flag} {self.value}"
 
 
 @dataclass(frozen=True)
 class Meaning:
     flag: str
     help: str
-    aliases: tuple[Alias, ...] = ()
     switch: bool = False  # takes no value (store_true)
 
     @property
@@ -53,22 +38,18 @@ MEANINGS: dict[str, Meaning] = {m.dest: m for m in (
                          "manifest.json; else torch)"),
     Meaning("--device", "cpu, cuda or cuda:N: where the model runs"),
     Meaning("--threads", "the model's threads (default: the process's CPUs, see README's Threads)"),
-    Meaning("--precision", "the precision the model multiplies in",
-            (Alias("--bf16", "bf16"), Alias("--no-bf16", "fp32"), Alias("--fp16", "fp16"))),
+    Meaning("--precision", "the precision the model multiplies in"),
     Meaning("--layout", "how the torch backend runs the recurrence: packed (eager steps), fused (compiled "
                         "steps), rows (CUDA graphs); auto (default): rows on CUDA, on a CPU the faster of packed "
                         "and fused measured once for this CPU, precision and model shape (inference/layout.py)"),
-    Meaning("--max-batch-tokens", "padded tokens (sentences x longest sentence) per model batch",
-            (Alias("--max-tokens-per-batch"),)),
-    Meaning("--max-sentence-tokens", "tokens one sentence may hold", (Alias("--max-sentence-length"),)),
-    Meaning("--text-column", "the Parquet column of whitespace-tokenized text", (Alias("--column"),)),
-    Meaning("--replicas", "copies of the model Ray runs, each loading it", (Alias("--workers"),)),
-    Meaning("--num-gpus-per-replica", "GPUs Ray gives each replica (a fraction shares one)",
-            (Alias("--num-gpus-per-worker"),)),
+    Meaning("--max-batch-tokens", "padded tokens (sentences x longest sentence) per model batch"),
+    Meaning("--max-sentence-tokens", "tokens one sentence may hold"),
+    Meaning("--text-column", "the Parquet column of whitespace-tokenized text"),
+    Meaning("--replicas", "copies of the model Ray runs, each loading it"),
+    Meaning("--num-gpus-per-replica", "GPUs Ray gives each replica (a fraction shares one)"),
     Meaning("--ray-address", "an existing Ray cluster (default: start a local one)"),
-    Meaning("--max-minutes", "training time in minutes, the final evaluation included",
-            (Alias("--minutes"), Alias("--train-minutes"))),
-    Meaning("--work-dir", "where the command keeps its corpus, runs and outputs", (Alias("--work"),)),
+    Meaning("--max-minutes", "training time in minutes, the final evaluation included"),
+    Meaning("--work-dir", "where the command keeps its corpus, runs and outputs"),
     Meaning("--token-embeddings", "a token-embedding file (elmo dump-tokens): its words skip the char-CNN (torch "
                                   "backend; same vectors within 1e-5)"),
     Meaning("--token-vocab", "the vocabulary of a --token-embeddings file that does not list its words (bilm-tf's "
@@ -78,57 +59,19 @@ MEANINGS: dict[str, Meaning] = {m.dest: m for m in (
 )}
 
 
-def _deprecated(base: type[argparse.Action], alias: Alias, meaning: Meaning) -> type[argparse.Action]:
-    note = f"{alias.flag} is deprecated: use {alias.instead(meaning)}"
-
-    class Deprecated(base):  # type: ignore[misc, valid-type]
-        deprecated_for = meaning.flag
-
-        def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
-            print(note, file=sys.stderr)
-            super().__call__(parser, namespace, values, option_string)
-    return Deprecated
-
-
 def add_flag(group: argparse._ActionsContainer, meaning: str, **kwargs: Any) -> argparse.Action:
-    """``meaning``'s flag (help: the table's unless given) and its older spellings, hidden."""
+    """``meaning``'s flag (help: the table's unless given)."""
     m = MEANINGS[meaning]
     kwargs.setdefault("help", m.help)
     if m.switch:
         kwargs.setdefault("action", "store_true")
-    action = group.add_argument(m.flag, dest=m.dest, **kwargs)
-    base = group._registry_get("action", kwargs.get("action"), kwargs.get("action"))
-    for alias in m.aliases:
-        if alias.value is not None:
-            if (action.choices is not None and alias.value not in action.choices) or action.nargs == 0:
-                continue
-            extra: dict[str, Any] = {"action": _deprecated(argparse._StoreConstAction, alias, m), "const": alias.value}
-        else:
-            extra = {k: v for k, v in kwargs.items() if k not in ("default", "required", "help", "action")}
-            extra["action"] = _deprecated(base, alias, m)
-        group.add_argument(alias.flag, dest=m.dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **extra)
-    return action
+    return group.add_argument(m.flag, dest=m.dest, **kwargs)
 
 
-def add_model(parser: argparse.ArgumentParser, help: str, positional_weights: bool = False) -> None:  # noqa: A002
-    """``--model`` and ``--weights``, and the positional MODEL (and WEIGHTS) older scripts pass
-    (hidden; taken with a note)."""
+def add_model(parser: argparse.ArgumentParser, help: str) -> None:  # noqa: A002
+    """``--model`` and ``--weights``."""
     add_flag(parser, "model", help=help)
     add_flag(parser, "weights")
-    for name in ("model", "weights") if positional_weights else ("model",):
-        parser.add_argument(f"positional_{name}", nargs="?", metavar=name.upper(), help=argparse.SUPPRESS,
-                            action=_Positional, default=None)
-
-
-class _Positional(argparse.Action):
-    """A positional MODEL or WEIGHTS: taken as --model / --weights, with a note."""
-
-    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
-        if values is None:
-            return
-        flag = "--" + self.dest.removeprefix("positional_")
-        print(f"a positional {self.metavar} is deprecated: use {flag} {self.metavar}", file=sys.stderr)
-        setattr(namespace, flag[2:], values)
 
 
 def need_model(args: argparse.Namespace, command: str) -> str:
@@ -194,7 +137,7 @@ def flag_spelling(parser: argparse.ArgumentParser) -> Callable[[str], str]:
     that is no flag of the command stays as it is. ``SettingError.spelled`` takes it."""
     flags: dict[str, str] = {}
     for action in parser._actions:
-        if not action.option_strings or getattr(action, "deprecated_for", None) or action.help == argparse.SUPPRESS:
+        if not action.option_strings or action.help == argparse.SUPPRESS:
             continue
         flag = next((s for s in action.option_strings if s.startswith("--")), action.option_strings[0])
         flags.setdefault(action.dest, flag)

@@ -1,34 +1,27 @@
 """The ground floor: the reference model (config, char ids, char-CNN, LSTM, biLM, scalar mix) and where bytes live (storage, atomic writes).
 May import: no other package of the project (tests/test_layers.py)."""
+# The package's names load their modules on first use (PEP 562), so a light module (errors, bounds,
+# atomic) is imported without torch; process_env runs first, whatever is imported.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .process_env import settle
-
-# Importing it settles the process's environment first and loads nothing else: its names load from
-# their modules when first asked for, so every package imports it first at no cost (process_env).
-settle()
+from . import process_env  # noqa: F401 (first: sets the environment torch's OpenMP and oneDNN read when torch loads)
+from .errors import ConfigError, ElmoError, InputError, WeightsError
 
 _HOMES = {"BiLM": "bilm", "BiLMOutput": "bilm", "StatefulBiLM": "bilm", "batch_to_ids": "chars",
           "tokens_to_char_ids": "chars", "CharCnnConfig": "config", "ElmoConfig": "config", "LstmConfig": "config",
-          "TrainingConfig": "config", "ConfigError": "errors", "ElmoError": "errors", "InputError": "errors",
-          "WeightsError": "errors", "LstmState": "lstm", "POOLS": "pooling", "pool_tokens": "pooling",
+          "TrainingConfig": "config", "LstmState": "lstm", "POOLS": "pooling", "pool_tokens": "pooling",
           "ScalarMix": "scalar_mix"}
-__all__ = list(_HOMES)
 
-if TYPE_CHECKING:
-    from .bilm import BiLM, BiLMOutput, StatefulBiLM
-    from .chars import batch_to_ids, tokens_to_char_ids
-    from .config import CharCnnConfig, ElmoConfig, LstmConfig, TrainingConfig
-    from .errors import ConfigError, ElmoError, InputError, WeightsError
-    from .lstm import LstmState
-    from .pooling import POOLS, pool_tokens
-    from .scalar_mix import ScalarMix
+__all__ = ["ConfigError", "ElmoError", "InputError", "WeightsError", *_HOMES]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _HOMES:
-        return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'elmo_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value

@@ -292,13 +292,19 @@ def _runner(name: str) -> Callable[[Job, list[Shard], ProgressBar], tuple[list[d
     return run_local
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
 def summary_line(m: dict, out: Output) -> str:
     run = m["this_run"]
-    kept = f", {run['shards_kept']} shards kept from a previous run" if run["shards_kept"] else ""
+    kept = f", {_n(run['shards_kept'], 'shard')} kept from a previous run" if run["shards_kept"] else ""
     bad = f", {m['invalid_utf8']:,} with invalid UTF-8 dropped" if m.get("invalid_utf8") else ""
-    return (f"elmo embed: {m['rows']:,} rows, {m['tokens']:,} tokens ({m['windowed_rows']:,} rows in "
-            f"{m['windows']:,} windows, {m['null_rows']:,} null{bad}) -> {out} ({len(m['shards'])} shards{kept}); "
-            f"this run {run['tokens']:,} tokens in {run['seconds']:.1f} s = {run['tokens_per_second'] or 0:,.0f} tokens/s"
+    windowed = (f"{_n(m['windowed_rows'], 'row')} in {_n(m['windows'], 'window')}, " if m["windowed_rows"]
+                else "none windowed, ")
+    return (f"elmo embed: {_n(m['rows'], 'row')}, {_n(m['tokens'], 'token')} ({windowed}{m['null_rows']:,} null{bad}) "
+            f"-> {out} ({_n(len(m['shards']), 'shard')}{kept}); "
+            f"this run {_n(run['tokens'], 'token')} in {run['seconds']:.1f} s = {run['tokens_per_second'] or 0:,.0f} tokens/s"
             + (f"; stages: {_stage_line(m['stages'])}" if m.get("stages") else ""))
 
 

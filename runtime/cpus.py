@@ -7,11 +7,8 @@ one above it). torch and ONNX Runtime size their pools by the host's cores; more
 make their workers wait at every barrier for one that is not running. The default is the smallest
 of the affinity, the quota (rounded down, at least 1) and ``OMP_NUM_THREADS`` where the user set it.
 
-Those threads wait passively (``elmo_core.process_env.wait_passively``: OpenMP's ``OMP_WAIT_POLICY=PASSIVE``; ONNX
-Runtime's sessions without spinning). By default torch's OpenMP workers spin between parallel
-regions, and the LSTM runs thousands of small regions a second: beside another busy process the
-spinners take the CPU from the thread they wait for, and a job on the default threads ran 2.2x the
-time of the same job on one thread, at 3x its CPU seconds (``bench/bench_threads.py``).
+Those threads wait passively (OpenMP's ``OMP_WAIT_POLICY=PASSIVE``, set by ``elmo_core``'s import:
+``elmo_core/process_env.py``; ONNX Runtime's sessions without spinning).
 """
 from __future__ import annotations
 

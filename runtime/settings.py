@@ -1,15 +1,7 @@
-"""Process settings the CPU backends need: the oneDNN cache caps, applied once when ``runtime`` is
-imported (``inference`` and ``training`` import it before any model runs), the thread count
+"""Process settings the CPU backends need: the thread count
 (``use_threads``: the count ``runtime.cpus`` gives, or the one a user gave), and torch's
 deterministic kernels for a block that must give the same bits run after run
 (``deterministic_algorithms``).
-
-oneDNN (under torch's convolutions and pre-packed GEMMs) caches one compiled primitive per input
-shape: by default 1,024 in oneDNN's global cache plus 1,024 in each thread's ideep cache. The
-char-CNN sees a new token count and the recurrence a new row count in nearly every batch, so a
-long job fills those caches with primitives and their buffers: measured on the full-size model,
-peak RSS rose ~110 MB per 1,000 input rows (1,926 MiB after 6,000 rows, 1,599 MiB with the caps
-below), at no measured cost in speed. A value already in the environment is left as it is.
 """
 from __future__ import annotations
 
