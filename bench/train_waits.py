@@ -195,6 +195,15 @@ def _count_run(work: Path, steps: int, log_every: int) -> dict:
     return waits.counts
 
 
+def count(work: Path, steps: int = 10, log_every: int = 5) -> dict:
+    """Host waits per step of this process's trainer: runs of ``log_every`` and ``log_every + steps``
+    steps, their difference over ``steps`` (what setting up, exporting and the first step cost cancels).
+    Returns {"per_step": waits, "by_op": {op: waits}}."""
+    short, long = _count_run(work, log_every, log_every), _count_run(work, log_every + steps, log_every)
+    diff = {k: (long.get(k, 0) - short.get(k, 0)) / steps for k in long.keys() | short.keys()}
+    return {"by_op": {k: v for k, v in diff.items() if v}, "per_step": sum(diff.values())}
+
+
 def per_step(tree: Path, steps: int = 10, log_every: int = 5) -> float:
     """Host waits per training step of the trainer in ``tree``: two runs of log_every and
     log_every + steps steps, in a process importing ``tree``; their difference over ``steps``."""
@@ -234,9 +243,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.worker:
         work, steps, every = Path(a.worker[0]), int(a.worker[1]), int(a.worker[2])
-        short, long = _count_run(work, every, every), _count_run(work, every + steps, every)
-        diff = {k: (long.get(k, 0) - short.get(k, 0)) / steps for k in long.keys() | short.keys()}
-        print(json.dumps({"by_op": {k: v for k, v in diff.items() if v}, "per_step": sum(diff.values())}))
+        print(json.dumps(count(work, steps, every)))
     elif a.tree:
         res = per_step(a.tree.resolve(), a.steps)
         print(f"host waits per training step ({a.tree}): {res['per_step']:.1f} {res['by_op']}")

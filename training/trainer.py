@@ -35,7 +35,7 @@ from .metrics import MetricLogger
 from .model import LanguageModel
 from .objective import Candidates, LogUniformSampler
 from .optim import Recipe, resolve
-from .options import SOFTMAX_UPDATES, TrainOptions
+from .options import PRECISION_REASONS, SOFTMAX_UPDATES, TrainOptions, default_precision
 from .progress import Limits, Progress, log_line
 from .step_plan import StepPlan
 from .sparse_softmax import SoftmaxRows, SparseSoftmax, clip_grad_norm_
@@ -67,6 +67,8 @@ class Trainer:
         self.dist = init_from_env(opts.device)
         self.out, self.device = Path(opts.out), torch.device(opts.device)
         self.say(f"{use_threads(opts.threads)}; setting up the run in {self.out}")
+        default = opts.precision == default_precision(opts.device)
+        self.say(f"precision {PRECISION_REASONS[opts.precision] if default else opts.precision + ' (--precision)'}")
         # Saturated gates produce denormal floats, which make CPU kernels ~10x slower; flushing
         # them to zero (values below 1e-38) is numerically immaterial.
         torch.set_flush_denormal(True)
