@@ -134,6 +134,9 @@ def main() -> int:
         from bench.gpu_proxy import report
 
         figures = report(options, bench_sentences(args.sentences or 2000, max_len=10**6), 16384, args.max_tokens_per_batch)
+        from bench.train_waits import line as train_waits_line
+
+        print(train_waits_line(), flush=True)
         if args.json_out:
             Path(args.json_out).write_text(json.dumps(figures, indent=2))
         return 0
