@@ -138,9 +138,7 @@ def step_train(work: Path, device: str) -> dict:
 def step_serve(work: Path, device: str) -> dict:
     n = size("requests", device)
     cmd = [sys.executable, "bench/bench_serve.py", "--device", device, "--requests", str(n), "--clients", "4",
-           "--repeats", "1", "--overload-s", "0", "--workdir", str(work / "serve")]
-    if not device.startswith("cuda"):
-        cmd += ["--model", str(work / "model")]
+           "--repeats", "1", "--overload-s", "0", "--model", str(work / "model")]
     run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if run.returncode != 0:
         raise RuntimeError(f"bench_serve exited {run.returncode}: {run.stderr[-3000:]}")
@@ -154,7 +152,7 @@ def step_kernels(work: Path, device: str) -> dict:
     CUDA kernels on a GPU; on a CPU the compute ops (bench/gpu_proxy.py's count)."""
     import torch
 
-    from bench.gpu_proxy import full_size_stack, per_step, row_step_costs
+    from bench.gpu_proxy import full_size_stack, row_step_costs
     from elmo_core.fused_cell import FusedCell
     from inference.fused_lstm import FusedLstm
     from inference.row_lstm import RowLstm, RowShape
@@ -175,31 +173,22 @@ def step_kernels(work: Path, device: str) -> dict:
             torch.randn(2, steps * rows, cfg.projection_dim, device=device),
             torch.ones(steps + 1, rows, dtype=torch.bool, device=device), torch.full((L + 1,), 1 / (L + 1), device=device))
 
-    with torch.inference_mode():
-        kernels = per_step_cuda(window, per_step) / L
+    with torch.inference_mode():  # the difference of 8 and 4 steps: what runs once a window is not a step's
+        kernels = (cuda_kernels(lambda: window(8)) - cuda_kernels(lambda: window(4))) / 4 / L
     return {"kernels_per_step": kernels, "counted": "CUDA kernels (torch.profiler, ProfilerActivity.CUDA)"}
 
 
-def per_step_cuda(window, per_step) -> float:  # noqa: ANN001
-    """``gpu_proxy.per_step`` with CUDA kernels counted instead of CPU ops."""
+def cuda_kernels(run) -> int:  # noqa: ANN001
+    """CUDA kernels ``run`` launches (after a warm-up run), from the CUDA profiler."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    import bench.gpu_proxy as proxy
-
-    def count(run) -> int:  # noqa: ANN001
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            run()
-            torch.cuda.synchronize()
-        return sum(1 for e in prof.events() if e.device_type.name == "CUDA")
-
-    saved, proxy.count_kernels = proxy.count_kernels, count
-    try:
-        return per_step(window)
-    finally:
-        proxy.count_kernels = saved
+    return sum(1 for e in prof.events() if e.device_type.name == "CUDA")
 
 
 def step_host_waits(work: Path, device: str) -> dict:
@@ -214,16 +203,16 @@ def step_host_waits(work: Path, device: str) -> dict:
         emb.embed_sentences(sentences, output="mixed")  # warm-up: graphs captured, kernels compiled
         if not device.startswith("cuda"):
             return {"host_waits_per_batch": None, "counted": "nothing: a CPU has no device to wait for"}
-        batches = len(emb.plan(sentences)) if hasattr(emb, "plan") else 1
+        one = sentences[: max(1, emb.policy.max_tokens_per_batch // max(map(len, sentences)))]  # one batch's
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                emb.embed_sentences(sentences[: max(1, len(sentences) // max(batches, 1))], output="mixed")
+                emb.embed_sentences(one, output="mixed")
             finally:
                 torch.cuda.set_sync_debug_mode("default")
     syncs = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message)]
-    return {"host_waits_per_batch": len(syncs), "first": syncs[:5],
+    return {"host_waits_per_batch": len(syncs), "sentences": len(one), "first": syncs[:5],
             "counted": "torch.cuda.set_sync_debug_mode('warn') over one batch"}
 
 
@@ -253,7 +242,7 @@ def markdown(report: dict) -> str:
     lines = [f"# gpu_check on {report['device']} ({report['device_name']}), torch {report['torch']}", "",
              "| step | exit | seconds | result |", "|---|---|---|---|"]
     for name, r in report["steps"].items():
-        what = json.dumps(r.get("result"))[:300] if r["rc"] == 0 else r.get("error", "").strip().splitlines()[-1:]
+        what = json.dumps(r.get("result"))[:300] if r["rc"] == 0 else (r.get("error", "").strip().splitlines() or [""])[-1]
         lines.append(f"| {name} | {r['rc']} | {r['wall_s']} | `{what}` |")
     return "\n".join(lines) + "\n"
 
