@@ -16,13 +16,17 @@ model's parameters, buffers and optimizer state are device data, so is what a co
 gives and everything computed from device data. Host-side preparation (the batcher, the sampler's
 draws on its CPU generator) reads only host data and is not counted, as on CUDA.
 
-    python bench/train_waits.py [--tree DIR] [--steps 6]   # prints the waits per step of DIR's trainer
+    python bench/train_waits.py                      # host waits per training step: base -> this tree
+    python bench/train_waits.py --tree DIR [--steps 10]   # DIR's trainer only, by op
+    TRAIN_WAITS_TRACE=1 python bench/train_waits.py --tree .   # and where each wait comes from
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
+import traceback
 import sys
 import tempfile
 import weakref
@@ -80,8 +84,7 @@ class _DeviceOps(TorchDispatchMode):
 
 
 def _where(name: str) -> None:
-    import os
-    import traceback
+    """With TRAIN_WAITS_TRACE=1, where each counted op came from (on stderr; TRAIN_WAITS_DEPTH frames)."""
     if os.environ.get("TRAIN_WAITS_TRACE"):
         frames = [f for f in traceback.extract_stack() if "train_waits" not in f.filename and (os.environ.get("TRAIN_WAITS_DEPTH") or "/torch/" not in f.filename)]
         print(name, " < ".join(f"{Path(f.filename).name}:{f.lineno}" for f in frames[-int(os.environ.get("TRAIN_WAITS_DEPTH", 3)):][::-1]), file=sys.stderr)
@@ -209,7 +212,7 @@ def per_step(tree: Path, steps: int = 10, log_every: int = 5) -> float:
     log_every + steps steps, in a process importing ``tree``; their difference over ``steps``."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", tmp, str(steps), str(log_every)]
-        env = {**__import__("os").environ, "PYTHONPATH": str(tree)}
+        env = {**os.environ, "PYTHONPATH": str(tree)}
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env=env, timeout=600)
         if out.returncode != 0:
             raise RuntimeError(f"counting host waits in {tree} failed:\n{out.stderr[-3000:]}")

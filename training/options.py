@@ -72,7 +72,8 @@ class TrainOptions:
     checkpoint_every: int = _opt(500, "steps between checkpoints and periodic evaluations (0: none; a run's last "
                                  "step is always saved)", "checkpoints")
     keep_checkpoints: int = _opt(2, "checkpoints kept", "checkpoints")
-    log_every: int = _opt(10, "steps between progress lines", "metrics")
+    log_every: int = _opt(10, "steps between progress lines (and reads of the loss sums the device adds up)",
+                          "metrics")
     valid_sentences: int | None = _opt(2000, "sentences of --valid in periodic evaluations", "metrics")
     final_valid_sentences: int | None = _opt(None, "sentences of --valid in the final evaluation (default: all; "
                                              "with --max-minutes, as many as fit in a quarter of the run)", "metrics")

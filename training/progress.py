@@ -1,9 +1,12 @@
-"""A run's progress and its limits: when to stop, how far along the lr horizon, the log line."""
+"""A run's progress and its limits: when to stop, how far along the lr horizon, the log line; the
+sums the steps add up on the device between two reads (``DeviceTotals``)."""
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass, field
+
+import torch
 
 
 @dataclass
@@ -56,3 +59,19 @@ def log_line(p: Progress, rate: float, eta: float | None, softmax: str) -> str:
     return (f"step {p.step:>7}  tokens {p.tokens:>11,}  {rate:>8,.0f} tok/s  loss {0.5 * (f + b):.4f}  "
             f"ppl fwd {math.exp(min(f, 50)):.1f} bwd {math.exp(min(b, 50)):.1f} ({softmax} softmax)  "
             f"ETA {clock(eta)}")
+
+
+@dataclass
+class DeviceTotals:
+    """What the steps add up on the device between two reads: NLL sums (2,), the gradient norms'
+    sum and whether every loss was finite (0-d)."""
+
+    nll: torch.Tensor
+    grad_norm: torch.Tensor
+    finite: torch.Tensor
+    steps: int = 0
+
+    @classmethod
+    def zeros(cls, device: torch.device) -> "DeviceTotals":
+        return cls(torch.zeros(2, device=device), torch.zeros((), device=device),
+                   torch.ones((), dtype=torch.bool, device=device))

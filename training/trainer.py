@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -36,26 +36,10 @@ from .model import LanguageModel
 from .objective import Candidates, LogUniformSampler
 from .optim import Recipe, resolve
 from .options import PRECISION_REASONS, SOFTMAX_UPDATES, TrainOptions, default_precision
-from .progress import Limits, Progress, log_line
+from .progress import DeviceTotals, Limits, Progress, log_line
 from .step_plan import StepPlan
 from .sparse_softmax import SoftmaxRows, SparseSoftmax, clip_grad_norm_
 from .vocab import Vocab, build_vocab
-
-
-@dataclass
-class DeviceTotals:
-    """What the steps add up on the device between two reads: NLL sums (2,), the gradient norms'
-    sum and whether every loss was finite (0-d)."""
-
-    nll: torch.Tensor
-    grad_norm: torch.Tensor
-    finite: torch.Tensor
-    steps: int = 0
-
-    @classmethod
-    def zeros(cls, device: torch.device) -> "DeviceTotals":
-        return cls(torch.zeros(2, device=device), torch.zeros((), device=device),
-                   torch.ones((), dtype=torch.bool, device=device))
 
 
 class Trainer:
