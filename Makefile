@@ -1,5 +1,4 @@
-# Every target calls the `elmo` CLI (or pytest, or gpu-check's measuring script); the CLI is the one place
-# behaviour lives.
+# Every target calls the `elmo` CLI (or pytest, or bench/gpu_check.py); the CLI is the one place behaviour lives.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -54,6 +53,11 @@ default-model: install
 # MAX_MINUTES, default 3), embed, show.
 demo: install
 	$(BIN)/elmo demo $(if $(MODEL),--model $(MODEL)) $(if $(MAX_MINUTES),--max-minutes $(MAX_MINUTES))
+
+# make gpu-check [OUT=gpu_check] [ARGS="--device cpu"]: everything a GPU is for, measured in one run with a
+# timeout per step; one JSON and one markdown report in OUT (docs/gpu.md). --device cpu: the dry run.
+gpu-check: install
+	$(BIN)/python bench/gpu_check.py $(if $(OUT),--out $(OUT)) $(ARGS)
 
 # make embed INPUT=corpus/ OUT=vectors/ MODEL=dir [ARGS="--dtype float16 --resume"]
 embed: install

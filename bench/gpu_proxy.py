@@ -210,9 +210,8 @@ def report(options: dict, rows: int = 20_000, before_tree: Path | None = None) -
         pads = padded_fractions(corpus, cpu_budget(), cuda_defaults(options), step_rows=128)
     old, new = pads["before"], pads["after"]
     waits = {"after": count_in_tree(ROOT, options)}
-    steps = {"after": count_in_tree(ROOT)}
     if before_tree is not None:
-        waits["before"], steps["before"] = count_in_tree(before_tree, options), count_in_tree(before_tree)
+        waits["before"] = count_in_tree(before_tree, options)
     figures = {"kernels_per_step": [before[0], after[0]], "gate_passes_per_step": [before[1], after[1]],
                "padded_fraction": [old["padded"], new["padded"]], "rows": pads}
     print(f"kernels per step: {before[0]:.1f} -> {after[0]:.1f}   (eager FastLstm step -> fused row step; target <= 4)")
@@ -226,10 +225,7 @@ def report(options: dict, rows: int = 20_000, before_tree: Path | None = None) -
     print(f"host waits per batch: {before} -> {sum(waits['after'].values())}   (one batch of elmo embed's CUDA path, "
           f"run on the CPU; target <= 1; now: {', '.join(f'{k} {v}' for k, v in sorted(waits['after'].items()))}"
           + ("" if before_tree else "; --baseline REV counts the tree before") + ")")
-    before = sum(steps["before"].values()) if "before" in steps else "?"
-    print(f"host waits per training step: {before} -> {sum(steps['after'].values())}   (one step of elmo train, a small "
-          f"model, run on the CPU; target <= 1; now: {', '.join(f'{k} {v}' for k, v in sorted(steps['after'].items()))})")
-    figures["host_waits_per_batch"], figures["host_waits_per_training_step"] = waits, steps
+    figures["host_waits_per_batch"] = waits
     return figures
 
 

@@ -185,12 +185,6 @@ def batch_waits(backend, sentences: list[list[str]]) -> HostWaits:  # type: igno
     return waits
 
 
-COUNT_TRAIN = """
-import json, sys, tempfile
-sys.path.insert(0, sys.argv[2])
-from host_waits import train_step_waits
-print(json.dumps(dict(train_step_waits(tempfile.mkdtemp()).by_kind)))
-"""
 COUNT_BATCH = """
 import json, sys
 sys.path.insert(0, sys.argv[2])
@@ -204,9 +198,8 @@ print(json.dumps(dict(waits.by_kind)))
 """
 
 
-def count_in_tree(tree, options: dict | None = None) -> dict:  # type: ignore[no-untyped-def]
-    """``batch_waits`` (``options``: the model's) or, without options, ``train_step_waits`` of
-    ``tree``'s code (a checkout: the tree before), counted by this module."""
+def count_in_tree(tree, options: dict) -> dict:  # type: ignore[no-untyped-def]
+    """``batch_waits`` of ``tree``'s code (a checkout: the tree before), counted by this module."""
     import json
     import os
     import subprocess
@@ -214,62 +207,9 @@ def count_in_tree(tree, options: dict | None = None) -> dict:  # type: ignore[no
     from pathlib import Path
 
     bench = str(Path(__file__).resolve().parent)
-    script, arg = (COUNT_BATCH, json.dumps(options)) if options is not None else (COUNT_TRAIN, "")
-    r = subprocess.run([sys.executable, "-c", script, arg, bench], cwd=tree, capture_output=True,
+    r = subprocess.run([sys.executable, "-c", COUNT_BATCH, json.dumps(options), bench], cwd=tree, capture_output=True,
                        text=True, timeout=600, env={**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{bench}"})
     if r.returncode != 0:
         raise RuntimeError(f"counting the host waits in {tree} failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
-
-def train_step_waits(work) -> HostWaits:  # type: ignore[no-untyped-def]
-    """The host waits of one ``elmo train`` step (forward, backward, clipping, the optimizer, the
-    step's accounting) of a small model on sotu sentences, after a first step, on the CPU: the
-    trainer's own waits are the device's; inside the model the CPU runs the reference recurrence
-    where CUDA runs the fused one (training/fused_sequence.py, counted by the kernels' proxy)."""
-    from pathlib import Path
-
-    from corpora.sotu import sotu_sentences
-    from training.options import TrainOptions
-    from training.trainer import Trainer
-
-    work = Path(work)
-    work.mkdir(parents=True, exist_ok=True)
-    corpus = work / "train.txt"
-    lines = [" ".join(tokens) for _, tokens in zip(range(400), (t for _, t in sotu_sentences()))]
-    corpus.write_text("\n".join(lines) + "\n")
-    (work / "tiny.json").write_text(json.dumps(TRAIN_OPTIONS))
-    opts = TrainOptions(train=str(corpus), options=str(work / "tiny.json"), out=str(work / "run"), min_count=1,
-                        checkpoint_every=0, log_every=1000, threads=1, shuffle_buffer=0)
-    trainer = Trainer(opts, log=lambda s: None)
-    held = [*trainer.lm.parameters(), *trainer.lm.buffers()]
-    with HostWaits(held) as waits:
-        waits.counting = False
-        _one_step(trainer, trainer.batcher.next_batch())
-        held += [t for state in trainer.optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
-        for t in held:
-            waits.device.add(t)
-        waits.counting = True
-        _one_step(trainer, trainer.batcher.next_batch())
-    return waits
-
-
-def _one_step(trainer, batch) -> None:  # type: ignore[no-untyped-def]
-    """``Trainer.step``; in a tree before it existed, the loop's body as it was."""
-    if hasattr(trainer, "step"):
-        trainer.step(batch)
-        return
-    from training.distributed import sum_all
-
-    sums, n = trainer.train_step(batch)
-    totals = sum_all(trainer.dist, torch.cat([sums.float().cpu(), torch.tensor([float(n)])]))
-    p = trainer.progress
-    p.step, p.tokens, p.nll_tokens = p.step + 1, p.tokens + int(totals[2]), p.nll_tokens + int(totals[2])
-    p.nll = [p.nll[0] + float(totals[0]), p.nll[1] + float(totals[1])]
-
-
-TRAIN_OPTIONS = {"lstm": {"use_skip_connections": True, "projection_dim": 16, "cell_clip": 3, "proj_clip": 3,
-                          "dim": 32, "n_layers": 2},
-                 "char_cnn": {"activation": "relu", "filters": [[1, 4], [2, 4]], "n_highway": 1,
-                              "embedding": {"dim": 4}, "n_characters": 262, "max_characters_per_token": 50},
-                 "n_negative_samples_batch": 64, "batch_size": 8, "unroll_steps": 10, "n_epochs": 1}

@@ -51,6 +51,28 @@ class CharEncoder(nn.Module):
             return torch.addmm(self.proj_bias, torch.cat([words, chars], dim=-1), self.proj_weight)  # (N, P)
         return torch.addmm(self.proj_bias, self._char_features(char_ids), self.proj_weight)  # (N, P)
 
+    def plan_chunks(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """On the host, what ``_char_features`` finds on the device: the tokens' order (shortest
+        first) and each ``chunk_tokens`` chunk's trimmed width (``_trim_tail``), for ``forward_planned``.
+
+        Shape: char_ids (N, W) host ids -> order (N,), widths (ceil(N / chunk_tokens),)."""
+        ids = char_ids[:, :-1] if self.word_embed is not None else char_ids
+        lengths = _content_lengths(ids)  # (N,)
+        order = torch.argsort(lengths, stable=True)  # (N,)
+        widest = max(w for w, _ in self.cfg.filters)
+        peaks = [int(part.max()) for part in lengths[order].split(self.chunk_tokens)] if len(order) else []
+        return order, [min(ids.shape[1], peak + widest) for peak in peaks]
+
+    def forward_planned(self, char_ids: torch.Tensor, widths: list[int]) -> torch.Tensor:
+        """``forward`` of tokens in the order ``plan_chunks`` gave, with its widths: the same values
+        without reading the ids on the host. Shape: (N, W) -> (N, P)."""
+        ids = char_ids[:, :-1] if self.word_embed is not None else char_ids
+        n = self.chunk_tokens
+        feats = torch.cat([self._encode(ids[i * n : (i + 1) * n, :w]) for i, w in enumerate(widths)])  # (N, F)
+        if self.word_embed is not None:
+            feats = torch.cat([F.embedding(char_ids[:, -1].long(), self.word_embed), feats], dim=-1)
+        return torch.addmm(self.proj_bias, feats, self.proj_weight)  # (N, P)
+
     def _char_features(self, char_ids: torch.Tensor) -> torch.Tensor:
         """The char-CNN and highway layers. Shape: (N, C) -> (N, F)."""
         if _tracing():

@@ -30,7 +30,7 @@ import torch
 
 def clip_tensor(clip: float | None, device: torch.device | str) -> torch.Tensor:
     """A clip as the kernels take it: a 0-d fp32 tensor, inf for no clipping."""
-    return torch.tensor(math.inf if clip is None else float(clip), device=device)
+    return torch.full((), math.inf if clip is None else float(clip), dtype=torch.float32, device=device)  # no copy
 
 
 def tanh(x: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from .fused_cell import FusedCell, clip_tensor
+from .host_to_device import index_to_device
 from .lstm_sequence import _bmm_in
 
 
@@ -73,9 +74,9 @@ class FusedLstmSequence(torch.autograd.Function):
             k.train_store(torch.bmm(saved[0][:, sl] if m is None else m, wp), out[:, sl], h[:, :n], h_kept[:, sl], pc)
             if shared_first and start == 0 and n < B:  # step 0 ran once: its state holds for every row
                 h[:], c[:] = h[:, :1].clone(), c[:, :1].clone()
-        prev = torch.tensor(previous_positions(steps, B, shared_first), dtype=torch.long, device=gx.device)
+        prev = index_to_device(previous_positions(steps, B, shared_first), gx.device)
         h_prev = torch.cat([out, h0.float()], dim=1)[:, prev]  # (D, N, P): each step's recurrent input
-        last = torch.tensor(last_positions(steps, B, shared_first), dtype=torch.long, device=gx.device)
+        last = index_to_device(last_positions(steps, B, shared_first), gx.device)
         h_fin = torch.where((last >= 0)[None, :, None], out[:, last.clamp(min=0)], h0)  # (D, B, P)
         ctx.steps, ctx.shared_first, ctx.B, ctx.low, ctx.kernels = steps, shared_first, B, low, k
         ctx.save_for_backward(ws, wp, h_prev, h_kept, *saved)

@@ -7,6 +7,7 @@ Padded positions neither change the state nor emit output.
 """
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass
 from itertools import accumulate
@@ -17,6 +18,7 @@ from torch import nn
 
 from .config import LstmConfig
 from .fused_sequence import fused_lstm_sequence
+from .host_to_device import to_device
 from .lstm_cell import low_bmm
 from .lstm_sequence import lstm_sequence
 
@@ -237,6 +239,12 @@ class Packing:
             targets[0, first] = 0
             targets[1, first + self._rev[0]] = 0
         return targets
+
+    def to(self, device: torch.device) -> "Packing":
+        """This packing (made on the host) on ``device``, copied without a host wait."""
+        moved = copy.copy(self)
+        moved.__dict__.update({k: to_device(v, device) for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)})
+        return moved
 
     @classmethod
     def full(cls, batch: int, t_max: int, device: torch.device | None = None) -> "Packing":

@@ -18,6 +18,7 @@ from elmo_core import BiLM, ElmoConfig, StatefulBiLM
 from elmo_core.bilm import Tokenizer
 from elmo_core.chars import ByteTokenizer
 from elmo_core.errors import ElmoError, InputError
+from elmo_core.host_to_device import to_device
 from elmo_core.kinds import Dtype, Precision
 from formats import load_bilm
 from formats.model_dir import load_tokenizer
@@ -25,7 +26,7 @@ from formats.token_embeddings import read_token_embeddings
 from runtime import use_threads
 
 from .fast_path import FastInference
-from .host_copy import PinnedCopies, to_device
+from .host_copy import PinnedCopies
 from .outputs import VectorRequest, combine_layers, finish_on_device, reduce_on_device
 from .precision import check_precision
 from .token_cache import TokenCache, preload_token_cache

@@ -36,11 +36,3 @@ class PinnedCopies:
             return host.numpy()
         return result
 
-
-def to_device(array: np.ndarray | torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """A host array on ``device`` without the host waiting for the copy: on CUDA from pinned memory
-    (torch's caching host allocator keeps the buffer until the copy is done), on a CPU the array
-    itself."""
-    t = torch.from_numpy(np.ascontiguousarray(array)) if isinstance(array, np.ndarray) else array
-    device = torch.device(device)
-    return (t.pin_memory() if device.type == "cuda" else t).to(device, non_blocking=True)

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 
 import torch
 
+from elmo_core.host_to_device import to_device
 from elmo_core.lstm import unpack
 
 from .fast_lstm import input_parts
 from .fused_lstm import FusedLstm
-from .host_copy import to_device
 
 
 @dataclass(frozen=True)

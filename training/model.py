@@ -20,6 +20,7 @@ from elmo_core.lstm import BiLstmStack, Packing, RunLayer
 from .objective import Candidates, LogUniformSampler, full_softmax_nll, sampled_softmax_nll
 from .segments import Segments
 from .sparse_softmax import SoftmaxRows
+from .step_plan import StepPlan
 
 
 def run_directions(lstm: BiLstmStack, xs: torch.Tensor, state: LstmState,
@@ -79,22 +80,28 @@ class LanguageModel(nn.Module):
         return self.bilm.lstm.zero_state(batch)
 
     def top_layer(self, chars: torch.Tensor, mask: torch.Tensor, state: LstmState | None,
-                  starts: torch.Tensor | None = None) -> tuple[torch.Tensor, LstmState]:
+                  starts: torch.Tensor | None = None, plan: StepPlan | None = None) -> tuple[torch.Tensor, LstmState]:
         """``starts`` (B, T) bool: the state resets to zero there (a sentence's first input;
-        training.segments); None: the state runs on through every row.
+        training.segments); None: the state runs on through every row. ``plan``: the batch's data
+        read beforehand on the host (training.step_plan), its segments for ``starts``.
 
         Shape: chars (2, B, T, C), mask (B, T) -> top (2, B, T, P), final state."""
         D, B, T, C = chars.shape
         both_mask = mask[None].expand(D, B, T).reshape(D * B, T)  # (2B, T)
-        x = self.bilm.embed_tokens(chars.reshape(D * B, T, C), both_mask)  # (2B, T, P)
+        if plan is None:
+            x = self.bilm.embed_tokens(chars.reshape(D * B, T, C), both_mask)  # (2B, T, P)
+        else:
+            x = plan.tokens.embed(self.bilm.encoder, (D * B, T, self.config.lstm.projection_dim))  # (2B, T, P)
+        segments = plan.segments if plan is not None else None
         state = state if state is not None else self.zero_state(B)
         fast = self.bilm.fast_path_in_use()  # evaluation: the inference recurrence (training.evaluate)
         run_layer = fast.run_layer if fast is not None else None
-        if starts is None:
+        if starts is None and segments is None:
             top, final = run_directions(self.bilm.lstm, x.view(D, B, T, -1).transpose(1, 2), state, run_layer)  # (2, T, B, P)
             top = top.transpose(1, 2)  # (2, B, T, P)
         else:
-            top, final = run_segments(self.bilm.lstm, x.view(D, B * T, -1), Segments.of(starts, mask), state, run_layer)
+            top, final = run_segments(self.bilm.lstm, x.view(D, B * T, -1),
+                                      segments or Segments.of(starts, mask), state, run_layer)
             top = top.view(D, B, T, -1)  # (2, B, T, P)
         if self.training and self.bilm.lstm.dropout > 0:
             top = F.dropout(top, self.bilm.lstm.dropout, training=True)
@@ -105,7 +112,7 @@ class LanguageModel(nn.Module):
                 sampler: LogUniformSampler | None = None,
                 normaliser: float | None = None,
                 rows: SoftmaxRows | None = None,
-                starts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, LstmState]:
+                starts: torch.Tensor | None = None, plan: StepPlan | None = None) -> tuple[torch.Tensor, torch.Tensor, LstmState]:
         """Mean of the two directions' mean NLL (sampled softmax when ``candidates`` are given).
 
         ``rows``: the softmax rows the step reads, gathered as leaves for sparse updates
@@ -114,12 +121,18 @@ class LanguageModel(nn.Module):
         ``normaliser``: the token count each direction's NLL sum is divided by (default: this
         batch's; data-parallel ranks pass all ranks' tokens / ranks).
 
+        ``plan``: the batch's data read beforehand on the host (training.step_plan): the step then
+        reads nothing on the device.
+
         Shape: -> loss (), per-direction NLL sums (2,) detached, final state.
         """
-        top, final = self.top_layer(chars, mask, state, starts)  # (2, B, T, P)
+        top, final = self.top_layer(chars, mask, state, starts, plan)  # (2, B, T, P)
         losses, sums = [], []
         for d in range(2):
-            h, y = top[d][mask], targets[d][mask]  # (N, P), (N,)
+            if plan is None:
+                h, y = top[d][mask], targets[d][mask]  # (N, P), (N,)
+            else:
+                h, y = top[d].reshape(-1, top.shape[-1]).index_select(0, plan.picked), targets[d].reshape(-1)[plan.picked]
             if candidates is not None:
                 w, b, ids = (self.softmax_w, self.softmax_b, None) if rows is None else (rows.w, rows.b, rows.ids)
                 nll = sampled_softmax_nll(h, y, w, b, candidates[d], sampler, ids)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inference.host_copy import to_device
+from elmo_core.host_to_device import to_device
 import torch.nn.functional as F
 
 
@@ -88,31 +88,34 @@ def sampled_softmax_nll(h: torch.Tensor, targets: torch.Tensor, weight: torch.Te
     Shape: h (N, P), targets (N,), weight (V or R, P), bias (V or R,) -> (N,).
     """
     n = cand.ids.numel()
-    true_logq = torch.log(sampler.expected_count(targets, n, cand.tries))  # (N,) where the targets are
-    samp_logq = to_device(torch.log(sampler.expected_count(cand.ids, n, cand.tries)), h.device)  # (S,)
-    ids = to_device(cand.ids, h.device)
+    ids = cand.ids.to(h.device)
+    true_logq = torch.log(sampler.expected_count(targets, n, cand.tries))  # (N,)
+    samp_logq = torch.log(sampler.expected_count(ids, n, cand.tries))  # (S,)
     if row_ids is not None:  # vocabulary ids -> rows of the gathered weight and bias
         targets, ids = torch.searchsorted(row_ids, targets), torch.searchsorted(row_ids, ids)
     true_logits = (h * F.embedding(targets, weight)).sum(-1) + bias[targets] - true_logq  # (N,)
     # The log-q correction is folded into the bias: one (N, S) pass fewer.
     samp_logits = _at_least_fp32(torch.addmm(bias[ids] - samp_logq, h, F.embedding(ids, weight).t()))  # (N, S)
-    _remove_accidental_hits(samp_logits, targets, ids, weight.shape[0])
+    samp_logits = _remove_accidental_hits(samp_logits, targets, ids, weight.shape[0])
     # logsumexp over [true, sampled] without building the (N, 1+S) matrix
     return torch.logaddexp(_at_least_fp32(true_logits), torch.logsumexp(samp_logits, dim=1)) - true_logits
 
 
-def _remove_accidental_hits(samp_logits: torch.Tensor, targets: torch.Tensor, ids: torch.Tensor, n_vocab: int) -> None:
+def _remove_accidental_hits(samp_logits: torch.Tensor, targets: torch.Tensor, ids: torch.Tensor,
+                            n_vocab: int) -> torch.Tensor:
     """Where a row's label was also sampled, that candidate's logit gets -FLOAT_MAX, as TF's
-    ``compute_accidental_hits`` does (in place; O(N) lookups instead of an (N, S) comparison).
+    ``compute_accidental_hits`` does (O(N) lookups instead of an (N, S) comparison, and no host
+    read of where the hits are).
 
     Shape: samp_logits (N, S), targets (N,), ids (S,) distinct.
     """
     position = torch.full((n_vocab,), -1, dtype=torch.long, device=ids.device)  # (V,) id -> candidate column
     position[ids] = torch.arange(ids.numel(), device=ids.device)
-    col = position[targets]  # (N,)
-    rows = torch.nonzero(col >= 0).squeeze(1)  # (H,)
-    fill = torch.tensor(torch.finfo(samp_logits.dtype).min, dtype=samp_logits.dtype, device=samp_logits.device)
-    samp_logits.index_put_((rows, col[rows]), fill)
+    col = position[targets][:, None]  # (N, 1)
+    hit = col >= 0  # (N, 1): no host read of where the hits are
+    col = col.clamp(min=0)
+    kept = samp_logits.gather(1, col)  # (N, 1)
+    return samp_logits.scatter(1, col, kept.masked_fill(hit, torch.finfo(samp_logits.dtype).min))
 
 
 def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""A run's progress and its limits: when to stop, how far along the lr horizon, the log line."""
+"""A run's progress and its limits: when to stop, how far along the lr horizon, the log line; the
+sums the steps add up on the device between two reads (``DeviceTotals``)."""
 from __future__ import annotations
 
 import math
@@ -60,32 +61,17 @@ def log_line(p: Progress, rate: float, eta: float | None, softmax: str) -> str:
             f"ETA {clock(eta)}")
 
 
+@dataclass
 class DeviceTotals:
-    """What training steps leave on the device between two reads: the per-direction NLL sums,
-    each step's gradient norm, and the first step whose loss was not finite. Adding waits for
-    nothing; ``read`` copies it all to the host at once and starts anew."""
+    """What the steps add up on the device between two reads: NLL sums (2,), the gradient norms'
+    sum and whether every loss was finite (0-d)."""
 
-    def __init__(self) -> None:
-        self.sums: torch.Tensor | None = None  # (2,) float64
-        self.grad_norms: list[torch.Tensor] = []
-        self.bad: torch.Tensor | None = None  # () int64: the first non-finite step, or 0
+    nll: torch.Tensor
+    grad_norm: torch.Tensor
+    finite: torch.Tensor
+    steps: int = 0
 
-    def add_sums(self, sums: torch.Tensor) -> None:
-        s = sums.detach().double()
-        self.sums = s if self.sums is None else self.sums + s
-
-    def add_loss(self, loss: torch.Tensor, step: int) -> None:
-        here = torch.where(torch.isfinite(loss), 0, step)  # () int64 on the loss's device
-        self.bad = here if self.bad is None else torch.where(self.bad > 0, self.bad, here)
-
-    def read(self) -> tuple[torch.Tensor, float, int | None]:
-        """(the NLL sums (2,) float64 on the host, the mean gradient norm, the first non-finite step or None)."""
-        if self.sums is None:
-            return torch.zeros(2, dtype=torch.float64), 0.0, None
-        dev = self.sums.device
-        grads = torch.stack(self.grad_norms).double().mean().reshape(1) if self.grad_norms else \
-            torch.zeros(1, dtype=torch.float64, device=dev)
-        bad = (self.bad if self.bad is not None else torch.zeros((), dtype=torch.long, device=dev)).double().reshape(1)
-        host = torch.cat([self.sums, grads.to(dev), bad.to(dev)]).cpu()  # (4,): one copy
-        self.__init__()  # type: ignore[misc]
-        return host[:2], float(host[2]), (int(host[3]) or None)
+    @classmethod
+    def zeros(cls, device: torch.device) -> "DeviceTotals":
+        return cls(torch.zeros(2, device=device), torch.zeros((), device=device),
+                   torch.ones((), dtype=torch.bool, device=device))

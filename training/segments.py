@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from elmo_core import LstmState
+from elmo_core.host_to_device import to_device
 from elmo_core.lstm import Packing
 
 
@@ -54,6 +55,12 @@ class Segments:
         last = torch.full((B,), -1, dtype=torch.long, device=dev)
         last[b] = torch.arange(b.numel(), device=dev)  # row-major order: the row's last segment wins
         return cls(packing, b, starts[b, t], source, unpack, last)
+
+    def to(self, device: torch.device) -> "Segments":
+        """These segments (made on the host, where building them reads the data) on ``device``,
+        copied without a host wait."""
+        moved = {k: to_device(v, device) for k, v in vars(self).items() if isinstance(v, torch.Tensor)}
+        return Segments(self.packing.to(device), **moved)
 
     def initial(self, carried: LstmState) -> LstmState:
         """Each segment's initial state: zero at a sentence start, else its row's carried state.

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
-from inference.host_copy import to_device
+from elmo_core.host_to_device import to_device
 import torch.distributed as dist
 from torch import nn
+
+from elmo_core.host_to_device import to_device
 
 from .distributed import DistInfo
 from .errors import TrainingError
@@ -64,10 +66,11 @@ class SparseSoftmax:
         """The rows of the step's targets (both directions, padding masked out) and candidates.
 
         Shape: targets (M,) -> SoftmaxRows with R <= M + 2S rows.
+        Built on the host from host ``targets`` and candidates (finding the distinct ids reads them),
+        then copied to the device without a host wait.
         """
-        dev = self.weight.device
-        ids = torch.unique(torch.cat([to_device(targets.reshape(-1), dev), to_device(candidates[0].ids, dev),
-                                      to_device(candidates[1].ids, dev)]))  # (R,)
+        ids = to_device(torch.unique(torch.cat([targets.reshape(-1).cpu(), candidates[0].ids.cpu(),
+                                                candidates[1].ids.cpu()])), self.weight.device)  # (R,)
         return SoftmaxRows(ids, self.weight.detach()[ids].requires_grad_(), self.bias.detach()[ids].requires_grad_())
 
     def grads(self, rows: SoftmaxRows) -> list[torch.Tensor]:

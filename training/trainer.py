@@ -18,9 +18,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from elmo_core import ElmoConfig, LstmState
 from elmo_core.atomic import write_json_atomic
+from elmo_core.host_to_device import to_device
 from elmo_core.kinds import Precision
 from formats import save_model
-from inference.host_copy import to_device
 from runtime import deterministic_algorithms, use_threads
 
 from .checkpoint import optimizer_tensors, load_optimizer
@@ -33,10 +33,11 @@ from .evaluation import Evaluator
 from .init_from import extend_vocabulary, init_source, load_initial_weights
 from .metrics import MetricLogger
 from .model import LanguageModel
-from .objective import LogUniformSampler
+from .objective import Candidates, LogUniformSampler
 from .optim import Recipe, resolve
-from .options import SOFTMAX_UPDATES, TrainOptions
+from .options import PRECISION_REASONS, SOFTMAX_UPDATES, TrainOptions, default_precision
 from .progress import DeviceTotals, Limits, Progress, log_line
+from .step_plan import StepPlan
 from .sparse_softmax import SoftmaxRows, SparseSoftmax, clip_grad_norm_
 from .vocab import Vocab, build_vocab
 
@@ -50,6 +51,8 @@ class Trainer:
         self.dist = init_from_env(opts.device)
         self.out, self.device = Path(opts.out), torch.device(opts.device)
         self.say(f"{use_threads(opts.threads)}; setting up the run in {self.out}")
+        default = opts.precision == default_precision(opts.device)
+        self.say(f"precision {PRECISION_REASONS[opts.precision] if default else opts.precision + ' (--precision)'}")
         # Saturated gates produce denormal floats, which make CPU kernels ~10x slower; flushing
         # them to zero (values below 1e-38) is numerically immaterial.
         torch.set_flush_denormal(True)
@@ -68,7 +71,7 @@ class Trainer:
         self.limits = Limits(opts.max_tokens, opts.max_steps, opts.max_minutes)
         self.state: LstmState | None = None
         self.progress = Progress()
-        self._pending = DeviceTotals()  # the steps' NLL sums, gradient norms, a non-finite loss: read at a flush
+        self._totals = DeviceTotals.zeros(self.device)
 
     # ---- setup ------------------------------------------------------------------------------
     def setup_recipe(self) -> Recipe:
@@ -174,31 +177,59 @@ class Trainer:
 
     # ---- one step ---------------------------------------------------------------------------
     def train_step(self, batch) -> tuple[torch.Tensor, int]:
-        """Forward, backward, clip, update. Returns per-direction NLL sums (2,) and the token count."""
+        """Forward, backward, clip, update. Returns per-direction NLL sums (2,) on the device and the
+        token count. What reads the batch's data (the candidates, segments, the predicted positions,
+        the softmax rows) is found on the host and copied without a host wait: on CUDA the step
+        queues its work and returns without waiting for the device."""
         self.lm.train()
         self.optimizer.zero_grad(set_to_none=True)
         n_neg = self.config.training.n_negative_samples_batch
-        cands = (self.sampler.sample(n_neg), self.sampler.sample(n_neg)) if self.sampler else None
         dev = self.device
+        cands = (self.sampler.sample(n_neg), self.sampler.sample(n_neg)) if self.sampler else None
         rows = self.sparse.gather(batch.targets[:, batch.mask], cands) if self.sparse and cands else None
+        cands = tuple(Candidates(to_device(c.ids, dev), c.tries) for c in cands) if cands else None
         state = self.state if batch.stateful else None
-        starts = None if batch.starts is None else to_device(batch.starts, dev)
+        plan = StepPlan.of(batch, self.lm.bilm.encoder, dev)
         precision = Precision.of(self.opts.precision)  # fp32 or bf16 (TRAIN_PRECISIONS): autocast in bf16
         with torch.autocast(dev.type, dtype=precision.torch, enabled=precision.reduced):
             # Each rank divides by (all ranks' tokens / ranks): DDP's gradient mean is then the
             # gradient of the global mean NLL, however the tokens fall between ranks.
             norm = batch.total_tokens / self.dist.world
-            chars, targets, mask = (to_device(t, dev) for t in (batch.chars, batch.targets, batch.mask))
-            loss, sums, final = self.net(chars, targets, mask,
-                                         state, cands, self.sampler, norm, rows, starts)
-        self._pending.add_loss(loss.detach(), self.progress.step + 1)  # checked at the next flush, not waited on
+            loss, sums, final = self.net(to_device(batch.chars, dev), to_device(batch.targets, dev),
+                                         to_device(batch.mask, dev), state, cands, self.sampler, norm, rows,
+                                         plan=plan)
+        self._totals.finite &= torch.isfinite(loss.detach())  # read with the metrics (read_totals)
         loss.backward()
         if self.progress.step < self.opts.freeze_encoder_steps:  # zero gradients leave Adam and Adagrad still
             for p in self.lm.bilm.parameters():
                 p.grad = None
-        self._pending.grad_norms.append(self._update(rows).detach())
+        self._totals.grad_norm += self._update(rows).detach().float().to(dev)
         self.state = LstmState(final.h.detach().float(), final.c.detach().float()) if batch.stateful else None
         return sums, batch.n_tokens
+
+    def step(self, batch) -> None:
+        """One training step and its progress; the loss sums stay on the device (``read_totals``)."""
+        sums, n = self.train_step(batch)
+        t = self._totals
+        t.nll += sums.float()
+        t.steps += 1
+        p = self.progress
+        total = batch.total_tokens if self.dist.enabled else n  # every rank knows the global batch's tokens
+        p.step, p.tokens, p.nll_tokens = p.step + 1, p.tokens + total, p.nll_tokens + total
+
+    def read_totals(self) -> float:
+        """The device's sums since the last read, summed over ranks, into the progress (one host read
+        every ``--log-every`` steps). Returns the mean gradient norm; a loss that was not finite stops the run."""
+        t = self._totals
+        nll_f, nll_b, grad, finite = sum_all(self.dist, torch.cat([t.nll, t.grad_norm[None],
+                                                                   t.finite.float()[None]])).tolist()
+        steps, first = t.steps, self.progress.step - t.steps + 1
+        self._totals = DeviceTotals.zeros(self.device)
+        if finite < self.dist.world:
+            raise TrainingError(f"steps {first}-{self.progress.step}: the loss is not finite; lower --lr")
+        p = self.progress
+        p.nll = [p.nll[0] + nll_f, p.nll[1] + nll_b]
+        return grad / max(steps * self.dist.world, 1)
 
     def _update(self, rows: SoftmaxRows | None) -> torch.Tensor:
         """Clip the whole gradient's norm, then the optimizer step (and the softmax rows' one).
@@ -218,7 +249,7 @@ class Trainer:
 
     # ---- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
-        self.flush()  # a non-finite loss since the last flush stops the run before its weights are saved
+        self.read_totals()  # a non-finite loss since the last read stops the run before its weights are saved
         local = {"rng.torch": torch.get_rng_state()}
         if self.state is not None:
             local.update({"lstm.h": self.state.h, "lstm.c": self.state.c})
@@ -278,7 +309,7 @@ class Trainer:
         if self.dist.is_main:
             s_per_step = (now - self._t0) / (p.step - self._step0) if p.step > self._step0 else None
             self.log(log_line(p, rate, self.limits.eta(p, self.elapsed(), rate, s_per_step), softmax))
-        grad = self.flush()
+        grad = self.read_totals()
         f, b = (x / max(p.nll_tokens, 1) for x in p.nll)
         self.metrics.record("train", p.step, {
             "loss": 0.5 * (f + b), "loss_forward": f, "loss_backward": b, "ppl_forward": math.exp(min(f, 50)),
@@ -326,26 +357,6 @@ class Trainer:
                 self.save_checkpoint()
                 self.evaluator.periodic()
         return self._finish()
-
-    def step(self, batch) -> None:
-        """One training step and its accounting, without waiting for the device: the token count
-        is the host's (summed over ranks on the host), the NLL stays on the device until ``flush``."""
-        sums, n = self.train_step(batch)
-        self._pending.add_sums(sums)
-        tokens = int(sum_all(self.dist, torch.tensor([float(n)]))[0]) if self.dist.enabled else n
-        p = self.progress
-        p.step, p.tokens, p.nll_tokens = p.step + 1, p.tokens + tokens, p.nll_tokens + tokens
-
-    def flush(self) -> float:
-        """Read what the steps left on the device (one copy): the NLL sums into the progress, and
-        TrainingError where a loss was not finite. Returns the mean gradient norm since the last flush."""
-        sums, grad, bad_step = self._pending.read()
-        if bad_step is not None:
-            raise TrainingError(f"step {bad_step}: the loss is not finite; lower --lr")
-        sums = sum_all(self.dist, sums)  # (2,) over ranks
-        p = self.progress
-        p.nll = [p.nll[0] + float(sums[0]), p.nll[1] + float(sums[1])]
-        return grad
 
     def _write_run_json(self) -> None:
         if self.dist.is_main:
