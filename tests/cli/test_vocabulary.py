@@ -21,7 +21,7 @@ OLD = {"--max-tokens-per-batch": "--max-batch-tokens", "--max-sentence-length": 
        "--minutes": "--max-minutes", "--train-minutes": "--max-minutes", "--work": "--work-dir",
        "--bf16": "--precision", "--no-bf16": "--precision", "--fp16": "--precision"}
 REPORTING = ("info", "verify", "embed", "perplexity", "train", "probe", "engine", "export onnx", "export tensorrt",
-             "default-model")
+             "export triton", "default-model", "sample-corpus", "sotu-corpus", "dump-tokens", "convert-efml")
 
 
 def commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
