@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _register_train(sub)
     p = sub.add_parser("perplexity", help="forward, backward and mean perplexity (full softmax) of a trained model")
     add_flag(p, "model", required=True, help="model directory written by `elmo train` (RUN_DIR/model)")
-    p.add_argument("--data", required=True, help="text/.gz/Parquet file, directory or glob")
+    add_flag(p, "text", required=True)
     add_flag(p, "text_column", help="the Parquet column (default: tokens, text or sentence)")
     p.add_argument("--batch-size", type=int, default=32, help="sentences scored a batch (default 32)")
     p.add_argument("--max-sentences", type=int, help="score at most this many sentences (default: all)")
@@ -87,7 +87,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
     say_loading("perplexity", run)
     use_threads(run.threads.count)
     lm, vocab = load_language_model(run.model)
-    result = perplexity(lm.to(run.device), args.data, vocab, args.batch_size, args.max_sentences, args.text_column,
+    result = perplexity(lm.to(run.device), args.text, vocab, args.batch_size, args.max_sentences, args.text_column,
                         run.device, stateful=args.stateful)
     if args.json:
         print(json.dumps({**result, "run": run.to_dict()}))
