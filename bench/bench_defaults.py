@@ -86,7 +86,7 @@ def write_small_corpus(work: Path, corpus: str, lines: int, valid_lines: int, se
 
 
 def perplexity(model: Path, data: Path) -> dict:
-    cmd = [sys.executable, "-m", "elmo_cli", "perplexity", "--model", str(model), "--data", str(data), "--json"]
+    cmd = [sys.executable, "-m", "elmo_cli", "perplexity", "--model", str(model), "--text", str(data), "--json"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"elmo perplexity failed\n{proc.stderr[-3000:]}")

@@ -3,6 +3,9 @@ with its ``dictionaries``, char.dic / word.dic, model.safetensors), which every 
 from __future__ import annotations
 
 import argparse
+import json
+
+from elmo_cli.vocabulary import add_flag
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -12,6 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "never unpickled) and write it as options.json + model.safetensors + dictionaries.")
     p.add_argument("src", help="the ELMoForManyLangs model directory")
     p.add_argument("out", help="the directory to write")
+    add_flag(p, "json")
     p.set_defaults(func=run_convert)
 
 
@@ -22,6 +26,11 @@ def run_convert(args: argparse.Namespace) -> int:
     model = load_efml(args.src)
     files = save_model(model, args.out, "safetensors")
     cfg = model.config
+    if args.json:
+        print(json.dumps({"out": str(files.options.parent), "characters": cfg.char_cnn.n_characters - 1,
+                          "words": cfg.dictionaries.n_words if cfg.dictionaries.words else 0,
+                          "layers": cfg.n_output_layers, "dim": cfg.output_dim}))
+        return 0
     words = f", words {cfg.dictionaries.n_words:,} x {cfg.dictionaries.word_dim}" if cfg.dictionaries.words else ""
     print(f"wrote {files.options.parent}: characters {cfg.char_cnn.n_characters - 1:,}{words}, "
           f"{cfg.n_output_layers} layers of {cfg.output_dim}")

@@ -71,11 +71,15 @@ def _register_sample_corpus(sub: argparse._SubParsersAction) -> None:
     p.add_argument("out_dir", help="the directory to write the Parquet files into")
     p.add_argument("--rows", type=int, default=2000, help="sentences in all (default 2000)")
     p.add_argument("--files", type=int, default=2, help="Parquet files they are split into (default 2)")
+    add_flag(p, "json")
     p.set_defaults(func=run_sample_corpus)
 
 
 def run_sample_corpus(args: argparse.Namespace) -> int:
     paths = write_sample_corpus(args.out_dir, args.rows, args.files)
+    if args.json:
+        print(json.dumps({"out_dir": str(args.out_dir), "rows": args.rows, "files": [str(p) for p in paths]}))
+        return 0
     print(f"wrote {args.rows} sentences into {len(paths)} files under {args.out_dir} (columns id, speech, text)")
     return 0
 

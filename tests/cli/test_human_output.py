@@ -53,3 +53,15 @@ def test_export_onnx_prints_parity_as_text(tiny_dir, tmp_path):
     _reads_as_text(r.stdout)
     assert any(line.startswith("parity: passed against") for line in r.stdout.splitlines()), r.stdout
     assert ("TensorRT" in r.stdout) == torch.cuda.is_available()
+
+
+def test_json_alone_on_stdout_for_the_small_commands(tiny_dir, tmp_path):
+    corpus = run_cli("sample-corpus", tmp_path / "c", "--rows", 10, "--files", 1, "--json")
+    assert corpus.returncode == 0 and json.loads(corpus.stdout)["rows"] == 10, corpus.stderr
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("<S>\n</S>\nthe\ncat\n")
+    tokens = run_cli("dump-tokens", "--model", tiny_dir, "--vocab", vocab, "--out", tmp_path / "t.hdf5", "--threads", 1,
+                     "--json")
+    assert tokens.returncode == 0, tokens.stderr
+    assert {k: v for k, v in json.loads(tokens.stdout).items() if k != "seconds"} == {
+        "out": str(tmp_path / "t.hdf5"), "tokens": 4, "dim": 8}

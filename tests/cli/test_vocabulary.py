@@ -21,7 +21,7 @@ OLD = {"--max-tokens-per-batch": "--max-batch-tokens", "--max-sentence-length": 
        "--minutes": "--max-minutes", "--train-minutes": "--max-minutes", "--work": "--work-dir",
        "--bf16": "--precision", "--no-bf16": "--precision", "--fp16": "--precision"}
 REPORTING = ("info", "verify", "embed", "perplexity", "train", "probe", "engine", "export onnx", "export tensorrt",
-             "default-model")
+             "export triton", "default-model", "sample-corpus", "sotu-corpus", "dump-tokens", "convert-efml")
 
 
 def commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
@@ -134,11 +134,3 @@ def test_a_setting_error_keeps_its_names_through_pickling():
     assert e.settings == ("max_tokens_per_batch", "max_sentence_length")
     assert e.spelled(flag_spelling(commands(build_parser())["embed"])) == \
         "--max-batch-tokens (3) must be at least --max-sentence-tokens"
-
-
-def test_every_command_that_runs_a_model_takes_threads_and_device():
-    """--threads and --device are one shape across the commands that run a model (issue #56, F4)."""
-    found = commands(build_parser())
-    for name in ("embed", "serve", "perplexity", "probe", "dump-tokens"):
-        flags = {o for a in found[name]._actions for o in a.option_strings}
-        assert {"--threads", "--device"} <= flags, (name, sorted(flags))

@@ -1,42 +1,47 @@
-"""``pipelines.embed_parquet`` in a fresh interpreter runs as fast as ``elmo embed`` on the same job
-beside a busy core: the library gets the CLI's thread settings whatever it imports first."""
+"""The library is a door as fast as the CLI (issue #56, F1): ``pipelines.embed_parquet`` in a fresh
+interpreter, beside a busy core, within 1.15x of ``elmo embed`` on the same job, taking turns, in
+the CPU seconds the job spent (its manifest's: less noisy than its wall time beside a busy core,
+and where spinning OpenMP workers show). It was 4-18x slower in wall time when ``import pipelines``
+loaded torch before OpenMP's wait policy was set (its idle workers spun against the busy process);
+tests/test_runtime_settings.py checks that order."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from tests.helpers import make_model_dir, tiny_options
+from corpora.sample import write_sample_corpus
+
+from tests.helpers import TINY_OPTIONS, make_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
-ROWS, ROUNDS, BOUND = 400, 2, 1.15
-UNSET = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "ONEDNN_PRIMITIVE_CACHE_CAPACITY",
-         "LRU_CACHE_CAPACITY")
-LIBRARY = "import sys, pipelines; pipelines.embed_parquet(sys.argv[1], sys.argv[2], model=sys.argv[3])"
+LIBRARY = ("import json, sys, pipelines; m = pipelines.embed_parquet(sys.argv[1], sys.argv[2], sys.argv[3], "
+           "quiet=True, threads=2); print(json.dumps(m))")
 
 
-def _timed(cmd: list[str], env: dict[str, str]) -> float:
-    t0 = time.perf_counter()
-    r = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def _cpu_seconds(cmd: list[str]) -> float:
+    """The job's CPU seconds (its manifest's): spinning OpenMP workers show there, whatever the load."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")}
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300, env={**env, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr[-2000:]
-    return time.perf_counter() - t0
+    return json.loads(r.stdout)["stages"]["process_cpu_seconds"]
 
 
-def test_library_call_within_bound_of_the_cli_beside_a_busy_core(tmp_path, spawn):
-    env = {k: v for k, v in os.environ.items() if k not in UNSET}
-    env["PYTHONPATH"] = str(ROOT)
-    model = make_model_dir(tmp_path / "model", tiny_options(lstm__dim=256, lstm__projection_dim=64))
-    corpus = tmp_path / "corpus"
-    subprocess.run([sys.executable, "-m", "elmo_cli", "sample-corpus", str(corpus), "--rows", str(ROWS), "--files", "1"],
-                   cwd=ROOT, env=env, check=True, capture_output=True)
-    spawn([sys.executable, "-c", "while True: pass"])
-    best = {"cli": float("inf"), "library": float("inf")}
-    for i in range(ROUNDS):  # in turns, so drifting load falls on both alike
-        cli = [sys.executable, "-m", "elmo_cli", "embed", str(corpus), str(tmp_path / f"cli{i}"), "--model", str(model),
-               "--quiet"]
-        best["cli"] = min(best["cli"], _timed(cli, env))
-        library = [sys.executable, "-c", LIBRARY, str(corpus), str(tmp_path / f"lib{i}"), str(model)]
-        best["library"] = min(best["library"], _timed(library, env))
-    assert best["library"] <= BOUND * best["cli"], best
+def test_the_library_runs_a_job_as_fast_as_the_cli_beside_a_busy_core(tmp_path):
+    corpus, model = tmp_path / "corpus", make_model_dir(tmp_path / "tiny", TINY_OPTIONS)
+    write_sample_corpus(corpus, rows=1000, files=1, row_group_rows=500)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        best = {"library": float("inf"), "cli": float("inf")}
+        for turn in range(2):
+            best["library"] = min(best["library"], _cpu_seconds([sys.executable, "-c", LIBRARY, str(corpus),
+                                                             str(tmp_path / f"lib{turn}"), str(model)]))
+            best["cli"] = min(best["cli"], _cpu_seconds([sys.executable, "-m", "elmo_cli", "embed", str(corpus),
+                                                     str(tmp_path / f"cli{turn}"), "--model", str(model), "--threads",
+                                                     "2", "--json", "--quiet"]))
+    finally:
+        busy.kill()
+        busy.wait()
+    assert best["library"] <= 1.15 * best["cli"], best

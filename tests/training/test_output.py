@@ -73,10 +73,10 @@ def test_run_dir_metrics_and_run_json(trained):
 
 def test_perplexity_cli(trained, capsys):
     _, model_dir, tmp, summary = trained
-    assert cli(["perplexity", "--model", str(model_dir), "--data", str(tmp / "valid.txt"), "--json"]) == 0
+    assert cli(["perplexity", "--model", str(model_dir), "--text", str(tmp / "valid.txt"), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["forward"] == pytest.approx(summary["valid"]["forward"], rel=1e-9)
-    assert cli(["perplexity", "--model", str(tmp), "--data", str(tmp / "valid.txt")]) == 2
+    assert cli(["perplexity", "--model", str(tmp), "--text", str(tmp / "valid.txt")]) == 2
     assert "error" in capsys.readouterr().err
 
 
