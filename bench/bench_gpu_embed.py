@@ -60,7 +60,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=50_000, help="sotu rows (50,000 is about 1.15M tokens)")
     ap.add_argument("--precisions", default="fp32,bf16")
-    ap.add_argument("--budgets", default="16384,131072", help="--max-tokens-per-batch values")
+    ap.add_argument("--budgets", default="16384,131072", help="--max-batch-tokens values")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--json-out")
     a = ap.parse_args()
