@@ -63,10 +63,6 @@ gpu-check: install
 embed: install
 	$(BIN)/elmo embed $(INPUT) $(OUT) --model $(MODEL) $(ARGS)
 
-# make gpu-check [DEVICE=cuda:1]: everything a GPU is for, measured (bench/gpu_check.py; DEVICE=cpu: a dry run)
-gpu-check: install
-	$(BIN)/python bench/gpu_check.py $(if $(DEVICE),--device $(DEVICE)) $(if $(OUT),--out $(OUT))
-
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
 
