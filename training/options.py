@@ -104,15 +104,6 @@ class TrainOptions:
             raise InputError(f"--precision {self.precision}: training runs in {' or '.join(TRAIN_PRECISIONS)}")
         _check_numbers(self)
 
-    @property
-    def precision_reason(self) -> str:
-        """This precision on this device, in words (the default: bf16 on CUDA, fp32 on a CPU)."""
-        cuda = self.device.startswith("cuda")
-        if self.precision == "bf16":
-            return ("bf16 autocast on CUDA, the default there: it trains as fp32 does (perplexity within 2 % after the "
-                    "same tokens, tests/training/test_step_waits.py)" if cuda else "bf16 autocast on a CPU")
-        return "fp32 on CUDA (--precision bf16 is the default there)" if cuda else "fp32 on a CPU, the default there"
-
 
 def default_precision(device: str) -> str:
     """The training precision when --precision is not given: bf16 autocast on CUDA, where it trains

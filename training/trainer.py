@@ -341,7 +341,7 @@ class Trainer:
         self._step0 = self.progress.step
         self._last_log = (time.perf_counter(), self.progress.tokens)
         self.say(f"training: vocabulary {len(self.vocab):,} words, {sum(p.numel() for p in self.lm.parameters()):,} "
-                 f"parameters, {self.opts.precision} ({self.opts.precision_reason})")
+                 f"parameters")
         while not any_true(self.dist, self.limits.reached(self.progress, self.elapsed())):
             batch = self.batcher.next_batch()
             if any_true(self.dist, batch is None):
