@@ -56,7 +56,9 @@ class _WriterThread:
     the GIL, so it runs beside the model. A shard's commit (checksum, fsync and rename, or the
     completion of its upload to a store) runs in one more thread beside the next shard's encoding,
     one commit at a time. A table waits for one of the pool's ``slots``; an error in the thread
-    reaches the caller at its next ``put`` or at ``close``; its open shard is aborted either way."""
+    reaches the caller at its next ``put`` or at ``close``; its open shard is aborted either way. Stopped
+    (the job failed or was signalled), it writes what is already queued (a few tables: the pool's
+    slots), so a shard whose rows were all computed is committed, and aborts the one left open."""
 
     def __init__(self, out: Output, schema: pa.Schema, job_digest: str, opts: EmbedOptions, model_sha256: str | None,
                  clock: StageClock, slots: threading.Semaphore, name: str = "elmo-writer") -> None:
@@ -72,10 +74,12 @@ class _WriterThread:
     def _run(self) -> None:
         writer: ShardWriter | None = None
         try:
-            while not self.stop.is_set():
+            while True:  # once stopped, what is queued is still written: a shard queued whole is committed
                 try:
                     item = self.queue.get(timeout=0.1)
                 except queue.Empty:
+                    if self.stop.is_set():
+                        return
                     continue
                 if item is None:
                     return
