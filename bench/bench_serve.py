@@ -55,7 +55,7 @@ def requests_of(n: int, seed: int) -> list[list[list[str]]]:
 
 
 def start_server(model: Path, device: str, threads: int | None, extra: list[str]) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "elmo_cli", "serve", str(model), "--port", "0", "--quiet", "--device", device]
+    cmd = [sys.executable, "-m", "elmo_cli", "serve", "--model", str(model), "--port", "0", "--quiet", "--device", device]
     cmd += ["--threads", str(threads)] if threads else []
     cmd += extra
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
