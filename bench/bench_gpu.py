@@ -62,15 +62,14 @@ def openers(model_dir: Path, work: Path, batch: int, max_len: int) -> dict[str, 
             d = onnx_dir(precision)
             _, spec = read_spec(d, "onnx")
             profile = profile_from_args(spec, "1,1", f"{batch},{max_len}", f"{batch},{max_len}")
-            providers = tensorrt_ep_providers(spec, profile, precision == "fp16", work / f"trt_ep_{precision}")
+            providers = tensorrt_ep_providers(spec, profile, work / f"trt_ep_{precision}")
             return Embedder(OnnxBackend(d, providers=providers), batch)
         return open_
 
     def engine(precision: str) -> Opener:
         def open_() -> Embedder:
             out = work / f"trt_{precision}"
-            build_engine(onnx_dir(precision), out, "1,1", f"{batch},{max_len}", f"{batch},{max_len}",
-                         fp16=precision == "fp16")
+            build_engine(onnx_dir(precision), out, "1,1", f"{batch},{max_len}", f"{batch},{max_len}")
             return Embedder.from_tensorrt(out, batch)
         return open_
 

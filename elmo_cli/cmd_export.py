@@ -10,7 +10,7 @@ from pathlib import Path
 from elmo_cli.status import say
 from elmo_cli.vocabulary import add_flag
 from elmo_core.bounds import check_count
-from elmo_core.names import EXPORT_PRECISIONS, VALIDATED_EXPORT_PRECISIONS
+from elmo_core.names import EXPORT_PRECISIONS, TENSORRT_PRECISIONS, VALIDATED_EXPORT_PRECISIONS
 from formats.export_spec import DEFAULT_OPSET, OUTPUT_NAMES, SUPPORTED_OPSETS
 from inference.registry import BACKEND_NAMES
 from export.triton_repo import KINDS
@@ -62,8 +62,8 @@ def _register_tensorrt(kinds: argparse._SubParsersAction) -> None:
     t.add_argument("--out", required=True, help="output directory")
     for flag, default in (("--min", "1,1"), ("--opt", "16,32"), ("--max", "64,256")):
         t.add_argument(flag, dest=flag[2:] + "_bt", metavar="BATCH,LENGTH", help=f"profile {flag[2:]} (default {default})")
-    add_flag(t, "precision", choices=("fp32", "fp16"), default="fp32",
-             help="fp16: an FP16 engine (needs an --precision fp16 ONNX export; default fp32)")
+    add_flag(t, "precision", choices=TENSORRT_PRECISIONS, default=None,
+             help="the engine's precision: the export's own (`elmo export onnx --precision`); given, it must match")
     t.add_argument("--workspace", type=int, default=4096, help="builder workspace in MiB (default 4096)")
     add_flag(t, "json", help="print the manifest as JSON on stdout")
     t.set_defaults(func=run_tensorrt)
@@ -141,8 +141,7 @@ def run_tensorrt(args: argparse.Namespace) -> int:
     from export.tensorrt import build_engine
 
     check_count("workspace", args.workspace)  # MiB
-    m = build_engine(args.onnx, args.out, args.min_bt, args.opt_bt, args.max_bt, args.precision == "fp16",
-                     args.workspace)
+    m = build_engine(args.onnx, args.out, args.min_bt, args.opt_bt, args.max_bt, args.precision, args.workspace)
     if args.json:
         print(json.dumps(m, indent=2))
         return 0

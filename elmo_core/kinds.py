@@ -127,6 +127,7 @@ class Precision(_Named):
     onnx: str | None = None
     cpu_validated: bool = True
     trains: bool = False  # ``elmo train`` runs in it (bf16: autocast, the parameters and state in fp32)
+    tensorrt: bool = False  # TensorRT builds an engine of an export in it (strongly typed: the export's own types)
     ALL: ClassVar[dict[str, "Precision"]]  # the torch backend's first, in the order the CLI offers them
     EXPORT_ORDER: ClassVar[tuple[str, ...]] = ("fp32", "fp16", "bf16", "int8")  # as `elmo export` offers them
 
@@ -146,6 +147,6 @@ class Precision(_Named):
 
 
 Precision.ALL = {p.name: p for p in (
-    Precision("fp32", torch.float32, onnx="FLOAT", trains=True), Precision("tf32", torch.float32, gpu_rounds=True),
+    Precision("fp32", torch.float32, onnx="FLOAT", trains=True, tensorrt=True), Precision("tf32", torch.float32, gpu_rounds=True),
     Precision("bf16", torch.bfloat16, onnx="BFLOAT16", cpu_validated=False, trains=True),
-    Precision("fp16", torch.float16, onnx="FLOAT16"), Precision("int8", None, torch_backend=False, onnx="FLOAT"))}
+    Precision("fp16", torch.float16, onnx="FLOAT16", tensorrt=True), Precision("int8", None, torch_backend=False, onnx="FLOAT"))}

@@ -22,6 +22,7 @@ EXPORT_PRECISIONS = tuple(p for p in Precision.EXPORT_ORDER if Precision.of(p).e
 # those an export can be validated in on a CPU: `elmo engine`, and the exports `--backend onnx
 # --precision` builds on demand (export.cache)
 VALIDATED_EXPORT_PRECISIONS = tuple(p for p in EXPORT_PRECISIONS if Precision.of(p).cpu_validated)
+TENSORRT_PRECISIONS = tuple(p for p in EXPORT_PRECISIONS if Precision.of(p).tensorrt)  # export.tensorrt
 OUTPUT_FORMATS = ("parquet", "arrow", "hdf5")  # what elmo embed writes (pipelines.shard_files: the first two)
 VECTOR_LAYOUTS = ("floats", "binary")  # a token's vector in a shard (pipelines.schema)
 ENGINES = ("local", "ray", "spark")  # where elmo embed's batches run

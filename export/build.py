@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from elmo_core.names import TENSORRT_PRECISIONS
 from formats.errors import ExportError
 from inference.onnx_backend import CACHE_DIR, OnnxBackend, cuda_provider_status
 from inference.tensorrt_runtime import tensorrt_status
@@ -35,7 +36,7 @@ def build_for_machine(model_dir: str | Path, out: str | Path, precision: str = "
     out = Path(out)
     onnx_dir = out / ("onnx" if precision == "fp32" else f"onnx-{precision}")
     usable, reason = tensorrt_status()
-    for_tensorrt = usable and precision in ("fp32", "fp16")
+    for_tensorrt = usable and precision in TENSORRT_PRECISIONS
     cuda, cuda_reason = cuda_provider_status()  # present; whether a GPU answers shows when it loads
     # A CPU-only graph may run the char-CNN once per distinct token (Unique, a CPU kernel in ONNX Runtime).
     manifest = export_onnx(model_dir, onnx_dir, precision=precision, threads=threads, weights=weights,
@@ -43,11 +44,11 @@ def build_for_machine(model_dir: str | Path, out: str | Path, precision: str = "
     par = manifest["parity"]
     validated = f"ONNX validated against torch (max |diff| {par['max_abs']:.1e}, min cosine {par['min_cosine']:.6f})"
     if for_tensorrt:
-        m = build_engine(onnx_dir, out / "tensorrt", fp16=precision == "fp16")
+        m = build_engine(onnx_dir, out / "tensorrt")
         return {"artifact": f"TensorRT {precision} engine", "backend": "tensorrt", "model": str(out / "tensorrt"), "path": str(out / "tensorrt" / m["engine"]["file"]),
                 "why": f"{reason}; {validated}", "onnx": str(onnx_dir)}
     if usable:
-        reason = f"{reason}, but a {precision} graph is ONNX Runtime-only (TensorRT takes fp32/fp16 exports)"
+        reason = f"{reason}, but a {precision} graph is ONNX Runtime-only (TensorRT takes {'/'.join(TENSORRT_PRECISIONS)} exports)"
     provider, path = "CUDAExecutionProvider", None
     if cuda:
         try:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from elmo_core.names import TENSORRT_PRECISIONS
 from elmo_core.storage import file_sha256
 from formats.errors import ExportError
 from formats.export_manifest import ENGINE_NAME, FORMAT_VERSION, check_file, producer, read_spec, write_manifest
@@ -72,13 +73,17 @@ def _serialize(trt, onnx_path: Path, profile: dict, workspace_mb: int, cache_pat
 
 
 def build_engine(onnx_dir: str | Path, out_dir: str | Path, min_bt: str | None = None, opt_bt: str | None = None,
-                 max_bt: str | None = None, fp16: bool = False, workspace_mb: int = DEFAULT_WORKSPACE_MB) -> dict[str, Any]:
-    """Build, serialize and describe an engine. Returns the manifest written beside it."""
+                 max_bt: str | None = None, precision: str | None = None,
+                 workspace_mb: int = DEFAULT_WORKSPACE_MB) -> dict[str, Any]:
+    """Build, serialize and describe an engine in the export's own precision (``precision``, where
+    given, must be it). Returns the manifest written beside it."""
     onnx_manifest, spec = read_spec(onnx_dir, "onnx")
     onnx_path = check_file(onnx_dir, onnx_manifest["onnx"])
-    if fp16 != (spec.precision == "fp16") or spec.precision not in ("fp32", "fp16"):
-        raise ExportError(f"{onnx_dir} is a {spec.precision} export; TensorRT builds strongly typed networks, so "
-                          f"--fp16 needs `elmo export onnx --precision fp16` and fp32 needs a fp32 export")
+    if spec.precision not in TENSORRT_PRECISIONS or precision not in (None, spec.precision):
+        wanted = precision if precision in TENSORRT_PRECISIONS else "/".join(TENSORRT_PRECISIONS)
+        raise ExportError(f"{onnx_dir} is a {spec.precision} export; TensorRT builds strongly typed networks in "
+                          f"the export's own precision, so a {wanted} engine needs "
+                          f"`elmo export onnx --precision {wanted}` (or no --precision here)")
     if not onnx_manifest["onnx"].get("tensorrt_parsable", True):
         raise ExportError(f"{onnx_dir} holds ops TensorRT's ONNX parser does not take "
                           f"({onnx_manifest['onnx'].get('tensorrt_note')}); export it for TensorRT with "
@@ -107,13 +112,14 @@ def build_engine(onnx_dir: str | Path, out_dir: str | Path, min_bt: str | None =
     return manifest
 
 
-def tensorrt_ep_providers(spec: ExportSpec, profile: dict[str, tuple[tuple[int, ...], ...]], fp16: bool,
+def tensorrt_ep_providers(spec: ExportSpec, profile: dict[str, tuple[tuple[int, ...], ...]],
                           cache_dir: str | Path) -> list[Any]:
-    """ONNX Runtime's TensorRT execution provider (the alternative path), with CUDA as fallback."""
+    """ONNX Runtime's TensorRT execution provider (the alternative path) in the export's precision,
+    with CUDA as fallback."""
     def shapes(k: int) -> str:
         return ",".join(f"{name}:{'x'.join(str(d) for d in s[k])}" for name, s in profile.items())
 
-    options = {"trt_fp16_enable": fp16, "trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache_dir),
+    options = {"trt_fp16_enable": spec.precision == "fp16", "trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache_dir),
                "trt_timing_cache_enable": True, "trt_profile_min_shapes": shapes(0),
                "trt_profile_opt_shapes": shapes(1), "trt_profile_max_shapes": shapes(2)}
     return [("TensorrtExecutionProvider", options), "CUDAExecutionProvider"]

@@ -9,7 +9,7 @@ import torch
 
 from elmo_core.errors import InputError
 from elmo_core.kinds import Dtype, OutputMode, Precision
-from elmo_core.names import (DTYPES, EXPORT_PRECISIONS, OUTPUT_MODES, PRECISIONS, TRAIN_PRECISIONS,
+from elmo_core.names import (DTYPES, EXPORT_PRECISIONS, OUTPUT_MODES, PRECISIONS, TENSORRT_PRECISIONS, TRAIN_PRECISIONS,
                              VALIDATED_EXPORT_PRECISIONS)
 from inference.outputs import VectorRequest
 from pipelines.schema import elmo_type
@@ -22,6 +22,7 @@ def test_the_tuples_are_the_records_names_in_the_clis_order():
     assert TRAIN_PRECISIONS == ("fp32", "bf16")
     assert EXPORT_PRECISIONS == ("fp32", "fp16", "bf16", "int8")
     assert VALIDATED_EXPORT_PRECISIONS == ("fp32", "fp16", "int8")
+    assert TENSORRT_PRECISIONS == ("fp32", "fp16")
 
 
 @pytest.mark.parametrize("name, torch_type, numpy_type, arrow_type, size", [

@@ -17,6 +17,7 @@ from inference.tensorrt_runtime import check_engine_manifest
 from tests.helpers import SENTENCES
 
 SPEC = ExportSpec(n_layers=3, dim=32, max_chars=50)
+FP16_SPEC = ExportSpec(n_layers=3, dim=32, max_chars=50, precision="fp16")
 MANIFEST = {"tensorrt": {"version": "10.13.0.35"}, "gpu": {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}}
 
 
@@ -44,7 +45,7 @@ def test_engine_manifest_must_match_tensorrt_and_gpu():
 
 
 def test_ort_tensorrt_execution_provider_options():
-    providers = tensorrt_ep_providers(SPEC, SPEC.profile((1, 1), (8, 16), (64, 256)), True, "/tmp/cache")
+    providers = tensorrt_ep_providers(FP16_SPEC, FP16_SPEC.profile((1, 1), (8, 16), (64, 256)), "/tmp/cache")
     name, opts = providers[0]
     assert name == "TensorrtExecutionProvider" and providers[1] == "CUDAExecutionProvider"
     assert opts["trt_profile_min_shapes"] == "char_ids:1x1x50" and opts["trt_profile_max_shapes"] == "char_ids:64x256x50"
@@ -57,13 +58,16 @@ def test_cli_tensorrt_arguments():
     assert (args.min_bt, args.opt_bt, args.max_bt, args.precision, args.workspace) == ("1,2", "4,16", "8,64", "fp16",
                                                                                       1024)
     args = build_parser().parse_args(["export", "tensorrt", "--onnx", "a", "--out", "b"])
-    assert (args.min_bt, args.precision, args.workspace) == (None, "fp32", 4096)
+    assert (args.min_bt, args.precision, args.workspace) == (None, None, 4096)
 
 
 def test_build_engine_checks_before_needing_a_gpu(tiny_dir, tmp_path, capsys):
     export_onnx(tiny_dir, tmp_path / "onnx", threads=1, shapes=((1, 1),))
-    with pytest.raises(ExportError, match="--fp16 needs `elmo export onnx --precision fp16`"):
-        build_engine(tmp_path / "onnx", tmp_path / "trt", fp16=True)
+    with pytest.raises(ExportError, match="fp32 export; .* a fp16 engine needs `elmo export onnx --precision fp16`"):
+        build_engine(tmp_path / "onnx", tmp_path / "trt", precision="fp16")
+    export_onnx(tiny_dir, tmp_path / "int8", precision="int8", threads=1, shapes=((1, 1),))
+    with pytest.raises(ExportError, match="int8 export; .* a fp32/fp16 engine needs"):
+        build_engine(tmp_path / "int8", tmp_path / "trt")
     with pytest.raises(ExportError, match="no manifest.json"):
         build_engine(tmp_path, tmp_path / "trt")
     export_onnx(tiny_dir, tmp_path / "dedup", threads=1, shapes=((1, 1),), token_dedup=True)
@@ -87,7 +91,7 @@ def _gpu_engine_dir(tiny_dir: Path, tmp_path: Path, precision: str) -> Path:
     except TensorRTUnavailableError as e:
         pytest.skip(f"no CUDA GPU: {e}")
     export_onnx(tiny_dir, tmp_path / "onnx", precision=precision, threads=1, shapes=((1, 1),))
-    build_engine(tmp_path / "onnx", tmp_path / "trt", "1,1", "4,16", "16,64", fp16=precision == "fp16")
+    build_engine(tmp_path / "onnx", tmp_path / "trt", "1,1", "4,16", "16,64", precision)
     return tmp_path / "trt"
 
 

@@ -79,7 +79,7 @@ def test_onnx_tensorrt_provider_parity_or_clear_error(fixture_dir, tmp_path):
     m = export_onnx(fixture_dir / "options.json", tmp_path / "onnx", threads=2, shapes=((1, 1),),
                     weights=fixture_dir / "lm_weights.hdf5")
     spec = ExportSpec.from_dict(m["spec"])
-    providers = tensorrt_ep_providers(spec, profile_from_args(spec, None, None, None), False, tmp_path / "trt")
+    providers = tensorrt_ep_providers(spec, profile_from_args(spec, None, None, None), tmp_path / "trt")
     try:
         backend = OnnxBackend(tmp_path / "onnx", providers=providers)
     except ExportError as e:
