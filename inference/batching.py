@@ -230,60 +230,100 @@ def _row_batches(pieces: list[tuple[Sequence[str], int, int, int]], policy: Batc
                  max_rows: int | None) -> list[ModelBatch]:
     """``pieces`` (longest first) in batches planned for ``shape``'s rows (the module doc): each
     piece in exactly one batch, each batch's pieces longest first."""
-    lens = [len(p[0]) + 2 for p in pieces]  # the rows hold each piece with its <S> and </S>
-    neg = [-n for n in lens]  # ascending, for bisect
-    nxt = list(range(len(lens) + 1))  # nxt[i]: the first piece not yet taken at or after i (path-compressed)
-
-    def free(i: int) -> int:
-        root = i
-        while nxt[root] != root:
-            root = nxt[root]
-        while nxt[i] != root:
-            nxt[i], i = root, nxt[i]
-        return root
-
-    batches, left = [], sum(lens)
-    while (first := free(0)) < len(lens):
-        most = max(1, int(ROW_GRID_SLACK * policy.max_tokens_per_batch) // max(1, lens[first] - 2))
+    left = _Left([len(p[0]) + 2 for p in pieces])  # the rows hold each piece with its <S> and </S>
+    batches, budget = [], policy.max_tokens_per_batch
+    while (first := left.first()) < len(left.lens):
+        most = max(1, int(ROW_GRID_SLACK * budget) // max(1, left.lens[first] - 2))
         most = min(most, max_rows or most)  # pieces a batch may take: its input grid within the slack
-        rows, fill = _row_target(shape, policy.max_tokens_per_batch, lens, free, first, most, left)
-        heap, taken, i, end = [(0, r) for r in range(rows)], [], first, len(lens)
-        while i < end and len(taken) < most:
-            low, row = heap[0]  # the least filled row
-            if lens[i] > fill - low:  # fits no row: on to the longest piece that fits
-                i = free(bisect.bisect_left(neg, low - fill, lo=i))
-                continue
-            heapq.heapreplace(heap, (low + lens[i], row))
-            taken.append(i)
-            nxt[i] = i = i + 1
-            if nxt[i] != i:
-                i = free(i)
-        left -= sum(lens[i] for i in taken)
+        rows, fill, tokens = _row_target(shape, budget, left, first, most)
+        left.log = []
+        taken = _fill_rows(left, rows, fill, most, tokens, budget // rows, shape.steps)
+        lens = [left.lens[i] for i in taken]
+        again = shape.for_batch(lens).rows  # the rows the batch is dealt into where it runs
+        if again != rows:  # planned anew for those rows
+            left.undo()
+            fill = shape.steps * math.ceil(max(lens[0], math.ceil(sum(lens) / again)) / shape.steps)
+            taken = _fill_rows(left, again, fill, most, sum(lens), budget // again, shape.steps)
+        left.log = None
         batches.append(ModelBatch([pieces[i][0] for i in taken], [pieces[i][1:] for i in taken]))
     return batches
 
 
-def _row_target(shape: RowShape, budget: int, lens: list[int], free, first: int, most: int,
-                left: int) -> tuple[int, int]:
-    """(rows R, positions F a row) of the next rows batch: the R ``RowShape.for_batch`` would take
-    for what the batch can hold (the tokens left, at most ``most`` pieces from ``first``, R x F
-    within ``budget``), F the fewest whole windows that hold it."""
-    longest, reach, i = lens[first], 0, first
-    while i < len(lens) and most and reach < budget:  # the tokens the batch's longest pieces reach
-        reach, most, i = reach + lens[i], most - 1, free(i + 1)
-    tokens, T = min(left, reach), shape.steps
-    best: tuple[tuple[float, int], int, int] | None = None
-    for rows in shape.row_counts():
-        most_fill = budget // rows // T * T
-        if most_fill < longest:
+class _Left:
+    """The pieces' lengths (longest first) and which are not yet in a batch."""
+
+    def __init__(self, lens: list[int]) -> None:
+        self.lens, self.neg = lens, [-n for n in lens]  # neg: ascending, for bisect
+        self.nxt = list(range(len(lens) + 1))  # nxt[i]: the first piece left at or after i (path-compressed)
+        self.tokens = sum(lens)
+        self.log: list[tuple[int, int]] | None = None  # (i, nxt[i] before) of each change, while kept
+
+    def at(self, i: int) -> int:
+        """The first piece left at or after ``i`` (``len(lens)``: none)."""
+        root, nxt, log = i, self.nxt, self.log
+        while nxt[root] != root:
+            root = nxt[root]
+        while nxt[i] != root:
+            if log is not None:
+                log.append((i, nxt[i]))
+            nxt[i], i = root, nxt[i]
+        return root
+
+    def undo(self) -> None:
+        """Every piece taken since ``log`` was set back; the log kept on."""
+        for i, before in reversed(self.log or []):
+            if self.nxt[i] == i + 1 and before == i:  # a take
+                self.tokens += self.lens[i]
+            self.nxt[i] = before
+        self.log = []
+
+    def first(self) -> int:
+        return self.at(0)
+
+    def fitting(self, i: int, room: int) -> int:
+        """The first piece left at or after ``i`` of at most ``room`` tokens."""
+        return self.at(bisect.bisect_left(self.neg, -room, lo=i))
+
+    def take(self, i: int) -> int:
+        """Takes piece ``i``; returns the next piece left."""
+        if self.log is not None:
+            self.log.append((i, i))
+        self.nxt[i] = i + 1
+        self.tokens -= self.lens[i]
+        return self.at(i + 1)
+
+
+def _row_target(shape: RowShape, budget: int, left: _Left, first: int, most: int) -> tuple[int, int, int]:
+    """(rows R, positions F a row, tokens) of the next rows batch: the R ``RowShape.for_batch``
+    takes for what the batch can hold (the tokens left, at most ``most`` pieces from ``first``, at
+    most ``budget`` tokens), F the fewest whole windows that hold it."""
+    lens, longest, tokens, i = left.lens, left.lens[first], 0, first
+    while i < len(lens) and most and tokens < min(left.tokens, budget):  # what the longest pieces left reach
+        tokens, most, i = tokens + lens[i], most - 1, left.at(i + 1)
+    rows = min(shape.row_counts(), key=lambda r: (shape.cost(r, tokens, longest), -r))
+    return rows, shape.steps * math.ceil(max(longest, math.ceil(tokens / rows)) / shape.steps), tokens
+
+
+def _fill_rows(left: _Left, rows: int, fill: int, most: int, tokens: int, most_fill: int, steps: int) -> list[int]:
+    """The pieces of one rows batch: longest first, each to the least filled of ``rows`` rows of
+    ``fill`` positions, skipping those that fit no row; while it holds less than ``tokens`` and no
+    piece left fits, the rows a window longer (up to ``most_fill``). Returns the pieces taken."""
+    heap, taken, got, i, end = [(0, r) for r in range(rows)], [], 0, left.first(), len(left.lens)
+    while len(taken) < most:
+        if i >= end:  # no piece left fits a row
+            if got >= tokens or fill + steps > most_fill or left.first() >= end:
+                break
+            fill, i = fill + steps, left.first()
             continue
-        held = min(tokens, rows * most_fill)
-        key = (shape.cost(rows, held, longest) / held, -rows)
-        if best is None or key < best[0]:
-            best = key, rows, T * math.ceil(max(longest, held / rows) / T)
-    if best is None:  # one piece longer than the fewest rows' share of the budget: it alone
-        return shape.row_counts()[-1], T * math.ceil(longest / T)
-    return best[1], best[2]
+        low, row = heap[0]  # the least filled row
+        if left.lens[i] > fill - low:  # fits no row: on to the longest piece that fits
+            i = left.fitting(i, fill - low)
+            continue
+        heapq.heapreplace(heap, (low + left.lens[i], row))
+        taken.append(i)
+        got += left.lens[i]
+        i = left.take(i)
+    return taken
 
 
 def nearest_batch(lengths: Sequence[int], policy: BatchPolicy) -> tuple[list[int], bool]:
