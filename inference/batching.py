@@ -16,14 +16,17 @@ Batching for static rows (``BatchPolicy.rows``: the rows layout, ``inference.row
 batch's sentences are laid end to end in R rows and run T steps at a time): a batch's cost is the
 positions it runs, R rows x its fullest row rounded up to T, so sentences of one length side by
 side are no longer what fills it best. Each batch takes the longest pieces left, each to the
-least filled of R rows of F positions (R and F chosen as ``RowShape.for_batch`` chooses, R x F
-within the budget), and where the next piece fits no row, the longest shorter ones that fit:
-the gaps the long pieces leave are filled with short ones, so the rows end within a step of each
-other (``row_lstm._deal`` lays them so). The (B, T) input grid the batch is sent as (char ids, the
-char-CNN's input, the output's rectangle: a few KB a position, against ~144 KiB of activations a
-budget token) may grow to ``ROW_GRID_SLACK`` times the budget. Measured on 20,000 sotu sentences
-at an 80 GB card's budget (bench/gpu_proxy.py): padded positions 0.107 -> 0.026, sequential steps
-per 1M tokens 1,696 -> 1,413, input grid 1.45 -> 1.68 positions a token.
+least filled of R rows of F positions, and where the next piece fits no row, the longest shorter
+ones that fit: the gaps the long pieces leave are filled with short ones, so the rows end within
+a step of each other (``row_lstm._deal`` lays them so). R is the row count ``RowShape.for_batch``
+takes for the batch (the batch refilled for it where the one it was planned for differs), F the
+fewest whole windows that hold the batch's share (at most ``max_tokens_per_batch`` tokens); while
+it holds less and no piece left fits, the rows grow a window. The (B, T) input grid the batch is
+sent as (char ids, the char-CNN's input, the output's rectangle: a few KB a position, against
+~144 KiB of activations a budget token) may grow to ``ROW_GRID_SLACK`` times the budget. Measured
+on 20,000 sotu sentences at an 80 GB card's budget (bench/gpu_proxy.py; length-sorted rectangles
+dealt into the rows before): padded positions 0.107 -> 0.026, sequential steps per 1M tokens
+1,696 -> 1,413, input grid 1.45 -> 1.66 positions a token, row counts 128 and 1,024 -> 256 and 1,024.
 """
 from __future__ import annotations
 

@@ -81,6 +81,11 @@ def test_rows_batches_give_the_reference_vectors(tmp_path):
         scale = max(float(np.abs(w).max()) for w in want if w.size)
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, rtol=0, atol=1e-5 * scale)
+    pooled = planned.embed_sentences(sentences, pool="mean")  # a sentence's windows joined across batches
+    for p, w in zip(pooled, reference.embed_sentences(sentences, pool="mean")):
+        assert (p is None) == (w is None)
+        if p is not None:
+            np.testing.assert_allclose(p, w, rtol=0, atol=1e-5 * scale)
     assert rows_backend.fast.graphs.positions > 0 and rows_backend.fast.graphs.captures == 0
 
 
