@@ -253,7 +253,8 @@ def _row_batches(pieces: list[tuple[Sequence[str], int, int, int]], policy: Batc
 
 
 class _Left:
-    """The pieces' lengths (longest first) and which are not yet in a batch."""
+    """The pieces' lengths (longest first) and which are not yet in a batch (``_fill_rows`` takes
+    piece i by ``nxt[i] = i + 1``, logged as (i, i) while ``log`` is kept)."""
 
     def __init__(self, lens: list[int]) -> None:
         self.lens, self.neg = lens, [-n for n in lens]  # neg: ascending, for bisect
@@ -287,22 +288,17 @@ class _Left:
         """The first piece left at or after ``i`` of at most ``room`` tokens."""
         return self.at(bisect.bisect_left(self.neg, -room, lo=i))
 
-    def take(self, i: int) -> int:
-        """Takes piece ``i``; returns the next piece left."""
-        if self.log is not None:
-            self.log.append((i, i))
-        self.nxt[i] = i + 1
-        self.tokens -= self.lens[i]
-        return self.at(i + 1)
 
 
 def _row_target(shape: RowShape, budget: int, left: _Left, first: int, most: int) -> tuple[int, int, int]:
     """(rows R, positions F a row, tokens) of the next rows batch: the R ``RowShape.for_batch``
     takes for what the batch can hold (the tokens left, at most ``most`` pieces from ``first``, at
     most ``budget`` tokens), F the fewest whole windows that hold it."""
-    lens, longest, tokens, i = left.lens, left.lens[first], 0, first
-    while i < len(lens) and most and tokens < min(left.tokens, budget):  # what the longest pieces left reach
-        tokens, most, i = tokens + lens[i], most - 1, left.at(i + 1)
+    lens, nxt, longest, tokens, i, reach = left.lens, left.nxt, left.lens[first], 0, first, min(left.tokens, budget)
+    while i < len(lens) and most and tokens < reach:  # what the longest pieces left reach
+        tokens, most, i = tokens + lens[i], most - 1, i + 1
+        if nxt[i] != i:
+            i = left.at(i)
     rows = min(shape.row_counts(), key=lambda r: (shape.cost(r, tokens, longest), -r))
     return rows, shape.steps * math.ceil(max(longest, math.ceil(tokens / rows)) / shape.steps), tokens
 
@@ -311,21 +307,27 @@ def _fill_rows(left: _Left, rows: int, fill: int, most: int, tokens: int, most_f
     """The pieces of one rows batch: longest first, each to the least filled of ``rows`` rows of
     ``fill`` positions, skipping those that fit no row; while it holds less than ``tokens`` and no
     piece left fits, the rows a window longer (up to ``most_fill``). Returns the pieces taken."""
-    heap, taken, got, i, end = [(0, r) for r in range(rows)], [], 0, left.first(), len(left.lens)
+    heap, taken, got, i, end = [0] * rows, [], 0, left.first(), len(left.lens)  # heap: the rows' fills
+    lens, nxt, log = left.lens, left.nxt, left.log
     while len(taken) < most:
         if i >= end:  # no piece left fits a row
             if got >= tokens or fill + steps > most_fill or left.first() >= end:
                 break
             fill, i = fill + steps, left.first()
             continue
-        low, row = heap[0]  # the least filled row
-        if left.lens[i] > fill - low:  # fits no row: on to the longest piece that fits
+        n, low = lens[i], heap[0]  # the least filled row's fill
+        if n > fill - low:  # fits no row: on to the longest piece that fits
             i = left.fitting(i, fill - low)
             continue
-        heapq.heapreplace(heap, (low + left.lens[i], row))
+        heapq.heapreplace(heap, low + n)
         taken.append(i)
-        got += left.lens[i]
-        i = left.take(i)
+        got += n
+        if log is not None:
+            log.append((i, i))
+        nxt[i] = i = i + 1  # taken: the next piece left is found past it
+        if nxt[i] != i:
+            i = left.at(i)
+    left.tokens -= got
     return taken
 
 
