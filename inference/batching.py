@@ -289,7 +289,6 @@ class _Left:
         return self.at(bisect.bisect_left(self.neg, -room, lo=i))
 
 
-
 def _row_target(shape: RowShape, budget: int, left: _Left, first: int, most: int) -> tuple[int, int, int]:
     """(rows R, positions F a row, tokens) of the next rows batch: the R ``RowShape.for_batch``
     takes for what the batch can hold (the tokens left, at most ``most`` pieces from ``first``, at

@@ -17,8 +17,8 @@ from elmo_core.bounds import MAX_COUNT, check_count, check_gpus
 from elmo_core.errors import ElmoError, InputError, SettingError
 from elmo_core.names import DTYPES, ENGINES, OUTPUT_NAMES, POOLS, VECTOR_LAYOUTS
 from inference.batching import BatchPolicy
-from inference.row_lstm import RowShape
 from inference.outputs import VectorRequest
+from inference.row_lstm import RowShape
 from elmo_core.kinds import Precision
 from inference.model_run import Exporter, ModelRun, resolve_run
 from inference.registry import BACKEND_NAMES
