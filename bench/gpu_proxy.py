@@ -160,7 +160,8 @@ def engine_batches(corpus: Path, budget: BatchBudget) -> list[list[int]]:
     """The lengths (with <S> and </S>) of each model batch ``elmo embed`` forms of ``corpus`` under
     ``budget``: its own sort windows (``pipelines.source.read_windows``), tokenizer and planner."""
     opts = EmbedOptions(max_tokens_per_batch=budget.tokens, sort_window_tokens=budget.window_tokens,
-                        sort_window_rows=budget.window_rows, rows_per_shard=DEFAULT_ROWS, quiet=True)
+                        sort_window_rows=budget.window_rows, batch_rows=budget.rows, rows_per_shard=DEFAULT_ROWS,
+                        quiet=True)
     out = []
     for file in scan_inputs(corpus, opts):
         for _, table, _ in read_windows(file, shards_of([file], opts.rows_per_shard), opts):
@@ -179,16 +180,18 @@ def padded_fractions(corpus: Path, before: BatchBudget, after: BatchBudget, step
         real, shape = sum(map(sum, batches)), RowShape()
         plans = [RowPlan(ls, max(ls), shape.for_batch(ls, step_rows), "cpu") for ls in batches]
         positions = sum(p.windows * p.shape.steps * p.shape.rows for p in plans)
+        grid = sum(len(ls) * max(ls) for ls in batches)  # the (B, T) rectangles the batches are sent as
         figures[label] = {"padded": 1 - real / positions, "row_counts": sorted({p.shape.rows for p in plans}),
+                          "grid_per_token": grid / real,
                           "steps_per_1M": sum(p.windows for p in plans) * shape.steps * 1e6 / real,
                           "batches": len(batches), "tokens": real, "budget": dataclasses.asdict(budget)}
     return figures
 
 
 def cuda_defaults(options: dict, memory_bytes: int = 80 << 30) -> BatchBudget:
-    """The budget a run of ``options`` settles on an 80 GB card (``ModelRun.batch``)."""
+    """The budget a run of ``options`` settles on an 80 GB card in the rows layout (``ModelRun.batch``)."""
     ls = options["lstm"]
-    return gpu_budget(memory_bytes, ls["dim"], ls["projection_dim"], ls["n_layers"], "an 80 GB card")
+    return gpu_budget(memory_bytes, ls["dim"], ls["projection_dim"], ls["n_layers"], "an 80 GB card", RowShape().rows)
 
 
 def full_size_stack(options: dict) -> BiLM:
@@ -218,7 +221,7 @@ def report(options: dict, rows: int = 20_000, before_tree: Path | None = None) -
     print(f"passes over the gate tensor per step: {before[1]:.2f} -> {after[1]:.2f}   (target 1)")
     print(f"padded fraction at the CUDA defaults: {old['padded']:.3f} -> {new['padded']:.3f}   (elmo embed's planner on "
           f"{rows:,} sotu rows: {_budget(old)} -> {_budget(new)} on an 80 GB card; {new['row_counts']} rows; "
-          f"target <= 0.05)")
+          f"input grid {old['grid_per_token']:.2f} -> {new['grid_per_token']:.2f} positions a token; target <= 0.05)")
     print(f"sequential steps per 1M tokens: {old['steps_per_1M']:.0f} -> {new['steps_per_1M']:.0f}   "
           f"({old['batches']} -> {new['batches']} batches, {new['tokens']:,} tokens with boundaries)")
     before = sum(waits["before"].values()) if "before" in waits else "?"

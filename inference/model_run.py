@@ -33,6 +33,7 @@ from .precision import SlowPrecision, bf16_cpu_warning, resolve_precision
 from .registry import (backend_kind, check_device, check_precision_for, export_dir, exported_backend,
                        exported_precision, model_config, model_files, model_identity, open_backend,
                        torch_options)
+from .row_lstm import RowShape
 
 # (model directory, weights, the precision asked for (auto included), threads) -> (the export
 # directory that runs, its precision, why): how the onnx backend's model directory is exported on
@@ -219,7 +220,7 @@ def resolve_run(model: str | Path, *, backend: str | None = None, device: str = 
     settled = _layout(layout, kind.exported, device, checked.name, config, budget, remote)
     return ModelRun(model, backend, device, checked.name, why, budget, _where(weights, "weights"),
                     _where(token_embeddings, "token_embeddings"), _where(token_vocab, "token_vocab"), config, source,
-                    warning, *(settled or (None, "")), _batch_budget(device, config, remote))
+                    warning, *(settled or (None, "")), _batch_budget(device, config, remote, settled))
 
 
 def _layout(layout: str | None, exported: bool, device: str, precision: str, config: ElmoConfig,
@@ -243,21 +244,21 @@ def _default_precision(device: str) -> str:
     return "auto" if device.startswith("cuda") else "fp32"
 
 
-def _batch_budget(device: str, config: ElmoConfig, remote: bool) -> BatchBudget:
+def _batch_budget(device: str, config: ElmoConfig, remote: bool, layout: tuple[str, str] | None) -> BatchBudget:
     """The run's batch and sort-window tokens (``inference.batching``): a CPU's, or sized to the
     GPU's memory where this process sees it (a cluster's replicas' GPUs are not: the smallest
-    data-centre card's budget, 40 GB)."""
+    data-centre card's budget, 40 GB); batches planned for the static rows where ``layout`` is rows."""
     if not device.startswith("cuda"):
         return cpu_budget()
-    ls = config.lstm
+    ls, rows = config.lstm, RowShape().rows if layout is not None and layout[0] == "rows" else None
     if remote:
-        budget = gpu_budget(40 << 30, ls.dim, ls.projection_dim, ls.n_layers, "")
+        budget = gpu_budget(40 << 30, ls.dim, ls.projection_dim, ls.n_layers, "", rows)
         return replace(budget, reason="a replica's GPU, not visible here: sized for a 40 GB card (--max-batch-tokens "
                                       "sets it)")
     import torch
 
     props = torch.cuda.get_device_properties(torch.device(device))
-    return gpu_budget(props.total_memory, ls.dim, ls.projection_dim, ls.n_layers, props.name)
+    return gpu_budget(props.total_memory, ls.dim, ls.projection_dim, ls.n_layers, props.name, rows)
 
 
 def _where(path: str | Path | None, name: str) -> str | None:

@@ -24,6 +24,7 @@ cosine >= 0.999, every option).
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -47,13 +48,19 @@ class RowShape:
         """The rows (a power of two up to ``rows``) that run a batch of ``lengths`` in the least
         time, a step costing as much as ``step_rows`` rows besides its own (its launches and
         latency). A batch of few long sentences takes fewer rows: a row is at least as long as
-        the longest sentence, so many rows would be mostly padding."""
-        tokens, longest = sum(lengths), max(lengths, default=1)
+        the longest sentence, so many rows would be mostly padding; and a row holds whole
+        sentences, some row ceil(n / rows) of them, so at least the shortest ones."""
+        tokens, n = sum(lengths), len(lengths)
+        shortest = list(itertools.accumulate(sorted(lengths), initial=0))  # (n+1,) the k shortest's tokens
 
         def cost(rows: int) -> int:
-            windows = math.ceil(max(longest, math.ceil(tokens / rows)) / self.steps)
-            return windows * (rows + step_rows)
+            return self.cost(rows, tokens, max(max(lengths, default=1), shortest[min(n, -(-n // rows))]), step_rows)
         return RowShape(min(self.row_counts(), key=lambda r: (cost(r), -r)), self.steps)
+
+    def cost(self, rows: int, tokens: int, longest: int, step_rows: int = 128) -> int:
+        """What ``for_batch`` minimises: the windows of ``rows`` rows a batch of ``tokens`` whose
+        fullest row holds at least ``longest`` takes at the least, each costing ``rows + step_rows``."""
+        return math.ceil(max(longest, math.ceil(tokens / rows)) / self.steps) * (rows + step_rows)
 
     def row_counts(self, most_sentences: int | None = None) -> list[int]:
         """Every row count ``for_batch`` may choose (the powers of two from 8 up to ``rows``), for

@@ -18,6 +18,7 @@ from elmo_core.errors import ElmoError, InputError, SettingError
 from elmo_core.names import DTYPES, ENGINES, OUTPUT_NAMES, POOLS, VECTOR_LAYOUTS
 from inference.batching import BatchPolicy
 from inference.outputs import VectorRequest
+from inference.row_lstm import RowShape
 from elmo_core.kinds import Precision
 from inference.model_run import Exporter, ModelRun, resolve_run
 from inference.registry import BACKEND_NAMES
@@ -140,6 +141,7 @@ class EmbedOptions:
     rows_per_shard_reason: str = _opt("", cli=False, runtime_only=True)  # why this size (pipelines.shard_size)
     precision_reason: str = _opt("", cli=False, runtime_only=True)  # why this precision, recorded in the manifest
     layout: str | None = _opt(None, cli=False, runtime_only=True)  # the flag: elmo_cli.run_args; None: auto
+    batch_rows: int | None = _opt(None, cli=False, runtime_only=True)  # the run's rows layout (``BatchBudget.rows``)
 
     def __post_init__(self) -> None:
         if self.backend is not None:
@@ -157,7 +159,7 @@ class EmbedOptions:
             check_count("rows_per_shard", self.rows_per_shard)
         for name in ("workers", "prefetch"):
             check_count(name, getattr(self, name))
-        for name in ("max_tokens_per_batch", "sort_window_rows", "sort_window_tokens", "writer_threads"):
+        for name in ("max_tokens_per_batch", "sort_window_rows", "sort_window_tokens", "writer_threads", "batch_rows"):
             check_count(name, getattr(self, name), optional="the run's")
         check_threads(self.threads)
         _check_columns(self)
@@ -197,6 +199,7 @@ class EmbedOptions:
                        max_tokens_per_batch=self.max_tokens_per_batch or run.batch.tokens,
                        sort_window_rows=self.sort_window_rows or run.batch.window_rows,
                        sort_window_tokens=self.sort_window_tokens or run.batch.window_tokens,
+                       batch_rows=run.batch.rows,
                        writer_threads=self.writer_threads or default_writers(run.device))
 
     @functools.cached_property
@@ -213,7 +216,8 @@ class EmbedOptions:
     def policy(self) -> BatchPolicy:
         """How rows become model batches (windows, token budget)."""
         tokens = self.max_tokens_per_batch or BatchPolicy.max_tokens_per_batch  # the least any run's budget is
-        return BatchPolicy(self.max_sentence_length, self.window_context, tokens)
+        rows = RowShape(self.batch_rows) if self.batch_rows else None
+        return BatchPolicy(self.max_sentence_length, self.window_context, tokens, rows)
 
     @property
     def context(self) -> int:

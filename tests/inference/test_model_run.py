@@ -29,7 +29,7 @@ def test_a_model_directory_resolves_to_torch_fp32_on_this_process_cpus(tiny_dir)
     record = json.loads(json.dumps(run.to_dict()))  # what --json and the manifest record
     assert record["threads"] == run.threads.count and record["threads_reason"] == run.threads.reason
     assert record["batch"] == {"tokens": 4096, "window_tokens": 16384, "window_rows": 1024,
-                               "reason": run.batch.reason} and str(run.batch).startswith("batches of 4,096 tokens: ")
+                               "reason": run.batch.reason, "rows": None} and str(run.batch).startswith("batches of 4,096 tokens: ")
     assert "config" not in record and record["warning"] is None
     assert resolve_run(tiny_dir, precision="fp32").precision_reason == "asked for"
     assert resolve_run(tiny_dir, threads=3).threads.count == 3
@@ -58,6 +58,7 @@ def test_a_job_leaves_its_readers_a_cpu_and_replicas_take_one_each(tiny_dir):
     ls = remote.config.lstm
     assert remote.batch.tokens == gpu_budget(40 << 30, ls.dim, ls.projection_dim, ls.n_layers, "").tokens
     assert "a replica's GPU, not visible here" in remote.batch.reason
+    assert remote.batch.rows == 1024 and "planned for up to 1,024 static rows" in str(remote.batch)  # rows layout
     share = remote.on_replica(4, "its share")
     assert share.threads.count == 4 and share.model == remote.model and remote.threads.count == 1
 
