@@ -11,15 +11,22 @@ token budget) and turns each into character ids; ``run`` sends every batch throu
   sentence over its windows, then divided, normalised and cast (``finish_pooled``).
 
 Each batch is submitted before the previous one is placed, so on a GPU the host's placing overlaps
-the device's next batch. ``clock`` (optional) times the "model" and "assemble" stages.
+the device's next batch; and each batch's host work (``Backend.prepare``: for the torch backend
+the lengths, distinct tokens, token cache's plan and rows, ``inference.host_batch``) is done a
+batch ahead on a thread while the current one runs, where the backend computes off the host's
+cores (``stages_ahead``: torch on CUDA; on a CPU the thread would take the model's cores).
+``clock`` (optional) times the "model" and "assemble" stages.
 """
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Protocol, Sequence
 
 import numpy as np
+
+from elmo_core.errors import ElmoError
 
 from .backends import Backend
 from .batching import BatchPolicy, ModelBatch, Plan, plan_batches
@@ -70,19 +77,58 @@ def run(backend: Backend, prepared: Prepared, request: VectorRequest, clock: Clo
         out = np.full((len(plan.lengths), *trailing), fill, dtype=np.float64)  # (R, [L+1,] D) joined partials
         place = lambda batch, got: _join_partials(out, plan.sentence_of(batch), got, request.pool)  # noqa: E731
     pending = None  # the previous batch: its result is read while this one runs (on a GPU)
-    for batch, ids in zip(plan.batches, prepared.char_ids):
-        with clock.stage("model"):
-            keep = batch.keep_mask(ids.shape[1]) if request.pool is not None else None  # (B, T)
-            result = backend.submit(ids, request, keep)
+    with _Ahead(backend, prepared.char_ids) as ahead:
+        for batch, ids in zip(plan.batches, prepared.char_ids):
+            with clock.stage("model"):
+                host = ahead.next()
+                keep = batch.keep_mask(ids.shape[1]) if request.pool is not None else None  # (B, T)
+                result = backend.submit(ids, request, keep, host)
+            if pending is not None:
+                _read(clock, place, *pending)
+            pending = batch, result
         if pending is not None:
             _read(clock, place, *pending)
-        pending = batch, result
-    if pending is not None:
-        _read(clock, place, *pending)
     if request.pool is None:
         return out
     with clock.stage("assemble"):
         return finish_pooled(out, plan.lengths, request)
+
+
+class _Ahead:
+    """Each batch's host work (``Backend.prepare``), handed out in order: where the backend
+    ``stages_ahead``, the next batch's is started on a thread as the current one is handed out;
+    elsewhere each is made when asked. One made for a batch that is not submitted (the loop
+    stopped) is abandoned."""
+
+    def __init__(self, backend: Backend, char_ids: list[np.ndarray]) -> None:
+        self.backend, self.char_ids, self.k = backend, char_ids, 0
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="elmo-prepare") if backend.stages_ahead else None
+        self.ahead: Future | None = None
+        self._start()
+
+    def _start(self) -> None:
+        if self.pool is not None and self.k < len(self.char_ids):
+            self.ahead = self.pool.submit(self.backend.prepare, self.char_ids[self.k])
+
+    def next(self) -> object | None:
+        if self.pool is None:
+            self.k += 1
+            return self.backend.prepare(self.char_ids[self.k - 1])
+        ahead, self.ahead = self.ahead, None
+        got = ahead.result()  # type: ignore[union-attr]
+        self.k += 1
+        self._start()
+        return got
+
+    def __enter__(self) -> "_Ahead":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.ahead is not None:
+            with contextlib.suppress(ElmoError):  # its error is a batch's that is not run
+                self.backend.abandon(self.ahead.result())
+        if self.pool is not None:
+            self.pool.shutdown()
 
 
 def _read(clock: Clock, place: Callable[[ModelBatch, np.ndarray], None], batch: ModelBatch,

@@ -25,13 +25,20 @@ class Recording:
 
     def __init__(self, backend: TorchBackend) -> None:
         self.backend, self.calls = backend, []
-        self.config, self.tokenizer = backend.config, backend.tokenizer
+        self.config, self.tokenizer, self.stages_ahead = backend.config, backend.tokenizer, backend.stages_ahead
 
     def check_request(self, request: VectorRequest) -> None:
         self.backend.check_request(request)
 
-    def submit(self, ids: np.ndarray, request: VectorRequest, keep: np.ndarray | None = None) -> Callable[[], np.ndarray]:
-        result = self.backend.submit(ids, request, keep)
+    def prepare(self, ids: np.ndarray) -> object | None:
+        return self.backend.prepare(ids)
+
+    def abandon(self, prepared: object | None) -> None:
+        self.backend.abandon(prepared)
+
+    def submit(self, ids: np.ndarray, request: VectorRequest, keep: np.ndarray | None = None,
+               prepared: object | None = None) -> Callable[[], np.ndarray]:
+        result = self.backend.submit(ids, request, keep, prepared)
         got = result()
         self.calls.append((ids.shape, got.shape))
         return lambda: got
