@@ -102,22 +102,16 @@ class _Ahead:
 
     def __init__(self, backend: Backend, char_ids: list[np.ndarray]) -> None:
         self.backend, self.char_ids, self.k = backend, char_ids, 0
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="elmo-prepare") if backend.stages_ahead else None
+        ahead = backend.stages_ahead and len(char_ids) > 1
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="elmo-prepare") if ahead else None
         self.ahead: Future | None = None
-        self._start()
-
-    def _start(self) -> None:
-        if self.pool is not None and self.k < len(self.char_ids):
-            self.ahead = self.pool.submit(self.backend.prepare, self.char_ids[self.k])
 
     def next(self) -> object | None:
-        if self.pool is None:
-            self.k += 1
-            return self.backend.prepare(self.char_ids[self.k - 1])
         ahead, self.ahead = self.ahead, None
-        got = ahead.result()  # type: ignore[union-attr]
+        got = self.backend.prepare(self.char_ids[self.k]) if ahead is None else ahead.result()
         self.k += 1
-        self._start()
+        if self.pool is not None and self.k < len(self.char_ids):
+            self.ahead = self.pool.submit(self.backend.prepare, self.char_ids[self.k])
         return got
 
     def __enter__(self) -> "_Ahead":

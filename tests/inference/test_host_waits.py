@@ -107,7 +107,8 @@ def test_a_batch_that_is_refused_leaves_the_token_cache_as_it_was(model):
 
 def test_the_next_batch_is_planned_on_a_thread_only_where_the_backend_computes_off_the_host(model):
     """On a CPU each batch's plan is made on the engine's thread (a thread would compete with the
-    model's); where ``stages_ahead`` (CUDA), the next one on a thread, with the same vectors."""
+    model's); where ``stages_ahead`` (CUDA), each next one on a thread while the current batch
+    runs, with the same vectors."""
     backend = _backend(model, "rows", 50_000)
     assert backend.stages_ahead is False
     threads: list[str] = []
@@ -120,5 +121,6 @@ def test_the_next_batch_is_planned_on_a_thread_only_where_the_backend_computes_o
     threads.clear()
     backend.stages_ahead = True
     ahead = engine.run(backend, engine.prepare(backend, sentences, policy), request)
-    assert all(name.startswith("elmo-prepare") for name in threads) and len(threads) > 2
+    assert threads[0] == threading.current_thread().name and len(threads) > 2  # the first: nothing runs yet
+    assert all(name.startswith("elmo-prepare") for name in threads[1:]), threads
     np.testing.assert_array_equal(ahead, here)
