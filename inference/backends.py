@@ -50,7 +50,7 @@ class Backend(Protocol):
     def abandon(self, prepared: object | None) -> None: ...
 
     def submit(self, char_ids: np.ndarray, request: VectorRequest, keep: np.ndarray | None = None,
-               prepared: object | None = None) -> Callable[[], np.ndarray]: ...
+               prepared: object | None = None, take: np.ndarray | None = None) -> Callable[[], np.ndarray]: ...
 
     def warm_shapes(self, most_sentences: int) -> list[int]: ...
 
@@ -112,14 +112,16 @@ class BackendBase:
         """A ``prepare``'d batch that will not be submitted."""
 
     def submit(self, char_ids: np.ndarray, request: VectorRequest, keep: np.ndarray | None = None,
-               prepared: object | None = None) -> Callable[[], np.ndarray]:
+               prepared: object | None = None, take: np.ndarray | None = None) -> Callable[[], np.ndarray]:
         """A batch's vectors as ``request`` asks (``inference.outputs``: the output mode, then pooled
-        partials over ``keep`` or unit length, in its dtype), started: the callable returns them.
+        partials over ``keep``, or the tokens ``take`` names to unit length, in its dtype),
+        started: the callable returns them.
         Here on the host (torch on CPU over ``run`` / ``run_combined``'s arrays); a backend on a GPU
         does it on the device and returns before the device is done (see ``TorchBackend``). A
         result must be read before two more batches are submitted.
 
-        Shape: char_ids (B, T, C), keep (B, T) bool (pooling) -> (B, T, [L+1,] D), or (B, [L+1,] D) pooled.
+        Shape: char_ids (B, T, C), keep (B, T) bool (pooling), take (n,) flat positions b*T+t (tokens)
+        -> (n, [L+1,] D) ((B, T, [L+1,] D) without ``take``), or (B, [L+1,] D) pooled.
         """
         weights = request.weights(self.config.n_output_layers)
         if weights is not None:
@@ -128,7 +130,8 @@ class BackendBase:
         else:
             layers, mask = self.run(char_ids)  # (B, L+1, T, D)
             x = reduce_on_device(torch.from_numpy(layers), torch.from_numpy(mask), request)  # (B, T, [L+1,] D)
-        result = finish_on_device(x, request, None if keep is None else torch.from_numpy(keep)).numpy()
+        result = finish_on_device(x, request, None if keep is None else torch.from_numpy(keep),
+                                  None if take is None else torch.from_numpy(take)).numpy()
         return lambda: result
 
     def device_report(self) -> dict:
@@ -221,14 +224,14 @@ class TorchBackend(BackendBase):
             self.fast.abandon(prepared)
 
     def submit(self, char_ids: np.ndarray, request: VectorRequest, keep: np.ndarray | None = None,
-               prepared: object | None = None) -> Callable[[], np.ndarray]:
-        """The request computed on the device (the mix while the layers are packed; pooling and
-        normalisation before the copy) from the host's plan of the batch (``prepare``'s, made here
-        where not given). On CUDA the inputs cross through pinned memory, the work and its copy to
+               prepared: object | None = None, take: np.ndarray | None = None) -> Callable[[], np.ndarray]:
+        """The request computed on the device (the mix while the layers are packed; pooling,
+        normalisation and the dtype before the copy; of tokens, only those ``take`` names cross)
+        from the host's plan of the batch (``prepare``'s, made here where not given). On CUDA the inputs cross through pinned memory, the work and its copy to
         pinned host memory are queued and this returns: the host waits for nothing but the result,
         and the next batch is launched while this one's result is read out."""
         if self.stateful:
-            return super().submit(char_ids, request, keep)
+            return super().submit(char_ids, request, keep, take=take)
         plan = prepared if isinstance(prepared, HostBatch) else self.fast.prepare(char_ids)
         ids = torch.from_numpy(char_ids)  # only its shape is read: the plan holds the batch
         weights = request.weights(self.config.n_output_layers)
@@ -238,7 +241,8 @@ class TorchBackend(BackendBase):
             else:
                 out = self.model.run(ids)
                 x = reduce_on_device(out.layers.float(), out.mask, request)  # (B, T, [L+1,] D)
-            result = finish_on_device(x, request, None if keep is None else to_device(keep, self.device))
+            result = finish_on_device(x, request, None if keep is None else to_device(keep, self.device),
+                                      None if take is None else to_device(take, self.device))
             if self.device.type != "cuda":
                 host = result.numpy()
                 return lambda: host

@@ -5,8 +5,9 @@
 token budget) and turns each into character ids; ``run`` sends every batch through the backend's
 ``submit`` with the ``VectorRequest`` and puts the results back in input order:
 
-- token vectors: each batch's kept tokens to their rows of one (N tokens, [L+1,] D) array in the
-  request's dtype (computed, normalised and cast on the backend's device);
+- token vectors: each batch's kept tokens, gathered in output order on the backend's device
+  (``take``: only they cross), to their rows of one (N tokens, [L+1,] D) array in the request's
+  dtype (computed, normalised and cast on the device) by one scatter;
 - pooled: each batch row's partial (the sum or max over its kept tokens, on the device) joined per
   sentence over its windows, then divided, normalised and cast (``finish_pooled``).
 
@@ -29,7 +30,7 @@ import numpy as np
 from elmo_core.errors import ElmoError
 
 from .backends import Backend
-from .batching import BatchPolicy, ModelBatch, Plan, plan_batches
+from .batching import BatchPolicy, Plan, plan_batches
 
 __all__ = ["Plan", "Prepared", "prepare", "run"]
 from .outputs import VectorRequest, finish_pooled
@@ -71,21 +72,25 @@ def run(backend: Backend, prepared: Prepared, request: VectorRequest, clock: Clo
     trailing = request.mode.shape(config.n_output_layers, config.output_dim)
     if request.pool is None:
         out = np.empty((plan.tokens, *trailing), dtype=request.dtype)  # (N, [L+1,] D)
-        place: Callable[[ModelBatch, np.ndarray], None] = lambda batch, got: _place_tokens(out, batch, got)  # noqa: E731
+        place: Callable[[np.ndarray, np.ndarray], None] = out.__setitem__  # (n,) output rows, (n, [L+1,] D)
     else:
         fill = 0.0 if request.pool == "mean" else -np.inf
         out = np.full((len(plan.lengths), *trailing), fill, dtype=np.float64)  # (R, [L+1,] D) joined partials
-        place = lambda batch, got: _join_partials(out, plan.sentence_of(batch), got, request.pool)  # noqa: E731
+        place = lambda sentence, got: _join_partials(out, sentence, got, request.pool)  # noqa: E731
     pending = None  # the previous batch: its result is read while this one runs (on a GPU)
     with _Ahead(backend, prepared.char_ids) as ahead:
         for batch, ids in zip(plan.batches, prepared.char_ids):
             with clock.stage("model"):
                 host = ahead.next()
-                keep = batch.keep_mask(ids.shape[1]) if request.pool is not None else None  # (B, T)
-                result = backend.submit(ids, request, keep, host)
+                if request.pool is None:  # the kept tokens, in output order, placed by one scatter
+                    rows, cols, where = batch.gather_index()  # (n,) each
+                    result = backend.submit(ids, request, prepared=host, take=rows * ids.shape[1] + cols)
+                else:  # each row's partial, joined to its sentence's
+                    where = plan.sentence_of(batch)  # (B,)
+                    result = backend.submit(ids, request, batch.keep_mask(ids.shape[1]), prepared=host)
             if pending is not None:
                 _read(clock, place, *pending)
-            pending = batch, result
+            pending = where, result
         if pending is not None:
             _read(clock, place, *pending)
     if request.pool is None:
@@ -125,18 +130,12 @@ class _Ahead:
             self.pool.shutdown()
 
 
-def _read(clock: Clock, place: Callable[[ModelBatch, np.ndarray], None], batch: ModelBatch,
+def _read(clock: Clock, place: Callable[[np.ndarray, np.ndarray], None], where: np.ndarray,
           result: Callable[[], np.ndarray]) -> None:
     with clock.stage("model"):
         got = result()
     with clock.stage("assemble"):
-        place(batch, got)
-
-
-def _place_tokens(out: np.ndarray, batch: ModelBatch, got: np.ndarray) -> None:
-    """A batch's kept tokens to their rows (one gather). Shape: got (B, T, [L+1,] D)."""
-    rows, cols, dest = batch.gather_index()  # (n,) each
-    out[dest] = got[rows, cols]
+        place(where, got)
 
 
 def _join_partials(out: np.ndarray, sentence: np.ndarray, got: np.ndarray, pool: str) -> None:
