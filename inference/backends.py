@@ -227,9 +227,10 @@ class TorchBackend(BackendBase):
                prepared: object | None = None, take: np.ndarray | None = None) -> Callable[[], np.ndarray]:
         """The request computed on the device (the mix while the layers are packed; pooling,
         normalisation and the dtype before the copy; of tokens, only those ``take`` names cross)
-        from the host's plan of the batch (``prepare``'s, made here where not given). On CUDA the inputs cross through pinned memory, the work and its copy to
-        pinned host memory are queued and this returns: the host waits for nothing but the result,
-        and the next batch is launched while this one's result is read out."""
+        from the host's plan of the batch (``prepare``'s, made here where not given). On CUDA the
+        inputs cross through pinned memory, the work and its copy to pinned host memory are queued
+        and this returns: the host waits for nothing but the result, and the next batch is
+        launched while this one's result is read out."""
         if self.stateful:
             return super().submit(char_ids, request, keep, take=take)
         plan = prepared if isinstance(prepared, HostBatch) else self.fast.prepare(char_ids)

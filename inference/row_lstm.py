@@ -98,7 +98,8 @@ class RowPlan:
     def to(self, device: torch.device) -> "RowPlan":
         """This plan with its tensors on ``device`` (a plan made on the host: no host wait)."""
         moved = copy.copy(self)
-        moved.sources, moved.targets, moved.keep = (to_device(t, device) for t in (self.sources, self.targets, self.keep))
+        moved.sources, moved.targets, moved.keep = (to_device(t, device)
+                                                    for t in (self.sources, self.targets, self.keep))
         return moved
 
     @property
