@@ -8,6 +8,7 @@ cache after checking them against the model (the file format: ``formats.token_em
 """
 from __future__ import annotations
 
+import threading
 from typing import Callable, Sequence
 
 import numpy as np
@@ -27,6 +28,7 @@ class TokenCache:
         self.key: tuple | None = None
         self.filled = 0  # rows of ``store`` in use
         self.hits = self.misses = 0
+        self._planning = threading.Lock()  # ``plan`` (the engine's thread) against ``rollback``
 
     def clear(self) -> None:
         self.index.clear()
@@ -80,25 +82,27 @@ class TokenCache:
         The device's half, ``fill``, runs for these plans in the order they were made.
 
         Shape: U keys -> where (U,), miss (M,) indices into keys, slots (M,); int64 host tensors."""
-        self._check_version(params)
-        where = torch.tensor([self.index.get(k, -1) for k in keys], dtype=torch.long)  # (U,)
-        miss = torch.nonzero(where < 0).squeeze(1)  # (M,)
-        self.hits += len(keys) - len(miss)
-        self.misses += len(miss)
-        capacity = self.max_tokens if self.store is None else self.store.shape[0]
-        given = min(len(miss), max(capacity - self.filled, 0))
-        slots = torch.full((len(miss),), -1, dtype=torch.long)
-        slots[:given] = torch.arange(self.filled, self.filled + given)
-        self.index.update((keys[i], self.filled + n) for n, i in enumerate(miss[:given].tolist()))
-        self.filled += given
+        with self._planning:
+            self._check_version(params)
+            where = torch.tensor([self.index.get(k, -1) for k in keys], dtype=torch.long)  # (U,)
+            miss = torch.nonzero(where < 0).squeeze(1)  # (M,)
+            self.hits += len(keys) - len(miss)
+            self.misses += len(miss)
+            capacity = self.max_tokens if self.store is None else self.store.shape[0]
+            given = min(len(miss), max(capacity - self.filled, 0))
+            slots = torch.full((len(miss),), -1, dtype=torch.long)
+            slots[:given] = torch.arange(self.filled, self.filled + given)
+            self.index.update((keys[i], self.filled + n) for n, i in enumerate(miss[:given].tolist()))
+            self.filled += given
         return where, miss, slots
 
     def rollback(self, mark: int) -> None:
         """Forget the rows given at or after ``mark`` (``filled`` before a ``plan`` whose ``fill``
         will not run: its batch failed, or a job stopped before it)."""
-        if mark < self.filled:
-            self.index = {k: v for k, v in self.index.items() if v < mark}
-            self.filled = mark
+        with self._planning:
+            if mark < self.filled:
+                self.index = {k: v for k, v in self.index.items() if v < mark}
+                self.filled = mark
 
     def fill(self, where: torch.Tensor, miss: torch.Tensor, kept: torch.Tensor, slots: torch.Tensor,
              fresh: torch.Tensor) -> torch.Tensor:
