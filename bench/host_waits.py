@@ -13,7 +13,8 @@ that copy (wrapped while counting: on a CPU they are no-ops the dispatcher never
 on the CPU is the CUDA code path itself (the rows layout, its windows run eagerly), and only
 operations on the device's tensors count (``HostWaits`` follows which those are), so each count
 is the device's. A copy to the device (``Tensor.to``) counts unless it is ``non_blocking`` from
-pinned memory (on the CPU that stands in for CUDA: ``non_blocking``).
+pinned memory (on the CPU that stands in for CUDA: ``non_blocking``); so does a tensor made on a
+device from Python data (``torch.tensor`` / ``torch.as_tensor`` with a ``device``: a pageable copy).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ SCALAR = {aten._local_scalar_dense, aten.equal, aten.is_nonzero}
 DATA_SIZED = {aten.nonzero, aten.masked_select, aten._unique2, aten.unique_consecutive, aten.unique_dim,
               aten.repeat_interleave}
 COPIES = ("cpu", "numpy", "tolist")
+FROM_DATA = ("tensor", "as_tensor")
 
 
 class HostWaits(TorchDispatchMode):
@@ -75,6 +77,8 @@ class HostWaits(TorchDispatchMode):
         for name in COPIES:
             self._stack.enter_context(_counting(self, name))
         self._stack.enter_context(_counting_to(self))
+        for name in FROM_DATA:
+            self._stack.enter_context(_counting_made(self, name))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -153,13 +157,31 @@ def _counting_to(waits: HostWaits) -> Iterator[None]:
         torch.Tensor.to = original  # type: ignore[method-assign]
 
 
-def cuda_path_backend(model):  # type: ignore[no-untyped-def]
+@contextlib.contextmanager
+def _counting_made(waits: HostWaits, name: str) -> Iterator[None]:
+    """``torch.tensor(data, device=...)``: Python data copied to the device from pageable memory."""
+    original = getattr(torch, name)
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        out = original(*args, **kwargs)
+        if kwargs.get("device") is not None:
+            waits.count("copy to the device from pageable memory")
+            waits.device.add(out)
+        return out
+    setattr(torch, name, counted)
+    try:
+        yield
+    finally:
+        setattr(torch, name, original)
+
+
+def cuda_path_backend(model, token_cache: int = 50_000):  # type: ignore[no-untyped-def]
     """A ``TorchBackend`` on the CPU running what CUDA runs: the rows layout (its windows eager),
-    fused steps, the token cache."""
+    fused steps, the token cache (``token_cache`` tokens; 0: none)."""
     from inference.backends import TorchBackend
     from inference.fast_path import FastInference
 
-    backend = TorchBackend(model)
+    backend = TorchBackend(model, token_cache=token_cache)
     backend.fast = FastInference(backend.model, "fp32", backend.fast.token_cache, cuda_graphs=True, capture=False)
     backend.model.use_fast_path(backend.fast)
     return backend

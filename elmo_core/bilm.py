@@ -4,7 +4,7 @@ Stateless by default: a sentence's vectors do not depend on its batch neighbours
 order. Passing a state (see ``StatefulBiLM``) carries each row's (h, c) across calls, which is
 only there to reproduce the original TensorFlow code.
 
-This is the reference model, the one training runs. Inference plugs in faster code for three of
+This is the reference model, the one training runs. Inference plugs in faster code for four of
 its steps through one interface, ``FastPath`` (``BiLM.use_fast_path``), used only while autograd is
 off; ``inference.fast_path.FastInference`` implements it (token cache, reduced-precision weight
 copies, packed products, CUDA graphs) and is tested against this model.
@@ -31,8 +31,13 @@ Tokenizer = ByteTokenizer | DictionaryTokenizer
 
 
 class FastPath(Protocol):
-    """Faster code for three steps of ``BiLM``, each computing what the reference step computes
+    """Faster code for four steps of ``BiLM``, each computing what the reference step computes
     (within the products' precision), used only while autograd is off."""
+
+    def embed(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The LSTM's input from what the host already found of the batch, as ``_mask``,
+        ``embed_tokens`` and ``_with_boundaries`` give it: x (B, T+2, P), mask (B, T), lengths (B,);
+        None where the fast path holds no plan of this batch (the reference's steps run)."""
 
     def encode(self, char_ids: torch.Tensor) -> torch.Tensor:
         """Distinct tokens' representations, as ``BiLM.encoder``. Shape: (U, C) -> (U, P) fp32."""
@@ -83,7 +88,7 @@ def _hash_coefficients(columns: int, device: torch.device) -> torch.Tensor:
     """``unique_rows``' fixed random map, made once per width and device (a copy to a GPU waits)."""
     coeffs = torch.randint(-(2**62), 2**62, (columns,), generator=torch.Generator().manual_seed(columns),
                            dtype=torch.long)
-    return coeffs.to(device)
+    return coeffs if device.type == "cpu" else coeffs.to(device)
 
 
 class BiLM(nn.Module):
@@ -146,6 +151,16 @@ class BiLM(nn.Module):
         x = torch.cat([bos.expand(B, 1, P), tokens, tokens.new_zeros(B, 1, P)], dim=1)  # (B, T+2, P)
         return x + is_eos[:, :, None] * eos
 
+    def _tokens(self, char_ids: torch.Tensor, fast: FastPath | None,
+                dedup: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The tokens with their boundaries (the fast path's ``embed`` where it holds the batch's plan).
+        Shape: char_ids (B, T, C) -> x (B, T+2, P), mask (B, T), lengths (B,)."""
+        got = fast.embed(char_ids) if fast is not None else None
+        if got is not None:
+            return got
+        mask, lengths = self._mask(char_ids)
+        return self._with_boundaries(self.embed_tokens(char_ids, mask, dedup), lengths), mask, lengths
+
     @staticmethod
     def _mask(char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Shape: (B, T, C) -> mask (B, T) bool, lengths (B,); rows must be left-aligned."""
@@ -163,10 +178,9 @@ class BiLM(nn.Module):
 
         Shape: char_ids (B, T, C), weights (L+1,) -> (B, T, 2P) zero at padding, mask (B, T).
         """
-        mask, lengths = self._mask(char_ids)
         T = char_ids.shape[1]
-        x = self._with_boundaries(self.embed_tokens(char_ids, mask), lengths)  # (B, T+2, P)
         fast = self.fast_path_in_use()
+        x, mask, lengths = self._tokens(char_ids, fast)  # (B, T+2, P)
         run = fast.combine if fast is not None else self.lstm.forward_combined
         combined = run(x, lengths + 2, weights.to(x.dtype), slice(1, T + 1), mask)  # (B, T, 2P)
         return combined, mask
@@ -174,13 +188,11 @@ class BiLM(nn.Module):
     def run(self, char_ids: torch.Tensor, state: LstmState | None = None,
             keep_boundaries: bool = False, dedup: bool = True) -> BiLMOutput:
         """The biLM on a batch of left-aligned sentences (boundary tokens are added here)."""
-        mask, lengths = self._mask(char_ids)
         T = char_ids.shape[1]
-        tokens = self.embed_tokens(char_ids, mask, dedup)  # (B, T, P)
-        x = self._with_boundaries(tokens, lengths)  # (B, T+2, P)
+        fast = self.fast_path_in_use()
+        x, mask, lengths = self._tokens(char_ids, fast, dedup)  # (B, T+2, P)
         full_mask = torch.arange(T + 2, device=x.device)[None, :] < (lengths + 2)[:, None]  # (B, T+2)
         shortcut = state is None and not keep_boundaries  # the boundary outputs are dropped anyway
-        fast = self.fast_path_in_use()
         lstm_layers, new_state = self.lstm(x, lengths + 2, state, boundary_shortcut=shortcut,
                                            run_layer=fast.run_layer if fast is not None else None)  # L x (B, T+2, 2P)
         m = full_mask[:, :, None].to(x.dtype)  # (B, T+2, 1)

@@ -3,8 +3,10 @@
 A backend is a context manager with ``run(char_ids) -> (layers, mask)`` on numpy arrays:
 char_ids (B, T, C) int32 without boundary tokens -> layers (B, L+1, T, 2P) float32, mask (B, T) bool;
 and ``run_combined(char_ids, weights, dtype) -> (sum_j weights[j] * layer_j (B, T, 2P), mask)``;
-``submit(char_ids, request, keep)`` is what the engine (``inference.engine``) calls: the whole
-``VectorRequest`` (output mode, pooling, normalisation, dtype) done where the backend computes.
+``submit(char_ids, request, keep, prepared)`` is what the engine (``inference.engine``) calls: the
+whole ``VectorRequest`` (output mode, pooling, normalisation, dtype) done where the backend
+computes, from ``prepare(char_ids)``'s host work where the backend has any (the engine makes the
+next batch's while this one runs where ``stages_ahead``).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from formats.token_embeddings import read_token_embeddings
 from runtime import use_threads
 
 from .fast_path import FastInference
+from .host_batch import HostBatch
 from .host_copy import PinnedCopies
 from .outputs import VectorRequest, combine_layers, finish_on_device, reduce_on_device
 from .precision import check_precision
@@ -35,14 +38,19 @@ from .token_cache import TokenCache, preload_token_cache
 class Backend(Protocol):
     config: ElmoConfig
     name: str
+    stages_ahead: bool  # the engine prepares the next batch on a thread while this one runs
 
     def run(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
     def run_combined(self, char_ids: np.ndarray, weights: np.ndarray,
                      dtype: np.dtype | type = np.float32) -> tuple[np.ndarray, np.ndarray]: ...
 
-    def submit(self, char_ids: np.ndarray, request: VectorRequest,
-               keep: np.ndarray | None = None) -> Callable[[], np.ndarray]: ...
+    def prepare(self, char_ids: np.ndarray) -> object | None: ...
+
+    def abandon(self, prepared: object | None) -> None: ...
+
+    def submit(self, char_ids: np.ndarray, request: VectorRequest, keep: np.ndarray | None = None,
+               prepared: object | None = None, take: np.ndarray | None = None) -> Callable[[], np.ndarray]: ...
 
     def warm_shapes(self, most_sentences: int) -> list[int]: ...
 
@@ -57,6 +65,7 @@ class BackendBase:
     """Context-manager plumbing and the generic ``run_combined`` shared by every backend."""
 
     name = "base"
+    stages_ahead = False
     config: ElmoConfig
     artifact_dir: Path | None = None  # an export's directory: a dictionary model's dictionaries are there
 
@@ -94,15 +103,25 @@ class BackendBase:
         layers can compute any; see ``OnnxBackend`` for a mixed export)."""
         request.weights(self.config.n_output_layers)  # the mix's length against the model's layers
 
-    def submit(self, char_ids: np.ndarray, request: VectorRequest, keep: np.ndarray | None = None
-               ) -> Callable[[], np.ndarray]:
+    def prepare(self, char_ids: np.ndarray) -> object | None:
+        """A batch's host work that can be done before its ``submit`` (``prepared``), while the
+        previous batch runs; None where the backend has none. Shape: char_ids (B, T, C)."""
+        return None
+
+    def abandon(self, prepared: object | None) -> None:
+        """A ``prepare``'d batch that will not be submitted."""
+
+    def submit(self, char_ids: np.ndarray, request: VectorRequest, keep: np.ndarray | None = None,
+               prepared: object | None = None, take: np.ndarray | None = None) -> Callable[[], np.ndarray]:
         """A batch's vectors as ``request`` asks (``inference.outputs``: the output mode, then pooled
-        partials over ``keep`` or unit length, in its dtype), started: the callable returns them.
+        partials over ``keep``, or the tokens ``take`` names to unit length, in its dtype),
+        started: the callable returns them.
         Here on the host (torch on CPU over ``run`` / ``run_combined``'s arrays); a backend on a GPU
         does it on the device and returns before the device is done (see ``TorchBackend``). A
         result must be read before two more batches are submitted.
 
-        Shape: char_ids (B, T, C), keep (B, T) bool (pooling) -> (B, T, [L+1,] D), or (B, [L+1,] D) pooled.
+        Shape: char_ids (B, T, C), keep (B, T) bool (pooling), take (n,) flat positions b*T+t (tokens)
+        -> (n, [L+1,] D) ((B, T, [L+1,] D) without ``take``), or (B, [L+1,] D) pooled.
         """
         weights = request.weights(self.config.n_output_layers)
         if weights is not None:
@@ -111,7 +130,8 @@ class BackendBase:
         else:
             layers, mask = self.run(char_ids)  # (B, L+1, T, D)
             x = reduce_on_device(torch.from_numpy(layers), torch.from_numpy(mask), request)  # (B, T, [L+1,] D)
-        result = finish_on_device(x, request, None if keep is None else torch.from_numpy(keep)).numpy()
+        result = finish_on_device(x, request, None if keep is None else torch.from_numpy(keep),
+                                  None if take is None else torch.from_numpy(take)).numpy()
         return lambda: result
 
     def device_report(self) -> dict:
@@ -168,6 +188,7 @@ class TorchBackend(BackendBase):
         self.config = model.config
         self.stateful = StatefulBiLM(self.model) if stateful else None
         self._copies = PinnedCopies()  # used on CUDA only
+        self.stages_ahead = self.device.type == "cuda"  # a GPU computes off the host's cores
 
     @classmethod
     def from_files(cls, path: str | Path, weights: str | Path | None = None, **kw: object) -> "TorchBackend":
@@ -192,22 +213,37 @@ class TorchBackend(BackendBase):
         combined, mask = self._combined_on_device(char_ids, weights, dtype)
         return combined.cpu().numpy(), mask.cpu().numpy()
 
-    def submit(self, char_ids: np.ndarray, request: VectorRequest, keep: np.ndarray | None = None
-               ) -> Callable[[], np.ndarray]:
-        """The request computed on the device (the mix while the layers are packed; pooling and
-        normalisation before the copy). On CUDA the work and its copy to pinned host memory are
-        queued and this returns; the next batch is launched while this one's result is read out."""
+    def prepare(self, char_ids: np.ndarray) -> HostBatch | None:
+        """The batch's host work (``FastInference.prepare``: lengths, distinct tokens, the token
+        cache's plan, the char-CNN's chunks, the rows), so that its device work reads nothing
+        back; None when stateful."""
+        return None if self.stateful else self.fast.prepare(char_ids)
+
+    def abandon(self, prepared: object | None) -> None:
+        if isinstance(prepared, HostBatch):
+            self.fast.abandon(prepared)
+
+    def submit(self, char_ids: np.ndarray, request: VectorRequest, keep: np.ndarray | None = None,
+               prepared: object | None = None, take: np.ndarray | None = None) -> Callable[[], np.ndarray]:
+        """The request computed on the device (the mix while the layers are packed; pooling,
+        normalisation and the dtype before the copy; of tokens, only those ``take`` names cross)
+        from the host's plan of the batch (``prepare``'s, made here where not given). On CUDA the
+        inputs cross through pinned memory, the work and its copy to pinned host memory are queued
+        and this returns: the host waits for nothing but the result, and the next batch is
+        launched while this one's result is read out."""
         if self.stateful:
-            return super().submit(char_ids, request, keep)
-        ids = to_device(char_ids, self.device)
+            return super().submit(char_ids, request, keep, take=take)
+        plan = prepared if isinstance(prepared, HostBatch) else self.fast.prepare(char_ids)
+        ids = torch.from_numpy(char_ids)  # only its shape is read: the plan holds the batch
         weights = request.weights(self.config.n_output_layers)
-        with self.fast.running():
+        with self.fast.running(), self.fast.batch(plan):
             if weights is not None:
                 x, _ = self.model.run_combined(ids, to_device(weights, self.device))  # (B, T, D)
             else:
                 out = self.model.run(ids)
                 x = reduce_on_device(out.layers.float(), out.mask, request)  # (B, T, [L+1,] D)
-            result = finish_on_device(x, request, None if keep is None else to_device(keep, self.device))
+            result = finish_on_device(x, request, None if keep is None else to_device(keep, self.device),
+                                      None if take is None else to_device(take, self.device))
             if self.device.type != "cuda":
                 host = result.numpy()
                 return lambda: host

@@ -50,12 +50,19 @@ class RowGraphs:
         self.captures = self.replays = 0
         self.padded = self.positions = 0  # padded and all positions computed so far
 
+    def plan(self, lengths: list[int], t_in: int) -> RowPlan:
+        """A batch's rows, planned on the host (``RowPlan.to`` puts them on the device)."""
+        return RowPlan(lengths, t_in, self.shape.for_batch(lengths, self.step_rows), "cpu")
+
     def __call__(self, x: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor,
-                 positions: slice = slice(None), keep: torch.Tensor | None = None) -> torch.Tensor:
-        """Shape: x (B, T, P) zero at padding, lengths (B,), weights (L+1,) -> (B, T', 2P)."""
+                 positions: slice = slice(None), keep: torch.Tensor | None = None,
+                 plan: RowPlan | None = None) -> torch.Tensor:
+        """Shape: x (B, T, P) zero at padding, lengths (B,), weights (L+1,) -> (B, T', 2P).
+        ``plan``: the batch's rows (``plan``, on the device); None: planned here from ``lengths``,
+        which reads them back from the device."""
         B, T, P = x.shape
-        lens = lengths.tolist()
-        plan = RowPlan(lens, T, self.shape.for_batch(lens, self.step_rows), x.device)
+        if plan is None:
+            plan = self.plan(lengths.tolist(), T).to(x.device)
         win = self._window(plan.shape)
         n = win.xs.shape[1]  # T*R positions a window
         flat = torch.cat([x.reshape(B * T, P), x.new_zeros(1, P)])  # (B*T+1, P): the last row is padding's

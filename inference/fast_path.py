@@ -11,6 +11,9 @@ while autograd is off, so training never sees it. What each step adds to the ref
 - ``combine``: the layers mixed while packed, each layer by ``run_layer``; with ``cuda_graphs``
   the sentences laid in rows of one static shape and replayed as one CUDA graph
   (``inference.cuda_graphs.RowGraphs`` over ``inference.row_lstm``; fused steps).
+- ``embed``: inside ``batch(plan)``, the LSTM's input from the host's plan of the batch
+  (``prepare``: ``inference.host_batch``), so that neither it nor ``combine`` reads anything back
+  from the device; outside, None (the reference's steps, with ``encode``).
 
 Each is tested against the reference model: tests/inference/test_fast_path.py, and every option
 in tests/core/test_bilm.py, every precision in tests/core/test_precision.py.
@@ -20,16 +23,19 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+import numpy as np
 import torch
 
 from elmo_core.bilm import BiLM
 from elmo_core.fused_cell import FusedCell
+from elmo_core.host_to_device import to_device
 from elmo_core.kinds import Precision
 from elmo_core.lstm import Packing
 
 from .cuda_graphs import RowGraphs
 from .fast_lstm import INPUT_CHUNK_ROWS, PACKED_MIN_WEIGHTS, FastLstm
 from .fused_lstm import FusedLstm
+from .host_batch import HostBatch, plan_batch
 from .precision import tf32_products, torch_precision
 from .row_lstm import RowShape
 from .token_cache import TokenCache
@@ -63,6 +69,56 @@ class FastInference:
         else:
             self.lstm = FusedLstm(model.lstm, self.dtype, chunk_rows, kernels)
         self.graphs = RowGraphs(self.lstm, rows, capture=capture) if layout == "rows" else None
+        self._boundary_ids = model.tokenizer.boundary_ids()  # (2, W) <S> and </S>, host ids
+        self._host: HostBatch | None = None  # the plan of the batch running inside ``batch``
+
+    def prepare(self, char_ids: np.ndarray) -> HostBatch:
+        """A batch's host work (``inference.host_batch.plan_batch``), before its device work; plans
+        run (``batch``) in the order they were made. Shape: char_ids (B, T, W)."""
+        return plan_batch(char_ids, self._boundary_ids, self.model.encoder, self.token_cache,
+                          None if self.graphs is None else self.graphs.plan)
+
+    @contextlib.contextmanager
+    def batch(self, plan: HostBatch) -> Iterator[None]:
+        """The model's runs inside take the batch from ``plan`` (``embed``, ``combine``); a run that
+        fails abandons it."""
+        self._host = plan
+        try:
+            yield
+        except BaseException:
+            self.abandon(plan)
+            raise
+        finally:
+            self._host = None
+
+    def abandon(self, plan: HostBatch | None) -> None:
+        """A plan whose batch will not run (it failed, or a job stopped before it): the token cache
+        forgets the rows it gave, and any given after."""
+        if plan is not None and plan.mark is not None and self.token_cache is not None:
+            self.token_cache.rollback(plan.mark)
+
+    def embed(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The LSTM's input from the plan of the batch running (``batch``); None outside one (the
+        reference's steps run). Only ``char_ids``' shape is read. Shape: (B, T, W) -> x (B, T+2, P)
+        (the tokens, <S> first, </S> after each row's last), mask (B, T), lengths (B,)."""
+        plan = self._host
+        if plan is None or tuple(char_ids.shape[:2]) != plan.shape:
+            return None
+        dev = self.model.lstm.w_input.device
+        (B, T), P = plan.shape, self.model.config.lstm.projection_dim
+        lengths = to_device(plan.lengths, dev)  # (B,)
+        mask = torch.arange(T, device=dev)[None, :] < lengths[:, None]  # (B, T)
+        fresh = (self._char_cnn(to_device(plan.chars, dev), plan.widths) if plan.widths
+                 else torch.zeros(0, P, device=dev))  # (M, P) the misses, in the char-CNN's order
+        miss = to_device(plan.miss, dev)
+        if plan.cache is not None:
+            where, kept, slots = (to_device(t, dev) for t in plan.cache)
+            distinct = self.token_cache.fill(where, miss, kept, slots, fresh)  # (U, P)
+        else:
+            distinct = fresh.new_empty(plan.distinct, P).index_copy_(0, miss, fresh)  # (U, P)
+        table = torch.cat([distinct, distinct.new_zeros(1, P)])  # (U+1, P): the last row is padding's
+        x = table.index_select(0, to_device(plan.index, dev).view(-1)).view(B, T + 2, P)
+        return x, mask, lengths
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -79,12 +135,15 @@ class FastInference:
             return self._char_cnn(char_ids)
         return self.token_cache.lookup(char_ids, self._char_cnn, list(self.model.encoder.parameters()))
 
-    def _char_cnn(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """The char-CNN, under autocast in bf16 / fp16; fp32 out. Shape: (N, C) -> (N, P)."""
+    def _char_cnn(self, char_ids: torch.Tensor, widths: list[int] | None = None) -> torch.Tensor:
+        """The char-CNN, under autocast in bf16 / fp16; fp32 out. ``widths``: the tokens are in
+        ``CharEncoder.plan_chunks``' order, these its chunks' widths. Shape: (N, C) -> (N, P)."""
+        encoder = self.model.encoder
+        run = encoder if widths is None else lambda ids: encoder.forward_planned(ids, widths)
         if self.dtype == torch.float32:
-            return self.model.encoder(char_ids)
+            return run(char_ids)
         with torch.autocast(char_ids.device.type, dtype=self.dtype):
-            return self.model.encoder(char_ids).float()
+            return run(char_ids).float()
 
     def run_layer(self, layer: int, xs: torch.Tensor, pack: Packing, h: torch.Tensor,
                   c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -95,5 +154,7 @@ class FastInference:
                 keep: torch.Tensor | None = None) -> torch.Tensor:
         """Shape: x (B, T, P), lengths (B,), weights (L+1,) -> (B, T', 2P)."""
         if self.graphs is not None:
-            return self.graphs(x, lengths, weights, positions, keep)
+            plan = self._host
+            held = plan is not None and plan.rows is not None and plan.shape == (x.shape[0], x.shape[1] - 2)
+            return self.graphs(x, lengths, weights, positions, keep, plan.rows.to(x.device) if held else None)
         return self.model.lstm.forward_combined(x, lengths, weights, positions, keep, self.lstm.run_layer)

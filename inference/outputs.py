@@ -83,16 +83,22 @@ def reduce_on_device(layers: torch.Tensor, mask: torch.Tensor, request: VectorRe
     return mix(layers, mask) * mask[:, :, None]  # (B, T, D); bool mask promotes to float
 
 
-def finish_on_device(x: torch.Tensor, request: VectorRequest, keep: torch.Tensor | None = None) -> torch.Tensor:
+def finish_on_device(x: torch.Tensor, request: VectorRequest, keep: torch.Tensor | None = None,
+                     take: torch.Tensor | None = None) -> torch.Tensor:
     """Pool or normalise a batch's vectors where they are, before the copy.
 
-    Without ``pool``: each vector to unit length if asked, then in the request's dtype.
-    With ``pool``: ``keep`` marks the tokens that belong to the batch's rows (a window keeps only
-    its middle part); the result is each row's partial: the sum (mean) or the largest value (max)
-    of its kept tokens, in float32, for ``finish_pooled`` to join a sentence's windows.
+    Without ``pool``: the tokens ``take`` names (flat positions b*T+t, in the order they are
+    wanted; None: all), each to unit length if asked, then in the request's dtype: only those
+    cross to the host. With ``pool``: ``keep`` marks the tokens that belong to the batch's rows (a
+    window keeps only its middle part); the result is each row's partial: the sum (mean) or the
+    largest value (max) of its kept tokens, in float32, for ``finish_pooled`` to join a
+    sentence's windows.
 
-    Shape: x (B, T, [L+1,] D), keep (B, T) bool -> (B, T, [L+1,] D), or (B, [L+1,] D) pooled.
+    Shape: x (B, T, [L+1,] D), keep (B, T) bool, take (n,) -> (n, [L+1,] D) ((B, T, [L+1,] D)
+    without ``take``), or (B, [L+1,] D) pooled.
     """
+    if request.pool is None and take is not None:
+        x = x.reshape(-1, *x.shape[2:]).index_select(0, take)  # (n, [L+1,] D)
     x = x.float()
     if request.pool is not None:
         k = keep.reshape(keep.shape + (1,) * (x.dim() - 2))  # (B, T, 1, ...)

@@ -23,6 +23,7 @@ cosine >= 0.999, every option).
 """
 from __future__ import annotations
 
+import copy
 import heapq
 import itertools
 import math
@@ -100,6 +101,13 @@ class RowPlan:
         keep[torch.tensor(offsets, dtype=torch.long)[starts], torch.tensor(rows, dtype=torch.long)[starts]] = False
         self.sources, self.targets, self.keep = (to_device(t, device) for t in (sources, targets, keep))
         self.t_in, self.batch, self.tokens = t_in, len(lengths), int(lens.sum())
+
+    def to(self, device: torch.device) -> "RowPlan":
+        """This plan with its tensors on ``device`` (a plan made on the host: no host wait)."""
+        moved = copy.copy(self)
+        moved.sources, moved.targets, moved.keep = (to_device(t, device)
+                                                    for t in (self.sources, self.targets, self.keep))
+        return moved
 
     @property
     def padded_fraction(self) -> float:

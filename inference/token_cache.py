@@ -8,6 +8,7 @@ cache after checking them against the model (the file format: ``formats.token_em
 """
 from __future__ import annotations
 
+import threading
 from typing import Callable, Sequence
 
 import numpy as np
@@ -27,6 +28,7 @@ class TokenCache:
         self.key: tuple | None = None
         self.filled = 0  # rows of ``store`` in use
         self.hits = self.misses = 0
+        self._planning = threading.Lock()  # ``plan`` (the engine's thread) against ``rollback``
 
     def clear(self) -> None:
         self.index.clear()
@@ -72,6 +74,48 @@ class TokenCache:
         if miss:
             out[miss] = fresh
             self._insert([keys[i] for i in miss], fresh)
+        return out
+
+    def plan(self, keys: list[bytes], params: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The host's half of a lookup, before anything runs on the device: each key's row of
+        ``store`` (-1: a miss), the misses, and the row each miss is given (-1: no room left).
+        The device's half, ``fill``, runs for these plans in the order they were made.
+
+        Shape: U keys -> where (U,), miss (M,) indices into keys, slots (M,); int64 host tensors."""
+        with self._planning:
+            self._check_version(params)
+            where = torch.tensor([self.index.get(k, -1) for k in keys], dtype=torch.long)  # (U,)
+            miss = torch.nonzero(where < 0).squeeze(1)  # (M,)
+            self.hits += len(keys) - len(miss)
+            self.misses += len(miss)
+            capacity = self.max_tokens if self.store is None else self.store.shape[0]
+            given = min(len(miss), max(capacity - self.filled, 0))
+            slots = torch.full((len(miss),), -1, dtype=torch.long)
+            slots[:given] = torch.arange(self.filled, self.filled + given)
+            self.index.update((keys[i], self.filled + n) for n, i in enumerate(miss[:given].tolist()))
+            self.filled += given
+        return where, miss, slots
+
+    def rollback(self, mark: int) -> None:
+        """Forget the rows given at or after ``mark`` (``filled`` before a ``plan`` whose ``fill``
+        will not run: its batch failed, or a job stopped before it)."""
+        with self._planning:
+            if mark < self.filled:
+                self.index = {k: v for k, v in self.index.items() if v < mark}
+                self.filled = mark
+
+    def fill(self, where: torch.Tensor, miss: torch.Tensor, kept: torch.Tensor, slots: torch.Tensor,
+             fresh: torch.Tensor) -> torch.Tensor:
+        """The device's half of a lookup (``plan``'s tensors on the device): ``fresh`` holds the
+        misses' vectors in the order of ``miss``; those at ``kept`` are stored at ``slots``.
+
+        Shape: where (U,), miss (M,), kept (K,), slots (K,), fresh (M, P) -> (U, P)."""
+        if self.store is None:
+            self.store = fresh.new_zeros(self.max_tokens, fresh.shape[1])  # (capacity, P)
+        fresh = fresh.to(self.store.dtype)
+        out = self.store.index_select(0, where.clamp(min=0))  # (U, P): a miss's row is replaced next
+        out.index_copy_(0, miss, fresh)
+        self.store.index_copy_(0, slots, fresh.index_select(0, kept))
         return out
 
     def _insert(self, keys: list[bytes], values: torch.Tensor) -> None:

@@ -25,13 +25,20 @@ class Recording:
 
     def __init__(self, backend: TorchBackend) -> None:
         self.backend, self.calls = backend, []
-        self.config, self.tokenizer = backend.config, backend.tokenizer
+        self.config, self.tokenizer, self.stages_ahead = backend.config, backend.tokenizer, backend.stages_ahead
 
     def check_request(self, request: VectorRequest) -> None:
         self.backend.check_request(request)
 
-    def submit(self, ids: np.ndarray, request: VectorRequest, keep: np.ndarray | None = None) -> Callable[[], np.ndarray]:
-        result = self.backend.submit(ids, request, keep)
+    def prepare(self, ids: np.ndarray) -> object | None:
+        return self.backend.prepare(ids)
+
+    def abandon(self, prepared: object | None) -> None:
+        self.backend.abandon(prepared)
+
+    def submit(self, ids: np.ndarray, request: VectorRequest, keep: np.ndarray | None = None,
+               prepared: object | None = None, take: np.ndarray | None = None) -> Callable[[], np.ndarray]:
+        result = self.backend.submit(ids, request, keep, prepared, take)
         got = result()
         self.calls.append((ids.shape, got.shape))
         return lambda: got
@@ -60,12 +67,15 @@ def test_pooling_and_unit_length_on_the_device_equal_the_host_references(backend
                                                                                    normalize=normalize))
     want = tokens if pool is None else pool_ragged(tokens, lengths, pool)  # (N or R, [L+1,] D)
     want = unit_length(want) if normalize else want
-    # What crossed the copy: pooled, one vector (per layer) per batch row, never the batch's tokens.
+    # What crossed the copy: pooled, one vector (per layer) per batch row, never the batch's tokens;
+    # else each token once: no padding, no window's context.
+    if pool is None:
+        assert sum(shape[0] for _, shape in backend.calls) == sum(n for n in lengths if n > 0)
     for (B, T, _), shape in backend.calls:
         assert B * T <= POLICY.max_tokens_per_batch
-        lead = (B,) if pool else (B, T)
-        assert shape == (*lead, *((backend.config.n_output_layers,) if output == "all" else ()),
-                         backend.config.output_dim)
+        assert shape[0] == B if pool else shape[0] <= B * T
+        assert shape[1:] == (*((backend.config.n_output_layers,) if output == "all" else ()),
+                             backend.config.output_dim)
     assert got.shape == want.shape and got.dtype == np.float32
     assert np.array_equal(np.isnan(got), np.isnan(want))  # the null, the empty row: NaN, for the doors' None
     # A pooled mean sums at most n = 40 float32 terms in another order (device per window, then
