@@ -84,13 +84,12 @@ def test_store_to_store_equals_the_local_job_and_verifies(s3, corpus, model, ref
     np.testing.assert_array_equal(_vectors(remote), _vectors(local))  # the same process, plan and batches
     names = _names(s3, "jobs/vectors")
     shards = [n for n in names if n.startswith("part-")]
-    assert len(shards) == 10 and {"_SUCCESS", "_job.json", "_manifest.json", ".elmo.lock"} <= set(names)
-    assert len(names) == 2 * len(shards) + 4  # a commit record per shard, nothing else left behind
+    assert len(shards) == 10 and {"_SUCCESS", "_job.json", "_manifest.json"} <= set(names)
+    assert len(names) == 2 * len(shards) + 3  # a commit record per shard, nothing else left behind (no lock)
     job = json.loads(s3.open_input_stream("jobs/vectors/_job.json").read())
     assert sorted(job["input_sha256"]) == [f"{source}/corpus-00000.parquet", f"{source}/corpus-00001.parquet"]
     manifest = json.loads(s3.open_input_stream("jobs/vectors/_manifest.json").read())
     assert [s["file"] for s in manifest["shards"]] == shards and manifest["rows"] == 300
-    assert json.loads(s3.open_input_stream("jobs/vectors/.elmo.lock").read())["released"] is True
     pl = pytest.importorskip("polars", reason="polars is in the dev extra")
     options = {"aws_endpoint_url": os.environ["AWS_ENDPOINT_URL"], "aws_region": "us-east-1", "aws_allow_http": "true",
                "aws_access_key_id": os.environ["AWS_ACCESS_KEY_ID"],
@@ -234,6 +233,24 @@ def test_a_driver_that_lost_its_lease_stops_before_its_manifest(s3):
         with pytest.raises(OutputDirError, match="this job lost its lock"):
             lock.check()
     assert json.loads(s3.open_input_stream("lease/out/.elmo.lock").read())["host"] == "another-node"  # not released
+
+
+def test_a_finished_job_deletes_its_own_lock_object_never_another_jobs(s3):
+    """``finished`` deletes the lock object only if it is still the version this job wrote (a
+    conditional delete): a lock another driver wrote meanwhile stays, neither deleted nor released."""
+    from pipelines.output_dir import open_output
+    from pipelines.store_lock import StoreLock
+
+    s3.create_dir("finish")
+    with StoreLock(open_output("s3://finish/mine")) as lock:
+        lock.finished()
+    assert _names(s3, "finish/mine") == []
+    theirs = json.dumps({"pid": 1, "host": "another-node", "released": False, "lease_seconds": 120}).encode()
+    with StoreLock(open_output("s3://finish/theirs")) as lock:
+        with s3.open_output_stream("finish/theirs/.elmo.lock") as f:  # taken by another after a stall of this one
+            f.write(theirs)
+        lock.finished()
+    assert s3.open_input_stream("finish/theirs/.elmo.lock").read() == theirs
 
 
 def test_a_large_shard_travels_in_parts_and_appears_whole(s3, monkeypatch):
