@@ -102,6 +102,9 @@ class ShardFormat:
         for i in range(reader.num_record_batches):
             yield reader.get_batch(i).select(columns)
 
+    def schema(self, file: BinaryIO) -> pa.Schema:
+        return pq.read_schema(file) if self.name == "parquet" else ipc.open_file(file).schema
+
     def read_table(self, file: BinaryIO, columns: list[str]) -> pa.Table:
         if self.name == "parquet":
             return pq.read_table(file, columns=columns)

@@ -211,7 +211,7 @@ def check_shard(out: Output, name: str, job_digest: str, file_index: int, row_st
     other = other_model(footer, model_sha256) or other_model(record, model_sha256)
     if other:
         return None, (f"computed with another model (sha256 {other[:16]}...) than the job's ({model_sha256[:16]}..., "
-                      f"{JOB}{shard_format(name).suffix})")
+                      f"{job_file(shard_format(name))})")
     return record, ""
 
 
