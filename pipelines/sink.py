@@ -73,8 +73,9 @@ def found_job_file(names: list[str] | dict) -> str | None:
     where OUTPUT_DIR holds an earlier elmo embed's JSON side files instead."""
     if EARLIER_JOB_FILE in names:
         raise OutputDirError(f"{EARLIER_JOB_FILE} is the job record of an earlier elmo embed, whose side files are "
-                             f"JSON (polars cannot read such a directory); this version neither resumes nor verifies "
-                             f"it: its shards are readable as they are (part-*), or embed into a new OUTPUT_DIR")
+                             f"JSON (polars cannot read such a directory), which this version neither resumes nor "
+                             f"verifies: its shards (part-*) read as they are; to finish or verify it, use the version "
+                             f"that wrote it, or embed into a new OUTPUT_DIR")
     return next((job_file(f) for f in FORMATS.values() if job_file(f) in names), None)
 
 
