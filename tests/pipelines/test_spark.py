@@ -177,7 +177,7 @@ def test_two_attempts_of_one_task_at_once_leave_one_shard_and_a_record_of_its_by
     opts = EmbedOptions.coerce({**RUN, "rows_per_shard": 200, "engine": "spark", "threads": 1})
     job = plan_job(corpus, tmp_path / "out", slower, opts)
     job.out.create()
-    claim_output_dir(job.out, job.identity, job.digest, resume=False)
+    claim_output_dir(job.out, job.identity, job.digest, False, opts.shard_format, job.schema)
     shards = pending_shards(job)
     task = embed_task(job.run, opts.to_dict(), shards, job.out, job.schema, job.digest)
     results: list[dict] = []
