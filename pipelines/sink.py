@@ -68,21 +68,21 @@ def commit_name(shard_name: str) -> str:
     return f"{COMMITS_DIR}/{shard_name}"
 
 
-def found_job_file(names: list[str] | dict) -> str | None:
+def found_job_file(out: Output, names: list[str] | dict) -> str | None:
     """The job record among OUTPUT_DIR's top-level ``names`` (of either format), if any; OutputDirError
     where OUTPUT_DIR holds an earlier elmo embed's JSON side files instead."""
     if EARLIER_JOB_FILE in names:
-        raise OutputDirError(f"{EARLIER_JOB_FILE} is the job record of an earlier elmo embed, whose side files are "
-                             f"JSON (polars cannot read such a directory), which this version neither resumes nor "
-                             f"verifies: its shards (part-*) read as they are; to finish or verify it, use the version "
-                             f"that wrote it, or embed into a new OUTPUT_DIR")
+        raise OutputDirError(f"{out.where(EARLIER_JOB_FILE)}: the job record of an earlier elmo embed, whose side "
+                             f"files are JSON (polars cannot read such a directory), which this version neither "
+                             f"resumes nor verifies: its shards (part-*) read as they are; to finish or verify it, use "
+                             f"the version that wrote it, or embed into a new OUTPUT_DIR")
     return next((job_file(f) for f in FORMATS.values() if job_file(f) in names), None)
 
 
 def side_names(out: Output) -> tuple[str, str] | None:
     """(the job record's name, the manifest's) in OUTPUT_DIR, by the format of the job record found
     there; None where there is none (``found_job_file``'s OutputDirError for an earlier one's)."""
-    found = found_job_file(out.entries())
+    found = found_job_file(out, out.entries())
     return None if found is None else (found, MANIFEST + shard_format(found).suffix)
 
 
@@ -245,7 +245,7 @@ def check_claim(out: Output, job: dict, job_digest: str, resume: bool) -> str:
     dropped); else OutputDirError. Run before the lock, so that a refused job leaves nothing behind
     (no lock either), and again under it."""
     names = sorted(n for n in out.entries() if not n.startswith("."))  # dot-files: lock, temporaries
-    found = found_job_file(names)
+    found = found_job_file(out, names)
     if found is None:
         if names:
             raise OutputDirError(f"{out} is not empty and holds no job record of elmo embed ({JOB}.parquet or "

@@ -169,7 +169,7 @@ def verify_output(out_dir: str | Path, check_inputs: bool = True) -> dict:
     try:  # its job record's format names its manifest; by default a Parquet output's, reported missing
         job_name, manifest_name = side_names(out) or (job_file(FORMATS["parquet"]), manifest_file(FORMATS["parquet"]))
     except OutputDirError as e:
-        raise VerificationError(f"{out}: {e}") from None
+        raise VerificationError(str(e)) from None
     job, manifest = _record(out, job_name, JOB_KEYS, problems), _record(out, manifest_name, MANIFEST_KEYS, problems)
     if out.size(SUCCESS_FILE) is None:
         problems.append(f"{SUCCESS_FILE} is missing: the job did not finish")

@@ -138,7 +138,7 @@ def test_an_output_whose_records_are_json_files_is_refused_with_the_reason(tiny_
                  ["verify", str(out)]):
         assert main(args) == 2
         err = capsys.readouterr().err
-        assert "_job.json is the job record of an earlier elmo embed, whose side files are JSON" in err, err
+        assert f"{out / '_job.json'}: the job record of an earlier elmo embed, whose side files are JSON" in err, err
         assert "Traceback" not in err and sorted(p.name for p in out.rglob("*")) == before
 
 
