@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     vectors = work / f"sentences-{run.identity()['sha256'][:12]}"  # one per model
     print(f"embed   {corpus} -> {vectors}: one mean-pooled vector a sentence (elmo embed --pool mean)", flush=True)
     manifest = embed_parquet(corpus, vectors, model=run, keep_columns=["text"], id_column="id", pool="mean",
-                             resume=(vectors / "_job.json").is_file(), quiet=True, weights=args.weights)
+                             resume=(vectors / "_job.parquet").is_file(), quiet=True, weights=args.weights)
     print(summary_line(manifest, vectors))
     words = [args.word] + [w for w in DEFAULT_WORDS if w != args.word][:DEMO_WORDS - 1]
     with Embedder(run.open()) as embedder:

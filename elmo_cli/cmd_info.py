@@ -21,7 +21,7 @@ from elmo_core.storage import file_sha256
 if TYPE_CHECKING:
     import torch
 
-EMBED_MANIFEST, EMBED_JOB, RUN_SUMMARY, RUN_INFO = "_manifest.json", "_job.json", "summary.json", "run.json"
+RUN_SUMMARY, RUN_INFO = "summary.json", "run.json"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -74,12 +74,8 @@ def inspect(path_arg: str, weights: str | None = None) -> dict:
     path = Path(path_arg)
     if path.is_dir() and (path / MANIFEST_NAME).is_file():
         return _export(path)
-    if path.is_dir() and (path / EMBED_JOB).is_file():
-        m = read_json_object(path / EMBED_MANIFEST) if (path / EMBED_MANIFEST).is_file() else {}
-        job = read_json_object(path / EMBED_JOB)
-        return {"kind": "elmo embed output", "path": str(path), "finished": (path / "_SUCCESS").is_file(),
-                **{k: m.get(k) for k in ("rows", "tokens")}, "shards": len(m.get("shards", [])),
-                "model": job.get("model"), "options": job.get("options")}
+    if path.is_dir() and any(path.glob("_job.*")):
+        return _embed_output(path)
     if path.is_dir() and (path / RUN_INFO).is_file():
         summary = read_json_object(path / RUN_SUMMARY) if (path / RUN_SUMMARY).is_file() else {}
         model = path / "model"
@@ -90,6 +86,23 @@ def inspect(path_arg: str, weights: str | None = None) -> dict:
     if exports and not (path / "options.json").is_file():
         return {"kind": "elmo engine output", "path": str(path), "exports": [_export(d) for d in exports]}
     return describe(path_arg, weights)
+
+
+def _embed_output(path: Path) -> dict:
+    """An `elmo embed` OUTPUT_DIR: its job record and manifest (``pipelines.sink``)."""
+    from pipelines.output_dir import LocalDir
+    from pipelines.sink import SUCCESS_FILE, side_names
+
+    out = LocalDir(path)
+    names = side_names(out)
+    if names is None:
+        raise InputError(f"{path}: holds _job.* files but no job record of elmo embed (_job.parquet or _job.arrow)")
+    job_name, manifest_name = names
+    m = out.read_record(manifest_name) if out.size(manifest_name) is not None else {}
+    job = out.read_record(job_name)
+    return {"kind": "elmo embed output", "path": str(path), "finished": out.size(SUCCESS_FILE) is not None,
+            **{k: m.get(k) for k in ("rows", "tokens")}, "shards": len(m.get("shards", [])),
+            "model": job.get("model"), "options": job.get("options")}
 
 
 def run(args: argparse.Namespace) -> int:

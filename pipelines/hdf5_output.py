@@ -21,8 +21,8 @@ batch is what we compute).
 
 The one engine computes the vectors (``inference.Embedder``: windows of long sentences, batches
 under ``--max-batch-tokens``), ``sort_window_rows`` sentences at a time. The output protocol
-is the Parquet output's: a job holds OUT's lock (``.OUT.lock`` beside it: a second job on the same
-OUT is refused while the first finishes) and writes a temporary file of its own, fsynced and
+is the Parquet output's: a job holds OUT's lock (``.OUT.lock`` beside it, deleted when the job
+finishes: a second job on the same OUT is refused while the first runs) and writes a temporary file of its own, fsynced and
 renamed over OUT at the end (``elmo_core.atomic``), so OUT is either the whole result or untouched.
 """
 from __future__ import annotations
@@ -120,12 +120,13 @@ def embed_to_hdf5(input: str | Path, out: str | Path, /, model: ModelRun | str |
     sentences = text_sentences(Path(input)) if text_input else parquet_sentences(input, opts, counts)
     note(f"loading the model {run.describe()}", opts.quiet)
     start = time.perf_counter()
-    with os_errors(out.parent, "rerun the same command"), OutputLock.for_file(out):
+    with os_errors(out.parent, "rerun the same command"), OutputLock.for_file(out) as lock:
         remove_stale_temporaries(out)  # of a killed job on this OUT: none is alive while the lock is ours
         with atomic_path(out) as tmp, closing(WriteGuard(tmp)) as guard:
             with Embedder(run.open(), policy=opts.policy) as embedder, h5py.File(guard, "w") as f:
                 _write(f, embedder, sentences, opts, use_sentence_keys, counts, guard)
             guard.check()  # the metadata libhdf5 wrote as it closed the file, too
+        lock.finished()  # a finished output keeps no lock file
     result = {**counts, "output": str(out), "seconds": round(time.perf_counter() - start, 3), "run": run.to_dict()}
     if not opts.quiet:
         print(f"wrote {out}: {counts['sentences']:,} sentences, {counts['tokens']:,} tokens in "

@@ -4,14 +4,13 @@ Order of work: everything that needs no write is checked first (every input foot
 column type, one schema across the files, the model loaded and matched to its weights, its files
 hashed as they load: the job's model, which every replica checks before it loads it, the device;
 whether another job holds OUTPUT_DIR, then whether it is this job's; Spark's session or Ray's
-cluster reached); then OUTPUT_DIR is locked (one job at a time) and claimed (``_job.json``); finished
-shards are verified byte for byte and kept, the rest are (re)done; ``_manifest.json`` and
-``_SUCCESS`` come last. A kill at any point leaves only complete, committed shards and
+cluster reached); then OUTPUT_DIR is locked (one job at a time) and claimed (its job record,
+``_job.parquet``); finished shards are verified byte for byte and kept, the rest are (re)done; the
+manifest and ``_SUCCESS`` come last, and the lock file is deleted. A kill at any point leaves only complete, committed shards and
 temporaries that the next ``--resume`` deletes; any failure removes its temporaries.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -36,8 +35,8 @@ from .stages import StageClock
 from .progress import ProgressBar, note
 from .schema import output_schema
 from .shard_files import FORMATS
-from .sink import COMMITS_DIR, COUNTS, JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, Output, check_claim, \
-    claim_output_dir, clean_strays, commit_name, discard_shard, mark_stopped, remove_temporaries, verify_shard
+from .sink import COMMITS_DIR, COUNTS, SUCCESS_FILE, Output, check_claim, claim_output_dir, clean_strays, \
+    commit_name, discard_shard, job_file, manifest_file, mark_stopped, remove_temporaries, verify_shard
 from .source import InputFile, Shard, passthrough_schema, scan_inputs, shards_of
 
 
@@ -115,15 +114,17 @@ def _check_apart(input: str | Path, out: Output, files: list[InputFile]) -> None
 
 
 def _check_input_contents(job: Job) -> None:
-    """--verify-inputs: every input file's sha256, recorded in _job.json by the first run, compared by later ones."""
-    record = json.loads(job.out.read_text(JOB_FILE))
+    """--verify-inputs: every input file's sha256, recorded in the job record by the first run, compared by later
+    ones."""
+    fmt = job.opts.shard_format
+    record = job.out.read_record(job_file(fmt))
     hashes = {str(f.path): file_sha256(f.path) for f in job.files}
     if "input_sha256" not in record:
         if job.out.commit_names(COMMITS_DIR):
             raise OutputDirError(f"{job.out}: --verify-inputs needs the input hashes of the run that wrote these "
                                  f"shards, and that run did not hash its inputs; rerun without --verify-inputs "
                                  f"or start a new OUTPUT_DIR with it")
-        job.out.write_json(JOB_FILE, {**record, "input_sha256": hashes})
+        job.out.write_record(job_file(fmt), {**record, "input_sha256": hashes}, job.schema)
         return
     changed = sorted(p for p, h in hashes.items() if record["input_sha256"].get(p) != h)
     if changed:
@@ -134,10 +135,10 @@ def _check_input_contents(job: Job) -> None:
 def pending_shards(job: Job) -> list[Shard]:
     """Verify the finished shards (kept in ``job.kept``), delete the rest; return what is left to do."""
     shards = shards_of(job.files, job.opts.rows_per_shard, job.opts.shard_format.suffix)
-    clean_strays(job.out, {s.name for s in shards}.__contains__)
+    clean_strays(job.out, {s.name for s in shards}.__contains__, job.opts.shard_format)
     pending, present, commits = [], job.out.entries(), set(job.out.commit_names(COMMITS_DIR))
     for s in shards:
-        record = verify_shard(job.out, s, job.digest, job.run.pin["sha256"]) if s.name in present else None
+        record = verify_shard(job.out, s, job.digest, job.schema, job.run.pin["sha256"]) if s.name in present else None
         if record is None:
             if s.name in present or commit_name(s.name) in commits:  # a store charges each request
                 discard_shard(job.out, s.name)
@@ -194,7 +195,7 @@ def manifest(job: Job, records: list[dict], seconds: float, runner_info: dict) -
 def _run(job: Job, lock: Any) -> dict:
     """The job's part that writes, under OUTPUT_DIR's ``lock``."""
     opts = job.opts
-    job.digest = claim_output_dir(job.out, job.identity, job.digest, opts.resume)
+    job.digest = claim_output_dir(job.out, job.identity, job.digest, opts.resume, opts.shard_format, job.schema)
     if opts.verify_inputs:
         _check_input_contents(job)
     shards = pending_shards(job)
@@ -213,10 +214,10 @@ def _run(job: Job, lock: Any) -> dict:
             e.add_note(_kept(job))
         if isinstance(e, ModelChangedError):  # a replica's: it computed nothing
             raise ModelChangedError(f"{e}\n  the shards committed were computed with the job's model (its sha256 is "
-                                    f"in {JOB_FILE}) and are kept: restore its files, then rerun with --resume; or "
+                                    f"in {job_file(opts.shard_format)}) and are kept: restore its files, then rerun with --resume; or "
                                     f"embed with this model into a new OUTPUT_DIR") from None
         if isinstance(e, InputError):  # a bad row, a changed input: fixed, the same command starts over
-            mark_stopped(job.out, e)
+            mark_stopped(job.out, e, opts.shard_format, job.schema)
             raise InputError(f"{e}\n  fix the input, then rerun the same command: this OUTPUT_DIR's shards are "
                              f"then redone from the fixed input") from None
         raise
@@ -229,8 +230,8 @@ def _run(job: Job, lock: Any) -> dict:
         result["stages"]["advice"] = ("the writer bounds this job: --vector-layout binary or --format arrow write "
                                       "6-10x faster than Parquet float lists (docs/pipelines.md)")
     lock.check()
-    job.out.write_json(MANIFEST_FILE, result)
-    job.out.write_json(SUCCESS_FILE, {"job_digest": job.digest})
+    job.out.write_record(manifest_file(opts.shard_format), result, job.schema)
+    job.out.write_bytes(SUCCESS_FILE, b"")  # empty: readers that open every file skip it
     lock.finished()  # a finished output keeps no lock file
     return result
 
@@ -240,8 +241,8 @@ def _kept(job: Job) -> str:
     records = []
     for name in job.out.commit_names(COMMITS_DIR):
         try:
-            records.append(json.loads(job.out.read_text(name)))
-        except (OSError, ValueError, OutputDirError):
+            records.append(job.out.read_record(name))
+        except (OSError, InputError, OutputDirError):
             continue  # an unreadable commit is redone by --resume, as it is not counted here
     rows = sum(r.get("rows", 0) for r in records if isinstance(r, dict))
     return (f"kept: {len(records)} finished shards with {rows:,} of {job.total_rows:,} rows in {job.out}; "

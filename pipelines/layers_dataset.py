@@ -9,7 +9,6 @@ windows, for speed.
 from __future__ import annotations
 
 import bisect
-import json
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Sequence
@@ -20,11 +19,13 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
+from elmo_core.errors import InputError
 from elmo_core.kinds import OutputMode
 
 from .options import OutputDirError
 from .schema import ELMO_COLUMN
-from .sink import MANIFEST_FILE, SUCCESS_FILE
+from .output_dir import LocalDir
+from .sink import SUCCESS_FILE, side_names
 
 
 class ElmoLayersDataset(Dataset):
@@ -111,9 +112,11 @@ def collate_layers(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _finished_manifest(out: Path) -> dict:
-    if not (out / SUCCESS_FILE).is_file():
+    found = LocalDir(out)
+    names = side_names(found)
+    if names is None or found.size(SUCCESS_FILE) is None:
         raise OutputDirError(f"{out}: no {SUCCESS_FILE}; not a finished elmo embed output (finish it with --resume)")
     try:
-        return json.loads((out / MANIFEST_FILE).read_text())
-    except (OSError, ValueError) as e:
-        raise OutputDirError(f"{out / MANIFEST_FILE}: unreadable ({e})") from None
+        return found.read_record(names[1])
+    except (OSError, InputError) as e:
+        raise OutputDirError(f"{out / names[1]}: unreadable ({e})") from None

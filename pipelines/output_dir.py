@@ -2,7 +2,7 @@
 an object store (``s3://bucket/prefix``). One interface over both, so that the commit protocol
 (``pipelines.sink``), ``--resume`` and ``elmo verify`` are written once.
 
-Names are relative to OUTPUT_DIR (``part-00000-00000.parquet``, ``_shards/part-00000-00000.json``).
+Names are relative to OUTPUT_DIR (``part-00000-00000.parquet``, ``_shards/part-00000-00000.parquet``).
 What differs is how a shard's bytes become visible under their name:
 
 - local: written to ``.NAME.ATTEMPT.tmp`` (each writer its own), fsynced, then linked under its
@@ -32,7 +32,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from elmo_core.atomic import TMP_GLOB, fsync, json_text, parse_json_object, read_json_object, write_json_atomic
+from elmo_core.atomic import TMP_GLOB, atomic_path, fsync, parse_json_object
 from elmo_core.errors import InputError
 from elmo_core.storage import file_sha256, is_uri, normalize_uri, open_input, redacted, s3_client, \
     s3_location
@@ -74,6 +74,35 @@ class _Readable:
         with self.open_read(name) as f:
             return shard_format(name).read_table(f, columns)
 
+    def read_bytes(self, name: str) -> bytes:
+        raise NotImplementedError
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        raise NotImplementedError
+
+    def read_record(self, name: str) -> dict:
+        """The side record in ``name`` (``pipelines.sink``; its format read from its name, a JSON
+        file of an earlier elmo embed too): FileNotFoundError where there is none, InputError where
+        the file holds no record."""
+        data = self.read_bytes(name)
+        if name.endswith(".json"):
+            try:
+                return parse_json_object(data.decode("utf-8"), self.where(name))
+            except UnicodeDecodeError as e:
+                raise InputError(f"{self.where(name)}: cannot be read as JSON ({e})") from None
+        try:
+            record = shard_format(name).read_record(data)
+        except (pa.ArrowException, OSError):
+            record = None
+        if record is None:
+            raise InputError(f"{self.where(name)}: holds no record of elmo embed (elmo.record)")
+        return record
+
+    def write_record(self, name: str, record: dict, schema: pa.Schema) -> None:
+        """``record`` as a side file of the format ``name`` ends in, in the job's ``schema`` with no
+        rows (``shard_files``), whole or not at all."""
+        self.write_bytes(name, shard_format(name).record_bytes(schema, record))
+
 
 class LocalDir(_Readable):
     """OUTPUT_DIR on a file system: temporary file, fsync, rename; a ``flock`` lock."""
@@ -108,23 +137,24 @@ class LocalDir(_Readable):
         return {p.name: p.is_dir() for p in self.root.iterdir()} if self.root.is_dir() else {}
 
     def commit_names(self, folder: str) -> list[str]:
-        return sorted(f"{folder}/{p.name}" for p in (self.root / folder).glob("*.json"))
+        """The records in ``folder`` (not its temporaries)."""
+        folder_path = self.root / folder
+        names = os.listdir(folder_path) if folder_path.is_dir() else []
+        return sorted(f"{folder}/{n}" for n in names if not n.startswith("."))
 
     def size(self, name: str) -> int | None:
         path = self.root / name
         return path.stat().st_size if path.is_file() else None
 
-    def read_text(self, name: str) -> str:
-        """The file's text; FileNotFoundError where there is none."""
-        return (self.root / name).read_text(encoding="utf-8")
+    def read_bytes(self, name: str) -> bytes:
+        """The file's bytes; FileNotFoundError where there is none."""
+        return (self.root / name).read_bytes()
 
-    def read_json(self, name: str) -> dict:
-        """The JSON object in ``name``: InputError where it is not one, FileNotFoundError where it is missing."""
-        return read_json_object(self.root / name)
-
-    def write_json(self, name: str, obj: Any) -> None:
+    def write_bytes(self, name: str, data: bytes) -> None:
+        """Whole or not at all (``elmo_core.atomic``)."""
         (self.root / name).parent.mkdir(exist_ok=True)
-        write_json_atomic(self.root / name, obj)
+        with atomic_path(self.root / name) as tmp:
+            tmp.write_bytes(data)
 
     def delete(self, name: str) -> None:
         (self.root / name).unlink(missing_ok=True)
@@ -227,7 +257,7 @@ class StoreDir(_Readable):
         with self._errors(folder):
             pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start)
             return sorted(f"{folder}/{o['Key'][len(start):]}" for page in pages for o in page.get("Contents", [])
-                          if o["Key"].endswith(".json") and "/" not in o["Key"][len(start):])
+                          if not o["Key"][len(start):].startswith(".") and "/" not in o["Key"][len(start):])
 
     def head(self, name: str) -> dict | None:
         from botocore.exceptions import ClientError
@@ -242,27 +272,19 @@ class StoreDir(_Readable):
         head = self.head(name)
         return None if head is None else int(head["ContentLength"])
 
-    def read_text(self, name: str) -> str:
+    def read_bytes(self, name: str) -> bytes:
+        """The object's bytes; FileNotFoundError where there is none."""
         from botocore.exceptions import ClientError
         try:
-            return s3_client().get_object(Bucket=self.bucket, Key=self.key(name))["Body"].read().decode("utf-8")
+            return s3_client().get_object(Bucket=self.bucket, Key=self.key(name))["Body"].read()
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
                 raise FileNotFoundError(self.where(name)) from None
             raise OutputDirError(f"{self.where(name)}: {redacted(e)}") from None
 
-    def read_json(self, name: str) -> dict:
-        """The JSON object in ``name``: InputError where it is not one, FileNotFoundError where it is missing."""
-        try:
-            text = self.read_text(name)
-        except UnicodeDecodeError as e:
-            raise InputError(f"{self.where(name)}: cannot be read as JSON ({e})") from None
-        return parse_json_object(text, self.where(name))
-
-    def write_json(self, name: str, obj: Any) -> None:
-        body = json_text(obj).encode()
+    def write_bytes(self, name: str, data: bytes) -> None:
         with self._errors(name):  # one PUT: the object is the old one or the whole new one
-            s3_client().put_object(Bucket=self.bucket, Key=self.key(name), Body=body)
+            s3_client().put_object(Bucket=self.bucket, Key=self.key(name), Body=data)
 
     def delete(self, name: str) -> None:
         with self._errors(name):

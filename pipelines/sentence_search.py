@@ -1,5 +1,6 @@
 """Sentences nearest a query by their pooled ELMo vectors, over a local ``elmo embed --pool mean``
-OUTPUT_DIR (one vector a row; rows without tokens, null there, are left out)."""
+OUTPUT_DIR of any format and vector layout (one vector a row; rows without tokens, null there,
+are left out)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from elmo_core.errors import InputError
 from elmo_core.storage import is_uri
 from training.probe import nearest
 
-from .schema import ELMO_COLUMN
+from .schema import ELMO_COLUMN, vector_array
+from .shard_files import FORMATS, shard_format
 
 
 @dataclass(frozen=True)
@@ -29,22 +30,31 @@ def read_pooled(output_dir: str | Path, text_column: str = "text") -> SentenceVe
     """The texts and pooled vectors of a finished local OUTPUT_DIR, in input order."""
     if is_uri(output_dir):
         raise InputError(f"{output_dir}: the sentence search reads a local OUTPUT_DIR; copy it here first")
-    files = sorted(Path(output_dir).glob("part-*.parquet"))
+    suffixes = tuple(f.suffix for f in FORMATS.values())
+    files = sorted(p for p in Path(output_dir).glob("part-*") if p.name.endswith(suffixes))
     if not files:
-        raise InputError(f"{output_dir}: no shards (part-*.parquet); run elmo embed --pool mean into it first")
-    missing = {text_column, ELMO_COLUMN} - set(pq.read_schema(files[0]).names)
+        raise InputError(f"{output_dir}: no shards (part-*{', part-*'.join(suffixes)}); run elmo embed --pool mean "
+                         f"into it first")
+    with open(files[0], "rb") as f:
+        missing = {text_column, ELMO_COLUMN} - set(shard_format(files[0].name).schema(f).names)
     if missing:
         raise InputError(f"{output_dir}: its shards have no {sorted(missing)} column; embed with --keep-columns "
                          f"{text_column}")
-    table = pa.concat_tables(pq.read_table(f, columns=[text_column, ELMO_COLUMN]) for f in files)
+    table = pa.concat_tables(_read(f, [text_column, ELMO_COLUMN]) for f in files)
     column = table.column(ELMO_COLUMN)
-    if not pa.types.is_fixed_size_list(column.type) or pa.types.is_fixed_size_list(column.type.value_type):
+    table = table.filter(pc.is_valid(column))
+    vectors = None if pa.types.is_list(column.type) else \
+        vector_array(table.column(ELMO_COLUMN), table.schema.field(ELMO_COLUMN))  # (N, D) or (N, L+1, D)
+    if vectors is None or vectors.ndim != 2:
         raise InputError(f"{output_dir}: its vectors are not one per row; embed with --pool mean (and --output "
                          f"mixed, top or average)")
-    table = table.filter(pc.is_valid(column))
-    values = table.column(ELMO_COLUMN).combine_chunks()
-    vectors = np.asarray(values.flatten(), dtype=np.float32).reshape(len(values), column.type.list_size)
+    vectors = vectors.astype(np.float32)
     return SentenceVectors(table.column(text_column).to_pylist(), vectors)
+
+
+def _read(path: Path, columns: list[str]) -> pa.Table:
+    with open(path, "rb") as f:
+        return shard_format(path.name).read_table(f, columns)
 
 
 def nearest_sentences(corpus: SentenceVectors, query: np.ndarray, k: int, query_text: str | None = None

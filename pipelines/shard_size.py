@@ -1,5 +1,5 @@
 """How many rows a shard holds where ``--rows-per-shard`` is not given, settled once per job and
-recorded with it (``_job.json``'s options, the manifest's ``rows_per_shard_reason``).
+recorded with it (the job record's options, the manifest's ``rows_per_shard_reason``).
 
 A shard is the unit a runner hands out: Spark's task, a Ray replica's call. A job on one engine
 slot (the local runner works one shard at a time) keeps ``DEFAULT_ROWS``; on several slots (Spark's
@@ -11,11 +11,12 @@ whatever the engine now.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
-from .options import EmbedOptions
-from .sink import JOB_FILE, Output
+from elmo_core.errors import InputError
+
+from .options import EmbedOptions, OutputDirError
+from .sink import Output, side_names
 from .source import InputFile
 
 DEFAULT_ROWS = 100_000
@@ -54,10 +55,9 @@ def engine_slots(opts: EmbedOptions) -> tuple[int, str]:
 
 
 def _recorded(out: Output) -> int | None:
-    if not out.exists() or JOB_FILE not in out.entries():
-        return None
     try:
-        rows = json.loads(out.read_text(JOB_FILE)).get("options", {}).get("rows_per_shard")
-    except (ValueError, AttributeError):
-        return None  # not a job record: check_claim says so
+        names = side_names(out) if out.exists() else None
+        rows = out.read_record(names[0]).get("options", {}).get("rows_per_shard") if names else None
+    except (InputError, OutputDirError, AttributeError):
+        return None  # not a job record of this version: check_claim says so
     return rows if isinstance(rows, int) and not isinstance(rows, bool) and rows > 0 else None

@@ -1,30 +1,35 @@
-"""The output side: shards committed once each, checksummed; the job file that makes OUTPUT_DIR
+"""The output side: shards committed once each, checksummed; the job record that makes OUTPUT_DIR
 belong to one job; the verification that makes ``--resume`` exactly once. Written once for a local
 OUTPUT_DIR and one on an object store (``pipelines.output_dir`` says how each makes a shard visible).
 
-Layout of OUTPUT_DIR (everything but the shards starts with ``_`` or ``.``, so readers skip it):
+Layout of OUTPUT_DIR with ``--format parquet`` (``.arrow`` for ``--format arrow``):
   part-IIIII-KKKKK.parquet         shard K of input file I (see pipelines.source)
   .part-IIIII-KKKKK.parquet.*.tmp  a shard being written (local; deleted on failure and on resume)
-  _shards/part-IIIII-KKKKK.json    the shard's commit: the sha256 and size of its bytes (ETag on a
+  _shards/part-IIIII-KKKKK.parquet the shard's commit: the sha256 and size of its bytes (ETag on a
                                    store), its counts, the sha256 of the model that computed it
-  _job.json                        the job's identity: input files, model sha256, options
-  _manifest.json                   counts, timing, options, every shard and its sha256 (at the end)
-  _SUCCESS                         written last, after every shard was verified
-  .elmo.lock                       held by the running job (pipelines.lock, pipelines.store_lock)
-Each shard's Parquet footer also holds ``elmo.shard`` (job digest, input file, first row, rows, the
-model's sha256 as its writer loaded it: a shard of another model than the job's is not the job's).
+  _job.parquet                     the job's identity: input files, model sha256, options
+  _manifest.parquet                counts, timing, options, every shard and its sha256 (at the end)
+  _SUCCESS                         empty, written last, after every shard was verified
+  .elmo.lock                       held by the running job (pipelines.lock, pipelines.store_lock),
+                                   deleted when it finishes
+The side records (``_shards/``, ``_job``, ``_manifest``) are files of the shard format with the
+job's schema and no rows, each its JSON record in the schema's metadata (``shard_files``;
+``Output.read_record``): every reader given the directory reads them as no rows, those that skip
+``_`` and ``.`` names (pyarrow, pandas, Spark) do not open them, and polars, which opens every
+non-empty file under a directory and wants one extension, finds one. Each shard's footer also
+holds ``elmo.shard`` (job digest, input file, first row, rows, the model's sha256 as its writer
+loaded it: a shard of another model than the job's is not the job's).
 A shard counts as done only when its bytes match its commit record: ``--resume`` reads every byte
 (on a store: the ETag the store gives every new version), ``elmo verify`` every byte everywhere, so
 a torn or altered shard is found and redone. A shard is published first, by its first writer only
 (``output_dir``), then its commit record is written; a later writer of the same shard (a retried or
 speculative task) adopts the published one when its footer says it holds this job's rows, and
 writes the record for it, so that the record always describes the bytes under the name. Once
-``_SUCCESS`` is there, the ``part-*.parquet`` files are exactly the shards ``_manifest.json``
-lists: a reader of the directory reads this job's rows.
+``_SUCCESS`` is there, the ``part-*`` files are exactly the shards the manifest lists: a reader
+of the directory reads this job's rows.
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 from typing import Callable
@@ -38,10 +43,11 @@ from inference.batching import window_counts
 from .options import EmbedOptions, OutputDirError, ShardPublishedError, output_options
 from .output_dir import LocalDir, StoreDir
 from .schema import conform
-from .shard_files import FORMATS, shard_format
+from .shard_files import FORMATS, ShardFormat, shard_format
 from .source import Shard
 
-JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, COMMITS_DIR = "_job.json", "_manifest.json", "_SUCCESS", "_shards"
+JOB, MANIFEST, SUCCESS_FILE, COMMITS_DIR = "_job", "_manifest", "_SUCCESS", "_shards"  # side files' names
+EARLIER_JOB_FILE = "_job.json"  # the job record of an elmo embed whose side records were JSON files
 NO_RECORD = "no readable commit record"
 COUNTS = ("rows", "tokens", "windows", "windowed_rows", "null_rows", "empty_rows", "invalid_utf8")
 
@@ -49,8 +55,35 @@ COUNTS = ("rows", "tokens", "windows", "windowed_rows", "null_rows", "empty_rows
 Output = LocalDir | StoreDir
 
 
+def job_file(fmt: ShardFormat) -> str:
+    return JOB + fmt.suffix
+
+
+def manifest_file(fmt: ShardFormat) -> str:
+    return MANIFEST + fmt.suffix
+
+
 def commit_name(shard_name: str) -> str:
-    return f"{COMMITS_DIR}/{shard_name.removesuffix(shard_format(shard_name).suffix)}.json"
+    """Shard ``shard_name``'s commit record: the same name, under ``_shards/``."""
+    return f"{COMMITS_DIR}/{shard_name}"
+
+
+def found_job_file(out: Output, names: list[str] | dict) -> str | None:
+    """The job record among OUTPUT_DIR's top-level ``names`` (of either format), if any; OutputDirError
+    where OUTPUT_DIR holds an earlier elmo embed's JSON side files instead."""
+    if EARLIER_JOB_FILE in names:
+        raise OutputDirError(f"{out.where(EARLIER_JOB_FILE)}: the job record of an earlier elmo embed, whose side "
+                             f"files are JSON (polars cannot read such a directory), which this version neither "
+                             f"resumes nor verifies: its shards (part-*) read as they are; to finish or verify it, use "
+                             f"the version that wrote it, or embed into a new OUTPUT_DIR")
+    return next((job_file(f) for f in FORMATS.values() if job_file(f) in names), None)
+
+
+def side_names(out: Output) -> tuple[str, str] | None:
+    """(the job record's name, the manifest's) in OUTPUT_DIR, by the format of the job record found
+    there; None where there is none (``found_job_file``'s OutputDirError for an earlier one's)."""
+    found = found_job_file(out, out.entries())
+    return None if found is None else (found, MANIFEST + shard_format(found).suffix)
 
 
 class ShardWriter:
@@ -102,7 +135,7 @@ class ShardWriter:
         except ShardPublishedError:
             record = adopt_published(self.out, self.shard, self.job_digest, self.model_sha256)
         self.sink.publish()
-        self.out.write_json(commit_name(self.shard.name), record)
+        self.out.write_record(commit_name(self.shard.name), record, self.schema)
         return record
 
     def abort(self) -> None:
@@ -144,10 +177,9 @@ def adopt_published(out: Output, shard: Shard, job_digest: str, model_sha256: st
 def read_commit(out: Output, name: str) -> dict | None:
     """Shard ``name``'s commit record, or None where there is no readable one."""
     try:
-        record = json.loads(out.read_text(commit_name(name)))
-    except (OSError, ValueError):
+        return out.read_record(commit_name(name))
+    except (OSError, InputError):
         return None
-    return record if isinstance(record, dict) else None
 
 
 def other_model(record: dict, model_sha256: str | None) -> str | None:
@@ -180,11 +212,12 @@ def check_shard(out: Output, name: str, job_digest: str, file_index: int, row_st
     other = other_model(footer, model_sha256) or other_model(record, model_sha256)
     if other:
         return None, (f"computed with another model (sha256 {other[:16]}...) than the job's ({model_sha256[:16]}..., "
-                      f"{JOB_FILE})")
+                      f"{job_file(shard_format(name))})")
     return record, ""
 
 
-def verify_shard(out: Output, shard: Shard, job_digest: str, model_sha256: str | None = None) -> dict | None:
+def verify_shard(out: Output, shard: Shard, job_digest: str, schema: pa.Schema,
+                 model_sha256: str | None = None) -> dict | None:
     """The shard's commit record if it is done (see ``check_shard``; on a store by its ETag), else
     None. A shard published without its record (its writer killed between the two) is adopted when
     its footer says it holds this job's rows: its record is written from its bytes."""
@@ -195,7 +228,7 @@ def verify_shard(out: Output, shard: Shard, job_digest: str, model_sha256: str |
             record = adopt_published(out, shard, job_digest, model_sha256)
         except OutputDirError:
             return None
-        out.write_json(commit_name(shard.name), record)
+        out.write_record(commit_name(shard.name), record, schema)
     return record
 
 
@@ -212,18 +245,17 @@ def check_claim(out: Output, job: dict, job_digest: str, resume: bool) -> str:
     dropped); else OutputDirError. Run before the lock, so that a refused job leaves nothing behind
     (no lock either), and again under it."""
     names = sorted(n for n in out.entries() if not n.startswith("."))  # dot-files: lock, temporaries
-    if JOB_FILE not in names:
+    found = found_job_file(out, names)
+    if found is None:
         if names:
-            raise OutputDirError(f"{out} is not empty and holds no {JOB_FILE} ({names[:5]}...); "
-                                 f"give an empty or new OUTPUT_DIR")
+            raise OutputDirError(f"{out} is not empty and holds no job record of elmo embed ({JOB}.parquet or "
+                                 f"{JOB}.arrow; it holds {names[:5]}...); give an empty or new OUTPUT_DIR")
         return "new"
     try:
-        theirs = json.loads(out.read_text(JOB_FILE))
-    except ValueError:
-        theirs = None
-    if not isinstance(theirs, dict):
-        raise OutputDirError(f"{out.where(JOB_FILE)}: not a valid job record; this OUTPUT_DIR was not written by "
-                             f"elmo embed, or was damaged: delete it to start over")
+        theirs = out.read_record(found)
+    except InputError:
+        raise OutputDirError(f"{out.where(found)}: not a valid job record; this OUTPUT_DIR was not written by "
+                             f"elmo embed, or was damaged: delete it to start over") from None
     if theirs.get("digest") == job_digest or same_job(theirs, job):
         if not resume:
             raise OutputDirError(f"{out} already holds this job's output; pass --resume to finish or "
@@ -238,18 +270,19 @@ def check_claim(out: Output, job: dict, job_digest: str, resume: bool) -> str:
             and theirs.get("inputs") == job.get("inputs") and _output_options(theirs) == _output_options(job):
         advice = (f"the files of the model {ours.get('path')} changed since the job started: restore them and rerun "
                   f"with --resume, or {advice}")
-    raise OutputDirError(f"{out} holds another job's output ({_difference(theirs, job)}); {advice}")
+    raise OutputDirError(f"{out} holds another job's output ({_difference(theirs, job, found)}); {advice}")
 
 
-def claim_output_dir(out: Output, job: dict, job_digest: str, resume: bool) -> str:
+def claim_output_dir(out: Output, job: dict, job_digest: str, resume: bool, fmt: ShardFormat,
+                     schema: pa.Schema) -> str:
     """Make OUTPUT_DIR this job's (``check_claim``); return the digest the job goes on under (a
     resumed job's, as its record has it). The caller holds OUTPUT_DIR's lock."""
     how = check_claim(out, job, job_digest, resume)
     if how == "restart":
         drop_shards(out)
     if how == "resume":
-        return json.loads(out.read_text(JOB_FILE))["digest"]
-    out.write_json(JOB_FILE, {**job, "digest": job_digest})
+        return out.read_record(job_file(fmt))["digest"]
+    out.write_record(job_file(fmt), {**job, "digest": job_digest}, schema)
     return job_digest
 
 
@@ -266,10 +299,10 @@ def _output_options(job: dict) -> dict | None:
     return output_options(options) if isinstance(options, dict) else None
 
 
-def mark_stopped(out: Output, error: Exception) -> None:
-    """Record in the job file that the job stopped on an input error (``check_claim``'s "restart")."""
-    record = json.loads(out.read_text(JOB_FILE))
-    out.write_json(JOB_FILE, {**record, "stopped": {"input_error": str(error)[:2000]}})
+def mark_stopped(out: Output, error: Exception, fmt: ShardFormat, schema: pa.Schema) -> None:
+    """Record in the job record that the job stopped on an input error (``check_claim``'s "restart")."""
+    record = out.read_record(job_file(fmt))
+    out.write_record(job_file(fmt), {**record, "stopped": {"input_error": str(error)[:2000]}}, schema)
 
 
 def drop_shards(out: Output) -> None:
@@ -283,7 +316,7 @@ def drop_shards(out: Output) -> None:
     remove_temporaries(out)
 
 
-def _difference(theirs: dict, ours: dict) -> str:
+def _difference(theirs: dict, ours: dict, where: str) -> str:
     diffs = [k for k in ("inputs", "model", "options") if theirs.get(k) != ours.get(k)]
     if "inputs" in diffs:
         a, b = theirs.get("inputs", []), ours.get("inputs", [])
@@ -294,8 +327,8 @@ def _difference(theirs: dict, ours: dict) -> str:
         diffs.remove("options")
     if "model" in diffs and isinstance(theirs.get("model"), dict):
         a, b = theirs["model"], ours["model"]
-        changed = [f"{k} {str(b.get(k))[:16]}... here, {str(a.get(k))[:16]}... in {JOB_FILE}" if "sha256" in k
-                   else f"{k} {b.get(k)} here, {a.get(k)} in {JOB_FILE}" for k in sorted(set(a) | set(b))
+        changed = [f"{k} {str(b.get(k))[:16]}... here, {str(a.get(k))[:16]}... in {where}" if "sha256" in k
+                   else f"{k} {b.get(k)} here, {a.get(k)} in {where}" for k in sorted(set(a) | set(b))
                    if a.get(k) != b.get(k)]
         diffs[diffs.index("model")] = f"model: {'; '.join(changed)}"
     if "options" in diffs:
@@ -311,12 +344,12 @@ def remove_temporaries(out: Output) -> list[str]:
     return out.remove_temporaries((COMMITS_DIR,))
 
 
-def clean_strays(out: Output, expected: Callable[[str], bool]) -> list[str]:
+def clean_strays(out: Output, expected: Callable[[str], bool], fmt: ShardFormat) -> list[str]:
     """Delete temporaries, refuse shards this job would not write; return the removed names."""
     for name in sorted(out.entries()):
         if not name.startswith(("_", ".")) and not expected(name):
             raise OutputDirError(f"{out}: {name} is not a shard of this job; move it away and rerun")
     removed = remove_temporaries(out)
-    for name in (SUCCESS_FILE, MANIFEST_FILE):  # _SUCCESS first: it vouches for the manifest
+    for name in (SUCCESS_FILE, manifest_file(fmt)):  # _SUCCESS first: it vouches for the manifest
         out.delete(name)
     return removed

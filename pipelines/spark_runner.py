@@ -308,7 +308,7 @@ class _ShardProgress:
             except (OSError, ElmoError):
                 continue  # a store that did not answer this time: the next poll asks again
             for name in names:
-                shard = f"{name.rsplit('/', 1)[-1].removesuffix('.json')}.parquet"
+                shard = name.rsplit("/", 1)[-1]  # a commit record has its shard's name
                 if shard in self.pending and shard not in self.shown:
                     record = read_commit(self.out, shard)
                     if record is not None:

@@ -1,5 +1,5 @@
 """Where a job's time goes: wall seconds per stage, summed over the windows, and the process's CPU
-seconds, reported in the summary and ``_manifest.json`` so a user sees what bounds the job.
+seconds, reported in the summary and the manifest so a user sees what bounds the job.
 
 Stages: ``read`` (Parquet rows into windows), ``prepare`` (tokens, windows of long rows, length
 buckets, character ids), ``model`` (the backend, including the copy of what is written to the

@@ -12,7 +12,10 @@ hold it:
 - hold: a thread renews the lease every ``lease/4`` s (``If-Match`` on the version it wrote); if
   that fails, another driver took the lock after this one's lease ran out: the job stops before
   it writes its manifest (``check``);
-- release: write it back marked released (``If-Match``); the object is never deleted.
+- release: a job that finished deletes it if it is still the version the job wrote (``If-Match``
+  on the delete), so a finished output keeps no lock object and another job's lock is never
+  removed; a job that stopped (or a store that refuses the conditional delete) writes it back
+  marked released (``If-Match``).
 
 A driver killed on another host frees the lock when its lease runs out (``LEASE_SECONDS``); one
 killed on this host frees it at once. The record names the holder, which a refused job quotes.
@@ -118,8 +121,18 @@ class StoreLock:
             self.etag = etag
 
     def finished(self) -> None:
-        """The job is done: the lock object stays, marked released as the job exits (a store's
-        readers list only the prefix's shards)."""
+        """The job is done: stop renewing, then delete the lock object if it is still the version
+        this job wrote; where the store refuses (another job took it, or it has no conditional
+        delete), ``__exit__`` marks it released instead."""
+        self._stop_renewing()
+        if self.etag is None or self.lost:
+            return
+        from botocore.exceptions import BotoCoreError, ClientError
+        try:
+            s3_client().delete_object(Bucket=self.out.bucket, Key=self.key, IfMatch=self.etag)
+        except (ClientError, BotoCoreError):
+            return
+        self.etag = None
 
     def check(self) -> None:
         """Raise if another job took the lock after this one's lease ran out."""
@@ -127,10 +140,14 @@ class StoreLock:
             raise OutputDirError(f"{self.out}: this job lost its lock (its lease of {self.lease:.0f} s ran out without "
                                  f"renewal and another job took it); its shards are kept: rerun with --resume")
 
-    def __exit__(self, *exc: object) -> None:
+    def _stop_renewing(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+            self._thread = None
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop_renewing()
         if self.etag is not None and not self.lost:
             try:  # released: the next job takes it at once; if another took it meanwhile, it stays theirs
                 self._put(released=True, IfMatch=self.etag)

@@ -1,6 +1,7 @@
 """``elmo verify OUTPUT_DIR``: check a finished ``elmo embed`` output without recomputing vectors.
 
-What is checked: ``_SUCCESS``, ``_job.json`` and ``_manifest.json`` agree; every shard listed is
+What is checked: ``_SUCCESS``, the job record and the manifest (``_job.parquet``, ``_manifest.parquet``;
+``.arrow`` for an Arrow output) agree; every shard listed is
 there, no other ``part-*`` file is; each shard's bytes match the sha256 committed for it and its
 footer describes its input rows and the job's model (the sha256 its writer loaded); per input file, the shards cover rows 0..N-1 once, in name
 order. Where the input files are still there unchanged (same size, mtime and footer), each output
@@ -28,7 +29,8 @@ from .output_dir import open_output
 from .rows import row_tokens
 from .schema import ELMO_COLUMN, vector_array
 from .shard_files import shard_format
-from .sink import JOB_FILE, MANIFEST_FILE, SUCCESS_FILE, Output, check_shard
+from .shard_files import FORMATS
+from .sink import SUCCESS_FILE, Output, check_shard, job_file, manifest_file, side_names
 from . import input_formats
 from .source import input_sha256
 
@@ -46,7 +48,7 @@ INPUT_KEYS = {"path": str, "rows": int, "bytes": int, "mtime_ns": int, "footer_s
 def _record(out: Output, name: str, keys: dict[str, type], problems: list[str]) -> dict | None:
     """A JSON object with these keys and types, or None with the problem added."""
     try:
-        obj = out.read_json(name)
+        obj = out.read_record(name)
     except FileNotFoundError:
         problems.append(f"{name}: missing; is this a finished elmo embed OUTPUT_DIR? (a job that did not "
                         f"finish: rerun it with --resume)")
@@ -66,7 +68,7 @@ def _shape_problem(obj: object, keys: dict[str, type]) -> str:
     return f"{', '.join(wrong)} missing or of the wrong type" if wrong else ""
 
 
-def _shard_problems(out: Output, manifest: dict, job: dict, good: set[str]) -> list[str]:
+def _shard_problems(out: Output, manifest: dict, job: dict, good: set[str], manifest_name: str) -> list[str]:
     """The shards' problems; ``good`` receives the names of the shards that passed."""
     problems = []
     model = job.get("model")
@@ -76,7 +78,7 @@ def _shard_problems(out: Output, manifest: dict, job: dict, good: set[str]) -> l
     problems += [f"{n}: a directory where a shard should be" for n, is_dir in sorted(visible.items())
                  if is_dir and n in listed]
     on_disk = {n for n, is_dir in visible.items() if not is_dir}
-    problems += [f"{n}: listed in {MANIFEST_FILE} but missing" for n in sorted(set(listed) - set(visible))]
+    problems += [f"{n}: listed in {manifest_name} but missing" for n in sorted(set(listed) - set(visible))]
     problems += [f"{n}{'/' if visible[n] else ''}: not a shard of this job, and readers of OUTPUT_DIR would read "
                  f"it as one: move it out of OUTPUT_DIR" for n in sorted(set(visible) - set(listed))]
     for name, s in sorted(listed.items()):
@@ -85,7 +87,7 @@ def _shard_problems(out: Output, manifest: dict, job: dict, good: set[str]) -> l
         record, why = check_shard(out, name, job["digest"], s["input_file"], s["row_start"], s["rows"],
                                   model_sha256=model_sha256)
         if record is None or record.get("sha256") != s.get("sha256"):
-            problems.append(f"{name}: {why or 'its commit record differs from ' + MANIFEST_FILE}")
+            problems.append(f"{name}: {why or 'its commit record differs from ' + manifest_name}")
         elif why := _non_finite(out, name):
             problems.append(f"{name}: {why}")
         else:
@@ -164,23 +166,27 @@ def verify_output(out_dir: str | Path, check_inputs: bool = True) -> dict:
     if not out.exists():
         raise VerificationError(f"{out}: not a directory" + (" (no object under this prefix)" if out.is_store else ""))
     problems: list[str] = []
-    job, manifest = _record(out, JOB_FILE, JOB_KEYS, problems), _record(out, MANIFEST_FILE, MANIFEST_KEYS, problems)
+    try:  # its job record's format names its manifest; by default a Parquet output's, reported missing
+        job_name, manifest_name = side_names(out) or (job_file(FORMATS["parquet"]), manifest_file(FORMATS["parquet"]))
+    except OutputDirError as e:
+        raise VerificationError(str(e)) from None
+    job, manifest = _record(out, job_name, JOB_KEYS, problems), _record(out, manifest_name, MANIFEST_KEYS, problems)
     if out.size(SUCCESS_FILE) is None:
         problems.append(f"{SUCCESS_FILE} is missing: the job did not finish")
     if job is None or manifest is None:
         _raise(out, problems)
-    malformed = (_entry_problems(manifest["shards"], SHARD_KEYS, f"{MANIFEST_FILE}: shard")
-                 + _entry_problems(job["inputs"], INPUT_KEYS, f"{JOB_FILE}: input"))
+    malformed = (_entry_problems(manifest["shards"], SHARD_KEYS, f"{manifest_name}: shard")
+                 + _entry_problems(job["inputs"], INPUT_KEYS, f"{job_name}: input"))
     if malformed:
         _raise(out, problems + malformed)
     if manifest["job_digest"] != job["digest"]:
-        problems.append(f"{MANIFEST_FILE} is another job's than {JOB_FILE}")
+        problems.append(f"{manifest_name} is another job's than {job_name}")
     good: set[str] = set()
-    problems += _shard_problems(out, manifest, job, good)
+    problems += _shard_problems(out, manifest, job, good, manifest_name)
     try:
         opts = EmbedOptions.coerce(manifest["options"], resume=False)
     except (ElmoError, TypeError, ValueError) as e:
-        _raise(out, problems + [f"{MANIFEST_FILE}: options are not elmo embed's ({e})"])
+        _raise(out, problems + [f"{manifest_name}: options are not elmo embed's ({e})"])
     checked, skipped = 0, []
     for i, inp in enumerate(job["inputs"]):
         if not check_inputs or not _unchanged(inp):

@@ -120,3 +120,24 @@ def run_cli(*args: object) -> subprocess.CompletedProcess:
             signal.signal(s, handler)
     return subprocess.CompletedProcess([sys.executable, "-m", "elmo_cli", *map(str, args)], code, out.getvalue(),
                                        err.getvalue())
+
+
+def read_record(path: Path) -> dict:
+    """An ``elmo embed`` side record (``_job.parquet``, ``_manifest.arrow``, ``_shards/part-*``)."""
+    from pipelines.output_dir import LocalDir
+    return LocalDir(Path(path).parent).read_record(Path(path).name)
+
+
+def write_record(path: Path, record: dict) -> None:
+    """Replace the side record ``path`` holds (a job's own, its schema kept; else a foreign job's with
+    no columns), as another writer might."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+    from pipelines.output_dir import LocalDir
+
+    path = Path(path)
+    schema = pa.schema([])
+    if path.is_file():
+        schema = pq.read_schema(path) if path.suffix == ".parquet" else ipc.open_file(path).schema
+    LocalDir(path.parent).write_record(path.name, record, schema)

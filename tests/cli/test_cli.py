@@ -7,6 +7,7 @@ from pathlib import Path
 
 from elmo_cli.main import main
 from tests.processes import WAIT_S, wait_until
+from tests.helpers import read_record
 
 
 def test_info_prints_architecture_and_parameter_count(fixture_dir, capsys):
@@ -151,7 +152,7 @@ def test_precision_auto_is_settled_printed_and_recorded(tiny_dir, tmp_path, caps
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("elmo embed: loading the model")]
     assert len(said) == 1 and said[0].startswith(f"elmo embed: loading the model {tiny_dir} (torch on cpu, {want}: "
                                                  f"{why}; 1 thread: "), said  # the run, printed once
-    manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
+    manifest = read_record(tmp_path / "out" / "_manifest.parquet")
     assert manifest["options"]["precision"] == want and manifest["options"]["precision_reason"] == why
     assert manifest["run"]["precision"] == want and manifest["run"]["model"] == str(tiny_dir.resolve())
 

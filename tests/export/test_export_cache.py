@@ -18,6 +18,8 @@ from export.cache import cached_onnx_export
 from formats.model_dir import resolve_model
 from inference.precision import INT8_CPU_FLAGS, int8_cpu_report
 
+from tests.helpers import read_record
+
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch) -> Path:
@@ -48,14 +50,14 @@ def test_int8_embed_exports_once_then_reuses_and_records_it(tiny_dir, tmp_path, 
     assert [e.name[:5] for e in entries] == ["int8-"]  # one whole entry, no temporary left
     manifest = json.loads((entries[0] / "manifest.json").read_text())
     assert manifest["precision"] == "int8" and manifest["parity"]["passed"] is True
-    job = json.loads((tmp_path / "a" / "_manifest.json").read_text())
+    job = read_record(tmp_path / "a" / "_manifest.parquet")
     assert job["options"]["precision"] == "int8" and int8_cpu_report() in job["options"]["precision_reason"]
     assert job["run"]["model"] == str(entries[0]) and job["run"]["source"] == str(tiny_dir.resolve())
 
     assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "b"), *args]) == 0
     err = capsys.readouterr().err
     assert "onnx: exporting" not in err
-    assert json.loads((tmp_path / "b" / "_manifest.json").read_text())["run"]["model"] == str(entries[0])
+    assert read_record(tmp_path / "b" / "_manifest.parquet")["run"]["model"] == str(entries[0])
     assert list((cache / "onnx").iterdir()) == entries
     assert np.array_equal(_vectors(tmp_path / "a"), _vectors(tmp_path / "b"))
 
@@ -94,7 +96,7 @@ def test_an_export_runs_its_own_precision_and_refuses_another(tiny_dir, tmp_path
     assert main([*base[:2], str(tmp_path / "a"), *base[2:], "--precision", "int8"]) == 2
     assert "is an fp32 ONNX export; for --precision int8 pass the model directory" in capsys.readouterr().err
     assert main([*base[:2], str(tmp_path / "b"), *base[2:]]) == 0  # no --precision: the export's
-    assert json.loads((tmp_path / "b" / "_manifest.json").read_text())["options"].get("precision", "fp32") == "fp32"
+    assert read_record(tmp_path / "b" / "_manifest.parquet")["options"].get("precision", "fp32") == "fp32"
 
 
 def test_int8_on_the_torch_backend_and_bf16_on_demand_are_refused(tiny_dir, tmp_path, cache, capsys):

@@ -24,6 +24,8 @@ from inference.backends import TorchBackend
 from inference.precision import MeasuredPrecision, fastest_validated
 from pipelines.calibration import calibration_sample
 
+from tests.helpers import read_record
+
 GROUPS = {"char_cnn.highway", "char_cnn.projection", "bilstm1.input", "bilstm1.recurrent", "bilstm1.projection",
           "bilstm2.input", "bilstm2.recurrent", "bilstm2.projection"}
 
@@ -126,7 +128,7 @@ def test_embed_auto_on_onnx_measures_once_and_records_the_choice(tiny_dir, tmp_p
     chosen = json.loads(record.read_text())
     assert {c["precision"] for c in chosen["candidates"]} == {"int8", "fp32"}
     assert all(c["min_cosine"] >= TEXT_MIN_COSINE[c["precision"]] for c in chosen["candidates"])
-    options = json.loads((tmp_path / "a" / "_manifest.json").read_text())["options"]
+    options = read_record(tmp_path / "a" / "_manifest.parquet")["options"]
     assert options["precision"] == chosen["precision"] and chosen["why"] in options["precision_reason"]
     assert "the first 40 rows of" in json.loads((Path(chosen["export"]) / "manifest.json").read_text())[
         "parity"]["text"]["source"]

@@ -19,6 +19,8 @@ from corpora.sample import write_sample_corpus
 from inference.batching import window_spans
 from pipelines.verify import verify_output
 
+from tests.helpers import read_record
+
 ATOL = 1e-5  # float32 paths with other batch compositions (GEMM blocking) and float16 round trips excluded
 FAST = dict(max_tokens_per_batch=2048, sort_window_rows=64, quiet=True)
 
@@ -79,9 +81,8 @@ def test_local_vectors_match_embedder(corpus, tiny_dir, tmp_path, output, dtype)
                            # float16 output: 2**-11 relative rounding at |x| <~ 4
                            atol=2e-3 if dtype == "float16" else ATOL)
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith("part-")) == \
-        ["_SUCCESS", "_job.json", "_manifest.json", "_shards"]  # a finished output keeps no lock file
-    assert sorted(p.name for p in (out / "_shards").iterdir()) == \
-        sorted(p.name.replace(".parquet", ".json") for p in out.glob("part-*.parquet"))
+        ["_SUCCESS", "_job.parquet", "_manifest.parquet", "_shards"]  # a finished output keeps no lock file
+    assert sorted(p.name for p in (out / "_shards").iterdir()) == sorted(p.name for p in out.glob("part-*.parquet"))
     assert len(m["shards"]) == 6  # 80 rows a file, 30 rows a shard
 
 
@@ -225,7 +226,7 @@ def test_cli_embed_and_errors(corpus, tiny_dir, tmp_path, capsys):
     assert main(["embed", str(corpus), str(out), "--model", str(tiny_dir), "--id-column", "id",
                  "--dtype", "float16", "--quiet", "--json"]) == 0
     manifest = json.loads(capsys.readouterr().out)
-    assert manifest == json.loads((out / "_manifest.json").read_text())
+    assert manifest == read_record(out / "_manifest.parquet")
     assert manifest["options"]["dtype"] == "float16" and manifest["rows"] == 160
     assert manifest["model"]["sha256"] and manifest["this_run"]["tokens_per_second"] > 0
     assert main(["embed", str(corpus), str(tmp_path / "o2"), "--model", str(tiny_dir), "--text-column", "nope"]) == 2
@@ -245,7 +246,7 @@ def test_onnx_backend_gives_the_torch_vectors(corpus, tiny_dir, tmp_path):
     assert table.num_rows == len(texts)
     # the ONNX Runtime export vs the torch Embedder: ORT vs torch fp32 kernels, other sum orders
     check_against_embedder(table, texts, tiny_dir, atol=1e-4)
-    manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
+    manifest = read_record(tmp_path / "out" / "_manifest.parquet")
     assert manifest["options"]["backend"] == "onnx" and manifest["model"]["format"] == "onnx"
     assert manifest["model"]["sha256"] == file_sha256(tmp_path / "onnx" / "model.onnx")
 

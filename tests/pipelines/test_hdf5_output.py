@@ -77,6 +77,7 @@ def test_layout_and_values(tiny_dir, tmp_path):
             np.testing.assert_allclose(got[str(i)][0], w, atol=ATOL, rtol=0, err_msg=f"{output} {i}")
         index = json.loads(got["sentence_to_index"][0][0])
         assert index == {LINES[0]: "2", LINES[1]: "1", LINES[3]: "3", LINES[4]: "4"}  # stripped lines; last index wins
+    assert not list(tmp_path.glob(".*"))  # a finished job keeps no lock file (nor a temporary)
 
 
 def test_parquet_input_and_sentence_keys(tiny_dir, tmp_path):
@@ -167,6 +168,7 @@ def test_a_second_job_on_the_same_file_is_refused_while_the_first_finishes(tiny_
     with h5py.File(out) as f:
         assert len(f) == len(lines) + 1 and f[str(len(lines) - 1)].shape == (len(lines[-1].split()), 16)
     assert not list(tmp_path.glob(".*.tmp"))  # neither job left a temporary file
+    assert not lock.exists()  # nor its lock file
 
 
 def test_the_token_budget_and_windows_apply(tiny_dir, tmp_path, monkeypatch):

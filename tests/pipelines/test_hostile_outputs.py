@@ -60,7 +60,7 @@ def test_a_planted_lock_file_is_never_written_through(corpus, tiny_dir, tmp_path
     assert r.returncode == 2 and f"{out / '.elmo.lock'}: {what}" in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = elmo("embed", corpus, single, "--format", "hdf5", "--model", tiny_dir, "--quiet")
     assert r.returncode == 2 and f".vectors.hdf5.lock: {what}" in r.stderr, r.stderr
-    assert victim.read_text() == "precious" and not single.exists() and not (out / "_job.json").exists()
+    assert victim.read_text() == "precious" and not single.exists() and not (out / "_job.parquet").exists()
 
 
 def test_a_planted_link_at_a_temporary_name_is_replaced_not_followed(tmp_path):
@@ -113,7 +113,7 @@ def test_an_input_replaced_while_the_job_runs_stops_it_and_the_same_command_then
     out = tmp_path / "out"
     args = ["embed", corpus, out, "--model", tiny_dir, "--id-column", "id", "--quiet", *SLOW]
     job = start(spawn, *args)
-    wait_while_running(lambda: len(list((out / "_shards").glob("*.json"))) >= 2, job, "two shards were committed")
+    wait_while_running(lambda: len(list((out / "_shards").glob("part-*"))) >= 2, job, "two shards were committed")
     first = corpus / "corpus-00000.parquet"
     table = pq.read_table(first)
     pq.write_table(table.set_column(table.schema.get_field_index("text"), "text",

@@ -19,6 +19,7 @@ from pipelines import embed_parquet
 from pipelines.verify import verify_output
 
 from tests.helpers import run_cli as elmo
+from tests.helpers import read_record
 
 
 def write(path: Path, **columns: pa.Array) -> Path:
@@ -67,7 +68,7 @@ def test_a_job_that_cannot_work_writes_nothing_and_runs_once_fixed(tiny_dir, tmp
     out = tmp_path / "out"
     r = elmo("embed", corpus, out, "--model", model)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
-    assert not (out / "_job.json").exists()
+    assert not (out / "_job.parquet").exists()
     shutil.rmtree(model)
     shutil.copytree(tiny_dir, model)
     write(corpus, text=pa.array(TEXTS))
@@ -99,7 +100,7 @@ def test_invalid_utf8_bytes_are_dropped_as_the_original_does_and_counted(tiny_di
     r = elmo("embed", corpus, out, "--model", tiny_dir, "--id-column", "id")
     assert r.returncode == 0, r.stderr
     assert "1 with invalid UTF-8 dropped" in r.stderr
-    m = json.loads((out / "_manifest.json").read_text())
+    m = read_record(out / "_manifest.parquet")
     assert m["invalid_utf8"] == 1 and m["rows"] == 3
     got = ds.dataset(out, format="parquet").to_table().column("elmo").to_pylist()
     want = Embedder.from_files(tiny_dir).embed_sentences([b.decode("utf-8", "ignore").split() for b in raw],

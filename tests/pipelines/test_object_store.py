@@ -5,7 +5,6 @@ credentials never printed. INPUT on a store (a file or a prefix) gives the local
 vectors; Ray workers read and write only the store. (OUTPUT_DIR on a store: test_store_output.py.)"""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,7 +17,9 @@ import pytest
 
 from elmo_cli.main import main
 from corpora.sample import write_sample_corpus
+from pipelines.output_dir import open_output
 from tests.pipelines.store_utils import upload
+from tests.helpers import read_record
 from tests.processes import WAIT_S, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +39,7 @@ def test_a_model_on_the_store_is_fetched_once_and_gives_the_local_vectors(s3, ti
     assert main([*run[:2], str(tmp_path / "remote"), "--model", uri, *run[2:]]) == 0
     np.testing.assert_array_equal(_vectors(tmp_path / "remote"), _vectors(tmp_path / "local"))
     [copy] = list((tmp_path / "cache" / "remote").iterdir())
-    assert json.loads((tmp_path / "remote" / "_manifest.json").read_text())["model"]["path"] == uri
+    assert read_record(tmp_path / "remote" / "_manifest.parquet")["model"]["path"] == uri
     stamp = (copy / ".complete").stat().st_mtime_ns
 
     assert main([*run[:2], str(tmp_path / "again"), "--model", uri, *run[2:]]) == 0  # the same files: no fetch
@@ -66,7 +67,7 @@ def test_a_corpus_on_the_store_gives_the_local_jobs_rows_and_vectors(s3, tiny_di
     remote = ds.dataset(tmp_path / "remote", format="parquet").to_table()
     assert remote.column("id").to_pylist() == local.column("id").to_pylist()
     np.testing.assert_array_equal(_vectors(tmp_path / "remote"), _vectors(tmp_path / "local"))
-    inputs = json.loads((tmp_path / "remote" / "_manifest.json").read_text())["inputs"]
+    inputs = read_record(tmp_path / "remote" / "_manifest.parquet")["inputs"]
     assert [i["path"] for i in inputs] == [f"{uri}/{f.name}" for f in sorted((tmp_path / "corpus").iterdir())]
     assert main(["verify", str(tmp_path / "remote")]) == 0
     assert "against 2 input file(s)" in capsys.readouterr().out  # read where they live, not skipped
@@ -154,7 +155,8 @@ def test_ray_workers_read_and_write_only_the_store_and_survive_a_killed_worker(s
     np.testing.assert_allclose(np.concatenate([np.asarray(v, np.float32) for v in remote.column("elmo").to_pylist()]),
                                _vectors(tmp_path / "local"), atol=1e-6, rtol=0)
     commits = [i.path for i in s3.get_file_info(pafs.FileSelector("raycorpus/vectors/_shards"))]
-    writers = {json.loads(s3.open_input_stream(p).read())["writer"] for p in commits}
+    store = open_output("s3://raycorpus/vectors")
+    writers = {store.read_record(p[len("raycorpus/vectors/"):])["writer"] for p in commits}
     assert len(commits) == 20 and len(writers) >= 2  # written by the workers, not the driver
     assert main(["verify", "s3://raycorpus/vectors"]) == 0
 

@@ -3,7 +3,6 @@ concurrent resumes, shards verified byte for byte, SIGTERM, a full disk and a re
 system (real tmpfs mounts, as root), OUTPUT_DIR being a file. Every wait is bounded."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -13,7 +12,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 
 from pipelines import embed_parquet
@@ -21,6 +22,7 @@ from corpora.sample import write_sample_corpus
 from pipelines.verify import VerificationError, verify_output
 
 from tests.helpers import run_cli as elmo
+from tests.helpers import write_record
 from tests.processes import WAIT_S, wait_until
 
 ELMO = [sys.executable, "-m", "elmo_cli"]
@@ -34,7 +36,7 @@ def start_embed(spawn, corpus: Path, out: Path, model: Path,  # type: ignore[no-
 
 
 def wait_for_commits(out: Path, proc: subprocess.Popen, n: int) -> None:
-    wait_until(lambda: len(list((out / "_shards").glob("*.json"))) >= n, f"{n} shards committed", proc=proc)
+    wait_until(lambda: len(list((out / "_shards").glob("part-*"))) >= n, f"{n} shards committed", proc=proc)
     assert proc.poll() is None, f"the job ended before it could be interrupted: {proc.communicate()}"
 
 
@@ -59,7 +61,7 @@ def test_a_job_on_a_locked_output_dir_is_refused_naming_the_holder(corpus, tiny_
         r = elmo("embed", corpus, out, "--model", tiny_dir, "--quiet")
         assert r.returncode == 2, r.stderr
         assert f"in use by another elmo embed job (pid {holder.pid} on host {socket.gethostname()}" in r.stderr
-        assert not (out / "_job.json").exists() and "Traceback" not in r.stderr
+        assert not (out / "_job.parquet").exists() and "Traceback" not in r.stderr
     finally:
         holder.kill()  # SIGKILL: the kernel releases the lock, nothing is left to clean
         holder.wait()
@@ -73,7 +75,7 @@ def test_a_running_jobs_output_dir_answers_in_use_before_whose_output_it_is(corp
     to delete the directory."""
     out = tmp_path / "out"
     out.mkdir()
-    (out / "_job.json").write_text(json.dumps({"digest": "another", "inputs": [], "model": {}, "options": {}}))
+    write_record(out / "_job.parquet", {"digest": "another", "inputs": [], "model": {}, "options": {}})
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pipelines.lock import OutputLock; "
                                "OutputLock.for_dir(sys.argv[1]).__enter__(); print('locked', flush=True); time.sleep(120)",
                                str(out)], stdout=subprocess.PIPE, text=True)
@@ -149,12 +151,17 @@ def test_verify_lists_every_damage_one_line_each_without_a_traceback(corpus, tin
     lines = r.stderr.strip().splitlines()
     assert "5 problem(s)" in lines[0], r.stderr
     for k, why in [(0, "size differs"), (1, "size differs"), (2, "its bytes differ"), (3, "a directory where a shard"),
-                   (4, "listed in _manifest.json but missing")]:
+                   (4, "listed in _manifest.parquet but missing")]:
         assert sum(shard(k).name in line and why in line for line in lines[1:]) == 1, (k, r.stderr)
-    for manifest in ("[1]", "{", '{"shards": 3}'):
-        (out / "_manifest.json").write_text(manifest)
+    for manifest in (b"{", pa.table({"x": [1]}), {"shards": 3}):  # not Parquet, no record, a malformed record
+        if isinstance(manifest, bytes):
+            (out / "_manifest.parquet").write_bytes(manifest)
+        elif isinstance(manifest, pa.Table):
+            pq.write_table(manifest, out / "_manifest.parquet")
+        else:
+            write_record(out / "_manifest.parquet", manifest)
         r = elmo("verify", out)
-        assert r.returncode == 2 and "Traceback" not in r.stderr and "_manifest.json: " in r.stderr, r.stderr
+        assert r.returncode == 2 and "Traceback" not in r.stderr and "_manifest.parquet: " in r.stderr, r.stderr
 
 
 def test_sigterm_stops_like_ctrl_c_and_resume_finishes(corpus, tiny_dir, tmp_path, spawn):
@@ -167,7 +174,7 @@ def test_sigterm_stops_like_ctrl_c_and_resume_finishes(corpus, tiny_dir, tmp_pat
     kept = re.search(rf"kept: (\d+) finished shards with ([\d,]+) of 900 rows in {re.escape(str(out))}; rerun the "
                      rf"same command with --resume", err)
     assert kept and int(kept[1]) >= 2 and int(kept[2].replace(",", "")) == 30 * int(kept[1]), err
-    assert int(kept[1]) == len(list((out / "_shards").glob("*.json")))
+    assert int(kept[1]) == len(list((out / "_shards").glob("part-*")))
     assert temporaries(out) == [] and not (out / "_SUCCESS").exists()
     r = elmo("embed", corpus, out, "--model", tiny_dir, "--id-column", "id", "--quiet", "--resume", *SLOW)
     assert r.returncode == 0, r.stderr

@@ -5,7 +5,6 @@ disk said as the local runner says it; an address that does not answer, before O
 claimed."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -22,7 +21,7 @@ from pipelines import embed_parquet
 from pipelines.verify import verify_output
 from corpora.sample import write_sample_corpus
 
-from tests.helpers import TINY_OPTIONS, make_model_dir, run_cli, swap_weights
+from tests.helpers import TINY_OPTIONS, make_model_dir, read_record, run_cli, swap_weights
 
 ray = pytest.importorskip("ray", reason="Ray is the optional 'ray' extra (pip install -e '.[ray]')")
 
@@ -54,14 +53,14 @@ def test_ray_runner_matches_local_and_resumes(ray_cluster, tiny_dir, tmp_path):
     for key in ("rows", "tokens", "windows", "windowed_rows", "null_rows"):
         assert local[key] == remote[key], key
     assert remote["windowed_rows"] > 0 and remote["engine"]["name"] == "ray"
-    writers = {json.loads(p.read_text())["writer"] for p in (tmp_path / "ray" / "_shards").glob("*.json")}
+    writers = {read_record(p)["writer"] for p in (tmp_path / "ray" / "_shards").glob("part-*")}
     assert len(remote["shards"]) == 6 and len(writers) == 2  # 3 shards a file, spread over both workers
 
-    (tmp_path / "ray" / "_shards" / "part-00001-00001.json").unlink()  # published, killed before its record
+    (tmp_path / "ray" / "_shards" / "part-00001-00001.parquet").unlink()  # published, killed before its record
     (tmp_path / "ray" / "part-00000-00002.parquet").unlink()  # killed before it was published
     again = embed_parquet(corpus, tmp_path / "ray", tiny_dir, engine="ray", workers=2, resume=True, **opts)
     assert again["this_run"]["shards"] == 1 and again["this_run"]["shards_kept"] == 5  # the first adopted
-    assert json.loads((tmp_path / "ray" / "_shards" / "part-00001-00001.json").read_text())["writer"] == "adopted"
+    assert read_record(tmp_path / "ray" / "_shards" / "part-00001-00001.parquet")["writer"] == "adopted"
     c = ds.dataset(tmp_path / "ray", format="parquet").to_table()
     assert c.column("id").to_pylist() == list(range(240))
 
@@ -107,7 +106,7 @@ def test_workers_refuse_a_model_swapped_after_the_job_started_and_commit_nothing
     r = run_cli(*args, "--engine", "ray", "--replicas", "2")
     assert r.returncode == 2 and f"the model {model.resolve()} is not the one recorded when the run started" in r.stderr
     assert "restore its files, then rerun with --resume" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    assert not list(out.glob("part-*")) and not list((out / "_shards").glob("*.json"))
+    assert not list(out.glob("part-*")) and not list((out / "_shards").glob("part-*"))
     monkeypatch.setattr(job_module, "plan_job", plan)
     os.replace(tmp_path / "job-weights.hdf5", model / "weights.hdf5")
     r = run_cli(*args, "--resume")

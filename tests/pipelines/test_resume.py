@@ -20,6 +20,7 @@ from pipelines import embed_parquet
 from pipelines.options import digest
 from pipelines.verify import VerificationError, verify_output
 from corpora.sample import write_sample_corpus
+from tests.helpers import read_record, write_record
 from tests.processes import WAIT_S, wait_until
 
 ATOL = 1e-5  # shards of a resumed run vs an uninterrupted one: other batch compositions, float32 sums in another order
@@ -91,14 +92,14 @@ def _rewrite_shard(out: Path, name: str, **footer: object) -> None:
         writer.write_table(table)
         writer.add_key_value_metadata({b"elmo.shard": json.dumps({**record, **footer}, sort_keys=True)})
     digest = {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "bytes": path.stat().st_size}
-    commit = out / "_shards" / name.replace(".parquet", ".json")
-    commit.write_text(json.dumps({**json.loads(commit.read_text()), **footer, **digest}))
-    if (out / "_manifest.json").exists():
-        manifest = json.loads((out / "_manifest.json").read_text())
+    commit = out / "_shards" / name
+    write_record(commit, {**read_record(commit), **footer, **digest})
+    if (out / "_manifest.parquet").exists():
+        manifest = read_record(out / "_manifest.parquet")
         for shard in manifest["shards"]:
             if shard["file"] == name:
                 shard.update(digest)
-        (out / "_manifest.json").write_text(json.dumps(manifest))
+        write_record(out / "_manifest.parquet", manifest)
 
 
 def test_verify_and_resume_refuse_a_shard_computed_with_another_model(tiny_dir, tmp_path):
@@ -109,8 +110,8 @@ def test_verify_and_resume_refuse_a_shard_computed_with_another_model(tiny_dir, 
     out = tmp_path / "out"
     opts = dict(id_column="id", rows_per_shard=20, quiet=True)
     embed_parquet(corpus, out, tiny_dir, **opts)
-    job_model = json.loads((out / "_job.json").read_text())["model"]["sha256"]
-    records = [json.loads(p.read_text()) for p in sorted((out / "_shards").glob("*.json"))]
+    job_model = read_record(out / "_job.parquet")["model"]["sha256"]
+    records = [read_record(p) for p in sorted((out / "_shards").glob("part-*"))]
     assert [r["model_sha256"] for r in records] == [job_model] * 3
     _rewrite_shard(out, "part-00000-00001.parquet", model_sha256="0" * 64)
     with pytest.raises(VerificationError, match=r"1 problem\(s\):\n  part-00000-00001.parquet: computed with another "
@@ -121,6 +122,26 @@ def test_verify_and_resume_refuse_a_shard_computed_with_another_model(tiny_dir, 
     assert verify_output(out)["rows"] == 60
 
 
+def test_an_output_whose_records_are_json_files_is_refused_with_the_reason(tiny_dir, tmp_path, capsys):
+    """An OUTPUT_DIR of an earlier version (``_job.json``, ``_manifest.json``): ``--resume`` and
+    ``elmo verify`` say why they do not take it, exit 2, and write nothing."""
+    from elmo_cli.main import main
+
+    corpus, out = tmp_path / "corpus", tmp_path / "out"
+    write_sample_corpus(corpus, rows=20, files=1)
+    embed_parquet(corpus, out, tiny_dir, id_column="id", quiet=True)
+    for name in ("_job", "_manifest"):
+        (out / f"{name}.json").write_text(json.dumps(read_record(out / f"{name}.parquet")))
+        (out / f"{name}.parquet").unlink()
+    before = sorted(p.name for p in out.rglob("*"))
+    for args in (["embed", str(corpus), str(out), "--model", str(tiny_dir), "--id-column", "id", "--resume"],
+                 ["verify", str(out)]):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert f"{out / '_job.json'}: the job record of an earlier elmo embed, whose side files are JSON" in err, err
+        assert "Traceback" not in err and sorted(p.name for p in out.rglob("*")) == before
+
+
 def test_a_job_recorded_with_its_engine_resumes_under_another(tiny_dir, tmp_path):
     """The engine does not change the output: a job whose record counted it (as jobs did) resumes
     under another engine, its shards kept."""
@@ -129,13 +150,13 @@ def test_a_job_recorded_with_its_engine_resumes_under_another(tiny_dir, tmp_path
     out = tmp_path / "out"
     opts = dict(id_column="id", rows_per_shard=20, quiet=True)
     embed_parquet(corpus, out, tiny_dir, **opts)
-    record = json.loads((out / "_job.json").read_text())
+    record = read_record(out / "_job.parquet")
     old = {k: record[k] for k in ("inputs", "model", "options")}
     old["options"] = {**old["options"], "engine": "spark"}
-    (out / "_job.json").write_text(json.dumps({**old, "digest": digest(old)}))
+    write_record(out / "_job.parquet", {**old, "digest": digest(old)})
     for shard in _shards(out):
         _rewrite_shard(out, shard.name, job=digest(old))
-    for name in ("_SUCCESS", "_manifest.json", "part-00000-00002.parquet", "_shards/part-00000-00002.json"):
+    for name in ("_SUCCESS", "_manifest.parquet", "part-00000-00002.parquet", "_shards/part-00000-00002.parquet"):
         (out / name).unlink()
     m = embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
     assert m["this_run"]["shards"] == 1 and m["this_run"]["shards_kept"] == 2 and m["job_digest"] == digest(old)
@@ -152,7 +173,7 @@ def test_sigkill_of_a_ray_driver_takes_its_local_cluster_with_it(tiny_dir, tmp_p
     cmd = [sys.executable, "-m", "elmo_cli", "embed", str(corpus), str(out), "--model", str(tiny_dir), "--engine",
            "ray", "--replicas", "1", "--rows-per-shard", "30", "--sort-window-rows", "15", "--threads", "1", "--quiet"]
     proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    wait_until(lambda: list((out / "_shards").glob("*.json")), "a shard committed", proc=proc)
+    wait_until(lambda: list((out / "_shards").glob("part-*")), "a shard committed", proc=proc)
     assert proc.poll() is None, f"the run ended before it could be killed: {proc.communicate()}"
     cluster = descendants(proc.pid)
     assert cluster, "the driver started no processes"

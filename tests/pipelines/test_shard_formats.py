@@ -1,11 +1,8 @@
 """The shard formats and vector layouts of ``elmo embed`` (``pipelines.shard_files``,
 ``pipelines.schema``): Parquet with float lists or fixed-size binary vectors, Arrow IPC with
-either; the same vectors in each, the same protocol (verify, resume, a damaged shard found), and
-each output read as it is by pyarrow, DuckDB, polars and pandas where the reader can read it
-(Spark: tests/pipelines/test_spark.py)."""
+either; the same vectors in each, the same protocol (verify, resume, a damaged shard found). Every
+reader of each: tests/pipelines/test_readers.py."""
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pyarrow as pa
@@ -114,44 +111,6 @@ def test_a_format_takes_only_its_own_compressions(outputs, tmp_path):
     assert not (tmp_path / "x").exists()
     m = embed_parquet(corpus, tmp_path / "lz4", model, format="arrow", compression="lz4", **RUN)
     assert m["options"]["compression"] == "lz4" and verify_output(tmp_path / "lz4")["ok"]
-
-
-@pytest.mark.parametrize("fmt,layout", KINDS)
-def test_readers_read_an_output_directory_as_it_is(outputs, fmt, layout):
-    """pyarrow and DuckDB read the directory; polars reads its shards by a glob (given a directory,
-    polars takes every non-empty file under it, sub-directories and '_' / '.' names included, and
-    refuses files of two extensions: the job's records beside the shards); pandas reads the
-    float layouts (the binary one through ``vector_array``)."""
-    duckdb = pytest.importorskip("duckdb")
-    pl = pytest.importorskip("polars")
-    import pandas as pd
-
-    out, manifest = outputs[2][fmt, layout]
-    table = _table(out, fmt)
-    tokens = manifest["tokens"]
-    width = 16 * 2  # float16 bytes
-    if fmt == "parquet":
-        if layout == "floats":
-            got = duckdb.sql(f"select sum(len(elmo)), min(len(elmo[1])) from read_parquet('{out}/*.parquet')")
-            assert got.fetchall() == [(tokens, 16)]
-        else:
-            got = duckdb.sql(f"select sum(len(elmo)), min(octet_length(elmo[1])) from read_parquet('{out}/*.parquet')")
-            assert got.fetchall() == [(tokens, width)]
-        frame = pl.scan_parquet(f"{out}/*.parquet").collect()
-        assert pl.read_parquet(f"{out}/*.parquet").height == frame.height == 120
-        with pytest.raises(pl.exceptions.InvalidOperationError, match="different file extensions"):
-            pl.scan_parquet(out).collect()  # polars' rule: every file under a directory of one extension
-    else:
-        frame = pl.scan_ipc(f"{out}/*.arrow").collect()
-        assert pl.read_ipc(sorted(out.glob("*.arrow"))[0]).height == 50
-        readable = table if layout == "binary" else table.select(["id"])  # DuckDB has no float16 Arrow type
-        assert duckdb.sql("select count(*) from readable").fetchall() == [(120,)]
-    assert frame["id"].to_list() == list(range(120))
-    assert int(frame["elmo"].list.len().sum()) == tokens
-    if layout == "floats":
-        frame_pd = pd.read_parquet(out) if fmt == "parquet" else table.to_pandas()
-        assert len(frame_pd) == 120 and sum(len(v) for v in frame_pd["elmo"] if v is not None) == tokens
-        assert json.loads(json.dumps(len(frame_pd["elmo"][0][0]))) == 16
 
 
 def test_the_summary_names_the_thread_that_bounds_the_job():

@@ -177,7 +177,7 @@ def test_two_attempts_of_one_task_at_once_leave_one_shard_and_a_record_of_its_by
     opts = EmbedOptions.coerce({**RUN, "rows_per_shard": 200, "engine": "spark", "threads": 1})
     job = plan_job(corpus, tmp_path / "out", slower, opts)
     job.out.create()
-    claim_output_dir(job.out, job.identity, job.digest, resume=False)
+    claim_output_dir(job.out, job.identity, job.digest, False, opts.shard_format, job.schema)
     shards = pending_shards(job)
     task = embed_task(job.run, opts.to_dict(), shards, job.out, job.schema, job.digest)
     results: list[dict] = []
@@ -219,7 +219,7 @@ def test_the_driver_killed_then_resume_keeps_every_committed_shard(tiny, tmp_pat
     assert proc.poll() is None, proc.communicate()
     os.killpg(proc.pid, signal.SIGKILL)  # the driver, its JVM and its Python workers: a machine gone
     proc.wait()
-    kept = len(list((out / "_shards").glob("*.json")))
+    kept = len(list((out / "_shards").glob("part-*")))
     assert 1 <= kept < 10 and not (out / "_SUCCESS").exists()
     r = subprocess.run([sys.executable, "-m", "elmo_cli", *args, "--resume", "--json"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -259,7 +259,7 @@ def test_spark_refuses_what_it_cannot_do_with_exit_2(tiny, tmp_path):
 
 
 def test_tasks_refuse_a_model_swapped_after_the_job_started_and_commit_nothing_of_it(spark, tmp_path, monkeypatch):
-    """The weights are replaced between the driver's planning (which hashed them into _job.json) and
+    """The weights are replaced between the driver's planning (which hashed them into the job record) and
     the tasks, as on a cluster whose executors open the path later: every task hashes the files
     before it loads them and refuses. Exit 2 naming the model; nothing committed; with the job's
     weights back, --resume finishes."""
@@ -284,7 +284,7 @@ def test_tasks_refuse_a_model_swapped_after_the_job_started_and_commit_nothing_o
     r = run_cli(*args)
     assert r.returncode == 2 and f"the model {model.resolve()} is not the one recorded when the run started" in r.stderr
     assert "restore its files, then rerun with --resume" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    assert not list(out.glob("part-*")) and not list((out / "_shards").glob("*.json"))
+    assert not list(out.glob("part-*")) and not list((out / "_shards").glob("part-*"))
     monkeypatch.setattr(job_module, "plan_job", plan)
     os.replace(tmp_path / "job-weights.hdf5", model / "weights.hdf5")
     r = run_cli(*args, "--resume")

@@ -22,6 +22,7 @@ import pytest
 from elmo_cli.main import main
 from corpora.sample import write_sample_corpus
 from pipelines.options import OutputDirError
+from pipelines.output_dir import open_output
 from tests.pipelines.store_utils import upload
 from tests.processes import WAIT_S, wait_until
 
@@ -84,19 +85,20 @@ def test_store_to_store_equals_the_local_job_and_verifies(s3, corpus, model, ref
     np.testing.assert_array_equal(_vectors(remote), _vectors(local))  # the same process, plan and batches
     names = _names(s3, "jobs/vectors")
     shards = [n for n in names if n.startswith("part-")]
-    assert len(shards) == 10 and {"_SUCCESS", "_job.json", "_manifest.json", ".elmo.lock"} <= set(names)
-    assert len(names) == 2 * len(shards) + 4  # a commit record per shard, nothing else left behind
-    job = json.loads(s3.open_input_stream("jobs/vectors/_job.json").read())
+    assert len(shards) == 10 and {"_SUCCESS", "_job.parquet", "_manifest.parquet"} <= set(names)
+    assert len(names) == 2 * len(shards) + 3  # a commit record per shard, nothing else left behind (no lock)
+    out = open_output("s3://jobs/vectors")
+    job = out.read_record("_job.parquet")
     assert sorted(job["input_sha256"]) == [f"{source}/corpus-00000.parquet", f"{source}/corpus-00001.parquet"]
-    manifest = json.loads(s3.open_input_stream("jobs/vectors/_manifest.json").read())
+    manifest = out.read_record("_manifest.parquet")
     assert [s["file"] for s in manifest["shards"]] == shards and manifest["rows"] == 300
-    assert json.loads(s3.open_input_stream("jobs/vectors/.elmo.lock").read())["released"] is True
     pl = pytest.importorskip("polars", reason="polars is in the dev extra")
     options = {"aws_endpoint_url": os.environ["AWS_ENDPOINT_URL"], "aws_region": "us-east-1", "aws_allow_http": "true",
                "aws_access_key_id": os.environ["AWS_ACCESS_KEY_ID"],
                "aws_secret_access_key": os.environ["AWS_SECRET_ACCESS_KEY"]}
-    frame = pl.read_parquet("s3://jobs/vectors/part-*.parquet", storage_options=options)  # the shards, by name
-    assert frame["id"].to_list() == local.column("id").to_pylist()
+    for frame in (pl.read_parquet("s3://jobs/vectors/", storage_options=options),  # the directory as it is
+                  pl.scan_parquet("s3://jobs/vectors/", storage_options=options).collect()):
+        assert frame["id"].to_list() == local.column("id").to_pylist()
     capsys.readouterr()
     assert main(["verify", "s3://jobs/vectors"]) == 0
     assert "against 2 input file(s)" in capsys.readouterr().out
@@ -134,7 +136,7 @@ def test_sigkill_of_the_driver_then_resume_gives_every_row_once_in_order(s3, cor
     cmd = [sys.executable, "-m", "elmo_cli", "embed", str(corpus), out, "--model", str(model), *RUN]
     proc = spawn(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + WAIT_S
-    wanted = "_job.json" if commits_before_kill == 0 else None
+    wanted = "_job.parquet" if commits_before_kill == 0 else None
     while proc.poll() is None and time.monotonic() < deadline:
         names = _names(s3, f"{bucket}/out")
         if (wanted in names) if wanted else sum(n.startswith("_shards/") for n in names) >= commits_before_kill:
@@ -174,13 +176,13 @@ def test_strays_of_a_killed_attempt_are_not_read_back(s3, corpus, model):
         late.finish()
     assert s3.open_input_stream("strays/out/part-00000-00003.parquet").read() == committed
 
-    out.delete("_shards/part-00000-00004.json")  # completed, then killed before its commit record
+    out.delete("_shards/part-00000-00004.parquet")  # completed, then killed before its commit record
     out.delete("_SUCCESS")
     client = s3_client()
     client.create_multipart_upload(Bucket="strays", Key="out/part-00001-00000.parquet")  # killed mid-upload
     m = embed_parquet(corpus, "s3://strays/out", model, resume=True, **opts)
     assert (m["this_run"]["shards"], m["this_run"]["shards_kept"]) == (0, 10)
-    assert out.read_json("_shards/part-00000-00004.json")["writer"] == "adopted"
+    assert out.read_record("_shards/part-00000-00004.parquet")["writer"] == "adopted"
     assert not client.list_multipart_uploads(Bucket="strays").get("Uploads")
     assert _table(s3, "strays/out").column("id").to_pylist() == \
         ds.dataset(corpus, format="parquet").to_table().column("id").to_pylist()
@@ -234,6 +236,24 @@ def test_a_driver_that_lost_its_lease_stops_before_its_manifest(s3):
         with pytest.raises(OutputDirError, match="this job lost its lock"):
             lock.check()
     assert json.loads(s3.open_input_stream("lease/out/.elmo.lock").read())["host"] == "another-node"  # not released
+
+
+def test_a_finished_job_deletes_its_own_lock_object_never_another_jobs(s3):
+    """``finished`` deletes the lock object only if it is still the version this job wrote (a
+    conditional delete): a lock another driver wrote meanwhile stays, neither deleted nor released."""
+    from pipelines.output_dir import open_output
+    from pipelines.store_lock import StoreLock
+
+    s3.create_dir("finish")
+    with StoreLock(open_output("s3://finish/mine")) as lock:
+        lock.finished()
+    assert _names(s3, "finish/mine") == []
+    theirs = json.dumps({"pid": 1, "host": "another-node", "released": False, "lease_seconds": 120}).encode()
+    with StoreLock(open_output("s3://finish/theirs")) as lock:
+        with s3.open_output_stream("finish/theirs/.elmo.lock") as f:  # taken by another after a stall of this one
+            f.write(theirs)
+        lock.finished()
+    assert s3.open_input_stream("finish/theirs/.elmo.lock").read() == theirs
 
 
 def test_a_large_shard_travels_in_parts_and_appears_whole(s3, monkeypatch):
