@@ -7,11 +7,8 @@ import sys
 
 from elmo_cli.status import say_loading
 from elmo_cli.vocabulary import add_fields, add_flag, field_values
-from inference.model_run import resolve_run
 from runtime import process_started, use_threads
 from training.options import TrainOptions
-from training.recipes import default_options_path
-from training.trainer import train
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -69,6 +66,9 @@ def _print_result(result: dict, as_json: bool) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from training.recipes import default_options_path
+    from training.trainer import train
+
     kw = field_values(TrainOptions, args)
     kw["options"] = args.options or (None if args.init_from else default_options_path())
     summary = train(TrainOptions(**kw), resume=args.resume, log=_log(args),
@@ -80,6 +80,7 @@ def run_train(args: argparse.Namespace) -> int:
 def run_perplexity(args: argparse.Namespace) -> int:
     import torch
 
+    from inference.model_run import resolve_run
     from training.evaluate import load_language_model, perplexity
 
     torch.set_flush_denormal(True)  # see Trainer: denormals slow CPU kernels ~10x
