@@ -39,6 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="the model directory (default: the repository's models/default)")
     add_flag(p, "work_dir", default="runs/default-model", help="corpus and training run (default "
              "runs/default-model; an unfinished run there is resumed)")
+    add_flag(p, "device", default="cpu")
+    add_flag(p, "threads", type=int)
     add_flag(p, "json", help="progress on stderr; the model's card as JSON on stdout")
     p.set_defaults(func=run_default_model)
 
@@ -115,6 +117,6 @@ def run_default_model(args: argparse.Namespace) -> int:
     from training.default_model import SHIPPED, build_default_model
 
     card = build_default_model(args.out or SHIPPED, args.work_dir, args.max_minutes, args.seed, log=_log(args),
-                               final_valid_sentences=None)
+                               final_valid_sentences=None, device=args.device, threads=args.threads)
     _print_result(card, args.json)
     return 0
