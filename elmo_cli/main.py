@@ -6,7 +6,11 @@ then export; corpus, model, embed) is composed.
 
 Exit codes: 0 done, 2 an error (the message names the file, row, column or option and what to
 do), 130 interrupted (SIGINT, Ctrl-C), 143 terminated (SIGTERM). SIGTERM stops a command the way
-Ctrl-C does: the library's cleanup runs (temporary files removed, finished work kept).
+Ctrl-C does: the library's cleanup runs (temporary files removed, finished work kept). The process
+ends by ``exit_now``: no teardown of every imported module once the command is done.
+
+The parsers import no model code (torch and what loads it): ``elmo --help``, every command's
+``--help`` and argument errors answer at once (tests/cli/test_answers_at_once.py).
 """
 from __future__ import annotations
 
