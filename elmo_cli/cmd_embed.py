@@ -10,12 +10,8 @@ from dataclasses import asdict
 from elmo_cli.run_args import add_precision_argument, exporter, warned
 from elmo_cli.vocabulary import add_fields, add_flag, field_values
 from elmo_core.names import OUTPUT_FORMATS
-from corpora.sample import write_sample_corpus
 from elmo_core.errors import InputError
-from pipelines.hdf5_output import embed_to_hdf5
-from pipelines.job import embed_parquet
 from pipelines.options import EmbedOptions
-from pipelines.verify import verify_output
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,13 +49,19 @@ def run_embed(args: argparse.Namespace) -> int:
     shards = {"format": args.format} if args.format != "hdf5" else {}
     opts = EmbedOptions.coerce(field_values(EmbedOptions, args), precision=args.precision, layout=args.layout,
                                **shards)  # errors before an export
-    run = warned(opts.resolve_run(args.model, exporter(args)))  # backend, precision (auto; on-demand export), threads
+    def run():  # backend, precision (auto; on-demand export), threads: once OUTPUT_DIR and the inputs are checked
+        return warned(opts.resolve_run(args.model, exporter(args)))
+
     options = asdict(opts)  # the job records them with what the run settled (EmbedOptions.with_run)
     if args.format == "hdf5":
+        from pipelines.hdf5_output import embed_to_hdf5
+
         result = embed_to_hdf5(args.input, args.output_dir, run, use_sentence_keys=args.use_sentence_keys, **options)
         if args.json:
             print(json.dumps(result, indent=2))
         return 0
+    from pipelines.job import embed_parquet
+
     manifest = embed_parquet(args.input, args.output_dir, run, **options)
     if args.json:
         print(json.dumps(manifest, indent=2))
@@ -76,6 +78,8 @@ def _register_sample_corpus(sub: argparse._SubParsersAction) -> None:
 
 
 def run_sample_corpus(args: argparse.Namespace) -> int:
+    from corpora.sample import write_sample_corpus
+
     paths = write_sample_corpus(args.out_dir, args.rows, args.files)
     if args.json:
         print(json.dumps({"out_dir": str(args.out_dir), "rows": args.rows, "files": [str(p) for p in paths]}))
@@ -94,6 +98,8 @@ def _register_verify(sub: argparse._SubParsersAction) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    from pipelines.verify import verify_output
+
     report = verify_output(args.output_dir, check_inputs=not args.no_inputs)
     if args.json:
         print(json.dumps(report, indent=2))

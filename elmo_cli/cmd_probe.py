@@ -14,7 +14,7 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -24,12 +24,14 @@ from elmo_cli.vocabulary import add_flag, add_model, need_model
 from elmo_core.bounds import check_count
 from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens
-from inference import Embedder
-from inference.model_run import ModelRun, resolve_run
 from training.probe import (DEFAULT_WORDS, USES, WordProbe, collect, cosine_decimals, layer_names, nearest,
                             pooled, split_lines)
 from training.probe_picture import PLOT_EXTRA, PictureUnavailable, can_draw, write_picture
 from corpora.sotu_text import split_speeches
+
+if TYPE_CHECKING:  # the model code loads when the command runs, not when its parser is built
+    from inference import Embedder
+    from inference.model_run import ModelRun
 
 
 @functools.lru_cache(maxsize=1)
@@ -134,6 +136,9 @@ def run(args: argparse.Namespace) -> int:
     check_count("neighbours", args.neighbours)
     if args.png and not can_draw():
         raise PictureUnavailable(f"--png {args.png}: the picture needs matplotlib: {PLOT_EXTRA}")
+    from inference import Embedder
+    from inference.model_run import resolve_run
+
     run = resolve_run(need_model(args, "probe"), backend="torch", weights=args.weights,
                       device=args.device, threads=args.threads)
     say_loading("probe", run)

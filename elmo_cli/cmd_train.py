@@ -7,11 +7,8 @@ import sys
 
 from elmo_cli.status import say_loading
 from elmo_cli.vocabulary import add_fields, add_flag, field_values
-from inference.model_run import resolve_run
 from runtime import process_started, use_threads
 from training.options import TrainOptions
-from training.recipes import default_options_path
-from training.trainer import train
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,6 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="the model directory (default: the repository's models/default)")
     add_flag(p, "work_dir", default="runs/default-model", help="corpus and training run (default "
              "runs/default-model; an unfinished run there is resumed)")
+    add_flag(p, "device", default="cpu")
+    add_flag(p, "threads", type=int)
     add_flag(p, "json", help="progress on stderr; the model's card as JSON on stdout")
     p.set_defaults(func=run_default_model)
 
@@ -69,6 +68,9 @@ def _print_result(result: dict, as_json: bool) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from training.recipes import default_options_path
+    from training.trainer import train
+
     kw = field_values(TrainOptions, args)
     kw["options"] = args.options or (None if args.init_from else default_options_path())
     summary = train(TrainOptions(**kw), resume=args.resume, log=_log(args),
@@ -80,6 +82,7 @@ def run_train(args: argparse.Namespace) -> int:
 def run_perplexity(args: argparse.Namespace) -> int:
     import torch
 
+    from inference.model_run import resolve_run
     from training.evaluate import load_language_model, perplexity
 
     torch.set_flush_denormal(True)  # see Trainer: denormals slow CPU kernels ~10x
@@ -114,6 +117,6 @@ def run_default_model(args: argparse.Namespace) -> int:
     from training.default_model import SHIPPED, build_default_model
 
     card = build_default_model(args.out or SHIPPED, args.work_dir, args.max_minutes, args.seed, log=_log(args),
-                               final_valid_sentences=None)
+                               final_valid_sentences=None, device=args.device, threads=args.threads)
     _print_result(card, args.json)
     return 0

@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from elmo_cli.vocabulary import add_flag
 from elmo_core.errors import InputError
 from elmo_core.names import EXPORT_PRECISIONS, LAYOUTS, PRECISIONS
-from export.on_demand import onnx_exporter
-from inference.model_run import Exporter, ModelRun, resolve_run
+
+if TYPE_CHECKING:  # the model code loads when a run is made, not when the parser is built
+    from inference.model_run import Exporter, ModelRun
 
 CHOICES = tuple(dict.fromkeys(PRECISIONS + EXPORT_PRECISIONS)) + ("auto",)
 
@@ -41,6 +42,8 @@ def add_precision_argument(group: argparse._ActionsContainer) -> None:
 def model_run(args: argparse.Namespace, remote: bool = False) -> ModelRun:
     """The command's one ``ModelRun`` (``inference.model_run.resolve_run``) from its flags; ``remote``:
     it runs in replicas on a cluster."""
+    from inference.model_run import resolve_run
+
     return warned(resolve_run(args.model, backend=args.backend, device=args.device, threads=args.threads,
                               precision=args.precision, weights=getattr(args, "weights", None),
                               token_embeddings=getattr(args, "token_embeddings", None),
@@ -51,6 +54,8 @@ def model_run(args: argparse.Namespace, remote: bool = False) -> ModelRun:
 def exporter(args: argparse.Namespace) -> Exporter:
     """How the onnx backend's model directory is exported on demand for this command: calibrated on
     ``--calibration``, else the job's INPUT (read only if an export is built)."""
+    from export.on_demand import onnx_exporter
+
     return onnx_exporter(lambda: _calibration(args), _building(args.model))
 
 

@@ -7,14 +7,22 @@ tolerances are the export's: ``formats.export_spec.TOLERANCES`` and ``TEXT_MIN_C
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
-import torch
 
 from .errors import InputError
 
+if TYPE_CHECKING:
+    import torch
+
 LAYER_OUTPUT = "layer:"  # "layer:N": layer N alone, 0 (the char-CNN's token layer, [x; x]) to L
+
+
+def _torch_dtype(name: str) -> "torch.dtype":
+    import torch
+
+    return getattr(torch, name)
 
 
 class _Named:
@@ -41,9 +49,13 @@ class Dtype(_Named):
     """The type the vectors are written or answered in."""
 
     name: str
-    torch: torch.dtype
     numpy: np.dtype
     ALL: ClassVar[dict[str, "Dtype"]]
+
+    @property
+    def torch(self) -> "torch.dtype":
+        """The torch type (torch imported here, on first use: the CLI's parsers read these records)."""
+        return _torch_dtype(self.name)
 
     @classmethod
     def of_numpy(cls, dtype: Any) -> "Dtype":
@@ -68,8 +80,7 @@ class Dtype(_Named):
         return pa.from_numpy_dtype(self.numpy)
 
 
-Dtype.ALL = {d.name: d for d in (Dtype("float32", torch.float32, np.dtype(np.float32)),
-                                 Dtype("float16", torch.float16, np.dtype(np.float16)))}
+Dtype.ALL = {d.name: d for d in (Dtype("float32", np.dtype(np.float32)), Dtype("float16", np.dtype(np.float16)))}
 
 
 @dataclass(frozen=True)
@@ -112,8 +123,8 @@ OutputMode.ALL = {m.name: m for m in (OutputMode("mixed", mixes=True), OutputMod
 
 @dataclass(frozen=True)
 class Precision(_Named):
-    """A precision of the matrix products: the type their inputs are rounded to by us (``torch``;
-    None: not the torch backend's); ``gpu_rounds``: the GPU's tensor cores round them instead (tf32,
+    """A precision of the matrix products: the type their inputs are rounded to by us (``rounds_to``
+    by name, ``torch`` its torch type; None: not the torch backend's); ``gpu_rounds``: the GPU's tensor cores round them instead (tf32,
     so CUDA only; fp32 here); whether the torch backend runs it and whether an ONNX export is built
     in it (the onnx and tensorrt backends run an export's precision), and then ``onnx``: the
     ``onnx.TensorProto`` type its products' weights are stored in (int8: an fp32 graph, quantized
@@ -121,7 +132,7 @@ class Precision(_Named):
     no bf16 graph)."""
 
     name: str
-    torch: torch.dtype | None
+    rounds_to: str | None  # the torch type its products' inputs are rounded to, by name
     torch_backend: bool = True
     gpu_rounds: bool = False
     onnx: str | None = None
@@ -141,12 +152,17 @@ class Precision(_Named):
         return self.onnx is not None
 
     @property
+    def torch(self) -> "torch.dtype | None":
+        """The torch type its products' inputs are rounded to (torch imported here, on first use)."""
+        return None if self.rounds_to is None else _torch_dtype(self.rounds_to)
+
+    @property
     def reduced(self) -> bool:
         """Its products' inputs are rounded to a 16-bit float type."""
-        return self.torch in (torch.bfloat16, torch.float16)
+        return self.rounds_to in ("bfloat16", "float16")
 
 
 Precision.ALL = {p.name: p for p in (
-    Precision("fp32", torch.float32, onnx="FLOAT", trains=True, tensorrt=True), Precision("tf32", torch.float32, gpu_rounds=True),
-    Precision("bf16", torch.bfloat16, onnx="BFLOAT16", cpu_validated=False, trains=True),
-    Precision("fp16", torch.float16, onnx="FLOAT16", tensorrt=True), Precision("int8", None, torch_backend=False, onnx="FLOAT"))}
+    Precision("fp32", "float32", onnx="FLOAT", trains=True, tensorrt=True), Precision("tf32", "float32", gpu_rounds=True),
+    Precision("bf16", "bfloat16", onnx="BFLOAT16", cpu_validated=False, trains=True),
+    Precision("fp16", "float16", onnx="FLOAT16", tensorrt=True), Precision("int8", None, torch_backend=False, onnx="FLOAT"))}

@@ -24,7 +24,6 @@ from pathlib import Path
 from elmo_core.bounds import check_count
 from elmo_core.errors import InputError
 from elmo_core.config import ElmoConfig
-from formats.model_dir import HDF5_NAME, NATIVE_NAME, OPTIONS_NAME, resolve_model
 from inference.registry import BACKEND_NAMES, artifact_file, backend_kind, model_config
 from runtime import check_threads
 
@@ -78,6 +77,8 @@ parameters [
 
 
 def _copy_model(model: Path, backend: str, weights: str | None, dest: Path) -> None:
+    from formats.model_dir import HDF5_NAME, NATIVE_NAME, OPTIONS_NAME, resolve_model
+
     if not backend_kind(backend).exported:
         files = resolve_model(model, weights)
         dest.mkdir(parents=True)

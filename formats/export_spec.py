@@ -10,10 +10,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from elmo_core import ElmoConfig, ScalarMix
+from elmo_core import ElmoConfig
 from elmo_core.kinds import OutputMode
 from elmo_core.names import EXPORT_PRECISIONS
-from elmo_core.scalar_mix import check_mix_settings
+from elmo_core.mix_settings import check_mix_settings
 
 from .errors import ExportError
 
@@ -150,6 +150,8 @@ class ExportSpec:
 
     def normalized_mix(self) -> np.ndarray:
         """gamma * softmax(s), computed in float64 (``ScalarMix.layer_weights``). Shape: (L+1,)."""
+        from elmo_core.scalar_mix import ScalarMix
+
         return ScalarMix(self.n_layers, self.mix_weights, self.gamma).layer_weights()
 
     # ---- TensorRT -----------------------------------------------------------------------------

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-import torch
 
-from elmo_core import ScalarMix
 from elmo_core.errors import InputError, SettingError
 from elmo_core.kinds import Dtype, OutputMode
 from elmo_core.names import OUTPUT_MODES, POOLS, resolve_output
-from elmo_core.scalar_mix import check_mix_settings
+from elmo_core.mix_settings import check_mix_settings
+
+if TYPE_CHECKING:  # a request is made (and checked) without the model code; applied with it
+    import torch
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,8 @@ def reduce_on_device(layers: torch.Tensor, mask: torch.Tensor, request: VectorRe
     """The output modes that are not a fixed weighting: all layers (token-major) or the
     layer-normalised mix (``reduce_layers``'s; the other modes ignore ``layer_norm`` there too).
     Shape: layers (B, L+1, T, D) float32, mask (B, T) bool -> (B, T, [L+1,] D)."""
+    from elmo_core.scalar_mix import ScalarMix
+
     if request.mode.layer_axis:
         return layers.transpose(1, 2)  # (B, T, L+1, D)
     mix = ScalarMix(layers.shape[1], request.mix, request.gamma, do_layer_norm=True).to(layers.device)
@@ -97,6 +100,8 @@ def finish_on_device(x: torch.Tensor, request: VectorRequest, keep: torch.Tensor
     Shape: x (B, T, [L+1,] D), keep (B, T) bool, take (n,) -> (n, [L+1,] D) ((B, T, [L+1,] D)
     without ``take``), or (B, [L+1,] D) pooled.
     """
+    import torch
+
     if request.pool is None and take is not None:
         x = x.reshape(-1, *x.shape[2:]).index_select(0, take)  # (n, [L+1,] D)
     x = x.float()
@@ -151,6 +156,10 @@ def reduce_layers(layers: np.ndarray, mask: np.ndarray, output: str, mix_weights
         return layers[:, mode.layer]
     if not mode.mixes:  # the average
         return layers.mean(axis=1, dtype=np.float32) * mask[:, :, None]
+    import torch
+
+    from elmo_core.scalar_mix import ScalarMix
+
     mix = ScalarMix(layers.shape[1], mix_weights, gamma, do_layer_norm=layer_norm)
     with torch.inference_mode():
         mixed = mix(torch.from_numpy(layers), torch.from_numpy(mask))  # (B, T, D)
@@ -174,6 +183,8 @@ def layer_weights(output: str, n_layers: int, mix_weights: Sequence[float] | Non
         return np.eye(n_layers)[mode.layer]
     if not mode.mixes:  # the average
         return np.full(n_layers, 1.0 / n_layers)
+    from elmo_core.scalar_mix import ScalarMix
+
     return ScalarMix(n_layers, mix_weights, gamma).layer_weights()
 
 

@@ -10,19 +10,19 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from elmo_core import ElmoConfig, InputError
 from elmo_core.atomic import read_json_object
 from elmo_core.kinds import Precision
 from elmo_core.names import EXPORT_PRECISIONS
 from elmo_core.storage import file_sha256, is_uri, local_copy
-from formats.model_dir import resolve_model
-from inference.precision import check_precision
 
-from .backends import Backend
 from .errors import BackendUnavailableError
 from formats.export_manifest import ENGINE_NAME, MANIFEST_NAME, ONNX_NAME, read_manifest
+
+if TYPE_CHECKING:  # the names and checks here are read by the CLI's parsers without the model code
+    from .backends import Backend
 
 
 @dataclass(frozen=True)
@@ -159,6 +159,8 @@ def check_precision_for(backend: str, precision: str, device: str) -> Precision:
     if kind is not None and kind.exported and not kind.torch_backend:
         raise InputError(f"--precision {precision} runs on the onnx backend (ONNX Runtime's quantized model): "
                          f"add --backend onnx")
+    from .precision import check_precision
+
     return check_precision(precision, "cuda" if device.startswith("cuda") else "cpu")
 
 
@@ -227,6 +229,8 @@ def model_config(model: str | Path, backend: str = "torch", weights: str | Path 
         if kind is not None:
             raise InputError(f"{model}: an {kind} export, which the {backend} backend cannot run; add --backend {kind} "
                              f"(or leave --backend out: it is read from the directory)")
+        from formats.model_dir import resolve_model
+
         return ElmoConfig.from_json(resolve_model(model, weights).options)
     model = export_dir(model, backend)
     manifest = read_manifest(model, backend)
@@ -237,6 +241,8 @@ def model_identity(model: str | Path, backend: str = "torch", weights: str | Pat
     """What identifies the model a backend runs: its files and their sha256 (and where it came from)."""
     where = str(model) if is_uri(model) else str(Path(model).resolve())
     if backend_kind(backend).artifact is None:
+        from formats.model_dir import resolve_model
+
         files = resolve_model(model, weights)
         return {"path": where, "format": files.format,
                 "sha256": file_sha256(files.weights), "options_sha256": file_sha256(files.options)}
@@ -247,6 +253,8 @@ def model_files(model: str | Path, backend: str = "torch", weights: str | Path |
     """The local files ``model_identity`` hashes (a URI's local copy): the weights and options.json of a
     published-format model, the exported file of an export."""
     if backend_kind(backend).artifact is None:
+        from formats.model_dir import resolve_model
+
         files = resolve_model(model, weights)
         return [Path(files.weights), Path(files.options)]
     return [artifact_file(export_dir(model, backend), backend)]

@@ -1,11 +1,27 @@
 """`elmo embed`: Parquet (or text) corpora through the engine into Parquet or hdf5 vectors, exactly once, locally or on Ray.
 May import: elmo_core, runtime, corpora, formats, inference, export, training (tests/test_layers.py)."""
-import elmo_core  # noqa: F401  (first: it settles the process's environment before torch loads: elmo_core.process_env)
-from .job import embed_parquet
-from .layers_dataset import ElmoLayersDataset, collate_layers
-from .options import EmbedOptions, OutputDirError
-from .predictor import ElmoPredictor
-from .schema import ELMO_COLUMN, elmo_type
+from __future__ import annotations
 
-__all__ = ["embed_parquet", "EmbedOptions", "OutputDirError", "ElmoPredictor", "ELMO_COLUMN", "elmo_type", "ElmoLayersDataset",
-           "collate_layers"]
+import importlib
+from typing import Any
+
+import elmo_core  # noqa: F401  (first: it settles the process's environment before torch loads: elmo_core.process_env)
+
+# Each name's module, imported on first use: importing the package loads no model code (the CLI's
+# parsers and --help answer at once).
+_HOMES = {
+    "embed_parquet": "job", "ElmoLayersDataset": "layers_dataset", "collate_layers": "layers_dataset",
+    "EmbedOptions": "options", "OutputDirError": "options", "ElmoPredictor": "predictor",
+    "ELMO_COLUMN": "schema", "elmo_type": "schema"
+}
+
+__all__ = list(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value

@@ -32,7 +32,7 @@ import sys
 import time
 from contextlib import closing
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import h5py
 import numpy as np
@@ -99,7 +99,7 @@ def _check_options(opts: EmbedOptions, out: Path) -> None:
         raise InputError(f"{out}: is a directory; --format hdf5 writes one file (e.g. OUT.hdf5)")
 
 
-def embed_to_hdf5(input: str | Path, out: str | Path, /, model: ModelRun | str | Path,
+def embed_to_hdf5(input: str | Path, out: str | Path, /, model: ModelRun | str | Path | Callable[[], ModelRun],
                   use_sentence_keys: bool = False, **options: Any) -> dict:
     """Write ``out`` in allennlp elmo's layout (see the module doc); return counts and timing.
 
@@ -115,7 +115,7 @@ def embed_to_hdf5(input: str | Path, out: str | Path, /, model: ModelRun | str |
     if not text_input:
         input_files(input)  # a missing INPUT, or one of no format it reads, is named before the model loads
     counts = {"sentences": 0, "tokens": 0, "invalid_utf8": 0}
-    run = model if isinstance(model, ModelRun) else opts.resolve_run(model)
+    run = opts.run_of(model)
     opts = opts.with_run(run)  # the run's batch budget and sort windows where none was asked
     sentences = text_sentences(Path(input)) if text_input else parquet_sentences(input, opts, counts)
     note(f"loading the model {run.describe()}", opts.quiet)

@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
 
@@ -23,13 +23,10 @@ from corpora.files import would_read
 from elmo_core.errors import InputError
 from elmo_core.storage import file_sha256, is_below
 from inference.errors import ModelChangedError
-from inference.model_run import ModelRun
 
 from .options import EmbedOptions, OutputDirError, digest
 from .os_errors import os_errors
 from .output_dir import open_output
-from .predictor import ElmoPredictor
-from .shard_loop import embed_shards
 from .shard_size import settle_rows_per_shard
 from .stages import StageClock
 from .progress import ProgressBar, note
@@ -38,6 +35,13 @@ from .shard_files import FORMATS
 from .sink import COMMITS_DIR, COUNTS, SUCCESS_FILE, Output, check_claim, claim_output_dir, clean_strays, \
     commit_name, discard_shard, job_file, manifest_file, mark_stopped, remove_temporaries, verify_shard
 from .source import InputFile, Shard, passthrough_schema, scan_inputs, shards_of
+
+if TYPE_CHECKING:  # loaded once the inputs are checked: an input or output error answers without the model code
+    from inference.model_run import ModelRun
+
+    from .predictor import ElmoPredictor
+
+    Model = ModelRun | str | Path | Callable[[], ModelRun]  # a run, a model path, or what makes the run
 
 
 @dataclass
@@ -59,11 +63,10 @@ class Job:
         return sum(f.rows for f in self.files)
 
 
-def plan_job(input: str | Path, output: str | Path, model: ModelRun | str | Path, opts: EmbedOptions) -> Job:
-    """Every check that writes nothing: the model run (resolved here unless given), inputs, their one
-    schema, the model (loaded)."""
-    run = model if isinstance(model, ModelRun) else opts.resolve_run(model)
-    opts = opts.with_run(run)
+def plan_job(input: str | Path, output: str | Path, model: Model, opts: EmbedOptions) -> Job:
+    """Every check that writes nothing: OUTPUT_DIR, the inputs and their one schema (before any model
+    code loads), then the model run (resolved here from a path, or made by ``model()``), the model
+    (loaded) and the claim on an existing OUTPUT_DIR."""
     out = open_output(output)
     out.prepare()
     if opts.engine == "spark":
@@ -73,6 +76,10 @@ def plan_job(input: str | Path, output: str | Path, model: ModelRun | str | Path
     files = scan_inputs(input, opts)
     _check_apart(input, out, files)
     passthrough = passthrough_schema(files, opts)
+    run = opts.run_of(model)
+    from .predictor import ElmoPredictor
+
+    opts = opts.with_run(run)
     opts = settle_rows_per_shard(opts, files, out)  # Spark's session started here where its slots decide
     if opts.engine != "local":
         note(f"shards of {opts.rows_per_shard:,} rows ({opts.rows_per_shard_reason})", opts.quiet)
@@ -150,6 +157,8 @@ def pending_shards(job: Job) -> list[Shard]:
 
 def run_local(job: Job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dict], dict]:
     """The local runner: the job's one model, in this process."""
+    from .shard_loop import embed_shards
+
     records = embed_shards(job.predictor, shards, job.out, job.schema, job.digest, progress.update, job.clock)
     return records, {"name": "local", "threads": job.predictor.threads.count, "device": job.opts.device,
                      **job.predictor.backend.device_report()}
@@ -249,10 +258,11 @@ def _kept(job: Job) -> str:
             f"rerun the same command with --resume to continue from there")
 
 
-def embed_parquet(input: str | Path, output_dir: str | Path, /, model: ModelRun | str | Path, **options: Any) -> dict:
+def embed_parquet(input: str | Path, output_dir: str | Path, /, model: Model, **options: Any) -> dict:
     """Embed a Parquet corpus into OUTPUT_DIR (see docs/pipelines.md); return the manifest.
 
-    ``model``: a model path, or the ``ModelRun`` the caller resolved (the CLI's: ``opts.resolve_run``);
+    ``model``: a model path, the ``ModelRun`` the caller resolved, or a function that resolves it,
+    called once OUTPUT_DIR and the inputs are checked (the CLI's: ``opts.resolve_run``);
     ``options``: the fields of :class:`pipelines.options.EmbedOptions` (the CLI flags, snake_case;
     ``output`` is the output mode, hence INPUT and OUTPUT_DIR are positional-only).
     Shape: each input row -> one output row with ``elmo`` (T, D) or, for output 'all', (T, L+1, D).

@@ -11,7 +11,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from elmo_core.bounds import MAX_COUNT, check_count, check_gpus
 from elmo_core.errors import ElmoError, InputError, SettingError
@@ -20,12 +20,14 @@ from inference.batching import BatchPolicy
 from inference.outputs import VectorRequest
 from inference.row_lstm import RowShape
 from elmo_core.kinds import Precision
-from inference.model_run import Exporter, ModelRun, resolve_run
 from inference.registry import BACKEND_NAMES
 from runtime import check_threads, process_cpu_budget
 
 from .schema import COMPRESSIONS
 from .shard_files import FORMATS, ShardFormat
+
+if TYPE_CHECKING:  # the options are made and checked (the CLI's flags too) without the model code
+    from inference.model_run import Exporter, ModelRun
 
 # Spark's master URLs: local, local[N], local[*], local[N,F], local-cluster[N,C,M], yarn, and any
 # scheme://... (spark://HOST:PORT, k8s://..., a cluster manager plugin's)
@@ -186,10 +188,19 @@ class EmbedOptions:
     def resolve_run(self, model: str | Path, exporter: Exporter | None = None) -> ModelRun:
         """The job's one ``ModelRun`` (``inference.model_run.resolve_run``): a local job's model runs here,
         Ray's and Spark's in replicas (one thread each unless --threads)."""
+        from inference.model_run import resolve_run
+
         return resolve_run(model, backend=self.backend, device=self.device, threads=self.threads,
                            precision=self.precision, weights=self.weights, token_embeddings=self.token_embeddings,
                            token_vocab=self.token_vocab, layout=self.layout, job=True, remote=self.engine != "local",
                            exporter=exporter)
+
+    def run_of(self, model: "ModelRun | str | Path | Callable[[], ModelRun]") -> ModelRun:
+        """The job's run from what a caller gave: a model path (resolved here), a function that makes
+        the run (called now: after the checks that need no model), or the run itself."""
+        if isinstance(model, (str, Path)):
+            return self.resolve_run(model)
+        return model() if callable(model) else model
 
     def with_run(self, run: ModelRun) -> "EmbedOptions":
         """These options with what ``run`` settled (backend, precision and why; an on-demand export

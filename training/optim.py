@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from .errors import TrainingError
+
+if TYPE_CHECKING:  # a recipe is chosen and checked without the model code (``TrainOptions``)
+    import torch
+    from torch import nn
 
 OPTIMIZERS = ("adagrad", "adam")
 LR_DECAYS = ("none", "linear", "cosine")
@@ -57,6 +59,8 @@ class Recipe:
         return self.lr * warm * (self.lr_final + (1.0 - self.lr_final) * shape)
 
     def build(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        import torch
+
         if self.optimizer == "adam":  # one fused kernel updates every parameter, its step count on the device
             return torch.optim.Adam(params, lr=self.lr, fused=bool(params))
         return torch.optim.Adagrad(params, lr=self.lr, initial_accumulator_value=1.0)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from elmo_core.bounds import MAX_SEED, check_count, check_number
 from elmo_core.errors import InputError
 from elmo_core.names import TRAIN_PRECISIONS
-from elmo_core.scalar_mix import FLOAT32_MAX
+from elmo_core.mix_settings import FLOAT32_MAX
 from runtime import check_threads
 
 from .optim import BATCHINGS, LR_DECAYS, OPTIMIZERS, RECIPES

@@ -20,8 +20,16 @@ OLD = {"--max-tokens-per-batch": "--max-batch-tokens", "--max-sentence-length": 
        "--column": "--text-column", "--workers": "--replicas", "--num-gpus-per-worker": "--num-gpus-per-replica",
        "--minutes": "--max-minutes", "--train-minutes": "--max-minutes", "--work": "--work-dir",
        "--bf16": "--precision", "--no-bf16": "--precision", "--fp16": "--precision"}
+# Every command is classified here, twice; a command that is not fails the walk (``shape_problems``).
+# What it prints: a result (then --json, the result alone on stdout) or not.
 REPORTING = ("info", "verify", "embed", "perplexity", "train", "probe", "engine", "export onnx", "export tensorrt",
              "export triton", "default-model", "sample-corpus", "sotu-corpus", "dump-tokens", "convert-efml")
+NOT_REPORTING = ("serve", "demo")  # a server (its results are HTTP answers); a walk-through for people
+# Whether it runs a model: then --threads and --device. engine and export onnx run it only to validate
+# an export against the torch backend on the CPU (formats/export_spec.py): --threads.
+MODEL_RUNNERS = ("embed", "serve", "train", "perplexity", "probe", "demo", "dump-tokens", "default-model")
+CPU_VALIDATORS = ("engine", "export onnx")
+MODEL_FREE = ("info", "verify", "export tensorrt", "export triton", "sample-corpus", "sotu-corpus", "convert-efml")
 
 
 def commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
@@ -76,18 +84,43 @@ def test_the_check_finds_a_bad_parser():
     assert "elmo b --workers: an older spelling of --replicas" in found
 
 
-def test_every_command_that_reports_a_result_takes_json():
-    parsers = commands(build_parser())
-    assert [c for c in REPORTING if "--json" not in parsers[c]._option_string_actions] == []
+def leaves(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The commands that run (``export onnx``, not ``export``)."""
+    return {c: p for c, p in commands(parser).items()
+            if not any(isinstance(a, argparse._SubParsersAction) for a in p._actions)}
 
 
-MODEL_RUNNERS = ("embed", "serve", "train", "perplexity", "probe", "demo", "dump-tokens")
+def shape_problems(parser: argparse.ArgumentParser) -> list[str]:
+    """A command not classified above; a reporting one without --json; a model runner without
+    --threads or --device; a CPU validator without --threads."""
+    found = []
+    for command, p in leaves(parser).items():
+        flags = p._option_string_actions
+        if command not in REPORTING + NOT_REPORTING or command not in MODEL_RUNNERS + CPU_VALIDATORS + MODEL_FREE:
+            found.append(f"elmo {command}: not classified (tests/cli/test_vocabulary.py: what it reports, whether "
+                         f"it runs a model)")
+        wanted = (["--json"] if command in REPORTING else []) + \
+            (["--threads", "--device"] if command in MODEL_RUNNERS else ["--threads"] if command in CPU_VALIDATORS else [])
+        found += [f"elmo {command}: no {f}" for f in wanted if f not in flags]
+    return found
 
 
-def test_every_command_that_runs_a_model_takes_threads_and_device():
-    parsers = commands(build_parser())
-    assert [(c, f) for c in MODEL_RUNNERS for f in ("--threads", "--device")
-            if f not in parsers[c]._option_string_actions] == []
+def test_every_command_is_shaped_alike():
+    parser = build_parser()
+    assert shape_problems(parser) == []
+    assert sorted(leaves(parser)) == sorted(REPORTING + NOT_REPORTING) == sorted(MODEL_RUNNERS + CPU_VALIDATORS + MODEL_FREE)
+
+
+def test_the_walk_finds_a_command_shaped_otherwise():
+    parser = argparse.ArgumentParser(prog="bad")
+    sub = parser.add_subparsers()
+    sub.add_parser("embed").add_argument("--threads", type=int, help="threads")  # no --device, no --json
+    sub.add_parser("newcomer")
+    nested = sub.add_parser("export").add_subparsers()
+    add_flag(nested.add_parser("onnx"), "json")  # no --threads
+    assert sorted(shape_problems(parser)) == [
+        "elmo embed: no --device", "elmo embed: no --json", "elmo export onnx: no --threads",
+        "elmo newcomer: not classified (tests/cli/test_vocabulary.py: what it reports, whether it runs a model)"]
 
 
 def test_the_parsers_build_without_torch():
