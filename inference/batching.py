@@ -42,7 +42,7 @@ import numpy as np
 from elmo_core.bounds import check_count
 from elmo_core.errors import SettingError
 
-from .row_lstm import RowShape
+from .row_shape import RowShape
 
 
 @dataclass(frozen=True)

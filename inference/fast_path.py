@@ -37,7 +37,7 @@ from .fast_lstm import INPUT_CHUNK_ROWS, PACKED_MIN_WEIGHTS, FastLstm
 from .fused_lstm import FusedLstm
 from .host_batch import HostBatch, plan_batch
 from .precision import tf32_products, torch_precision
-from .row_lstm import RowShape
+from .row_shape import RowShape
 from .token_cache import TokenCache
 
 

@@ -33,7 +33,7 @@ from .precision import SlowPrecision, bf16_cpu_warning, resolve_precision
 from .registry import (backend_kind, check_device, check_precision_for, export_dir, exported_backend,
                        exported_precision, model_config, model_files, model_identity, open_backend,
                        torch_options)
-from .row_lstm import RowShape
+from .row_shape import RowShape
 
 # (model directory, weights, the precision asked for (auto included), threads) -> (the export
 # directory that runs, its precision, why): how the onnx backend's model directory is exported on

@@ -18,7 +18,7 @@ from elmo_core.errors import ElmoError, InputError, SettingError
 from elmo_core.names import DTYPES, ENGINES, OUTPUT_NAMES, POOLS, VECTOR_LAYOUTS
 from inference.batching import BatchPolicy
 from inference.outputs import VectorRequest
-from inference.row_lstm import RowShape
+from inference.row_shape import RowShape
 from elmo_core.kinds import Precision
 from inference.registry import BACKEND_NAMES
 from runtime import check_threads, process_cpu_budget
