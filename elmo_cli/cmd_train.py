@@ -80,18 +80,17 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_perplexity(args: argparse.Namespace) -> int:
-    import torch
-
     from inference.model_run import resolve_run
+    from runtime import flushing_denormals
     from training.evaluate import load_language_model, perplexity
 
-    torch.set_flush_denormal(True)  # see Trainer: denormals slow CPU kernels ~10x
     run = resolve_run(args.model, backend="torch", device=args.device, threads=args.threads)  # the softmax too: the LM, not a backend
     say_loading("perplexity", run)
     use_threads(run.threads.count)
     lm, vocab = load_language_model(run.model)
-    result = perplexity(lm.to(run.device), args.text, vocab, args.batch_size, args.max_sentences, args.text_column,
-                        run.device, stateful=args.stateful)
+    with flushing_denormals():  # saturated gates' denormals slow CPU kernels ~10x
+        result = perplexity(lm.to(run.device), args.text, vocab, args.batch_size, args.max_sentences,
+                            args.text_column, run.device, stateful=args.stateful)
     if args.json:
         print(json.dumps({**result, "run": run.to_dict()}))
     else:

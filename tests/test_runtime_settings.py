@@ -46,3 +46,17 @@ def test_whatever_package_is_imported_first_the_environment_is_settled_before_to
     for package in PACKAGES:
         out = subprocess.run([sys.executable, "-c", code, package], env=base, capture_output=True, text=True, check=True)
         assert json.loads(out.stdout) == [False, False, "PASSIVE", PRIMITIVE_CACHE_CAPACITY], (package, out.stdout)
+
+
+def test_flushing_denormals_holds_in_the_block_only():
+    import torch
+
+    from runtime import flushing_denormals
+
+    def flushed() -> bool:
+        return (torch.tensor([1e-39], dtype=torch.float32) * 1.0).item() == 0.0
+
+    assert not flushed()
+    with flushing_denormals():
+        assert flushed()
+    assert not flushed()  # a caller's maths keeps its denormals (hypothesis refuses to run without them)

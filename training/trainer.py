@@ -21,7 +21,7 @@ from elmo_core.atomic import write_json_atomic
 from elmo_core.host_to_device import to_device
 from elmo_core.kinds import Precision
 from formats import save_model
-from runtime import deterministic_algorithms, use_threads
+from runtime import deterministic_algorithms, flushing_denormals, use_threads
 
 from .checkpoint import optimizer_tensors, load_optimizer
 from .checkpointer import Checkpointer
@@ -53,9 +53,6 @@ class Trainer:
         self.say(f"{use_threads(opts.threads)}; setting up the run in {self.out}")
         default = opts.precision == default_precision(opts.device)
         self.say(f"precision {PRECISION_REASONS[opts.precision] if default else opts.precision + ' (--precision)'}")
-        # Saturated gates produce denormal floats, which make CPU kernels ~10x slower; flushing
-        # them to zero (values below 1e-38) is numerically immaterial.
-        torch.set_flush_denormal(True)
         self.recipe = self.setup_recipe()
         self.source = init_source(opts.init_from, opts.vocab, opts.softmax) if opts.init_from else None
         self.vocab = self.setup_vocab()
@@ -402,4 +399,5 @@ def train(opts: TrainOptions, resume: bool = False, log: Callable[[str], None] =
           started: float | None = None) -> dict:
     """Train (or resume) a run; returns the summary also written to RUN_DIR/summary.json.
     ``started``: the ``time.perf_counter()`` that --max-minutes counts from (default: now)."""
-    return Trainer(opts, log, started).run(resume)
+    with flushing_denormals():  # saturated gates' denormals slow CPU kernels ~10x (runtime.settings)
+        return Trainer(opts, log, started).run(resume)
