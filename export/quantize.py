@@ -6,8 +6,8 @@ per output column (``per_channel``), activations uint8 with one scale per tensor
 (``DynamicQuantizeLinear``). The weights' range is chosen per CPU (``weight_bits``): 8 bits where the
 CPU multiplies int8 with VNNI or AMX (exact int32 sums), 7 bits (``reduce_range``) elsewhere, where
 the AVX2 / AVX-512 u8s8 kernels sum byte pairs into saturating int16 (on ``models/default``, 8-bit
-weights cut each group's error 2-4x: the char-CNN projection alone 0.9935 -> 0.9985). The recurrent products inside the Scan bodies are quantized too
-(``EnableSubgraph``).
+weights cut each group's error 2-4x: the char-CNN projection alone 0.9935 -> 0.9985). The recurrent
+products inside the Scan bodies are quantized too (``EnableSubgraph``).
 
 Trained weights and their activations make that per-tensor activation scale and 7-bit weights lose
 more than random weights do: on ``models/default`` every product quantized keeps a min token
@@ -118,7 +118,8 @@ class Int8Plan:
     min_cosine: float | None = None
 
     def to_dict(self) -> dict[str, object]:
-        return {"target_min_cosine": self.target, "weight_bits": self.bits, "quantized": self.quantized, "kept_fp32": self.kept_fp32,
+        return {"target_min_cosine": self.target, "weight_bits": self.bits, "quantized": self.quantized,
+                "kept_fp32": self.kept_fp32,
                 "alone_min_cosine": {g: round(c, 6) for g, c in self.alone.items()},
                 "all_quantized_min_cosine": self.all_quantized, "min_cosine": self.min_cosine,
                 "describe": self.describe()}
@@ -127,8 +128,8 @@ class Int8Plan:
         if not self.kept_fp32:
             return f"every product int8, {self.bits}-bit weights (min token cosine {self.min_cosine:.6f})"
         kept = ", ".join(f"{g} ({self.alone[g]:.6f} alone)" for g in self.kept_fp32)
-        return (f"int8 ({self.bits}-bit weights) {', '.join(self.quantized)}; kept in fp32: {kept}, as every product int8 gives "
-                f"{self.all_quantized:.6f} < {self.target}")
+        return (f"int8 ({self.bits}-bit weights) {', '.join(self.quantized)}; kept in fp32: {kept}, "
+                f"as every product int8 gives {self.all_quantized:.6f} < {self.target}")
 
 
 # The share of the text allowance (1 - target) a plan may spend on its sample: a sample's min token
