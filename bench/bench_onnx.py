@@ -32,7 +32,8 @@ from corpora.sotu import sotu_sentences  # noqa: E402
 from elmo_core import BiLM, ElmoConfig  # noqa: E402
 from elmo_core.init import init_bilm  # noqa: E402
 from export.onnx_export import export_onnx  # noqa: E402
-from export.quantize import quantize_int8  # noqa: E402
+from export.quantize import quantize_int8, weight_bits  # noqa: E402
+from inference.precision import cpu_flags  # noqa: E402
 from formats import save_model  # noqa: E402
 from inference.embedder import Embedder  # noqa: E402
 
@@ -105,7 +106,7 @@ def matmul_ceiling(shapes: list[tuple[int, int, int]], threads: int, work: Path)
                                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", N])], [w])
         fp32, int8 = work / f"mm_{K}_{N}.onnx", work / f"mm_{K}_{N}_int8.onnx"
         onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(fp32))
-        quantize_int8(fp32, int8)  # as --precision int8
+        quantize_int8(fp32, int8, bits=weight_bits(cpu_flags()))  # as --precision int8 on this CPU
         x, reps = rng.standard_normal((M, K)).astype(np.float32), max(3, int(2e9 / (M * K * N)))
         sessions = {name: ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
                     for name, path in (("fp32", fp32), ("int8", int8))}

@@ -2,8 +2,9 @@
 
 A model directory given to the ONNX backend is exported once per precision into a cache keyed by
 what the export depends on: the model's options and weights (sha256), the precision, the opset,
-the export format and the ONNX Runtime version (its quantizer writes the int8 graph), and for int8
-the calibration sample (its text decides which products stay fp32, ``export.quantize``). Changed
+the export format and the ONNX Runtime version (its quantizer writes the int8 graph), the graph's
+char-CNN form (``on_demand_dedup``), and for int8 the calibration sample (its text decides which
+products stay fp32, ``export.quantize``) and this CPU's weight range (``quantize.weight_bits``). Changed
 weights give a new key, so a stale export is never run. Each entry is a complete, validated
 `elmo export onnx` directory (parity checked against the torch backend at the precision's
 tolerance, ``formats.export_spec.TOLERANCES``); it is built in a temporary directory and renamed
@@ -30,9 +31,12 @@ from elmo_core.storage import cache_root, file_sha256
 from formats.export_manifest import FORMAT_VERSION, MANIFEST_NAME
 from formats.export_spec import DEFAULT_OPSET
 from formats.model_dir import resolve_model
+from inference.onnx_backend import cuda_provider_status
+from inference.precision import cpu_flags
 
 from .errors import ParityError
 from .onnx_export import export_onnx
+from .quantize import weight_bits
 
 Sample = tuple[Sequence[Sequence[str]], str]  # (sentences, where they come from)
 
@@ -44,15 +48,28 @@ def sample_sha256(sample: Sample | None) -> str | None:
     return hashlib.sha256("\n".join(" ".join(s) for s in sample[0]).encode()).hexdigest()
 
 
+def on_demand_dedup(precision: str, cuda: bool) -> bool:
+    """Whether an on-demand export runs the char-CNN once per distinct token as MatMuls
+    (``spec.token_dedup``: CPU kernels; on ``models/default`` fp32 measured 2.4x the Conv graph and
+    int8 quantizes the convolutions too): int8 always (its products are CPU kernels), the others where
+    this ONNX Runtime has no CUDA provider (``cuda``), else the Conv graph a GPU runs."""
+    return precision == "int8" or not cuda
+
+
 def export_key(model: str | Path, precision: str, weights: str | Path | None = None,
-               opset: int = DEFAULT_OPSET, sample: Sample | None = None) -> str:
-    """What an on-demand export of ``model`` depends on, as a 20-hex-digit key."""
+               opset: int = DEFAULT_OPSET, sample: Sample | None = None,
+               flags: frozenset[str] | None = None, cuda: bool | None = None) -> str:
+    """What an on-demand export of ``model`` depends on, as a 20-hex-digit key; ``flags`` (this
+    CPU's) and ``cuda`` (whether this ONNX Runtime has the CUDA provider) stand in for this machine's."""
     import onnxruntime
 
     files = resolve_model(model, weights)
+    cuda = cuda_provider_status()[0] if cuda is None else cuda
     parts = {"options": file_sha256(files.options), "weights": file_sha256(files.weights),
              "precision": precision, "opset": opset, "format_version": FORMAT_VERSION,
-             "onnxruntime": onnxruntime.__version__}
+             "onnxruntime": onnxruntime.__version__, "token_dedup": on_demand_dedup(precision, cuda)}
+    if precision in ("int8", "auto"):
+        parts["int8_weight_bits"] = weight_bits(cpu_flags() if flags is None else flags)
     if precision in ("int8", "auto") and sample is not None:
         parts["calibration"] = sample_sha256(sample)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
@@ -78,7 +95,8 @@ def cached_onnx_export(model: str | Path, precision: str, weights: str | Path | 
         on_build(target)
     try:
         with atomic_dir(target, MANIFEST_NAME) as tmp:
-            export_onnx(model, tmp, precision=precision, threads=threads, weights=weights, sample=sample)
+            export_onnx(model, tmp, precision=precision, threads=threads, weights=weights, sample=sample,
+                        token_dedup=on_demand_dedup(precision, cuda_provider_status()[0]))
     except ParityError as e:
         if not suggest or precision == "fp32":
             raise

@@ -17,19 +17,21 @@ from formats.export_spec import DEFAULT_OPSET, ExportSpec
 from formats.model_dir import ModelFiles, save_dictionaries
 from inference.backends import TorchBackend
 from inference.onnx_backend import session_options
+from inference.precision import cpu_flags
 from runtime import check_threads
 
 from .errors import UnsupportedOpError
 from .onnx_graph import build_onnx
-from .quantize import Int8Plan, plan_int8, plan_target
+from .quantize import Int8Plan, plan_int8, plan_target, weight_bits
 from .tensorrt_ops import check_tensorrt_ops, op_types
 from .text_parity import TextSample, default_sample
 from .validate import ShapeSample
 
 
 def _save(proto: onnx.ModelProto, path: Path, spec: ExportSpec, text: TextSample | None, shapes: ShapeSample | None,
-          threads: int | None) -> Int8Plan | None:
-    """Write the graph; int8 quantizes it by the plan measured on ``text`` and ``shapes`` (``export.quantize``)."""
+          threads: int | None, bits: int) -> Int8Plan | None:
+    """Write the graph; int8 quantizes it (``bits`` weights) by the plan measured on ``text`` and ``shapes``
+    (``export.quantize``)."""
     if spec.precision != "int8":
         onnx.save(proto, str(path))
         return None
@@ -38,7 +40,7 @@ def _save(proto: onnx.ModelProto, path: Path, spec: ExportSpec, text: TextSample
     onnx.save(proto, str(tmp))
     try:
         return plan_int8(tmp, path, plan_target(spec.text_min_cosine),
-                         lambda p: int8_score(ort_run(p, spec, threads), text, shapes))
+                         lambda p: int8_score(ort_run(p, spec, threads), text, shapes), bits)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -73,7 +75,8 @@ def export_onnx(model: str | Path, out_dir: str | Path, output: str = "all", mix
                 gamma: float = 1.0, precision: str = "fp32", opset: int = DEFAULT_OPSET, validate: bool = True,
                 shapes: Sequence[tuple[int, int]] | None = None, threads: int | None = None,
                 weights: str | Path | None = None, token_dedup: bool = False,
-                sample: tuple[Sequence[Sequence[str]], str] | None = None) -> dict[str, Any]:
+                sample: tuple[Sequence[Sequence[str]], str] | None = None,
+                int8_bits: int | None = None) -> dict[str, Any]:
     """Export a model directory (options.json + weights) to ``out_dir``/model.onnx + manifest.json.
 
     Validation against the torch backend runs on the spec's shapes (or ``shapes``) at the spec's
@@ -98,7 +101,7 @@ def export_onnx(model: str | Path, out_dir: str | Path, output: str = "all", mix
     checked = validate or precision == "int8"
     text = TextSample(*(sample or default_sample()), torch_backend, spec) if checked else None
     shape_sample = ShapeSample(torch_backend, spec, shapes) if checked else None
-    plan = _save(proto, path, spec, text, shape_sample, threads)
+    plan = _save(proto, path, spec, text, shape_sample, threads, int8_bits or weight_bits(cpu_flags()))
     if isinstance(bilm.tokenizer, DictionaryTokenizer):  # the exported backends tokenize with them
         save_dictionaries(bilm.tokenizer, bilm.config, out_dir)
     del proto

@@ -14,9 +14,10 @@ import pytest
 from corpora.sample import write_sample_corpus
 from elmo_cli.main import main
 from elmo_core.storage import cache_root, file_sha256
-from export.cache import cached_onnx_export
+from export.cache import cached_onnx_export, export_key, on_demand_dedup
 from formats.model_dir import resolve_model
-from inference.precision import INT8_CPU_FLAGS, int8_cpu_report
+from export.quantize import weight_bits
+from inference.precision import INT8_CPU_FLAGS, cpu_flags, int8_cpu_report
 
 from tests.helpers import read_record
 
@@ -113,6 +114,26 @@ def test_int8_instructions_are_reported_from_the_flags():
     assert "no int8 dot-product instructions" in int8_cpu_report(frozenset({"avx2", "fma"}))
     for flag in INT8_CPU_FLAGS:
         assert int8_cpu_report(frozenset({"avx2", flag})) == f"this CPU multiplies int8 in hardware ({flag})"
+
+
+def test_the_cache_key_follows_the_cpus_int8_weight_range_and_the_char_cnn_form(tiny_dir):
+    assert on_demand_dedup("int8", cuda=True) and on_demand_dedup("int8", cuda=False)
+    assert on_demand_dedup("fp32", cuda=False) and not on_demand_dedup("fp32", cuda=True)
+    vnni, avx2 = frozenset({"avx2", "avx512_vnni"}), frozenset({"avx2"})
+    for precision in ("int8", "auto"):  # 8- and 7-bit weights are different graphs
+        assert export_key(tiny_dir, precision, flags=vnni) != export_key(tiny_dir, precision, flags=avx2)
+        assert export_key(tiny_dir, precision, flags=vnni) == export_key(tiny_dir, precision, flags=vnni)
+    assert export_key(tiny_dir, "fp32", flags=vnni) == export_key(tiny_dir, "fp32", flags=avx2)
+    assert export_key(tiny_dir, "fp32", cuda=True) != export_key(tiny_dir, "fp32", cuda=False)
+    assert export_key(tiny_dir, "int8", cuda=True) == export_key(tiny_dir, "int8", cuda=False)
+
+
+def test_the_int8_export_runs_the_char_cnn_per_distinct_token_with_this_cpus_weight_range(tiny_dir, tmp_path):
+    entry, _ = cached_onnx_export(tiny_dir, "int8", root=tmp_path / "c")
+    manifest = json.loads((entry / "manifest.json").read_text())
+    assert manifest["spec"]["token_dedup"] is True and "Unique" in manifest["onnx"]["op_types"]
+    assert manifest["int8"]["weight_bits"] == weight_bits(cpu_flags())
+    assert "char_cnn.convolutions" in manifest["int8"]["quantized"] + manifest["int8"]["kept_fp32"]
 
 
 def test_serve_runs_the_int8_export_of_a_model_directory(tiny_dir, cache):

@@ -16,7 +16,7 @@ from export.cache import cached_onnx_export
 from export.errors import ParityError
 from export.onnx_export import export_onnx, ort_run
 from export.onnx_graph import build_onnx
-from export.quantize import matmul_groups, plan_int8, quantize_int8
+from export.quantize import matmul_groups, plan_int8, quantize_int8, weight_bits
 from export.text_parity import TextSample, default_sample
 from formats import load_bilm
 from formats.export_spec import TEXT_MIN_COSINE, ExportSpec
@@ -66,6 +66,26 @@ def test_kept_groups_stay_fp32(fp32_graph, tmp_path):
     assert _quantized_groups(tmp_path / "q.onnx", groups) == GROUPS - {"char_cnn.projection", "bilstm1.input"}
 
 
+def test_int8_weights_are_8_bit_where_the_cpu_sums_int8_exactly_else_7_bit(fp32_graph, tmp_path):
+    assert weight_bits(frozenset({"avx2", "fma"})) == 7  # AVX2 u8s8: saturating int16 pair sums
+    assert weight_bits(frozenset({"avx2", "avx512f", "avx512bw"})) == 7  # AVX-512 without VNNI: the same
+    for flag in ("avx512_vnni", "avx_vnni", "amx_int8"):
+        assert weight_bits(frozenset({"avx2", flag})) == 8
+    for bits, widest in ((7, 64), (8, 127)):
+        quantize_int8(fp32_graph, tmp_path / f"q{bits}.onnx", bits=bits)
+        weights = [onnx.numpy_helper.to_array(t) for n in _walk_graphs(onnx.load(str(tmp_path / f"q{bits}.onnx")).graph)
+                   for t in n.initializer if t.data_type == onnx.TensorProto.INT8]
+        assert weights and max(int(np.abs(w.astype(np.int32)).max()) for w in weights) == widest
+
+
+def _walk_graphs(graph: onnx.GraphProto):  # type: ignore[no-untyped-def]
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _walk_graphs(attr.g)
+
+
 def test_the_plan_adds_groups_from_least_error_while_the_whole_holds(fp32_graph, tmp_path):
     """The real quantizer and files; the cosine a stand-in: 1 minus each int8 group's own error."""
     groups = matmul_groups(onnx.load(str(fp32_graph)))
@@ -73,7 +93,8 @@ def test_the_plan_adds_groups_from_least_error_while_the_whole_holds(fp32_graph,
 
     def measure(path: Path) -> float:
         return 1.0 - sum(error[g] for g in _quantized_groups(path, groups))
-    plan = plan_int8(fp32_graph, tmp_path / "q.onnx", 0.999, measure)
+    plan = plan_int8(fp32_graph, tmp_path / "q.onnx", 0.999, measure, bits=8)
+    assert plan.bits == 8 and plan.to_dict()["weight_bits"] == 8 and "int8 (8-bit weights)" in plan.describe()
     # the five 1e-4 groups first (5e-4 together), then bilstm2.input (9.5e-4 < 1e-3: kept int8), then
     # bilstm1.input (1.55e-3: refused); the projection fails alone and is never tried with the others
     assert set(plan.kept_fp32) == {"char_cnn.projection", "bilstm1.input"}
