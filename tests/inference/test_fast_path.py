@@ -108,3 +108,30 @@ def test_perplexity_runs_the_fast_path_and_leaves_the_model_as_it_was(tmp_path):
     assert fast["predictions"] == reference["predictions"] > 0
     for k in ("forward", "backward", "mean"):
         assert fast[k] == pytest.approx(reference[k], rel=1e-5), k  # fp32 sums grouped differently
+
+
+@pytest.mark.parametrize("path", ["plain", "prepacked", "fp16"])
+def test_fast_steps_carry_a_start_state_and_return_each_rows_final_state(tiny_dir, path):
+    """From a nonzero start state (``StatefulBiLM``'s use), every row's final (h, c) and layers
+    through the fast steps equal the model's: each step's output is the next step's recurrent
+    input and each row's last one its final state, rows of several lengths."""
+    from inference.packed_gemm import packed_gemm_available
+
+    if path == "prepacked" and not packed_gemm_available(torch.device("cpu")):
+        pytest.skip("this torch build has no oneDNN pre-packed linear (non-x86 CPU)")
+    model = load_bilm(tiny_dir)
+    ids = torch.from_numpy(batch_to_ids(SENTENCES))
+    start = model.lstm.zero_state(ids.shape[0])
+    gen = torch.Generator().manual_seed(0)
+    start.h.copy_(torch.rand(start.h.shape, generator=gen) - 0.5)
+    start.c.copy_(torch.rand(start.c.shape, generator=gen) - 0.5)
+    with torch.inference_mode():
+        want = model.run(ids, state=start)
+        model.use_fast_path(FastInference(model, "fp16" if path == "fp16" else "fp32",
+                                          packed_min_weights=0 if path == "prepacked" else 1 << 62))
+        got = model.run(ids, state=start)
+    tol = dict(atol=2e-2, rtol=0) if path == "fp16" else dict(atol=1e-6, rtol=0)
+    torch.testing.assert_close(got.state.h, want.state.h, **tol)
+    torch.testing.assert_close(got.state.c, want.state.c, **tol)
+    torch.testing.assert_close(got.layers, want.layers, **tol)
+    assert (got.state.h - start.h).abs().amax() > 1e-2, "the state did not move"
