@@ -252,7 +252,8 @@ class Packing:
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """Shape: (B, T, P) -> (2, N, P)."""
-        return x.reshape(-1, x.shape[-1])[self.sources]  # (2, N, P)
+        P = x.shape[-1]
+        return x.reshape(-1, P).index_select(0, self.sources.view(-1)).view(2, self.sources.shape[1], P)
 
     def unpack(self, packed: torch.Tensor, positions: slice = slice(None), keep: torch.Tensor | None = None) -> torch.Tensor:
         """Shape: (2, N, P) -> (B, T', 2P), zero at padding, the backward half in reading order
@@ -277,4 +278,5 @@ def unpack(packed: torch.Tensor, targets: torch.Tensor, n_packed: int, shape: tu
     if keep is not None:
         targets = torch.where(keep, targets, N)
     index = torch.stack([targets[0], targets[1] + (N + 1)], dim=-1)  # (B, T', 2) into both directions
-    return packed.reshape(2 * (N + 1), -1)[index].flatten(2)  # (B, T', 2P)
+    rows = packed.reshape(2 * (N + 1), -1).index_select(0, index.view(-1))  # (B*T'*2, P)
+    return rows.view(index.shape[0], index.shape[1], 2 * packed.shape[-1])  # (B, T', 2P)
