@@ -107,7 +107,7 @@ class BiLstmStack(nn.Module):
         layers = [pack.unpack(o) for o in outputs]  # [(B, T, 2P)]
         return layers, None if shortcut else final
 
-    def forward_combined(self, x: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor,
+    def forward_combined(self, x: torch.Tensor | TokenRows, lengths: torch.Tensor, weights: torch.Tensor,
                          positions: slice = slice(None), keep: torch.Tensor | None = None,
                          run_layer: RunLayer | None = None) -> torch.Tensor:
         """``sum_j weights[j] * layer_j`` of the stateless stack (rows framed by <S> ... </S>, as
@@ -116,7 +116,7 @@ class BiLstmStack(nn.Module):
         stack: how a scalar mix, top or average is computed for inference
         (``elmo_core.scalar_mix.ScalarMix`` over ``forward``'s layers is the reference).
 
-        Shape: x (B, T, P) zero at padding, lengths (B,) >= 2, weights (L+1,) -> (B, T', 2P) for
+        Shape: x (B, T, P) zero at padding (or its ``TokenRows``), lengths (B,) >= 2, weights (L+1,) -> (B, T', 2P) for
         ``positions`` (default all T), zero at padding, where ``keep`` (B, T') is False, and at each
         row's last position (the boundary the shortcut skips).
         """
@@ -189,6 +189,37 @@ class BiLstmStack(nn.Module):
         return self.cfg.cell_clip, self.cfg.proj_clip
 
 
+@dataclass(frozen=True)
+class TokenRows:
+    """The LSTM's input as rows of a table: position (b, t) holds ``table[index[b, t]]`` (the
+    inference fast path's form: one gather of the table makes the packed input, and nothing builds
+    the (B, T, P) tensor). Shape: table (R, P), index (B, T) long -> (B, T, P)."""
+
+    table: torch.Tensor
+    index: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((*self.index.shape, self.table.shape[1]))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.table.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.table.device
+
+    def dense(self) -> torch.Tensor:
+        """Shape: -> (B, T, P)."""
+        return self.table.index_select(0, self.index.reshape(-1)).view(self.shape)
+
+
+def dense(x: torch.Tensor | TokenRows) -> torch.Tensor:
+    """The LSTM's input as one tensor. Shape: (B, T, P)."""
+    return x.dense() if isinstance(x, TokenRows) else x
+
+
 class Packing:
     """Rows sorted by length, time-major, real positions only (as torch's PackedSequence).
 
@@ -250,10 +281,12 @@ class Packing:
     def full(cls, batch: int, t_max: int, device: torch.device | None = None) -> "Packing":
         return cls(torch.full((batch,), t_max, dtype=torch.long, device=device), t_max)
 
-    def pack(self, x: torch.Tensor) -> torch.Tensor:
-        """Shape: (B, T, P) -> (2, N, P)."""
-        P = x.shape[-1]
-        return x.reshape(-1, P).index_select(0, self.sources.view(-1)).view(2, self.sources.shape[1], P)
+    def pack(self, x: torch.Tensor | TokenRows) -> torch.Tensor:
+        """Shape: (B, T, P) -> (2, N, P); ``TokenRows``: one gather of its table."""
+        P, where = x.shape[-1], self.sources.view(-1)  # (2N,) into the flat (B*T) axis
+        if isinstance(x, TokenRows):
+            return x.table.index_select(0, x.index.reshape(-1).index_select(0, where)).view(2, self.sources.shape[1], P)
+        return x.reshape(-1, P).index_select(0, where).view(2, self.sources.shape[1], P)
 
     def unpack(self, packed: torch.Tensor, positions: slice = slice(None), keep: torch.Tensor | None = None) -> torch.Tensor:
         """Shape: (2, N, P) -> (B, T', 2P), zero at padding, the backward half in reading order
