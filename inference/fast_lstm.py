@@ -14,6 +14,7 @@ tests/inference/test_fast_path.py, tests/core/test_precision.py.
 """
 from __future__ import annotations
 
+import threading
 from typing import Callable, Iterator
 
 import torch
@@ -78,13 +79,14 @@ class FastLstm:
         self.packed_min_weights = packed_min_weights
         self._copies: tuple = (None, ())  # (key, (W_in, W_h, W_P) in dtype)
         self._packed: tuple = (None, [])  # (key, per layer and direction (W_h, W_P, W_in) packed)
+        self._outputs: tuple[int, dict[int, torch.Tensor]] = (0, {})  # ``_output``'s (thread, buffer per layer)
 
     def run_layer(self, layer: int, xs: torch.Tensor, pack: Packing, h: torch.Tensor,
                   c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Each step's output is written once, into its rows of ``out``, and read from there as the
         next step's recurrent input (the rows still running are a prefix of the previous step's).
         Shape: xs (2, N, P), h (2, B, P), c (2, B, C) -> out (2, N, P), h, c."""
-        out = xs.new_empty(xs.shape[0], xs.shape[1], self.stack.cfg.projection_dim)  # (2, N, P)
+        out = self._output(layer, xs)  # (2, N, P)
         c = c.clone()  # (2, B, C): this layer's cell state, updated in place
         step, prev = self._step(layer), h  # prev (2, >= n, P): the recurrent input of the next step
         parts = input_parts(xs, pack.steps, self.chunk_rows, self.input_projection(layer))
@@ -96,6 +98,24 @@ class FastLstm:
             else:
                 prev = dest
         return out, final_h(out, pack, h), c
+
+    def _output(self, layer: int, xs: torch.Tensor) -> torch.Tensor:
+        """``run_layer``'s output buffer: on a CPU one per layer, reused batch after batch by the
+        thread that ran last (grown as needed; a fresh multi-MB tensor a batch costs as much in
+        page faults as its steps' products write), so a layer's output holds until its next
+        ``run_layer``; another thread starts its own; elsewhere a new tensor.
+        Shape: xs (2, N, P_in) -> (2, N, P)."""
+        shape = (xs.shape[0], xs.shape[1], self.stack.cfg.projection_dim)
+        if xs.device.type != "cpu":
+            return xs.new_empty(shape)
+        owner, held = self._outputs
+        if owner != threading.get_ident():
+            held = {}
+            self._outputs = (threading.get_ident(), held)
+        size = shape[0] * shape[1] * shape[2]
+        if layer not in held or held[layer].numel() < size or held[layer].dtype != xs.dtype:
+            held[layer] = xs.new_empty(size)
+        return held[layer][:size].view(shape)
 
     def _step(self, layer: int) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]:
         """One step of both directions, its output written into ``out``.

@@ -135,3 +135,31 @@ def test_fast_steps_carry_a_start_state_and_return_each_rows_final_state(tiny_di
     torch.testing.assert_close(got.state.c, want.state.c, **tol)
     torch.testing.assert_close(got.layers, want.layers, **tol)
     assert (got.state.h - start.h).abs().amax() > 1e-2, "the state did not move"
+
+
+def test_a_layers_output_buffer_is_reused_by_its_thread_only(tiny_dir):
+    """On a CPU each layer's output is written into one buffer batch after batch (no fresh
+    multi-MB tensor a batch); a batch run by another thread gets its own; the vectors of batches
+    of several sizes, run in turns, stay the model's."""
+    import threading
+
+    model = load_bilm(tiny_dir)
+    batches = [torch.from_numpy(batch_to_ids(s)) for s in (SENTENCES, SENTENCES[:2], SENTENCES[1:])]
+    weights = torch.tensor([0.2, 0.3, 0.5])
+    with torch.inference_mode():
+        want = [model.run_combined(ids, weights)[0] for ids in batches]
+    fast = FastInference(model)
+    model.use_fast_path(fast)
+    xs = torch.zeros(2, 5, model.config.lstm.projection_dim)
+    mine = fast.lstm._output(0, xs)  # held: another thread's buffer cannot take its memory
+    first = mine.data_ptr()
+    assert fast.lstm._output(0, xs[:, :3]).data_ptr() == first != fast.lstm._output(1, xs).data_ptr()
+    other: list[int] = []
+    thread = threading.Thread(target=lambda: other.append(fast.lstm._output(0, xs).data_ptr()))
+    thread.start()
+    thread.join()
+    assert other[0] != first
+    with torch.inference_mode():
+        for _ in range(2):
+            for ids, w in zip(batches, want):
+                torch.testing.assert_close(model.run_combined(ids, weights)[0], w, atol=1e-6, rtol=0)
