@@ -1,7 +1,9 @@
 """The biLM's recurrence for inference: ``BiLstmStack.run_layer``'s maths, faster, autograd off.
 
 What it does that the reference (``elmo_core.lstm``) does not:
-- the state is updated in place and each step's output written straight into one buffer;
+- each step's output is written once, into its rows of the layer's output (on a CPU one buffer
+  per layer, reused batch after batch), and read from there as the next step's recurrent input;
+  the cell state is updated in place;
 - the input part of the gates (``x W_in + b``) is computed a chunk of whole steps at a time
   (``chunk_rows``) into one reused buffer, not for the whole batch at once;
 - on x86 CPUs the recurrent and projection products use oneDNN weights packed once
