@@ -163,3 +163,21 @@ def test_a_layers_output_buffer_is_reused_by_its_thread_only(tiny_dir):
         for _ in range(2):
             for ids, w in zip(batches, want):
                 torch.testing.assert_close(model.run_combined(ids, weights)[0], w, atol=1e-6, rtol=0)
+
+
+def test_token_cache_lookup_gives_each_tokens_vector_and_forgets_a_failed_encode():
+    """``lookup`` (``plan`` then ``fill``): misses encoded, hits from the store, a cache smaller
+    than the tokens keeps the first; an ``encode`` that fails leaves no row claimed."""
+    ids = torch.tensor([[3, 1], [4, 1], [5, 9], [2, 6], [3, 1]])  # (U, C), a repeated row too
+    encode = lambda x: x.float() @ torch.tensor([[1.0, 0.5, 0.0], [2.0, 0.0, 1.0]])  # noqa: E731  (n, 3)
+    cache = TokenCache(max_tokens=3)
+
+    def failing(x):
+        raise RuntimeError("char-CNN failed")
+
+    with pytest.raises(RuntimeError):
+        cache.lookup(ids, failing, [])
+    assert cache.filled == 0 and not cache.index
+    for _ in range(2):
+        torch.testing.assert_close(cache.lookup(ids, encode, []), encode(ids), atol=0, rtol=0)
+    assert cache.filled == 3 and cache.hits > 0
