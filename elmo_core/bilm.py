@@ -24,7 +24,7 @@ from .chars import ByteTokenizer
 from .config import ElmoConfig
 from .dictionaries import DictionaryTokenizer
 from .errors import ConfigError, InputError
-from .lstm import BiLstmStack, LstmState, Packing
+from .lstm import BiLstmStack, LstmState, Packing, TokenRows, dense
 
 
 Tokenizer = ByteTokenizer | DictionaryTokenizer
@@ -34,9 +34,10 @@ class FastPath(Protocol):
     """Faster code for four steps of ``BiLM``, each computing what the reference step computes
     (within the products' precision), used only while autograd is off."""
 
-    def embed(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    def embed(self, char_ids: torch.Tensor) -> tuple[torch.Tensor | TokenRows, torch.Tensor, torch.Tensor] | None:
         """The LSTM's input from what the host already found of the batch, as ``_mask``,
-        ``embed_tokens`` and ``_with_boundaries`` give it: x (B, T+2, P), mask (B, T), lengths (B,);
+        ``embed_tokens`` and ``_with_boundaries`` give it: x (B, T+2, P) (or its ``TokenRows``),
+        mask (B, T), lengths (B,);
         None where the fast path holds no plan of this batch (the reference's steps run)."""
 
     def encode(self, char_ids: torch.Tensor) -> torch.Tensor:
@@ -46,7 +47,7 @@ class FastPath(Protocol):
                   c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One layer of both directions, as ``BiLstmStack.run_layer``."""
 
-    def combine(self, x: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor, positions: slice,
+    def combine(self, x: torch.Tensor | TokenRows, lengths: torch.Tensor, weights: torch.Tensor, positions: slice,
                 keep: torch.Tensor) -> torch.Tensor:
         """The layers combined, as ``BiLstmStack.forward_combined``."""
 
@@ -152,9 +153,9 @@ class BiLM(nn.Module):
         return x + is_eos[:, :, None] * eos
 
     def _tokens(self, char_ids: torch.Tensor, fast: FastPath | None,
-                dedup: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The tokens with their boundaries (the fast path's ``embed`` where it holds the batch's plan).
-        Shape: char_ids (B, T, C) -> x (B, T+2, P), mask (B, T), lengths (B,)."""
+                dedup: bool = True) -> tuple[torch.Tensor | TokenRows, torch.Tensor, torch.Tensor]:
+        """The tokens with their boundaries (the fast path's ``embed`` where it holds the batch's plan:
+        it may give their ``TokenRows``). Shape: char_ids (B, T, C) -> x (B, T+2, P), mask (B, T), lengths (B,)."""
         got = fast.embed(char_ids) if fast is not None else None
         if got is not None:
             return got
@@ -190,7 +191,8 @@ class BiLM(nn.Module):
         """The biLM on a batch of left-aligned sentences (boundary tokens are added here)."""
         T = char_ids.shape[1]
         fast = self.fast_path_in_use()
-        x, mask, lengths = self._tokens(char_ids, fast, dedup)  # (B, T+2, P)
+        x, mask, lengths = self._tokens(char_ids, fast, dedup)
+        x = dense(x)  # (B, T+2, P)
         full_mask = torch.arange(T + 2, device=x.device)[None, :] < (lengths + 2)[:, None]  # (B, T+2)
         shortcut = state is None and not keep_boundaries  # the boundary outputs are dropped anyway
         lstm_layers, new_state = self.lstm(x, lengths + 2, state, boundary_shortcut=shortcut,

@@ -107,7 +107,7 @@ class BiLstmStack(nn.Module):
         layers = [pack.unpack(o) for o in outputs]  # [(B, T, 2P)]
         return layers, None if shortcut else final
 
-    def forward_combined(self, x: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor,
+    def forward_combined(self, x: torch.Tensor | TokenRows, lengths: torch.Tensor, weights: torch.Tensor,
                          positions: slice = slice(None), keep: torch.Tensor | None = None,
                          run_layer: RunLayer | None = None) -> torch.Tensor:
         """``sum_j weights[j] * layer_j`` of the stateless stack (rows framed by <S> ... </S>, as
@@ -116,12 +116,12 @@ class BiLstmStack(nn.Module):
         stack: how a scalar mix, top or average is computed for inference
         (``elmo_core.scalar_mix.ScalarMix`` over ``forward``'s layers is the reference).
 
-        Shape: x (B, T, P) zero at padding, lengths (B,) >= 2, weights (L+1,) -> (B, T', 2P) for
+        Shape: x (B, T, P) zero at padding (or its ``TokenRows``), lengths (B,) >= 2, weights (L+1,) -> (B, T', 2P) for
         ``positions`` (default all T), zero at padding, where ``keep`` (B, T') is False, and at each
         row's last position (the boundary the shortcut skips).
         """
         pack = Packing(lengths, x.shape[1], shared_first=x.shape[0] > 0)
-        return pack.unpack(self.combine_packed(pack.pack(x), pack, weights, run_layer), positions, keep)
+        return pack.unpack(self.combine_packed(pack.pack(x, spare_row=True), pack, weights, run_layer), positions, keep)
 
     def combine_packed(self, xs: torch.Tensor, pack: "Packing", weights: torch.Tensor,
                        run_layer: RunLayer | None = None) -> torch.Tensor:
@@ -129,13 +129,14 @@ class BiLstmStack(nn.Module):
         directions, each in its own reading order), plus one zero row for ``Packing.unpack``.
         Stateless. Nothing here waits on the device, so it can be captured in a CUDA graph.
 
-        Shape: xs (2, N, P), weights (L+1,) -> (2, N+1, P).
+        ``xs`` carries that zero row already (``Packing.pack(x, spare_row=True)``); with autograd
+        off the mix is made in its place (``xs`` is overwritten), else in a new tensor.
+        Shape: xs (2, N+1, P), weights (L+1,) -> (2, N+1, P).
         """
-        outputs, _ = self.run_packed(xs, pack, None, run_layer)  # L x (2, N, P)
-        N, P = xs.shape[1], xs.shape[2]
-        combined = xs.new_empty(2, N + 1, P)  # the last row stays zero: unpacking reads it for padding
-        combined[:, N] = 0
-        torch.mul(xs, weights[0], out=combined[:, :N])
+        N = xs.shape[1] - 1
+        outputs, _ = self.run_packed(xs[:, :N], pack, None, run_layer)  # L x (2, N, P)
+        combined = xs.clone() if torch.is_grad_enabled() else xs  # the last row stays zero
+        combined[:, :N].mul_(weights[0])
         for j, out in enumerate(outputs, start=1):
             combined[:, :N].addcmul_(out, weights[j])
         return combined
@@ -187,6 +188,37 @@ class BiLstmStack(nn.Module):
     @property
     def clips(self) -> tuple[float | None, float | None]:
         return self.cfg.cell_clip, self.cfg.proj_clip
+
+
+@dataclass(frozen=True)
+class TokenRows:
+    """The LSTM's input as rows of a table: position (b, t) holds ``table[index[b, t]]`` (the
+    inference fast path's form: one gather of the table makes the packed input, and nothing builds
+    the (B, T, P) tensor). Shape: table (R, P), index (B, T) long -> (B, T, P)."""
+
+    table: torch.Tensor
+    index: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((*self.index.shape, self.table.shape[1]))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.table.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.table.device
+
+    def dense(self) -> torch.Tensor:
+        """Shape: -> (B, T, P)."""
+        return self.table.index_select(0, self.index.reshape(-1)).view(self.shape)
+
+
+def dense(x: torch.Tensor | TokenRows) -> torch.Tensor:
+    """The LSTM's input as one tensor. Shape: (B, T, P)."""
+    return x.dense() if isinstance(x, TokenRows) else x
 
 
 class Packing:
@@ -250,9 +282,23 @@ class Packing:
     def full(cls, batch: int, t_max: int, device: torch.device | None = None) -> "Packing":
         return cls(torch.full((batch,), t_max, dtype=torch.long, device=device), t_max)
 
-    def pack(self, x: torch.Tensor) -> torch.Tensor:
-        """Shape: (B, T, P) -> (2, N, P)."""
-        return x.reshape(-1, x.shape[-1])[self.sources]  # (2, N, P)
+    def pack(self, x: torch.Tensor | TokenRows, spare_row: bool = False) -> torch.Tensor:
+        """Shape: (B, T, P) -> (2, N, P); ``TokenRows``: one gather of its table. ``spare_row``:
+        (2, N+1, P), the last row zero (``unpack`` reads it for padding)."""
+        N, P = self.sources.shape[1], x.shape[-1]
+        rows = self.sources.view(-1)  # (2N,) into the flat (B*T) axis
+        if isinstance(x, TokenRows):
+            table, rows = x.table, x.index.reshape(-1).index_select(0, rows)
+        else:
+            table = x.reshape(-1, P)
+        if not spare_row or torch.is_grad_enabled():
+            packed = table.index_select(0, rows).view(2, N, P)
+            return torch.cat([packed, packed.new_zeros(2, 1, P)], dim=1) if spare_row else packed
+        out = table.new_empty(2, N + 1, P)
+        out[:, N] = 0
+        for d in range(2):
+            torch.index_select(table, 0, rows[d * N : (d + 1) * N], out=out[d, :N])
+        return out
 
     def unpack(self, packed: torch.Tensor, positions: slice = slice(None), keep: torch.Tensor | None = None) -> torch.Tensor:
         """Shape: (2, N, P) -> (B, T', 2P), zero at padding, the backward half in reading order
@@ -277,4 +323,5 @@ def unpack(packed: torch.Tensor, targets: torch.Tensor, n_packed: int, shape: tu
     if keep is not None:
         targets = torch.where(keep, targets, N)
     index = torch.stack([targets[0], targets[1] + (N + 1)], dim=-1)  # (B, T', 2) into both directions
-    return packed.reshape(2 * (N + 1), -1)[index].flatten(2)  # (B, T', 2P)
+    rows = packed.reshape(2 * (N + 1), -1).index_select(0, index.view(-1))  # (B*T'*2, P)
+    return rows.view(index.shape[0], index.shape[1], 2 * packed.shape[-1])  # (B, T', 2P)

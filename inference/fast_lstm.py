@@ -1,7 +1,9 @@
 """The biLM's recurrence for inference: ``BiLstmStack.run_layer``'s maths, faster, autograd off.
 
 What it does that the reference (``elmo_core.lstm``) does not:
-- the state is updated in place and each step's output written straight into one buffer;
+- each step's output is written once, into its rows of the layer's output (on a CPU one buffer
+  per layer, reused batch after batch), and read from there as the next step's recurrent input;
+  the cell state is updated in place;
 - the input part of the gates (``x W_in + b``) is computed a chunk of whole steps at a time
   (``chunk_rows``) into one reused buffer, not for the whole batch at once;
 - on x86 CPUs the recurrent and projection products use oneDNN weights packed once
@@ -14,11 +16,13 @@ tests/inference/test_fast_path.py, tests/core/test_precision.py.
 """
 from __future__ import annotations
 
+import threading
 from typing import Callable, Iterator
 
 import torch
 
 from elmo_core import ElmoConfig
+from elmo_core.fused_sequence import last_positions
 from elmo_core.lstm import BiLstmStack, Packing
 from elmo_core.lstm_cell import low_bmm
 
@@ -77,46 +81,65 @@ class FastLstm:
         self.packed_min_weights = packed_min_weights
         self._copies: tuple = (None, ())  # (key, (W_in, W_h, W_P) in dtype)
         self._packed: tuple = (None, [])  # (key, per layer and direction (W_h, W_P, W_in) packed)
+        self._outputs: tuple[int, dict[int, torch.Tensor]] = (0, {})  # ``_output``'s (thread, buffer per layer)
 
     def run_layer(self, layer: int, xs: torch.Tensor, pack: Packing, h: torch.Tensor,
                   c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Shape: xs (2, N, P), h (2, B, P), c (2, B, C) -> out (2, N, P), h, c."""
-        out = xs.new_empty(xs.shape[0], xs.shape[1], self.stack.cfg.projection_dim)  # (2, N, P)
-        h, c = h.clone(), c.clone()  # (2, B, P), (2, B, C): this layer's state, updated in place
-        step = self._step(layer)
+        """Each step's output is written once, into its rows of ``out``, and read from there as the
+        next step's recurrent input (the rows still running are a prefix of the previous step's).
+        Shape: xs (2, N, P), h (2, B, P), c (2, B, C) -> out (2, N, P), h, c."""
+        out = self._output(layer, xs)  # (2, N, P)
+        c = c.clone()  # (2, B, C): this layer's cell state, updated in place
+        step, prev = self._step(layer), h  # prev (2, >= n, P): the recurrent input of the next step
         parts = input_parts(xs, pack.steps, self.chunk_rows, self.input_projection(layer))
         for (start, n), gx_t in zip(pack.steps, parts):
-            h_new = step(gx_t, h[:, :n], c[:, :n])  # (2, n, P); c[:, :n] now holds the new cell state
-            out[:, start : start + n] = h_new
+            dest = out[:, start : start + n]  # (2, n, P)
+            step(gx_t, prev[:, :n], c[:, :n], dest)  # c[:, :n] now holds the new cell state
             if pack.shared_first and start == 0:  # step 0 ran once: its state holds for every row
-                h[:], c[:] = h_new, c[:, :1].clone()
+                prev, c[:] = dest.expand(-1, h.shape[1], -1), c[:, :1].clone()
             else:
-                h[:, :n] = h_new
-        return out, h, c
+                prev = dest
+        return out, final_h(out, pack, h), c
 
-    def _step(self, layer: int) -> Callable[..., torch.Tensor]:
-        """One step of both directions.
+    def _output(self, layer: int, xs: torch.Tensor) -> torch.Tensor:
+        """``run_layer``'s output buffer: on a CPU one per layer, reused batch after batch by the
+        thread that ran last (grown as needed; a fresh multi-MB tensor a batch costs as much in
+        page faults as its steps' products write), so a layer's output holds until its next
+        ``run_layer``; another thread starts its own; elsewhere a new tensor.
+        Shape: xs (2, N, P_in) -> (2, N, P)."""
+        shape = (xs.shape[0], xs.shape[1], self.stack.cfg.projection_dim)
+        if xs.device.type != "cpu":
+            return xs.new_empty(shape)
+        owner, held = self._outputs
+        if owner != threading.get_ident():
+            held = {}
+            self._outputs = (threading.get_ident(), held)
+        size = shape[0] * shape[1] * shape[2]
+        if layer not in held or held[layer].numel() < size or held[layer].dtype != xs.dtype:
+            held[layer] = xs.new_empty(size)
+        return held[layer][:size].view(shape)
 
-        Shape: gx (2, n, 4C), h (2, n, P), c (2, n, C) -> h (2, n, P); ``c`` is updated in place.
+    def _step(self, layer: int) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]:
+        """One step of both directions, its output written into ``out``.
+
+        Shape: gx (2, n, 4C), h (2, n, P), c (2, n, C), out (2, n, P); ``c`` is updated in place.
         """
         clips = self.stack.clips
         if self._packed_low():
             return self._packed_low_step(layer)
         if self.dtype != torch.float32:
             w_state, w_proj = (w[layer] for w in self.weight_copies()[1:])  # (2, P, 4C), (2, C, P) reduced
-            return lambda gx, h, c: lstm_step_inplace(
-                low_bmm(h, w_state).add_(gx), c, lambda m: low_bmm(m, w_proj), *clips)[0]
+            return lambda gx, h, c, out: lstm_step_inplace(
+                low_bmm(h, w_state).add_(gx), c, lambda m: out.copy_(low_bmm(m, w_proj)), *clips)
         if not self._use_packed():
             w_state, w_proj = self.stack.w_state[layer].detach(), self.stack.w_proj[layer].detach()
-            return lambda gx, h, c: lstm_step_inplace(
-                torch.baddbmm(gx, h, w_state), c, lambda m: torch.bmm(m, w_proj), *clips)[0]
+            return lambda gx, h, c, out: lstm_step_inplace(
+                torch.baddbmm(gx, h, w_state), c, lambda m: torch.bmm(m, w_proj, out=out), *clips)
         packed = self._packed_weights()[layer]
 
-        def step(gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-            h_new = h.new_empty(h.shape)  # (2, n, P)
+        def step(gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor, out: torch.Tensor) -> None:
             for d, (w_s, w_p, _) in enumerate(packed):
-                h_new[d] = lstm_step_inplace(w_s(h[d]).add_(gx[d]), c[d], w_p, *clips)[0]
-            return h_new
+                lstm_step_inplace(w_s(h[d].contiguous()).add_(gx[d]), c[d], lambda m: out[d].copy_(w_p(m)), *clips)
         return step
 
     def _use_packed(self) -> bool:
@@ -133,16 +156,14 @@ class FastLstm:
         (``input_projection``); one GEMM adds the recurrent product to it and rounds the sum to
         bf16 once; the gates, the cell state and the clips are fp32, as in every precision.
 
-        Shape: gx (2, n, 4C) bf16 (or a pair of (n, 4C)), h (2, n, P), c (2, n, C) fp32 -> h (2, n, P).
+        Shape: gx (2, n, 4C) bf16 (or a pair of (n, 4C)), h (2, n, P), c (2, n, C) fp32, out (2, n, P).
         """
         low, packed, clips = self.dtype, self._packed_weights()[layer], self.stack.clips
 
-        def step(gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-            h_new = h.new_empty(h.shape)  # (2, n, P)
+        def step(gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor, out: torch.Tensor) -> None:
             for d, (w_s, w_p, _) in enumerate(packed):
                 gates = w_s.add(h[d].to(low), gx[d]).float()  # (n, 4C): h W_h + gx, rounded to bf16 once
-                h_new[d] = lstm_step_inplace(gates, c[d], lambda m: w_p(m.to(low)).float(), *clips)[0]
-            return h_new
+                lstm_step_inplace(gates, c[d], lambda m: out[d].copy_(w_p(m.to(low))), *clips)
         return step
 
     def input_projection(self, layer: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -216,3 +237,12 @@ def input_parts(xs: torch.Tensor, steps: list[tuple[int, int]], chunk_rows: int,
         else:
             yield from gx.split(sizes, dim=1)
         i = j
+
+
+def final_h(out: torch.Tensor, pack: Packing, h: torch.Tensor) -> torch.Tensor:
+    """Each row's last output (its state after the layer; a row that never ran keeps ``h``).
+
+    Shape: out (2, N, P), h (2, B, P) -> (2, B, P).
+    """
+    index = torch.tensor(last_positions(pack.steps, h.shape[1], pack.shared_first), device=out.device)  # (B,)
+    return torch.where((index >= 0)[None, :, None], out[:, index.clamp(min=0)], h)

@@ -30,7 +30,7 @@ from elmo_core.bilm import BiLM
 from elmo_core.fused_cell import FusedCell
 from elmo_core.host_to_device import to_device
 from elmo_core.kinds import Precision
-from elmo_core.lstm import Packing
+from elmo_core.lstm import Packing, TokenRows, dense
 
 from .cuda_graphs import RowGraphs
 from .fast_lstm import INPUT_CHUNK_ROWS, PACKED_MIN_WEIGHTS, FastLstm
@@ -97,15 +97,16 @@ class FastInference:
         if plan is not None and plan.mark is not None and self.token_cache is not None:
             self.token_cache.rollback(plan.mark)
 
-    def embed(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    def embed(self, char_ids: torch.Tensor) -> tuple[TokenRows, torch.Tensor, torch.Tensor] | None:
         """The LSTM's input from the plan of the batch running (``batch``); None outside one (the
         reference's steps run). Only ``char_ids``' shape is read. Shape: (B, T, W) -> x (B, T+2, P)
-        (the tokens, <S> first, </S> after each row's last), mask (B, T), lengths (B,)."""
+        (the tokens, <S> first, </S> after each row's last) as rows of [distinct tokens; zero],
+        mask (B, T), lengths (B,)."""
         plan = self._host
         if plan is None or tuple(char_ids.shape[:2]) != plan.shape:
             return None
         dev = self.model.lstm.w_input.device
-        (B, T), P = plan.shape, self.model.config.lstm.projection_dim
+        T, P = plan.shape[1], self.model.config.lstm.projection_dim
         lengths = to_device(plan.lengths, dev)  # (B,)
         mask = torch.arange(T, device=dev)[None, :] < lengths[:, None]  # (B, T)
         fresh = (self._char_cnn(to_device(plan.chars, dev), plan.widths) if plan.widths
@@ -117,8 +118,7 @@ class FastInference:
         else:
             distinct = fresh.new_empty(plan.distinct, P).index_copy_(0, miss, fresh)  # (U, P)
         table = torch.cat([distinct, distinct.new_zeros(1, P)])  # (U+1, P): the last row is padding's
-        x = table.index_select(0, to_device(plan.index, dev).view(-1)).view(B, T + 2, P)
-        return x, mask, lengths
+        return TokenRows(table, to_device(plan.index, dev)), mask, lengths
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -150,11 +150,11 @@ class FastInference:
         """Shape: xs (2, N, P), h (2, B, P), c (2, B, C) -> out (2, N, P), h, c."""
         return self.lstm.run_layer(layer, xs, pack, h, c)
 
-    def combine(self, x: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor, positions: slice = slice(None),
-                keep: torch.Tensor | None = None) -> torch.Tensor:
-        """Shape: x (B, T, P), lengths (B,), weights (L+1,) -> (B, T', 2P)."""
+    def combine(self, x: torch.Tensor | TokenRows, lengths: torch.Tensor, weights: torch.Tensor,
+                positions: slice = slice(None), keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Shape: x (B, T, P) (or its ``TokenRows``), lengths (B,), weights (L+1,) -> (B, T', 2P)."""
         if self.graphs is not None:
             plan = self._host
             held = plan is not None and plan.rows is not None and plan.shape == (x.shape[0], x.shape[1] - 2)
-            return self.graphs(x, lengths, weights, positions, keep, plan.rows.to(x.device) if held else None)
+            return self.graphs(dense(x), lengths, weights, positions, keep, plan.rows.to(x.device) if held else None)
         return self.model.lstm.forward_combined(x, lengths, weights, positions, keep, self.lstm.run_layer)

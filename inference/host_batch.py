@@ -28,7 +28,7 @@ from elmo_core.bilm import BiLM, unique_rows
 from elmo_core.char_encoder import CharEncoder
 
 from .row_lstm import RowPlan
-from .token_cache import TokenCache
+from .token_cache import TokenCache, token_keys
 
 
 @dataclass
@@ -72,8 +72,7 @@ def plan_batch(char_ids: np.ndarray, boundary_ids: np.ndarray, encoder: CharEnco
     miss, planned, mark = torch.arange(U), None, None
     if cache is not None:
         mark = cache.filled
-        where, miss, slots = cache.plan([row.tobytes() for row in uniq.to(torch.int32).numpy()],
-                                        list(encoder.parameters()))
+        where, miss, slots = cache.plan(token_keys(uniq), list(encoder.parameters()))
     order, widths = encoder.plan_chunks(uniq[miss])
     if cache is not None:
         slots = slots[order]

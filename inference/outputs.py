@@ -103,7 +103,10 @@ def finish_on_device(x: torch.Tensor, request: VectorRequest, keep: torch.Tensor
     import torch
 
     if request.pool is None and take is not None:
-        x = x.reshape(-1, *x.shape[2:]).index_select(0, take)  # (n, [L+1,] D)
+        x = x.reshape(-1, *x.shape[2:])  # (B*T, [L+1,] D)
+        if not request.normalize and 5 * take.numel() >= 3 * x.shape[0]:  # most rows are taken
+            return x.float().to(request.vector_dtype.torch).index_select(0, take)  # a cast commutes with a gather
+        x = x.index_select(0, take)  # (n, [L+1,] D)
     x = x.float()
     if request.pool is not None:
         k = keep.reshape(keep.shape + (1,) * (x.dim() - 2))  # (B, T, 1, ...)

@@ -18,6 +18,13 @@ from elmo_core.bilm import BiLM
 from formats.token_embeddings import TokenEmbeddings, TokenEmbeddingsError
 
 
+def token_keys(ids: torch.Tensor) -> list[bytes]:
+    """Each token's cache key: its character ids as int32 bytes, all rows in one view (no per-row
+    call). Shape: ids (U, C) -> U keys."""
+    rows = np.ascontiguousarray(ids.to(torch.int32).cpu().numpy())  # (U, C)
+    return rows.view(np.dtype((np.void, rows.shape[1] * rows.itemsize))).ravel().tolist()
+
+
 class TokenCache:
     """Shape: ``lookup(ids (U, C), encode) -> (U, P)`` for U distinct tokens."""
 
@@ -43,7 +50,7 @@ class TokenCache:
         """
         self._check_version(params)
         self.clear()
-        keys = [row.tobytes() for row in ids.to(torch.int32).cpu().numpy()]
+        keys = token_keys(ids)
         self.store = vectors.new_empty(len(keys) + self.max_tokens, vectors.shape[1])  # (V + capacity, P)
         self.store[: len(keys)] = vectors
         self.index = dict(zip(keys, range(len(keys))))
@@ -57,24 +64,19 @@ class TokenCache:
 
     def lookup(self, ids: torch.Tensor, encode: Callable[[torch.Tensor], torch.Tensor],
                params: list[torch.Tensor]) -> torch.Tensor:
-        self._check_version(params)
-        raw = ids.to(torch.int32).cpu().numpy()
-        keys = [row.tobytes() for row in raw]
-        where = [self.index.get(k, -1) for k in keys]
-        miss = [i for i, w in enumerate(where) if w < 0]
-        self.hits += len(keys) - len(miss)
-        self.misses += len(miss)
-        fresh = encode(ids[miss]) if miss else None  # (M, P)
-        if self.store is None:  # an empty cache: the first call misses every token
-            self.store = fresh.new_empty(self.max_tokens, fresh.shape[1])  # (capacity, P)
-        out = self.store.new_empty(len(keys), self.store.shape[1])  # (U, P)
-        hit = [i for i, w in enumerate(where) if w >= 0]
-        if hit:
-            out[hit] = self.store[[where[i] for i in hit]]
-        if miss:
-            out[miss] = fresh
-            self._insert([keys[i] for i in miss], fresh)
-        return out
+        """``plan`` then ``fill`` in one call: the misses run through ``encode``, the rest come
+        from ``store``. Shape: ids (U, C) -> (U, P)."""
+        mark = self.filled
+        where, miss, slots = (t.to(ids.device) for t in self.plan(token_keys(ids), params))  # (U,), (M,), (M,)
+        if miss.numel() == 0 and self.store is not None:
+            return self.store.index_select(0, where)  # (U, P)
+        try:
+            fresh = encode(ids.index_select(0, miss))  # (M, P)
+        except BaseException:
+            self.rollback(mark)  # the rows given to the misses were never filled
+            raise
+        kept = torch.nonzero(slots >= 0).squeeze(1)  # (K,)
+        return self.fill(where, miss, kept, slots.index_select(0, kept), fresh)
 
     def plan(self, keys: list[bytes], params: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The host's half of a lookup, before anything runs on the device: each key's row of
@@ -117,16 +119,6 @@ class TokenCache:
         out.index_copy_(0, miss, fresh)
         self.store.index_copy_(0, slots, fresh.index_select(0, kept))
         return out
-
-    def _insert(self, keys: list[bytes], values: torch.Tensor) -> None:
-        room = self.store.shape[0] - self.filled
-        if room <= 0:
-            return
-        keys, values = keys[:room], values[:room]
-        start = self.filled
-        self.store[start : start + len(keys)] = values
-        self.index.update((k, start + i) for i, k in enumerate(keys))
-        self.filled += len(keys)
 
 
 def compute_token_embeddings(model: BiLM, tokens: Sequence[str], chunk: int = 4096) -> np.ndarray:

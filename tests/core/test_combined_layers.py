@@ -33,3 +33,19 @@ def test_combined_layers_equal_the_scalar_mix_of_the_layers(tmp_path, options, k
     # the fused weighted sum of 3 fp32 layers vs a separate one: a few ulp of |x| <~ 5
     torch.testing.assert_close(got, ref, atol=1e-6, rtol=0)
     assert not got[~mask].any()
+
+
+def test_the_packed_mix_is_the_same_with_autograd_on_and_off(tiny_dir):
+    """With autograd off the mix is made in the packed input's place (``combine_packed``); with
+    it on, in a new tensor that gradients flow through: the same vectors."""
+
+    model = load_bilm(tiny_dir)
+    ids = torch.from_numpy(batch_to_ids(SENTENCES))
+    weights = torch.tensor([0.2, 0.3, 0.5])
+    with torch.inference_mode():
+        off, _ = model.run_combined(ids, weights)
+    on, mask = model.run_combined(ids, weights)
+    on.sum().backward()
+    assert model.lstm.w_input.grad is not None and model.lstm.w_input.grad.abs().sum() > 0
+    torch.testing.assert_close(on.detach(), off, atol=1e-6, rtol=0)
+    assert not off[~mask].any(), "padding must be zero"

@@ -108,3 +108,76 @@ def test_perplexity_runs_the_fast_path_and_leaves_the_model_as_it_was(tmp_path):
     assert fast["predictions"] == reference["predictions"] > 0
     for k in ("forward", "backward", "mean"):
         assert fast[k] == pytest.approx(reference[k], rel=1e-5), k  # fp32 sums grouped differently
+
+
+@pytest.mark.parametrize("path", ["plain", "prepacked", "fp16"])
+def test_fast_steps_carry_a_start_state_and_return_each_rows_final_state(tiny_dir, path):
+    """From a nonzero start state (``StatefulBiLM``'s use), every row's final (h, c) and layers
+    through the fast steps equal the model's: each step's output is the next step's recurrent
+    input and each row's last one its final state, rows of several lengths."""
+    from inference.packed_gemm import packed_gemm_available
+
+    if path == "prepacked" and not packed_gemm_available(torch.device("cpu")):
+        pytest.skip("this torch build has no oneDNN pre-packed linear (non-x86 CPU)")
+    model = load_bilm(tiny_dir)
+    ids = torch.from_numpy(batch_to_ids(SENTENCES))
+    start = model.lstm.zero_state(ids.shape[0])
+    gen = torch.Generator().manual_seed(0)
+    start.h.copy_(torch.rand(start.h.shape, generator=gen) - 0.5)
+    start.c.copy_(torch.rand(start.c.shape, generator=gen) - 0.5)
+    with torch.inference_mode():
+        want = model.run(ids, state=start)
+        model.use_fast_path(FastInference(model, "fp16" if path == "fp16" else "fp32",
+                                          packed_min_weights=0 if path == "prepacked" else 1 << 62))
+        got = model.run(ids, state=start)
+    tol = dict(atol=2e-2, rtol=0) if path == "fp16" else dict(atol=1e-6, rtol=0)
+    torch.testing.assert_close(got.state.h, want.state.h, **tol)
+    torch.testing.assert_close(got.state.c, want.state.c, **tol)
+    torch.testing.assert_close(got.layers, want.layers, **tol)
+    assert (got.state.h - start.h).abs().amax() > 1e-2, "the state did not move"
+
+
+def test_a_layers_output_buffer_is_reused_by_its_thread_only(tiny_dir):
+    """On a CPU each layer's output is written into one buffer batch after batch (no fresh
+    multi-MB tensor a batch); a batch run by another thread gets its own; the vectors of batches
+    of several sizes, run in turns, stay the model's."""
+    import threading
+
+    model = load_bilm(tiny_dir)
+    batches = [torch.from_numpy(batch_to_ids(s)) for s in (SENTENCES, SENTENCES[:2], SENTENCES[1:])]
+    weights = torch.tensor([0.2, 0.3, 0.5])
+    with torch.inference_mode():
+        want = [model.run_combined(ids, weights)[0] for ids in batches]
+    fast = FastInference(model)
+    model.use_fast_path(fast)
+    xs = torch.zeros(2, 5, model.config.lstm.projection_dim)
+    mine = fast.lstm._output(0, xs)  # held: another thread's buffer cannot take its memory
+    first = mine.data_ptr()
+    assert fast.lstm._output(0, xs[:, :3]).data_ptr() == first != fast.lstm._output(1, xs).data_ptr()
+    other: list[int] = []
+    thread = threading.Thread(target=lambda: other.append(fast.lstm._output(0, xs).data_ptr()))
+    thread.start()
+    thread.join()
+    assert other[0] != first
+    with torch.inference_mode():
+        for _ in range(2):
+            for ids, w in zip(batches, want):
+                torch.testing.assert_close(model.run_combined(ids, weights)[0], w, atol=1e-6, rtol=0)
+
+
+def test_token_cache_lookup_gives_each_tokens_vector_and_forgets_a_failed_encode():
+    """``lookup`` (``plan`` then ``fill``): misses encoded, hits from the store, a cache smaller
+    than the tokens keeps the first; an ``encode`` that fails leaves no row claimed."""
+    ids = torch.tensor([[3, 1], [4, 1], [5, 9], [2, 6], [3, 1]])  # (U, C), a repeated row too
+    encode = lambda x: x.float() @ torch.tensor([[1.0, 0.5, 0.0], [2.0, 0.0, 1.0]])  # noqa: E731  (n, 3)
+    cache = TokenCache(max_tokens=3)
+
+    def failing(x):
+        raise RuntimeError("char-CNN failed")
+
+    with pytest.raises(RuntimeError):
+        cache.lookup(ids, failing, [])
+    assert cache.filled == 0 and not cache.index
+    for _ in range(2):
+        torch.testing.assert_close(cache.lookup(ids, encode, []), encode(ids), atol=0, rtol=0)
+    assert cache.filled == 3 and cache.hits > 0

@@ -6,9 +6,11 @@ import re
 
 import numpy as np
 import pytest
+import torch
 
 from elmo_core import batch_to_ids
 from elmo_core.errors import SettingError
+from elmo_core.kinds import Dtype
 from inference import Embedder, layer_weights, reduce_layers
 from inference.outputs import VectorRequest
 from inference.backends import BackendBase
@@ -60,3 +62,24 @@ def test_a_mix_setting_an_output_would_ignore_is_refused_by_every_door(tiny_dir,
     with Embedder.from_files(tiny_dir) as embedder, pytest.raises(SettingError, match=re.escape(named)):
         embedder.embed_sentences(SENTENCES, output=output, mix_weights=mix, gamma=gamma)
     assert VectorRequest("default", mix, gamma).mode.mixes  # TF-Hub's default is the mix, mean-pooled
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("taken", [1.0, 0.9, 0.2])  # the share of the batch's positions taken
+def test_finish_on_device_takes_the_tokens_in_the_request_dtype(dtype, normalize, taken):
+    """Only the taken tokens, in the order asked, each unit length if asked, in the dtype:
+    casting first where most rows are taken gives the same values as taking first."""
+    from inference.outputs import finish_on_device
+
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 9, 3, 16, generator=gen)  # (B, T, L+1, D)
+    take = torch.randperm(54, generator=gen)[: int(54 * taken)]  # (n,) flat positions, any order
+    request = VectorRequest("all", normalize=normalize, dtype=dtype)
+    got = finish_on_device(x, request, take=take)
+    want = x.reshape(54, 3, 16)[take]
+    if normalize:
+        want = want / torch.linalg.vector_norm(want, dim=-1, keepdim=True)
+    want = want.to(got.dtype)
+    assert got.dtype == Dtype.of(dtype).torch and got.shape == (len(take), 3, 16)
+    assert torch.equal(got, want)
