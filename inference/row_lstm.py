@@ -166,7 +166,13 @@ class RowLstm:
         out = xs.new_empty(xs.shape[0], xs.shape[1], w_proj.shape[-1])  # (2, T*R, P)
         h, c, mask = self.h[layer], self.c[layer], keep[:, None, :, None]  # (2, R, P), (2, R, C), (T+1, 1, R, 1)
         parts = input_parts(xs, steps, xs.shape[1], self.lstm.input_projection(layer))  # the window's in one product
+        packed = self.lstm.packed_products(layer)
         for t, gx_t in enumerate(parts):
-            m = k.cell(gx_t, torch.bmm(h, w_state), c, mask[t], cell_clip, self.lstm.dtype)  # (2, R, C)
-            k.store(torch.bmm(m, w_proj), out[:, t * R : (t + 1) * R], h, mask[t + 1], proj_clip)
+            if packed is None:
+                m = k.cell(gx_t, torch.bmm(h, w_state), c, mask[t], cell_clip, self.lstm.dtype)  # (2, R, C)
+                k.store(torch.bmm(m, w_proj), out[:, t * R : (t + 1) * R], h, mask[t + 1], proj_clip)
+                continue
+            for d, (w_s, w_p) in enumerate(packed):  # a CPU's packed oneDNN products, one direction at a time
+                m = k.cell(gx_t[d][None], w_s(h[d])[None], c[d : d + 1], mask[t], cell_clip, self.lstm.dtype)
+                k.store(w_p(m[0])[None], out[d : d + 1, t * R : (t + 1) * R], h[d : d + 1], mask[t + 1], proj_clip)
         return out
