@@ -19,6 +19,7 @@ precision on trained weights, whose int8 export is planned per model (``export.q
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import subprocess
 import sys
@@ -156,7 +157,6 @@ def compare_precisions(model_dir: Path, batches: list[list[list[str]]], threads:
     for name in list(runners)[1:]:
         print(f"{name}: {best[name]:.0f} tokens/s = {best[name] / base:.2f}x {base_name} ({base:.0f}); min token "
               f"cosine vs it {min_cosine(outs[base_name], outs[name], batches[1:]):.6f} (every layer and the mix)")
-    rows = engine_rows(batches[1:])
     picked = {p: f"rows:{chosen.rows}" if chosen.rows else chosen.name for p, chosen in auto.items()}  # bench names
     for p in auto:
         tps = {layout: best[f"torch {p} {layout}"] for layout in layouts}
@@ -168,12 +168,14 @@ def compare_precisions(model_dir: Path, batches: list[list[list[str]]], threads:
         if p == "fp32" or f"torch {p} {picked[p]}" not in best:
             continue
         ours = best[f"torch {p} {picked[p]}"] / fp32_auto
+        rows = engine_rows(batches[1:], auto[p])
         for m in (rows, GEMM_SHAPE[0]):
             gain = gemm_gain(p, threads, m, config)
             print(f"torch {p} (auto): {ours:.2f}x fp32 (auto) end to end against the {p} products' own {gain:.2f}x "
                   f"at {m} rows ({'what the engine runs here' if m == rows else 'fuller tiles'}; the three LSTM "
                   f"products at their shapes, same run): {ours / gain:.0%} of what the hardware offers (target >= "
                   f"85% at the engine's rows; >= 3x fp32 with AMX)", flush=True)
+    rows = engine_rows(batches[1:], auto["fp32"])
     bound = lstm_bound("fp32", threads, rows, config)
     print(f"torch fp32 (auto): {fp32_auto:.0f} tokens/s = {fp32_auto / bound:.0%} of the fp32 bound of its LSTM "
           f"products alone at the engine's shapes ({rows} rows: {bound:.0f} tokens/s; the char-CNN on top; target "
@@ -186,12 +188,20 @@ def json_options(model_dir: Path) -> dict:
     return json.loads((model_dir / "options.json").read_text())
 
 
-def engine_rows(batches: list[list[list[str]]]) -> int:
-    """The rows a recurrent step of the engine multiplies on these batches, on average over steps
-    (the sorted packing: step t runs the sentences longer than t, boundaries included)."""
+def engine_rows(batches: list[list[list[str]]], layout=None) -> int:  # type: ignore[no-untyped-def]
+    """The rows a recurrent step of the engine multiplies on these batches, on average over steps:
+    the sorted packing's (step t runs the sentences longer than t, boundaries included), or under
+    the ``rows`` layout (``layout.name``) the row count each batch takes (``RowShape.for_batch``)."""
+    from inference.row_lstm import RowShape
+
     steps = tokens = 0
     for b in batches:
         lengths = [len(s) + 2 for s in b]
+        if layout is not None and layout.name == "rows":
+            shape = RowShape(layout.rows or RowShape().rows).for_batch(lengths)
+            windows = math.ceil(max(max(lengths), math.ceil(sum(lengths) / shape.rows)) / shape.steps)
+            steps, tokens = steps + windows * shape.steps, tokens + windows * shape.steps * shape.rows
+            continue
         steps += max(lengths)
         tokens += sum(lengths)
     return max(1, round(tokens / steps))

@@ -132,3 +132,11 @@ def test_auto_keeps_fp32_where_the_products_are_too_small_for_bf16_units(tiny_di
     assert (run.precision, run.precision_reason) == ("fp32", SMALL_BF16)
     assert resolve_run(tiny_dir, precision="bf16", flags=frozenset({"amx_bf16", "avx512f"})).precision == "bf16"
     assert packed_products(_config(4096, 512)) and not packed_products(_config(512, 128))
+
+
+def test_an_unknown_layout_exits_2_naming_the_flag(tmp_path):
+    from tests.helpers import run_cli
+
+    result = run_cli("embed", tmp_path / "in", tmp_path / "out", "--model", tmp_path, "--layout", "row")
+    assert result.returncode == 2 and "--layout" in result.stderr and "rows" in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()
