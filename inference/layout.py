@@ -64,7 +64,7 @@ class Layout:
     rows: int | None = None  # ``rows``: the most rows a step runs (``RowShape.rows``); None: ``RowShape()``'s
 
 
-def check_layout(layout: str, device: str) -> str:
+def check_layout(layout: str) -> str:
     """``layout`` checked: InputError for an unknown name."""
     if layout not in LAYOUTS:
         raise InputError(f"--layout must be one of {list(LAYOUTS)}, got {layout!r}")
@@ -75,7 +75,7 @@ def resolve_layout(layout: str | None, device: str, precision: str, config: Elmo
                    measure: Callable[[ElmoConfig, str, int], dict[str, float]] | None = None) -> Layout:
     """The layout that runs and why (``layout`` None or ``auto``: the module doc's rule)."""
     if layout not in (None, "auto"):
-        return Layout(check_layout(layout, device), "asked for")
+        return Layout(check_layout(layout), "asked for")
     if device.startswith("cuda"):
         return Layout("rows", "CUDA: static rows replayed as CUDA graphs")
     lstm = config.lstm
