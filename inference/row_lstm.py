@@ -16,7 +16,9 @@ batch runs one shape, ``RowShape(rows=R, steps=T)``:
   (``elmo_core.fused_cell``: ``cell`` zeroes the cell state where a sentence starts, ``store``
   the next step's ``h``). Its shapes never change, so one CUDA graph replays it for every window
   of a job (``inference.cuda_graphs.RowGraphs``). The input part of the gates is one product a
-  layer and window.
+  layer and window. On a CPU (``--layout rows``) the windows run eagerly and a step's two
+  products run on packed oneDNN weights one direction at a time (``FusedLstm.packed_products``):
+  every step multiplies all R rows, where the sorted packing's last steps run a few.
 
 Equal per sentence to the reference (tests/inference/test_cuda_graphs.py: fp32 within 1e-6, bf16
 cosine >= 0.999, every option).
