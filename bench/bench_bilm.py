@@ -19,6 +19,7 @@ precision on trained weights, whose int8 export is planned per model (``export.q
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import subprocess
 import sys
@@ -135,8 +136,9 @@ def compare_precisions(model_dir: Path, batches: list[list[list[str]]], threads:
         auto[p] = chosen
         print(f"torch {p}: --layout auto takes {chosen.name} ({chosen.reason})", flush=True)
         for layout in layouts:
+            name, _, rows = layout.partition(":")  # rows:N, the rows layout at most N rows a step
             runners[f"torch {p} {layout}"] = TorchBackend.from_files(model_dir, threads=threads, precision=p,
-                                                                     layout=layout)
+                                                                     layout=name, rows=int(rows) if rows else None)
     for p in onnx_precisions:
         t0 = time.perf_counter()
         export, built = cached_onnx_export(model_dir, p, threads=threads, root=workdir / "cache")
@@ -155,23 +157,25 @@ def compare_precisions(model_dir: Path, batches: list[list[list[str]]], threads:
     for name in list(runners)[1:]:
         print(f"{name}: {best[name]:.0f} tokens/s = {best[name] / base:.2f}x {base_name} ({base:.0f}); min token "
               f"cosine vs it {min_cosine(outs[base_name], outs[name], batches[1:]):.6f} (every layer and the mix)")
-    rows = engine_rows(batches[1:])
+    picked = {p: f"rows:{chosen.rows}" if chosen.rows else chosen.name for p, chosen in auto.items()}  # bench names
     for p in auto:
         tps = {layout: best[f"torch {p} {layout}"] for layout in layouts}
-        print(f"torch {p}: --layout auto ({auto[p].name}) {tps.get(auto[p].name, float('nan')):.0f} tokens/s vs the "
-              f"fixed packed {tps.get('packed', float('nan')):.0f} = "
-              f"{tps.get(auto[p].name, float('nan')) / tps.get('packed', float('nan')):.2f}x (target: never slower)")
-    fp32_auto = best.get(f"torch fp32 {auto['fp32'].name}", base)
+        got, packed = tps.get(picked[p], float("nan")), tps.get("packed", float("nan"))
+        print(f"torch {p}: --layout auto ({picked[p]}) {got:.0f} tokens/s vs the fixed packed {packed:.0f} = "
+              f"{got / packed:.2f}x (target: never slower)")
+    fp32_auto = best.get(f"torch fp32 {picked['fp32']}", base)
     for p in auto:
-        if p == "fp32" or f"torch {p} {auto[p].name}" not in best:
+        if p == "fp32" or f"torch {p} {picked[p]}" not in best:
             continue
-        ours = best[f"torch {p} {auto[p].name}"] / fp32_auto
+        ours = best[f"torch {p} {picked[p]}"] / fp32_auto
+        rows = engine_rows(batches[1:], auto[p])
         for m in (rows, GEMM_SHAPE[0]):
             gain = gemm_gain(p, threads, m, config)
             print(f"torch {p} (auto): {ours:.2f}x fp32 (auto) end to end against the {p} products' own {gain:.2f}x "
                   f"at {m} rows ({'what the engine runs here' if m == rows else 'fuller tiles'}; the three LSTM "
                   f"products at their shapes, same run): {ours / gain:.0%} of what the hardware offers (target >= "
                   f"85% at the engine's rows; >= 3x fp32 with AMX)", flush=True)
+    rows = engine_rows(batches[1:], auto["fp32"])
     bound = lstm_bound("fp32", threads, rows, config)
     print(f"torch fp32 (auto): {fp32_auto:.0f} tokens/s = {fp32_auto / bound:.0%} of the fp32 bound of its LSTM "
           f"products alone at the engine's shapes ({rows} rows: {bound:.0f} tokens/s; the char-CNN on top; target "
@@ -184,12 +188,20 @@ def json_options(model_dir: Path) -> dict:
     return json.loads((model_dir / "options.json").read_text())
 
 
-def engine_rows(batches: list[list[list[str]]]) -> int:
-    """The rows a recurrent step of the engine multiplies on these batches, on average over steps
-    (the sorted packing: step t runs the sentences longer than t, boundaries included)."""
+def engine_rows(batches: list[list[list[str]]], layout=None) -> int:  # type: ignore[no-untyped-def]
+    """The rows a recurrent step of the engine multiplies on these batches, on average over steps:
+    the sorted packing's (step t runs the sentences longer than t, boundaries included), or under
+    the ``rows`` layout (``layout.name``) the row count each batch takes (``RowShape.for_batch``)."""
+    from inference.row_lstm import RowShape
+
     steps = tokens = 0
     for b in batches:
         lengths = [len(s) + 2 for s in b]
+        if layout is not None and layout.name == "rows":
+            shape = RowShape(layout.rows or RowShape().rows).for_batch(lengths)
+            windows = math.ceil(max(max(lengths), math.ceil(sum(lengths) / shape.rows)) / shape.steps)
+            steps, tokens = steps + windows * shape.steps, tokens + windows * shape.steps * shape.rows
+            continue
         steps += max(lengths)
         tokens += sum(lengths)
     return max(1, round(tokens / steps))
@@ -274,8 +286,9 @@ def main() -> None:
     ap.add_argument("--onnx-precisions", default="fp32,int8", help="ONNX Runtime exports compared with torch fp32 "
                                                                    "('' for none)")
     ap.add_argument("--model", type=Path, default=None, help="a trained model directory: only the precisions, on it")
-    ap.add_argument("--layouts", default="packed,fused", help="torch layouts compared (inference/layout.py; the "
-                                                              "first is the baseline)")
+    ap.add_argument("--layouts", default="packed,fused,rows:64,rows:1024",
+                    help="torch layouts compared (inference/layout.py; rows:N at most N rows a step; the first is "
+                         "the baseline)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     a.workdir.mkdir(parents=True, exist_ok=True)

@@ -41,8 +41,9 @@ MEANINGS: dict[str, Meaning] = {m.dest: m for m in (
     Meaning("--threads", "the model's threads (default: the process's CPUs, see README's Threads)"),
     Meaning("--precision", "the precision the model multiplies in"),
     Meaning("--layout", "how the torch backend runs the recurrence: packed (eager steps), fused (compiled "
-                        "steps), rows (CUDA graphs); auto (default): rows on CUDA, on a CPU the faster of packed "
-                        "and fused measured once for this CPU, precision and model shape (inference/layout.py)"),
+                        "steps), rows (static rows: CUDA graphs on CUDA, eager windows on a CPU); auto (default): "
+                        "rows on CUDA, on a CPU the fastest of packed, fused and rows measured once for this CPU, "
+                        "precision and model shape (inference/layout.py)"),
     Meaning("--max-batch-tokens", "padded tokens (sentences x longest sentence) per model batch"),
     Meaning("--max-sentence-tokens", "tokens one sentence may hold"),
     Meaning("--text-column", "the Parquet column of whitespace-tokenized text"),

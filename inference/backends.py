@@ -32,6 +32,7 @@ from .host_batch import HostBatch
 from .host_copy import PinnedCopies
 from .outputs import VectorRequest, combine_layers, finish_on_device, reduce_on_device
 from .precision import check_precision
+from .row_lstm import RowShape
 from .token_cache import TokenCache, preload_token_cache
 
 
@@ -159,7 +160,8 @@ class TorchBackend(BackendBase):
     ``cuda_graphs``: the stateless recurrence of ``run_combined`` over rows of one static shape,
     replayed as one CUDA graph (``inference.cuda_graphs``); default on for a CUDA device.
     ``layout``: how the recurrence runs (``inference.layout``: ``packed``, ``fused``, ``rows``, as a
-    run resolved it); None: the device's default, as ``cuda_graphs`` says.
+    run resolved it); None: the device's default, as ``cuda_graphs`` says. ``rows``: the ``rows``
+    layout's most rows a step (None: ``RowShape()``'s); on a CPU its windows run eagerly.
     """
 
     name = "torch"
@@ -167,7 +169,7 @@ class TorchBackend(BackendBase):
     def __init__(self, model: BiLM, stateful: bool = False, threads: int | None = None,
                  device: str = "cpu", token_cache: int = 50_000, token_embeddings: str | Path | None = None,
                  token_vocab: str | Path | None = None, precision: str | Precision = "fp32",
-                 cuda_graphs: bool | None = None, layout: str | None = None) -> None:
+                 cuda_graphs: bool | None = None, layout: str | None = None, rows: int | None = None) -> None:
         precision = precision if isinstance(precision, Precision) else check_precision(precision, device)
         is_cuda = torch.device(device).type == "cuda"
         if cuda_graphs and not is_cuda:
@@ -180,9 +182,10 @@ class TorchBackend(BackendBase):
         if token_embeddings is not None:
             preload_token_cache(self.model, read_token_embeddings(token_embeddings, token_vocab), cache)
         graphs = (is_cuda if cuda_graphs is None else cuda_graphs) and not stateful
-        if layout == "rows" and not graphs:  # graphs off (asked, or a stateful run): the same steps, fused
+        if layout == "rows" and (stateful or (is_cuda and not graphs)):  # a row's state carried, or graphs off
             layout = "fused"
-        self.fast = FastInference(self.model, precision, cache, cuda_graphs=graphs and layout is None, layout=layout)
+        self.fast = FastInference(self.model, precision, cache, cuda_graphs=graphs and layout is None, layout=layout,
+                                  capture=is_cuda, rows=RowShape(rows) if rows else RowShape())
         self.model.use_fast_path(self.fast)
         self.device = torch.device(device)
         self.config = model.config

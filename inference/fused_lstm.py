@@ -27,6 +27,7 @@ from elmo_core.fused_sequence import last_positions
 from elmo_core.lstm import BiLstmStack, Packing
 
 from .fast_lstm import INPUT_CHUNK_ROWS, FastLstm, input_parts
+from .packed_gemm import PackedLinear
 
 
 class FusedLstm(FastLstm):
@@ -51,6 +52,13 @@ class FusedLstm(FastLstm):
         _, w_state, w_proj = self.weight_copies()
         return w_state[layer], w_proj[layer]
 
+    def packed_products(self, layer: int) -> list[tuple[PackedLinear, PackedLinear]] | None:
+        """W_h and W_P of ``layer`` per direction on packed oneDNN weights (a CPU; fp32, or bf16
+        where oneDNN runs it), None where the products run batched over the directions."""
+        if self._use_packed() and (self.dtype == torch.float32 or self._packed_low()):
+            return [(w_s, w_p) for w_s, w_p, _ in self._packed_weights()[layer]]
+        return None
+
     def run_layer(self, layer: int, xs: torch.Tensor, pack: Packing, h: torch.Tensor,
                   c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Shape: xs (2, N, P), h (2, B, P), c (2, B, C) -> out (2, N, P), h, c (final, per row)."""
@@ -71,11 +79,11 @@ class FusedLstm(FastLstm):
         Shape: gx (2, n, 4C), h (2, n, P) in the products' type, c (2, n, C), out (2, n, P).
         """
         k, (cell_clip, proj_clip) = self.kernels, self.clips(device)
-        if self._use_packed() and (self.dtype == torch.float32 or self._packed_low()):
-            packed = self._packed_weights()[layer]
+        packed = self.packed_products(layer)
+        if packed is not None:
 
             def packed_step(gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor, out: torch.Tensor) -> None:
-                for d, (w_s, w_p, _) in enumerate(packed):
+                for d, (w_s, w_p) in enumerate(packed):
                     m = k.cell(gx[d][None], w_s(h[d])[None], c[d : d + 1], None, cell_clip, self.dtype)  # (1, n, C)
                     k.store(w_p(m[0])[None], out[d : d + 1], h[d : d + 1], None, proj_clip)
             return packed_step

@@ -7,15 +7,20 @@ The layouts (``elmo_core.names.LAYOUTS``), each computing what the reference com
 - ``fused``: the same packing, each step two products and two compiled kernels
   (``inference.fused_lstm`` over ``elmo_core.fused_cell``); on a CPU the products on packed
   oneDNN weights and the kernels compiled by inductor's C++ backend (a C++ compiler is needed).
-- ``rows``: static rows replayed as CUDA graphs (``inference.row_lstm``): CUDA only.
+- ``rows``: a batch's sentences laid end to end in static rows, run a window of steps at a time
+  (``inference.row_lstm``): replayed as CUDA graphs on CUDA; on a CPU the same windows run
+  eagerly, each step two products on packed oneDNN weights and two compiled kernels, at most
+  ``Layout.rows`` rows a step (``RowShape.rows``; each batch takes the power of two up to it
+  that runs it fastest, ``RowShape.for_batch``).
 
-``auto`` (the default): ``rows`` on CUDA. On a CPU the fastest of ``packed`` and ``fused`` for this
-CPU model, precision, LSTM shape and thread count, measured once on the recurrence alone (a random
-model of the same shape: the weights' values do not change the time) and kept in the cache
-(``layouts.json`` under ``elmo_core.storage.cache_root``). ``fused`` is taken only when it is
-``FUSED_MARGIN`` faster: never slower than ``packed`` by more than noise. A
-model whose matrices are below ``fast_lstm.PACKED_MIN_WEIGHTS`` takes ``packed`` unmeasured (its steps are too
-small for either to matter, and compiling would cost more than it saves).
+``auto`` (the default): ``rows`` on CUDA. On a CPU the fastest of ``packed``, ``fused`` and ``rows``
+at each of ``CPU_ROW_COUNTS`` for this CPU model, precision, LSTM shape and thread count, measured
+once on the recurrence alone (a random model of the same shape: the weights' values do not change
+the time) and kept in the cache (``layouts.json`` under ``elmo_core.storage.cache_root``). Another
+layout than ``packed`` is taken only when it is ``FUSED_MARGIN`` faster: never slower than
+``packed`` (the fixed default it replaces) by more than noise. A model whose matrices are below
+``fast_lstm.PACKED_MIN_WEIGHTS`` takes ``packed`` unmeasured (its steps are too small for any to
+matter, and compiling would cost more than it saves).
 """
 from __future__ import annotations
 
@@ -38,7 +43,10 @@ from runtime import use_threads
 from .fast_lstm import packed_products
 from .precision import cpu_model
 
-FUSED_MARGIN = 1.05  # fused must measure this much faster than packed to be chosen
+FUSED_MARGIN = 1.05  # another layout must measure this much faster than packed to be chosen
+# The most rows a step of the CPU's ``rows`` layout may run, each measured: ``rows`` as a CUDA
+# device runs it (up to 1,024) and half a default batch's sentences (two to a row).
+CPU_ROW_COUNTS = (64, 1024)
 # The sample the layouts are timed on: as many sentences as a batch of the engine's default budget
 # holds (4,096 padded tokens, sentences of about 30), so each step runs the rows a job's steps run
 # (the eager steps' passes over the gates slow down as they outgrow the caches: bf16 on an AMX
@@ -53,14 +61,13 @@ class Layout:
 
     name: str
     reason: str
+    rows: int | None = None  # ``rows``: the most rows a step runs (``RowShape.rows``); None: ``RowShape()``'s
 
 
-def check_layout(layout: str, device: str) -> str:
-    """``layout`` checked against the device: InputError for an unknown name or rows off CUDA."""
+def check_layout(layout: str) -> str:
+    """``layout`` checked: InputError for an unknown name."""
     if layout not in LAYOUTS:
         raise InputError(f"--layout must be one of {list(LAYOUTS)}, got {layout!r}")
-    if layout == "rows" and not device.startswith("cuda"):
-        raise InputError("--layout rows replays CUDA graphs: it needs --device cuda (on a CPU use packed or fused)")
     return layout
 
 
@@ -68,7 +75,7 @@ def resolve_layout(layout: str | None, device: str, precision: str, config: Elmo
                    measure: Callable[[ElmoConfig, str, int], dict[str, float]] | None = None) -> Layout:
     """The layout that runs and why (``layout`` None or ``auto``: the module doc's rule)."""
     if layout not in (None, "auto"):
-        return Layout(check_layout(layout, device), "asked for")
+        return Layout(check_layout(layout), "asked for")
     if device.startswith("cuda"):
         return Layout("rows", "CUDA: static rows replayed as CUDA graphs")
     lstm = config.lstm
@@ -78,8 +85,10 @@ def resolve_layout(layout: str | None, device: str, precision: str, config: Elmo
           f" | {threads} threads"
     cache = cache_root() / "layouts.json"
     known = _read(cache).get(key)
-    if not (isinstance(known, dict) and all(isinstance(v, (int, float)) for v in known.values())):
-        print(f"measuring the recurrence's layouts (packed, fused) once for {key} ...", file=sys.stderr, flush=True)
+    if not (isinstance(known, dict) and set(known) == set(candidates())
+            and all(isinstance(v, (int, float)) for v in known.values())):
+        print(f"measuring the recurrence's layouts ({', '.join(candidates())}) once for {key} ...", file=sys.stderr,
+              flush=True)
         known = (measure or measure_layouts)(config, precision, threads)
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
@@ -89,13 +98,22 @@ def resolve_layout(layout: str | None, device: str, precision: str, config: Elmo
     return choose(known)
 
 
+def candidates() -> list[str]:
+    """What a CPU measures: ``packed``, ``fused``, and ``rows N`` for each of ``CPU_ROW_COUNTS``."""
+    return ["packed", "fused", *(f"rows {r}" for r in CPU_ROW_COUNTS)]
+
+
 def choose(tokens_per_s: dict[str, float]) -> Layout:
-    """``fused`` where it measured ``FUSED_MARGIN`` faster than ``packed``, else ``packed``."""
-    packed, fused = tokens_per_s.get("packed", 0.0), tokens_per_s.get("fused", 0.0)
-    figures = f"packed {packed:,.0f}, fused {fused:,.0f} tokens/s of the recurrence, measured on this CPU"
-    if fused > 0 and fused >= FUSED_MARGIN * packed:
-        return Layout("fused", figures)
-    return Layout("packed", figures)
+    """The fastest measured where it is ``FUSED_MARGIN`` faster than ``packed``, else ``packed``
+    (the fixed default): a key ``rows N`` is the ``rows`` layout at most N rows a step."""
+    packed = tokens_per_s.get("packed", 0.0)
+    figures = ", ".join(f"{name} {tps:,.0f}" for name, tps in tokens_per_s.items())
+    figures = f"{figures} tokens/s of the recurrence, measured on this CPU"
+    best = max(tokens_per_s, key=lambda name: tokens_per_s[name], default="packed")
+    if best == "packed" or not tokens_per_s[best] > 0 or tokens_per_s[best] < FUSED_MARGIN * packed:
+        return Layout("packed", figures)
+    name, _, rows = best.partition(" ")
+    return Layout(name, figures, int(rows) if rows else None)
 
 
 def _read(path) -> dict:  # type: ignore[no-untyped-def]
@@ -107,13 +125,14 @@ def _read(path) -> dict:  # type: ignore[no-untyped-def]
 
 
 def measure_layouts(config: ElmoConfig, precision: str, threads: int) -> dict[str, float]:
-    """Tokens/s of the recurrence (every layer, both directions, mixed) under each CPU layout, in
-    turns, best of ``SAMPLE_TURNS``; a layout that fails to build (no C++ compiler for ``fused``)
-    measures 0."""
+    """Tokens/s of the recurrence (every layer, both directions, mixed) under each of ``candidates``,
+    in turns, best of ``SAMPLE_TURNS``; a layout that fails to build (no C++ compiler for the
+    compiled kernels) measures 0."""
     from elmo_core import BiLM
     from elmo_core.init import init_bilm
 
     from .fast_path import FastInference
+    from .row_lstm import RowShape
 
     model = init_bilm(BiLM(config), seed=0).eval()
     gen = torch.Generator().manual_seed(0)
@@ -124,8 +143,9 @@ def measure_layouts(config: ElmoConfig, precision: str, threads: int) -> dict[st
     tokens = float((lengths - 2).sum())
     use_threads(threads)  # the run's own count, which its backend sets again when it opens
     runs, best = {}, {}
-    for name in ("packed", "fused"):
-        fast = FastInference(model, precision, layout=name)
+    for name in candidates():
+        layout, _, rows = name.partition(" ")
+        fast = FastInference(model, precision, layout=layout, capture=False, rows=RowShape(int(rows or 1024)))
         try:
             with fast.running():
                 fast.combine(x, lengths, weights)  # warm-up: packs the weights, compiles the kernels

@@ -73,6 +73,7 @@ class ModelRun:
     warning: SlowPrecision | None = None  # a command prints it once (and refuses a scalar one)
     layout: str | None = None  # how torch runs the recurrence (``inference.layout``); None for an export
     layout_reason: str = ""
+    layout_rows: int | None = None  # the ``rows`` layout's most rows a step on a CPU (``inference.layout.Layout``)
     batch: BatchBudget = field(default_factory=cpu_budget)  # its batches' and sort windows' tokens, and why
     pin: dict | None = field(default=None, repr=False)  # the identity its files must have where it opens (a job's)
 
@@ -93,7 +94,8 @@ class ModelRun:
     def describe(self) -> str:
         """The one line a command prints: ``M (torch on cpu, fp32: why; N threads: why)``."""
         source = f", exported from {self.source}" if self.source else ""
-        layout = f"; {self.layout} layout: {self.layout_reason}" if self.layout else ""
+        rows = f" (at most {self.layout_rows} rows a step)" if self.layout_rows else ""
+        layout = f"; {self.layout} layout{rows}: {self.layout_reason}" if self.layout else ""
         return (f"{self.model} ({self.backend} on {self.device}, {self.precision}: {self.precision_reason}{source}; "
                 f"{self.threads}{layout}; {self.batch})")
 
@@ -109,7 +111,8 @@ class ModelRun:
         compute) where the replicas' GPUs are not visible to it, in the unmeasured ``packed`` layout
         (the check runs no job: nothing to measure or compile)."""
         layout = "packed" if self.layout else None
-        return replace(self, device="cpu", layout=layout, layout_reason="the driver's check" if layout else "")
+        return replace(self, device="cpu", layout=layout, layout_reason="the driver's check" if layout else "",
+                       layout_rows=None)
 
     def on_replica(self, threads: int, reason: str) -> "ModelRun":
         """The record a replica runs where the runner gives each replica its own share of CPUs."""
@@ -119,7 +122,7 @@ class ModelRun:
         """The layout that runs: the record's, or where the run was left to a replica (``auto``),
         measured here, where the model runs."""
         if self.layout != "auto":
-            return Layout(self.layout or "packed", self.layout_reason)
+            return Layout(self.layout or "packed", self.layout_reason, self.layout_rows)
         return resolve_layout("auto", self.device, self.precision, self.config, self.threads.count)
 
     def open(self, **options: Any) -> Backend:
@@ -169,7 +172,10 @@ class ModelRun:
     def _open(self, **options: Any) -> Backend:
         files = {"weights": self.weights} if self.weights else {}
         if self.layout is not None:
-            files["layout"] = self.settled_layout().name
+            settled = self.settled_layout()
+            files["layout"] = settled.name
+            if settled.rows:
+                files["rows"] = settled.rows
         return open_backend(self.model, self.backend, threads=self.threads.count, device=self.device, **files,
                             **torch_options(self.precision, self.token_embeddings, self.token_vocab, self.backend),
                             **options)
@@ -220,11 +226,11 @@ def resolve_run(model: str | Path, *, backend: str | None = None, device: str = 
     settled = _layout(layout, kind.exported, device, checked.name, config, budget, remote)
     return ModelRun(model, backend, device, checked.name, why, budget, _where(weights, "weights"),
                     _where(token_embeddings, "token_embeddings"), _where(token_vocab, "token_vocab"), config, source,
-                    warning, *(settled or (None, "")), _batch_budget(device, config, remote, settled))
+                    warning, *(settled or (None, "", None)), _batch_budget(device, config, remote, settled))
 
 
 def _layout(layout: str | None, exported: bool, device: str, precision: str, config: ElmoConfig,
-            budget: CpuBudget, remote: bool) -> tuple[str, str] | None:
+            budget: CpuBudget, remote: bool) -> tuple[str, str, int | None] | None:
     """The torch backend's layout and why (None for an export, whose graph is its own); ``auto`` on a
     cluster's CPUs is left to each replica (``ModelRun.settled_layout``), measured where it runs."""
     if exported:
@@ -233,9 +239,9 @@ def _layout(layout: str | None, exported: bool, device: str, precision: str, con
                              f"its own graph (leave --layout out)")
         return None
     if remote and layout in (None, "auto") and not device.startswith("cuda"):
-        return "auto", "measured where each replica runs"
+        return "auto", "measured where each replica runs", None
     chosen = resolve_layout(layout, device, precision, config, budget.count)
-    return chosen.name, chosen.reason
+    return chosen.name, chosen.reason, chosen.rows
 
 
 def _default_precision(device: str) -> str:
@@ -244,7 +250,8 @@ def _default_precision(device: str) -> str:
     return "auto" if device.startswith("cuda") else "fp32"
 
 
-def _batch_budget(device: str, config: ElmoConfig, remote: bool, layout: tuple[str, str] | None) -> BatchBudget:
+def _batch_budget(device: str, config: ElmoConfig, remote: bool,
+                  layout: tuple[str, str, int | None] | None) -> BatchBudget:
     """The run's batch and sort-window tokens (``inference.batching``): a CPU's, or sized to the
     GPU's memory where this process sees it (a cluster's replicas' GPUs are not: the smallest
     data-centre card's budget, 40 GB); batches planned for the static rows where ``layout`` is rows."""

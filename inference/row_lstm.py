@@ -16,7 +16,9 @@ batch runs one shape, ``RowShape(rows=R, steps=T)``:
   (``elmo_core.fused_cell``: ``cell`` zeroes the cell state where a sentence starts, ``store``
   the next step's ``h``). Its shapes never change, so one CUDA graph replays it for every window
   of a job (``inference.cuda_graphs.RowGraphs``). The input part of the gates is one product a
-  layer and window.
+  layer and window. On a CPU (``--layout rows``) the windows run eagerly and a step's two
+  products run on packed oneDNN weights one direction at a time (``FusedLstm.packed_products``):
+  every step multiplies all R rows, where the sorted packing's last steps run a few.
 
 Equal per sentence to the reference (tests/inference/test_cuda_graphs.py: fp32 within 1e-6, bf16
 cosine >= 0.999, every option).
@@ -146,7 +148,13 @@ class RowLstm:
         out = xs.new_empty(xs.shape[0], xs.shape[1], w_proj.shape[-1])  # (2, T*R, P)
         h, c, mask = self.h[layer], self.c[layer], keep[:, None, :, None]  # (2, R, P), (2, R, C), (T+1, 1, R, 1)
         parts = input_parts(xs, steps, xs.shape[1], self.lstm.input_projection(layer))  # the window's in one product
+        packed = self.lstm.packed_products(layer)
         for t, gx_t in enumerate(parts):
-            m = k.cell(gx_t, torch.bmm(h, w_state), c, mask[t], cell_clip, self.lstm.dtype)  # (2, R, C)
-            k.store(torch.bmm(m, w_proj), out[:, t * R : (t + 1) * R], h, mask[t + 1], proj_clip)
+            if packed is None:
+                m = k.cell(gx_t, torch.bmm(h, w_state), c, mask[t], cell_clip, self.lstm.dtype)  # (2, R, C)
+                k.store(torch.bmm(m, w_proj), out[:, t * R : (t + 1) * R], h, mask[t + 1], proj_clip)
+                continue
+            for d, (w_s, w_p) in enumerate(packed):  # a CPU's packed oneDNN products, one direction at a time
+                m = k.cell(gx_t[d][None], w_s(h[d])[None], c[d : d + 1], mask[t], cell_clip, self.lstm.dtype)
+                k.store(w_p(m[0])[None], out[d : d + 1, t * R : (t + 1) * R], h[d : d + 1], mask[t + 1], proj_clip)
         return out

@@ -14,6 +14,7 @@ from elmo_core.errors import InputError
 from formats import load_bilm
 from inference.backends import TorchBackend
 from inference.fast_path import FastInference
+from inference.packed_gemm import packed_gemm_available
 from inference.row_lstm import RowPlan, RowShape
 
 from tests.helpers import SENTENCES, assert_as_accurate, make_model_dir, tiny_options
@@ -30,6 +31,8 @@ def _batches() -> list[list[list[str]]]:
     ({"lstm__use_skip_connections": False, "lstm__n_layers": 3}, "fp32", "eager"),
     ({"lstm__use_skip_connections": False, "lstm__n_layers": 3}, "bf16", "eager"),
     ({"lstm__cell_clip": 0, "lstm__proj_clip": 0}, "fp32", "eager"),
+    ({}, "fp32", "cpu-layout"),  # a CPU's --layout rows: compiled kernels on packed oneDNN products
+    ({}, "bf16", "cpu-layout"),
 ])
 def test_rows_give_the_packed_vectors(tmp_path, options, precision, kernels):
     """Rows of 4 x 3 steps: every batch crosses windows, sentences cross windows, the state is
@@ -39,8 +42,12 @@ def test_rows_give_the_packed_vectors(tmp_path, options, precision, kernels):
     model = load_bilm(make_model_dir(tmp_path / "m", tiny_options(**options), lstm_scale=3.0)).eval()
     reference = copy.deepcopy(model.lstm).double()  # the float64 maths both paths compute
     packed = FastInference(model, precision)
-    rows = FastInference(model, precision, cuda_graphs=True, capture=False, rows=RowShape(4, 3),
-                         kernels=FusedCell.compiled() if kernels == "compiled" else FusedCell.eager())
+    if kernels == "cpu-layout":
+        rows = FastInference(model, precision, layout="rows", capture=False, rows=RowShape(4, 3))
+        assert (rows.lstm.packed_products(0) is not None) == packed_gemm_available(torch.device("cpu"))
+    else:
+        rows = FastInference(model, precision, cuda_graphs=True, capture=False, rows=RowShape(4, 3),
+                             kernels=FusedCell.compiled() if kernels == "compiled" else FusedCell.eager())
     weights = torch.linspace(0.2, 1.1, model.config.n_output_layers)
     with torch.inference_mode():
         for sentences in _batches():

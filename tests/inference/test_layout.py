@@ -3,12 +3,13 @@ CPU, precision, shape and threads, cached, and chosen only by a margin; the run 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from elmo_core import ElmoConfig
 from elmo_core.errors import InputError
-from inference.layout import FUSED_MARGIN, choose, resolve_layout
+from inference.layout import CPU_ROW_COUNTS, FUSED_MARGIN, Layout, candidates, choose, resolve_layout
 from inference.model_run import resolve_run
 
 
@@ -27,8 +28,7 @@ def test_asked_for_cuda_and_small_models_are_not_measured(tmp_path, monkeypatch)
     assert resolve_layout("fused", "cpu", "fp32", big, 1, never).reason == "asked for"
     assert resolve_layout(None, "cuda", "bf16", big, 1, never).name == "rows"
     assert resolve_layout("auto", "cpu", "bf16", small, 1, never).name == "packed"
-    with pytest.raises(InputError, match="--layout rows replays CUDA graphs"):
-        resolve_layout("rows", "cpu", "fp32", big, 1, never)
+    assert resolve_layout("rows", "cpu", "fp32", big, 1, never) == Layout("rows", "asked for")
     with pytest.raises(InputError, match="--layout must be one of"):
         resolve_layout("fast", "cpu", "fp32", big, 1, never)
     assert not (tmp_path / "layouts.json").exists()
@@ -40,7 +40,7 @@ def test_a_cpu_measures_once_per_precision_and_threads_and_keeps_the_figures(tmp
 
     def measure(config, precision, threads):
         calls.append((precision, threads))
-        return {"packed": 100.0, "fused": 200.0 if precision == "bf16" else 101.0}
+        return {"packed": 100.0, "fused": 200.0 if precision == "bf16" else 101.0, "rows 64": 99.0, "rows 1024": 50.0}
     assert resolve_layout(None, "cpu", "bf16", big, 2, measure).name == "fused"
     assert resolve_layout(None, "cpu", "bf16", big, 2, measure).name == "fused"  # from the cache
     assert resolve_layout(None, "cpu", "fp32", big, 2, measure).name == "packed"  # within the margin
@@ -50,6 +50,23 @@ def test_a_cpu_measures_once_per_precision_and_threads_and_keeps_the_figures(tmp
     assert len(kept) == 3 and any("bf16" in key and "2 threads" in key for key in kept)
     (tmp_path / "layouts.json").write_text(json.dumps({key: [1, 2] for key in kept}))  # damaged entries
     assert resolve_layout(None, "cpu", "bf16", big, 2, measure).name == "fused" and len(calls) == 4  # measured again
+    key = next(key for key in kept if "bf16" in key and "2 threads" in key)
+    (tmp_path / "layouts.json").write_text(json.dumps({key: {"packed": 1.0, "fused": 2.0}}))  # without the rows
+    assert resolve_layout(None, "cpu", "bf16", big, 2, measure).name == "fused" and len(calls) == 5  # measured again
+
+
+def test_the_measured_rows_and_their_count_are_kept_and_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("ELMO_CACHE_DIR", str(tmp_path))
+    big, calls = _config(4096, 512), []
+
+    def measure(config, precision, threads):
+        calls.append(precision)
+        return {"packed": 100.0, "fused": 120.0, "rows 64": 180.0, "rows 1024": 170.0}
+    for _ in range(3):
+        chosen = resolve_layout("auto", "cpu", "bf16", big, 2, measure)
+        assert (chosen.name, chosen.rows) == ("rows", 64) and "rows 64 180" in chosen.reason
+    assert calls == ["bf16"]  # measured once, then read from layouts.json
+    assert set(candidates()) == {"packed", "fused", *(f"rows {r}" for r in CPU_ROW_COUNTS)}
 
 
 def test_fused_is_chosen_only_by_the_margin():
@@ -58,6 +75,9 @@ def test_fused_is_chosen_only_by_the_margin():
     assert choose({"packed": 100.0, "fused": 0.0}).name == "packed"  # fused could not run here
     assert choose({"packed": 0.0, "fused": 0.0}).name == "packed"
     assert "packed 100, fused 0 tokens/s" in choose({"packed": 100.0, "fused": 0.0}).reason
+    assert choose({"packed": 100.0, "fused": 104.0, "rows 64": 100.0 * FUSED_MARGIN}) == \
+        Layout("rows", choose({"packed": 100.0, "fused": 104.0, "rows 64": 100.0 * FUSED_MARGIN}).reason, 64)
+    assert choose({"packed": 100.0, "fused": 104.0, "rows 64": 104.9}).name == "packed"  # within noise of packed
 
 
 def test_the_run_records_its_layout_and_opens_the_backend_with_it(tiny_dir):
@@ -72,8 +92,34 @@ def test_the_run_records_its_layout_and_opens_the_backend_with_it(tiny_dir):
     assert cuda.layout == "rows" and cuda.on_cpu().layout == "packed"  # a driver checks a CUDA job's model on its CPU
     with cuda.on_cpu().open() as backend:
         assert backend.fast.layout == "packed" and backend.fast.graphs is None
-    with pytest.raises(InputError, match="--layout rows replays CUDA graphs"):
-        resolve_run(tiny_dir, layout="rows")
+
+
+
+def test_rows_forced_or_measured_on_a_cpu_open_as_eager_windows(tiny_dir, tmp_path, monkeypatch):
+    """``--layout rows`` on a CPU: the windows run eagerly (no capture), at the measured row count
+    where ``auto`` chose it; its vectors those of the default layout (bf16: every token's cosine
+    >= 0.999 against fp32's)."""
+    import numpy as np
+    from elmo_core import batch_to_ids
+    from tests.helpers import SENTENCES
+
+    forced = resolve_run(tiny_dir, layout="rows", precision="bf16")
+    assert (forced.layout, forced.layout_reason, forced.layout_rows) == ("rows", "asked for", None)
+    ids = batch_to_ids(SENTENCES)
+    with resolve_run(tiny_dir).open() as backend:
+        want, mask = backend.run(ids)
+    with forced.open() as backend:
+        assert backend.fast.layout == "rows" and not backend.fast.graphs.capture
+        got, got_mask = backend.run(ids)
+    assert np.array_equal(mask, got_mask)
+    a, b = want.transpose(0, 2, 1, 3)[mask].astype(np.float64), got.transpose(0, 2, 1, 3)[mask].astype(np.float64)
+    cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)  # (tokens, L+1)
+    assert cos.min() >= 0.999
+    measured = replace(forced, layout="rows", layout_reason="rows 64 180 tokens/s", layout_rows=64)
+    assert "rows layout (at most 64 rows a step): rows 64 180" in measured.describe()
+    with measured.open() as backend:
+        assert backend.fast.graphs.shape.rows == 64
+    assert measured.on_cpu().layout_rows is None
 
 
 def test_auto_keeps_fp32_where_the_products_are_too_small_for_bf16_units(tiny_dir):
@@ -86,3 +132,11 @@ def test_auto_keeps_fp32_where_the_products_are_too_small_for_bf16_units(tiny_di
     assert (run.precision, run.precision_reason) == ("fp32", SMALL_BF16)
     assert resolve_run(tiny_dir, precision="bf16", flags=frozenset({"amx_bf16", "avx512f"})).precision == "bf16"
     assert packed_products(_config(4096, 512)) and not packed_products(_config(512, 128))
+
+
+def test_an_unknown_layout_exits_2_naming_the_flag(tmp_path):
+    from tests.helpers import run_cli
+
+    result = run_cli("embed", tmp_path / "in", tmp_path / "out", "--model", tmp_path, "--layout", "row")
+    assert result.returncode == 2 and "--layout" in result.stderr and "rows" in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()
