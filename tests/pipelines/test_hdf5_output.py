@@ -177,9 +177,9 @@ def test_the_token_budget_and_windows_apply(tiny_dir, tmp_path, monkeypatch):
     shapes: list[tuple[int, int]] = []
     real = TorchBackend.submit
 
-    def spy(self, ids, request, keep=None):  # the backend's side: every model batch the engine gives it
+    def spy(self, ids, request, keep=None, **kwargs):  # the backend's side: every model batch the engine gives it
         shapes.append(ids.shape[:2])
-        return real(self, ids, request, keep)
+        return real(self, ids, request, keep, **kwargs)
 
     monkeypatch.setattr(TorchBackend, "submit", spy)
     long = " ".join(f"t{k}" for k in range(70))
