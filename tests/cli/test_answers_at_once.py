@@ -90,6 +90,35 @@ def test_an_existing_output_is_refused_before_the_model_loads(tmp_path):
     assert best <= BOUND_S, f"elmo embed, this job's finished output: {best:.2f} s"
 
 
+def test_an_output_in_progress_a_locked_one_and_no_jobs_files_are_refused_before_the_model_loads(tmp_path):
+    """This job's unfinished output without --resume, one a running job holds, and a directory of
+    files no job wrote are refused with torch not loaded."""
+    corpus, model, out = tmp_path / "corpus", make_model_dir(tmp_path / "tiny", TINY_OPTIONS), tmp_path / "out"
+    write_sample_corpus(corpus, rows=20, files=1)
+    argv = ["embed", str(corpus), str(out), "--model", str(model), "--quiet"]
+    assert run_cli(*argv).returncode == 0
+    for name in ("_SUCCESS", "_manifest.parquet"):
+        (out / name).unlink()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("x")
+    (tmp_path / "held").mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pipelines.lock import OutputLock; "
+                               "OutputLock.for_dir(sys.argv[1]).__enter__(); print('locked', flush=True); "
+                               "time.sleep(120)", str(tmp_path / "held")], stdout=subprocess.PIPE, text=True,
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        cases = {"already holds this job's output; pass --resume": argv,
+                 "holds no job record of elmo embed": [*argv[:2], str(tmp_path / "other"), *argv[3:]],
+                 f"in use by another elmo embed job (pid {holder.pid}": [*argv[:2], str(tmp_path / "held"), *argv[3:]]}
+        for says, args in cases.items():
+            code, torch_loaded, err = _modules_after(args)
+            assert (code, torch_loaded, says in err) == (2, False, True), err
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def _best_of_three(argv: list[str]) -> tuple[subprocess.CompletedProcess, float]:
     """The last run and the best wall time of three runs of ``elmo ARGV`` (a machine's passing stall
     is not the CLI's); each run's CPU seconds within 1 s, the target, whatever the machine's load."""
