@@ -1,4 +1,5 @@
-"""Finding, loading and saving models: published (options.json + hdf5) and native (safetensors)."""
+"""Loading and saving models, published (options.json + hdf5) and native (safetensors); their files are
+found by ``model_files``."""
 from __future__ import annotations
 
 from pathlib import Path

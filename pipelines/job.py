@@ -1,7 +1,8 @@
 """``embed_parquet``: one ``elmo embed`` job, from checks to ``_SUCCESS``; the local runner.
 
 Order of work: everything that needs no write is checked first (every input footer, column and
-column type, one schema across the files, the model loaded and matched to its weights, its files
+column type, one schema across the files, an existing OUTPUT_DIR as far as it is judged without the
+model, ``claim_first``; then the model loaded and matched to its weights, its files
 hashed as they load: the job's model, which every replica checks before it loads it, the device;
 whether another job holds OUTPUT_DIR, then whether it is this job's; Spark's session or Ray's
 cluster reached); then OUTPUT_DIR is locked (one job at a time) and claimed (its job record,
