@@ -49,8 +49,12 @@ def run_embed(args: argparse.Namespace) -> int:
     shards = {"format": args.format} if args.format != "hdf5" else {}
     opts = EmbedOptions.coerce(field_values(EmbedOptions, args), precision=args.precision, layout=args.layout,
                                **shards)  # errors before an export
-    def run():  # backend, precision (auto; on-demand export), threads: once OUTPUT_DIR and the inputs are checked
+    from pipelines.claim_first import RunMaker
+
+    def resolve():  # backend, precision (auto; on-demand export), threads: once OUTPUT_DIR and the inputs are checked
         return warned(opts.resolve_run(args.model, exporter(args)))
+
+    run = RunMaker(args.model, resolve)  # its model path: an existing OUTPUT_DIR is judged before the model loads
 
     options = asdict(opts)  # the job records them with what the run settled (EmbedOptions.with_run)
     if args.format == "hdf5":

@@ -1,7 +1,7 @@
-"""Finding, loading and saving models: published (options.json + hdf5) and native (safetensors)."""
+"""Loading and saving models, published (options.json + hdf5) and native (safetensors); their files are
+found by ``model_files``."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -13,76 +13,8 @@ from elmo_core.bilm import BiLM
 from elmo_core.config import ElmoConfig
 from elmo_core.dictionaries import CHAR_SPECIALS, WORD_SPECIALS, DictionaryTokenizer
 from elmo_core.errors import WeightsError
-from elmo_core.storage import is_uri, local_copy
+from .model_files import HDF5_NAME, NATIVE_NAME, OPTIONS_NAME, ModelFiles, resolve_model  # noqa: F401
 from .weights_hdf5 import load_hdf5_weights, save_hdf5_weights
-
-OPTIONS_NAME = "options.json"
-HDF5_NAME = "weights.hdf5"
-NATIVE_NAME = "model.safetensors"
-
-
-@dataclass(frozen=True)
-class ModelFiles:
-    """Where a model's options and weights are; ``format`` is 'hdf5' or 'safetensors'."""
-
-    options: Path
-    weights: Path
-
-    @property
-    def format(self) -> str:
-        return "safetensors" if self.weights.suffix == ".safetensors" else "hdf5"
-
-
-def resolve_model(path: str | Path, weights: str | Path | None = None) -> ModelFiles:
-    """A model's options and weights: a directory, or an options file (then ``weights`` is required).
-
-    In a directory: ``options.json``, else the one ``*options*.json``; ``model.safetensors`` or
-    ``weights.hdf5``, else the one ``*.hdf5`` that is not a softmax (``*softmax*``), preferring
-    names with ``weights`` (the published ``elmo_..._options.json`` / ``elmo_..._weights.hdf5`` /
-    ``elmo_..._softmax_weights.hdf5`` side by side). ``weights`` names the file explicitly. A URI
-    (``s3://bucket/model``) is fetched once into the local cache (``elmo_core.storage.local_copy``).
-    """
-    path = local_copy(path) if is_uri(path) else Path(path)
-    if path.is_file() and path.suffix == ".json":
-        if weights is None:
-            raise WeightsError(f"{path}: an options file needs its weights file too (--weights FILE), "
-                               f"or pass the model's directory")
-        return ModelFiles(path, _existing(Path(weights)))
-    if not path.is_dir():
-        raise WeightsError(f"{path}: not a model directory or options.json; pass a directory or OPTIONS and WEIGHTS files")
-    options = _options_in(path)
-    return ModelFiles(options, _existing(Path(weights)) if weights is not None else _weights_in(path))
-
-
-def _existing(path: Path) -> Path:
-    if not path.is_file():
-        raise WeightsError(f"{path}: weights file not found")
-    return path
-
-
-def _options_in(path: Path) -> Path:
-    if (path / OPTIONS_NAME).is_file():
-        return path / OPTIONS_NAME
-    if (path / "config.json").is_file() and (path / "encoder.pkl").is_file():
-        raise WeightsError(f"{path}: an ELMoForManyLangs model; convert it first: elmo convert-efml {path} OUT_DIR")
-    jsons = sorted(path.glob("*options*.json"))
-    if len(jsons) != 1:
-        raise WeightsError(f"{path}: no {OPTIONS_NAME} in this directory"
-                           + (f" and several *options*.json {[p.name for p in jsons]}" if jsons else ""))
-    return jsons[0]
-
-
-def _weights_in(path: Path) -> Path:
-    for name in (NATIVE_NAME, HDF5_NAME):
-        if (path / name).is_file():
-            return path / name
-    hdf5 = sorted(p for p in path.glob("*.hdf5") if "softmax" not in p.name)
-    named = [p for p in hdf5 if "weights" in p.name]
-    for found in (hdf5, named):
-        if len(found) == 1:
-            return found[0]
-    raise WeightsError(f"{path}: expected {HDF5_NAME}, {NATIVE_NAME} or one *weights*.hdf5 (found "
-                       f"{[p.name for p in path.glob('*.hdf5')]}); name the file with --weights")
 
 
 def load_bilm(path: str | Path, weights: str | Path | None = None) -> BiLM:

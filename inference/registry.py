@@ -229,7 +229,7 @@ def model_config(model: str | Path, backend: str = "torch", weights: str | Path 
         if kind is not None:
             raise InputError(f"{model}: an {kind} export, which the {backend} backend cannot run; add --backend {kind} "
                              f"(or leave --backend out: it is read from the directory)")
-        from formats.model_dir import resolve_model
+        from formats.model_files import resolve_model
 
         return ElmoConfig.from_json(resolve_model(model, weights).options)
     model = export_dir(model, backend)
@@ -241,7 +241,7 @@ def model_identity(model: str | Path, backend: str = "torch", weights: str | Pat
     """What identifies the model a backend runs: its files and their sha256 (and where it came from)."""
     where = str(model) if is_uri(model) else str(Path(model).resolve())
     if backend_kind(backend).artifact is None:
-        from formats.model_dir import resolve_model
+        from formats.model_files import resolve_model
 
         files = resolve_model(model, weights)
         return {"path": where, "format": files.format,
@@ -253,7 +253,7 @@ def model_files(model: str | Path, backend: str = "torch", weights: str | Path |
     """The local files ``model_identity`` hashes (a URI's local copy): the weights and options.json of a
     published-format model, the exported file of an export."""
     if backend_kind(backend).artifact is None:
-        from formats.model_dir import resolve_model
+        from formats.model_files import resolve_model
 
         files = resolve_model(model, weights)
         return [Path(files.weights), Path(files.options)]

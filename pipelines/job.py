@@ -1,7 +1,8 @@
 """``embed_parquet``: one ``elmo embed`` job, from checks to ``_SUCCESS``; the local runner.
 
 Order of work: everything that needs no write is checked first (every input footer, column and
-column type, one schema across the files, the model loaded and matched to its weights, its files
+column type, one schema across the files, an existing OUTPUT_DIR as far as it is judged without the
+model, ``claim_first``; then the model loaded and matched to its weights, its files
 hashed as they load: the job's model, which every replica checks before it loads it, the device;
 whether another job holds OUTPUT_DIR, then whether it is this job's; Spark's session or Ray's
 cluster reached); then OUTPUT_DIR is locked (one job at a time) and claimed (its job record,
@@ -24,6 +25,7 @@ from elmo_core.errors import InputError
 from elmo_core.storage import file_sha256, is_below
 from inference.errors import ModelChangedError
 
+from .claim_first import check_output_first
 from .options import EmbedOptions, OutputDirError, digest
 from .os_errors import os_errors
 from .output_dir import open_output
@@ -64,8 +66,9 @@ class Job:
 
 
 def plan_job(input: str | Path, output: str | Path, model: Model, opts: EmbedOptions) -> Job:
-    """Every check that writes nothing: OUTPUT_DIR, the inputs and their one schema (before any model
-    code loads), then the model run (resolved here from a path, or made by ``model()``), the model
+    """Every check that writes nothing: OUTPUT_DIR, the inputs and their one schema, the claim on an
+    existing OUTPUT_DIR as far as it is decided without the model (``claim_first``), before any model
+    code loads; then the model run (resolved here from a path, or made by ``model()``), the model
     (loaded) and the claim on an existing OUTPUT_DIR."""
     out = open_output(output)
     out.prepare()
@@ -76,6 +79,7 @@ def plan_job(input: str | Path, output: str | Path, model: Model, opts: EmbedOpt
     files = scan_inputs(input, opts)
     _check_apart(input, out, files)
     passthrough = passthrough_schema(files, opts)
+    check_output_first(out, model, opts, files)
     run = opts.run_of(model)
     from .predictor import ElmoPredictor
 

@@ -237,25 +237,35 @@ def discard_shard(out: Output, name: str) -> None:
     out.delete(commit_name(name))
 
 
-def check_claim(out: Output, job: dict, job_digest: str, resume: bool) -> str:
-    """What claiming OUTPUT_DIR for this job does, decided without writing: "new" (an empty or new
-    directory), "resume" (this job's, with --resume: its record's digest is the job's, or its record
-    describes the same inputs, model and output options, ``same_job``) or "restart" (a run of the
-    same command that stopped on an input error, whose inputs were fixed since: its shards are
-    dropped); else OutputDirError. Run before the lock, so that a refused job leaves nothing behind
-    (no lock either), and again under it."""
+def job_record(out: Output) -> tuple[list[str], str | None, dict | None]:
+    """(OUTPUT_DIR's entries but dot-files, the job record's name, the record) where OUTPUT_DIR is empty or
+    holds a readable job record ((names, None, None) where it holds none); else OutputDirError. What
+    ``check_claim`` decides from the directory alone, before it compares the record with the job."""
     names = sorted(n for n in out.entries() if not n.startswith("."))  # dot-files: lock, temporaries
     found = found_job_file(out, names)
     if found is None:
         if names:
             raise OutputDirError(f"{out} is not empty and holds no job record of elmo embed ({JOB}.parquet or "
                                  f"{JOB}.arrow; it holds {names[:5]}...); give an empty or new OUTPUT_DIR")
-        return "new"
+        return names, None, None
     try:
-        theirs = out.read_record(found)
+        return names, found, out.read_record(found)
     except InputError:
         raise OutputDirError(f"{out.where(found)}: not a valid job record; this OUTPUT_DIR was not written by "
                              f"elmo embed, or was damaged: delete it to start over") from None
+
+
+def check_claim(out: Output, job: dict, job_digest: str, resume: bool) -> str:
+    """What claiming OUTPUT_DIR for this job does, decided without writing: "new" (an empty or new
+    directory), "resume" (this job's, with --resume: its record's digest is the job's, or its record
+    describes the same inputs, model and output options, ``same_job``) or "restart" (a run of the
+    same command that stopped on an input error, whose inputs were fixed since: its shards are
+    dropped); else OutputDirError. Run before the model loads where the job's identity is known
+    without it (``pipelines.claim_first``), before the lock, so that a refused job leaves nothing
+    behind (no lock either), and again under it."""
+    names, found, theirs = job_record(out)
+    if found is None:
+        return "new"
     if theirs.get("digest") == job_digest or same_job(theirs, job):
         if not resume:
             raise OutputDirError(f"{out} already holds this job's output; pass --resume to finish or "

@@ -1,5 +1,6 @@
-"""``elmo --help``, ``--version``, every command's ``--help``, an argument error and an input error
-(a wrong column, a missing INPUT) answer without importing the library's model code: within 1 CPU
+"""``elmo --help``, ``--version``, every command's ``--help``, an argument error, an input error
+(a wrong column, a missing INPUT) and an OUTPUT_DIR the job may not write (another job's, this
+job's finished output without ``--resume``) answer without importing the library's model code: within 1 CPU
 second and 2 s of wall time (generous against load; the figures: ``bench/bench_cli.py``)."""
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from corpora.sample import write_sample_corpus
 from elmo_cli.main import COMMANDS
 
-from tests.helpers import TINY_OPTIONS, make_model_dir
+from tests.helpers import TINY_OPTIONS, make_model_dir, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 BOUND_S = 2.0  # wall, generous against load
@@ -70,6 +71,52 @@ def test_input_and_output_errors_load_no_model_code(tmp_path):
     for says, argv in cases.items():
         code, torch_loaded, err = _modules_after(["embed", *argv, "--model", str(model)])
         assert (code, torch_loaded, says in err) == (2, False, True), err
+
+
+def test_an_existing_output_is_refused_before_the_model_loads(tmp_path):
+    """This job's finished output, run again without --resume, and another job's output (another
+    --dtype) are refused from OUTPUT_DIR's job record and the model's file hashes, torch not loaded."""
+    corpus, model, out = tmp_path / "corpus", make_model_dir(tmp_path / "tiny", TINY_OPTIONS), tmp_path / "out"
+    write_sample_corpus(corpus, rows=20, files=1)
+    argv = ["embed", str(corpus), str(out), "--model", str(model), "--quiet"]
+    assert run_cli(*argv).returncode == 0 and (out / "_SUCCESS").exists()
+    cases = {"already holds this job's output; pass --resume": argv,
+             "holds another job's output (different options ['dtype'])": [*argv, "--dtype", "float16"]}
+    for says, args in cases.items():
+        code, torch_loaded, err = _modules_after(args)
+        assert (code, torch_loaded, says in err) == (2, False, True), err
+    r, best = _best_of_three(argv)
+    assert r.returncode == 2 and "already holds this job's output" in r.stderr, r.stderr
+    assert best <= BOUND_S, f"elmo embed, this job's finished output: {best:.2f} s"
+
+
+def test_an_output_in_progress_a_locked_one_and_no_jobs_files_are_refused_before_the_model_loads(tmp_path):
+    """This job's unfinished output without --resume, one a running job holds, and a directory of
+    files no job wrote are refused with torch not loaded."""
+    corpus, model, out = tmp_path / "corpus", make_model_dir(tmp_path / "tiny", TINY_OPTIONS), tmp_path / "out"
+    write_sample_corpus(corpus, rows=20, files=1)
+    argv = ["embed", str(corpus), str(out), "--model", str(model), "--quiet"]
+    assert run_cli(*argv).returncode == 0
+    for name in ("_SUCCESS", "_manifest.parquet"):
+        (out / name).unlink()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("x")
+    (tmp_path / "held").mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pipelines.lock import OutputLock; "
+                               "OutputLock.for_dir(sys.argv[1]).__enter__(); print('locked', flush=True); "
+                               "time.sleep(120)", str(tmp_path / "held")], stdout=subprocess.PIPE, text=True,
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        cases = {"already holds this job's output; pass --resume": argv,
+                 "holds no job record of elmo embed": [*argv[:2], str(tmp_path / "other"), *argv[3:]],
+                 f"in use by another elmo embed job (pid {holder.pid}": [*argv[:2], str(tmp_path / "held"), *argv[3:]]}
+        for says, args in cases.items():
+            code, torch_loaded, err = _modules_after(args)
+            assert (code, torch_loaded, says in err) == (2, False, True), err
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def _best_of_three(argv: list[str]) -> tuple[subprocess.CompletedProcess, float]:

@@ -1,0 +1,83 @@
+"""An existing OUTPUT_DIR judged before any model code loads: a running job's lock, files that are
+no job's, a damaged job record, and, where the job's identity is known without the model, the
+whole claim (``sink.check_claim``): this job's output without ``--resume``, another job's output.
+
+The job's identity is its inputs, its model (the sha256 of the model's files,
+``inference.registry.model_identity``, which hashes without loading) and its output options, of
+which the run settles two: the backend and the precision. Both are known here for the torch
+backend on a model directory in fp32 (the default on a CPU); a URI, an export or an on-demand
+export (their precision is the export's), ``--precision auto`` or another precision (checked
+against the device by the model code) leave the comparison to ``plan_job``, after the run is
+resolved, where it is made in every case.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from elmo_core.errors import ElmoError
+from elmo_core.storage import is_uri
+from inference.registry import backend_kind, exported_backend, model_identity
+
+from .options import EmbedOptions, digest
+from .shard_size import settle_rows_per_shard
+from .sink import Output, check_claim, job_record
+from .source import InputFile
+
+if TYPE_CHECKING:
+    from inference.model_run import ModelRun
+
+
+def check_output_first(out: Output, model: Any, opts: EmbedOptions, files: list[InputFile]) -> None:
+    """OutputDirError (or the lock's error) for an existing OUTPUT_DIR this job may not claim, as far
+    as it is decided without the model; ``plan_job`` checks the claim again once the model loaded."""
+    if not out.exists():
+        return
+    out.lock().check_free()  # a running job's first: what it holds is its own business
+    if job_record(out)[1] is None or opts.resume:
+        return  # new or empty: nothing to compare; --resume: compared once the model loaded, its files hashed once
+    identity = foreseen_identity(out, model, opts, files)
+    if identity is not None:
+        check_claim(out, identity, digest(identity), opts.resume)
+
+
+def foreseen_identity(out: Output, model: Any, opts: EmbedOptions, files: list[InputFile]) -> dict | None:
+    """The identity ``plan_job`` gives the job once its run is resolved and its model loaded, where
+    it is known without them; else None."""
+    settled = _settled_model(model, opts)
+    if settled is None or (opts.engine != "local" and opts.rows_per_shard is None):  # a cluster's slots decide
+        return None
+    backend, precision, model_id = settled
+    options = settle_rows_per_shard(replace(opts, backend=backend, precision=precision), files, out)
+    return {"inputs": [f.identity() for f in files], "model": model_id, "options": options.identity()}
+
+
+def _settled_model(model: Any, opts: EmbedOptions) -> tuple[str, str, dict] | None:
+    """(backend, precision, the model's identity) the run will settle, or None where only the run knows."""
+    path = model if isinstance(model, (str, Path)) else getattr(model, "model_path", None)
+    if path is None or is_uri(path) or opts.device != "cpu":
+        return None
+    backend = opts.backend or exported_backend(path) or "torch"
+    if backend_kind(backend).exported:
+        return None
+    precision = opts.precision or "fp32"  # the torch backend's default on a CPU
+    if precision != "fp32":
+        return None
+    try:
+        return backend, precision, model_identity(path, backend, opts.weights)
+    except (ElmoError, OSError):
+        return None  # the run reports what is wrong with the model
+
+
+@dataclass(frozen=True)
+class RunMaker:
+    """What makes the job's ``ModelRun`` once the checks that need no model pass (the CLI's resolves
+    it with its exporter and prints its warnings), and the model path it resolves, which
+    ``check_output_first`` hashes."""
+
+    model_path: str
+    make: Callable[[], "ModelRun"]
+
+    def __call__(self) -> "ModelRun":
+        return self.make()
