@@ -58,7 +58,7 @@ def _register_onnx(kinds: argparse._SubParsersAction) -> None:
 
 def _register_tensorrt(kinds: argparse._SubParsersAction) -> None:
     t = kinds.add_parser("tensorrt", help="a serialized TensorRT engine from an ONNX export (needs the tensorrt extra)")
-    t.add_argument("--onnx", required=True, help="directory written by `elmo export onnx`")
+    add_flag(t, "model", required=True, metavar="ONNX_DIR", help="the model: a directory written by `elmo export onnx`")
     add_flag(t, "out", required=True, help="output directory")
     for flag, default in (("--min", "1,1"), ("--opt", "16,32"), ("--max", "64,256")):
         t.add_argument(flag, dest=flag[2:] + "_bt", metavar="BATCH,LENGTH", help=f"profile {flag[2:]} (default {default})")
@@ -141,7 +141,7 @@ def run_tensorrt(args: argparse.Namespace) -> int:
     from export.tensorrt import build_engine
 
     check_count("workspace", args.workspace)  # MiB
-    m = build_engine(args.onnx, args.out, args.min_bt, args.opt_bt, args.max_bt, args.precision, args.workspace)
+    m = build_engine(args.model, args.out, args.min_bt, args.opt_bt, args.max_bt, args.precision, args.workspace)
     if args.json:
         print(json.dumps(m, indent=2))
         return 0

@@ -128,6 +128,10 @@ def test_info_knows_every_directory_the_project_writes(tiny_dir, tmp_path, capsy
     engine = capsys.readouterr().out
     assert f"onnx export: {tmp_path / 'engine' / 'onnx'}" in engine and lines["source"] in engine
     assert main(["info"]) == 2 and "make info MODEL=DIR" in capsys.readouterr().err
+    assert main(["info", "--out", str(tmp_path / "vectors"), "--json"]) == 0  # what elmo embed wrote: its --out
+    assert json.loads(capsys.readouterr().out) == info
+    assert main(["info", "--out", str(tmp_path / "vectors"), "--model", str(tiny_dir)]) == 2
+    assert "give --model or --out, not both" in capsys.readouterr().err
 
 
 def test_info_in_a_pipe_that_closes_early(tiny_dir):

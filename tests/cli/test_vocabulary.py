@@ -22,7 +22,7 @@ OLD = {"--max-tokens-per-batch": "--max-batch-tokens", "--max-sentence-length": 
        "--bf16": "--precision", "--no-bf16": "--precision", "--fp16": "--precision",
        # the text a command reads is --text; what it writes, --out
        "--train": "--text", "--data": "--text", "--input": "--text", "--corpus": "--text",
-       "--output-dir": "--out", "--out-dir": "--out", "--dest": "--out"}
+       "--output-dir": "--out", "--out-dir": "--out", "--dest": "--out", "--onnx": "--model"}
 # Every command is classified here, twice; a command that is not fails the walk (``shape_problems``).
 # What it prints: a result (then --json, the result alone on stdout) or not.
 REPORTING = ("info", "verify", "embed", "perplexity", "train", "probe", "engine", "export onnx", "export tensorrt",
