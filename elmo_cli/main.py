@@ -77,8 +77,18 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+class _Parser(argparse.ArgumentParser):
+    """Every parser of ``elmo`` (subcommands take their parent's class): a flag is typed whole, so a
+    dropped spelling (``--train``) is refused, never read as the flag it begins
+    (``--train-eval-sentences``)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+
 def _top_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
-    parser = argparse.ArgumentParser(prog="elmo", description="Pretrain, export and run ELMo biLMs.")
+    parser = _Parser(prog="elmo", description="Pretrain, export and run ELMo biLMs.")
     parser.add_argument("--version", action=_Version)
     return parser, parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

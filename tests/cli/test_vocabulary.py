@@ -150,7 +150,9 @@ def test_older_spellings_are_refused():
     with pytest.raises(SystemExit):
         parser.parse_args(["embed", "--text", "in", "--out", "out", "--model", "m", "--max-tokens-per-batch", "300"])
     for positional in (["embed", "in", "out", "--model", "m"], ["verify", "out"], ["sample-corpus", "c"],
-                       ["sotu-corpus", "c"], ["convert-efml", "efml", "ours"], ["train", "--train", "t", "--out", "r"]):
+                       ["sotu-corpus", "c"], ["convert-efml", "efml", "ours"], ["train", "--train", "t", "--out", "r"],
+                       ["train", "--train", "5", "--text", "t", "--out", "r"],  # not --train-eval-sentences 5
+                       ["export", "onnx", "--mod", "m", "--out", "o"]):  # a flag is typed whole
         with pytest.raises(SystemExit):
             parser.parse_args(positional)
     with pytest.raises(SystemExit):
