@@ -21,11 +21,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("embed", help="embed a corpus (Parquet, CSV, TSV, JSON Lines, text) into Parquet ELMo vectors",
                        description="Stream Parquet rows through a biLM; write one Parquet shard per input "
                                    "file chunk into OUTPUT_DIR (see docs/pipelines.md).")
-    add_flag(p, "text", required=True, metavar="INPUT", help="a file (.parquet, .csv, .tsv, .jsonl/.ndjson, or .txt: one sentence per line), "
-                                 "a directory of them, or a glob, or a file or prefix on an object store "
-                                 "(s3://bucket/corpus); the format is told by the suffix")
-    add_flag(p, "out", required=True, metavar="OUTPUT_DIR", help="output directory (new or empty; or this job's, with --resume), local or "
-                                      "s3://bucket/prefix; with --format hdf5 the (local) file to write")
+    add_flag(p, "text", required=True, metavar="INPUT",
+             help="a file (.parquet, .csv, .tsv, .jsonl/.ndjson, or .txt: one sentence per line), a directory of "
+                  "them, or a glob, or a file or prefix on an object store (s3://bucket/corpus); the format is told "
+                  "by the suffix")
+    add_flag(p, "out", required=True, metavar="OUTPUT_DIR",
+             help="output directory (new or empty; or this job's, with --resume), local or s3://bucket/prefix; with "
+                  "--format hdf5 the (local) file to write")
     p.add_argument("--format", choices=OUTPUT_FORMATS, default=OUTPUT_FORMATS[0],
                    help="parquet: shards of Parquet; arrow: shards of Arrow IPC (Feather v2, memory-mappable, the "
                         "fastest to write); hdf5: the file `allennlp elmo` writes (one dataset per sentence, "

@@ -93,10 +93,10 @@ def _datasets(group: h5py.Group) -> list[str]:
 def test_an_export_runs_its_own_precision_and_refuses_another(tiny_dir, tmp_path, cache, capsys):
     export, _ = cached_onnx_export(tiny_dir, "fp32")
     write_sample_corpus(tmp_path / "corpus", rows=20, files=1)
-    base = ["embed", str(tmp_path / "corpus"), "--model", str(export), "--backend", "onnx", "--quiet"]
-    assert main([*base[:2], str(tmp_path / "a"), *base[2:], "--precision", "int8"]) == 2
+    base = ["embed", "--text", str(tmp_path / "corpus"), "--model", str(export), "--backend", "onnx", "--quiet"]
+    assert main([*base[:3], "--out", str(tmp_path / "a"), *base[3:], "--precision", "int8"]) == 2
     assert "is an fp32 ONNX export; for --precision int8 pass the model directory" in capsys.readouterr().err
-    assert main([*base[:2], str(tmp_path / "b"), *base[2:]]) == 0  # no --precision: the export's
+    assert main([*base[:3], "--out", str(tmp_path / "b"), *base[3:]]) == 0  # no --precision: the export's
     assert read_record(tmp_path / "b" / "_manifest.parquet")["options"].get("precision", "fp32") == "fp32"
 
 
