@@ -35,7 +35,7 @@ test: install peers
 info: install
 	$(BIN)/elmo info --model $(MODEL)
 
-# Variables are the flags' names: MODEL (--model), OUT (--out), PRECISION (--precision), MAX_MINUTES
+# Variables are the flags' names: MODEL (--model), TEXT (--text), OUT (--out), PRECISION (--precision), MAX_MINUTES
 # (--max-minutes; MINUTES and TRAIN_MINUTES, the older names, still work).
 
 # make engine [MODEL=dir] [OUT=engine] [PRECISION=fp32|fp16|int8] [MAX_MINUTES=10]: export ONNX, validate
@@ -59,9 +59,9 @@ demo: install
 gpu-check: install
 	$(BIN)/python bench/gpu_check.py $(if $(OUT),--out $(OUT)) $(ARGS)
 
-# make embed INPUT=corpus/ OUT=vectors/ MODEL=dir [ARGS="--dtype float16 --resume"]
+# make embed TEXT=corpus/ OUT=vectors/ MODEL=dir [ARGS="--dtype float16 --resume"]
 embed: install
-	$(BIN)/elmo embed $(INPUT) $(OUT) --model $(MODEL) $(ARGS)
+	$(BIN)/elmo embed --text $(TEXT) --out $(OUT) --model $(MODEL) $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
@@ -75,9 +75,9 @@ ARGS ?=
 .PHONY: train sotu-corpus
 
 $(CORPUS)/valid: | install
-	$(BIN)/elmo sotu-corpus $(CORPUS)
+	$(BIN)/elmo sotu-corpus --out $(CORPUS)
 
 sotu-corpus: $(CORPUS)/valid
 
 train: install $(CORPUS)/valid
-	$(BIN)/elmo train --train $(CORPUS)/train --valid $(CORPUS)/valid --out $(RUN) --max-minutes $(or $(MAX_MINUTES),$(MINUTES),5) $(ARGS)
+	$(BIN)/elmo train --text $(CORPUS)/train --valid $(CORPUS)/valid --out $(RUN) --max-minutes $(or $(MAX_MINUTES),$(MINUTES),5) $(ARGS)

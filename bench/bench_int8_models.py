@@ -1,7 +1,7 @@
 """int8 on trained models: the shipped model, one `elmo train` makes in a few minutes, one fine-tuned
 from the shipped model, and random full-size weights.
 
-Each model goes through the user's command, `elmo embed CORPUS OUT --model M --backend onnx
+Each model goes through the user's command, `elmo embed --text CORPUS --out OUT --model M --backend onnx
 --precision int8` (int8 planned on the job's first 256 rows and validated on them); its exit status
 and the products the plan kept in fp32 are printed. Then the int8 export that command built and the
 fp32 export of the same model run with torch fp32 on held-out text the plan never saw (held-out
@@ -70,10 +70,10 @@ def write_inputs(work: Path, rows: int) -> tuple[Path, Path]:
 def build_models(work: Path, recent: Path, names: list[str], a: argparse.Namespace, env: dict[str, str]) -> dict:
     models = {"default": ROOT / "models" / "default"}
     if "trained" in names and not (work / "trained" / "model" / "weights.hdf5").is_file():
-        elmo(["train", "--train", str(work / "sotu" / "train"), "--out", str(work / "trained"),
+        elmo(["train", "--text", str(work / "sotu" / "train"), "--out", str(work / "trained"),
               "--max-minutes", str(a.train_minutes), "--threads", str(a.threads)], env)
     if "finetuned" in names and not (work / "finetuned" / "model" / "weights.hdf5").is_file():
-        elmo(["train", "--train", str(recent), "--out", str(work / "finetuned"), "--init-from", str(models["default"]),
+        elmo(["train", "--text", str(recent), "--out", str(work / "finetuned"), "--init-from", str(models["default"]),
               "--max-minutes", str(a.finetune_minutes), "--threads", str(a.threads)], env)
     models["trained"], models["finetuned"] = work / "trained" / "model", work / "finetuned" / "model"
     if "full-size" in names:
@@ -91,7 +91,7 @@ def held_out(n: int, batch: int) -> list[list[list[str]]]:
 
 def measure(name: str, model: Path, corpus: Path, work: Path, a: argparse.Namespace, env: dict[str, str]) -> dict:
     shutil.rmtree(work / "out" / name, ignore_errors=True)
-    rc = elmo(["embed", str(corpus), str(work / "out" / name), "--model", str(model), "--backend", "onnx",
+    rc = elmo(["embed", "--text", str(corpus), "--out", str(work / "out" / name), "--model", str(model), "--backend", "onnx",
                "--precision", "int8", "--threads", str(a.threads)], env)
     result: dict = {"model": name, "embed_exit": rc}
     if rc != 0:

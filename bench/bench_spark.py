@@ -48,7 +48,7 @@ def main() -> None:
 def bench(rows: int, a: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench_spark_"))
     corpus = work / "corpus"
-    subprocess.run([sys.executable, "-m", "elmo_cli", "sample-corpus", str(corpus), "--rows", str(rows),
+    subprocess.run([sys.executable, "-m", "elmo_cli", "sample-corpus", "--out", str(corpus), "--rows", str(rows),
                     "--files", "4"], check=True, cwd=ROOT, capture_output=True)
     common = ["--model", a.model, "--id-column", "id"]
     common += ["--rows-per-shard", str(a.rows_per_shard)] if a.rows_per_shard else []
@@ -56,7 +56,7 @@ def bench(rows: int, a: argparse.Namespace) -> None:
     best: dict[str, dict] = {}
     for turn in range(a.repeats):
         for name, extra in runs.items():
-            m, wall = run(["embed", str(corpus), str(work / f"{name}-{turn}"), *common, *extra])
+            m, wall = run(["embed", "--text", str(corpus), "--out", str(work / f"{name}-{turn}"), *common, *extra])
             session = m["engine"].get("session_s", 0.0)
             f = {"tokens": m["tokens"], "wall_tokens_per_s": m["tokens"] / wall,
                  "running_tokens_per_s": m["tokens"] / m["this_run"]["seconds"], "engine": m["engine"]}

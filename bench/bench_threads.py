@@ -28,7 +28,7 @@ BUSY = "while True: pass"
 
 def run_job(corpus: Path, model: str, out: Path, threads: int | None, env: dict[str, str]) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of one ``elmo embed`` process."""
-    cmd = [sys.executable, "-m", "elmo_cli", "embed", str(corpus), str(out), "--model", model, "--quiet"]
+    cmd = [sys.executable, "-m", "elmo_cli", "embed", "--text", str(corpus), "--out", str(out), "--model", model, "--quiet"]
     cmd += ["--threads", str(threads)] if threads else []
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -57,7 +57,7 @@ def main() -> None:
     ap.add_argument("--candidate", action="append", default=[])
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_threads-"))
-    subprocess.run([sys.executable, "-m", "elmo_cli", "sample-corpus", str(work / "corpus"), "--rows", str(args.rows),
+    subprocess.run([sys.executable, "-m", "elmo_cli", "sample-corpus", "--out", str(work / "corpus"), "--rows", str(args.rows),
                     "--files", "1"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     runs = candidates(args.candidate)
     times: dict[tuple[str, str], list[tuple[float, float]]] = {}

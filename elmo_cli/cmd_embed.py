@@ -1,5 +1,5 @@
-"""``elmo embed INPUT OUTPUT_DIR --model MODEL`` (Parquet text in, Parquet ELMo vectors out),
-``elmo verify OUTPUT_DIR`` (check a finished output) and ``elmo sample-corpus OUT_DIR`` (a Parquet
+"""``elmo embed --text INPUT --out OUTPUT_DIR --model MODEL`` (Parquet text in, Parquet ELMo vectors out),
+``elmo verify --out OUTPUT_DIR`` (check a finished output) and ``elmo sample-corpus --out DIR`` (a Parquet
 corpus of State of the Union sentences)."""
 from __future__ import annotations
 
@@ -21,11 +21,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("embed", help="embed a corpus (Parquet, CSV, TSV, JSON Lines, text) into Parquet ELMo vectors",
                        description="Stream Parquet rows through a biLM; write one Parquet shard per input "
                                    "file chunk into OUTPUT_DIR (see docs/pipelines.md).")
-    p.add_argument("input", help="a file (.parquet, .csv, .tsv, .jsonl/.ndjson, or .txt: one sentence per line), "
-                                 "a directory of them, or a glob, or a file or prefix on an object store "
-                                 "(s3://bucket/corpus); the format is told by the suffix")
-    p.add_argument("output_dir", help="output directory (new or empty; or this job's, with --resume), local or "
-                                      "s3://bucket/prefix; with --format hdf5 the (local) file to write")
+    add_flag(p, "text", required=True, metavar="INPUT",
+             help="a file (.parquet, .csv, .tsv, .jsonl/.ndjson, or .txt: one sentence per line), a directory of "
+                  "them, or a glob, or a file or prefix on an object store (s3://bucket/corpus); the format is told "
+                  "by the suffix")
+    add_flag(p, "out", required=True, metavar="OUTPUT_DIR",
+             help="output directory (new or empty; or this job's, with --resume), local or s3://bucket/prefix; with "
+                  "--format hdf5 the (local) file to write")
     p.add_argument("--format", choices=OUTPUT_FORMATS, default=OUTPUT_FORMATS[0],
                    help="parquet: shards of Parquet; arrow: shards of Arrow IPC (Feather v2, memory-mappable, the "
                         "fastest to write); hdf5: the file `allennlp elmo` writes (one dataset per sentence, "
@@ -43,8 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_embed(args: argparse.Namespace) -> int:
     if args.use_sentence_keys and args.format != "hdf5":
         raise InputError("--use-sentence-keys keys the datasets of --format hdf5; add --format hdf5")
-    if args.format != "hdf5" and args.output_dir.endswith((".hdf5", ".h5")):
-        raise InputError(f"{args.input} -> {args.output_dir}: an .hdf5 output is --format hdf5 "
+    if args.format != "hdf5" and args.out.endswith((".hdf5", ".h5")):
+        raise InputError(f"{args.text} -> {args.out}: an .hdf5 output is --format hdf5 "
                          f"(allennlp elmo's layout); add --format hdf5")
     shards = {"format": args.format} if args.format != "hdf5" else {}
     opts = EmbedOptions.coerce(field_values(EmbedOptions, args), precision=args.precision, layout=args.layout,
@@ -60,13 +62,13 @@ def run_embed(args: argparse.Namespace) -> int:
     if args.format == "hdf5":
         from pipelines.hdf5_output import embed_to_hdf5
 
-        result = embed_to_hdf5(args.input, args.output_dir, run, use_sentence_keys=args.use_sentence_keys, **options)
+        result = embed_to_hdf5(args.text, args.out, run, use_sentence_keys=args.use_sentence_keys, **options)
         if args.json:
             print(json.dumps(result, indent=2))
         return 0
     from pipelines.job import embed_parquet
 
-    manifest = embed_parquet(args.input, args.output_dir, run, **options)
+    manifest = embed_parquet(args.text, args.out, run, **options)
     if args.json:
         print(json.dumps(manifest, indent=2))
     return 0
@@ -74,7 +76,7 @@ def run_embed(args: argparse.Namespace) -> int:
 
 def _register_sample_corpus(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sample-corpus", help="write a sample Parquet corpus of State of the Union sentences")
-    p.add_argument("out_dir", help="the directory to write the Parquet files into")
+    add_flag(p, "out", required=True, metavar="DIR", help="the directory to write the Parquet files into")
     p.add_argument("--rows", type=int, default=2000, help="sentences in all (default 2000)")
     p.add_argument("--files", type=int, default=2, help="Parquet files they are split into (default 2)")
     add_flag(p, "json")
@@ -84,18 +86,19 @@ def _register_sample_corpus(sub: argparse._SubParsersAction) -> None:
 def run_sample_corpus(args: argparse.Namespace) -> int:
     from corpora.sample import write_sample_corpus
 
-    paths = write_sample_corpus(args.out_dir, args.rows, args.files)
+    paths = write_sample_corpus(args.out, args.rows, args.files)
     if args.json:
-        print(json.dumps({"out_dir": str(args.out_dir), "rows": args.rows, "files": [str(p) for p in paths]}))
+        print(json.dumps({"out_dir": str(args.out), "rows": args.rows, "files": [str(p) for p in paths]}))
         return 0
-    print(f"wrote {args.rows} sentences into {len(paths)} files under {args.out_dir} (columns id, speech, text)")
+    print(f"wrote {args.rows} sentences into {len(paths)} files under {args.out} (columns id, speech, text)")
     return 0
 
 
 def _register_verify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="check a finished elmo embed OUTPUT_DIR (rows, order, checksums) "
                                       "without recomputing vectors")
-    p.add_argument("output_dir", help="the job's OUTPUT_DIR, local or s3://bucket/prefix")
+    add_flag(p, "out", required=True, metavar="OUTPUT_DIR", help="the elmo embed job's OUTPUT_DIR, local or "
+                                                                 "s3://bucket/prefix")
     p.add_argument("--no-inputs", action="store_true", help="do not match output rows to the input files")
     add_flag(p, "json", help="print the report as JSON on stdout")
     p.set_defaults(func=run_verify)
@@ -104,12 +107,12 @@ def _register_verify(sub: argparse._SubParsersAction) -> None:
 def run_verify(args: argparse.Namespace) -> int:
     from pipelines.verify import verify_output
 
-    report = verify_output(args.output_dir, check_inputs=not args.no_inputs)
+    report = verify_output(args.out, check_inputs=not args.no_inputs)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
     not_checked = f"; inputs not checked (changed or absent): {report['inputs_not_checked']}" \
         if report["inputs_not_checked"] else ""
-    print(f"{args.output_dir}: OK: {report['shards']} shards, {report['rows']:,} rows, {report['tokens']:,} tokens; "
+    print(f"{args.out}: OK: {report['shards']} shards, {report['rows']:,} rows, {report['tokens']:,} tokens; "
           f"checksums match; rows in input order against {report['inputs_checked']} input file(s){not_checked}")
     return 0

@@ -37,7 +37,7 @@ def _register_onnx(kinds: argparse._SubParsersAction) -> None:
     o = kinds.add_parser("onnx", help="model.onnx + manifest.json, validated against the torch backend")
     add_flag(o, "model", required=True, help="model directory (options.json + weights), or options.json")
     add_flag(o, "weights")
-    o.add_argument("--out", required=True, help="output directory")
+    add_flag(o, "out", required=True, help="output directory")
     o.add_argument("--output", choices=tuple(OUTPUT_NAMES), default="all", help="all layers, or the scalar mix")
     o.add_argument("--mix", type=_floats, help="mixed: unnormalised layer weights s, comma-separated (softmax applied)")
     o.add_argument("--gamma", type=float, default=1.0, help="mixed: the scale gamma")
@@ -58,8 +58,8 @@ def _register_onnx(kinds: argparse._SubParsersAction) -> None:
 
 def _register_tensorrt(kinds: argparse._SubParsersAction) -> None:
     t = kinds.add_parser("tensorrt", help="a serialized TensorRT engine from an ONNX export (needs the tensorrt extra)")
-    t.add_argument("--onnx", required=True, help="directory written by `elmo export onnx`")
-    t.add_argument("--out", required=True, help="output directory")
+    add_flag(t, "model", required=True, metavar="ONNX_DIR", help="the model: a directory written by `elmo export onnx`")
+    add_flag(t, "out", required=True, help="output directory")
     for flag, default in (("--min", "1,1"), ("--opt", "16,32"), ("--max", "64,256")):
         t.add_argument(flag, dest=flag[2:] + "_bt", metavar="BATCH,LENGTH", help=f"profile {flag[2:]} (default {default})")
     add_flag(t, "precision", choices=TENSORRT_PRECISIONS, default=None,
@@ -73,7 +73,7 @@ def _register_engine(sub: argparse._SubParsersAction) -> None:
     e = sub.add_parser("engine", help="export + validate, then build TensorRT (GPU) or the optimized ONNX Runtime model")
     add_flag(e, "model", help="model directory with published weights; default: the repository's "
                               "models/default, else the default model trained first")
-    e.add_argument("--out", default="engine", help="output directory (default ./engine)")
+    add_flag(e, "out", default="engine", help="output directory (default ./engine)")
     add_flag(e, "precision", choices=VALIDATED_EXPORT_PRECISIONS, default="fp32",
              help="of the ONNX export (bf16 cannot be validated on ONNX Runtime's CPU provider; default fp32)")
     add_flag(e, "weights")
@@ -89,7 +89,7 @@ def _register_triton(kinds: argparse._SubParsersAction) -> None:
                                         "sentences; see docs/serving.md)")
     add_flag(r, "model", required=True, help="model directory, or an export directory for onnx / tensorrt")
     add_flag(r, "weights")
-    r.add_argument("--out", required=True, help="the model repository (created; may hold other models)")
+    add_flag(r, "out", required=True, help="the model repository (created; may hold other models)")
     r.add_argument("--name", default="elmo", help="the model's name in the repository")
     add_flag(r, "backend", choices=BACKEND_NAMES, default="torch", help="what runs the model (default torch)")
     r.add_argument("--kind", choices=tuple(KINDS), default="cpu", help="instance kind")
@@ -141,7 +141,7 @@ def run_tensorrt(args: argparse.Namespace) -> int:
     from export.tensorrt import build_engine
 
     check_count("workspace", args.workspace)  # MiB
-    m = build_engine(args.onnx, args.out, args.min_bt, args.opt_bt, args.max_bt, args.precision, args.workspace)
+    m = build_engine(args.model, args.out, args.min_bt, args.opt_bt, args.max_bt, args.precision, args.workspace)
     if args.json:
         print(json.dumps(m, indent=2))
         return 0
@@ -172,6 +172,6 @@ def run_engine(args: argparse.Namespace) -> int:
     print(f"engine: {report['artifact']} at {report['path']}")
     print(f"why:    {report['why']}")
     b, m = report["backend"], report["model"]
-    print(f"use:    elmo embed INPUT OUTPUT_DIR --backend {b} --model {m}   (also: elmo serve --model {m} --backend {b}; "
+    print(f"use:    elmo embed --text INPUT --out OUTPUT_DIR --backend {b} --model {m}   (also: elmo serve --model {m} --backend {b}; "
           f"Embedder.open('{m}', '{b}'))")
     return 0

@@ -28,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="what a model, export, engine, embed output or training run directory holds")
     add_model(p, "a model directory (or options.json, then give --weights), an export directory, `elmo engine`'s "
                  "OUT, an `elmo embed` OUTPUT_DIR or a RUN_DIR")
+    add_flag(p, "out", help="what a command wrote: an `elmo embed` OUTPUT_DIR, `elmo engine`'s OUT or an `elmo "
+                           "train` RUN_DIR (read as --model reads it)")
     add_flag(p, "json", help="print JSON")
     p.set_defaults(func=run)
 
@@ -106,10 +108,13 @@ def _embed_output(path: Path) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.model is None:
-        raise InputError("give a directory: elmo info --model MODEL_DIR (also an export, engine, embed output or "
-                         "run directory); make info MODEL=DIR")
-    info = inspect(args.model, args.weights)
+    if args.model is not None and args.out is not None:
+        raise InputError("elmo info reads one directory: give --model or --out, not both")
+    path = args.model if args.model is not None else args.out
+    if path is None:
+        raise InputError("give a directory: elmo info --model MODEL_DIR (or --out, what elmo embed, engine or train "
+                         "wrote); make info MODEL=DIR")
+    info = inspect(path, args.weights)
     if args.json:
         print(json.dumps(info, indent=2))
     elif info["kind"] == "model":

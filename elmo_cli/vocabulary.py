@@ -33,6 +33,7 @@ class Meaning:
 
 MEANINGS: dict[str, Meaning] = {m.dest: m for m in (
     Meaning("--text", "the text to read: a text (.gz) or Parquet file, a directory or a glob"),
+    Meaning("--out", "what the command writes: a directory, or the file it names"),
     Meaning("--model", "model directory (options.json + weights), or an export directory"),
     Meaning("--weights", "the weights file, when --model's directory holds several (or --model is an options.json)"),
     Meaning("--backend", "what runs the model (default: the export's own for an export directory, its "

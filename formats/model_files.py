@@ -57,7 +57,7 @@ def _options_in(path: Path) -> Path:
     if (path / OPTIONS_NAME).is_file():
         return path / OPTIONS_NAME
     if (path / "config.json").is_file() and (path / "encoder.pkl").is_file():
-        raise WeightsError(f"{path}: an ELMoForManyLangs model; convert it first: elmo convert-efml {path} OUT_DIR")
+        raise WeightsError(f"{path}: an ELMoForManyLangs model; convert it first: elmo convert-efml --model {path} --out DIR")
     jsons = sorted(path.glob("*options*.json"))
     if len(jsons) != 1:
         raise WeightsError(f"{path}: no {OPTIONS_NAME} in this directory"

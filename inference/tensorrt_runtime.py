@@ -58,7 +58,7 @@ def check_engine_manifest(manifest: dict[str, Any], trt_version: str, gpu: dict[
             problems.append(f"built for {label} {manifest.get('gpu', {}).get(key)!r}, this is {gpu.get(key)!r}")
     if problems:
         raise EngineMismatchError("TensorRT engine mismatch: " + "; ".join(problems)
-                                  + ". Rebuild it here with `elmo export tensorrt --onnx DIR --out DIR`")
+                                  + ". Rebuild it here with `elmo export tensorrt --model ONNX_DIR --out DIR`")
 
 
 def tensorrt_status() -> tuple[bool, str]:

@@ -1,4 +1,4 @@
-"""``elmo embed INPUT OUT.hdf5 --format hdf5``: the file ``allennlp elmo`` (AllenNLP <= 0.9) writes.
+"""``elmo embed --text INPUT --out OUT.hdf5 --format hdf5``: the file ``allennlp elmo`` (AllenNLP <= 0.9) writes.
 
 Its conventions, each kept (allennlp/commands/elmo.py, 0.9.0):
 - a text INPUT holds one whitespace-tokenized sentence per line; the sentence is the stripped line

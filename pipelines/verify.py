@@ -1,4 +1,4 @@
-"""``elmo verify OUTPUT_DIR``: check a finished ``elmo embed`` output without recomputing vectors.
+"""``elmo verify --out OUTPUT_DIR``: check a finished ``elmo embed`` output without recomputing vectors.
 
 What is checked: ``_SUCCESS``, the job record and the manifest (``_job.parquet``, ``_manifest.parquet``;
 ``.arrow`` for an Arrow output) agree; every shard listed is

@@ -95,8 +95,8 @@ def test_embed_on_one_cpu_prints_its_threads_once(tiny_dir, tmp_path):
     env = _one_cpu_env()
     write_sample_corpus(tmp_path / "corpus", rows=20, files=1)
     cpu = min(os.sched_getaffinity(0))
-    r = subprocess.run(["taskset", "-c", str(cpu), sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "corpus"),
-                        str(tmp_path / "out"), "--model", str(tiny_dir), "--json"], env=env, cwd=ROOT,
+    r = subprocess.run(["taskset", "-c", str(cpu), sys.executable, "-m", "elmo_cli", "embed", "--text", str(tmp_path / "corpus"),
+                        "--out", str(tmp_path / "out"), "--model", str(tiny_dir), "--json"], env=env, cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     line = f"1 thread: CPU affinity 1 of {os.cpu_count()} CPUs"

@@ -132,7 +132,7 @@ class SentenceStream:
 
     def load_state_dict(self, state: dict) -> None:
         if state["shards"] != [str(s) for s in self.shards]:
-            raise CorpusError(f"{self.path}: the corpus files differ from the checkpoint's; resume with the same --train")
+            raise CorpusError(f"{self.path}: the corpus files differ from the checkpoint's; resume with the same --text")
         self.epoch, self.shard, self.record, self.seen = state["epoch"], state["shard"], state["record"], state["seen"]
         # checkpoints written before shard shuffling read the shards in sorted order
         self.order = [int(i) for i in state.get("order", range(len(self.shards)))]

@@ -33,9 +33,10 @@ def _opt(default, help: str, group: str = "run", choices: tuple | None = None, *
 class TrainOptions:
     """None means: from options.json, the recipe, or (with --init-from) the model's own."""
 
-    train: str = _opt(None, "training corpus: text/.gz/Parquet file, directory or glob", "data", required=True)
+    train: str = _opt(None, "training corpus: text/.gz/Parquet file, directory or glob", "data", required=True,
+                      meaning="text")
     options: str | None = _opt(None, "options.json (default: the shipped small-512.json; with --init-from: the model's)")
-    out: str = _opt(None, "run directory", required=True)
+    out: str = _opt(None, "run directory", required=True, meaning="out")
     valid: str | None = _opt(None, "held-out corpus for perplexity", "data")
     vocab: str | None = _opt(None, "vocabulary file (<S>, </S>, <UNK> and words by frequency); default: built "
                              "(with --init-from: the model's vocabulary, default MODEL_DIR/vocab.txt)", "data")

@@ -36,7 +36,7 @@ def test_answers_within_the_bound(argv, code, says):
 def test_a_wrong_column_is_answered_within_the_bound(tmp_path):
     corpus, model = tmp_path / "corpus", make_model_dir(tmp_path / "tiny", TINY_OPTIONS)
     write_sample_corpus(corpus, rows=20, files=1)
-    argv = ["embed", str(corpus), str(tmp_path / "out"), "--model", str(model), "--text-column", "nope"]
+    argv = ["embed", "--text", str(corpus), "--out", str(tmp_path / "out"), "--model", str(model), "--text-column", "nope"]
     r, best = _best_of_three(argv)
     assert r.returncode == 2 and "columns ['nope'] not found" in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()
@@ -65,9 +65,9 @@ def test_input_and_output_errors_load_no_model_code(tmp_path):
     corpus, model = tmp_path / "corpus", make_model_dir(tmp_path / "tiny", TINY_OPTIONS)
     write_sample_corpus(corpus, rows=20, files=1)
     (tmp_path / "file").write_text("x")
-    cases = {"columns ['nope'] not found": [str(corpus), str(tmp_path / "o1"), "--text-column", "nope"],
-             "no such file": [str(tmp_path / "missing"), str(tmp_path / "o2")],
-             "exists and is not a directory": [str(corpus), str(tmp_path / "file")]}
+    cases = {"columns ['nope'] not found": ["--text", str(corpus), "--out", str(tmp_path / "o1"), "--text-column", "nope"],
+             "no such file": ["--text", str(tmp_path / "missing"), "--out", str(tmp_path / "o2")],
+             "exists and is not a directory": ["--text", str(corpus), "--out", str(tmp_path / "file")]}
     for says, argv in cases.items():
         code, torch_loaded, err = _modules_after(["embed", *argv, "--model", str(model)])
         assert (code, torch_loaded, says in err) == (2, False, True), err

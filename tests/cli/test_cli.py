@@ -48,8 +48,8 @@ def test_a_signal_during_imports_exits_cleanly(tiny_dir, tmp_path, spawn):
     write_sample_corpus(tmp_path / "corpus", rows=3000, files=1)
     interrupt, terminate = (signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")
     for delay, (sig, code, word) in zip((0.0, 0.0, 0.2, 0.5, 0.9), (interrupt, terminate) * 3):
-        proc = spawn([sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "corpus"),
-                      str(tmp_path / f"out-{code}-{delay}"), "--model", str(tiny_dir), "--threads", "1",
+        proc = spawn([sys.executable, "-m", "elmo_cli", "embed", "--text", str(tmp_path / "corpus"),
+                      "--out", str(tmp_path / f"out-{code}-{delay}"), "--model", str(tiny_dir), "--threads", "1",
                       "--max-batch-tokens", "300", "--quiet"],
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         _until_it_catches(proc, signal.SIGTERM)
@@ -128,6 +128,10 @@ def test_info_knows_every_directory_the_project_writes(tiny_dir, tmp_path, capsy
     engine = capsys.readouterr().out
     assert f"onnx export: {tmp_path / 'engine' / 'onnx'}" in engine and lines["source"] in engine
     assert main(["info"]) == 2 and "make info MODEL=DIR" in capsys.readouterr().err
+    assert main(["info", "--out", str(tmp_path / "vectors"), "--json"]) == 0  # what elmo embed wrote: its --out
+    assert json.loads(capsys.readouterr().out) == info
+    assert main(["info", "--out", str(tmp_path / "vectors"), "--model", str(tiny_dir)]) == 2
+    assert "give --model or --out, not both" in capsys.readouterr().err
 
 
 def test_info_in_a_pipe_that_closes_early(tiny_dir):
@@ -145,7 +149,7 @@ def test_precision_auto_is_settled_printed_and_recorded(tiny_dir, tmp_path, caps
     from corpora.sample import write_sample_corpus
 
     write_sample_corpus(tmp_path / "corpus", rows=50, files=1)
-    assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "out"), "--model", str(tiny_dir),
+    assert main(["embed", "--text", str(tmp_path / "corpus"), "--out", str(tmp_path / "out"), "--model", str(tiny_dir),
                  "--precision", "auto"]) == 0
     run = resolve_run(tiny_dir, precision="auto")
     want, why = run.precision, run.precision_reason
@@ -163,10 +167,10 @@ def test_embed_reads_the_backend_from_an_export_directory(tiny_dir, tmp_path, ca
 
     export_onnx(str(tiny_dir), tmp_path / "exp", threads=1)
     write_sample_corpus(tmp_path / "corpus", rows=30, files=1)
-    assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "out"), "--model", str(tmp_path / "exp"),
+    assert main(["embed", "--text", str(tmp_path / "corpus"), "--out", str(tmp_path / "out"), "--model", str(tmp_path / "exp"),
                  "--json", "--quiet"]) == 0
     assert json.loads(capsys.readouterr().out)["options"]["backend"] == "onnx"
-    assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "out2"), "--model", str(tmp_path / "exp"),
+    assert main(["embed", "--text", str(tmp_path / "corpus"), "--out", str(tmp_path / "out2"), "--model", str(tmp_path / "exp"),
                  "--backend", "torch"]) == 2
     assert f"{tmp_path / 'exp'}: an onnx export, which the torch backend cannot run; add --backend onnx" in \
         capsys.readouterr().err

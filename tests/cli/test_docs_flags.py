@@ -59,3 +59,28 @@ def test_every_flag_the_docs_name_exists():
                                  for f in FLAG.findall(rest) if f not in commands[sub] | {"--help"}]
             problems += [f"{doc.name}: {f} (in `{code.strip()[:60]}`)" for f in FLAG.findall(code) if f not in known]
     assert not problems, "\n".join(sorted(set(problems)))
+
+
+PATH_LIKE = re.compile(r"^(?!\.\.\.)(?:[A-Z][A-Z0-9_]*|[^-].*[/.].*|['\"$].*)$")  # OUTPUT_DIR, corpus/, a.txt, 'x/*', $(IN)
+
+
+def positional_uses(text: str, commands: dict[str, set[str]]) -> list[str]:
+    """`elmo SUB WORD` where WORD is no flag: every command takes its text, output and model by flag
+    (--text, --out, --model), none positionally."""
+    found = []
+    for code in _code(text):
+        for sub, rest in ELMO.findall(code):
+            words = rest.replace("\\\n", " ").split()
+            if words and f"{sub} {words[0]}" in commands:
+                sub, words = f"{sub} {words[0]}", words[1:]
+            if sub in commands and words and PATH_LIKE.match(words[0]):
+                found.append(f"`elmo {sub} {' '.join(words[:3])}`")
+    return found
+
+
+def test_the_docs_give_every_argument_by_its_flag():
+    commands = _subcommands()
+    problems = [f"{doc.name}: {use}" for doc in DOCS for use in positional_uses(doc.read_text(encoding="utf-8"), commands)]
+    assert not problems, "\n".join(problems)
+    assert positional_uses("```\nelmo embed corpus/ out/ --model M\nelmo verify --out out/\n```", commands) == \
+        ["`elmo embed corpus/ out/ --model`"]

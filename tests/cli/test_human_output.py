@@ -34,7 +34,7 @@ def test_embed_summary_counts_in_the_right_number():
 
 def test_train_and_info_on_its_run_print_text(tmp_path):
     train = write_corpus(tmp_path / "train.txt", sotu_sentences(limit=40))
-    args = ["train", "--train", train, "--out", tmp_path / "run", "--options", write_options(tmp_path / "t.json"),
+    args = ["train", "--text", train, "--out", tmp_path / "run", "--options", write_options(tmp_path / "t.json"),
             "--min-count", "1", "--max-steps", "1", "--no-tensorboard", "--threads", "1"]
     r = run_cli(*args)
     assert r.returncode == 0, r.stderr
@@ -56,7 +56,7 @@ def test_export_onnx_prints_parity_as_text(tiny_dir, tmp_path):
 
 
 def test_json_alone_on_stdout_for_the_small_commands(tiny_dir, tmp_path):
-    corpus = run_cli("sample-corpus", tmp_path / "c", "--rows", 10, "--files", 1, "--json")
+    corpus = run_cli("sample-corpus", "--out", tmp_path / "c", "--rows", 10, "--files", 1, "--json")
     assert corpus.returncode == 0 and json.loads(corpus.stdout)["rows"] == 10, corpus.stderr
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("<S>\n</S>\nthe\ncat\n")

@@ -19,7 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 OLD = {"--max-tokens-per-batch": "--max-batch-tokens", "--max-sentence-length": "--max-sentence-tokens",
        "--column": "--text-column", "--workers": "--replicas", "--num-gpus-per-worker": "--num-gpus-per-replica",
        "--minutes": "--max-minutes", "--train-minutes": "--max-minutes", "--work": "--work-dir",
-       "--bf16": "--precision", "--no-bf16": "--precision", "--fp16": "--precision"}
+       "--bf16": "--precision", "--no-bf16": "--precision", "--fp16": "--precision",
+       # the text a command reads is --text; what it writes, --out
+       "--train": "--text", "--data": "--text", "--input": "--text", "--corpus": "--text",
+       "--output-dir": "--out", "--out-dir": "--out", "--dest": "--out", "--onnx": "--model"}
 # Every command is classified here, twice; a command that is not fails the walk (``shape_problems``).
 # What it prints: a result (then --json, the result alone on stdout) or not.
 REPORTING = ("info", "verify", "embed", "perplexity", "train", "probe", "engine", "export onnx", "export tensorrt",
@@ -91,11 +94,14 @@ def leaves(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser
 
 
 def shape_problems(parser: argparse.ArgumentParser) -> list[str]:
-    """A command not classified above; a reporting one without --json; a model runner without
-    --threads or --device; a CPU validator without --threads."""
+    """A command not classified above; a positional argument (the text is --text, the output --out,
+    the model --model); a reporting one without --json; a model runner without --threads or
+    --device; a CPU validator without --threads."""
     found = []
     for command, p in leaves(parser).items():
         flags = p._option_string_actions
+        found += [f"elmo {command}: positional {a.dest} (a flag: --text, --out, --model)" for a in p._actions
+                  if not a.option_strings and not isinstance(a, argparse._SubParsersAction)]
         if command not in REPORTING + NOT_REPORTING or command not in MODEL_RUNNERS + CPU_VALIDATORS + MODEL_FREE:
             found.append(f"elmo {command}: not classified (tests/cli/test_vocabulary.py: what it reports, whether "
                          f"it runs a model)")
@@ -116,11 +122,15 @@ def test_the_walk_finds_a_command_shaped_otherwise():
     sub = parser.add_subparsers()
     sub.add_parser("embed").add_argument("--threads", type=int, help="threads")  # no --device, no --json
     sub.add_parser("newcomer")
+    positional = sub.add_parser("verify")
+    add_flag(positional, "json")
+    positional.add_argument("output_dir", help="the job's OUTPUT_DIR")
     nested = sub.add_parser("export").add_subparsers()
     add_flag(nested.add_parser("onnx"), "json")  # no --threads
     assert sorted(shape_problems(parser)) == [
         "elmo embed: no --device", "elmo embed: no --json", "elmo export onnx: no --threads",
-        "elmo newcomer: not classified (tests/cli/test_vocabulary.py: what it reports, whether it runs a model)"]
+        "elmo newcomer: not classified (tests/cli/test_vocabulary.py: what it reports, whether it runs a model)",
+        "elmo verify: positional output_dir (a flag: --text, --out, --model)"]
 
 
 def test_the_parsers_build_without_torch():
@@ -138,7 +148,13 @@ def test_older_spellings_are_refused():
     parsers = commands(parser)
     assert [(c, f) for c, p in parsers.items() for f in OLD if f in p._option_string_actions] == []
     with pytest.raises(SystemExit):
-        parser.parse_args(["embed", "in", "out", "--model", "m", "--max-tokens-per-batch", "300"])
+        parser.parse_args(["embed", "--text", "in", "--out", "out", "--model", "m", "--max-tokens-per-batch", "300"])
+    for positional in (["embed", "in", "out", "--model", "m"], ["verify", "out"], ["sample-corpus", "c"],
+                       ["sotu-corpus", "c"], ["convert-efml", "efml", "ours"], ["train", "--train", "t", "--out", "r"],
+                       ["train", "--train", "5", "--text", "t", "--out", "r"],  # not --train-eval-sentences 5
+                       ["export", "onnx", "--mod", "m", "--out", "o"]):  # a flag is typed whole
+        with pytest.raises(SystemExit):
+            parser.parse_args(positional)
     with pytest.raises(SystemExit):
         parser.parse_args(["info", "DIR"])  # the model is --model
 

@@ -50,7 +50,7 @@ def test_every_command_exits_2_on_a_hostile_options_file(tiny_dir, tmp_path, cap
     shutil.copytree(tiny_dir, model)
     (model / "options.json").write_bytes(HOSTILE[name][0])
     (tmp_path / "in.txt").write_text("The cat sat .\n")
-    for argv in (["info", "--model", model], ["embed", tmp_path / "in.txt", tmp_path / "o.hdf5", "--format", "hdf5", "--model",
+    for argv in (["info", "--model", model], ["embed", "--text", tmp_path / "in.txt", "--out", tmp_path / "o.hdf5", "--format", "hdf5", "--model",
                                    model], ["serve", "--model", model, "--port", "0"]):
         assert main([str(a) for a in argv]) == 2
         err = capsys.readouterr().err

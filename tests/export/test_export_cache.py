@@ -44,7 +44,7 @@ def test_cache_root_follows_the_environment(tmp_path, monkeypatch):
 def test_int8_embed_exports_once_then_reuses_and_records_it(tiny_dir, tmp_path, cache, capsys):
     write_sample_corpus(tmp_path / "corpus", rows=60, files=1)
     args = ["--model", str(tiny_dir), "--backend", "onnx", "--precision", "int8", "--output", "mixed", "--quiet"]
-    assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "a"), *args]) == 0
+    assert main(["embed", "--text", str(tmp_path / "corpus"), "--out", str(tmp_path / "a"), *args]) == 0
     err = capsys.readouterr().err
     assert "at int8 once (validated against torch)" in err
     entries = list((cache / "onnx").iterdir())
@@ -55,7 +55,7 @@ def test_int8_embed_exports_once_then_reuses_and_records_it(tiny_dir, tmp_path, 
     assert job["options"]["precision"] == "int8" and int8_cpu_report() in job["options"]["precision_reason"]
     assert job["run"]["model"] == str(entries[0]) and job["run"]["source"] == str(tiny_dir.resolve())
 
-    assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "b"), *args]) == 0
+    assert main(["embed", "--text", str(tmp_path / "corpus"), "--out", str(tmp_path / "b"), *args]) == 0
     err = capsys.readouterr().err
     assert "onnx: exporting" not in err
     assert read_record(tmp_path / "b" / "_manifest.parquet")["run"]["model"] == str(entries[0])
@@ -64,7 +64,7 @@ def test_int8_embed_exports_once_then_reuses_and_records_it(tiny_dir, tmp_path, 
 
     # The int8 vectors against torch fp32's: per-token cosine >= 0.999, the text target int8 is
     # planned to on the job's own first rows (export.quantize), which are these rows.
-    assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "t"), "--model", str(tiny_dir),
+    assert main(["embed", "--text", str(tmp_path / "corpus"), "--out", str(tmp_path / "t"), "--model", str(tiny_dir),
                  "--output", "mixed", "--quiet"]) == 0
     got, want = _vectors(tmp_path / "a"), _vectors(tmp_path / "t")  # (N, D)
     cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
@@ -93,16 +93,16 @@ def _datasets(group: h5py.Group) -> list[str]:
 def test_an_export_runs_its_own_precision_and_refuses_another(tiny_dir, tmp_path, cache, capsys):
     export, _ = cached_onnx_export(tiny_dir, "fp32")
     write_sample_corpus(tmp_path / "corpus", rows=20, files=1)
-    base = ["embed", str(tmp_path / "corpus"), "--model", str(export), "--backend", "onnx", "--quiet"]
-    assert main([*base[:2], str(tmp_path / "a"), *base[2:], "--precision", "int8"]) == 2
+    base = ["embed", "--text", str(tmp_path / "corpus"), "--model", str(export), "--backend", "onnx", "--quiet"]
+    assert main([*base[:3], "--out", str(tmp_path / "a"), *base[3:], "--precision", "int8"]) == 2
     assert "is an fp32 ONNX export; for --precision int8 pass the model directory" in capsys.readouterr().err
-    assert main([*base[:2], str(tmp_path / "b"), *base[2:]]) == 0  # no --precision: the export's
+    assert main([*base[:3], "--out", str(tmp_path / "b"), *base[3:]]) == 0  # no --precision: the export's
     assert read_record(tmp_path / "b" / "_manifest.parquet")["options"].get("precision", "fp32") == "fp32"
 
 
 def test_int8_on_the_torch_backend_and_bf16_on_demand_are_refused(tiny_dir, tmp_path, cache, capsys):
     write_sample_corpus(tmp_path / "corpus", rows=20, files=1)
-    base = ["embed", str(tmp_path / "corpus"), str(tmp_path / "a"), "--model", str(tiny_dir), "--quiet"]
+    base = ["embed", "--text", str(tmp_path / "corpus"), "--out", str(tmp_path / "a"), "--model", str(tiny_dir), "--quiet"]
     assert main([*base, "--precision", "int8"]) == 2
     assert "--precision int8 runs on the onnx backend" in capsys.readouterr().err
     assert main([*base, "--backend", "onnx", "--precision", "bf16"]) == 2

@@ -144,7 +144,7 @@ def test_embed_auto_on_onnx_measures_once_and_records_the_choice(tiny_dir, tmp_p
     monkeypatch.setenv("ELMO_CACHE_DIR", str(tmp_path / "cache"))
     write_sample_corpus(tmp_path / "corpus", rows=40, files=1)
     args = ["--model", str(tiny_dir), "--backend", "onnx", "--precision", "auto", "--output", "mixed", "--quiet"]
-    assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "a"), *args]) == 0
+    assert main(["embed", "--text", str(tmp_path / "corpus"), "--out", str(tmp_path / "a"), *args]) == 0
     [record] = (tmp_path / "cache" / "onnx").glob("auto-*.json")
     chosen = json.loads(record.read_text())
     assert {c["precision"] for c in chosen["candidates"]} == {"int8", "fp32"}
@@ -154,7 +154,7 @@ def test_embed_auto_on_onnx_measures_once_and_records_the_choice(tiny_dir, tmp_p
     assert "the first 40 rows of" in json.loads((Path(chosen["export"]) / "manifest.json").read_text())[
         "parity"]["text"]["source"]
     capsys.readouterr()
-    assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "b"), *args]) == 0
+    assert main(["embed", "--text", str(tmp_path / "corpus"), "--out", str(tmp_path / "b"), *args]) == 0
     assert "onnx: exporting" not in capsys.readouterr().err  # the record and the exports reused
 
 
@@ -183,7 +183,7 @@ def test_export_onnx_plans_and_validates_on_its_calibration_input(tiny_dir, tmp_
     err = capsys.readouterr().err
     assert "--calibration" in err and "empty.txt" in err and "no row with text" in err
     write_sample_corpus(tmp_path / "corpus", rows=10, files=1)  # elmo embed says the same, before writing
-    assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "g"), "--model", str(tiny_dir), "--backend", "onnx",
+    assert main(["embed", "--text", str(tmp_path / "corpus"), "--out", str(tmp_path / "g"), "--model", str(tiny_dir), "--backend", "onnx",
                  "--precision", "int8", "--calibration", str(tmp_path / "empty.txt"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "empty.txt" in err and "no row with text" in err and not (tmp_path / "g").exists()

@@ -42,7 +42,7 @@ def reference(tmp_path_factory) -> Path:
 
 def _converted(reference: Path, name: str, tmp_path: Path) -> Path:
     out = tmp_path / f"ours-{name}"
-    assert main(["convert-efml", str(reference / name), str(out)]) == 0
+    assert main(["convert-efml", "--model", str(reference / name), "--out", str(out)]) == 0
     return out
 
 

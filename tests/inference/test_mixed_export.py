@@ -50,10 +50,10 @@ def test_the_embedder_runs_the_exports_mix_and_refuses_another(mixed_export):
 def test_elmo_embed_and_serve_use_a_mixed_export(mixed_export, tmp_path, capsys):
     _, export = mixed_export
     write_sample_corpus(tmp_path / "corpus", rows=30, files=1)
-    base = ["embed", str(tmp_path / "corpus"), "--model", str(export), "--backend", "onnx", "--quiet"]
-    assert main([*base[:2], str(tmp_path / "other"), *base[2:]]) == 2  # equal weights: not this export's
+    base = ["embed", "--text", str(tmp_path / "corpus"), "--model", str(export), "--backend", "onnx", "--quiet"]
+    assert main([*base[:3], "--out", str(tmp_path / "other"), *base[3:]]) == 2  # equal weights: not this export's
     assert "exported with --output mixed" in capsys.readouterr().err and not (tmp_path / "other").exists()
-    assert main([*base[:2], str(tmp_path / "out"), *base[2:], "--mix", "1,0,-1", "--gamma", "0.5"]) == 0
+    assert main([*base[:3], "--out", str(tmp_path / "out"), *base[3:], "--mix", "1,0,-1", "--gamma", "0.5"]) == 0
 
     server = ServerProcess(export, "--backend", "onnx")
     try:

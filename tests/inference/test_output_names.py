@@ -46,11 +46,11 @@ def test_elmo_embed_takes_them_as_its_output(tiny_dir, tmp_path):
     corpus = tmp_path / "corpus"
     write_sample_corpus(corpus, rows=30, files=1)
     for name in ("all", "lstm_outputs1"):
-        assert main(["embed", str(corpus), str(tmp_path / name), "--model", str(tiny_dir), "--output", name,
+        assert main(["embed", "--text", str(corpus), "--out", str(tmp_path / name), "--model", str(tiny_dir), "--output", name,
                      "--quiet"]) == 0
     every = ds.dataset(tmp_path / "all", format="parquet").to_table().column("elmo").to_pylist()
     one = ds.dataset(tmp_path / "lstm_outputs1", format="parquet").to_table().column("elmo").to_pylist()
     for a, b in zip(every, one):
         np.testing.assert_array_equal(np.asarray(b, np.float32).reshape(len(b), -1),
                                       np.asarray(a, np.float32)[:, 1] if a else np.zeros((0, 16), np.float32))
-    assert main(["embed", str(corpus), str(tmp_path / "bad"), "--model", str(tiny_dir), "--output", "layer:7"]) == 2
+    assert main(["embed", "--text", str(corpus), "--out", str(tmp_path / "bad"), "--model", str(tiny_dir), "--output", "layer:7"]) == 2

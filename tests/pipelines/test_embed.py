@@ -223,15 +223,15 @@ def test_output_dir_of_another_job_is_refused(corpus, tiny_dir, tmp_path):
 
 def test_cli_embed_and_errors(corpus, tiny_dir, tmp_path, capsys):
     out = tmp_path / "out"
-    assert main(["embed", str(corpus), str(out), "--model", str(tiny_dir), "--id-column", "id",
+    assert main(["embed", "--text", str(corpus), "--out", str(out), "--model", str(tiny_dir), "--id-column", "id",
                  "--dtype", "float16", "--quiet", "--json"]) == 0
     manifest = json.loads(capsys.readouterr().out)
     assert manifest == read_record(out / "_manifest.parquet")
     assert manifest["options"]["dtype"] == "float16" and manifest["rows"] == 160
     assert manifest["model"]["sha256"] and manifest["this_run"]["tokens_per_second"] > 0
-    assert main(["embed", str(corpus), str(tmp_path / "o2"), "--model", str(tiny_dir), "--text-column", "nope"]) == 2
+    assert main(["embed", "--text", str(corpus), "--out", str(tmp_path / "o2"), "--model", str(tiny_dir), "--text-column", "nope"]) == 2
     assert "['nope'] not found; the columns are ['id', 'speech', 'text']" in capsys.readouterr().err
-    assert main(["embed", str(corpus), str(tmp_path / "o3"), "--model", str(tiny_dir), "--backend", "tensorrt"]) == 2
+    assert main(["embed", "--text", str(corpus), "--out", str(tmp_path / "o3"), "--model", str(tiny_dir), "--backend", "tensorrt"]) == 2
     assert "tensorrt" in capsys.readouterr().err
 
 
@@ -283,7 +283,7 @@ def test_device_option_is_checked_and_reaches_the_backend(corpus, tiny_dir, tmp_
         return  # tests/gpu/test_gpu.py runs it on the GPU
     with pytest.raises(BackendUnavailableError, match="torch sees no CUDA GPU here"):
         open_backend(tiny_dir, "torch", device="cuda")
-    assert main(["embed", str(corpus), str(tmp_path / "o2"), "--model", str(tiny_dir), "--device", "cuda"]) == 2
+    assert main(["embed", "--text", str(corpus), "--out", str(tmp_path / "o2"), "--model", str(tiny_dir), "--device", "cuda"]) == 2
     assert "--device cuda: torch sees no CUDA GPU here" in capsys.readouterr().err
     assert not (tmp_path / "o2").exists()  # refused before the job claimed its output directory
     import onnxruntime as ort

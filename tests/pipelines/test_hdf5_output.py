@@ -47,7 +47,7 @@ def test_same_file_as_allennlp_elmo(fixture_model, tmp_path):
         subprocess.run([str(PEER), "elmo", str(source), str(theirs), flag, "--options-file", str(model / "options.json"),
                         "--weight-file", str(model / "weights.hdf5"), "--cuda-device", "-1", *extra],
                        check=True, capture_output=True, timeout=300, cwd=tmp_path)
-        assert main(["embed", str(source), str(ours), "--format", "hdf5", "--output", flag[2:], "--model", str(model),
+        assert main(["embed", "--text", str(source), "--out", str(ours), "--format", "hdf5", "--output", flag[2:], "--model", str(model),
                      "--quiet", *extra]) == 0
         a, b = read(theirs), read(ours)
         assert sorted(a) == sorted(b), flag
@@ -83,7 +83,7 @@ def test_layout_and_values(tiny_dir, tmp_path):
 def test_parquet_input_and_sentence_keys(tiny_dir, tmp_path):
     pq.write_table(pa.table({"text": ["a b c", None, "  d e  ", ""]}), tmp_path / "in.parquet")
     out = tmp_path / "out.hdf5"
-    assert main(["embed", str(tmp_path / "in.parquet"), str(out), "--format", "hdf5", "--output", "top",
+    assert main(["embed", "--text", str(tmp_path / "in.parquet"), "--out", str(out), "--format", "hdf5", "--output", "top",
                  "--model", str(tiny_dir), "--quiet"]) == 0
     got = read(out)
     assert [got[str(i)][2][0] for i in range(4)] == [3, 0, 2, 0]  # null and empty rows: zero tokens, kept
@@ -105,12 +105,12 @@ def test_bad_input_is_named_and_leaves_no_file(tiny_dir, tmp_path, capsys):
     ]
     for text, extra, message in cases:
         (tmp_path / "in.txt").write_text(text)
-        assert main(["embed", str(tmp_path / "in.txt"), str(out), "--format", "hdf5", "--model", str(tiny_dir),
+        assert main(["embed", "--text", str(tmp_path / "in.txt"), "--out", str(out), "--format", "hdf5", "--model", str(tiny_dir),
                      "--quiet", *extra]) == 2
         assert message in capsys.readouterr().err
         assert out.read_bytes() == b"an earlier result"  # untouched: written only as a whole
         assert not list(tmp_path.glob(".*.tmp"))
-    assert main(["embed", str(tmp_path / "in.txt"), str(out), "--model", str(tiny_dir)]) == 2
+    assert main(["embed", "--text", str(tmp_path / "in.txt"), "--out", str(out), "--model", str(tiny_dir)]) == 2
     assert "add --format hdf5" in capsys.readouterr().err
     with pytest.raises(InputError, match="is a directory"):
         embed_to_hdf5(tmp_path / "in.txt", tmp_path, tiny_dir)
@@ -129,7 +129,7 @@ def test_parquet_rows_get_the_parquet_outputs_handling(tiny_dir, tmp_path, capsy
     raw = [b"The cat sat .", b"lone \xed\xa0\x80surrogate here", None, b"   ", b"x\x00y", b"x\x00z"]
     pq.write_table(pa.table({"text": _invalid_utf8_texts(raw)}), tmp_path / "in.parquet")
     out = tmp_path / "out.hdf5"
-    assert main(["embed", str(tmp_path / "in.parquet"), str(out), "--format", "hdf5", "--model", str(tiny_dir),
+    assert main(["embed", "--text", str(tmp_path / "in.parquet"), "--out", str(out), "--format", "hdf5", "--model", str(tiny_dir),
                  "--json", "--quiet"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["invalid_utf8"] == 1 and result["sentences"] == 6
@@ -143,7 +143,7 @@ def test_parquet_rows_get_the_parquet_outputs_handling(tiny_dir, tmp_path, capsy
                           ([b"a b", b" \t "], "row 1 (column 'text'): the sentence is empty"),
                           ([b"x\x00y", b"x\x00z"], "cannot be an hdf5 dataset name ('/' separates groups, NUL")]:
         pq.write_table(pa.table({"text": _invalid_utf8_texts(rows)}), tmp_path / "in.parquet")
-        assert main(["embed", str(tmp_path / "in.parquet"), str(out), "--format", "hdf5", "--model", str(tiny_dir),
+        assert main(["embed", "--text", str(tmp_path / "in.parquet"), "--out", str(out), "--format", "hdf5", "--model", str(tiny_dir),
                      "--use-sentence-keys", "--quiet"]) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err and f"{tmp_path / 'in.parquet'}: row" in err, err
@@ -154,12 +154,12 @@ def test_a_second_job_on_the_same_file_is_refused_while_the_first_finishes(tiny_
     lines = [" ".join(f"w{(i * 7 + k) % 97}" for k in range(5 + i % 30)) for i in range(6000)]
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.hdf5"
-    first = spawn([sys.executable, "-m", "elmo_cli", "embed", str(tmp_path / "in.txt"), str(out),
+    first = spawn([sys.executable, "-m", "elmo_cli", "embed", "--text", str(tmp_path / "in.txt"), "--out", str(out),
                    "--format", "hdf5", "--model", str(tiny_dir), "--quiet"], stderr=subprocess.PIPE, text=True)
     lock = tmp_path / ".out.hdf5.lock"
     # the holder's record: written once locked
     wait_until(lambda: lock.is_file() and lock.read_text().strip(), "the first job took the lock", proc=first)
-    assert main(["embed", str(tmp_path / "in.txt"), str(out), "--format", "hdf5", "--model", str(tiny_dir),
+    assert main(["embed", "--text", str(tmp_path / "in.txt"), "--out", str(out), "--format", "hdf5", "--model", str(tiny_dir),
                  "--quiet"]) == 2
     err = capsys.readouterr().err
     assert f"{out} is in use by another elmo embed job (pid {first.pid}" in err, err

@@ -60,10 +60,10 @@ def run(capsys, *args: object) -> tuple[int, str]:
 ])
 def test_bad_numbers_and_columns_exit_2_before_anything_is_written(corpus, tiny_dir, tmp_path, capsys, flags, named):
     out = tmp_path / "out"
-    code, err = run(capsys, "embed", corpus, out, "--model", tiny_dir, "--quiet", *flags)
+    code, err = run(capsys, "embed", "--text", corpus, "--out", out, "--model", tiny_dir, "--quiet", *flags)
     assert code == 2 and named in err and "Traceback" not in err, err
     assert not out.exists()
-    code, err = run(capsys, "embed", corpus, tmp_path / "out.hdf5", "--format", "hdf5", "--model", tiny_dir,
+    code, err = run(capsys, "embed", "--text", corpus, "--out", tmp_path / "out.hdf5", "--format", "hdf5", "--model", tiny_dir,
                     "--quiet", *[f for f in flags if f not in ("--id-column", "id")])
     assert code == 2 and not (tmp_path / "out.hdf5").exists(), err
 
@@ -72,7 +72,7 @@ def test_a_model_path_that_is_a_symlink_loop_exits_2_naming_it(corpus, tmp_path,
     loop = tmp_path / "loop"
     loop.symlink_to(loop)
     out = tmp_path / "out"
-    code, err = run(capsys, "embed", corpus, out, "--model", loop, "--quiet")
+    code, err = run(capsys, "embed", "--text", corpus, "--out", out, "--model", loop, "--quiet")
     assert code == 2 and f"--model {loop} cannot be resolved: its symbolic links form a loop" in err, err
     assert "Traceback" not in err and not out.exists()
 
@@ -85,7 +85,7 @@ def test_a_model_path_that_is_a_symlink_loop_exits_2_naming_it(corpus, tmp_path,
 ])
 def test_sample_corpus_refuses_bad_counts_before_writing(tmp_path, capsys, flags, named):
     out = tmp_path / "corpus"
-    code, err = run(capsys, "sample-corpus", out, *flags)
+    code, err = run(capsys, "sample-corpus", "--out", out, *flags)
     assert code == 2 and named in err and "Traceback" not in err, err
     assert not out.exists()
 
@@ -99,12 +99,12 @@ def test_a_vector_the_model_makes_non_finite_stops_the_job_naming_its_row(corpus
                                                                                         output="mixed")]
     first = next(i for i, p in enumerate(peaks) if p * 60000 > 65504)
     out = tmp_path / "out"
-    code, err = run(capsys, "embed", corpus, out, "--model", tiny_dir, "--dtype", "float16", "--gamma", "60000",
+    code, err = run(capsys, "embed", "--text", corpus, "--out", out, "--model", tiny_dir, "--dtype", "float16", "--gamma", "60000",
                     "--quiet", "--rows-per-shard", "1000")
     assert code == 2 and f"row {first}: its vectors hold inf or NaN" in err and "Traceback" not in err, err
     assert not list(out.glob("part-*.parquet"))
     path = tmp_path / "x.hdf5"
-    code, err = run(capsys, "embed", corpus, path, "--format", "hdf5", "--model", tiny_dir, "--dtype", "float16",
+    code, err = run(capsys, "embed", "--text", corpus, "--out", path, "--format", "hdf5", "--model", tiny_dir, "--dtype", "float16",
                     "--gamma", "60000", "--quiet")
     assert code == 2 and f"row {first} (column 'text'): its vectors hold inf or NaN" in err, err
     assert not path.exists() and not list(tmp_path.glob(".x.hdf5.*.tmp"))
@@ -142,7 +142,7 @@ def test_convert_efml_with_missing_keys_exits_2_naming_them(tmp_path, capsys, ar
     (src / "config.json").write_text(json.dumps({"config_path": "arch.json"}))
     (src / "arch.json").write_text(json.dumps(arch))
     (src / "char.dic").write_text("a\t0\n<oov>\t1\n<bos>\t2\n<eos>\t3\n<bow>\t4\n<eow>\t5\n<pad>\t6\n")
-    code, err = run(capsys, "convert-efml", src, tmp_path / "out")
+    code, err = run(capsys, "convert-efml", "--model", src, "--out", tmp_path / "out")
     assert code == 2 and named in err and "Traceback" not in err, err
 
 

@@ -55,10 +55,10 @@ def test_a_planted_lock_file_is_never_written_through(corpus, tiny_dir, tmp_path
     out.mkdir()
     for lock in (out / ".elmo.lock", tmp_path / ".vectors.hdf5.lock"):
         os.symlink(victim, lock) if kind == "symlink" else os.link(victim, lock)
-    r = elmo("embed", corpus, out, "--model", tiny_dir, "--quiet")
+    r = elmo("embed", "--text", corpus, "--out", out, "--model", tiny_dir, "--quiet")
     what = "a symbolic link where the lock file should be" if kind == "symlink" else "a file with 3 hard links"
     assert r.returncode == 2 and f"{out / '.elmo.lock'}: {what}" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    r = elmo("embed", corpus, single, "--format", "hdf5", "--model", tiny_dir, "--quiet")
+    r = elmo("embed", "--text", corpus, "--out", single, "--format", "hdf5", "--model", tiny_dir, "--quiet")
     assert r.returncode == 2 and f".vectors.hdf5.lock: {what}" in r.stderr, r.stderr
     assert victim.read_text() == "precious" and not single.exists() and not (out / "_job.parquet").exists()
 
@@ -75,43 +75,43 @@ def test_a_planted_link_at_a_temporary_name_is_replaced_not_followed(tmp_path):
 def test_a_foreign_file_or_directory_in_a_finished_output_fails_verify(corpus, tiny_dir, tmp_path):
     out = tmp_path / "out"
     embed_parquet(corpus, out, tiny_dir, rows_per_shard=200, quiet=True)
-    assert elmo("verify", out).returncode == 0
+    assert elmo("verify", "--out", out).returncode == 0
     shutil.copy(next(corpus.glob("*.parquet")), out / "extra.parquet")
-    r = elmo("verify", out)
+    r = elmo("verify", "--out", out)
     assert r.returncode == 2 and "extra.parquet: not a shard of this job, and readers of OUTPUT_DIR would read it" \
         in r.stderr, r.stderr
     (out / "extra.parquet").unlink()
     (out / "sub").mkdir()
     shutil.copy(out / "part-00000-00000.parquet", out / "sub" / "part-00000-00000.parquet")
-    r = elmo("verify", out)
+    r = elmo("verify", "--out", out)
     assert r.returncode == 2 and "sub/: not a shard of this job" in r.stderr, r.stderr
-    r = elmo("embed", corpus, out, "--model", tiny_dir, "--rows-per-shard", "200", "--quiet", "--resume")
+    r = elmo("embed", "--text", corpus, "--out", out, "--model", tiny_dir, "--rows-per-shard", "200", "--quiet", "--resume")
     assert r.returncode == 2 and "sub is not a shard of this job; move it away" in r.stderr  # resume agrees
     shutil.rmtree(out / "sub")
-    assert elmo("verify", out).returncode == 0
+    assert elmo("verify", "--out", out).returncode == 0
 
 
 def test_output_dir_inside_input_or_input_inside_output_dir_is_refused_before_writing(corpus, tiny_dir, tmp_path):
-    r = elmo("embed", corpus, corpus / "vectors", "--model", tiny_dir, "--quiet")
+    r = elmo("embed", "--text", corpus, "--out", corpus / "vectors", "--model", tiny_dir, "--quiet")
     assert r.returncode == 2 and f"OUTPUT_DIR {corpus / 'vectors'} is inside INPUT {corpus}" in r.stderr, r.stderr
     assert not (corpus / "vectors").exists()
-    r = elmo("embed", f"{tmp_path}/**/*.parquet", tmp_path / "deep" / "vectors", "--model", tiny_dir, "--quiet")
+    r = elmo("embed", "--text", f"{tmp_path}/**/*.parquet", "--out", tmp_path / "deep" / "vectors", "--model", tiny_dir, "--quiet")
     assert r.returncode == 2 and "is inside INPUT" in r.stderr and not (tmp_path / "deep").exists(), r.stderr
     out = tmp_path / "out"
     (out / ".staging").mkdir(parents=True)
     shutil.copy(corpus / "corpus-00000.parquet", out / ".staging" / "in.parquet")
-    r = elmo("embed", out / ".staging" / "in.parquet", out, "--model", tiny_dir, "--quiet")
+    r = elmo("embed", "--text", out / ".staging" / "in.parquet", "--out", out, "--model", tiny_dir, "--quiet")
     assert r.returncode == 2 and f"an input file inside OUTPUT_DIR {out}" in r.stderr, r.stderr
     assert sorted(p.name for p in out.iterdir()) == [".staging"]
-    r = elmo("embed", corpus, corpus / "_vectors", "--model", tiny_dir, "--quiet")  # a name INPUT skips
+    r = elmo("embed", "--text", corpus, "--out", corpus / "_vectors", "--model", tiny_dir, "--quiet")  # a name INPUT skips
     assert r.returncode == 0, r.stderr
-    assert elmo("embed", corpus, corpus / "_vectors", "--model", tiny_dir, "--quiet", "--resume").returncode == 0
+    assert elmo("embed", "--text", corpus, "--out", corpus / "_vectors", "--model", tiny_dir, "--quiet", "--resume").returncode == 0
 
 
 def test_an_input_replaced_while_the_job_runs_stops_it_and_the_same_command_then_starts_over(corpus, tiny_dir,
                                                                                              tmp_path, spawn):
     out = tmp_path / "out"
-    args = ["embed", corpus, out, "--model", tiny_dir, "--id-column", "id", "--quiet", *SLOW]
+    args = ["embed", "--text", corpus, "--out", out, "--model", tiny_dir, "--id-column", "id", "--quiet", *SLOW]
     job = start(spawn, *args)
     wait_while_running(lambda: len(list((out / "_shards").glob("part-*"))) >= 2, job, "two shards were committed")
     first = corpus / "corpus-00000.parquet"
@@ -138,7 +138,7 @@ def test_a_rerun_after_fixing_a_row_level_input_error_works(tiny_dir, tmp_path):
     bad = tmp_path / "in" / "b.parquet"
     pq.write_table(pa.table({"id": list(range(100)), "tokens": rows[:60] + [["x", None]] + rows[61:]}), bad)
     out = tmp_path / "out"
-    args = ["embed", good.parent, out, "--model", tiny_dir, "--tokens-column", "tokens", "--id-column", "id",
+    args = ["embed", "--text", good.parent, "--out", out, "--model", tiny_dir, "--tokens-column", "tokens", "--id-column", "id",
             "--rows-per-shard", "50", "--quiet"]
     r = elmo(*args)
     assert r.returncode == 2 and "b.parquet, rows 50..99" in r.stderr and "a token is null" in r.stderr, r.stderr
@@ -154,7 +154,7 @@ def test_a_rerun_after_fixing_a_row_level_input_error_works(tiny_dir, tmp_path):
 def test_hdf5_on_a_full_disk_exits_2_leaves_nothing_and_reruns_once_there_is_room(corpus, tiny_dir, small_fs):
     out = small_fs / "vectors.hdf5"
     (small_fs / ".vectors.hdf5.999999.tmp").write_bytes(b"x" * 1000)  # a killed job's
-    args = ["embed", corpus, out, "--format", "hdf5", "--model", tiny_dir, "--output", "all", "--quiet"]
+    args = ["embed", "--text", corpus, "--out", out, "--format", "hdf5", "--model", tiny_dir, "--output", "all", "--quiet"]
     r = elmo_process(*args)  # a process: libhdf5 once crashed it here
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])  # was a segfault in libhdf5 (139)
     assert "No space left on device; the disk is full: free space, then rerun the same command" in r.stderr
@@ -168,7 +168,7 @@ def test_hdf5_on_a_full_disk_exits_2_leaves_nothing_and_reruns_once_there_is_roo
 
 def test_the_temporary_file_of_a_killed_hdf5_job_is_removed_by_the_next_run(corpus, tiny_dir, tmp_path, spawn):
     out = tmp_path / "vectors.hdf5"
-    args = ["embed", corpus, out, "--format", "hdf5", "--model", tiny_dir, "--quiet", "--sort-window-rows", "5",
+    args = ["embed", "--text", corpus, "--out", out, "--format", "hdf5", "--model", tiny_dir, "--quiet", "--sort-window-rows", "5",
             "--max-batch-tokens", "300", "--threads", "1"]
     job = start(spawn, *args)
     wait_while_running(lambda: any(p.stat().st_size > 20_000 for p in tmp_path.glob(".vectors.hdf5.*.tmp")), job,

@@ -40,15 +40,15 @@ def _keys(s3, prefix: str) -> list[str]:  # type: ignore[no-untyped-def]
 def test_embed_and_verify_name_the_same_objects_however_the_uri_is_spelled(s3, corpus, model, capsys, spelled,
                                                                            objects):
     s3.create_dir("odd")
-    assert main(["embed", str(corpus), spelled, "--model", str(model), *RUN]) == 0
+    assert main(["embed", "--text", str(corpus), "--out", spelled, "--model", str(model), *RUN]) == 0
     assert {"_SUCCESS", "part-00000-00000.parquet", "part-00000-00001.parquet"} <= set(_keys(s3, objects))
     capsys.readouterr()
-    assert main(["verify", spelled]) == 0, capsys.readouterr().err
-    assert main(["verify", f"s3://{objects}"]) == 0
+    assert main(["verify", "--out", spelled]) == 0, capsys.readouterr().err
+    assert main(["verify", "--out", f"s3://{objects}"]) == 0
 
 
 def test_a_uri_above_its_bucket_is_refused(s3, corpus, model, capsys):
-    assert main(["embed", str(corpus), "s3://odd/../other", "--model", str(model), *RUN]) == 2
+    assert main(["embed", "--text", str(corpus), "--out", "s3://odd/../other", "--model", str(model), *RUN]) == 2
     assert "'..' goes above the bucket odd" in capsys.readouterr().err
 
 
@@ -60,7 +60,7 @@ def test_a_refused_output_dir_on_the_store_leaves_no_lock_object(s3, corpus, mod
     with s3.open_output_stream("refused/full/notes.txt") as f:
         f.write(b"someone else's")
     before = _keys(s3, "refused")
-    assert main(["embed", source, out, "--model", str(model), *RUN]) == 2
+    assert main(["embed", "--text", source, "--out", out, "--model", str(model), *RUN]) == 2
     err = capsys.readouterr().err
     assert any(m in err for m in ("inside OUTPUT_DIR", "is inside INPUT", "is not empty")), err
     assert _keys(s3, "refused") == before  # nothing written: no .elmo.lock either

@@ -35,11 +35,11 @@ def test_columns_of_different_types_across_files_are_refused_before_anything_is_
     write(tmp_path / "in" / "a.parquet", id=pa.array([1, 2], pa.int64()), text=pa.array(TEXTS[:2]))
     write(tmp_path / "in" / "b.parquet", id=pa.array(["x", "y"]), text=pa.array(TEXTS[1:]))
     out = tmp_path / "out"
-    r = elmo("embed", tmp_path / "in", out, "--model", tiny_dir, "--id-column", "id")
+    r = elmo("embed", "--text", tmp_path / "in", "--out", out, "--model", tiny_dir, "--id-column", "id")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "column 'id' has different types in the input files (int64 in a.parquet; string in b.parquet)" in r.stderr
     assert not out.exists()
-    r = elmo("embed", tmp_path / "in", out, "--model", tiny_dir)  # without the column: fine
+    r = elmo("embed", "--text", tmp_path / "in", "--out", out, "--model", tiny_dir)  # without the column: fine
     assert r.returncode == 0, r.stderr
     assert verify_output(out)["rows"] == 4
 
@@ -66,13 +66,13 @@ def test_a_job_that_cannot_work_writes_nothing_and_runs_once_fixed(tiny_dir, tmp
     else:
         write(corpus, text=pa.array([1, 2, 3], pa.int64()))
     out = tmp_path / "out"
-    r = elmo("embed", corpus, out, "--model", model)
+    r = elmo("embed", "--text", corpus, "--out", out, "--model", model)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (out / "_job.parquet").exists()
     shutil.rmtree(model)
     shutil.copytree(tiny_dir, model)
     write(corpus, text=pa.array(TEXTS))
-    r = elmo("embed", corpus, out, "--model", model)  # the same command, once the cause is fixed
+    r = elmo("embed", "--text", corpus, "--out", out, "--model", model)  # the same command, once the cause is fixed
     assert r.returncode == 0, r.stderr
 
 
@@ -83,10 +83,10 @@ def test_an_edit_that_keeps_the_size_is_seen_on_resume(tiny_dir, tmp_path):
     stat = corpus.stat()
     write(corpus, text=pa.array([t.replace("Green", "Gxeen") for t in TEXTS]))
     assert corpus.stat().st_size == stat.st_size
-    r = elmo("embed", corpus, out, "--model", tiny_dir, "--resume")
+    r = elmo("embed", "--text", corpus, "--out", out, "--model", tiny_dir, "--resume")
     assert r.returncode == 2 and "another job's output (different inputs changed" in r.stderr, r.stderr
     os.utime(corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the edit hidden from size and mtime
-    r = elmo("embed", corpus, out, "--model", tiny_dir, "--resume", "--verify-inputs")
+    r = elmo("embed", "--text", corpus, "--out", out, "--model", tiny_dir, "--resume", "--verify-inputs")
     assert r.returncode == 2 and "input files changed since the shards were written" in r.stderr, r.stderr
 
 
@@ -97,7 +97,7 @@ def test_invalid_utf8_bytes_are_dropped_as_the_original_does_and_counted(tiny_di
                                                          pa.py_buffer(b"".join(raw))])
     corpus = write(tmp_path / "in" / "a.parquet", id=pa.array([0, 1, 2]), text=text)
     out = tmp_path / "out"
-    r = elmo("embed", corpus, out, "--model", tiny_dir, "--id-column", "id")
+    r = elmo("embed", "--text", corpus, "--out", out, "--model", tiny_dir, "--id-column", "id")
     assert r.returncode == 0, r.stderr
     assert "1 with invalid UTF-8 dropped" in r.stderr
     m = read_record(out / "_manifest.parquet")
@@ -117,12 +117,12 @@ def test_published_file_names_and_weights_flag(tiny_dir, tmp_path):
     shutil.copy(tiny_dir / "weights.hdf5", model / "elmo_tiny_weights.hdf5")
     shutil.copy(tiny_dir / "weights.hdf5", model / "elmo_tiny_softmax_weights.hdf5")  # never taken as the biLM
     corpus = write(tmp_path / "in" / "a.parquet", text=pa.array(TEXTS))
-    assert elmo("embed", corpus, tmp_path / "o1", "--model", model).returncode == 0
+    assert elmo("embed", "--text", corpus, "--out", tmp_path / "o1", "--model", model).returncode == 0
     shutil.copy(tiny_dir / "weights.hdf5", model / "elmo_tiny_weights_v2.hdf5")
-    r = elmo("embed", corpus, tmp_path / "o2", "--model", model)
+    r = elmo("embed", "--text", corpus, "--out", tmp_path / "o2", "--model", model)
     assert r.returncode == 2 and "name the file with --weights" in r.stderr
-    r = elmo("embed", corpus, tmp_path / "o2", "--model", model, "--weights", model / "elmo_tiny_weights_v2.hdf5")
+    r = elmo("embed", "--text", corpus, "--out", tmp_path / "o2", "--model", model, "--weights", model / "elmo_tiny_weights_v2.hdf5")
     assert r.returncode == 0, r.stderr
-    r = elmo("embed", corpus, tmp_path / "o3", "--model", model / "elmo_tiny_options.json",
+    r = elmo("embed", "--text", corpus, "--out", tmp_path / "o3", "--model", model / "elmo_tiny_options.json",
              "--weights", model / "elmo_tiny_weights.hdf5")
     assert r.returncode == 0, r.stderr

@@ -44,7 +44,7 @@ def test_csv_tsv_jsonl_and_text_give_the_vectors_of_the_same_rows_from_parquet(t
     for kind in ("parquet", "csv", "tsv", "jsonl", "txt"):
         out = tmp_path / f"out-{kind}"
         ids = [] if kind == "txt" else ["--id-column", "id"]
-        r = elmo("embed", inputs[kind], out, "--model", tiny_dir, "--rows-per-shard", "3", "--quiet", *ids)
+        r = elmo("embed", "--text", inputs[kind], "--out", out, "--model", tiny_dir, "--rows-per-shard", "3", "--quiet", *ids)
         assert r.returncode == 0, (kind, r.stderr)
         table = ds.dataset(out, format="parquet").to_table()
         assert table.num_rows == len(SENTENCES) and len(list(out.glob("part-*.parquet"))) == 3
@@ -70,7 +70,7 @@ def test_a_csv_job_resumes_its_damaged_shard_and_is_pinned_to_the_csv(tiny_dir, 
     assert m["this_run"]["shards"] == 1 and m["this_run"]["shards_kept"] == 2
     assert vectors(out) == first
     csv.write_text(csv.read_text().replace("the last one", "another last one"))
-    r = elmo("embed", csv, out, "--model", tiny_dir, "--id-column", "id", "--rows-per-shard", "3", "--resume")
+    r = elmo("embed", "--text", csv, "--out", out, "--model", tiny_dir, "--id-column", "id", "--rows-per-shard", "3", "--resume")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert vectors(out) == first
 
@@ -90,7 +90,7 @@ def test_a_file_that_cannot_be_read_or_told_is_refused_before_anything_is_writte
                                                                                    content, message):
     (tmp_path / name).write_text(content)
     out = tmp_path / "out"
-    r = elmo("embed", tmp_path / name, out, "--model", tiny_dir)
+    r = elmo("embed", "--text", tmp_path / name, "--out", out, "--model", tiny_dir)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert message in r.stderr
     assert not out.exists()
@@ -100,9 +100,9 @@ def test_a_directory_reads_its_one_format_and_refuses_a_mix(tiny_dir, tmp_path):
     inputs = write_inputs(tmp_path / "in")
     for kind in ("parquet", "tsv", "txt", "jsonl"):
         inputs[kind].unlink()
-    r = elmo("embed", tmp_path / "in", tmp_path / "out", "--model", tiny_dir, "--quiet")
+    r = elmo("embed", "--text", tmp_path / "in", "--out", tmp_path / "out", "--model", tiny_dir, "--quiet")
     assert r.returncode == 0, r.stderr
     assert len(vectors(tmp_path / "out")) == len(SENTENCES)
     (tmp_path / "in" / "more.jsonl").write_text('{"text": "a b"}\n')
-    r = elmo("embed", tmp_path / "in", tmp_path / "out2", "--model", tiny_dir)
+    r = elmo("embed", "--text", tmp_path / "in", "--out", tmp_path / "out2", "--model", tiny_dir)
     assert r.returncode == 2 and "files of several input formats (csv, jsonl)" in r.stderr, r.stderr

@@ -34,20 +34,20 @@ def test_a_model_on_the_store_is_fetched_once_and_gives_the_local_vectors(s3, ti
     monkeypatch.setenv("ELMO_CACHE_DIR", str(tmp_path / "cache"))
     uri = upload(s3, tiny_dir, "models/tiny")
     write_sample_corpus(tmp_path / "corpus", rows=40, files=1)
-    run = ["embed", str(tmp_path / "corpus"), "--output", "mixed", "--quiet"]
-    assert main([*run[:2], str(tmp_path / "local"), "--model", str(tiny_dir), *run[2:]]) == 0
-    assert main([*run[:2], str(tmp_path / "remote"), "--model", uri, *run[2:]]) == 0
+    run = ["embed", "--text", str(tmp_path / "corpus"), "--output", "mixed", "--quiet"]
+    assert main([*run[:3], "--out", str(tmp_path / "local"), "--model", str(tiny_dir), *run[3:]]) == 0
+    assert main([*run[:3], "--out", str(tmp_path / "remote"), "--model", uri, *run[3:]]) == 0
     np.testing.assert_array_equal(_vectors(tmp_path / "remote"), _vectors(tmp_path / "local"))
     [copy] = list((tmp_path / "cache" / "remote").iterdir())
     assert read_record(tmp_path / "remote" / "_manifest.parquet")["model"]["path"] == uri
     stamp = (copy / ".complete").stat().st_mtime_ns
 
-    assert main([*run[:2], str(tmp_path / "again"), "--model", uri, *run[2:]]) == 0  # the same files: no fetch
+    assert main([*run[:3], "--out", str(tmp_path / "again"), "--model", uri, *run[3:]]) == 0  # the same files: no fetch
     assert list((tmp_path / "cache" / "remote").iterdir()) == [copy] and (copy / ".complete").stat().st_mtime_ns == stamp
 
     with s3.open_output_stream("models/tiny/options.json") as out:  # the store's model changes
         out.write((tiny_dir / "options.json").read_bytes() + b"\n")
-    assert main([*run[:2], str(tmp_path / "changed"), "--model", uri, *run[2:]]) == 0
+    assert main([*run[:3], "--out", str(tmp_path / "changed"), "--model", uri, *run[3:]]) == 0
     assert len(list((tmp_path / "cache" / "remote").iterdir())) == 2
 
 
@@ -61,15 +61,15 @@ def test_a_corpus_on_the_store_gives_the_local_jobs_rows_and_vectors(s3, tiny_di
     with s3.open_output_stream("corpora/sotu/_scratch/ignored.parquet") as out:
         out.write(b"not parquet: skipped like a local _ directory")
     run = ["--model", str(tiny_dir), "--id-column", "id", "--rows-per-shard", "25", "--quiet"]
-    assert main(["embed", str(tmp_path / "corpus"), str(tmp_path / "local"), *run]) == 0
-    assert main(["embed", uri, str(tmp_path / "remote"), *run]) == 0
+    assert main(["embed", "--text", str(tmp_path / "corpus"), "--out", str(tmp_path / "local"), *run]) == 0
+    assert main(["embed", "--text", uri, "--out", str(tmp_path / "remote"), *run]) == 0
     local = ds.dataset(tmp_path / "local", format="parquet").to_table()
     remote = ds.dataset(tmp_path / "remote", format="parquet").to_table()
     assert remote.column("id").to_pylist() == local.column("id").to_pylist()
     np.testing.assert_array_equal(_vectors(tmp_path / "remote"), _vectors(tmp_path / "local"))
     inputs = read_record(tmp_path / "remote" / "_manifest.parquet")["inputs"]
     assert [i["path"] for i in inputs] == [f"{uri}/{f.name}" for f in sorted((tmp_path / "corpus").iterdir())]
-    assert main(["verify", str(tmp_path / "remote")]) == 0
+    assert main(["verify", "--out", str(tmp_path / "remote")]) == 0
     assert "against 2 input file(s)" in capsys.readouterr().out  # read where they live, not skipped
 
 
@@ -80,7 +80,7 @@ def test_store_errors_are_clear_and_never_show_the_secret(s3, tiny_dir, tmp_path
              ([str(tiny_dir), "s3://models/no-corpus"], "s3://models/no-corpus: no such file or directory on the store")]
     for model_and_input, message in cases:
         model, source = model_and_input[0], model_and_input[1] if len(model_and_input) > 1 else str(tmp_path / "corpus")
-        r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", source, str(tmp_path / "out"), "--model", model,
+        r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", "--text", source, "--out", str(tmp_path / "out"), "--model", model,
                             "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert os.environ["AWS_SECRET_ACCESS_KEY"] not in r.stderr + r.stdout
@@ -90,7 +90,7 @@ def test_store_errors_are_clear_and_never_show_the_secret(s3, tiny_dir, tmp_path
                ("s3://models/out.hdf5", ["--format", "hdf5"], "--format hdf5 writes a local file")]
     for out, flags, message in refused:  # in this process: refused before any model runs
         capsys.readouterr()
-        assert main(["embed", str(tmp_path / "corpus"), out, "--model", str(tiny_dir), *flags, "--quiet"]) == 2
+        assert main(["embed", "--text", str(tmp_path / "corpus"), "--out", out, "--model", str(tiny_dir), *flags, "--quiet"]) == 2
         err = capsys.readouterr().err
         assert message in err and os.environ["AWS_SECRET_ACCESS_KEY"] not in err, err
 
@@ -130,7 +130,7 @@ def test_ray_workers_read_and_write_only_the_store_and_survive_a_killed_worker(s
     write_sample_corpus(tmp_path / "corpus", rows=300, files=2, row_group_rows=50)
     s3.create_dir("raycorpus")
     source, model = upload(s3, tmp_path / "corpus", "raycorpus/c"), upload(s3, tiny_dir, "models/ray")
-    cmd = [sys.executable, "-m", "elmo_cli", "embed", source, "s3://raycorpus/vectors", "--model", model, "--engine",
+    cmd = [sys.executable, "-m", "elmo_cli", "embed", "--text", source, "--out", "s3://raycorpus/vectors", "--model", model, "--engine",
            "ray", "--replicas", "2", "--rows-per-shard", "15", "--sort-window-rows", "15", "--threads", "1",
            "--id-column", "id", "--quiet"]
     env = dict(os.environ, ELMO_CACHE_DIR=str(tmp_path / "cache"))  # the workers' environment comes from it
@@ -158,7 +158,7 @@ def test_ray_workers_read_and_write_only_the_store_and_survive_a_killed_worker(s
     store = open_output("s3://raycorpus/vectors")
     writers = {store.read_record(p[len("raycorpus/vectors/"):])["writer"] for p in commits}
     assert len(commits) == 20 and len(writers) >= 2  # written by the workers, not the driver
-    assert main(["verify", "s3://raycorpus/vectors"]) == 0
+    assert main(["verify", "--out", "s3://raycorpus/vectors"]) == 0
 
 
 def _cmdline(pid: int) -> bytes:

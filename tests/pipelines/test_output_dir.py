@@ -31,7 +31,7 @@ SLOW = ["--rows-per-shard", "30", "--sort-window-rows", "15", "--max-batch-token
 
 def start_embed(spawn, corpus: Path, out: Path, model: Path,  # type: ignore[no-untyped-def]
                 *extra: str) -> subprocess.Popen:
-    cmd = ELMO + ["embed", str(corpus), str(out), "--model", str(model), "--id-column", "id", "--quiet", *SLOW, *extra]
+    cmd = ELMO + ["embed", "--text", str(corpus), "--out", str(out), "--model", str(model), "--id-column", "id", "--quiet", *SLOW, *extra]
     return spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -58,14 +58,14 @@ def test_a_job_on_a_locked_output_dir_is_refused_naming_the_holder(corpus, tiny_
                     str(out)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        r = elmo("embed", corpus, out, "--model", tiny_dir, "--quiet")
+        r = elmo("embed", "--text", corpus, "--out", out, "--model", tiny_dir, "--quiet")
         assert r.returncode == 2, r.stderr
         assert f"in use by another elmo embed job (pid {holder.pid} on host {socket.gethostname()}" in r.stderr
         assert not (out / "_job.parquet").exists() and "Traceback" not in r.stderr
     finally:
         holder.kill()  # SIGKILL: the kernel releases the lock, nothing is left to clean
         holder.wait()
-    r = elmo("embed", corpus, out, "--model", tiny_dir, "--quiet", "--rows-per-shard", "300")
+    r = elmo("embed", "--text", corpus, "--out", out, "--model", tiny_dir, "--quiet", "--rows-per-shard", "300")
     assert r.returncode == 0, r.stderr
     assert verify_output(out)["rows"] == 900
 
@@ -81,13 +81,13 @@ def test_a_running_jobs_output_dir_answers_in_use_before_whose_output_it_is(corp
                                str(out)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        r = elmo("embed", corpus, out, "--model", tiny_dir, "--output", "top", "--quiet")
+        r = elmo("embed", "--text", corpus, "--out", out, "--model", tiny_dir, "--output", "top", "--quiet")
         assert r.returncode == 2 and f"in use by another elmo embed job (pid {holder.pid} on host" in r.stderr, r.stderr
         assert "holds another job's output" not in r.stderr and "delete" not in r.stderr
     finally:
         holder.kill()
         holder.wait()
-    r = elmo("embed", corpus, out, "--model", tiny_dir, "--output", "top", "--quiet")
+    r = elmo("embed", "--text", corpus, "--out", out, "--model", tiny_dir, "--output", "top", "--quiet")
     assert r.returncode == 2 and "holds another job's output" in r.stderr, r.stderr  # once free: whose it is
 
 
@@ -114,13 +114,13 @@ def test_verify_finds_an_altered_shard_and_resume_redoes_only_it(corpus, tiny_di
     out = tmp_path / "out"
     opts = dict(id_column="id", rows_per_shard=100, quiet=True)
     embed_parquet(corpus, out, tiny_dir, **opts)
-    assert elmo("verify", out).returncode == 0
+    assert elmo("verify", "--out", out).returncode == 0
     before = ds.dataset(out, format="parquet").to_table()
     victim = out / "part-00000-00002.parquet"
     data = bytearray(victim.read_bytes())
     data[len(data) // 3] ^= 0x5A  # one byte inside a data page: the footer still reads fine
     victim.write_bytes(bytes(data))
-    r = elmo("verify", out)
+    r = elmo("verify", "--out", out)
     assert r.returncode == 2 and "part-00000-00002.parquet: its bytes differ from its commit record" in r.stderr
     with pytest.raises(VerificationError, match="1 problem"):
         verify_output(out)
@@ -146,7 +146,7 @@ def test_verify_lists_every_damage_one_line_each_without_a_traceback(corpus, tin
     shard(3).unlink()
     shard(3).mkdir()  # a directory in a shard's place
     shard(4).unlink()  # deleted
-    r = elmo("verify", out)
+    r = elmo("verify", "--out", out)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     lines = r.stderr.strip().splitlines()
     assert "5 problem(s)" in lines[0], r.stderr
@@ -160,7 +160,7 @@ def test_verify_lists_every_damage_one_line_each_without_a_traceback(corpus, tin
             pq.write_table(manifest, out / "_manifest.parquet")
         else:
             write_record(out / "_manifest.parquet", manifest)
-        r = elmo("verify", out)
+        r = elmo("verify", "--out", out)
         assert r.returncode == 2 and "Traceback" not in r.stderr and "_manifest.parquet: " in r.stderr, r.stderr
 
 
@@ -176,7 +176,7 @@ def test_sigterm_stops_like_ctrl_c_and_resume_finishes(corpus, tiny_dir, tmp_pat
     assert kept and int(kept[1]) >= 2 and int(kept[2].replace(",", "")) == 30 * int(kept[1]), err
     assert int(kept[1]) == len(list((out / "_shards").glob("part-*")))
     assert temporaries(out) == [] and not (out / "_SUCCESS").exists()
-    r = elmo("embed", corpus, out, "--model", tiny_dir, "--id-column", "id", "--quiet", "--resume", *SLOW)
+    r = elmo("embed", "--text", corpus, "--out", out, "--model", tiny_dir, "--id-column", "id", "--quiet", "--resume", *SLOW)
     assert r.returncode == 0, r.stderr
     assert verify_output(out)["rows"] == 900
 
@@ -184,13 +184,13 @@ def test_sigterm_stops_like_ctrl_c_and_resume_finishes(corpus, tiny_dir, tmp_pat
 def test_output_dir_that_is_a_file_is_a_clear_error(corpus, tiny_dir, tmp_path):
     target = tmp_path / "vectors"
     target.write_text("not a directory")
-    r = elmo("embed", corpus, target, "--model", tiny_dir)
+    r = elmo("embed", "--text", corpus, "--out", target, "--model", tiny_dir)
     assert r.returncode == 2 and f"{target}: exists and is not a directory" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_a_full_disk_is_a_clear_error_and_resume_finishes_after_freeing_space(corpus, tiny_dir, small_fs):
     out = small_fs / "out"
-    args = ["embed", corpus, out, "--model", tiny_dir, "--id-column", "id", "--rows-per-shard", "100", "--quiet"]
+    args = ["embed", "--text", corpus, "--out", out, "--model", tiny_dir, "--id-column", "id", "--rows-per-shard", "100", "--quiet"]
     r = elmo(*args)
     assert r.returncode == 2 and "No space left on device" in r.stderr and "--resume" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and temporaries(out) == []
@@ -204,6 +204,6 @@ def test_a_full_disk_is_a_clear_error_and_resume_finishes_after_freeing_space(co
 
 def test_a_read_only_file_system_is_a_clear_error(corpus, tiny_dir, small_fs):
     subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
-    r = elmo("embed", corpus, small_fs / "out", "--model", tiny_dir)
+    r = elmo("embed", "--text", corpus, "--out", small_fs / "out", "--model", tiny_dir)
     assert r.returncode == 2 and "Read-only file system" in r.stderr and "choose another OUTPUT_DIR" in r.stderr
     assert "Traceback" not in r.stderr

@@ -102,7 +102,7 @@ def test_workers_refuse_a_model_swapped_after_the_job_started_and_commit_nothing
 
     monkeypatch.setattr(job_module, "plan_job", plan_then_swap)
     out = tmp_path / "out"
-    args = ["embed", corpus, out, "--model", model, "--rows-per-shard", "40", "--quiet"]
+    args = ["embed", "--text", corpus, "--out", out, "--model", model, "--rows-per-shard", "40", "--quiet"]
     r = run_cli(*args, "--engine", "ray", "--replicas", "2")
     assert r.returncode == 2 and f"the model {model.resolve()} is not the one recorded when the run started" in r.stderr
     assert "restore its files, then rerun with --resume" in r.stderr and "Traceback" not in r.stderr, r.stderr
@@ -117,7 +117,7 @@ def test_workers_refuse_a_model_swapped_after_the_job_started_and_commit_nothing
 def test_a_full_disk_under_ray_is_said_as_the_local_runner_says_it(ray_cluster, tiny_dir, small_fs, tmp_path):
     corpus = tmp_path / "corpus"
     write_sample_corpus(corpus, rows=600, files=2, row_group_rows=100)
-    r = run_cli("embed", corpus, small_fs / "out", "--model", tiny_dir, "--rows-per-shard", "100", "--quiet",
+    r = run_cli("embed", "--text", corpus, "--out", small_fs / "out", "--model", tiny_dir, "--rows-per-shard", "100", "--quiet",
                 "--engine", "ray", "--replicas", "1")
     assert r.returncode == 2 and "No space left on device; the disk is full: free space, then rerun with --resume" \
         in r.stderr, r.stderr
@@ -133,7 +133,7 @@ def test_a_ray_address_that_does_not_answer_leaves_output_dir_as_it_was(tiny_dir
         closed = s.getsockname()[1]
     out = tmp_path / "out"
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", str(corpus), str(out), "--model", str(tiny_dir),
+    r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", "--text", str(corpus), "--out", str(out), "--model", str(tiny_dir),
                         "--engine", "ray", "--ray-address", f"127.0.0.1:{closed}", "--quiet"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and f"--ray-address 127.0.0.1:{closed}: nothing answered there" in r.stderr, r.stderr

@@ -36,7 +36,7 @@ def test_sigkill_then_resume_gives_every_row_exactly_once(tiny_dir, tmp_path, wr
     corpus = tmp_path / "corpus"
     write_sample_corpus(corpus, rows=900, files=2, row_group_rows=100)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "elmo_cli", "embed", str(corpus), str(out), "--model", str(tiny_dir),
+    cmd = [sys.executable, "-m", "elmo_cli", "embed", "--text", str(corpus), "--out", str(out), "--model", str(tiny_dir),
            "--id-column", "id", "--rows-per-shard", "30", "--sort-window-rows", "15", "--max-batch-tokens",
            "300", "--threads", "1", "--writer-threads", str(writer_threads), "--quiet"]
     proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -134,8 +134,8 @@ def test_an_output_whose_records_are_json_files_is_refused_with_the_reason(tiny_
         (out / f"{name}.json").write_text(json.dumps(read_record(out / f"{name}.parquet")))
         (out / f"{name}.parquet").unlink()
     before = sorted(p.name for p in out.rglob("*"))
-    for args in (["embed", str(corpus), str(out), "--model", str(tiny_dir), "--id-column", "id", "--resume"],
-                 ["verify", str(out)]):
+    for args in (["embed", "--text", str(corpus), "--out", str(out), "--model", str(tiny_dir), "--id-column", "id", "--resume"],
+                 ["verify", "--out", str(out)]):
         assert main(args) == 2
         err = capsys.readouterr().err
         assert f"{out / '_job.json'}: the job record of an earlier elmo embed, whose side files are JSON" in err, err
@@ -170,7 +170,7 @@ def test_sigkill_of_a_ray_driver_takes_its_local_cluster_with_it(tiny_dir, tmp_p
     corpus = tmp_path / "corpus"
     write_sample_corpus(corpus, rows=900, files=2, row_group_rows=100)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "elmo_cli", "embed", str(corpus), str(out), "--model", str(tiny_dir), "--engine",
+    cmd = [sys.executable, "-m", "elmo_cli", "embed", "--text", str(corpus), "--out", str(out), "--model", str(tiny_dir), "--engine",
            "ray", "--replicas", "1", "--rows-per-shard", "30", "--sort-window-rows", "15", "--threads", "1", "--quiet"]
     proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_until(lambda: list((out / "_shards").glob("part-*")), "a shard committed", proc=proc)

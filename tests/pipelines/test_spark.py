@@ -212,7 +212,7 @@ def test_the_driver_killed_then_resume_keeps_every_committed_shard(tiny, tmp_pat
     corpus = tmp_path / "corpus"
     write_sample_corpus(corpus, rows=300, files=2, row_group_rows=50)
     out = tmp_path / "out"
-    args = ["embed", str(corpus), str(out), "--model", str(tiny), "--engine", "spark", "--spark-master", "local[1]",
+    args = ["embed", "--text", str(corpus), "--out", str(out), "--model", str(tiny), "--engine", "spark", "--spark-master", "local[1]",
             "--id-column", "id", "--rows-per-shard", "30", "--sort-window-rows", "15", "--quiet"]
     proc = spawn([sys.executable, "-m", "elmo_cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_until(lambda: len(list(out.glob("part-*.parquet"))) >= 2, "2 shards written", timeout=2 * WAIT_S, proc=proc)
@@ -249,11 +249,11 @@ def test_spark_refuses_what_it_cannot_do_with_exit_2(tiny, tmp_path):
 
     corpus = tmp_path / "corpus"
     write_sample_corpus(corpus, rows=20, files=1)
-    assert main(["embed", str(corpus), str(tmp_path / "o"), "--model", str(tiny), "--engine", "spark",
+    assert main(["embed", "--text", str(corpus), "--out", str(tmp_path / "o"), "--model", str(tiny), "--engine", "spark",
                  "--spark-conf", "no-equals-sign"]) == 2
     env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
     env["PATH"] = os.path.dirname(sys.executable)  # python, and no java
-    r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", str(corpus), str(tmp_path / "o2"), "--model",
+    r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", "--text", str(corpus), "--out", str(tmp_path / "o2"), "--model",
                         str(tiny), "--engine", "spark"], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "JAVA_HOME" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
@@ -279,7 +279,7 @@ def test_tasks_refuse_a_model_swapped_after_the_job_started_and_commit_nothing_o
 
     monkeypatch.setattr(job_module, "plan_job", plan_then_swap)
     out = tmp_path / "out"
-    args = ["embed", corpus, out, "--model", model, "--engine", "spark", "--spark-master", "local[2]",
+    args = ["embed", "--text", corpus, "--out", out, "--model", model, "--engine", "spark", "--spark-master", "local[2]",
             "--rows-per-shard", "40", "--quiet"]
     r = run_cli(*args)
     assert r.returncode == 2 and f"the model {model.resolve()} is not the one recorded when the run started" in r.stderr
@@ -299,7 +299,7 @@ def test_a_full_disk_under_spark_is_said_once_and_the_job_resumes_with_the_local
     corpus = tmp_path / "corpus"
     write_sample_corpus(corpus, rows=600, files=2, row_group_rows=100)
     out = small_fs / "out"
-    args = ["embed", corpus, out, "--model", tiny, "--id-column", "id", "--rows-per-shard", "100", "--quiet"]
+    args = ["embed", "--text", corpus, "--out", out, "--model", tiny, "--id-column", "id", "--rows-per-shard", "100", "--quiet"]
     r = run_cli(*args, "--engine", "spark", "--spark-master", "local[2]")
     assert r.returncode == 2 and "No space left on device; the disk is full: free space, then rerun with --resume" \
         in r.stderr, r.stderr
@@ -325,7 +325,7 @@ def test_a_failing_task_is_said_to_fail_as_often_as_spark_tried_it(spark, tiny, 
         return shards
 
     monkeypatch.setattr(job_module, "pending_shards", pending_then_unmount)
-    r = run_cli("embed", corpus, tmp_path / "out", "--model", tiny, "--engine", "spark", "--quiet")
+    r = run_cli("embed", "--text", corpus, "--out", tmp_path / "out", "--model", tiny, "--engine", "spark", "--quiet")
     assert r.returncode == 2 and "a Spark task failed 3 times" in r.stderr and "--resume" in r.stderr, r.stderr
 
 
@@ -338,7 +338,7 @@ def test_a_spark_job_that_cannot_start_leaves_output_dir_as_it_was(spark, tiny, 
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]  # a port nothing listens on once this socket is closed
     out = tmp_path / "out"
-    command = ["embed", corpus, out, "--model", tiny, "--engine", "spark", "--quiet"]
+    command = ["embed", "--text", corpus, "--out", out, "--model", tiny, "--engine", "spark", "--quiet"]
     for wrong, said in [(["--spark-master", "bogus"], "--spark-master 'bogus': not a Spark master URL"),
                         (["--spark-conf", "spark.task.maxFailures=abc"], "--spark-conf spark.task.maxFailures=abc: "),
                         (["--spark-conf", "spark.task.maxFailures=-1"], "--spark-conf spark.task.maxFailures=-1: "),
@@ -361,7 +361,7 @@ def test_a_spark_job_sizes_its_shards_by_its_slots_reads_csv_and_says_each_shard
     import pyarrow.csv as pa_csv
     pa_csv.write_csv(pq.read_table(corpus, columns=["id", "text"]), csv)
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", str(csv), str(out), "--model", str(tiny),
+    r = subprocess.run([sys.executable, "-m", "elmo_cli", "embed", "--text", str(csv), "--out", str(out), "--model", str(tiny),
                         "--engine", "spark", "--spark-master", "local[2]", "--id-column", "id", "--json"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr

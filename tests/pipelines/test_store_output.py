@@ -72,14 +72,14 @@ def model(tmp_path_factory):  # type: ignore[no-untyped-def]
 def reference(corpus, model, tmp_path_factory):  # type: ignore[no-untyped-def]
     """The same job on a local disk, uninterrupted."""
     out = tmp_path_factory.mktemp("store") / "reference"
-    assert main(["embed", str(corpus), str(out), "--model", str(model), *RUN]) == 0
+    assert main(["embed", "--text", str(corpus), "--out", str(out), "--model", str(model), *RUN]) == 0
     return ds.dataset(out, format="parquet").to_table()
 
 
 def test_store_to_store_equals_the_local_job_and_verifies(s3, corpus, model, reference, capsys):
     s3.create_dir("jobs")
     source = upload(s3, corpus, "jobs/corpus")
-    assert main(["embed", source, "s3://jobs/vectors", "--model", str(model), *RUN, "--verify-inputs"]) == 0
+    assert main(["embed", "--text", source, "--out", "s3://jobs/vectors", "--model", str(model), *RUN, "--verify-inputs"]) == 0
     local, remote = reference, _table(s3, "jobs/vectors")
     assert remote.column("id").to_pylist() == local.column("id").to_pylist()  # every row once, in input order
     np.testing.assert_array_equal(_vectors(remote), _vectors(local))  # the same process, plan and batches
@@ -100,17 +100,17 @@ def test_store_to_store_equals_the_local_job_and_verifies(s3, corpus, model, ref
                   pl.scan_parquet("s3://jobs/vectors/", storage_options=options).collect()):
         assert frame["id"].to_list() == local.column("id").to_pylist()
     capsys.readouterr()
-    assert main(["verify", "s3://jobs/vectors"]) == 0
+    assert main(["verify", "--out", "s3://jobs/vectors"]) == 0
     assert "against 2 input file(s)" in capsys.readouterr().out
 
 
 def test_a_shard_changed_on_the_store_is_found_by_verify_and_redone_by_resume(s3, corpus, model):
     s3.create_dir("damaged")
-    assert main(["embed", str(corpus), "s3://damaged/out", "--model", str(model), *RUN]) == 0
+    assert main(["embed", "--text", str(corpus), "--out", "s3://damaged/out", "--model", str(model), *RUN]) == 0
     first = s3.open_input_stream("damaged/out/part-00001-00002.parquet").read()
     with s3.open_output_stream("damaged/out/part-00001-00002.parquet") as f:  # same size, other bytes
         f.write(first[:100] + bytes([first[100] ^ 1]) + first[101:])
-    r = _cli("verify", "s3://damaged/out")
+    r = _cli("verify", "--out", "s3://damaged/out")
     assert r.returncode == 2 and "part-00001-00002.parquet: its bytes differ from its commit record (sha256)" \
         in r.stderr and "Traceback" not in r.stderr, r.stderr
     from pipelines import embed_parquet
@@ -121,7 +121,7 @@ def test_a_shard_changed_on_the_store_is_found_by_verify_and_redone_by_resume(s3
     before = pq.read_table(pa.BufferReader(first))
     assert again.column("id").to_pylist() == before.column("id").to_pylist()
     np.testing.assert_allclose(_vectors(again), _vectors(before), atol=ATOL, rtol=0)
-    assert main(["verify", "s3://damaged/out"]) == 0
+    assert main(["verify", "--out", "s3://damaged/out"]) == 0
 
 
 @pytest.mark.parametrize("commits_before_kill", [0, 1, 4])
@@ -133,7 +133,7 @@ def test_sigkill_of_the_driver_then_resume_gives_every_row_once_in_order(s3, cor
     bucket = f"kill{commits_before_kill}"
     s3.create_dir(bucket)
     out = f"s3://{bucket}/out"
-    cmd = [sys.executable, "-m", "elmo_cli", "embed", str(corpus), out, "--model", str(model), *RUN]
+    cmd = [sys.executable, "-m", "elmo_cli", "embed", "--text", str(corpus), "--out", out, "--model", str(model), *RUN]
     proc = spawn(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + WAIT_S
     wanted = "_job.parquet" if commits_before_kill == 0 else None
@@ -148,12 +148,12 @@ def test_sigkill_of_the_driver_then_resume_gives_every_row_once_in_order(s3, cor
     kept = {n for n in _names(s3, f"{bucket}/out") if n.startswith("_shards/")}
     assert len(kept) < 10 and "_SUCCESS" not in _names(s3, f"{bucket}/out")
 
-    assert main(["embed", str(corpus), out, "--model", str(model), *RUN, "--resume"]) == 0
+    assert main(["embed", "--text", str(corpus), "--out", out, "--model", str(model), *RUN, "--resume"]) == 0
     assert all(n in _names(s3, f"{bucket}/out") for n in kept)
     table, source = _table(s3, f"{bucket}/out"), ds.dataset(corpus, format="parquet").to_table()
     assert table.column("id").to_pylist() == source.column("id").to_pylist()
     np.testing.assert_allclose(_vectors(table), _vectors(reference), atol=ATOL, rtol=0)
-    assert main(["verify", out]) == 0
+    assert main(["verify", "--out", out]) == 0
 
 
 def test_strays_of_a_killed_attempt_are_not_read_back(s3, corpus, model):
@@ -198,12 +198,12 @@ def test_two_drivers_on_one_output_the_second_is_refused(s3, corpus, model, caps
     try:
         assert holder.stdout.readline().strip() == "locked"
         capsys.readouterr()
-        assert main(["embed", str(corpus), "s3://locks/out", "--model", str(model), *RUN]) == 2
+        assert main(["embed", "--text", str(corpus), "--out", "s3://locks/out", "--model", str(model), *RUN]) == 2
         assert f"s3://locks/out is in use by another elmo embed job (pid {holder.pid} on host" in capsys.readouterr().err
     finally:
         holder.kill()
         holder.wait()
-    assert main(["embed", str(corpus), "s3://locks/out", "--model", str(model), *RUN, "--resume"]) == 0
+    assert main(["embed", "--text", str(corpus), "--out", "s3://locks/out", "--model", str(model), *RUN, "--resume"]) == 0
 
     def held_elsewhere(lease: float) -> None:
         record = {"pid": 1, "host": "another-node", "released": False, "since": "then", "lease_seconds": lease,
@@ -213,11 +213,11 @@ def test_two_drivers_on_one_output_the_second_is_refused(s3, corpus, model, caps
 
     held_elsewhere(3600.0)
     capsys.readouterr()
-    assert main(["embed", str(corpus), "s3://locks/out", "--model", str(model), *RUN, "--resume"]) == 2
+    assert main(["embed", "--text", str(corpus), "--out", "s3://locks/out", "--model", str(model), *RUN, "--resume"]) == 2
     assert "(pid 1 on host another-node" in capsys.readouterr().err
     held_elsewhere(1.0)
     time.sleep(2.5)  # the store's clock (its Last-Modified against its Date) says the lease ran out
-    assert main(["embed", str(corpus), "s3://locks/out", "--model", str(model), *RUN, "--resume"]) == 0
+    assert main(["embed", "--text", str(corpus), "--out", "s3://locks/out", "--model", str(model), *RUN, "--resume"]) == 0
 
 
 def test_a_driver_that_lost_its_lease_stops_before_its_manifest(s3):

@@ -63,7 +63,7 @@ def test_torchrun_launch_equals_one_process(tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     p = write_corpus(tmp_path / "train.txt", sotu_sentences(limit=40))
     options = write_options(tmp_path / "nodrop.json", dropout=0.0)
-    args = ["train", "--train", str(p), "--options", str(options), "--max-steps", "3", "--batch-size", "8",
+    args = ["train", "--text", str(p), "--options", str(options), "--max-steps", "3", "--batch-size", "8",
             "--checkpoint-every", "0", "--threads", "1", "--min-count", "1", "--shuffle-buffer", "50"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "ELMO_DIST_TIMEOUT_S": "120"}
     one = subprocess.run([sys.executable, "-m", "elmo_cli", *args, "--out", str(tmp_path / "one")],

@@ -24,7 +24,7 @@ from .train_utils import TINY_LM_OPTIONS, sotu_sentences, write_corpus, write_op
 @pytest.fixture
 def train_args(tmp_path: Path) -> list[object]:
     corpus = write_corpus(tmp_path / "train.txt", sotu_sentences(limit=60))
-    return ["train", "--train", corpus, "--options", write_options(tmp_path / "tiny.json"), "--out",
+    return ["train", "--text", corpus, "--options", write_options(tmp_path / "tiny.json"), "--out",
             tmp_path / "run", "--max-steps", "2", "--threads", "1", "--no-tensorboard", "--min-count", "1",
             "--checkpoint-every", "0"]
 
@@ -71,7 +71,7 @@ def test_default_model_refuses_bad_flags_before_writing(tmp_path, flags, named):
 
 @pytest.mark.parametrize("every", ["0", "1", "100000"])
 def test_sotu_corpus_refuses_a_split_that_leaves_a_side_empty(tmp_path, every):
-    r = run_cli("sotu-corpus", tmp_path / "corpus", "--valid-every", every)
+    r = run_cli("sotu-corpus", "--out", tmp_path / "corpus", "--valid-every", every)
     assert r.returncode == 2 and "--valid-every must be an integer from 2 to" in r.stderr, r.stderr
     assert not (tmp_path / "corpus").exists()
 

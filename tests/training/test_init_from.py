@@ -121,10 +121,10 @@ def test_bad_softmax_and_options_are_named(source, tmp_path, capsys):
                                             r"projection is 16"):
         Trainer(_opts(tmp_path, source, "bad"), QUIET)
     corpus = tmp_path / "domain.txt"
-    assert cli(["train", "--train", str(corpus), "--out", str(tmp_path / "x"), "--init-from", str(source),
+    assert cli(["train", "--text", str(corpus), "--out", str(tmp_path / "x"), "--init-from", str(source),
                 "--options", str(source / "options.json"), "--max-steps", "1"]) == 2
     assert "--options and --init-from both name an architecture" in capsys.readouterr().err
     (source / "vocab.txt").unlink()
-    assert cli(["train", "--train", str(corpus), "--out", str(tmp_path / "y"), "--init-from", str(source),
+    assert cli(["train", "--text", str(corpus), "--out", str(tmp_path / "y"), "--init-from", str(source),
                 "--max-steps", "1"]) == 2
     assert "pass the model's vocabulary with --vocab FILE" in capsys.readouterr().err

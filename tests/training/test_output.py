@@ -81,9 +81,9 @@ def test_perplexity_cli(trained, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--train", "NOPE.txt"], "NOPE.txt: no such file"),
-    (["--train", "{tmp}/train.txt", "--vocab", "{tmp}/none.txt"], "vocabulary file not found"),
-    (["--train", "{tmp}/train.txt", "--options", "{tmp}/none.json"], "options file not found"),
+    (["--text", "NOPE.txt"], "NOPE.txt: no such file"),
+    (["--text", "{tmp}/train.txt", "--vocab", "{tmp}/none.txt"], "vocabulary file not found"),
+    (["--text", "{tmp}/train.txt", "--options", "{tmp}/none.json"], "options file not found"),
 ])
 def test_train_cli_bad_input(trained, capsys, args, message):
     tmp = trained[2]

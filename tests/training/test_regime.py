@@ -103,7 +103,7 @@ def test_final_evaluation_is_inside_max_minutes(tmp_path):
 
 
 def _cli_train(tmp_path, corpus, out, max_steps):
-    return [sys.executable, "-m", "elmo_cli", "train", "--train", str(corpus), "--out", str(tmp_path / out),
+    return [sys.executable, "-m", "elmo_cli", "train", "--text", str(corpus), "--out", str(tmp_path / out),
             "--options", str(write_options(tmp_path / "tiny.json")), "--min-count", "1", "--max-steps", str(max_steps),
             "--checkpoint-every", "3", "--keep-checkpoints", "50", "--threads", "1", "--shuffle-buffer", "50",
             "--seed", "7", "--lr-decay-tokens", "4000", "--no-tensorboard", "--train-eval-sentences", "0"]

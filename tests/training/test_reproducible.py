@@ -26,7 +26,7 @@ def test_two_runs_with_one_seed_write_equal_weights(tmp_path):
     options = write_options(tmp_path / "tiny.json")
     # 4 threads, 64 x 20 tokens a step: the char-CNN's gradient, gathered back to 2,560 token
     # positions, is large enough for torch's parallel CPU kernels (4 threads race even on one core).
-    args = ("train", "--train", train, "--options", options, "--min-count", 1, "--max-steps", 4,
+    args = ("train", "--text", train, "--options", options, "--min-count", 1, "--max-steps", 4,
             "--batch-size", 64, "--unroll", 20, "--threads", 4, "--seed", 7, "--no-tensorboard",
             "--checkpoint-every", 0)
     with warnings.catch_warnings(record=True) as caught:
