@@ -78,7 +78,7 @@ def test_an_existing_output_is_refused_before_the_model_loads(tmp_path):
     --dtype) are refused from OUTPUT_DIR's job record and the model's file hashes, torch not loaded."""
     corpus, model, out = tmp_path / "corpus", make_model_dir(tmp_path / "tiny", TINY_OPTIONS), tmp_path / "out"
     write_sample_corpus(corpus, rows=20, files=1)
-    argv = ["embed", str(corpus), str(out), "--model", str(model), "--quiet"]
+    argv = ["embed", "--text", str(corpus), "--out", str(out), "--model", str(model), "--quiet"]
     assert run_cli(*argv).returncode == 0 and (out / "_SUCCESS").exists()
     cases = {"already holds this job's output; pass --resume": argv,
              "holds another job's output (different options ['dtype'])": [*argv, "--dtype", "float16"]}
@@ -95,7 +95,7 @@ def test_an_output_in_progress_a_locked_one_and_no_jobs_files_are_refused_before
     files no job wrote are refused with torch not loaded."""
     corpus, model, out = tmp_path / "corpus", make_model_dir(tmp_path / "tiny", TINY_OPTIONS), tmp_path / "out"
     write_sample_corpus(corpus, rows=20, files=1)
-    argv = ["embed", str(corpus), str(out), "--model", str(model), "--quiet"]
+    argv = ["embed", "--text", str(corpus), "--out", str(out), "--model", str(model), "--quiet"]
     assert run_cli(*argv).returncode == 0
     for name in ("_SUCCESS", "_manifest.parquet"):
         (out / name).unlink()
@@ -109,8 +109,8 @@ def test_an_output_in_progress_a_locked_one_and_no_jobs_files_are_refused_before
     try:
         assert holder.stdout.readline().strip() == "locked"
         cases = {"already holds this job's output; pass --resume": argv,
-                 "holds no job record of elmo embed": [*argv[:2], str(tmp_path / "other"), *argv[3:]],
-                 f"in use by another elmo embed job (pid {holder.pid}": [*argv[:2], str(tmp_path / "held"), *argv[3:]]}
+                 "holds no job record of elmo embed": [*argv[:4], str(tmp_path / "other"), *argv[5:]],
+                 f"in use by another elmo embed job (pid {holder.pid}": [*argv[:4], str(tmp_path / "held"), *argv[5:]]}
         for says, args in cases.items():
             code, torch_loaded, err = _modules_after(args)
             assert (code, torch_loaded, says in err) == (2, False, True), err
