@@ -4,11 +4,9 @@ May import: no other package of the project (tests/test_layers.py)."""
 # atomic) is imported without torch; process_env runs first, whatever is imported.
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from . import process_env  # noqa: F401 (first: sets the environment torch's OpenMP and oneDNN read when torch loads)
 from .errors import ConfigError, ElmoError, InputError, WeightsError
+from .lazy_names import lazy_names
 
 _HOMES = {"BiLM": "bilm", "BiLMOutput": "bilm", "StatefulBiLM": "bilm", "batch_to_ids": "chars",
           "tokens_to_char_ids": "chars", "CharCnnConfig": "config", "ElmoConfig": "config", "LstmConfig": "config",
@@ -17,11 +15,4 @@ _HOMES = {"BiLM": "bilm", "BiLMOutput": "bilm", "StatefulBiLM": "bilm", "batch_t
 
 __all__ = ["ConfigError", "ElmoError", "InputError", "WeightsError", *_HOMES]
 
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'elmo_core' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{home}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _HOMES, globals())
