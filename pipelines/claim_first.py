@@ -50,7 +50,12 @@ def foreseen_identity(out: Output, model: Any, opts: EmbedOptions, files: list[I
         return None
     backend, precision, model_id = settled
     options = settle_rows_per_shard(replace(opts, backend=backend, precision=precision), files, out)
-    return {"inputs": [f.identity() for f in files], "model": model_id, "options": options.identity()}
+    return job_identity(files, model_id, options)
+
+
+def job_identity(files: list[InputFile], model_id: dict, opts: EmbedOptions) -> dict:
+    """What a job is (its claim on OUTPUT_DIR): its inputs, its model and its output options."""
+    return {"inputs": [f.identity() for f in files], "model": model_id, "options": opts.identity()}
 
 
 def _settled_model(model: Any, opts: EmbedOptions) -> tuple[str, str, dict] | None:

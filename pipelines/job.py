@@ -25,7 +25,7 @@ from elmo_core.errors import InputError
 from elmo_core.storage import file_sha256, is_below
 from inference.errors import ModelChangedError
 
-from .claim_first import check_output_first
+from .claim_first import check_output_first, job_identity
 from .options import EmbedOptions, OutputDirError, digest
 from .os_errors import os_errors
 from .output_dir import open_output
@@ -98,7 +98,7 @@ def plan_job(input: str | Path, output: str | Path, model: Model, opts: EmbedOpt
         predictor.close()  # Ray's and Spark's workers load their own
         predictor = None
     schema = output_schema(passthrough, config.output_dim, config.n_output_layers, opts.request, opts.vector_layout)
-    identity = {"inputs": [f.identity() for f in files], "model": run.pin, "options": opts.identity()}
+    identity = job_identity(files, run.pin, opts)
     try:
         if out.exists():  # refused before the lock is taken: a refused job leaves nothing behind
             out.lock().check_free()  # a running job's first: what it holds is its own business
