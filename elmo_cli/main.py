@@ -19,10 +19,11 @@ import atexit
 import contextlib
 import importlib
 import os
-import signal
 import sys
 import threading
-from typing import Iterable, Iterator, NoReturn
+from typing import Iterable, NoReturn
+
+from elmo_cli.signals import Terminated, command_signals
 
 # Each command: the module that registers it and its line in ``elmo --help``. The top-level parser is
 # built from this table alone (no library import), so ``elmo --help`` and ``elmo --version`` answer at
@@ -46,14 +47,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 COMMAND_MODULES = tuple(dict.fromkeys(module for module, _ in COMMANDS.values()))
 EXIT_ERROR, EXIT_INTERRUPTED, EXIT_TERMINATED = 2, 130, 143
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where SIGINT would raise KeyboardInterrupt, so the same cleanup runs."""
-
-
-def _terminate(signum: int, frame: object) -> None:
-    raise Terminated()
 
 
 def version() -> str:
@@ -125,37 +118,14 @@ def _message(error: Exception, args: argparse.Namespace) -> str:
     return str(error)
 
 
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held while the block runs (the commands' imports), then raised.
-
-    An interruption inside a third-party import (numpy, torch) can be swallowed by that package's
-    own handlers and leave a half-initialised module behind, which then fails with an unrelated
-    traceback. Held, the signal is raised here, after the imports, a second or two later."""
-    if threading.current_thread() is not threading.main_thread():  # signal handlers need the main thread
-        yield
-        return
-    held: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    if held:
-        raise Terminated() if held[0] == signal.SIGTERM else KeyboardInterrupt()
-
-
 def _run(argv: list[str] | None) -> int:
     command = "elmo"
     try:
-        with _signals_held():
-            argv = sys.argv[1:] if argv is None else argv
-            named = _named_command(argv)
-            parser = build_parser([named] if named in COMMANDS else [])
+        argv = sys.argv[1:] if argv is None else argv
+        named = _named_command(argv)
+        parser = build_parser([named] if named in COMMANDS else [])
         args = parser.parse_args(argv)
-        with _signals_held():
-            from elmo_core.errors import ElmoError
+        from elmo_core.errors import ElmoError
 
         command = f"elmo {args.command}"
         try:
@@ -186,13 +156,8 @@ def _notes(e: BaseException) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if threading.current_thread() is not threading.main_thread():  # signal handlers need the main thread
+    with command_signals():
         return _run(argv)
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
-        return _run(argv)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def exit_now(code: int) -> NoReturn:
