@@ -160,13 +160,13 @@ def engine_batches(corpus: Path, budget: BatchBudget) -> list[list[int]]:
     """The lengths (with <S> and </S>) of each model batch ``elmo embed`` forms of ``corpus`` under
     ``budget``: its own sort windows (``pipelines.source.read_windows``), tokenizer and planner."""
     opts = EmbedOptions(max_tokens_per_batch=budget.tokens, sort_window_tokens=budget.window_tokens,
-                        sort_window_rows=budget.window_rows, batch_rows=budget.rows, rows_per_shard=DEFAULT_ROWS,
+                        sort_window_rows=budget.window_rows, rows_per_shard=DEFAULT_ROWS,
                         quiet=True)
     out = []
     for file in scan_inputs(corpus, opts):
         for _, table, _ in read_windows(file, shards_of([file], opts.rows_per_shard), opts):
             rows, _ = row_tokens(table.column(opts.text_column), False, opts.text_column)
-            out += [[len(t) + 2 for t in b.tokens] for b in plan_batches(rows, opts.policy).batches]
+            out += [[len(t) + 2 for t in b.tokens] for b in plan_batches(rows, opts.policy(budget.rows)).batches]
     return out
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
 
 from elmo_cli.run_args import add_precision_argument, exporter, warned
 from elmo_cli.vocabulary import add_fields, add_flag, field_values
 from elmo_core.names import OUTPUT_FORMATS
 from elmo_core.errors import InputError
+from inference.run_settings import RunSettings
 from pipelines.options import EmbedOptions
 
 
@@ -37,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_flag(p, "model", required=True, help="model directory (options.json + weights), or an export dir; local or "
                                              "on a store (s3://bucket/models/elmo)")
     groups = add_fields(p, EmbedOptions)
+    add_fields(p, RunSettings, groups=groups)
     add_precision_argument(groups["vectors"])
     add_flag(groups["running"], "json", help="print the manifest as JSON on stdout")
     p.set_defaults(func=run_embed)
@@ -49,26 +50,26 @@ def run_embed(args: argparse.Namespace) -> int:
         raise InputError(f"{args.text} -> {args.out}: an .hdf5 output is --format hdf5 "
                          f"(allennlp elmo's layout); add --format hdf5")
     shards = {"format": args.format} if args.format != "hdf5" else {}
-    opts = EmbedOptions.coerce(field_values(EmbedOptions, args), precision=args.precision, layout=args.layout,
-                               **shards)  # errors before an export
+    opts = EmbedOptions.coerce(field_values(EmbedOptions, args), **shards)  # errors before an export
+    settings = RunSettings(**field_values(RunSettings, args), precision=args.precision, layout=args.layout)
+    from inference.model_run import resolve_run
     from pipelines.claim_first import RunMaker
 
-    def resolve():  # backend, precision (auto; on-demand export), threads: once OUTPUT_DIR and the inputs are checked
-        return warned(opts.resolve_run(args.model, exporter(args)))
+    def resolve(flags):  # backend, precision (auto; on-demand export), threads: once OUTPUT_DIR and the inputs are checked
+        return warned(resolve_run(args.model, settings, job=True, remote=opts.engine != "local", exporter=exporter(args),
+                                  flags=flags))
 
-    run = RunMaker(args.model, resolve)  # its model path: an existing OUTPUT_DIR is judged before the model loads
-
-    options = asdict(opts)  # the job records them with what the run settled (EmbedOptions.with_run)
+    maker = RunMaker(args.model, settings, resolve)  # an existing OUTPUT_DIR is judged before the model loads
     if args.format == "hdf5":
-        from pipelines.hdf5_output import embed_to_hdf5
+        from pipelines.hdf5_output import write_hdf5
 
-        result = embed_to_hdf5(args.text, args.out, run, use_sentence_keys=args.use_sentence_keys, **options)
+        result = write_hdf5(args.text, args.out, maker, opts, use_sentence_keys=args.use_sentence_keys)
         if args.json:
             print(json.dumps(result, indent=2))
         return 0
-    from pipelines.job import embed_parquet
+    from pipelines.job import run_job
 
-    manifest = embed_parquet(args.text, args.out, run, **options)
+    manifest = run_job(args.text, args.out, maker, opts)
     if args.json:
         print(json.dumps(manifest, indent=2))
     return 0

@@ -101,11 +101,12 @@ def field_values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_fields(parser: argparse.ArgumentParser, cls: type, group: str | None = None,
-               negatable: bool = False) -> dict[str, argparse._ActionsContainer]:
+               negatable: bool = False, groups: dict[str, argparse._ActionsContainer] | None = None
+               ) -> dict[str, argparse._ActionsContainer]:
     """One flag per field of ``cls`` (``cli_fields``), in the argument group its metadata names
-    (else ``group``; else the parser). ``negatable``: booleans take --no-NAME too. Returns the
-    groups by name."""
-    groups: dict[str, argparse._ActionsContainer] = {"run": parser}
+    (else ``group``; else the parser). ``negatable``: booleans take --no-NAME too; ``groups``: those
+    made by an earlier call, shared. Returns the groups by name."""
+    groups = {"run": parser} if groups is None else groups
     for f in cli_fields(cls):
         name = f.metadata.get("group") or group
         target = parser if name is None else groups.get(name) or groups.setdefault(name, parser.add_argument_group(name))

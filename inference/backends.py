@@ -25,7 +25,8 @@ from elmo_core.kinds import Dtype, Precision
 from formats import load_bilm
 from formats.model_dir import load_tokenizer
 from formats.token_embeddings import read_token_embeddings
-from runtime import use_threads
+from runtime import CpuBudget, use_threads
+from runtime.settings import apply_threads
 
 from .fast_path import FastInference
 from .host_batch import HostBatch
@@ -166,7 +167,7 @@ class TorchBackend(BackendBase):
 
     name = "torch"
 
-    def __init__(self, model: BiLM, stateful: bool = False, threads: int | None = None,
+    def __init__(self, model: BiLM, stateful: bool = False, threads: int | CpuBudget | None = None,
                  device: str = "cpu", token_cache: int = 50_000, token_embeddings: str | Path | None = None,
                  token_vocab: str | Path | None = None, precision: str | Precision = "fp32",
                  cuda_graphs: bool | None = None, layout: str | None = None, rows: int | None = None) -> None:
@@ -174,7 +175,7 @@ class TorchBackend(BackendBase):
         is_cuda = torch.device(device).type == "cuda"
         if cuda_graphs and not is_cuda:
             raise InputError(f"cuda_graphs needs a CUDA device, got {device!r}")
-        use_threads(threads)
+        apply_threads(threads) if isinstance(threads, CpuBudget) else use_threads(threads)
         if token_vocab is not None and token_embeddings is None:
             raise InputError("token_vocab (--token-vocab) names the rows of a token-embedding file; pass that file too")
         self.model = model.eval().to(device)

@@ -14,7 +14,8 @@ from . import engine
 from .backends import Backend
 from .batching import BatchPolicy
 from .outputs import VectorRequest, check_output, reduce_layers, unit_length
-from .model_run import RUN_OPTIONS, resolve_run
+from .model_run import resolve_run
+from .run_settings import RUN_SETTINGS
 from .registry import backend_kind
 
 
@@ -40,7 +41,7 @@ class Embedder:
         (device, threads, precision, weights, token_embeddings, token_vocab), the rest the backend's own
         (``inference.registry.open_backend``: torch's ``stateful``, onnx's ``providers``, ...).
         ``policy``: None batches under the run's token budget (``ModelRun.batch``: the device's)."""
-        asked = {k: options.pop(k) for k in RUN_OPTIONS if k in options}
+        asked = {k: options.pop(k) for k in RUN_SETTINGS if k in options and k != "backend"}
         run = resolve_run(model, backend=backend, **asked)
         return cls(run.open(**options), batch_size, policy or run.batch.policy())
 
@@ -119,7 +120,7 @@ class Embedder:
                 batch_size: int | None = None) -> list[np.ndarray | None]:
         """``embed_sentences`` in the engine's terms (``inference.outputs.VectorRequest``)."""
         check_sentences(sentences)
-        check_output(request.output, self.config.n_output_layers, request.mix)
+        check_output(request.mode, self.config.n_output_layers, request.mix)
         batch_size = self.batch_size if batch_size is None else batch_size
         if batch_size is not None and batch_size <= 0:
             raise InputError(f"batch_size must be positive, got {batch_size}")

@@ -55,7 +55,7 @@ class FastInference:
                  cuda_graphs: bool = False, capture: bool = True, chunk_rows: int = INPUT_CHUNK_ROWS,
                  packed_min_weights: int = PACKED_MIN_WEIGHTS, fused: bool | None = None,
                  rows: RowShape = RowShape(), kernels: FusedCell | None = None, layout: str | None = None) -> None:
-        self.kind = torch_precision(precision)
+        self.kind = precision if isinstance(precision, Precision) else torch_precision(precision)
         self.model, self.precision, self.token_cache = model, self.kind.name, token_cache
         self.dtype = self.kind.torch
         on_cpu, asked = model.lstm.w_input.device.type == "cpu", layout is not None

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -22,7 +21,7 @@ from typing import Any, Callable
 from elmo_core import ElmoConfig
 from elmo_core.errors import InputError, SettingError
 from elmo_core.storage import is_uri
-from runtime import CpuBudget, check_threads, process_cpu_budget, threads_for
+from runtime import CpuBudget, process_cpu_budget, threads_for
 
 from .backends import Backend
 from .batching import BatchBudget, cpu_budget, gpu_budget
@@ -31,9 +30,10 @@ from .fast_lstm import packed_products
 from .layout import Layout, resolve_layout
 from .precision import SlowPrecision, bf16_cpu_warning, resolve_precision
 from .registry import (backend_kind, check_device, check_precision_for, export_dir, exported_backend,
-                       exported_precision, model_config, model_files, model_identity, open_backend,
+                       exported_precision, load_backend, model_config, model_files, model_identity,
                        torch_options)
 from .row_shape import RowShape
+from .run_settings import RunSettings
 
 # (model directory, weights, the precision asked for (auto included), threads) -> (the export
 # directory that runs, its precision, why): how the onnx backend's model directory is exported on
@@ -48,9 +48,6 @@ Exporter = Callable[[str, "str | None", str, int], "tuple[str, str, str]"]
 # small config (14 MFLOP) keep every core.
 HOST_BOUND_FLOPS = 6e6
 
-DEVICE_PATTERN = r"cpu|cuda(:\d+)?"
-# What a door is asked for a run, besides the model and backend: ``resolve_run``'s keywords.
-RUN_OPTIONS = ("device", "threads", "precision", "weights", "token_embeddings", "token_vocab", "layout")
 
 
 @dataclass(frozen=True)
@@ -76,6 +73,7 @@ class ModelRun:
     layout_rows: int | None = None  # the ``rows`` layout's most rows a step on a CPU (``inference.layout.Layout``)
     batch: BatchBudget = field(default_factory=cpu_budget)  # its batches' and sort windows' tokens, and why
     pin: dict | None = field(default=None, repr=False)  # the identity its files must have where it opens (a job's)
+    device_checked: bool = field(default=True, repr=False)  # False: a cluster's replica checks it as it opens
 
     @property
     def name(self) -> str:
@@ -100,7 +98,7 @@ class ModelRun:
                 f"{self.threads}{layout}; {self.batch})")
 
     def to_dict(self) -> dict[str, Any]:
-        record = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("config", "pin")}
+        record = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("config", "pin", "device_checked")}
         record["threads"], record["threads_reason"] = self.threads.count, self.threads.reason
         record["batch"] = asdict(self.batch)
         record["warning"] = self.warning and self.warning.text
@@ -176,37 +174,39 @@ class ModelRun:
             files["layout"] = settled.name
             if settled.rows:
                 files["rows"] = settled.rows
-        return open_backend(self.model, self.backend, threads=self.threads.count, device=self.device, **files,
+        if not self.device_checked:
+            check_device(self.device, self.backend)
+        return load_backend(self.model, self.backend, threads=self.threads, device=self.device, **files,
                             **torch_options(self.precision, self.token_embeddings, self.token_vocab, self.backend),
                             **options)
 
 
-def resolve_run(model: str | Path, *, backend: str | None = None, device: str = "cpu", threads: int | None = None,
-                precision: str | None = None, weights: str | Path | None = None,
-                token_embeddings: str | Path | None = None, token_vocab: str | Path | None = None,
-                layout: str | None = None, job: bool = False, remote: bool = False, exporter: Exporter | None = None,
-                flags: frozenset[str] | None = None) -> ModelRun:
-    """The one decision of a run. ``backend``: None reads it from an export directory (else torch);
-    ``precision``: None is the backend's default (an export's own), ``auto`` the fastest that holds
-    parity here; ``job``: an ``elmo embed`` job, whose own readers and writers share the CPUs
-    (``default_threads``); ``remote``: the model runs in replicas on a cluster (Ray, Spark), whose
-    devices this process may not see, on ``threads`` each (default one; the runner may give each its
-    share, ``ModelRun.on_replica``). InputError (or BackendUnavailableError) for what cannot run."""
-    check_threads(threads)
-    if not re.fullmatch(DEVICE_PATTERN, device):
-        raise InputError(f"device must be cpu, cuda or cuda:N, got {device!r}")
+def resolve_run(model: str | Path, settings: RunSettings | None = None, *, job: bool = False,
+                remote: bool = False, exporter: Exporter | None = None, flags: frozenset[str] | None = None,
+                **asked: Any) -> ModelRun:
+    """The one decision of a run, from ``settings`` (or ``asked``: ``RunSettings``' fields as keywords).
+    ``backend``: None reads it from an export directory (else torch); ``precision``: None is the
+    backend's default (an export's own), ``auto`` the fastest that holds parity on the CPU whose
+    ``flags`` are given (default: this one's); ``job``: an ``elmo embed`` job, whose own readers and
+    writers share the CPUs (``default_threads``); ``remote``: the model runs in replicas on a cluster
+    (Ray, Spark), whose devices this process may not see, on ``threads`` each (default one; the runner
+    may give each its share, ``ModelRun.on_replica``). InputError (or BackendUnavailableError) for what
+    cannot run."""
+    s = settings if settings is not None else RunSettings(**asked)
+    backend, device, threads, precision, weights, layout = s.backend, s.device, s.threads, s.precision, s.weights, \
+        s.layout
     model = _where(model, "model")
     backend = backend or exported_backend(model) or "torch"
     kind = backend_kind(backend)
     if kind.exported and weights:
         raise InputError(f"--weights names a published-format weights file (--backend torch); --backend {backend} "
                          f"takes an export directory as --model")
-    if kind.exported and (token_embeddings or token_vocab):
+    if kind.exported and (s.token_embeddings or s.token_vocab):
         raise InputError(f"token embeddings are used by the torch backend only; the {backend} backend runs the "
                          f"char-CNN inside its graph (leave --token-embeddings out, or use --backend torch)")
     if not remote:
         check_device(device, backend)
-    asked = None if precision in (None, "auto") else check_precision_for(backend, precision, device)  # named first
+    named = None if precision in (None, "auto") else check_precision_for(backend, precision, device)  # named first
     own = exported_precision(model, backend) if kind.exported else None  # an export's precision (its manifest)
     on_demand = kind.exports_on_demand and exporter is not None and own is None
     config = model_config(model, "torch" if on_demand else backend, weights)  # an unreadable model fails here
@@ -221,12 +221,13 @@ def resolve_run(model: str | Path, *, backend: str | None = None, device: str = 
         name, why = resolve_precision(precision or _default_precision(device), device, flags, packed_products(config))
         if precision is None:
             why = f"the default{' on CUDA, ' + why if device.startswith('cuda') else ''}"
-    checked = asked if asked is not None and asked.name == name else check_precision_for(backend, name, device)
+    checked = named if named is not None and named.name == name else check_precision_for(backend, name, device)
     warning = None if kind.exported else bf16_cpu_warning(checked.name, device, flags)
     settled = _layout(layout, kind.exported, device, checked.name, config, budget, remote)
     return ModelRun(model, backend, device, checked.name, why, budget, _where(weights, "weights"),
-                    _where(token_embeddings, "token_embeddings"), _where(token_vocab, "token_vocab"), config, source,
-                    warning, *(settled or (None, "", None)), _batch_budget(device, config, remote, settled))
+                    _where(s.token_embeddings, "token_embeddings"), _where(s.token_vocab, "token_vocab"), config, source,
+                    warning, *(settled or (None, "", None)), _batch_budget(device, config, remote, settled),
+                    device_checked=not remote)
 
 
 def _layout(layout: str | None, exported: bool, device: str, precision: str, config: ElmoConfig,

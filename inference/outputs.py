@@ -44,7 +44,8 @@ class VectorRequest:
         output, pool = resolve_output(self.output, self.pool)  # TF-Hub's names: ours
         object.__setattr__(self, "output", output)
         object.__setattr__(self, "pool", pool)  # one of POOLS: the one asked for, or the one implied
-        Dtype.of(self.dtype)
+        object.__setattr__(self, "_mode", OutputMode.of(output))  # read by every batch: looked up once
+        object.__setattr__(self, "_dtype", Dtype.of(self.dtype))
         if self.mix is not None:
             object.__setattr__(self, "mix", tuple(float(m) for m in self.mix))
         check_mix_settings(self.mix, self.gamma, self.output, self.mode.mixes, self.vector_dtype.max, self.dtype)
@@ -52,12 +53,12 @@ class VectorRequest:
     @property
     def mode(self) -> OutputMode:
         """The output mode's record (its layer axis, its one layer, whether it mixes)."""
-        return OutputMode.of(self.output)
+        return self._mode  # type: ignore[attr-defined]
 
     @property
     def vector_dtype(self) -> Dtype:
         """The output dtype's record (its torch, numpy and Arrow types)."""
-        return Dtype.of(self.dtype)
+        return self._dtype  # type: ignore[attr-defined]
 
     def weights(self, n_layers: int) -> np.ndarray | None:
         """The output mode as one weight per layer (``layer_weights``); None where it is not a fixed
@@ -68,10 +69,10 @@ class VectorRequest:
 @functools.lru_cache(maxsize=64)
 def _request_weights(request: VectorRequest, n_layers: int) -> np.ndarray | None:
     """``VectorRequest.weights``, computed once per request and model (the engine asks per batch)."""
-    check_output(request.output, n_layers, request.mix)
     if request.layer_norm and request.mode.mixes:
+        check_output(request.mode, n_layers, request.mix)
         return None
-    return layer_weights(request.output, n_layers, request.mix, request.gamma)  # shared: callers only read it
+    return layer_weights(request.mode, n_layers, request.mix, request.gamma)  # shared: callers only read it
 
 
 def reduce_on_device(layers: torch.Tensor, mask: torch.Tensor, request: VectorRequest) -> torch.Tensor:
@@ -133,11 +134,12 @@ def finish_pooled(partials: np.ndarray, lengths: np.ndarray, request: VectorRequ
 
 
 
-def check_output(output: str, n_layers: int, mix_weights: Sequence[float] | None) -> None:
-    output, _ = resolve_output(output, None)
-    layer = OutputMode.of(output).layer
-    if layer is not None and layer >= n_layers:
-        raise InputError(f"output {output}: the model has layers 0 to {n_layers - 1}")
+def check_output(output: str | OutputMode, n_layers: int, mix_weights: Sequence[float] | None) -> None:
+    """An output mode (a name, or a request's record: ``VectorRequest.mode``) against a model of
+    ``n_layers`` output layers."""
+    mode = output if isinstance(output, OutputMode) else OutputMode.of(resolve_output(output, None)[0])
+    if mode.layer is not None and mode.layer >= n_layers:
+        raise InputError(f"output {mode.name}: the model has layers 0 to {n_layers - 1}")
     if mix_weights is not None and len(mix_weights) != n_layers:
         raise InputError(f"mix weights: expected {n_layers} values (one per layer), got {len(mix_weights)}")
 
@@ -169,7 +171,7 @@ def reduce_layers(layers: np.ndarray, mask: np.ndarray, output: str, mix_weights
     return (mixed * torch.from_numpy(mask)[:, :, None]).numpy()
 
 
-def layer_weights(output: str, n_layers: int, mix_weights: Sequence[float] | None = None,
+def layer_weights(output: str | OutputMode, n_layers: int, mix_weights: Sequence[float] | None = None,
                   gamma: float = 1.0) -> np.ndarray | None:
     """The output mode as one weight per layer, where it is a linear combination of the layers:
     top and layer:N (one-hot), average (1 / (L+1) each), mixed (``gamma * softmax(s)``, ScalarMix's own
@@ -179,7 +181,7 @@ def layer_weights(output: str, n_layers: int, mix_weights: Sequence[float] | Non
     Shape: -> (L+1,) float64, or None.
     """
     check_output(output, n_layers, mix_weights)
-    mode = OutputMode.of(output)
+    mode = output if isinstance(output, OutputMode) else OutputMode.of(resolve_output(output, None)[0])
     if mode.layer_axis:
         return None
     if mode.layer is not None:

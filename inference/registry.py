@@ -135,12 +135,10 @@ def check_device(device: str, backend: str = "torch") -> None:
 
 def torch_options(precision: str = "fp32", token_embeddings: str | None = None,
                   token_vocab: str | None = None, backend: str = "torch") -> dict[str, Any]:
-    """The torch backend's own ``open_backend`` options, where given (fp32 and no token-embedding
-    file are its defaults, left out so that other backends accept the result; another backend's
-    precision is its export's, so it is left out for them too). The precision was checked where it
-    was resolved (``check_precision_for``): it goes on as its record, which the backend reads."""
-    kind = Precision.of(precision)
-    options: dict[str, Any] = {"precision": kind} if kind.name != "fp32" and not backend_kind(backend).exported else {}
+    """The torch backend's own ``open_backend`` options: its precision, as the record the run
+    resolved (``check_precision_for``), which the backend reads without checking it again, and a
+    token-embedding file where given. Another backend's precision is its export's: left out."""
+    options: dict[str, Any] = {} if backend_kind(backend).exported else {"precision": Precision.of(precision)}
     if token_embeddings is not None or token_vocab is not None:
         options.update(token_embeddings=token_embeddings, token_vocab=token_vocab)
     return options
@@ -198,6 +196,17 @@ def open_backend(model: str | Path, backend: str = "torch", *, threads: int | No
                          f"the char-CNN inside its graph (leave --token-embeddings out, or use --backend torch)")
     if providers is None:
         check_device(device, backend)
+    return load_backend(model, backend, threads=threads, device=device, weights=weights, providers=providers,
+                        **options)
+
+
+def load_backend(model: str | Path, backend: str = "torch", *, threads: Any = None, device: str = "cpu",
+                 weights: str | Path | None = None, providers: Sequence[Any] | None = None,
+                 **options: Any) -> Backend:
+    """``open_backend`` for a run whose settings were checked where it was resolved
+    (``inference.model_run.ModelRun``): the backend, loaded, nothing checked again. ``threads``: a
+    count, or the run's ``CpuBudget``."""
+    kind = backend_kind(backend)
     cls = _backend_class(kind)
     if backend == "torch":
         return cls.from_files(model, weights, threads=threads, device=device, **options)
@@ -205,7 +214,7 @@ def open_backend(model: str | Path, backend: str = "torch", *, threads: int | No
     artifact_file(model, backend)  # a clear error before the backend's own
     if backend == "onnx":
         return cls(model, providers=list(providers) if providers is not None else onnx_providers(device),
-                   threads=threads, **options)
+                   threads=getattr(threads, "count", threads), **options)
     return cls(model, **options)
 
 

@@ -12,13 +12,14 @@ resolved, where it is made in every case.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
-from elmo_core.errors import ElmoError
+from elmo_core.errors import ElmoError, InputError
 from elmo_core.storage import is_uri
 from inference.registry import backend_kind, exported_backend, model_identity
+from inference.run_settings import RunSettings
 
 from .options import EmbedOptions, digest
 from .shard_size import settle_rows_per_shard
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from inference.model_run import ModelRun
 
 
-def check_output_first(out: Output, model: Any, opts: EmbedOptions, files: list[InputFile]) -> None:
+def check_output_first(out: Output, maker: "RunMaker", opts: EmbedOptions, files: list[InputFile]) -> None:
     """OutputDirError (or the lock's error) for an existing OUTPUT_DIR this job may not claim, as far
     as it is decided without the model; ``plan_job`` checks the claim again once the model loaded."""
     if not out.exists():
@@ -37,40 +38,41 @@ def check_output_first(out: Output, model: Any, opts: EmbedOptions, files: list[
     out.lock().check_free()  # a running job's first: what it holds is its own business
     if job_record(out)[1] is None or opts.resume:
         return  # new or empty: nothing to compare; --resume: compared once the model loaded, its files hashed once
-    identity = foreseen_identity(out, model, opts, files)
+    identity = foreseen_identity(out, maker, opts, files)
     if identity is not None:
         check_claim(out, identity, digest(identity), opts.resume)
 
 
-def foreseen_identity(out: Output, model: Any, opts: EmbedOptions, files: list[InputFile]) -> dict | None:
+def foreseen_identity(out: Output, maker: "RunMaker", opts: EmbedOptions, files: list[InputFile]) -> dict | None:
     """The identity ``plan_job`` gives the job once its run is resolved and its model loaded, where
     it is known without them; else None."""
-    settled = _settled_model(model, opts)
+    settled = _settled_model(maker)
     if settled is None or (opts.engine != "local" and opts.rows_per_shard is None):  # a cluster's slots decide
         return None
     backend, precision, model_id = settled
-    options = settle_rows_per_shard(replace(opts, backend=backend, precision=precision), files, out)
-    return job_identity(files, model_id, options)
+    rows, _ = settle_rows_per_shard(opts, files, out)
+    return job_identity(files, model_id, opts.identity(backend, precision, rows_per_shard=rows))
 
 
-def job_identity(files: list[InputFile], model_id: dict, opts: EmbedOptions) -> dict:
-    """What a job is (its claim on OUTPUT_DIR): its inputs, its model and its output options."""
-    return {"inputs": [f.identity() for f in files], "model": model_id, "options": opts.identity()}
+def job_identity(files: list[InputFile], model_id: dict, options: dict) -> dict:
+    """What a job is (its claim on OUTPUT_DIR): its inputs, its model and the options that change its
+    output (``EmbedOptions.identity``)."""
+    return {"inputs": [f.identity() for f in files], "model": model_id, "options": options}
 
 
-def _settled_model(model: Any, opts: EmbedOptions) -> tuple[str, str, dict] | None:
+def _settled_model(maker: "RunMaker") -> tuple[str, str, dict] | None:
     """(backend, precision, the model's identity) the run will settle, or None where only the run knows."""
-    path = model if isinstance(model, (str, Path)) else getattr(model, "model_path", None)
-    if path is None or is_uri(path) or opts.device != "cpu":
+    path, settings = maker.model_path, maker.settings
+    if is_uri(path) or settings.device != "cpu":
         return None
-    backend = opts.backend or exported_backend(path) or "torch"
+    backend = settings.backend or exported_backend(path) or "torch"
     if backend_kind(backend).exported:
         return None
-    precision = opts.precision or "fp32"  # the torch backend's default on a CPU
+    precision = settings.precision or "fp32"  # the torch backend's default on a CPU
     if precision != "fp32":
         return None
     try:
-        return backend, precision, model_identity(path, backend, opts.weights)
+        return backend, precision, model_identity(path, backend, settings.weights)
     except (ElmoError, OSError):
         return None  # the run reports what is wrong with the model
 
@@ -78,11 +80,32 @@ def _settled_model(model: Any, opts: EmbedOptions) -> tuple[str, str, dict] | No
 @dataclass(frozen=True)
 class RunMaker:
     """What makes the job's ``ModelRun`` once the checks that need no model pass (the CLI's resolves
-    it with its exporter and prints its warnings), and the model path it resolves, which
-    ``check_output_first`` hashes."""
+    it with its exporter and prints its warnings): the model path and the run's settings, which
+    ``check_output_first`` reads, and ``make(flags)``, ``flags``: the CPU flags of the machine the
+    model runs on where it is not this one (a cluster's workers; None: this one)."""
 
     model_path: str
-    make: Callable[[], "ModelRun"]
+    settings: RunSettings
+    make: Callable[[frozenset[str] | None], "ModelRun"]
 
-    def __call__(self) -> "ModelRun":
-        return self.make()
+    def __call__(self, flags: frozenset[str] | None = None) -> "ModelRun":
+        return self.make(flags)
+
+    @classmethod
+    def of(cls, model: "ModelRun | RunMaker | str | Path", settings: RunSettings, remote: bool) -> "RunMaker":
+        """The job's maker from what a library caller gave: a model path (resolved with ``settings``),
+        a ``ModelRun`` (used as it is: ``settings`` must then be the defaults) or a maker."""
+        if isinstance(model, (str, Path)):
+            from inference.model_run import resolve_run
+
+            return cls(str(model), settings,
+                       lambda flags: resolve_run(model, settings, job=True, remote=remote, flags=flags))
+        if settings != RunSettings():
+            raise InputError(f"{sorted(k for k, v in settings.to_dict().items() if v != getattr(RunSettings(), k))}: "
+                             f"the run's settings; a ModelRun (or RunMaker) carries its own: give them to "
+                             f"resolve_run, or pass the model's path")
+        if isinstance(model, RunMaker):
+            return model
+        run = model
+        return cls(run.model, RunSettings(run.backend, run.device, precision=run.precision,
+                                                       weights=run.weights), lambda flags: run)

@@ -44,7 +44,9 @@ from elmo_core.storage import is_uri
 from elmo_core.whitespace import split_tokens
 from inference import Embedder
 from inference.model_run import ModelRun
+from inference.run_settings import RunSettings
 
+from .claim_first import RunMaker
 from .os_errors import os_errors
 from .options import PARQUET_ONLY, EmbedOptions, NonFiniteError
 from .progress import note
@@ -99,13 +101,21 @@ def _check_options(opts: EmbedOptions, out: Path) -> None:
         raise InputError(f"{out}: is a directory; --format hdf5 writes one file (e.g. OUT.hdf5)")
 
 
-def embed_to_hdf5(input: str | Path, out: str | Path, /, model: ModelRun | str | Path | Callable[[], ModelRun],
+def embed_to_hdf5(input: str | Path, out: str | Path, /, model: ModelRun | str | Path | RunMaker,
                   use_sentence_keys: bool = False, **options: Any) -> dict:
     """Write ``out`` in allennlp elmo's layout (see the module doc); return counts and timing.
+    ``model`` and ``options``: as ``pipelines.job.embed_parquet``'s.
 
     Shape: sentence i -> dataset str(i): (L+1, T_i, D) for output 'all', else (T_i, D).
     """
-    opts = EmbedOptions.coerce(options)
+    settings, rest = RunSettings.split(options)
+    return write_hdf5(input, out, RunMaker.of(model, settings, remote=False), EmbedOptions.coerce(rest),
+                      use_sentence_keys)
+
+
+def write_hdf5(input: str | Path, out: str | Path, maker: RunMaker, opts: EmbedOptions,
+               use_sentence_keys: bool = False) -> dict:
+    """``embed_to_hdf5`` with its records made: the door's (the CLI's) entry."""
     if is_uri(out):
         raise InputError(f"{out}: --format hdf5 writes a local file (h5py needs a file system); write it locally "
                          f"and copy it, or use --format parquet")
@@ -115,15 +125,15 @@ def embed_to_hdf5(input: str | Path, out: str | Path, /, model: ModelRun | str |
     if not text_input:
         input_files(input)  # a missing INPUT, or one of no format it reads, is named before the model loads
     counts = {"sentences": 0, "tokens": 0, "invalid_utf8": 0}
-    run = opts.run_of(model)
-    opts = opts.with_run(run)  # the run's batch budget and sort windows where none was asked
+    run = maker()
+    opts = opts.sized_for(run)  # the run's batch budget and sort windows where none was asked
     sentences = text_sentences(Path(input)) if text_input else parquet_sentences(input, opts, counts)
     note(f"loading the model {run.describe()}", opts.quiet)
     start = time.perf_counter()
     with os_errors(out.parent, "rerun the same command"), OutputLock.for_file(out) as lock:
         remove_stale_temporaries(out)  # of a killed job on this OUT: none is alive while the lock is ours
         with atomic_path(out) as tmp, closing(WriteGuard(tmp)) as guard:
-            with Embedder(run.open(), policy=opts.policy) as embedder, h5py.File(guard, "w") as f:
+            with Embedder(run.open(), policy=opts.policy(run.batch.rows)) as embedder, h5py.File(guard, "w") as f:
                 _write(f, embedder, sentences, opts, use_sentence_keys, counts, guard)
             guard.check()  # the metadata libhdf5 wrote as it closed the file, too
         lock.finished()  # a finished output keeps no lock file

@@ -24,8 +24,9 @@ from corpora.files import would_read
 from elmo_core.errors import InputError
 from elmo_core.storage import file_sha256, is_below
 from inference.errors import ModelChangedError
+from inference.run_settings import RunSettings
 
-from .claim_first import check_output_first, job_identity
+from .claim_first import RunMaker, check_output_first, job_identity
 from .options import EmbedOptions, OutputDirError, digest
 from .os_errors import os_errors
 from .output_dir import open_output
@@ -43,7 +44,7 @@ if TYPE_CHECKING:  # loaded once the inputs are checked: an input or output erro
 
     from .predictor import ElmoPredictor
 
-    Model = ModelRun | str | Path | Callable[[], ModelRun]  # a run, a model path, or what makes the run
+    Model = ModelRun | str | Path | RunMaker  # a run, a model path, or what makes the run
 
 
 @dataclass
@@ -65,13 +66,15 @@ class Job:
         return sum(f.rows for f in self.files)
 
 
-def plan_job(input: str | Path, output: str | Path, model: Model, opts: EmbedOptions) -> Job:
+def plan_job(input: str | Path, output: str | Path, maker: RunMaker, opts: EmbedOptions) -> Job:
     """Every check that writes nothing: OUTPUT_DIR, the inputs and their one schema, the claim on an
     existing OUTPUT_DIR as far as it is decided without the model (``claim_first``), before any model
-    code loads; then the model run (resolved here from a path, or made by ``model()``), the model
-    (loaded) and the claim on an existing OUTPUT_DIR."""
+    code loads; then the model run (made by ``maker`` once, on a cluster with its workers' CPU
+    flags where ``--precision auto`` needs them), the model (loaded) and the claim on an existing
+    OUTPUT_DIR."""
     out = open_output(output)
     out.prepare()
+    _check_scale_out(opts, maker.settings)
     if opts.engine == "spark":
         from .spark_runner import check_spark
         check_spark()
@@ -79,15 +82,13 @@ def plan_job(input: str | Path, output: str | Path, model: Model, opts: EmbedOpt
     files = scan_inputs(input, opts)
     _check_apart(input, out, files)
     passthrough = passthrough_schema(files, opts)
-    check_output_first(out, model, opts, files)
-    run = opts.run_of(model)
+    check_output_first(out, maker, opts, files)
+    run = maker(_worker_flags(opts, maker.settings))
     from .predictor import ElmoPredictor
 
-    opts = opts.with_run(run)
-    opts = settle_rows_per_shard(opts, files, out)  # Spark's session started here where its slots decide
+    opts = opts.sized_for(run, settle_rows_per_shard(opts, files, out))  # Spark's session starts where its slots decide
     if opts.engine != "local":
         note(f"shards of {opts.rows_per_shard:,} rows ({opts.rows_per_shard_reason})", opts.quiet)
-    if opts.engine != "local":
         note(f"checking the model {run.describe()}; each replica loads its own", opts.quiet)
     log = (lambda text: note(text, opts.quiet)) if opts.engine == "local" else None
     here = run if opts.engine == "local" else run.on_cpu()  # the replicas' GPUs may be out of this process's sight
@@ -98,7 +99,7 @@ def plan_job(input: str | Path, output: str | Path, model: Model, opts: EmbedOpt
         predictor.close()  # Ray's and Spark's workers load their own
         predictor = None
     schema = output_schema(passthrough, config.output_dim, config.n_output_layers, opts.request, opts.vector_layout)
-    identity = job_identity(files, run.pin, opts)
+    identity = job_identity(files, run.pin, opts.identity(run.backend, run.precision))
     try:
         if out.exists():  # refused before the lock is taken: a refused job leaves nothing behind
             out.lock().check_free()  # a running job's first: what it holds is its own business
@@ -109,6 +110,27 @@ def plan_job(input: str | Path, output: str | Path, model: Model, opts: EmbedOpt
             predictor.close()
         raise
     return Job(str(input), out, run, opts, files, schema, identity, digest(identity), predictor)
+
+
+def _check_scale_out(opts: EmbedOptions, settings: RunSettings) -> None:
+    if opts.engine == "ray" and settings.device != "cpu" and not opts.num_gpus_per_worker:
+        raise InputError(f"--device {settings.device} with --engine ray needs --num-gpus-per-replica (e.g. 1) so "
+                         f"that Ray gives each replica its own GPU")
+
+
+def _worker_flags(opts: EmbedOptions, settings: RunSettings) -> frozenset[str] | None:
+    """The CPU flags of the machines a cluster job's model runs on, where ``--precision auto`` is
+    settled by them (a CPU run on Ray or Spark; its engine started here to ask one of its workers);
+    None: this machine's."""
+    if opts.engine == "local" or settings.precision != "auto" or settings.device != "cpu" \
+            or settings.backend not in (None, "torch"):
+        return None
+    _start_engine(opts)
+    if opts.engine == "spark":
+        from .spark_runner import worker_cpu_flags
+    else:
+        from .ray_runner import worker_cpu_flags
+    return worker_cpu_flags(opts)
 
 
 def _check_apart(input: str | Path, out: Output, files: list[InputFile]) -> None:
@@ -164,8 +186,7 @@ def run_local(job: Job, shards: list[Shard], progress: ProgressBar) -> tuple[lis
     from .shard_loop import embed_shards
 
     records = embed_shards(job.predictor, shards, job.out, job.schema, job.digest, progress.update, job.clock)
-    return records, {"name": "local", "threads": job.predictor.threads.count, "device": job.opts.device,
-                     **job.predictor.backend.device_report()}
+    return records, {"name": "local", **job.predictor.backend.device_report()}
 
 
 def _final_check(job: Job, records: list[dict]) -> None:
@@ -238,7 +259,7 @@ def _run(job: Job, lock: Any) -> dict:
         progress.close()
     seconds = time.perf_counter() - t0
     result = manifest(job, job.kept + new, seconds, info)
-    result["stages"] = job.clock.report(seconds, opts.device, opts.writer_threads)
+    result["stages"] = job.clock.report(seconds, job.run.device, opts.writer_threads)
     if result["stages"]["bound_by"] == "write" and (opts.format, opts.vector_layout) == ("parquet", "floats"):
         result["stages"]["advice"] = ("the writer bounds this job: --vector-layout binary or --format arrow write "
                                       "6-10x faster than Parquet float lists (docs/pipelines.md)")
@@ -265,14 +286,20 @@ def _kept(job: Job) -> str:
 def embed_parquet(input: str | Path, output_dir: str | Path, /, model: Model, **options: Any) -> dict:
     """Embed a Parquet corpus into OUTPUT_DIR (see docs/pipelines.md); return the manifest.
 
-    ``model``: a model path, the ``ModelRun`` the caller resolved, or a function that resolves it,
-    called once OUTPUT_DIR and the inputs are checked (the CLI's: ``opts.resolve_run``);
-    ``options``: the fields of :class:`pipelines.options.EmbedOptions` (the CLI flags, snake_case;
-    ``output`` is the output mode, hence INPUT and OUTPUT_DIR are positional-only).
+    ``model``: a model path, the ``ModelRun`` the caller resolved, or a ``RunMaker`` (the CLI's);
+    ``options``: the fields of :class:`pipelines.options.EmbedOptions` and, with a model path, of
+    :class:`inference.run_settings.RunSettings` (the CLI flags, snake_case; ``output`` is the output
+    mode, hence INPUT and OUTPUT_DIR are positional-only).
     Shape: each input row -> one output row with ``elmo`` (T, D) or, for output 'all', (T, L+1, D).
     """
-    opts = EmbedOptions.coerce(options)
-    job = plan_job(input, output_dir, model, opts)
+    settings, rest = RunSettings.split(options)
+    opts = EmbedOptions.coerce(rest)
+    return run_job(input, output_dir, RunMaker.of(model, settings, remote=opts.engine != "local"), opts)
+
+
+def run_job(input: str | Path, output_dir: str | Path, maker: RunMaker, opts: EmbedOptions) -> dict:
+    """``embed_parquet`` with its records made: the door's (the CLI's) entry."""
+    job = plan_job(input, output_dir, maker, opts)
     try:
         with os_errors(job.out):
             job.out.create()

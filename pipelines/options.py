@@ -5,13 +5,14 @@ resumed job must use the same ones) and those that only change how fast it runs.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from elmo_core.bounds import MAX_COUNT, check_count, check_gpus
 from elmo_core.errors import ElmoError, InputError, SettingError
@@ -19,15 +20,14 @@ from elmo_core.names import DTYPES, ENGINES, OUTPUT_NAMES, POOLS, VECTOR_LAYOUTS
 from inference.batching import BatchPolicy
 from inference.outputs import VectorRequest
 from inference.row_shape import RowShape
-from elmo_core.kinds import Precision
-from inference.registry import BACKEND_NAMES
-from runtime import check_threads, process_cpu_budget
+from inference.run_settings import RunSettings
+from runtime import process_cpu_budget
 
 from .schema import COMPRESSIONS
 from .shard_files import FORMATS, ShardFormat
 
 if TYPE_CHECKING:  # the options are made and checked (the CLI's flags too) without the model code
-    from inference.model_run import Exporter, ModelRun
+    from inference.model_run import ModelRun
 
 # Spark's master URLs: local, local[N], local[*], local[N,F], local-cluster[N,C,M], yarn, and any
 # scheme://... (spark://HOST:PORT, k8s://..., a cluster manager plugin's)
@@ -66,11 +66,10 @@ def _opt(default: Any, help: str | None = None, group: str | None = None, **meta
 
 @dataclass(frozen=True)
 class EmbedOptions:
-    """Everything ``elmo embed`` takes besides INPUT, OUTPUT_DIR and MODEL. weights: the model's
-    identity (its sha256) is part of the job's, whatever names its file; device: CPU and GPU agree
-    to float rounding, as thread counts do: both are runtime-only."""
+    """Everything ``elmo embed`` takes besides INPUT, OUTPUT_DIR, MODEL and how the model runs (the
+    run's settings: ``inference.run_settings.RunSettings``, made into the job's ``ModelRun``): the
+    columns, the vectors and how the job runs and scales out."""
 
-    backend: str | None = _opt(None, choices=BACKEND_NAMES, meaning="backend")  # None: read from the model's directory
     text_column: str = _opt("text", "whitespace-tokenized text (ignored with --tokens-column)", "columns",
                             meaning="text_column")
     tokens_column: str | None = _opt(None, "list<string> tokens (instead of --text-column)", "columns")
@@ -109,9 +108,6 @@ class EmbedOptions:
     writer_threads: int | None = _opt(None, "shards encoded at once (per replica; default: 1 on a CPU, where the "
                                       "model takes the cores; on a GPU the host's cores less two, at most 8); see "
                                       "docs/pipelines.md", "running", runtime_only=True)
-    threads: int | None = _opt(None, "the model's threads (default: every core for a model whose compute dominates "
-                               "the job, all but one for a small model; see docs/pipelines.md)", "running",
-                               meaning="threads", runtime_only=True)
     prefetch: int = _opt(4, cli=False, runtime_only=True)  # prepared windows queued ahead of the model
     resume: bool = _opt(False, "keep verified shards, redo the rest", "running", runtime_only=True, parquet_only=True)
     quiet: bool = _opt(False, "no progress bar and summary", "running", meaning="quiet", runtime_only=True)
@@ -124,9 +120,6 @@ class EmbedOptions:
     spark_conf: tuple[str, ...] = _opt((), "--engine spark: a Spark setting, e.g. spark.executor.memory=8g "
                                        "(repeatable)", "running", action="append", metavar="KEY=VALUE",
                                        runtime_only=True)
-    device: str = _opt("cpu", "cpu, cuda or cuda:N: where the torch / onnx backend runs", "running",
-                       meaning="device", runtime_only=True)
-    weights: str | None = _opt(None, meaning="weights", runtime_only=True)
     verify_inputs: bool = _opt(False, "hash every input file's bytes into the job (an edit that keeps size and "
                                "mtime is seen)", "running", runtime_only=True)
     compression: str | None = _opt(None, "of the output shards (default: snappy for Parquet, none for Arrow; "
@@ -137,17 +130,9 @@ class EmbedOptions:
                               "them) or binary (its bytes, no per-float levels: Parquet writes it ~6x faster; "
                               "read with pipelines.schema.vector_array)", "vectors", choices=VECTOR_LAYOUTS,
                               parquet_only=True)
-    token_embeddings: str | None = _opt(None, None, "running", meaning="token_embeddings", runtime_only=True)
-    token_vocab: str | None = _opt(None, None, "running", meaning="token_vocab", runtime_only=True)
-    precision: str | None = _opt(None, cli=False)  # the flag: elmo_cli.run_args; None: the backend's (resolve_run)
     rows_per_shard_reason: str = _opt("", cli=False, runtime_only=True)  # why this size (pipelines.shard_size)
-    precision_reason: str = _opt("", cli=False, runtime_only=True)  # why this precision, recorded in the manifest
-    layout: str | None = _opt(None, cli=False, runtime_only=True)  # the flag: elmo_cli.run_args; None: auto
-    batch_rows: int | None = _opt(None, cli=False, runtime_only=True)  # the run's rows layout (``BatchBudget.rows``)
 
     def __post_init__(self) -> None:
-        if self.backend is not None:
-            _check_choice("backend", self.backend, BACKEND_NAMES)
         request = self.request  # the vectors' options (output, pool, dtype, mix, gamma): VectorRequest checks them
         object.__setattr__(self, "output", request.output)  # TF-Hub's names (word_emb, default, ...): ours
         object.__setattr__(self, "pool", request.pool)
@@ -161,14 +146,11 @@ class EmbedOptions:
             check_count("rows_per_shard", self.rows_per_shard)
         for name in ("workers", "prefetch"):
             check_count(name, getattr(self, name))
-        for name in ("max_tokens_per_batch", "sort_window_rows", "sort_window_tokens", "writer_threads", "batch_rows"):
+        for name in ("max_tokens_per_batch", "sort_window_rows", "sort_window_tokens", "writer_threads"):
             check_count(name, getattr(self, name), optional="the run's")
-        check_threads(self.threads)
         _check_columns(self)
-        self.policy  # validates the batching options
+        self.policy()  # validates the batching options
         check_gpus("num_gpus_per_worker", self.num_gpus_per_worker)
-        if self.precision is not None:  # checked for its backend and device once, by resolve_run
-            _check_choice("precision", self.precision, (*Precision.ALL, "auto"))
         if self.spark_master is not None and not re.fullmatch(SPARK_MASTER, self.spark_master):
             raise InputError(f"--spark-master {self.spark_master!r}: not a Spark master URL; give local[N], "
                              f"local[N,F] (F: a task's attempts), local[*], spark://HOST:PORT, yarn or "
@@ -181,37 +163,21 @@ class EmbedOptions:
                                                               and 0 < int(value) <= MAX_COUNT):
                 raise InputError(f"--spark-conf {kv}: the attempts a task gets before the job fails, a whole number "
                                  f"from 1 to {MAX_COUNT} (e.g. spark.task.maxFailures=4)")
-        if self.engine == "ray" and self.device != "cpu" and not self.num_gpus_per_worker:
-            raise InputError(f"--device {self.device} with --engine ray needs --num-gpus-per-replica (e.g. 1) so "
-                             f"that Ray gives each replica its own GPU")
 
-    def resolve_run(self, model: str | Path, exporter: Exporter | None = None) -> ModelRun:
-        """The job's one ``ModelRun`` (``inference.model_run.resolve_run``): a local job's model runs here,
-        Ray's and Spark's in replicas (one thread each unless --threads)."""
-        from inference.model_run import resolve_run
-
-        return resolve_run(model, backend=self.backend, device=self.device, threads=self.threads,
-                           precision=self.precision, weights=self.weights, token_embeddings=self.token_embeddings,
-                           token_vocab=self.token_vocab, layout=self.layout, job=True, remote=self.engine != "local",
-                           exporter=exporter)
-
-    def run_of(self, model: "ModelRun | str | Path | Callable[[], ModelRun]") -> ModelRun:
-        """The job's run from what a caller gave: a model path (resolved here), a function that makes
-        the run (called now: after the checks that need no model), or the run itself."""
-        if isinstance(model, (str, Path)):
-            return self.resolve_run(model)
-        return model() if callable(model) else model
-
-    def with_run(self, run: ModelRun) -> "EmbedOptions":
-        """These options with what ``run`` settled (backend, precision and why; an on-demand export
-        has no weights file of its own), as the job records them."""
-        return replace(self, backend=run.backend, device=run.device, precision=run.precision,
-                       precision_reason=run.precision_reason, weights=None if run.source else self.weights,
-                       max_tokens_per_batch=self.max_tokens_per_batch or run.batch.tokens,
-                       sort_window_rows=self.sort_window_rows or run.batch.window_rows,
-                       sort_window_tokens=self.sort_window_tokens or run.batch.window_tokens,
-                       batch_rows=run.batch.rows,
-                       writer_threads=self.writer_threads or default_writers(run.device))
+    def sized_for(self, run: ModelRun, rows_per_shard: tuple[int, str] | None = None) -> "EmbedOptions":
+        """These options with what was left to the run settled: the batch budget and sort windows
+        (the run's, ``ModelRun.batch``), the writer threads (``default_writers``) and the shard size
+        (``pipelines.shard_size``), where given. Made once by ``plan_job`` from checked records: not checked again
+        (the vectors' request made once stays with it)."""
+        sized = copy.copy(self)
+        for name, value in (("max_tokens_per_batch", self.max_tokens_per_batch or run.batch.tokens),
+                            ("sort_window_rows", self.sort_window_rows or run.batch.window_rows),
+                            ("sort_window_tokens", self.sort_window_tokens or run.batch.window_tokens),
+                            ("writer_threads", self.writer_threads or default_writers(run.device)),
+                            *((("rows_per_shard", rows_per_shard[0]), ("rows_per_shard_reason", rows_per_shard[1]))
+                              if rows_per_shard else ())):
+            object.__setattr__(sized, name, value)
+        return sized
 
     @functools.cached_property
     def request(self) -> VectorRequest:
@@ -223,16 +189,15 @@ class EmbedOptions:
     def shard_format(self) -> ShardFormat:
         return FORMATS[self.format]
 
-    @property
-    def policy(self) -> BatchPolicy:
-        """How rows become model batches (windows, token budget)."""
+    def policy(self, rows: int | None = None) -> BatchPolicy:
+        """How rows become model batches (windows, token budget); ``rows``: the run's static rows
+        (``ModelRun.batch``), where its layout has them."""
         tokens = self.max_tokens_per_batch or BatchPolicy.max_tokens_per_batch  # the least any run's budget is
-        rows = RowShape(self.batch_rows) if self.batch_rows else None
-        return BatchPolicy(self.max_sentence_length, self.window_context, tokens, rows)
+        return BatchPolicy(self.max_sentence_length, self.window_context, tokens, RowShape(rows) if rows else None)
 
     @property
     def context(self) -> int:
-        return self.policy.context
+        return self.policy().context
 
     @property
     def input_columns(self) -> list[str]:
@@ -248,6 +213,8 @@ class EmbedOptions:
     @classmethod
     def coerce(cls, value: "EmbedOptions | Mapping[str, Any] | None" = None, **overrides: Any) -> "EmbedOptions":
         """An EmbedOptions from an instance, a dict (e.g. from JSON) or keyword arguments."""
+        if isinstance(value, EmbedOptions) and not overrides:
+            return value  # checked when it was made
         base = asdict(value) if isinstance(value, EmbedOptions) else dict(value or {})
         base.update(overrides)
         known = {f.name for f in fields(cls)}
@@ -270,9 +237,11 @@ class EmbedOptions:
         d["window_context"] = self.context
         return d
 
-    def identity(self) -> dict[str, Any]:
-        """The options that change the output, i.e. that a resumed job must keep (``output_options``)."""
-        return output_options(self.to_dict())
+    def identity(self, backend: str, precision: str, **settled: Any) -> dict[str, Any]:
+        """The options that change the output, i.e. that a resumed job must keep (``output_options``),
+        with the two of the run's that do (its backend and precision); ``settled``: fields settled
+        since (the job's ``rows_per_shard``, foreseen before the job sizes its options)."""
+        return output_options({**self.to_dict(), **settled, "backend": backend, "precision": precision})
 
 
 def default_writers(device: str) -> int:
@@ -324,5 +293,6 @@ def digest(obj: Any) -> str:
 
 
 
-RUNTIME_ONLY = frozenset(f.name for f in fields(EmbedOptions) if f.metadata.get("runtime_only"))
+RUNTIME_ONLY = frozenset(f.name for cls in (EmbedOptions, RunSettings) for f in fields(cls)
+                         if f.metadata.get("runtime_only"))
 PARQUET_ONLY = {f.name: f.default for f in fields(EmbedOptions) if f.metadata.get("parquet_only")}

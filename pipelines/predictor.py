@@ -19,7 +19,9 @@ import pyarrow as pa
 from elmo_core.errors import InputError
 from elmo_core.kinds import Dtype
 from inference import engine
-from inference.model_run import ModelRun
+from inference.model_run import ModelRun, resolve_run
+
+from inference.run_settings import RunSettings
 
 from .options import EmbedOptions, NonFiniteError
 from .rows import row_tokens
@@ -52,9 +54,21 @@ def _as_table(batch: Any) -> pa.Table:
     raise InputError(f"a batch must be a pyarrow Table or RecordBatch, got {type(batch).__name__}")
 
 
+def _records(run: ModelRun | str | Path, options: EmbedOptions | Mapping[str, Any] | None,
+             overrides: dict[str, Any]) -> tuple[ModelRun, EmbedOptions]:
+    """(the run, the options) from what a caller gave: a job's records as they are; else made here,
+    a model path resolved with the run's settings among the options."""
+    if isinstance(run, ModelRun) and isinstance(options, EmbedOptions) and not overrides:
+        return run, options
+    given = options.to_dict() if isinstance(options, EmbedOptions) else dict(options or {})
+    settings, rest = RunSettings.split({**given, **overrides})
+    return (run if isinstance(run, ModelRun) else resolve_run(run, settings, job=True)), EmbedOptions.coerce(rest)
+
+
 class ElmoPredictor:
-    """Embeds batches of rows with ``run``'s backend (a model path is resolved here, as a library
-    caller's). ``options``: an EmbedOptions or its dict (Ray passes a dict); ``log``: told the run;
+    """Embeds batches of rows with ``run``'s backend (a model path is resolved here with the run's
+    settings among ``options``, as a library caller's). ``options``: an EmbedOptions or its dict (Ray
+    passes a dict), sized for the run where the job has not (``EmbedOptions.sized_for``); ``log``: told the run;
     ``pin``: hash the model's files as they load and pin the run to them (a job's first load; a
     run pinned already is checked against its pin wherever it loads: ``ModelRun.open``).
 
@@ -63,9 +77,9 @@ class ElmoPredictor:
 
     def __init__(self, run: ModelRun | str | Path, options: EmbedOptions | Mapping[str, Any] | None = None,
                  log: Callable[[str], None] | None = None, pin: bool = False, **overrides: Any) -> None:
-        opts = EmbedOptions.coerce(options, **overrides)
-        self.run = run if isinstance(run, ModelRun) else opts.resolve_run(run)
-        self.options = opts = opts.with_run(self.run)
+        self.run, opts = _records(run, options, overrides)
+        self.options = opts = opts.sized_for(self.run)  # a job's are sized already: the same values
+        self.policy = opts.policy(self.run.batch.rows)
         self.threads = self.run.threads
         if log is not None:
             log(f"loading the model {self.run.describe()}")
@@ -104,7 +118,7 @@ class ElmoPredictor:
         if missing:
             raise InputError(f"columns {missing} not in the batch; it has {table.column_names}")
         rows, invalid_utf8 = row_tokens(table.column(text), opts.tokens_column is not None, text)
-        return Prepared(table.select(opts.passthrough_columns), engine.prepare(self.backend, rows, opts.policy),
+        return Prepared(table.select(opts.passthrough_columns), engine.prepare(self.backend, rows, self.policy),
                         invalid_utf8)
 
     def compute(self, prepared: Prepared, clock: StageClock | None = None) -> pa.Table:

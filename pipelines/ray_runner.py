@@ -68,6 +68,9 @@ class ShardWorker:
             raise lasting from None
 
 
+WORKER_FLAGS_S = 300  # a replica's resources may wait for a node to join
+
+
 def init_ray(opts: EmbedOptions):  # type: ignore[no-untyped-def]
     """Ray, connected to ``--ray-address`` (InputError where it does not answer in
     ``REACH_SECONDS``) or to a local cluster of its own."""
@@ -103,6 +106,21 @@ def _reach(address: str) -> None:
         raise InputError(f"--ray-address {address}: nothing answered there within {REACH_SECONDS:.0f} s "
                          f"({e.strerror or e}); check the address and that the cluster runs (ray start --head)"
                          ) from None
+
+
+def worker_cpu_flags(opts: EmbedOptions) -> frozenset[str]:
+    """The CPU flags of a machine the replicas run on: one task with a replica's GPUs asks its CPU
+    (``--precision auto`` is settled by them, ``pipelines.job``); Ray started by the job."""
+    import ray
+
+    task = ray.remote(num_cpus=1, num_gpus=opts.num_gpus_per_worker or None)(_cpu_flags)
+    return frozenset(ray.get(task.remote(), timeout=WORKER_FLAGS_S))
+
+
+def _cpu_flags() -> list[str]:
+    from inference.precision import cpu_flags
+
+    return sorted(cpu_flags())
 
 
 def _worker_cpus(ray, threads: int, workers: int) -> float:  # type: ignore[no-untyped-def]

@@ -11,8 +11,6 @@ whatever the engine now.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 from elmo_core.errors import InputError
 
 from .options import EmbedOptions, OutputDirError
@@ -24,20 +22,19 @@ MIN_ROWS = 500
 TASKS_PER_SLOT = 2
 
 
-def settle_rows_per_shard(opts: EmbedOptions, files: list[InputFile], out: Output) -> EmbedOptions:
-    """``opts`` with ``rows_per_shard`` settled and its reason."""
+def settle_rows_per_shard(opts: EmbedOptions, files: list[InputFile], out: Output) -> tuple[int, str]:
+    """(the job's rows per shard, why)."""
     if opts.rows_per_shard is not None:
-        return replace(opts, rows_per_shard_reason="--rows-per-shard")
+        return opts.rows_per_shard, "--rows-per-shard"
     recorded = _recorded(out)
     if recorded is not None:
-        return replace(opts, rows_per_shard=recorded, rows_per_shard_reason="as this OUTPUT_DIR's job recorded")
+        return recorded, "as this OUTPUT_DIR's job recorded"
     slots, which = engine_slots(opts)
     if slots <= 1:
-        return replace(opts, rows_per_shard=DEFAULT_ROWS, rows_per_shard_reason=f"{which}: the default")
+        return DEFAULT_ROWS, f"{which}: the default"
     total = sum(f.rows for f in files)
-    rows = shard_rows(total, slots)
-    return replace(opts, rows_per_shard=rows, rows_per_shard_reason=(
-        f"{total:,} rows over {which}: {TASKS_PER_SLOT} shards a slot, {MIN_ROWS:,} to {DEFAULT_ROWS:,} rows each"))
+    return shard_rows(total, slots), (f"{total:,} rows over {which}: {TASKS_PER_SLOT} shards a slot, {MIN_ROWS:,} "
+                                      f"to {DEFAULT_ROWS:,} rows each")
 
 
 def shard_rows(total_rows: int, slots: int) -> int:

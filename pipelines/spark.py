@@ -7,8 +7,9 @@
 
 The DataFrame comes back with one more column (``output_column``, default ``elmo``) holding each
 row's vectors as ``elmo embed`` computes them, with its options (``output``, ``pool``, ``mix``,
-``gamma``, ``normalize``, ``dtype``, ``precision``, ``device``, ``max_tokens_per_batch``,
-``threads`` (default 1: a task's core) ...: the fields of ``pipelines.options.EmbedOptions``): ``mapInArrow`` hands each Arrow batch of rows
+``gamma``, ``normalize``, ``dtype``, ``max_tokens_per_batch`` ...: the fields of
+``pipelines.options.EmbedOptions``) and its run's (``precision``, ``device``, ``threads``, default 1:
+a task's core ...: ``inference.run_settings.RunSettings``): ``mapInArrow`` hands each Arrow batch of rows
 (``spark.sql.execution.arrow.maxRecordsPerBatch``, 10,000 by default) to the one engine, which
 batches them across rows by the token budget, and the model is loaded once per executor process
 (``spark_runner.predictor_for``). A row without text (null) gets null; an empty text an empty list
@@ -24,7 +25,8 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 
 from elmo_core.errors import InputError
-from inference.model_run import ModelRun
+from inference.model_run import ModelRun, resolve_run
+from inference.run_settings import RunSettings
 
 from .options import EmbedOptions
 from .schema import ELMO_COLUMN, elmo_type
@@ -46,7 +48,8 @@ def elmo_vectors(df: Any, model: str, text_column: str = "text", output_column: 
     from pyspark.sql.pandas.types import from_arrow_type
     from pyspark.sql.types import StructField, StructType
 
-    opts = EmbedOptions.coerce(options, text_column=text_column, engine="spark")
+    settings, rest = RunSettings.split(options)
+    opts = EmbedOptions.coerce(rest, text_column=text_column, engine="spark")
     if opts.dtype != "float32":
         raise InputError("dtype: Spark has no float16 type; the vectors are float32 here (write them as float16 "
                          "with elmo embed --dtype float16)")
@@ -56,11 +59,11 @@ def elmo_vectors(df: Any, model: str, text_column: str = "text", output_column: 
     if source not in df.columns or output_column in df.columns:
         raise InputError(f"the DataFrame needs the column {source!r} and no column {output_column!r}; "
                          f"it has {df.columns}")
-    run = opts.resolve_run(model)  # in Spark's tasks: one thread each (a task's core) unless threads
+    run = resolve_run(model, settings, job=True, remote=True)  # in Spark's tasks: one thread each (a task's core) unless threads
     config = run.config
     arrow = spark_type(elmo_type(config.output_dim, config.n_output_layers, opts.request))
     schema = StructType(df.schema.fields + [StructField(output_column, from_arrow_type(arrow), True)])
-    return df.mapInArrow(_add_vectors(run, opts.with_run(run).to_dict(), output_column, arrow), schema)
+    return df.mapInArrow(_add_vectors(run, opts.sized_for(run).to_dict(), output_column, arrow), schema)
 
 
 def _add_vectors(run: ModelRun, options: dict, column: str, arrow: pa.DataType

@@ -131,6 +131,19 @@ def spark_slots(opts: EmbedOptions) -> tuple[int, str]:
     return n, f"{n} Spark task slot{'s' if n != 1 else ''} ({spark.sparkContext.master})"
 
 
+def worker_cpu_flags(opts: EmbedOptions) -> frozenset[str]:
+    """The CPU flags of an executor (one task asks its CPU): ``--precision auto`` is settled by them
+    (``pipelines.job``)."""
+    spark = spark_session(opts.spark_master, opts.spark_conf, opts.verbose)
+    return frozenset(spark.sparkContext.parallelize([0], 1).map(_cpu_flags).collect()[0])
+
+
+def _cpu_flags(_: object) -> list[str]:
+    from inference.precision import cpu_flags
+
+    return sorted(cpu_flags())
+
+
 def _log_config(level: str) -> str:
     """A log4j2 configuration file: Spark's lines at ``level`` on stderr, Hadoop's native-library note off."""
     path = os.path.join(tempfile.gettempdir(), f"elmo-spark-log4j2-{level.lower()}-{os.getuid()}.properties")

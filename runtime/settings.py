@@ -36,7 +36,11 @@ def use_threads(threads: int | None) -> CpuBudget:
     it (before its first parallel work): nothing here runs operators beside each other, and a second
     pool of spinning workers would compete with the first for the same CPUs."""
     check_threads(threads)
-    budget = threads_for(threads)
+    return apply_threads(threads_for(threads))
+
+
+def apply_threads(budget: CpuBudget) -> CpuBudget:
+    """``use_threads`` for a count a run settled (``CpuBudget``, checked where it was made)."""
     import torch
     torch.set_num_threads(budget.count)
     if torch.get_num_interop_threads() != INTEROP_THREADS:

@@ -101,7 +101,7 @@ def test_embed_on_one_cpu_prints_its_threads_once(tiny_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     line = f"1 thread: CPU affinity 1 of {os.cpu_count()} CPUs"
     assert r.stderr.count(line) == 1, r.stderr
-    assert json.loads(r.stdout)["engine"]["threads"] == 1
+    assert json.loads(r.stdout)["run"]["threads"] == 1
 
 
 def test_openmp_waits_passively_unless_the_user_chose(tmp_path):

@@ -157,7 +157,9 @@ def test_precision_auto_is_settled_printed_and_recorded(tiny_dir, tmp_path, caps
     assert len(said) == 1 and said[0].startswith(f"elmo embed: loading the model {tiny_dir} (torch on cpu, {want}: "
                                                  f"{why}; 1 thread: "), said  # the run, printed once
     manifest = read_record(tmp_path / "out" / "_manifest.parquet")
-    assert manifest["options"]["precision"] == want and manifest["options"]["precision_reason"] == why
+    assert manifest["run"]["precision"] == want and manifest["run"]["precision_reason"] == why  # the run, once
+    assert not {"precision", "precision_reason", "device", "threads", "backend"} & set(manifest["options"])
+    assert not {"threads", "device"} & set(manifest["engine"])
     assert manifest["run"]["precision"] == want and manifest["run"]["model"] == str(tiny_dir.resolve())
 
 
@@ -169,7 +171,7 @@ def test_embed_reads_the_backend_from_an_export_directory(tiny_dir, tmp_path, ca
     write_sample_corpus(tmp_path / "corpus", rows=30, files=1)
     assert main(["embed", "--text", str(tmp_path / "corpus"), "--out", str(tmp_path / "out"), "--model", str(tmp_path / "exp"),
                  "--json", "--quiet"]) == 0
-    assert json.loads(capsys.readouterr().out)["options"]["backend"] == "onnx"
+    assert json.loads(capsys.readouterr().out)["run"]["backend"] == "onnx"
     assert main(["embed", "--text", str(tmp_path / "corpus"), "--out", str(tmp_path / "out2"), "--model", str(tmp_path / "exp"),
                  "--backend", "torch"]) == 2
     assert f"{tmp_path / 'exp'}: an onnx export, which the torch backend cannot run; add --backend onnx" in \

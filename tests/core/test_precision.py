@@ -8,12 +8,13 @@ import json
 import pytest
 import torch
 
-from elmo_core.errors import InputError
+from elmo_core.errors import InputError, SettingError
 from formats import load_bilm
 from inference.backends import TorchBackend
 from inference.fast_path import FastInference
 from inference.packed_gemm import packed_gemm_available
 from inference.model_run import resolve_run
+from inference.run_settings import RunSettings
 from inference.precision import BF16_CPU_FLAGS, bf16_cpu_warning, check_precision, cpu_flags, resolve_precision
 from pipelines.options import EmbedOptions
 
@@ -98,11 +99,11 @@ def test_unknown_or_misplaced_precisions_are_named(tmp_path, fixture_dir):
         resolve_run(fixture_dir / "options.json", backend="onnx", precision="tf32")
     with pytest.raises(InputError, match="int8 runs on the onnx backend"):
         resolve_run(**model, precision="int8")
-    with pytest.raises(InputError, match="precision must be one of"):
-        EmbedOptions(precision="fp8")
-    assert EmbedOptions(backend="onnx", precision="int8").precision == "int8"  # the export's, recorded
-    assert "precision" not in EmbedOptions(precision="fp32").identity()  # fp32 jobs keep the identity they had
-    assert EmbedOptions(precision="bf16").identity()["precision"] == "bf16"  # a resume must keep it
+    with pytest.raises(SettingError, match="precision must be one of"):
+        RunSettings(precision="fp8")
+    assert RunSettings(backend="onnx", precision="int8").precision == "int8"  # the export's, recorded
+    assert "precision" not in EmbedOptions().identity("torch", "fp32")  # fp32 jobs keep the identity they had
+    assert EmbedOptions().identity("torch", "bf16")["precision"] == "bf16"  # a resume must keep it
 
 
 def test_auto_follows_what_the_processor_reports():

@@ -52,7 +52,7 @@ def test_int8_embed_exports_once_then_reuses_and_records_it(tiny_dir, tmp_path, 
     manifest = json.loads((entries[0] / "manifest.json").read_text())
     assert manifest["precision"] == "int8" and manifest["parity"]["passed"] is True
     job = read_record(tmp_path / "a" / "_manifest.parquet")
-    assert job["options"]["precision"] == "int8" and int8_cpu_report() in job["options"]["precision_reason"]
+    assert job["run"]["precision"] == "int8" and int8_cpu_report() in job["run"]["precision_reason"]
     assert job["run"]["model"] == str(entries[0]) and job["run"]["source"] == str(tiny_dir.resolve())
 
     assert main(["embed", "--text", str(tmp_path / "corpus"), "--out", str(tmp_path / "b"), *args]) == 0
@@ -97,7 +97,7 @@ def test_an_export_runs_its_own_precision_and_refuses_another(tiny_dir, tmp_path
     assert main([*base[:3], "--out", str(tmp_path / "a"), *base[3:], "--precision", "int8"]) == 2
     assert "is an fp32 ONNX export; for --precision int8 pass the model directory" in capsys.readouterr().err
     assert main([*base[:3], "--out", str(tmp_path / "b"), *base[3:]]) == 0  # no --precision: the export's
-    assert read_record(tmp_path / "b" / "_manifest.parquet")["options"].get("precision", "fp32") == "fp32"
+    assert read_record(tmp_path / "b" / "_manifest.parquet")["run"]["precision"] == "fp32"
 
 
 def test_int8_on_the_torch_backend_and_bf16_on_demand_are_refused(tiny_dir, tmp_path, cache, capsys):

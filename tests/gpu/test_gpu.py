@@ -105,7 +105,7 @@ def test_embed_parquet_on_cuda_matches_cpu(tiny_dir, tmp_path, backend):
         m = embed_parquet(corpus, tmp_path / device, model, backend=backend, device=device, id_column="id",
                           max_tokens_per_batch=2048, sort_window_rows=64, quiet=True,
                           precision="fp32" if backend == "torch" else None)
-        assert m["rows"] == 120 and m["engine"]["device"] == device
+        assert m["rows"] == 120 and m["run"]["device"] == device
         if device == "cuda" and backend == "torch":  # GPU memory and the CUDA graphs, reported
             assert m["engine"]["gpu_peak_allocated_bytes"] > 0 and m["engine"]["cuda_graphs"]["captured"] >= 1
         tables[device] = ds.dataset(tmp_path / device, format="parquet").to_table()

@@ -99,7 +99,5 @@ def test_a_cuda_run_plans_its_batches_for_the_rows_layout(layout, rows):
     budget = _batch_budget("cuda", config, True, (layout, "") if layout else None)
     assert budget.rows == rows and budget.policy().rows == (RowShape(rows) if rows else None)
     assert _batch_budget("cpu", config, False, ("packed", "")).rows is None  # a CPU's batches: rectangles
-    opts = EmbedOptions(max_tokens_per_batch=budget.tokens, batch_rows=budget.rows)
-    assert opts.policy.rows == budget.policy().rows
-    with pytest.raises(Exception, match="batch_rows"):
-        EmbedOptions(batch_rows=0)
+    opts = EmbedOptions(max_tokens_per_batch=budget.tokens)
+    assert opts.policy(budget.rows).rows == budget.policy().rows

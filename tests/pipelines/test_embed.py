@@ -195,7 +195,7 @@ def test_bad_inputs_are_named_and_write_nothing(tiny_dir, tmp_path):
 def test_a_bf16_job_is_close_to_fp32_and_resumes_only_in_bf16(corpus, tiny_dir, tmp_path):
     fp32 = embed_parquet(corpus, tmp_path / "fp32", tiny_dir, id_column="id", **FAST)
     bf16 = embed_parquet(corpus, tmp_path / "bf16", tiny_dir, id_column="id", precision="bf16", **FAST)
-    assert bf16["options"]["precision"] == "bf16" and bf16["rows"] == fp32["rows"]
+    assert bf16["run"]["precision"] == "bf16" and bf16["rows"] == fp32["rows"]
     a, b = rows_of(tmp_path / "fp32"), rows_of(tmp_path / "bf16")
     assert a.column("id").equals(b.column("id"))
     x = np.concatenate([np.asarray(v, np.float64) for v in a.column("elmo").to_pylist() if v])  # (N, D)
@@ -247,7 +247,7 @@ def test_onnx_backend_gives_the_torch_vectors(corpus, tiny_dir, tmp_path):
     # the ONNX Runtime export vs the torch Embedder: ORT vs torch fp32 kernels, other sum orders
     check_against_embedder(table, texts, tiny_dir, atol=1e-4)
     manifest = read_record(tmp_path / "out" / "_manifest.parquet")
-    assert manifest["options"]["backend"] == "onnx" and manifest["model"]["format"] == "onnx"
+    assert manifest["run"]["backend"] == "onnx" and manifest["model"]["format"] == "onnx"
     assert manifest["model"]["sha256"] == file_sha256(tmp_path / "onnx" / "model.onnx")
 
 
@@ -256,29 +256,31 @@ def test_device_option_is_checked_and_reaches_the_backend(corpus, tiny_dir, tmp_
 
     from inference.errors import BackendUnavailableError
     from inference.registry import onnx_providers, open_backend
-    from pipelines.options import EmbedOptions
-
     from inference.model_run import resolve_run
+    from inference.run_settings import RunSettings
+    from pipelines.options import EmbedOptions, output_options
 
     with pytest.raises(InputError, match="device must be cpu, cuda or cuda:N, got 'gpu'"):
         resolve_run(tiny_dir, device="gpu")  # the run's one check
     with pytest.raises(InputError, match="device must be cpu, cuda or cuda:N, got 'gpu'"):
         embed_parquet(corpus, tmp_path / "o0", tiny_dir, device="gpu", **FAST)
     with pytest.raises(InputError, match="needs --num-gpus-per-replica"):
-        EmbedOptions(engine="ray", device="cuda")
-    assert "device" not in EmbedOptions(device="cuda:1").identity()  # a resume may switch device
+        embed_parquet(corpus, tmp_path / "o0", tiny_dir, engine="ray", device="cuda", **FAST)
+    assert "device" not in output_options({**EmbedOptions().to_dict(), "device": "cuda:1"})  # a resume may switch
+    from pipelines.claim_first import RunMaker
     from pipelines.job import plan_job  # a Ray job's GPUs are its workers': a driver without one plans it
 
-    job = plan_job(corpus, tmp_path / "o1", tiny_dir, EmbedOptions(engine="ray", device="cuda", num_gpus_per_worker=1,
-                                                                   quiet=True))
-    assert (job.run.device, job.opts.device, job.predictor, job.run.threads.count) == ("cuda", "cuda", None, 1)
+    maker = RunMaker.of(tiny_dir, RunSettings(device="cuda"), remote=True)
+    job = plan_job(corpus, tmp_path / "o1", maker, EmbedOptions(engine="ray", num_gpus_per_worker=1, quiet=True))
+    assert (job.run.device, job.predictor, job.run.threads.count) == ("cuda", None, 1)
     import ray
 
     ray.shutdown()  # planning reached a local Ray cluster (the engine starts before OUTPUT_DIR is claimed)
     assert onnx_providers("cpu") == ["CPUExecutionProvider"]
     assert onnx_providers("cuda:1") == [("CUDAExecutionProvider", {"device_id": 1})]
     m = embed_parquet(corpus, tmp_path / "out", tiny_dir, device="cpu", **FAST)
-    assert m["engine"] == {"name": "local", "threads": 1, "device": "cpu"}  # OMP_NUM_THREADS=1 (tests/conftest.py)
+    assert m["engine"] == {"name": "local"}  # OMP_NUM_THREADS=1 (tests/conftest.py)
+    assert (m["run"]["threads"], m["run"]["device"]) == (1, "cpu")
     if torch.cuda.is_available():
         return  # tests/gpu/test_gpu.py runs it on the GPU
     with pytest.raises(BackendUnavailableError, match="torch sees no CUDA GPU here"):

@@ -1,0 +1,76 @@
+"""What a door was asked about how the model runs, checked once: ``RunSettings``.
+
+The flags of a run (``--backend``, ``--device``, ``--threads``, ``--precision``, ``--layout``,
+``--weights``, ``--token-embeddings``, ``--token-vocab``) become this record where they are parsed
+(``elmo embed`` generates its flags from its fields, ``elmo_cli.vocabulary.add_fields``), or from a
+library caller's keywords (``resolve_run``, ``embed_parquet``). ``inference.model_run.resolve_run``
+turns it into the one ``ModelRun``, which settles what the settings leave open (the backend of an
+export directory, ``auto``, the thread count, the layout, the batch budget) and is what runs. Torch-free:
+the record is made and checked before any model code loads.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from elmo_core.errors import InputError, SettingError
+from elmo_core.kinds import Precision
+from elmo_core.names import LAYOUTS
+from runtime import check_threads
+
+from .registry import BACKEND_NAMES
+
+DEVICE_PATTERN = r"cpu|cuda(:\d+)?"
+
+
+def _flag(default: Any, meaning: str | None = None, help: str | None = None, **meta: Any) -> Any:  # noqa: A002
+    """A setting and its flag's metadata (``elmo_cli.vocabulary.add_fields``); ``runtime_only``: the
+    same vectors whatever its value (to float rounding), so a resumed job may change it."""
+    return field(default=default, metadata={"group": "running", "meaning": meaning, "help": help, **meta})
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How the model is asked to run; None: the run decides (``ModelRun``'s reasons say how)."""
+
+    backend: str | None = _flag(None, "backend", choices=BACKEND_NAMES)  # None: an export's own, else torch
+    device: str = _flag("cpu", "device", "cpu, cuda or cuda:N: where the torch / onnx backend runs",
+                        runtime_only=True)
+    threads: int | None = _flag(None, "threads", "the model's threads (default: every core for a model whose "
+                                "compute dominates the job, all but one for a small model; see docs/pipelines.md)",
+                                runtime_only=True)
+    precision: str | None = _flag(None, cli=False)  # the flag: elmo_cli.run_args; None: the backend's default
+    layout: str | None = _flag(None, cli=False, runtime_only=True)  # the flag: elmo_cli.run_args; None: auto
+    weights: str | None = _flag(None, "weights", runtime_only=True)  # the job's identity holds their sha256
+    token_embeddings: str | None = _flag(None, "token_embeddings", runtime_only=True)
+    token_vocab: str | None = _flag(None, "token_vocab", runtime_only=True)
+
+    def __post_init__(self) -> None:
+        if self.backend is not None and self.backend not in BACKEND_NAMES:
+            raise SettingError(f"`backend` must be one of {list(BACKEND_NAMES)}, got {self.backend!r}")
+        if not isinstance(self.device, str) or not re.fullmatch(DEVICE_PATTERN, self.device):
+            raise InputError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+        check_threads(self.threads)
+        if self.precision is not None and self.precision not in (*Precision.ALL, "auto"):
+            raise SettingError(f"`precision` must be one of {[*Precision.ALL, 'auto']}, got {self.precision!r}")
+        if self.layout is not None and self.layout not in LAYOUTS:
+            raise SettingError(f"`layout` must be one of {list(LAYOUTS)}, got {self.layout!r}")
+        for name in ("weights", "token_embeddings", "token_vocab"):
+            value = getattr(self, name)
+            if isinstance(value, Path):
+                object.__setattr__(self, name, str(value))
+
+    @classmethod
+    def split(cls, options: dict[str, Any]) -> tuple["RunSettings", dict[str, Any]]:
+        """(the run's settings among ``options``, the rest): a library caller's keywords."""
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in options.items() if k in names}), \
+            {k: v for k, v in options.items() if k not in names}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+RUN_SETTINGS = tuple(RunSettings.__dataclass_fields__)
