@@ -167,6 +167,8 @@ def test_two_attempts_of_one_task_at_once_leave_one_shard_and_a_record_of_its_by
     threads here: Spark in local mode never starts a speculative copy, as it only starts one on
     another host than the running attempt's). Both write the shard, one publishes it, the other
     adopts it; one file, and its commit record describes its bytes."""
+    from inference.run_settings import RunSettings
+    from pipelines.claim_first import RunMaker
     from pipelines.job import pending_shards, plan_job
     from pipelines.options import EmbedOptions
     from pipelines.sink import check_shard, claim_output_dir
@@ -174,8 +176,8 @@ def test_two_attempts_of_one_task_at_once_leave_one_shard_and_a_record_of_its_by
 
     corpus = tmp_path / "corpus"
     write_sample_corpus(corpus, rows=200, files=1, row_group_rows=50)
-    opts = EmbedOptions.coerce({**RUN, "rows_per_shard": 200, "engine": "spark", "threads": 1})
-    job = plan_job(corpus, tmp_path / "out", slower, opts)
+    opts = EmbedOptions.coerce({**RUN, "rows_per_shard": 200, "engine": "spark"})
+    job = plan_job(corpus, tmp_path / "out", RunMaker.of(slower, RunSettings(threads=1), remote=True), opts)
     job.out.create()
     claim_output_dir(job.out, job.identity, job.digest, False, opts.shard_format, job.schema)
     shards = pending_shards(job)
