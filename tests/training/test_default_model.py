@@ -60,7 +60,7 @@ KN_TRIGRAM = 106.0  # interpolated Kneser-Ney, the same split and vocabulary (be
 @pytest.mark.skipif(dm.shipped_model() is None, reason="this checkout has no models/default (make default-model)")
 def test_the_shipped_model_beats_the_kn_trigram_and_tells_uses_apart():
     from elmo_cli.cmd_probe import sotu_texts
-    from training.probe import collect, layer_names
+    from probing.probe import collect, layer_names
 
     card = json.loads((dm.SHIPPED / dm.CARD).read_text(encoding="utf-8"))
     assert card["held_out"]["mean"] < KN_TRIGRAM and card["storage_min_cosine"] >= dm.MIN_COSINE
