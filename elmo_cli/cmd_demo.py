@@ -9,7 +9,7 @@ nearest sentences of the corpus by their pooled vectors.
 
 Model: ``--model DIR`` (e.g. published weights) if given; else the repository's default model
 (``models/default``) where the checkout has it; else the default model trained for
-``--max-minutes`` (``training.recipes.train_default_model``, as ``elmo engine`` does).
+``--max-minutes`` (``training.default_model.train_default_model``, as ``elmo engine`` does).
 """
 from __future__ import annotations
 
@@ -37,8 +37,7 @@ NEAREST = 5  # sentences shown for the query
 def get_model(work: Path, model: str | None, train_minutes: float) -> tuple[Path, str]:
     """(model directory, how it was obtained): the one given, else the shipped default model, else the
     default model trained here."""
-    from training.default_model import shipped_model
-    from training.recipes import train_default_model
+    from training.default_model import shipped_model, train_default_model
 
     if model:
         return Path(model), f"given ({model})"

@@ -37,7 +37,7 @@ def test_build_writes_a_half_precision_model_with_its_card_and_the_demo_finds_it
             # layers the vectors move by a few times that, far inside 1e-2 of their scale
             np.testing.assert_allclose(y, x, atol=1e-2 * np.abs(x).max())
 
-    from training.evaluate import load_language_model
+    from training.perplexity import load_language_model
 
     lm, vocab = load_language_model(out)  # the float16 softmax reads back for `elmo perplexity`
     assert lm.softmax_w.dtype == torch.float32 and len(vocab) == lm.softmax_w.shape[0]
