@@ -26,7 +26,8 @@ from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens
 from probing.probe import (DEFAULT_WORDS, USES, WordProbe, collect, cosine_decimals, layer_names, nearest,
                             pooled, split_lines)
-from probing.probe_picture import PLOT_EXTRA, PictureUnavailable, can_draw, write_picture
+from probing.errors import PictureUnavailable
+from probing.probe_picture import PLOT_EXTRA, can_draw, write_picture
 from corpora.sotu_text import split_speeches
 
 if TYPE_CHECKING:  # the model code loads when the command runs, not when its parser is built
