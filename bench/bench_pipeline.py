@@ -38,7 +38,7 @@ from inference import Embedder, reduce_layers
 from pipelines import ElmoPredictor, embed_parquet
 from pipelines.shard_size import DEFAULT_ROWS
 from pipelines.source import read_windows, scan_inputs, shards_of
-from training.recipes import default_options_path
+from training.default_model import default_options_path
 
 
 def make_model(path: Path, quick: bool) -> Path:

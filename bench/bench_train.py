@@ -26,9 +26,9 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kneser_ney import fwd_bwd_perplexity  # noqa: E402
 
-from training.recipes import default_options_path  # noqa: E402
+from training.default_model import default_options_path  # noqa: E402
 from training.data import iter_sentences  # noqa: E402
-from training.evaluate import perplexity  # noqa: E402
+from training.perplexity import perplexity  # noqa: E402
 from training.model import LanguageModel  # noqa: E402
 from corpora.sotu_text import write_sotu_corpus  # noqa: E402
 from training.trainer import Trainer, TrainOptions  # noqa: E402

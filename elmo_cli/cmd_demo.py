@@ -9,7 +9,7 @@ nearest sentences of the corpus by their pooled vectors.
 
 Model: ``--model DIR`` (e.g. published weights) if given; else the repository's default model
 (``models/default``) where the checkout has it; else the default model trained for
-``--max-minutes`` (``training.recipes.train_default_model``, as ``elmo engine`` does).
+``--max-minutes`` (``training.default_model.train_default_model``, as ``elmo engine`` does).
 """
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ from elmo_core.bounds import check_count
 from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens
 from training.options import check_max_minutes
-from training.probe import DEFAULT_WORDS, cosine_decimals
+from probing.probe import DEFAULT_WORDS, cosine_decimals
 
 from .cmd_probe import report
 
 if TYPE_CHECKING:  # the model code loads when the demo runs, not when its parser is built
     from inference import Embedder
-    from pipelines.sentence_search import SentenceVectors
+    from probing.sentence_search import SentenceVectors
 
 DEMO_WORDS = 4  # words probed by the demo (elmo probe: all of DEFAULT_WORDS)
 NEAREST = 5  # sentences shown for the query
@@ -37,8 +37,7 @@ NEAREST = 5  # sentences shown for the query
 def get_model(work: Path, model: str | None, train_minutes: float) -> tuple[Path, str]:
     """(model directory, how it was obtained): the one given, else the shipped default model, else the
     default model trained here."""
-    from training.default_model import shipped_model
-    from training.recipes import train_default_model
+    from training.default_model import shipped_model, train_default_model
 
     if model:
         return Path(model), f"given ({model})"
@@ -71,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from inference import Embedder
     from inference.model_run import resolve_run
     from pipelines.job import embed_parquet, summary_line
-    from pipelines.sentence_search import read_pooled
+    from probing.sentence_search import read_pooled
 
     check_count("rows", args.rows)
     check_max_minutes(args.max_minutes)  # also where a model is given: a bad time is a mistake either way
@@ -99,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 def search(embedder: Embedder, corpus: SentenceVectors, query: str | None, word: str, where: Path) -> None:
     """The query (default: the corpus's first sentence of 8 tokens or more with ``word``) and its
     NEAREST sentences of the corpus by their pooled vectors."""
-    from pipelines.sentence_search import nearest_sentences
+    from probing.sentence_search import nearest_sentences
 
     if query is None:
         with_word = [t for t in corpus.texts if word in split_tokens(t) and len(split_tokens(t)) >= 8]

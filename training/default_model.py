@@ -1,6 +1,10 @@
-"""The model this repository ships (``models/default``) and the one command that rebuilds it.
+"""The default model: the shipped config, training it, the model this repository ships
+(``models/default``) and the one command that rebuilds it.
 
-``build_default_model``: the default recipe and config (``training.recipes``) on the sotu
+``default_options_path``: the config `elmo train` uses without ``--options``.
+``train_default_model``: that config trained on the sotu speeches; `elmo engine` without
+``--model`` and `elmo demo` get their model from it.
+``build_default_model``: the default recipe (``training.optim``) and config on the sotu
 speeches, split by speech (every 10th held out), seeded, for a fixed time; the whole held-out
 split scored stateless; the weights stored in float16 when every token's vector, in every layer,
 keeps a cosine of at least ``MIN_COSINE`` with the float32 model's on held-out sentences (else in
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from importlib import resources
 from pathlib import Path
 from typing import Callable
 
@@ -18,20 +23,51 @@ import h5py
 import numpy as np
 
 from corpora.sotu import sotu_sentences
-from corpora.sotu_text import split_speeches
+from corpora.sotu_text import split_speeches, write_sotu_corpus
 from elmo_core.atomic import atomic_dir, atomic_path, read_json_object, write_json_atomic
 from elmo_core.bounds import MAX_SEED, check_count
 from inference import Embedder
 
 from .errors import TrainingError
 from .options import check_max_minutes
-from .recipes import train_default_model
+from .trainer import TrainOptions, train
 
 SHIPPED = Path(__file__).resolve().parents[1] / "models" / "default"
 MIN_COSINE = 0.9999
 CHECK_SENTENCES = 300
 WEIGHT_FILES = ("weights.hdf5", "softmax.hdf5")
 CARD = "card.json"
+DEFAULT_OPTIONS = "small-512.json"
+
+
+def default_options_path() -> str:
+    """The shipped default config, small-512.json (char filters totalling 512, 1 highway, LSTM 512 /
+    projection 128, 2 layers, no dropout): chosen by measurement for short CPU runs (docs/training.md);
+    small.json is the same with LSTM 1024 and dropout 0.1."""
+    return str(resources.files("training") / "configs" / DEFAULT_OPTIONS)
+
+
+def train_default_model(work: str | Path, minutes: float, log: Callable[[str], None] = print,
+                        **overrides: object) -> Path:
+    """The shipped config trained for ``minutes`` on the sotu speeches (split by speech, written to
+    WORK/corpus); returns its model directory, WORK/train/model. A model already there is reused.
+    ``overrides``: TrainOptions fields (default: 2,000 held-out sentences in the final evaluation).
+    """
+    work = Path(work)
+    corpus, run = work / "corpus", work / "train"
+    if (run / "model" / "options.json").is_file():
+        log(f"reusing the model trained before at {run / 'model'}")
+        return run / "model"
+    fields = {"options": default_options_path(), "final_valid_sentences": 2000} | overrides  # a quick final check
+    opts = TrainOptions(train=str(corpus / "train"), valid=str(corpus / "valid"), out=str(run), max_minutes=minutes,
+                        **fields)  # checked before anything is written
+    if not (corpus / "valid").is_dir():
+        write_sotu_corpus(corpus)
+    log(f"training the default model for {minutes:g} min ({opts.options}) into {run}")
+    train(opts, resume=(run / "checkpoints").is_dir(), log=log)
+    if not (run / "model" / "options.json").is_file():
+        raise TrainingError(f"training wrote no model directory at {run / 'model'}")
+    return run / "model"
 
 
 def shipped_model() -> Path | None:
@@ -91,7 +127,7 @@ def build_default_model(out: str | Path, work: str | Path, minutes: float, seed:
             storage = "float32"
         settings = "".join(f" --{k} {overrides[k]}" for k in ("device", "threads") if overrides.get(k) not in (None, "cpu"))
         card = {"command": f"elmo default-model --max-minutes {minutes:g} --seed {seed}{settings}",
-                "recipe": "elmo train's defaults (training.recipes: small-512.json, Adam 0.005, packed batching)",
+                "recipe": "elmo train's defaults (training.default_model: small-512.json, Adam 0.005, packed batching)",
                 "corpus": "sotu speeches, split by speech: every 10th held out (corpora.sotu_text)",
                 "seed": seed, "minutes": minutes, "steps": summary["step"], "tokens": summary["tokens"],
                 "train_s": round(summary["train_s"], 1), "held_out": summary["valid"],

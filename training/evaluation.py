@@ -1,5 +1,5 @@
 """A run's evaluations: held-out perplexity and the training perplexity it is compared with, both
-scored as the model is used (stateless, full softmax; ``training.evaluate``).
+scored as the model is used (stateless, full softmax; ``training.perplexity``).
 
 * Periodic: at each checkpoint, the first ``--valid-sentences`` of --valid and the first
   ``--train-eval-sentences`` of the training corpus.
@@ -22,7 +22,7 @@ from typing import Callable
 
 from .data import iter_sentences
 from .distributed import any_true, max_all
-from .evaluate import perplexity
+from .perplexity import perplexity
 from .progress import Limits, clock
 
 GAP_WARN = 1.5  # held-out / training perplexity above this: the model fits its training text much better

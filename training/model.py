@@ -94,7 +94,7 @@ class LanguageModel(nn.Module):
             x = plan.tokens.embed(self.bilm.encoder, (D * B, T, self.config.lstm.projection_dim))  # (2B, T, P)
         segments = plan.segments if plan is not None else None
         state = state if state is not None else self.zero_state(B)
-        fast = self.bilm.fast_path_in_use()  # evaluation: the inference recurrence (training.evaluate)
+        fast = self.bilm.fast_path_in_use()  # evaluation: the inference recurrence (training.perplexity)
         run_layer = fast.run_layer if fast is not None else None
         if starts is None and segments is None:
             top, final = run_directions(self.bilm.lstm, x.view(D, B, T, -1).transpose(1, 2), state, run_layer)  # (2, T, B, P)

@@ -28,7 +28,7 @@ from .checkpointer import Checkpointer
 from .data import BpttBatcher, SentenceBatcher, SentenceStream
 from .distributed import any_true, barrier, init_from_env, max_all, sum_all
 from .errors import CheckpointError, TrainingError
-from .evaluate import SOFTMAX_NAME, save_softmax
+from .perplexity import SOFTMAX_NAME, save_softmax
 from .evaluation import Evaluator
 from .init_from import extend_vocabulary, init_source, load_initial_weights
 from .metrics import MetricLogger

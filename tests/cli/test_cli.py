@@ -90,9 +90,9 @@ def test_demo_with_another_model_in_the_same_work_dir(tiny_dir, tmp_path, capsys
 
 
 def test_demo_without_matplotlib_says_how_to_get_the_picture(tiny_dir, tmp_path, capsys, monkeypatch):
-    import training.probe_picture
+    import probing.probe_picture
 
-    monkeypatch.setattr(training.probe_picture.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(probing.probe_picture.importlib.util, "find_spec", lambda name: None)
     assert main(["demo", "--work-dir", str(tmp_path / "demo"), "--model", str(tiny_dir), "--rows", "200",
                  "--query", "We must work together ."]) == 0
     out = capsys.readouterr().out

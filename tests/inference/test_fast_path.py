@@ -84,7 +84,7 @@ def test_input_projection_chunks_give_the_same_layers(tiny_dir, chunk_rows):
 def test_perplexity_runs_the_fast_path_and_leaves_the_model_as_it_was(tmp_path):
     """``elmo perplexity`` and a run's evaluations score through the inference recurrence; the
     language model's own path (the reference) gives the same perplexities to rounding."""
-    from training.evaluate import perplexity
+    from training.perplexity import perplexity
     from training.model import LanguageModel
     from training.vocab import Vocab
     from tests.helpers import TINY_OPTIONS

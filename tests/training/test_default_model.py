@@ -37,7 +37,7 @@ def test_build_writes_a_half_precision_model_with_its_card_and_the_demo_finds_it
             # layers the vectors move by a few times that, far inside 1e-2 of their scale
             np.testing.assert_allclose(y, x, atol=1e-2 * np.abs(x).max())
 
-    from training.evaluate import load_language_model
+    from training.perplexity import load_language_model
 
     lm, vocab = load_language_model(out)  # the float16 softmax reads back for `elmo perplexity`
     assert lm.softmax_w.dtype == torch.float32 and len(vocab) == lm.softmax_w.shape[0]
@@ -60,7 +60,7 @@ KN_TRIGRAM = 106.0  # interpolated Kneser-Ney, the same split and vocabulary (be
 @pytest.mark.skipif(dm.shipped_model() is None, reason="this checkout has no models/default (make default-model)")
 def test_the_shipped_model_beats_the_kn_trigram_and_tells_uses_apart():
     from elmo_cli.cmd_probe import sotu_texts
-    from training.probe import collect, layer_names
+    from probing.probe import collect, layer_names
 
     card = json.loads((dm.SHIPPED / dm.CARD).read_text(encoding="utf-8"))
     assert card["held_out"]["mean"] < KN_TRIGRAM and card["storage_min_cosine"] >= dm.MIN_COSINE

@@ -14,7 +14,7 @@ import torch
 from elmo_core import ElmoConfig
 from elmo_core.errors import SettingError
 from tests.helpers import run_cli
-from training.evaluate import perplexity
+from training.perplexity import perplexity
 from training.model import LanguageModel
 from training.vocab import Vocab
 

@@ -9,7 +9,7 @@ import torch
 
 from elmo_core import ElmoConfig, batch_to_ids
 from training.data import SentenceBatcher, SentenceStream
-from training.evaluate import perplexity
+from training.perplexity import perplexity
 from training.model import LanguageModel
 from training.objective import Candidates, LogUniformSampler, full_softmax_nll, sampled_softmax_nll
 from training.trainer import Trainer

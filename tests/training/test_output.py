@@ -14,7 +14,7 @@ from elmo_cli.main import main as cli
 from elmo_core import batch_to_ids
 from inference import Embedder
 from inference.fast_path import FastInference
-from training.evaluate import load_language_model, perplexity
+from training.perplexity import load_language_model, perplexity
 from training.trainer import Trainer
 
 from tests.training.train_utils import sotu_sentences, tiny_run, write_corpus

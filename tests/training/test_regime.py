@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from training import checkpoint as ck
-from training.evaluate import load_language_model, perplexity
+from training.perplexity import load_language_model, perplexity
 from training.trainer import train
 
 from tests.processes import wait_until

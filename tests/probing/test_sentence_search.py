@@ -10,7 +10,7 @@ import pytest
 from elmo_core.errors import InputError
 from inference import Embedder
 from pipelines import embed_parquet
-from pipelines.sentence_search import SentenceVectors, nearest_sentences, read_pooled
+from probing.sentence_search import SentenceVectors, nearest_sentences, read_pooled
 
 TEXTS = ["the cat sat on the mat .", "", "a dog sat on a log .", "we work hard every day .", "cats sit ."]
 

@@ -12,10 +12,10 @@ import pyarrow.compute as pc
 
 from elmo_core.errors import InputError
 from elmo_core.storage import is_uri
-from training.probe import nearest
+from pipelines.schema import ELMO_COLUMN, vector_array
+from pipelines.shard_files import FORMATS, shard_format
 
-from .schema import ELMO_COLUMN, vector_array
-from .shard_files import FORMATS, shard_format
+from .probe import nearest
 
 
 @dataclass(frozen=True)

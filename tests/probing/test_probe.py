@@ -8,8 +8,8 @@ import pytest
 
 from elmo_cli.main import main
 from inference import Embedder
-from training.probe import (collect, find_contexts, layer_names, nearest, pooled, ridge_predict)
-from training.probe_picture import draw, write_picture
+from probing.probe import (collect, find_contexts, layer_names, nearest, pooled, ridge_predict)
+from probing.probe_picture import draw, write_picture
 
 
 def test_uses_are_labelled_by_the_frame_and_the_frame_is_removed():
@@ -120,7 +120,7 @@ def test_cli_probe_on_a_users_text_and_a_word_it_cannot_probe(tiny_dir, tmp_path
 
 def test_nearest_cosines_of_a_weak_model_print_distinct(capsys):
     from elmo_cli.cmd_probe import print_neighbours
-    from training.probe import WordProbe, cosine_decimals, find_contexts
+    from probing.probe import WordProbe, cosine_decimals, find_contexts
 
     assert cosine_decimals([0.9991234, 0.9991236, 0.998]) == 6 and cosine_decimals([0.5, 0.25]) == 3
     assert cosine_decimals([0.99912, 0.99912]) == 3  # equal values need no more digits

@@ -11,17 +11,14 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from elmo_core.atomic import atomic_path
-from elmo_core.errors import InputError
+
+from .errors import PictureUnavailable
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 COLOURS = {"noun": "#1f77b4", "verb": "#ff7f0e"}
 PLOT_EXTRA = "pip install 'elmo-pipeline[plot]' (matplotlib)"
-
-
-class PictureUnavailable(InputError):
-    """matplotlib, which draws the picture, is not installed."""
 
 
 def can_draw() -> bool:
