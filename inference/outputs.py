@@ -141,7 +141,8 @@ def check_output(output: str | OutputMode, n_layers: int, mix_weights: Sequence[
     if mode.layer is not None and mode.layer >= n_layers:
         raise InputError(f"output {mode.name}: the model has layers 0 to {n_layers - 1}")
     if mix_weights is not None and len(mix_weights) != n_layers:
-        raise InputError(f"mix weights: expected {n_layers} values (one per layer), got {len(mix_weights)}")
+        raise InputError(f"mix weights (--mix): expected {n_layers} values (one per output layer of the model), got "
+                         f"{len(mix_weights)}")
 
 
 def reduce_layers(layers: np.ndarray, mask: np.ndarray, output: str, mix_weights: Sequence[float] | None = None,

@@ -89,9 +89,6 @@ class ElmoPredictor:
         else:
             self.backend = self.run.open()
         self.config = self.backend.config
-        if self.options.mix is not None and len(self.options.mix) != self.config.n_output_layers:
-            raise InputError(f"--mix: the model has {self.config.n_output_layers} output layers, "
-                             f"got {len(self.options.mix)} weights")
         self.dim, self.n_layers = self.config.output_dim, self.config.n_output_layers
         self.field = elmo_field(self.dim, self.n_layers, self.options.request, self.options.vector_layout)
         self.type = self.field.type
