@@ -221,6 +221,8 @@ def resolve_run(model: str | Path, settings: RunSettings | None = None, *, job: 
         name, why = resolve_precision(precision or _default_precision(device), device, flags, packed_products(config))
         if precision is None:
             why = f"the default{' on CUDA, ' + why if device.startswith('cuda') else ''}"
+        elif remote and flags is not None and precision == "auto":
+            why = f"judged by a worker's CPU: {why}"
     checked = named if named is not None and named.name == name else check_precision_for(backend, name, device)
     warning = None if kind.exported else bf16_cpu_warning(checked.name, device, flags)
     settled = _layout(layout, kind.exported, device, checked.name, config, budget, remote)

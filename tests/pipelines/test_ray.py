@@ -41,7 +41,9 @@ def test_ray_runner_matches_local_and_resumes(ray_cluster, tiny_dir, tmp_path):
     opts = dict(id_column="id", keep_columns=["speech"], sort_window_rows=40, max_sentence_length=24,
                 rows_per_shard=50, quiet=True)
     local = embed_parquet(corpus, tmp_path / "local", tiny_dir, **opts)
-    remote = embed_parquet(corpus, tmp_path / "ray", tiny_dir, engine="ray", workers=2, **opts)
+    remote = embed_parquet(corpus, tmp_path / "ray", tiny_dir, engine="ray", workers=2, precision="auto", **opts)
+    assert remote["run"]["precision_reason"].startswith("judged by a worker's CPU: ")  # where the model runs
+    assert remote["run"]["precision"] == local["run"]["precision"] == "fp32"  # the tiny model's products: too small
     a = ds.dataset(tmp_path / "local", format="parquet").to_table()
     b = ds.dataset(tmp_path / "ray", format="parquet").to_table()
     assert a.schema.equals(b.schema, check_metadata=False)

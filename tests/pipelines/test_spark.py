@@ -93,7 +93,9 @@ def _assert_same_rows(got: pa.Table, want: pa.Table) -> None:
 def test_spark_gives_the_local_runners_output_row_for_row(spark, tiny, tmp_path):
     corpus = _hard_corpus(tmp_path / "corpus")
     local = embed_parquet(corpus, tmp_path / "local", tiny, **RUN)
-    remote = embed_parquet(corpus, tmp_path / "spark", tiny, engine="spark", **RUN)
+    remote = embed_parquet(corpus, tmp_path / "spark", tiny, engine="spark", precision="auto", **RUN)
+    assert remote["run"]["precision_reason"].startswith("judged by a worker's CPU: ")  # where the model runs
+    assert remote["run"]["precision"] == local["run"]["precision"] == "fp32"  # the tiny model's products: too small
     _assert_same_rows(_table(tmp_path / "spark"), _table(tmp_path / "local"))
     for key in ("rows", "tokens", "windows", "windowed_rows", "null_rows", "empty_rows", "invalid_utf8"):
         assert local[key] == remote[key], key
