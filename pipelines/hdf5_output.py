@@ -154,8 +154,7 @@ def _write(f: h5py.File, embedder: Embedder, sentences: Iterator[tuple[str | Non
             for sentence, _, where in chunk:
                 _check_key(sentence, where, index.get(sentence or ""))
                 index[sentence] = where  # type: ignore[index]
-        vectors = embedder.embed_sentences([t for _, t, _ in chunk], output=opts.output, mix_weights=opts.mix,
-                                           gamma=opts.gamma, normalize=opts.normalize)
+        vectors = embedder.vectors([t for _, t, _ in chunk], opts.request)  # the job's request, made once
         for (sentence, toks, where), v in zip(chunk, vectors):
             with np.errstate(over="ignore"):  # an overflow is found next, and named
                 n, v = counts["sentences"], v.astype(dtype, copy=False)
