@@ -1,12 +1,14 @@
 """The ground floor: the reference model (config, char ids, char-CNN, LSTM, biLM, scalar mix) and where bytes live (storage, atomic writes).
 May import: no other package of the project (tests/test_layers.py)."""
 # The package's names load their modules on first use (PEP 562), so a light module (errors, bounds,
-# atomic) is imported without torch; process_env runs first, whatever is imported.
+# atomic) is imported without torch; the process environment is settled first, whatever is imported.
 from __future__ import annotations
 
-from . import process_env  # noqa: F401 (first: sets the environment torch's OpenMP and oneDNN read when torch loads)
 from .errors import ConfigError, ElmoError, InputError, WeightsError
 from .lazy_names import lazy_names
+from .process_env import settle
+
+settle()  # before any module here loads torch: the environment torch reads when it loads (elmo_core/process_env.py)
 
 _HOMES = {"BiLM": "bilm", "BiLMOutput": "bilm", "StatefulBiLM": "bilm", "batch_to_ids": "chars",
           "tokens_to_char_ids": "chars", "CharCnnConfig": "config", "ElmoConfig": "config", "LstmConfig": "config",

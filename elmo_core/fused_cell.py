@@ -145,7 +145,22 @@ def train_backward_cell(dm: torch.Tensor, carry_c: torch.Tensor, saved: tuple[to
     return None if m_dtype == torch.float32 else g.view(D, n, 4 * C).to(m_dtype)
 
 
-KERNELS = (cell, store, train_forward, train_store, train_backward_h, train_backward_cell)  # FusedCell's fields, in order
+KERNELS: dict[str, Callable[..., torch.Tensor | None]] = {  # FusedCell's fields, by name
+    "cell": cell, "store": store, "train_forward": train_forward, "train_store": train_store,
+    "train_backward_h": train_backward_h, "train_backward_cell": train_backward_cell}
+
+# A kernel is compiled again for each kind of call (a step of one row, a prefix of the state buffer
+# or all of it, with or without resets, each products' type): a handful per model. Dynamo's default
+# limit of 8 per function would make a process that runs several models and precisions (a test
+# session) fall back to eager steps: each set of kernels has this limit of its own, given to its
+# compile calls (the process's dynamo settings are left as they are).
+RECOMPILE_LIMIT = 64
+
+
+def compile_kernel(fn: Callable[..., torch.Tensor | None]) -> Callable[..., torch.Tensor | None]:
+    """``fn`` through ``torch.compile``: shapes dynamic (a step's rows vary), one graph, its own cache of
+    compiled variants (``isolate_recompiles``) up to ``RECOMPILE_LIMIT``; compiled on first call."""
+    return torch.compile(fn, dynamic=True, fullgraph=True, recompile_limit=RECOMPILE_LIMIT, isolate_recompiles=True)
 
 
 @dataclass(frozen=True)
@@ -161,26 +176,16 @@ class FusedCell:
 
     @classmethod
     def eager(cls) -> "FusedCell":
-        return cls(*KERNELS)
+        return cls(**KERNELS)
 
     @classmethod
     def compile(cls) -> "FusedCell":
-        """Each function through its own ``torch.compile`` (shapes dynamic: a step's rows vary),
-        compiled on first call; a fresh set each time (``compiled`` is the process's one set)."""
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        return cls(*(torch.compile(k, dynamic=True, fullgraph=True) for k in KERNELS))
+        """Each function through its own ``compile_kernel``; a fresh set each time, with caches of its
+        own (``compiled`` is the process's one set)."""
+        return cls(**{name: compile_kernel(fn) for name, fn in KERNELS.items()})
 
     @classmethod
     @functools.cache
     def compiled(cls) -> "FusedCell":
-        """One ``torch.compile`` per function and process, shapes dynamic (a step's rows vary).
-
-        A kernel is compiled again for each kind of call (a step of one row, a prefix of the state
-        buffer or all of it, with or without resets, each products' type): a handful per model.
-        Dynamo's default limit of 8 per function would make a process that runs several models
-        and precisions (a test session) fall back to eager steps, so the limit is raised to
-        ``RECOMPILE_LIMIT``."""
+        """The process's one compiled set, built on first use."""
         return cls.compile()
-
-
-RECOMPILE_LIMIT = 64

@@ -1,7 +1,13 @@
-"""The environment torch's native libraries read once, when they start: set by ``elmo_core``'s
-package import, before any module of the project loads torch, so every door (the CLI, ``import
-pipelines``, ``from inference import Embedder``, ``import training``, ``serving``, ``elmo_core``)
-runs with the same settings whatever it imports first. Standard library only.
+"""The environment torch's native libraries read once, when they start: ``settle()`` sets it, an
+explicit, idempotent call that each package's ``__init__`` (every door: the CLI, ``import pipelines``,
+``from inference.embedder import Embedder``, ``import training``, ``serving``, ``elmo_core``, and so the
+modules a Ray or Spark worker loads) makes as its first statement, before any of its modules loads
+torch; importing this module changes nothing. Standard library only.
+
+Whatever project module is imported first, the settings hold when torch loads. A process that
+imported torch before any of the project cannot have them (OpenMP read its wait policy when torch
+loaded): ``settle()`` says so with a ``RuntimeWarning`` naming the fix, and still sets the variables
+for the processes this one starts (tests/core/test_process_env.py).
 
 - OpenMP's wait policy (``wait_passively``): torch's OpenMP workers spin between parallel regions
   by default, and the LSTM runs thousands of small regions a second; beside another busy process
@@ -26,6 +32,9 @@ A value already in the environment is left as it is.
 from __future__ import annotations
 
 import os
+import sys
+import warnings
+from dataclasses import dataclass
 from typing import MutableMapping
 
 WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
@@ -54,11 +63,33 @@ def huge_page_allocations(environ: MutableMapping[str, str] | None = None) -> No
     env.setdefault(HUGE_PAGE_VARIABLE, "1")
 
 
-def settle(environ: MutableMapping[str, str] | None = None) -> None:
-    """Every setting above; ``elmo_core`` calls it as its first statement."""
-    wait_passively(environ)
-    bound_primitive_caches(environ)
-    huge_page_allocations(environ)
+@dataclass(frozen=True)
+class Settled:
+    """What ``settle()`` found: whether torch had loaded before it (its OpenMP then runs without the
+    wait policy set here, unless the user set one before the process started)."""
+    torch_loaded_first: bool
+    user_wait_policy: bool
 
 
-settle()
+_SETTLED: list[Settled] = []
+
+TORCH_FIRST = ("torch was imported before the elmo library, so OpenMP's idle threads spin between parallel "
+               "regions (several times slower beside a busy process): import the library (e.g. pipelines) before "
+               "torch, or set OMP_WAIT_POLICY=PASSIVE before Python starts")
+
+
+def settle(environ: MutableMapping[str, str] | None = None) -> Settled:
+    """Every setting above, in ``environ`` (default: this process's, settled once: later calls return
+    the first call's record)."""
+    if environ is None and _SETTLED:
+        return _SETTLED[0]
+    env = os.environ if environ is None else environ
+    found = Settled("torch" in sys.modules, any(name in env for name in WAIT_VARIABLES))
+    wait_passively(env)
+    bound_primitive_caches(env)
+    huge_page_allocations(env)
+    if environ is None:
+        _SETTLED.append(found)
+        if found.torch_loaded_first and not found.user_wait_policy:
+            warnings.warn(TORCH_FIRST, RuntimeWarning, stacklevel=2)
+    return found

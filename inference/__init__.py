@@ -2,8 +2,10 @@
 May import: elmo_core, runtime, corpora, formats (tests/test_layers.py)."""
 from __future__ import annotations
 
-import elmo_core  # noqa: F401  (first: it settles the process's environment before torch loads: elmo_core.process_env)
 from elmo_core.lazy_names import lazy_names
+from elmo_core.process_env import settle
+
+settle()  # before any module here loads torch: the environment torch reads when it loads (elmo_core/process_env.py)
 
 # Each name's module, imported on first use (elmo_core.lazy_names).
 _HOMES = {

@@ -12,7 +12,7 @@ row's vectors as ``elmo embed`` computes them, with its options (``output``, ``p
 a task's core ...: ``inference.run_settings.RunSettings``): ``mapInArrow`` hands each Arrow batch of rows
 (``spark.sql.execution.arrow.maxRecordsPerBatch``, 10,000 by default) to the one engine, which
 batches them across rows by the token budget, and the model is loaded once per executor process
-(``spark_runner.predictor_for``). A row without text (null) gets null; an empty text an empty list
+(``spark_worker.predictor_for``). A row without text (null) gets null; an empty text an empty list
 (pooled: null). The vectors are Spark arrays of floats: ``array<array<float>>`` (T x D a row),
 ``array<float>`` pooled, one level more for ``output="all"``; float16 has no Spark type, so
 ``dtype`` is float32 here. Exactly-once output is the sink's business in a user's pipeline (a
@@ -30,7 +30,7 @@ from inference.run_settings import RunSettings
 
 from .options import EmbedOptions
 from .schema import ELMO_COLUMN, elmo_type
-from .spark_runner import predictor_for
+from .spark_worker import predictor_for
 
 
 def spark_type(arrow: pa.DataType) -> pa.DataType:

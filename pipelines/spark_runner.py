@@ -11,13 +11,14 @@ settles: a shard is published by its first writer only and a later one adopts it
 (``pipelines.sink``), so a retried, speculative or killed task never leaves a row twice or not
 at all, and ``--resume`` after a killed driver keeps every committed shard.
 
-Each executor's Python worker loads the model once (``predictor_for``: a process cache; PySpark
-reuses its workers), after it hashed the model's files and found the job's model (the run is
+Each executor's Python worker loads the model once (``spark_worker.predictor_for``: the worker's one
+model, the previous run's closed; PySpark reuses its workers), after it hashed the model's files and found the job's model (the run is
 pinned to it, ``ModelRun.pinned``), and runs it on ``--threads`` threads (default 1:
 ``spark.task.cpus`` tasks share an executor's cores). Tasks read INPUT and write OUTPUT_DIR
 themselves: local paths every executor sees, or ``s3://`` (``elmo_core.storage``). An error that
 a retry would meet again (a bad row, another model than the job's, a full or read-only disk) is
-returned to the driver, not retried: it says what the local runner says.
+returned to the driver as data (``spark_worker.TaskError``: its kind, message, shard and row), not
+retried, and raised there as the local runner raises it.
 
 The session is started before OUTPUT_DIR is claimed (``job.plan_job``): a master that cannot be
 reached, or settings Spark refuses, leave OUTPUT_DIR as it was. Its task slots (``defaultParallelism``)
@@ -38,29 +39,20 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Iterator
-
-import pyarrow as pa
+from typing import Any
 
 from elmo_core.errors import ElmoError, InputError
-from inference.errors import ModelChangedError
-from inference.model_run import ModelRun
 
-from .os_errors import lasting_os_error
-from .options import EmbedOptions, OutputDirError, WorkerLostError
-from .predictor import ElmoPredictor
+from .options import EmbedOptions, WorkerLostError
 from .progress import ProgressBar
-from .shard_loop import embed_shards
 from .sink import COMMITS_DIR, read_commit, remove_temporaries
 from .source import Shard
-from .stages import StageClock
+from .spark_worker import RESULT, TaskError, embed_task
 
 # What a job sets unless --spark-conf says otherwise: no web UI or console progress (the job prints
 # its own), and a failed task retried as a cluster does by default (local mode would not retry).
 SPARK_DEFAULTS = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
                   "spark.task.maxFailures": "4"}
-RESULT_SCHEMA = "record string, seconds string, process string, loads long, error string"
-ERRORS = {"InputError": InputError, "OutputDirError": OutputDirError, "ModelChangedError": ModelChangedError}
 REACH_SECONDS = 10.0  # how long the driver tries to reach a standalone master before it gives up
 POLL_SECONDS = 0.5  # how often the driver looks for newly committed shards
 LOG4J2 = """status = error
@@ -75,8 +67,6 @@ logger.hadoop.name = org.apache.hadoop.util.NativeCodeLoader
 logger.hadoop.level = error
 """
 
-_PREDICTORS: dict[str, ElmoPredictor] = {}  # per Python worker: the model, loaded once
-_REFUSED: dict[str, tuple[ModelChangedError, list]] = {}  # per Python worker: a refusal, and the files it saw
 _STARTS: dict[str, float] = {}  # per driver: seconds each session (by its master) took to start
 
 
@@ -206,53 +196,6 @@ def local_master(master: str, max_failures: str) -> str:
     return f"local[{m.group(1)},{max_failures}]" if m else master
 
 
-def predictor_for(run: ModelRun, options: dict) -> ElmoPredictor:
-    """This worker's predictor of ``run`` (a pinned run's files hashed once, before they load). A
-    refusal (files that are not the pinned ones) is kept while the files stay as they were refused,
-    so that the worker's next tasks refuse without hashing them again."""
-    key = json.dumps([run.to_dict(), run.pin, options], sort_keys=True)
-    if key not in _PREDICTORS:
-        refused, seen = _REFUSED.get(key), run.signature()
-        if refused is not None and refused[1] == seen:
-            raise refused[0]
-        try:
-            _PREDICTORS[key] = ElmoPredictor(run, options)
-        except ModelChangedError as e:
-            _REFUSED[key] = (e, seen)
-            raise
-    return _PREDICTORS[key]
-
-
-def model_loads() -> int:
-    """Models this Python worker has loaded (one per job is the point of ``predictor_for``)."""
-    return len(_PREDICTORS)
-
-
-def embed_task(run: ModelRun, options: dict, shards: list[Shard], out: Any, schema: pa.Schema,
-               job_digest: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The function each task runs over its partition of shard indices (``mapInArrow``)."""
-    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for index in batch.column(0).to_pylist():
-                clock = StageClock()
-                row = {"record": None, "seconds": None, "process": f"{socket.gethostname()}:{os.getpid()}",
-                       "loads": None, "error": None}
-                try:
-                    predictor = predictor_for(run, options)
-                    record = embed_shards(predictor, [shards[index]], out, schema, job_digest, clock=clock)[0]
-                    row.update(record=json.dumps(record), seconds=json.dumps(clock.seconds))
-                except ElmoError as e:  # the input's, the output's, the model's, the vectors': a retry fails alike
-                    row["error"] = json.dumps([type(e).__name__, str(e)])
-                except OSError as e:  # a full or read-only disk is one too; another is retried by Spark
-                    lasting = lasting_os_error(e, out)
-                    if lasting is None:
-                        raise
-                    row["error"] = json.dumps([type(lasting).__name__, str(lasting)])
-                row["loads"] = model_loads()
-                yield pa.RecordBatch.from_pylist([row])
-    return task
-
-
 def run_spark(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dict], dict]:  # type: ignore[no-untyped-def]
     opts: EmbedOptions = job.opts
     spark = spark_session(opts.spark_master, opts.spark_conf, opts.verbose)
@@ -260,14 +203,16 @@ def run_spark(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dic
             "session_s": round(_STARTS.get(spark.sparkContext.master, 0.0), 3)}  # started as the job was planned
     if not shards:
         return [], info
+    from pyspark.sql.pandas.types import from_arrow_schema
+
     task = embed_task(job.run, opts.to_dict(), shards, job.out, job.schema, job.digest)
     with _ShardProgress(job.out, shards, progress) as shown:
-        rows = _collect(spark, spark.range(len(shards), numPartitions=len(shards)).mapInArrow(task, RESULT_SCHEMA))
+        frame = spark.range(len(shards), numPartitions=len(shards)).mapInArrow(task, from_arrow_schema(RESULT))
+        rows = _collect(spark, frame)
     remove_temporaries(job.out)  # a killed attempt's: the committed shards are every shard now
-    errors = [json.loads(r.error) for r in rows if r.error]
+    errors = [TaskError(**r.error.asDict()) for r in rows if r.error is not None]
     if errors:
-        kind, message = errors[0]
-        raise ERRORS.get(kind, ElmoError)(message)
+        raise errors[0].error()
     records = []
     for r in rows:
         records.append(json.loads(r.record))

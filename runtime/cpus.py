@@ -7,7 +7,7 @@ one above it). torch and ONNX Runtime size their pools by the host's cores; more
 make their workers wait at every barrier for one that is not running. The default is the smallest
 of the affinity, the quota (rounded down, at least 1) and ``OMP_NUM_THREADS`` where the user set it.
 
-Those threads wait passively (OpenMP's ``OMP_WAIT_POLICY=PASSIVE``, set by ``elmo_core``'s import:
+Those threads wait passively (OpenMP's ``OMP_WAIT_POLICY=PASSIVE``, settled by every package's ``__init__``:
 ``elmo_core/process_env.py``; ONNX Runtime's sessions without spinning).
 """
 from __future__ import annotations

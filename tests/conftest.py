@@ -5,6 +5,9 @@ import os
 # Tests run tiny models, often beside other processes (Ray workers, DDP ranks): OpenMP spinning
 # on 2 cores then costs far more than it gives. Benchmarks set their own thread counts.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+from elmo_core.process_env import settle  # noqa: E402
+
+settle()  # before torch loads, as every door of the library does (elmo_core/process_env.py)
 import shutil  # noqa: E402
 from pathlib import Path  # noqa: E402
 

@@ -1,3 +1,5 @@
 """Pretraining and fine-tuning a biLM: corpus, vocabulary, objective, optimizer recipes, checkpoints, evaluation.
 May import: elmo_core, runtime, corpora, formats, inference (tests/test_layers.py)."""
-import elmo_core  # noqa: F401  (first: it settles the process's environment before torch loads: elmo_core.process_env)
+from elmo_core.process_env import settle
+
+settle()  # first: the environment torch reads when it loads (elmo_core/process_env.py)

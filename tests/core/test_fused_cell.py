@@ -94,3 +94,21 @@ def test_each_kernel_compiles_to_one_fused_loop():
     }
     counts = {name: len(_profiled_kernels(getattr(fused_cell, name), *args)) for name, args in calls.items()}
     assert counts == dict.fromkeys(calls, 1)
+
+
+def test_kernels_are_built_by_name_and_leave_the_process_dynamo_settings_alone():
+    """Each field holds the function of its name; compiling a set (and running it) changes no
+    process-wide dynamo setting: the recompile limit is the compile calls' own."""
+    import torch._dynamo.config as dynamo_config
+
+    from elmo_core import fused_cell
+
+    eager = FusedCell.eager()
+    assert {name: getattr(eager, name) for name in fused_cell.KERNELS} == fused_cell.KERNELS
+    fresh = FusedCell.compile()
+    gx, r, c, w_proj = _inputs(5)
+    got, want = _step_with(fresh, gx, r, c, None, w_proj, 3.0, 2.0), _step_with(eager, gx, r, c, None, w_proj, 3.0, 2.0)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    for name in ("recompile_limit", "accumulated_recompile_limit"):
+        assert getattr(dynamo_config, name) == dynamo_config._config[name].default, name

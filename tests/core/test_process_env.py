@@ -1,6 +1,6 @@
 """Every door gets the same process environment (OpenMP's wait policy, oneDNN's cache caps, torch's huge pages) before
-torch loads, whatever package a user imports first: ``elmo_core``'s import sets it
-(``elmo_core/process_env.py``)."""
+torch loads, whatever module of the project a user imports first: each package's ``__init__`` settles it
+(``elmo_core/process_env.py``); torch imported before the project is said, not silently run spinning."""
 from __future__ import annotations
 
 import json
@@ -17,11 +17,15 @@ from elmo_core.process_env import (CACHE_VARIABLES, HUGE_PAGE_VARIABLE, PRIMITIV
 ROOT = Path(__file__).resolve().parents[2]
 SET = WAIT_VARIABLES + CACHE_VARIABLES + (HUGE_PAGE_VARIABLE,)
 CHOSEN = {**dict.fromkeys(CACHE_VARIABLES, PRIMITIVE_CACHE_CAPACITY), HUGE_PAGE_VARIABLE: "1"}  # beside the wait policy
-DOORS = ("pipelines", "inference", "training", "serving", "elmo_core", "formats", "export", "runtime", "corpora")
+DOORS = ("import pipelines, torch", "from inference.embedder import Embedder; import torch", "import training, torch",
+         "import serving, torch", "import elmo_core, torch", "import formats, torch", "import export, torch",
+         "import runtime, torch", "import corpora, torch", "import elmo_cli.main, torch")
+TORCH_FIRST = "import torch, pipelines"
+# OpenMP prints what it read when torch loaded it (OMP_DISPLAY_ENV): GOMP_SPINCOUNT 0 waits passively.
 CODE = """import json, os, sys
-import {0}
-import torch
+{0}
 mods = list(sys.modules)
+torch.ones(64, 64).sum()
 print(json.dumps({{"env": {{k: os.environ.get(k) for k in {1!r}}},
                   "settled_before_torch": mods.index("elmo_core.process_env") < mods.index("torch")}}))"""
 
@@ -31,12 +35,14 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return {**env, "PYTHONPATH": str(ROOT), **extra}
 
 
-def _after_import(module: str, **extra: str) -> dict:
-    code = CODE.format(module, SET)
-    r = subprocess.run([sys.executable, "-c", code], env=_clean_env(**extra), cwd=ROOT, capture_output=True,
-                       text=True)
+def _after_import(order: str, **extra: str) -> dict:
+    """The environment left for child processes, whether it was settled before torch loaded, what
+    OpenMP read (GOMP_SPINCOUNT) and what the process said (warnings)."""
+    r = subprocess.run([sys.executable, "-c", CODE.format(order, SET)], env=_clean_env(OMP_DISPLAY_ENV="VERBOSE", **extra),
+                       cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
-    return json.loads(r.stdout)
+    spin = [line.split("=")[1].strip(" '") for line in r.stderr.splitlines() if line.strip().startswith("GOMP_SPINCOUNT")]
+    return {**json.loads(r.stdout), "openmp_spin": spin[0], "said": [ln for ln in r.stderr.splitlines() if "Warning" in ln]}
 
 
 def test_settle_keeps_what_the_user_chose():
@@ -50,14 +56,28 @@ def test_settle_keeps_what_the_user_chose():
         assert kept == {**CHOSEN, **chosen}
 
 
-@pytest.mark.parametrize("module", DOORS)
-def test_any_door_first_gives_the_same_environment_before_torch(module):
-    got = _after_import(module)
+@pytest.mark.parametrize("order", DOORS)
+def test_any_module_of_the_project_first_gives_the_same_environment_before_torch(order):
+    got = _after_import(order)
     assert got == {"env": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None, "KMP_BLOCKTIME": None, **CHOSEN},
-                   "settled_before_torch": True}
+                   "settled_before_torch": True, "openmp_spin": "0", "said": []}
+
+
+def test_torch_imported_before_the_project_is_said_and_a_users_policy_holds_in_either_order():
+    got = _after_import(TORCH_FIRST)
+    assert got["env"]["OMP_WAIT_POLICY"] == "PASSIVE" and got["openmp_spin"] != "0"  # OpenMP read it before: it spins
+    assert len(got["said"]) == 1 and "RuntimeWarning: torch was imported before the elmo library" in got["said"][0]
+    assert "OMP_WAIT_POLICY=PASSIVE" in got["said"][0]
+    chosen = _after_import(TORCH_FIRST, OMP_WAIT_POLICY="PASSIVE")
+    assert (chosen["openmp_spin"], chosen["said"]) == ("0", [])
 
 
 def test_a_users_policy_is_kept():
-    got = _after_import("pipelines", OMP_WAIT_POLICY="ACTIVE", LRU_CACHE_CAPACITY="512", THP_MEM_ALLOC_ENABLE="0")
+    got = _after_import(DOORS[0], OMP_WAIT_POLICY="ACTIVE", LRU_CACHE_CAPACITY="512", THP_MEM_ALLOC_ENABLE="0")
     assert got["env"]["OMP_WAIT_POLICY"] == "ACTIVE" and got["env"]["LRU_CACHE_CAPACITY"] == "512"
-    assert got["env"][HUGE_PAGE_VARIABLE] == "0"
+    assert got["env"][HUGE_PAGE_VARIABLE] == "0" and got["said"] == []
+
+
+def test_settle_is_idempotent_and_records_the_first_call():
+    first = settle()
+    assert settle() is first and not first.torch_loaded_first  # tests/conftest.py settles before torch loads

@@ -174,7 +174,7 @@ def test_two_attempts_of_one_task_at_once_leave_one_shard_and_a_record_of_its_by
     from pipelines.job import pending_shards, plan_job
     from pipelines.options import EmbedOptions
     from pipelines.sink import check_shard, claim_output_dir
-    from pipelines.spark_runner import embed_task
+    from pipelines.spark_worker import embed_task
 
     corpus = tmp_path / "corpus"
     write_sample_corpus(corpus, rows=200, files=1, row_group_rows=50)
@@ -378,3 +378,40 @@ def test_a_spark_job_sizes_its_shards_by_its_slots_reads_csv_and_says_each_shard
     local = embed_parquet(csv, tmp_path / "local", tiny, id_column="id", rows_per_shard=600, quiet=True)
     assert local["rows"] == 2400
     _assert_same_rows(_table(out), _table(tmp_path / "local"))
+
+
+def test_a_tasks_error_reaches_the_driver_typed_with_its_row(spark, tiny, tmp_path):
+    """A worker's error crosses as data (its kind, message, shard and row) and is raised on the
+    driver as the local runner raises it: the vectors overflow float16 at a row the error names."""
+    from pipelines.options import NonFiniteError
+
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=40, files=1)
+    options = {**RUN, "dtype": "float16", "gamma": 65504.0}
+    with pytest.raises(NonFiniteError) as local:
+        embed_parquet(corpus, tmp_path / "local", tiny, **options)
+    with pytest.raises(NonFiniteError) as remote:
+        embed_parquet(corpus, tmp_path / "spark", tiny, engine="spark", **options)
+    assert (str(remote.value), remote.value.row) == (str(local.value), local.value.row)
+    assert f"{corpus}" in str(remote.value) and f"row {local.value.row}:" in str(remote.value)
+
+
+def test_a_worker_holds_one_model_and_closes_the_previous_runs(tiny, tmp_path, monkeypatch):
+    """PySpark reuses its Python workers across jobs: the worker keeps the model of the run its tasks
+    ask for, and closes it when a task of another run arrives."""
+    from pipelines import spark_worker
+    from pipelines.options import EmbedOptions
+    from pipelines.predictor import ElmoPredictor
+
+    closed: list[ElmoPredictor] = []
+    close = ElmoPredictor.close
+    monkeypatch.setattr(ElmoPredictor, "close", lambda self: (closed.append(self), close(self))[1])
+    opts = EmbedOptions.coerce({"threads": 1})
+    run_a, run_b = (opts.resolve_run(str(m)) for m in (tiny, make_model_dir(tmp_path / "b", TINY_OPTIONS, seed=7)))
+    loads = spark_worker.model_loads()
+    a = spark_worker.predictor_for(run_a, opts.to_dict())
+    assert spark_worker.predictor_for(run_a, opts.to_dict()) is a and closed == []
+    b = spark_worker.predictor_for(run_b, opts.to_dict())
+    assert closed == [a]
+    again = spark_worker.predictor_for(run_a, opts.to_dict())
+    assert again is not a and closed == [a, b] and spark_worker.model_loads() == loads + 3
