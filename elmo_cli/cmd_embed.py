@@ -52,10 +52,11 @@ def run_embed(args: argparse.Namespace) -> int:
     shards = {"format": args.format} if args.format != "hdf5" else {}
     opts = EmbedOptions.coerce(field_values(EmbedOptions, args), **shards)  # errors before an export
     settings = RunSettings(**field_values(RunSettings, args), precision=args.precision, layout=args.layout)
-    from inference.model_run import resolve_run
     from pipelines.claim_first import RunMaker
 
     def resolve(flags):  # backend, precision (auto; on-demand export), threads: once OUTPUT_DIR and the inputs are checked
+        from inference.model_run import resolve_run  # the model code: loaded once the inputs are checked
+
         return warned(resolve_run(args.model, settings, job=True, remote=opts.engine != "local", exporter=exporter(args),
                                   flags=flags))
 
