@@ -38,7 +38,7 @@ JOB = ("import json, sys; from pipelines import embed_parquet; "
        "threads = int(sys.argv[5]) or None; "
        "m = embed_parquet(sys.argv[1], sys.argv[2], sys.argv[3], dtype=sys.argv[4], output='mixed', quiet=True, "
        "threads=threads, **json.loads(sys.argv[6])); "
-       "requests = getattr(sys.modules.get('elmo_core.storage'), 'S3_REQUESTS', {}).get('count', 0); "
+       "requests = getattr(sys.modules.get('storage.locations'), 'S3_REQUESTS', {}).get('count', 0); "
        "print(json.dumps({'tokens_per_s': m['this_run']['tokens_per_second'], 'tokens': m['tokens'], "
        "'stages': m.get('stages'), 'shards': len(m['shards']), 'requests': requests}))")
 

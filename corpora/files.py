@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from elmo_core.errors import InputError
-from elmo_core.storage import is_below, is_hidden, is_uri, list_files, normalize_uri
+from storage.locations import is_below, is_hidden, is_uri, list_files, normalize_uri
 
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 # elmo embed's input formats, told by a file's suffix (case-insensitive); one format per file, never guessed.

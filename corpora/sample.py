@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from elmo_core.atomic import atomic_path
+from storage.atomic import atomic_path
 from elmo_core.bounds import check_count
 from elmo_core.errors import SettingError
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from elmo_core.atomic import write_text_atomic
+from storage.atomic import write_text_atomic
 from elmo_core.bounds import check_count
 
 from .sotu import sotu_fileids, sotu_speech, split_sentences

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from elmo_cli.human import labelled_lines, value_text
 from elmo_cli.vocabulary import add_flag, add_model
-from elmo_core.atomic import read_json_object
+from storage.atomic import read_json_object
 from elmo_core.errors import InputError
-from elmo_core.storage import file_sha256
+from storage.locations import file_sha256
 
 if TYPE_CHECKING:
     import torch

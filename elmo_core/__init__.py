@@ -1,7 +1,7 @@
-"""The ground floor: the reference model (config, char ids, char-CNN, LSTM, biLM, scalar mix) and where bytes live (storage, atomic writes).
+"""The ground floor: the reference model (config, char ids, char-CNN, LSTM, biLM, scalar mix), its kinds and names.
 May import: no other package of the project (tests/test_layers.py)."""
 # The package's names load their modules on first use (PEP 562), so a light module (errors, bounds,
-# atomic) is imported without torch; the process environment is settled first, whatever is imported.
+# kinds) is imported without torch; the process environment is settled first, whatever is imported.
 from __future__ import annotations
 
 from .errors import ConfigError, ElmoError, InputError, WeightsError

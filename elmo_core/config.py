@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .atomic import write_json_atomic
 from .errors import ConfigError
 
 ACTIVATIONS = ("relu", "tanh")
@@ -169,9 +168,6 @@ class ElmoConfig:
         # bilm-tf writes its training keys beside the architecture; AllenNLP ignores them.
         out.update({k: v for k, v in asdict(self.training).items() if v is not None})
         return out
-
-    def to_json(self, path: str | Path) -> None:
-        write_json_atomic(path, self.to_dict(), sort_keys=False)
 
     def with_training(self, **kw: Any) -> "ElmoConfig":
         return replace(self, training=replace(self.training, **kw))

@@ -72,13 +72,6 @@ class Dtype(_Named):
         """The largest finite value."""
         return float(np.finfo(self.numpy).max)
 
-    @property
-    def arrow(self) -> Any:
-        """The ``pyarrow`` type (imported here, on first use)."""
-        import pyarrow as pa
-
-        return pa.from_numpy_dtype(self.numpy)
-
 
 Dtype.ALL = {d.name: d for d in (Dtype("float32", np.dtype(np.float32)), Dtype("float16", np.dtype(np.float16)))}
 
@@ -107,14 +100,6 @@ class OutputMode:
     def shape(self, n_layers: int, dim: int) -> tuple[int, ...]:
         """One token's vectors. Shape: -> (L+1, 2P) with the layer axis, else (2P,)."""
         return (n_layers, dim) if self.layer_axis else (dim,)
-
-    def arrow(self, dim: int, n_layers: int, dtype: Dtype) -> Any:
-        """One token's vectors as an Arrow type: ``fixed_size_list<float, D>``, nested L+1 times
-        with the layer axis."""
-        import pyarrow as pa
-
-        item = pa.list_(dtype.arrow, dim)
-        return pa.list_(item, n_layers) if self.layer_axis else item
 
 
 OutputMode.ALL = {m.name: m for m in (OutputMode("mixed", mixes=True), OutputMode("top", layer=-1),

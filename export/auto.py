@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from elmo_core.atomic import write_json_atomic
-from elmo_core.storage import cache_root
+from storage.atomic import write_json_atomic
+from storage.locations import cache_root
 from formats import load_bilm, resolve_model
 from formats.export_manifest import MANIFEST_NAME, ONNX_NAME
 from formats.export_spec import ExportSpec

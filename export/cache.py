@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from elmo_core import InputError
-from elmo_core.atomic import atomic_dir
+from storage.atomic import atomic_dir
 from elmo_core.names import VALIDATED_EXPORT_PRECISIONS
-from elmo_core.storage import cache_root, file_sha256
+from storage.locations import cache_root, file_sha256
 from formats.export_manifest import FORMAT_VERSION, MANIFEST_NAME
 from formats.export_spec import DEFAULT_OPSET
 from formats.model_dir import resolve_model

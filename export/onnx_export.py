@@ -9,7 +9,7 @@ import onnx
 
 from elmo_core import BiLM
 from elmo_core.dictionaries import DictionaryTokenizer
-from elmo_core.storage import file_sha256
+from storage.locations import file_sha256
 from formats import load_bilm, resolve_model
 from formats.errors import ExportError
 from formats.export_manifest import FORMAT_VERSION, MANIFEST_NAME, ONNX_NAME, producer, write_manifest

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from elmo_core.names import TENSORRT_PRECISIONS
-from elmo_core.storage import file_sha256
+from storage.locations import file_sha256
 from formats.errors import ExportError
 from formats.export_manifest import ENGINE_NAME, FORMAT_VERSION, check_file, producer, read_spec, write_manifest
 from formats.export_spec import DEFAULT_PROFILE, ExportSpec

@@ -1,5 +1,5 @@
 """The files the project reads and writes: model directories (model_dir.py), the published hdf5 weights, ELMoForManyLangs, token-embedding files, the export spec and manifest.
-May import: elmo_core (tests/test_layers.py)."""
+May import: elmo_core, storage (tests/test_layers.py)."""
 from __future__ import annotations
 
 from elmo_core.lazy_names import lazy_names

@@ -8,9 +8,9 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from elmo_core.atomic import read_json_object, write_json_atomic
+from storage.atomic import read_json_object, write_json_atomic
 from elmo_core.errors import InputError
-from elmo_core.storage import file_sha256
+from storage.locations import file_sha256
 
 from .errors import ExportError
 from .export_spec import ExportSpec

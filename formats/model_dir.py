@@ -8,7 +8,7 @@ from typing import Sequence
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from elmo_core.atomic import atomic_path
+from storage.atomic import atomic_path, write_json_atomic
 from elmo_core.bilm import BiLM
 from elmo_core.config import ElmoConfig
 from elmo_core.dictionaries import CHAR_SPECIALS, WORD_SPECIALS, DictionaryTokenizer
@@ -51,7 +51,7 @@ def save_model(model: BiLM, out_dir: str | Path, fmt: str = "hdf5") -> ModelFile
     out_dir.mkdir(parents=True, exist_ok=True)
     if model.encoder.word_embed is not None and fmt == "hdf5":
         raise WeightsError("the published hdf5 layout has no word embedding; save this model as safetensors")
-    model.config.to_json(out_dir / OPTIONS_NAME)
+    write_json_atomic(out_dir / OPTIONS_NAME, model.config.to_dict(), sort_keys=False)
     if isinstance(model.tokenizer, DictionaryTokenizer):
         save_dictionaries(model.tokenizer, model.config, out_dir)
     if fmt == "hdf5":

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elmo_core.errors import WeightsError
-from elmo_core.storage import is_uri, local_copy
+from storage.locations import is_uri, local_copy
 
 OPTIONS_NAME = "options.json"
 HDF5_NAME = "weights.hdf5"
@@ -33,7 +33,7 @@ def resolve_model(path: str | Path, weights: str | Path | None = None) -> ModelF
     ``weights.hdf5``, else the one ``*.hdf5`` that is not a softmax (``*softmax*``), preferring
     names with ``weights`` (the published ``elmo_..._options.json`` / ``elmo_..._weights.hdf5`` /
     ``elmo_..._softmax_weights.hdf5`` side by side). ``weights`` names the file explicitly. A URI
-    (``s3://bucket/model``) is fetched once into the local cache (``elmo_core.storage.local_copy``).
+    (``s3://bucket/model``) is fetched once into the local cache (``storage.locations.local_copy``).
     """
     path = local_copy(path) if is_uri(path) else Path(path)
     if path.is_file() and path.suffix == ".json":

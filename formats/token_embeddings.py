@@ -15,7 +15,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from elmo_core.atomic import atomic_path
+from storage.atomic import atomic_path
 from elmo_core.errors import ElmoError
 
 EMBEDDING = "embedding"

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import torch
 
-from elmo_core.atomic import atomic_path
+from storage.atomic import atomic_path
 from elmo_core.bilm import BiLM
 from elmo_core.errors import WeightsError
 

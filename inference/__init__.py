@@ -1,5 +1,5 @@
 """Running a biLM: the one engine (batches, outputs, pooling), the fast inference path (fast_path.py), the backends (torch, ONNX Runtime, TensorRT) and their registry.
-May import: elmo_core, runtime, corpora, formats (tests/test_layers.py)."""
+May import: elmo_core, storage, runtime, corpora, formats (tests/test_layers.py)."""
 from __future__ import annotations
 
 from elmo_core.lazy_names import lazy_names

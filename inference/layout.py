@@ -16,7 +16,7 @@ The layouts (``elmo_core.names.LAYOUTS``), each computing what the reference com
 ``auto`` (the default): ``rows`` on CUDA. On a CPU the fastest of ``packed``, ``fused`` and ``rows``
 at each of ``CPU_ROW_COUNTS`` for this CPU model, precision, LSTM shape and thread count, measured
 once on the recurrence alone (a random model of the same shape: the weights' values do not change
-the time) and kept in the cache (``layouts.json`` under ``elmo_core.storage.cache_root``). Another
+the time) and kept in the cache (``layouts.json`` under ``storage.locations.cache_root``). Another
 layout than ``packed`` is taken only when it is ``FUSED_MARGIN`` faster: never slower than
 ``packed`` (the fixed default it replaces) by more than noise. A model whose matrices are below
 ``fast_lstm.PACKED_MIN_WEIGHTS`` takes ``packed`` unmeasured (its steps are too small for any to
@@ -33,10 +33,10 @@ from typing import Callable
 import torch
 
 from elmo_core import ElmoConfig
-from elmo_core.atomic import write_json_atomic
+from storage.atomic import write_json_atomic
 from elmo_core.errors import InputError
 from elmo_core.names import LAYOUTS
-from elmo_core.storage import cache_root
+from storage.locations import cache_root
 
 from runtime import use_threads
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from elmo_core import ElmoConfig
 from elmo_core.errors import InputError, SettingError
-from elmo_core.storage import is_uri
+from storage.locations import is_uri
 from runtime import CpuBudget, process_cpu_budget, threads_for
 
 from .backends import Backend

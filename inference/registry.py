@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from elmo_core import ElmoConfig, InputError
-from elmo_core.atomic import read_json_object
+from storage.atomic import read_json_object
 from elmo_core.kinds import Precision
 from elmo_core.names import EXPORT_PRECISIONS
-from elmo_core.storage import file_sha256, is_uri, local_copy
+from storage.locations import file_sha256, is_uri, local_copy
 
 from .errors import BackendUnavailableError
 from formats.export_manifest import ENGINE_NAME, MANIFEST_NAME, ONNX_NAME, read_manifest

@@ -1,5 +1,5 @@
 """`elmo embed`: Parquet (or text) corpora through the engine into Parquet or hdf5 vectors, exactly once, locally or on Ray.
-May import: elmo_core, runtime, corpora, formats, inference, export, training (tests/test_layers.py)."""
+May import: elmo_core, storage, runtime, corpora, formats, inference, export, training (tests/test_layers.py)."""
 from __future__ import annotations
 
 from elmo_core.lazy_names import lazy_names

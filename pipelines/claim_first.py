@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from elmo_core.errors import ElmoError, InputError
-from elmo_core.storage import is_uri
+from storage.locations import is_uri
 from inference.registry import backend_kind, exported_backend, model_identity
 from inference.run_settings import RunSettings
 

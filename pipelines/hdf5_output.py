@@ -23,7 +23,7 @@ The one engine computes the vectors (``inference.Embedder``: windows of long sen
 under ``--max-batch-tokens``), ``sort_window_rows`` sentences at a time. The output protocol
 is the Parquet output's: a job holds OUT's lock (``.OUT.lock`` beside it, deleted when the job
 finishes: a second job on the same OUT is refused while the first runs) and writes a temporary file of its own, fsynced and
-renamed over OUT at the end (``elmo_core.atomic``), so OUT is either the whole result or untouched.
+renamed over OUT at the end (``storage.atomic``), so OUT is either the whole result or untouched.
 """
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ import h5py
 import numpy as np
 
 from corpora.files import input_files, input_format
-from elmo_core.atomic import WriteGuard, atomic_path, remove_stale_temporaries
+from storage.atomic import WriteGuard, atomic_path, remove_stale_temporaries
 from elmo_core.errors import InputError
-from elmo_core.storage import is_uri
+from storage.locations import is_uri
 from elmo_core.whitespace import split_tokens
 from inference import Embedder
 from inference.model_run import ModelRun

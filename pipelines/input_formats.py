@@ -21,7 +21,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
 from elmo_core.errors import InputError
-from elmo_core.storage import is_uri, open_input
+from storage.locations import is_uri, open_input
 
 BLOCK_BYTES = 1 << 22
 

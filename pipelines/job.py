@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from corpora.files import would_read
 from elmo_core.errors import InputError
-from elmo_core.storage import file_sha256, is_below
+from storage.locations import file_sha256, is_below
 from inference.errors import ModelChangedError
 from inference.run_settings import RunSettings
 
@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # loaded once the inputs are checked: an input or output erro
 class Job:
     input: str
     out: Output  # a local OUTPUT_DIR or one on an object store (pipelines.output_dir)
-    run: ModelRun  # the model (a path, or a URI each worker fetches: elmo_core.storage) and how it runs
+    run: ModelRun  # the model (a path, or a URI each worker fetches: storage.locations) and how it runs
     opts: EmbedOptions
     files: list[InputFile]
     schema: pa.Schema  # every shard's

@@ -32,9 +32,9 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from elmo_core.atomic import TMP_GLOB, atomic_path, fsync, parse_json_object
+from storage.atomic import TMP_GLOB, atomic_path, fsync, parse_json_object
 from elmo_core.errors import InputError
-from elmo_core.storage import file_sha256, is_uri, normalize_uri, open_input, redacted, s3_client, \
+from storage.locations import file_sha256, is_uri, normalize_uri, open_input, redacted, s3_client, \
     s3_location
 
 from .lock import OutputLock
@@ -54,7 +54,7 @@ def open_output(spec: str | Path) -> "LocalDir | StoreDir":
 
 
 class _Readable:
-    """What both outputs read the same way: through ``elmo_core.storage``, by ``where(name)``."""
+    """What both outputs read the same way: through ``storage.locations``, by ``where(name)``."""
 
     def where(self, name: str) -> str:
         raise NotImplementedError
@@ -151,7 +151,7 @@ class LocalDir(_Readable):
         return (self.root / name).read_bytes()
 
     def write_bytes(self, name: str, data: bytes) -> None:
-        """Whole or not at all (``elmo_core.atomic``)."""
+        """Whole or not at all (``storage.atomic``)."""
         (self.root / name).parent.mkdir(exist_ok=True)
         with atomic_path(self.root / name) as tmp:
             tmp.write_bytes(data)

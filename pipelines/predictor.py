@@ -25,7 +25,7 @@ from inference.run_settings import RunSettings
 
 from .options import EmbedOptions, NonFiniteError
 from .rows import row_tokens
-from .schema import elmo_field
+from .schema import arrow_float, elmo_field
 from .stages import StageClock
 
 
@@ -161,7 +161,7 @@ class ElmoPredictor:
         nulls = -1 if mask is not None else 0
         if pa.types.is_fixed_size_binary(item_type):
             return pa.Array.from_buffers(item_type, len(values), [validity, pa.py_buffer(values)], null_count=nulls)
-        flat = pa.Array.from_buffers(Dtype.of_numpy(values.dtype).arrow, values.size, [None, pa.py_buffer(values)])
+        flat = pa.Array.from_buffers(arrow_float(Dtype.of_numpy(values.dtype)), values.size, [None, pa.py_buffer(values)])
         inner: pa.Array = pa.FixedSizeListArray.from_arrays(flat, self.dim)
         if self.request.mode.layer_axis:  # (N, L+1, D): the layers' vectors, then each item's list of layers
             inner = pa.FixedSizeListArray.from_arrays(inner, self.n_layers)

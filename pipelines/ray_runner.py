@@ -8,7 +8,7 @@ construction and ``--resume`` works shard by shard for both runners.
 The unit of work is one shard (``--rows-per-shard`` rows of one input file), so a job runs as
 many shards at once as it has workers and pending shards. Workers read INPUT, fetch the model and
 write OUTPUT_DIR themselves: on a cluster with no shared disk all three live in an object store
-(``s3://``; ``elmo_core.storage``, ``pipelines.output_dir``), and each worker reaches it with the
+(``s3://``; ``storage.locations``, ``pipelines.output_dir``), and each worker reaches it with the
 credentials of its own environment; the endpoint and region variables of the driver's are passed
 on (``FORWARDED_ENV``), never its secrets. The driver holds OUTPUT_DIR's lock, hands out shards
 and collects their commit records. Each actor hashes the model's files once, before it loads them,
@@ -23,7 +23,7 @@ import socket
 import pyarrow as pa
 
 from elmo_core.errors import ElmoError, InputError
-from elmo_core.storage import LOCATION_VARIABLES
+from storage.locations import LOCATION_VARIABLES
 from inference.model_run import ModelRun
 from runtime.ray_local import init_local_ray
 

@@ -18,11 +18,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from elmo_core.kinds import Dtype
 from inference.outputs import VectorRequest
 
 ELMO_COLUMN = "elmo"
 VECTOR_DTYPE, VECTOR_SHAPE = b"elmo.dtype", b"elmo.shape"  # a binary layout's field metadata
 COMPRESSIONS = ("snappy", "none", "lz4", "zstd")  # of the output shards; measured in docs/pipelines.md
+
+
+def arrow_float(dtype: Dtype) -> pa.DataType:
+    """A vector dtype's Arrow type (``float32``, ``float16``)."""
+    return pa.from_numpy_dtype(dtype.numpy)
 
 
 def elmo_type(dim: int, n_layers: int, request: VectorRequest, layout: str = "floats") -> pa.DataType:
@@ -36,7 +42,8 @@ def vector_item(dim: int, n_layers: int, request: VectorRequest, layout: str = "
     """One token's (or pooled row's) vectors: ``fixed_size_list<float, D>`` (nested L+1 times for
     output all), or with ``layout`` binary ``fixed_size_binary(D x [L+1] x itemsize)``."""
     if layout == "floats":
-        return request.mode.arrow(dim, n_layers, request.vector_dtype)
+        item = pa.list_(arrow_float(request.vector_dtype), dim)
+        return pa.list_(item, n_layers) if request.mode.layer_axis else item
     shape = request.mode.shape(n_layers, dim)
     return pa.binary(int(np.prod(shape)) * request.vector_dtype.itemsize)
 

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from corpora.files import input_files
 from elmo_core.errors import InputError
-from elmo_core.storage import dataset_source, file_etag, file_info, file_sha256, is_uri, open_input
+from storage.locations import dataset_source, file_etag, file_info, file_sha256, is_uri, open_input
 from elmo_core.whitespace import TOKEN_PATTERN
 
 from . import input_formats
@@ -38,7 +38,7 @@ class InputFile:
     """An input file as the job first saw it; ``identity`` changes when the file is edited."""
 
     index: int
-    path: Path | str  # a local path, or a URI (elmo_core.storage)
+    path: Path | str  # a local path, or a URI (storage.locations)
     rows: int
     size: int
     mtime_ns: int

@@ -15,7 +15,7 @@ Each executor's Python worker loads the model once (``spark_worker.predictor_for
 model, the previous run's closed; PySpark reuses its workers), after it hashed the model's files and found the job's model (the run is
 pinned to it, ``ModelRun.pinned``), and runs it on ``--threads`` threads (default 1:
 ``spark.task.cpus`` tasks share an executor's cores). Tasks read INPUT and write OUTPUT_DIR
-themselves: local paths every executor sees, or ``s3://`` (``elmo_core.storage``). An error that
+themselves: local paths every executor sees, or ``s3://`` (``storage.locations``). An error that
 a retry would meet again (a bad row, another model than the job's, a full or read-only disk) is
 returned to the driver as data (``spark_worker.TaskError``: its kind, message, shard and row), not
 retried, and raised there as the local runner raises it.

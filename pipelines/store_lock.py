@@ -32,7 +32,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from elmo_core.storage import redacted, s3_client
+from storage.locations import redacted, s3_client
 
 from .lock import LOCK_FILE, describe_holder, holder_record
 from .options import OutputDirError

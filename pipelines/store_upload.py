@@ -15,7 +15,7 @@ import io
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any
 
-from elmo_core.storage import redacted, s3_client
+from storage.locations import redacted, s3_client
 
 from .options import OutputDirError, ShardPublishedError
 

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from elmo_core.errors import ElmoError, InputError
-from elmo_core.storage import dataset_source, file_info, is_hidden
+from storage.locations import dataset_source, file_info, is_hidden
 
 from .options import EmbedOptions, OutputDirError
 from .output_dir import open_output

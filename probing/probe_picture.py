@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from elmo_core.atomic import atomic_path
+from storage.atomic import atomic_path
 
 from .errors import PictureUnavailable
 

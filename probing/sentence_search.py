@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from elmo_core.errors import InputError
-from elmo_core.storage import is_uri
+from storage.locations import is_uri
 from pipelines.schema import ELMO_COLUMN, vector_array
 from pipelines.shard_files import FORMATS, shard_format
 

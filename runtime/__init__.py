@@ -1,5 +1,5 @@
 """Process plumbing: the CPUs this process is given (cpus.py), thread counts and deterministic kernels (settings.py), a local Ray cluster that ends with its driver (ray_local.py).
-May import: elmo_core (tests/test_layers.py)."""
+May import: elmo_core, storage (tests/test_layers.py)."""
 from elmo_core.process_env import settle
 
 from .cpus import CpuBudget, cpu_budget, process_cpu_budget, threads_for

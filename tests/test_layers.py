@@ -9,12 +9,13 @@ import cannot hide an upward dependency.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Package -> layer. A package may import packages of a lower layer only (and itself).
-LAYERS = {"elmo_core": 0, "runtime": 1, "corpora": 1, "formats": 1, "inference": 2, "export": 3, "training": 3, "pipelines": 4,
-          "serving": 4, "probing": 5, "elmo_cli": 6}
+LAYERS = {"elmo_core": 0, "storage": 1, "runtime": 2, "corpora": 2, "formats": 2, "inference": 3, "export": 4,
+          "training": 4, "pipelines": 5, "serving": 5, "probing": 6, "elmo_cli": 7}
 
 
 def imported_packages(path: Path) -> set[tuple[str, int]]:
@@ -118,3 +119,23 @@ def test_each_package_says_what_it_may_import():
         named = lines[1].removeprefix("May import: ").split(" (")[0].split(", ")
         want = [p for p, other in LAYERS.items() if other < layer] or ["no other package of the project"]
         assert named == want, (package, named, want)
+
+
+def test_the_model_floor_imports_only_torch_numpy_and_the_standard_library():
+    """``elmo_core`` is the model's maths: where bytes live (``storage``), Arrow's types
+    (``pipelines.schema``) and every other library belong to the layers that use them."""
+    allowed = set(sys.stdlib_module_names) | {"torch", "numpy", "elmo_core", "__future__"}
+    found = sorted(f"{path.relative_to(ROOT)}:{line} {name}" for path in (ROOT / "elmo_core").rglob("*.py")
+                   for name, line in _imported_modules(path) if name.split(".")[0] not in allowed)
+    assert found == [], found
+
+
+def _imported_modules(path: Path) -> list[tuple[str, int]]:
+    """(module, line) of every absolute import in a module, however deep in its code."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.module, node.lineno))
+    return out

@@ -15,7 +15,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from elmo_core.atomic import atomic_path
+from storage.atomic import atomic_path
 
 from .errors import CheckpointError
 

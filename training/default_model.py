@@ -24,7 +24,7 @@ import numpy as np
 
 from corpora.sotu import sotu_sentences
 from corpora.sotu_text import split_speeches, write_sotu_corpus
-from elmo_core.atomic import atomic_dir, atomic_path, read_json_object, write_json_atomic
+from storage.atomic import atomic_dir, atomic_path, read_json_object, write_json_atomic
 from elmo_core.bounds import MAX_SEED, check_count
 from inference import Embedder
 

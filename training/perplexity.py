@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from elmo_core import ElmoConfig, LstmState
-from elmo_core.atomic import atomic_path
+from storage.atomic import atomic_path
 from elmo_core.bounds import check_count
 from elmo_core.errors import WeightsError
 from formats import resolve_model

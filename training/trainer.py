@@ -17,7 +17,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from elmo_core import ElmoConfig, LstmState
-from elmo_core.atomic import write_json_atomic
+from storage.atomic import write_json_atomic
 from elmo_core.host_to_device import to_device
 from elmo_core.kinds import Precision
 from formats import save_model

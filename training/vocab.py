@@ -10,7 +10,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from elmo_core.atomic import write_text_atomic
+from storage.atomic import write_text_atomic
 
 from .corpus import iter_records, list_shards
 from .errors import CorpusError

@@ -1,9 +1,9 @@
-"""The one atomic writer (``elmo_core/atomic.py``): a file or a shared directory is whole or absent."""
+"""The one atomic writer (``storage/atomic.py``): a file or a shared directory is whole or absent."""
 from __future__ import annotations
 
 import pytest
 
-from elmo_core.atomic import atomic_dir, write_json_atomic
+from storage.atomic import atomic_dir, write_json_atomic
 
 
 def test_a_shared_directory_is_published_once_and_a_late_builder_keeps_the_first(tmp_path):

@@ -12,7 +12,7 @@ from elmo_core.kinds import Dtype, OutputMode, Precision
 from elmo_core.names import (DTYPES, EXPORT_PRECISIONS, OUTPUT_MODES, PRECISIONS, TENSORRT_PRECISIONS, TRAIN_PRECISIONS,
                              VALIDATED_EXPORT_PRECISIONS)
 from inference.outputs import VectorRequest
-from pipelines.schema import elmo_type
+from pipelines.schema import arrow_float, elmo_type
 
 
 def test_the_tuples_are_the_records_names_in_the_clis_order():
@@ -29,7 +29,7 @@ def test_the_tuples_are_the_records_names_in_the_clis_order():
     ("float32", torch.float32, np.float32, pa.float32(), 4), ("float16", torch.float16, np.float16, pa.float16(), 2)])
 def test_a_dtype_carries_its_types(name, torch_type, numpy_type, arrow_type, size):
     d = Dtype.of(name)
-    assert (d.torch, d.numpy, d.arrow, d.itemsize) == (torch_type, np.dtype(numpy_type), arrow_type, size)
+    assert (d.torch, d.numpy, arrow_float(d), d.itemsize) == (torch_type, np.dtype(numpy_type), arrow_type, size)
     assert Dtype.of_numpy(numpy_type) is d and d.max == float(np.finfo(numpy_type).max)
     with pytest.raises(InputError, match="dtype must be one of"):
         Dtype.of("int8")

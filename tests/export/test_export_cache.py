@@ -13,7 +13,7 @@ import pytest
 
 from corpora.sample import write_sample_corpus
 from elmo_cli.main import main
-from elmo_core.storage import cache_root, file_sha256
+from storage.locations import cache_root, file_sha256
 from export.cache import cached_onnx_export, export_key, on_demand_dedup
 from formats.model_dir import resolve_model
 from export.quantize import weight_bits

@@ -12,7 +12,7 @@ from onnx import TensorProto
 from elmo_core import BiLM, ElmoConfig, batch_to_ids
 from elmo_core.errors import InputError
 from elmo_core.init import init_bilm
-from elmo_core.storage import file_sha256
+from storage.locations import file_sha256
 from export.errors import ParityError
 from export.onnx_export import export_onnx, ort_run
 from export.onnx_graph import build_onnx

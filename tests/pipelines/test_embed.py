@@ -12,7 +12,7 @@ import pytest
 
 from elmo_cli.main import main
 from elmo_core.errors import InputError
-from elmo_core.storage import file_sha256
+from storage.locations import file_sha256
 from inference import Embedder
 from pipelines import ElmoPredictor, OutputDirError, embed_parquet
 from corpora.sample import write_sample_corpus

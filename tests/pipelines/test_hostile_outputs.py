@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from corpora.sample import write_sample_corpus
-from elmo_core.atomic import write_text_atomic
+from storage.atomic import write_text_atomic
 from pipelines import embed_parquet
 from pipelines.verify import verify_output
 

@@ -163,7 +163,7 @@ def test_strays_of_a_killed_attempt_are_not_read_back(s3, corpus, model):
     shard (its completion is conditional)."""
     from pipelines import embed_parquet
     from pipelines.output_dir import open_output
-    from elmo_core.storage import s3_client
+    from storage.locations import s3_client
 
     s3.create_dir("strays")
     opts = dict(id_column="id", rows_per_shard=30, sort_window_rows=15, max_tokens_per_batch=300, threads=1, quiet=True)
@@ -261,7 +261,7 @@ def test_a_large_shard_travels_in_parts_and_appears_whole(s3, monkeypatch):
     when completed, byte for byte, with the sha256 of what was written; an aborted one never does."""
     import hashlib
 
-    from elmo_core.storage import s3_client
+    from storage.locations import s3_client
     from pipelines import store_upload
     from pipelines.output_dir import open_output
 

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import InputError
+from elmo_core.errors import InputError
 
 TMP_GLOB = ".*.tmp"
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from .atomic import atomic_dir
-from .errors import InputError
+from elmo_core.errors import InputError
 
 URI_SCHEMES = ("s3", "gs", "gcs", "hdfs", "viewfs", "file")
 # Where an S3-compatible store is (not who may use it): read here, passed on to Ray's workers.
