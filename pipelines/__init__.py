@@ -10,7 +10,7 @@ settle()  # before any module here loads torch: the environment torch reads when
 # Each name's module, imported on first use (elmo_core.lazy_names).
 _HOMES = {
     "embed_parquet": "job", "ElmoLayersDataset": "layers_dataset", "collate_layers": "layers_dataset",
-    "EmbedOptions": "options", "OutputDirError": "options", "ElmoPredictor": "predictor",
+    "EmbedOptions": "options", "OutputDirError": "errors", "ElmoPredictor": "predictor",
     "ELMO_COLUMN": "schema", "elmo_type": "schema"
 }
 

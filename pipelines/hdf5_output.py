@@ -48,7 +48,8 @@ from inference.run_settings import RunSettings
 
 from .claim_first import RunMaker
 from .os_errors import os_errors
-from .options import PARQUET_ONLY, EmbedOptions, NonFiniteError
+from .options import PARQUET_ONLY, EmbedOptions
+from .errors import NonFiniteError
 from .progress import note
 from .lock import OutputLock
 from .rows import row_values

@@ -27,7 +27,8 @@ from inference.errors import ModelChangedError
 from inference.run_settings import RunSettings
 
 from .claim_first import RunMaker, check_output_first, job_identity
-from .options import EmbedOptions, OutputDirError, digest
+from .options import EmbedOptions, digest
+from .errors import OutputDirError
 from .os_errors import os_errors
 from .output_dir import open_output
 from .shard_size import settle_rows_per_shard

@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 from elmo_core.errors import InputError
 from elmo_core.kinds import OutputMode
 
-from .options import OutputDirError
+from .errors import OutputDirError
 from .schema import ELMO_COLUMN
 from .output_dir import LocalDir
 from .sink import SUCCESS_FILE, side_names

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from .options import OutputDirError
+from .errors import OutputDirError
 
 LOCK_FILE = ".elmo.lock"
 

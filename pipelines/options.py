@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from elmo_core.bounds import MAX_COUNT, check_count, check_gpus
-from elmo_core.errors import ElmoError, InputError, SettingError
+from elmo_core.errors import InputError, SettingError
 from elmo_core.names import DTYPES, ENGINES, OUTPUT_NAMES, POOLS, VECTOR_LAYOUTS
 from inference.batching import BatchPolicy
 from inference.outputs import VectorRequest
@@ -33,27 +33,6 @@ if TYPE_CHECKING:  # the options are made and checked (the CLI's flags too) with
 # scheme://... (spark://HOST:PORT, k8s://..., a cluster manager plugin's)
 SPARK_MASTER = r"local(\[([1-9][0-9]*|\*)(,[1-9][0-9]*)?\])?|local-cluster\[[1-9][0-9]*,[1-9][0-9]*,[1-9][0-9]*\]|yarn" \
                r"|[a-z][a-z0-9+.-]*://\S+"
-
-
-class OutputDirError(ElmoError):
-    """OUTPUT_DIR is not empty, holds another job's output, or holds files this job did not write."""
-
-
-class ShardPublishedError(OutputDirError):
-    """Another writer published the shard first (a retried or speculative task of the same job, or
-    the earlier attempt of a killed one); ``sink.ShardWriter.commit`` adopts what it published."""
-
-
-class NonFiniteError(ElmoError):
-    """A row's vectors hold inf or NaN; ``row`` is its index in the batch the predictor was given."""
-
-    def __init__(self, message: str, row: int) -> None:
-        super().__init__(message)
-        self.row = row
-
-
-class WorkerLostError(ElmoError):
-    """A worker of the job died (killed, out of memory, its node gone): its shard was not committed."""
 
 
 def _opt(default: Any, help: str | None = None, group: str | None = None, **meta: Any) -> Any:  # noqa: A002

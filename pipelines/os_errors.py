@@ -9,7 +9,7 @@ from typing import Any, Iterator
 
 from elmo_core.errors import ElmoError, InputError
 
-from .options import OutputDirError
+from .errors import OutputDirError
 
 RERUN = "rerun with --resume (finished shards are kept)"
 

@@ -38,7 +38,7 @@ from storage.locations import file_sha256, is_uri, normalize_uri, open_input, re
     s3_location
 
 from .lock import OutputLock
-from .options import OutputDirError, ShardPublishedError
+from .errors import OutputDirError, ShardPublishedError
 from .shard_files import shard_format
 
 

@@ -23,7 +23,9 @@ from inference.model_run import ModelRun, resolve_run
 
 from inference.run_settings import RunSettings
 
-from .options import EmbedOptions, NonFiniteError
+from .options import EmbedOptions
+
+from .errors import NonFiniteError
 from .rows import row_tokens
 from .schema import arrow_float, elmo_field
 from .stages import StageClock

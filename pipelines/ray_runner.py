@@ -28,7 +28,8 @@ from inference.model_run import ModelRun
 from runtime.ray_local import init_local_ray
 
 from .os_errors import lasting_os_error
-from .options import EmbedOptions, WorkerLostError
+from .options import EmbedOptions
+from .errors import WorkerLostError
 from .predictor import ElmoPredictor
 from .progress import ProgressBar
 from .shard_loop import embed_shards

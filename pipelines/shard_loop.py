@@ -17,7 +17,9 @@ import pyarrow as pa
 
 from elmo_core.errors import InputError
 
-from .options import EmbedOptions, NonFiniteError
+from .options import EmbedOptions
+
+from .errors import NonFiniteError
 from .predictor import ElmoPredictor
 from .prefetch import prefetch
 from .sink import Output, ShardWriter

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from elmo_core.errors import InputError
 
-from .options import EmbedOptions, OutputDirError
+from .options import EmbedOptions
+
+from .errors import OutputDirError
 from .sink import Output, side_names
 from .source import InputFile
 

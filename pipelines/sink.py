@@ -40,7 +40,9 @@ import pyarrow as pa
 from elmo_core.errors import InputError
 from inference.batching import window_counts
 
-from .options import EmbedOptions, OutputDirError, ShardPublishedError, output_options
+from .options import EmbedOptions, output_options
+
+from .errors import OutputDirError, ShardPublishedError
 from .output_dir import LocalDir, StoreDir
 from .schema import conform
 from .shard_files import FORMATS, ShardFormat, shard_format

@@ -43,7 +43,9 @@ from typing import Any
 
 from elmo_core.errors import ElmoError, InputError
 
-from .options import EmbedOptions, WorkerLostError
+from .options import EmbedOptions
+
+from .errors import WorkerLostError
 from .progress import ProgressBar
 from .sink import COMMITS_DIR, read_commit, remove_temporaries
 from .source import Shard

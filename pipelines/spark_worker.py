@@ -21,7 +21,7 @@ from inference.errors import BackendUnavailableError, ModelChangedError
 from inference.model_run import ModelRun
 
 from .os_errors import lasting_os_error
-from .options import NonFiniteError, OutputDirError
+from .errors import NonFiniteError, OutputDirError
 from .predictor import ElmoPredictor
 from .shard_loop import embed_shards
 from .source import Shard

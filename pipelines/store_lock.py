@@ -35,7 +35,7 @@ from typing import Any
 from storage.locations import redacted, s3_client
 
 from .lock import LOCK_FILE, describe_holder, holder_record
-from .options import OutputDirError
+from .errors import OutputDirError
 
 LOCK_NAME = LOCK_FILE
 LEASE_SECONDS = 120.0

@@ -17,7 +17,7 @@ from typing import Any
 
 from storage.locations import redacted, s3_client
 
-from .options import OutputDirError, ShardPublishedError
+from .errors import OutputDirError, ShardPublishedError
 
 PART_BYTES = 16 << 20  # a part (the store's minimum is 5 MiB; at most 10,000 parts: shards up to 160 GB)
 IN_FLIGHT = 2

@@ -24,7 +24,9 @@ import pyarrow.parquet as pq
 from elmo_core.errors import ElmoError, InputError
 from storage.locations import dataset_source, file_info, is_hidden
 
-from .options import EmbedOptions, OutputDirError
+from .options import EmbedOptions
+
+from .errors import OutputDirError
 from .output_dir import open_output
 from .rows import row_tokens
 from .schema import ELMO_COLUMN, vector_array

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from pipelines.options import EmbedOptions, OutputDirError
+from pipelines.options import EmbedOptions
+
+from pipelines.errors import OutputDirError
 from pipelines.output_dir import LocalDir
 from pipelines.sink import ShardWriter, check_shard, read_commit
 from pipelines.source import InputFile, Shard

@@ -383,7 +383,7 @@ def test_a_spark_job_sizes_its_shards_by_its_slots_reads_csv_and_says_each_shard
 def test_a_tasks_error_reaches_the_driver_typed_with_its_row(spark, tiny, tmp_path):
     """A worker's error crosses as data (its kind, message, shard and row) and is raised on the
     driver as the local runner raises it: the vectors overflow float16 at a row the error names."""
-    from pipelines.options import NonFiniteError
+    from pipelines.errors import NonFiniteError
 
     corpus = tmp_path / "corpus"
     write_sample_corpus(corpus, rows=40, files=1)

@@ -21,7 +21,7 @@ import pytest
 
 from elmo_cli.main import main
 from corpora.sample import write_sample_corpus
-from pipelines.options import OutputDirError
+from pipelines.errors import OutputDirError
 from pipelines.output_dir import open_output
 from tests.pipelines.store_utils import upload
 from tests.processes import WAIT_S, wait_until

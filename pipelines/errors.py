@@ -1,0 +1,26 @@
+"""The pipeline's errors (``elmo_core.errors`` below them): an OUTPUT_DIR that cannot be claimed, a
+shard published by another writer, vectors that are not finite, a worker lost."""
+from __future__ import annotations
+
+from elmo_core.errors import ElmoError
+
+
+class OutputDirError(ElmoError):
+    """OUTPUT_DIR is not empty, holds another job's output, or holds files this job did not write."""
+
+
+class ShardPublishedError(OutputDirError):
+    """Another writer published the shard first (a retried or speculative task of the same job, or
+    the earlier attempt of a killed one); ``sink.ShardWriter.commit`` adopts what it published."""
+
+
+class NonFiniteError(ElmoError):
+    """A row's vectors hold inf or NaN; ``row`` is its index in the batch the predictor was given."""
+
+    def __init__(self, message: str, row: int) -> None:
+        super().__init__(message)
+        self.row = row
+
+
+class WorkerLostError(ElmoError):
+    """A worker of the job died (killed, out of memory, its node gone): its shard was not committed."""
