@@ -30,6 +30,7 @@ from inference.run_settings import RunSettings
 
 from .options import EmbedOptions
 from .schema import ELMO_COLUMN, elmo_type
+from .spark_runner import session_cpu_flags
 from .spark_worker import predictor_for
 
 
@@ -59,7 +60,8 @@ def elmo_vectors(df: Any, model: str, text_column: str = "text", output_column: 
     if source not in df.columns or output_column in df.columns:
         raise InputError(f"the DataFrame needs the column {source!r} and no column {output_column!r}; "
                          f"it has {df.columns}")
-    run = resolve_run(model, settings, job=True, remote=True)  # in Spark's tasks: one thread each (a task's core) unless threads
+    flags = session_cpu_flags(df.sparkSession) if settings.precision == "auto" else None  # an executor's CPU judges
+    run = resolve_run(model, settings, job=True, remote=True, flags=flags)  # one thread a task (a core) unless threads
     config = run.config
     arrow = spark_type(elmo_type(config.output_dim, config.n_output_layers, opts.request))
     schema = StructType(df.schema.fields + [StructField(output_column, from_arrow_type(arrow), True)])

@@ -126,7 +126,11 @@ def spark_slots(opts: EmbedOptions) -> tuple[int, str]:
 def worker_cpu_flags(opts: EmbedOptions) -> frozenset[str]:
     """The CPU flags of an executor (one task asks its CPU): ``--precision auto`` is settled by them
     (``pipelines.job``)."""
-    spark = spark_session(opts.spark_master, opts.spark_conf, opts.verbose)
+    return session_cpu_flags(spark_session(opts.spark_master, opts.spark_conf, opts.verbose))
+
+
+def session_cpu_flags(spark: Any) -> frozenset[str]:
+    """The CPU flags of one of ``spark``'s executors (one task asks its CPU)."""
     return frozenset(spark.sparkContext.parallelize([0], 1).map(_cpu_flags).collect()[0])
 
 

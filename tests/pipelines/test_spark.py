@@ -237,7 +237,8 @@ def test_the_transform_in_a_users_pipeline_gives_elmo_embeds_vectors(spark, tiny
     corpus = _hard_corpus(tmp_path / "corpus")
     embed_parquet(corpus, tmp_path / "embed", tiny, pool="mean", **RUN)
     df = spark.read.parquet(str(corpus)).select("id", "text").where("id >= 0")  # a user's pipeline
-    elmo_vectors(df, str(tiny), pool="mean", max_tokens_per_batch=400).write.parquet(str(tmp_path / "user"))
+    elmo_vectors(df, str(tiny), pool="mean", max_tokens_per_batch=400, precision="auto"  # settled by an executor
+                 ).write.parquet(str(tmp_path / "user"))
     got = ds.dataset(tmp_path / "user", format="parquet").to_table().sort_by("id")
     want = _table(tmp_path / "embed").sort_by("id")
     assert got.column("id").to_pylist() == want.column("id").to_pylist() and got.num_rows == 282
