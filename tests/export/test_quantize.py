@@ -149,8 +149,8 @@ def test_embed_auto_on_onnx_measures_once_and_records_the_choice(tiny_dir, tmp_p
     chosen = json.loads(record.read_text())
     assert {c["precision"] for c in chosen["candidates"]} == {"int8", "fp32"}
     assert all(c["min_cosine"] >= TEXT_MIN_COSINE[c["precision"]] for c in chosen["candidates"])
-    options = read_record(tmp_path / "a" / "_manifest.parquet")["options"]
-    assert options["precision"] == chosen["precision"] and chosen["why"] in options["precision_reason"]
+    run = read_record(tmp_path / "a" / "_manifest.parquet")["run"]
+    assert run["precision"] == chosen["precision"] and chosen["why"] in run["precision_reason"]
     assert "the first 40 rows of" in json.loads((Path(chosen["export"]) / "manifest.json").read_text())[
         "parity"]["text"]["source"]
     capsys.readouterr()

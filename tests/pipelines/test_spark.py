@@ -400,6 +400,7 @@ def test_a_tasks_error_reaches_the_driver_typed_with_its_row(spark, tiny, tmp_pa
 def test_a_worker_holds_one_model_and_closes_the_previous_runs(tiny, tmp_path, monkeypatch):
     """PySpark reuses its Python workers across jobs: the worker keeps the model of the run its tasks
     ask for, and closes it when a task of another run arrives."""
+    from inference.model_run import resolve_run
     from pipelines import spark_worker
     from pipelines.options import EmbedOptions
     from pipelines.predictor import ElmoPredictor
@@ -407,8 +408,9 @@ def test_a_worker_holds_one_model_and_closes_the_previous_runs(tiny, tmp_path, m
     closed: list[ElmoPredictor] = []
     close = ElmoPredictor.close
     monkeypatch.setattr(ElmoPredictor, "close", lambda self: (closed.append(self), close(self))[1])
-    opts = EmbedOptions.coerce({"threads": 1})
-    run_a, run_b = (opts.resolve_run(str(m)) for m in (tiny, make_model_dir(tmp_path / "b", TINY_OPTIONS, seed=7)))
+    opts = EmbedOptions()
+    run_a, run_b = (resolve_run(str(m), threads=1, job=True, remote=True)
+                    for m in (tiny, make_model_dir(tmp_path / "b", TINY_OPTIONS, seed=7)))
     loads = spark_worker.model_loads()
     a = spark_worker.predictor_for(run_a, opts.to_dict())
     assert spark_worker.predictor_for(run_a, opts.to_dict()) is a and closed == []
