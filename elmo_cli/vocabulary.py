@@ -16,6 +16,8 @@ Triton's ``--instances`` stays Triton's own term (instances inside one server's 
 from __future__ import annotations
 
 import argparse
+import types
+import typing
 from dataclasses import MISSING, Field, dataclass, fields
 from typing import Any, Callable, Iterator
 
@@ -107,23 +109,26 @@ def add_fields(parser: argparse.ArgumentParser, cls: type, group: str | None = N
     (else ``group``; else the parser). ``negatable``: booleans take --no-NAME too; ``groups``: those
     made by an earlier call, shared. Returns the groups by name."""
     groups = {"run": parser} if groups is None else groups
+    types = typing.get_type_hints(cls)  # the fields' types, resolved (the modules write them as strings)
     for f in cli_fields(cls):
         name = f.metadata.get("group") or group
         target = parser if name is None else groups.get(name) or groups.setdefault(name, parser.add_argument_group(name))
-        _add_field(target, f, negatable)
+        _add_field(target, f, types[f.name], negatable)
     return groups
 
 
-def _add_field(group: argparse._ActionsContainer, f: Field, negatable: bool) -> None:
+def _add_field(group: argparse._ActionsContainer, f: Field, kind: Any, negatable: bool) -> None:
+    """``f``'s flag; ``kind``: its type (``bool``, ``int | None``, ``tuple[str, ...]``, ...): the
+    value's converter is the first of int, float in it, else str."""
     meta, default = f.metadata, (None if f.default is MISSING else f.default)
     default = meta.get("cli_default", default)
     kwargs: dict[str, Any] = {k: meta[k] for k in ("choices", "metavar", "required") if meta.get(k) is not None}
-    if isinstance(default, bool) or str(f.type) == "bool":
+    if isinstance(default, bool) or kind is bool:
         kwargs["action"] = argparse.BooleanOptionalAction if negatable or default else "store_true"
     elif meta.get("action") == "append":
         kwargs["action"], default = "append", list(default)
     else:
-        kwargs["type"] = next((t for n, t in (("int", int), ("float", float)) if n in str(f.type).split("[")[0]), str)
+        kwargs["type"] = next((t for t in (int, float) if t in _members(kind)), str)
     meaning = meta.get("meaning")
     text = meta.get("help") or MEANINGS[meaning].help
     shown = default is not None and not isinstance(default, bool) and default not in ((), [])
@@ -133,6 +138,12 @@ def _add_field(group: argparse._ActionsContainer, f: Field, negatable: bool) -> 
     else:
         action = group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, **kwargs)
     action.field = f.name  # type: ignore[attr-defined]  # the library's name for it: flag_spelling
+
+
+def _members(kind: Any) -> tuple:
+    """The types a field's annotation allows at its top level (``int | None`` -> int, NoneType)."""
+    return typing.get_args(kind) if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union \
+        else (kind,)
 
 
 def flag_spelling(parser: argparse.ArgumentParser) -> Callable[[str], str]:
