@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 # every character ``str.isspace()`` accepts, listed (a scan of all code points at import took ~0.2 s;
-# tests/test_whitespace.py scans them and compares)
+# tests/core/test_whitespace.py scans them and compares)
 WHITESPACE = ("\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
               "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
 TOKEN_PATTERN = "[^" + "".join(f"\\x{{{ord(c):x}}}" for c in WHITESPACE) + "]+"

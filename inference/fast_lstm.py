@@ -12,7 +12,7 @@ What it does that the reference (``elmo_core.lstm``) does not:
   fp32; bf16 on a CPU with bf16 instructions through packed oneDNN weights.
 
 Tested against the reference: tests/core/test_bilm.py (every option, both GEMM paths),
-tests/inference/test_fast_path.py, tests/core/test_precision.py.
+tests/inference/test_fast_path.py, tests/inference/test_precision.py.
 """
 from __future__ import annotations
 

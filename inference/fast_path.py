@@ -16,7 +16,7 @@ while autograd is off, so training never sees it. What each step adds to the ref
   from the device; outside, None (the reference's steps, with ``encode``).
 
 Each is tested against the reference model: tests/inference/test_fast_path.py, and every option
-in tests/core/test_bilm.py, every precision in tests/core/test_precision.py.
+in tests/core/test_bilm.py, every precision in tests/inference/test_precision.py.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ kernels, six of them passes over the gate tensor. On CUDA a step's launches boun
 at a time, and the one pass over the gates is what it saves: in bf16 on an AMX Xeon the eager
 passes cost about as much as the products. The next step's ``h`` is kept in the products' type by
 ``store``, so bf16 / fp16 steps cast nothing. Tested against the reference in tests/core/test_bilm.py
-and tests/core/test_precision.py (both layouts, every option and precision).
+and tests/inference/test_precision.py (both layouts, every option and precision).
 """
 from __future__ import annotations
 

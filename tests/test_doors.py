@@ -1,6 +1,6 @@
 """Every door into the model gives the same vectors for the same sentences: ``Embedder``, ``elmo
 embed`` to Parquet (local; and pooled, unit length) and to hdf5, ``elmo serve``'s ``/embed`` and
-``/v1/embeddings`` (pooled, unit length). Ray runs ``elmo embed``'s own predictor (tests/pipelines/test_ray.py), the Triton
+``/v1/embeddings`` (pooled, unit length). Ray runs ``elmo embed``'s own predictor (tests/pipelines/test_ray_runner.py), the Triton
 model ``Embedder.embed_sentences`` (tests/serving/test_triton.py).
 
 Tolerance 1e-6: every door runs the one engine (``inference.batching``), so the only difference is

@@ -2,7 +2,7 @@
 plugs into (``BiLM.use_fast_path``): each of its steps computes what the model computes.
 
 Every option of the model, with both recurrent products, is in tests/core/test_bilm.py; every
-precision in tests/core/test_precision.py; the CUDA-graph ``combine`` in test_cuda_graphs.py.
+precision in tests/inference/test_precision.py; the CUDA-graph ``combine`` in test_cuda_graphs.py.
 """
 from __future__ import annotations
 

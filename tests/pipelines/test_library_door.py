@@ -3,7 +3,7 @@ interpreter, beside a busy core, within 1.15x of ``elmo embed`` on the same job,
 the CPU seconds the job spent (its manifest's: less noisy than its wall time beside a busy core,
 and where spinning OpenMP workers show). It was 4-18x slower in wall time when ``import pipelines``
 loaded torch before OpenMP's wait policy was set (its idle workers spun against the busy process);
-tests/test_runtime_settings.py checks that order."""
+tests/runtime/test_settings.py checks that order."""
 from __future__ import annotations
 
 import json

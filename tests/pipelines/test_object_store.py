@@ -151,7 +151,7 @@ def test_ray_workers_read_and_write_only_the_store_and_survive_a_killed_worker(s
     local = ds.dataset(tmp_path / "local", format="parquet").to_table()
     remote = ds.dataset("raycorpus/vectors", format="parquet", filesystem=s3).to_table()  # what a reader sees
     assert remote.column("id").to_pylist() == local.column("id").to_pylist() == list(range(300))
-    # the same predictor and plan; only the threads differ (see tests/pipelines/test_ray.py): 1e-6
+    # the same predictor and plan; only the threads differ (see tests/pipelines/test_ray_runner.py): 1e-6
     np.testing.assert_allclose(np.concatenate([np.asarray(v, np.float32) for v in remote.column("elmo").to_pylist()]),
                                _vectors(tmp_path / "local"), atol=1e-6, rtol=0)
     commits = [i.path for i in s3.get_file_info(pafs.FileSelector("raycorpus/vectors/_shards"))]

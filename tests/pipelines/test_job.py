@@ -302,7 +302,7 @@ def test_default_threads_leave_a_core_to_the_job_when_the_model_is_cheap(tiny_di
     from inference.model_run import default_threads
     from runtime import CpuBudget
 
-    budget = CpuBudget(8, "cgroup quota 8.0 CPUs of 64")  # what runtime.cpus gave (tests/test_runtime_cpus.py)
+    budget = CpuBudget(8, "cgroup quota 8.0 CPUs of 64")  # what runtime.cpus gave (tests/runtime/test_cpus.py)
     monkeypatch.setattr(inference.model_run, "process_cpu_budget", lambda: budget)
     assert ElmoConfig().flops_per_token == pytest.approx(204.26e6, rel=1e-3)  # the published full size
     assert default_threads(ElmoConfig(), "cpu") == budget  # compute-bound: every CPU given

@@ -13,7 +13,7 @@ import pytest
 
 from runtime.cpus import CpuBudget, cgroup_cpu_quota, cpu_budget
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HOST = list(range(64))
 
 

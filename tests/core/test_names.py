@@ -1,6 +1,6 @@
 """The output names users bring from TF-Hub and Spark NLP (``elmo_core.names.HUB_OUTPUTS``) and single
 layers (``layer:N``), in the library, the job's options and the CLI (the server's are in
-tests/serving/test_api.py)."""
+tests/serving/test_app.py)."""
 from __future__ import annotations
 
 import numpy as np
