@@ -75,21 +75,39 @@ def _csv_reader(f, fmt: str, text_column: str, bad: list) -> pa_csv.CSVStreaming
 
 def _csv(f, path, fmt: str, text_column: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
     bad: list[pa_csv.InvalidRow] = []
+    rows, last = 0, None
     try:
         reader = _csv_reader(f, fmt, text_column, bad)
         for batch in reader:
             if bad:
                 break
+            rows, last = rows + batch.num_rows, batch
             yield batch
     except pa.ArrowInvalid as e:
         if "Empty CSV file" in str(e):
             return
         raise InputError(f"{path}: not readable as {fmt.upper()} ({e}); fix the file or convert it to Parquet") from None
+    if not bad and fmt == "csv":
+        _check_closed(path, last, rows)
     if bad:
         row = bad[0]
         raise InputError(f"{path}: line {row.number}: {row.actual_columns} fields where the header has "
                          f"{row.expected_columns} ({row.text[:80]!r}); quote a field that holds the delimiter"
                          + (" (TSV fields are not quoted: a tab inside a field cannot be read)" if fmt == "tsv" else ""))
+
+
+def _check_closed(path: Path | str, batch: pa.RecordBatch | None, rows: int) -> None:
+    """A quote the file opens and never closes runs its field to the end of the file: the last row's
+    last field then ends with the file's last line break (a field can hold one only where quoted),
+    which a closed quote around it would have ended before."""
+    if batch is None or batch.num_rows == 0:
+        return
+    value = batch.column(batch.num_columns - 1)[batch.num_rows - 1].as_py()
+    if isinstance(value, str) and value.endswith(("\n", "\r")):
+        first = value.count("\n") + value.count("\r") - value.count("\r\n")
+        raise InputError(f"{path}: row {rows}: a quote opens its last field and never closes, so the field runs to the "
+                         f"end of the file ({first} line breaks); close the quote (a quote inside a quoted field is "
+                         f"written twice, \"\")")
 
 
 def _jsonl(f, path, fmt: str, text_column: str, batch_rows: int) -> Iterator[pa.RecordBatch]:

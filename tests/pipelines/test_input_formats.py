@@ -81,6 +81,7 @@ def test_a_csv_job_resumes_its_damaged_shard_and_is_pinned_to_the_csv(tiny_dir, 
     ("bad.jsonl", '{"text": "a b"}\n{"text": "c"}\n{text: 1}\n', "bad.jsonl: line 3 is not JSON"),
     ("typed.jsonl", '{"text": "a b"}\n{"text": 3}\n', "typed.jsonl: line 2: column 'text' holds a number where "
                                                       "earlier lines hold a string"),
+    ("open.csv", 'id,text\n1,"a b\n2,c d\n', 'open.csv: row 1: a quote opens its last field and never closes'),
     ("cols.csv", "id,sentence\n1,a b\n", "cols.csv: columns ['text'] not found; the columns are ['id', 'sentence']"),
     ("cols.jsonl", '{"id": 1, "sentence": "a"}\n', "cols.jsonl: columns ['text'] not found"),
     ("corpus.dat", "a b\n", "corpus.dat: cannot tell its input format from its name; elmo embed reads parquet "
