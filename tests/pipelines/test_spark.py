@@ -408,6 +408,7 @@ def test_a_worker_holds_one_model_and_closes_the_previous_runs(tiny, tmp_path, m
     closed: list[ElmoPredictor] = []
     close = ElmoPredictor.close
     monkeypatch.setattr(ElmoPredictor, "close", lambda self: (closed.append(self), close(self))[1])
+    monkeypatch.setattr(spark_worker, "_HELD", spark_worker._Held())  # a fresh worker: no model of an earlier test
     opts = EmbedOptions()
     run_a, run_b = (resolve_run(str(m), threads=1, job=True, remote=True)
                     for m in (tiny, make_model_dir(tmp_path / "b", TINY_OPTIONS, seed=7)))
