@@ -31,11 +31,13 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where SIGINT would raise KeyboardInterrupt, so the same cleanup runs."""
 
 
-def unsafe(frame: FrameType | None) -> bool:
+def unsafe(frame: FrameType | None, outer: frozenset[FrameType] = frozenset()) -> bool:
     """Whether ``frame`` or a caller of it imports a module (Python's import machinery) or runs a weak
     reference's callback or a ``__del__`` (where Python prints a raised exception, "Exception ignored
-    in", and goes on: an interruption raised there is lost)."""
-    while frame is not None:
+    in", and goes on: an interruption raised there is lost). The walk stops at a frame in ``outer``
+    (the frames the command was called from: a command run from a module's import is not held for
+    the length of that import)."""
+    while frame is not None and frame not in outer:
         code = frame.f_code
         if code.co_filename.startswith(_IMPORT_MACHINERY) or code.co_filename.endswith(_FINALIZER_FILES) \
                 or code.co_name == "__del__":
@@ -52,9 +54,10 @@ class _Gate:
         self._waiting: set[int] = set()  # the signals a redelivery thread is holding
         self._lock = threading.Lock()
         self.closed = False  # the command is over: a signal still held is dropped
+        self._outer = frozenset(_stack(sys._getframe(1)))  # held: no frame made later can be taken for one
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
-        if unsafe(frame):
+        if unsafe(frame, self._outer):
             self._hold(signum)
             return
         raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
@@ -68,12 +71,18 @@ class _Gate:
                          daemon=True).start()
 
     def _redeliver(self, signum: int) -> None:
-        while unsafe(sys._current_frames().get(self._main)):
+        while unsafe(sys._current_frames().get(self._main), self._outer):
             time.sleep(REDELIVER_POLL_S)
         with self._lock:
             self._waiting.discard(signum)
             if not self.closed:
                 signal.pthread_kill(self._main, signum)  # an import begun meanwhile is held again
+
+
+def _stack(frame: FrameType | None) -> Iterator[FrameType]:
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
 
 
 @contextlib.contextmanager

@@ -93,3 +93,24 @@ def test_a_signal_during_a_finalizer_is_raised_after_it():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.stdout.splitlines() == ["callback done", "KeyboardInterrupt"], (r.stdout, r.stderr)
     assert "Exception ignored" not in r.stderr
+
+
+def test_a_command_run_from_an_import_is_not_held_for_that_import(tmp_path):
+    """The import a command was called from (a user's module that runs it at import time) is not one
+    to wait for: the signal is raised in the command, at once."""
+    (tmp_path / "runs_a_command.py").write_text(textwrap.dedent("""
+        import os, signal, time
+        from elmo_cli.signals import command_signals
+
+        with command_signals():
+            start = time.monotonic()
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(10)
+            except KeyboardInterrupt:
+                print("raised", time.monotonic() - start < 5)
+    """))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    r = subprocess.run([sys.executable, "-c", "import runs_a_command"], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.stdout.split() == ["raised", "True"], (r.stdout, r.stderr)
