@@ -37,12 +37,13 @@ def unsafe(frame: FrameType | None, outer: frozenset[FrameType] = frozenset()) -
     in", and goes on: an interruption raised there is lost). The walk stops at a frame in ``outer``
     (the frames the command was called from: a command run from a module's import is not held for
     the length of that import)."""
-    while frame is not None and frame not in outer:
-        code = frame.f_code
+    for f in _stack(frame):
+        if f in outer:
+            return False
+        code = f.f_code
         if code.co_filename.startswith(_IMPORT_MACHINERY) or code.co_filename.endswith(_FINALIZER_FILES) \
                 or code.co_name == "__del__":
             return True
-        frame = frame.f_back
     return False
 
 
@@ -69,6 +70,11 @@ class _Gate:
             self._waiting.add(signum)
         threading.Thread(target=self._redeliver, args=(signum,), name=f"elmo-signal-{signum}",
                          daemon=True).start()
+
+    def close(self) -> None:
+        """The command is over: a signal still held is dropped, not sent to what runs next."""
+        with self._lock:
+            self.closed = True
 
     def _redeliver(self, signum: int) -> None:
         while unsafe(sys._current_frames().get(self._main), self._outer):
@@ -97,7 +103,6 @@ def command_signals() -> Iterator[None]:
     try:
         yield
     finally:
-        with gate._lock:
-            gate.closed = True
+        gate.close()
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -30,7 +30,7 @@ from .fast_lstm import packed_products
 from .layout import Layout, resolve_layout
 from .precision import SlowPrecision, bf16_cpu_warning, resolve_precision
 from .registry import (backend_kind, check_device, check_precision_for, export_dir, exported_backend,
-                       exported_precision, load_backend, model_config, model_files, model_identity,
+                       exported_precision, load_backend, model_config, model_files, model_identity, refuse_token_files,
                        torch_options)
 from .row_shape import RowShape
 from .run_settings import RunSettings
@@ -201,9 +201,7 @@ def resolve_run(model: str | Path, settings: RunSettings | None = None, *, job: 
     if kind.exported and weights:
         raise InputError(f"--weights names a published-format weights file (--backend torch); --backend {backend} "
                          f"takes an export directory as --model")
-    if kind.exported and (s.token_embeddings or s.token_vocab):
-        raise InputError(f"token embeddings are used by the torch backend only; the {backend} backend runs the "
-                         f"char-CNN inside its graph (leave --token-embeddings out, or use --backend torch)")
+    refuse_token_files(backend, s.token_embeddings, s.token_vocab)
     if not remote:
         check_device(device, backend)
     named = None if precision in (None, "auto") else check_precision_for(backend, precision, device)  # named first

@@ -134,10 +134,15 @@ def finish_pooled(partials: np.ndarray, lengths: np.ndarray, request: VectorRequ
 
 
 
+def _mode(output: str | OutputMode) -> OutputMode:
+    """An output mode's record from its name (TF-Hub's names too) or the record itself."""
+    return output if isinstance(output, OutputMode) else OutputMode.of(resolve_output(output, None)[0])
+
+
 def check_output(output: str | OutputMode, n_layers: int, mix_weights: Sequence[float] | None) -> None:
     """An output mode (a name, or a request's record: ``VectorRequest.mode``) against a model of
     ``n_layers`` output layers."""
-    mode = output if isinstance(output, OutputMode) else OutputMode.of(resolve_output(output, None)[0])
+    mode = _mode(output)
     if mode.layer is not None and mode.layer >= n_layers:
         raise InputError(f"output {mode.name}: the model has layers 0 to {n_layers - 1}")
     if mix_weights is not None and len(mix_weights) != n_layers:
@@ -182,7 +187,7 @@ def layer_weights(output: str | OutputMode, n_layers: int, mix_weights: Sequence
     Shape: -> (L+1,) float64, or None.
     """
     check_output(output, n_layers, mix_weights)
-    mode = output if isinstance(output, OutputMode) else OutputMode.of(resolve_output(output, None)[0])
+    mode = _mode(output)
     if mode.layer_axis:
         return None
     if mode.layer is not None:

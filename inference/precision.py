@@ -74,6 +74,12 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     return frozenset()
 
 
+def worker_cpu_flags(_: object = None) -> frozenset[str]:
+    """``cpu_flags`` as a task a cluster's worker runs (Spark's ``map`` hands it an item): the flags
+    of the CPU the model runs on, where that is not the driver's."""
+    return cpu_flags()
+
+
 @dataclass(frozen=True)
 class CpuBf16:
     """What a CPU does with bf16 products: ``hardware``, the instruction that multiplies them (one

@@ -190,14 +190,19 @@ def open_backend(model: str | Path, backend: str = "torch", *, threads: int | No
     ``options`` go to the backend's constructor (torch: ``stateful``, ``token_cache``; onnx:
     ``optimization``, ``cache``).
     """
-    kind = backend_kind(backend)
-    if kind.exported and (options.get("token_embeddings") or options.get("token_vocab")):
-        raise InputError(f"token embeddings are used by the torch backend only; the {backend} backend runs "
-                         f"the char-CNN inside its graph (leave --token-embeddings out, or use --backend torch)")
+    refuse_token_files(backend, options.get("token_embeddings"), options.get("token_vocab"))
     if providers is None:
         check_device(device, backend)
     return load_backend(model, backend, threads=threads, device=device, weights=weights, providers=providers,
                         **options)
+
+
+def refuse_token_files(backend: str, token_embeddings: Any, token_vocab: Any) -> None:
+    """InputError for a token-embedding file given to a backend that runs an export (its graph holds
+    the char-CNN)."""
+    if backend_kind(backend).exported and (token_embeddings or token_vocab):
+        raise InputError(f"token embeddings are used by the torch backend only; the {backend} backend runs "
+                         f"the char-CNN inside its graph (leave --token-embeddings out, or use --backend torch)")
 
 
 def load_backend(model: str | Path, backend: str = "torch", *, threads: Any = None, device: str = "cpu",

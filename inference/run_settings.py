@@ -62,6 +62,12 @@ class RunSettings:
             if isinstance(value, Path):
                 object.__setattr__(self, name, str(value))
 
+    @property
+    def auto_on_cpu(self) -> bool:
+        """``--precision auto`` for the torch backend on a CPU: judged by that CPU's flags (a cluster's
+        worker's, where the model runs there: ``resolve_run``'s ``flags``)."""
+        return self.precision == "auto" and self.device == "cpu" and self.backend in (None, "torch")
+
     @classmethod
     def split(cls, options: dict[str, Any]) -> tuple["RunSettings", dict[str, Any]]:
         """(the run's settings among ``options``, the rest): a library caller's keywords."""

@@ -29,6 +29,8 @@ from .source import InputFile
 if TYPE_CHECKING:
     from inference.model_run import ModelRun
 
+DEFAULT_SETTINGS = RunSettings()
+
 
 def check_output_first(out: Output, maker: "RunMaker", opts: EmbedOptions, files: list[InputFile]) -> None:
     """OutputDirError (or the lock's error) for an existing OUTPUT_DIR this job may not claim, as far
@@ -100,12 +102,12 @@ class RunMaker:
 
             return cls(str(model), settings,
                        lambda flags: resolve_run(model, settings, job=True, remote=remote, flags=flags))
-        if settings != RunSettings():
-            raise InputError(f"{sorted(k for k, v in settings.to_dict().items() if v != getattr(RunSettings(), k))}: "
-                             f"the run's settings; a ModelRun (or RunMaker) carries its own: give them to "
+        given = sorted(k for k, v in settings.to_dict().items() if v != getattr(DEFAULT_SETTINGS, k))
+        if given:
+            raise InputError(f"{given}: the run's settings; a ModelRun (or RunMaker) carries its own: give them to "
                              f"resolve_run, or pass the model's path")
         if isinstance(model, RunMaker):
             return model
         run = model
-        return cls(run.model, RunSettings(run.backend, run.device, precision=run.precision,
-                                                       weights=run.weights), lambda flags: run)
+        settled = RunSettings(run.backend, run.device, precision=run.precision, weights=run.weights)
+        return cls(run.model, settled, lambda flags: run)

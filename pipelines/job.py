@@ -123,8 +123,7 @@ def _worker_flags(opts: EmbedOptions, settings: RunSettings) -> frozenset[str] |
     """The CPU flags of the machines a cluster job's model runs on, where ``--precision auto`` is
     settled by them (a CPU run on Ray or Spark; its engine started here to ask one of its workers);
     None: this machine's."""
-    if opts.engine == "local" or settings.precision != "auto" or settings.device != "cpu" \
-            or settings.backend not in (None, "torch"):
+    if opts.engine == "local" or not settings.auto_on_cpu:
         return None
     _start_engine(opts)
     if opts.engine == "spark":

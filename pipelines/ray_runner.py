@@ -114,14 +114,10 @@ def worker_cpu_flags(opts: EmbedOptions) -> frozenset[str]:
     (``--precision auto`` is settled by them, ``pipelines.job``); Ray started by the job."""
     import ray
 
-    task = ray.remote(num_cpus=1, num_gpus=opts.num_gpus_per_worker or None)(_cpu_flags)
-    return frozenset(ray.get(task.remote(), timeout=WORKER_FLAGS_S))
+    from inference.precision import worker_cpu_flags as flags
 
-
-def _cpu_flags() -> list[str]:
-    from inference.precision import cpu_flags
-
-    return sorted(cpu_flags())
+    task = ray.remote(num_cpus=1, num_gpus=opts.num_gpus_per_worker or None)(flags)
+    return ray.get(task.remote(), timeout=WORKER_FLAGS_S)
 
 
 def _worker_cpus(ray, threads: int, workers: int) -> float:  # type: ignore[no-untyped-def]

@@ -60,7 +60,7 @@ def elmo_vectors(df: Any, model: str, text_column: str = "text", output_column: 
     if source not in df.columns or output_column in df.columns:
         raise InputError(f"the DataFrame needs the column {source!r} and no column {output_column!r}; "
                          f"it has {df.columns}")
-    flags = session_cpu_flags(df.sparkSession) if settings.precision == "auto" else None  # an executor's CPU judges
+    flags = session_cpu_flags(df.sparkSession) if settings.auto_on_cpu else None  # an executor's CPU judges
     run = resolve_run(model, settings, job=True, remote=True, flags=flags)  # one thread a task (a core) unless threads
     config = run.config
     arrow = spark_type(elmo_type(config.output_dim, config.n_output_layers, opts.request))

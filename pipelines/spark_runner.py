@@ -131,13 +131,9 @@ def worker_cpu_flags(opts: EmbedOptions) -> frozenset[str]:
 
 def session_cpu_flags(spark: Any) -> frozenset[str]:
     """The CPU flags of one of ``spark``'s executors (one task asks its CPU)."""
-    return frozenset(spark.sparkContext.parallelize([0], 1).map(_cpu_flags).collect()[0])
+    from inference.precision import worker_cpu_flags as flags
 
-
-def _cpu_flags(_: object) -> list[str]:
-    from inference.precision import cpu_flags
-
-    return sorted(cpu_flags())
+    return spark.sparkContext.parallelize([0], 1).map(flags).collect()[0]
 
 
 def _log_config(level: str) -> str:
