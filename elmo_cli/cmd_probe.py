@@ -20,7 +20,7 @@ import numpy as np
 
 from corpora.sotu import sotu_sentences
 from elmo_cli.status import say_loading
-from elmo_cli.vocabulary import add_flag, add_model, need_model
+from elmo_cli.vocabulary import Subcommands, add_flag, add_model, need_model
 from elmo_core.bounds import check_count
 from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens
@@ -116,7 +116,7 @@ def _picture(p: WordProbe, png: Path) -> tuple[Path | None, str]:
     return written, f"picture {written}: '{p.word}' in layer 0 (left, no context) and the mix (right); blue noun, orange verb"
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("probe", help="which layers tell a word's uses apart (noun / verb), and nearest contexts")
     add_model(p, "model directory")
     add_flag(p, "text", help="one sentence a line (default: the sotu speeches, split by speech)")

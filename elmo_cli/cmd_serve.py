@@ -8,12 +8,12 @@ import signal
 
 from elmo_cli.run_args import add_precision_argument, model_run
 from elmo_cli.status import say, say_loading
-from elmo_cli.vocabulary import add_fields, add_flag, add_model, field_values, need_model
+from elmo_cli.vocabulary import Subcommands, add_fields, add_flag, add_model, field_values, need_model
 from elmo_core.errors import InputError
 from inference.registry import BACKEND_NAMES
 from serving.limits import AccessOptions, ConnectionLimits, ServeLimits, check_address, check_replicas
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("serve", help="serve ELMo vectors over HTTP (/embed, /v1/embeddings, /metrics)",
                        description="Serve a model over HTTP with dynamic batching; prints `listening on URL` "
                                    "once the model is loaded and warmed up (see docs/serving.md).")

@@ -7,10 +7,10 @@ import argparse
 import json
 import time
 
-from elmo_cli.vocabulary import add_flag
+from elmo_cli.vocabulary import Subcommands, add_flag
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("dump-tokens", help="write each vocabulary word's char-CNN vector (token_embeddings.hdf5)",
                        description="Write the dataset 'embedding' (V, P), row k for line k of VOCAB, as bilm-tf's "
                                    "dump_token_embeddings does, plus 'tokens' (the words). --token-embeddings FILE "

@@ -6,12 +6,12 @@ import json
 import sys
 
 from elmo_cli.status import say_loading
-from elmo_cli.vocabulary import add_fields, add_flag, field_values
+from elmo_cli.vocabulary import Subcommands, add_fields, add_flag, field_values
 from runtime import process_started, use_threads
 from training.options import TrainOptions
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     _register_train(sub)
     p = sub.add_parser("perplexity", help="forward, backward and mean perplexity (full softmax) of a trained model")
     add_flag(p, "model", required=True, help="model directory written by `elmo train` (RUN_DIR/model)")
@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_default_model)
 
 
-def _register_train(sub: argparse._SubParsersAction) -> None:
+def _register_train(sub: Subcommands) -> None:
     """The flags are generated from ``TrainOptions``' fields (their help, group and choices)."""
     p = sub.add_parser("train", help="pretrain a biLM on a corpus (streamed; resumable; DDP with torchrun)")
     add_fields(p, TrainOptions, negatable=True)

@@ -21,9 +21,12 @@ import importlib
 import os
 import sys
 import threading
-from typing import Iterable, NoReturn
+from typing import TYPE_CHECKING, Iterable, NoReturn
 
 from elmo_cli.signals import Terminated, command_signals
+
+if TYPE_CHECKING:
+    from elmo_cli.vocabulary import Subcommands
 
 # Each command: the module that registers it and its line in ``elmo --help``. The top-level parser is
 # built from this table alone (no library import), so ``elmo --help`` and ``elmo --version`` answer at
@@ -80,7 +83,7 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
 
-def _top_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+def _top_parser() -> tuple[argparse.ArgumentParser, Subcommands]:
     parser = _Parser(prog="elmo", description="Pretrain, export and run ELMo biLMs.")
     parser.add_argument("--version", action=_Version)
     return parser, parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -89,8 +92,6 @@ def _top_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
 def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
     """The parser of every command; ``commands``: those commands' modules' parsers only, the others
     listed by name and help (what ``main`` parses with: no other command's imports)."""
-    from elmo_cli.vocabulary import command_parsers
-
     parser, sub = _top_parser()
     modules = COMMAND_MODULES if commands is None else tuple(dict.fromkeys(COMMANDS[c][0] for c in commands))
     for name in modules:
@@ -98,8 +99,6 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
     for name, (_, text) in COMMANDS.items():
         if name not in sub.choices:
             sub.add_parser(name, help=text, add_help=False).add_argument("rest", nargs=argparse.REMAINDER)
-    for parsed in command_parsers(parser):  # the parser whose flags name the command's settings in its errors
-        parsed.set_defaults(command_parser=parsed)
     return parser
 
 
@@ -114,7 +113,7 @@ def _message(error: Exception, args: argparse.Namespace) -> str:
     from elmo_core.errors import SettingError
 
     if isinstance(error, SettingError):
-        return error.spelled(flag_spelling(args.command_parser))
+        return error.spelled(flag_spelling(args))
     return str(error)
 
 

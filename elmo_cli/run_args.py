@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from elmo_cli.vocabulary import add_flag
+from elmo_cli.vocabulary import Flags, add_flag
 from elmo_core.errors import InputError
 from elmo_core.names import EXPORT_PRECISIONS, LAYOUTS, PRECISIONS
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the model code loads when a run is made, not when the parse
 CHOICES = tuple(dict.fromkeys(PRECISIONS + EXPORT_PRECISIONS)) + ("auto",)
 
 
-def add_precision_argument(group: argparse._ActionsContainer) -> None:
+def add_precision_argument(group: Flags) -> None:
     add_flag(group, "precision", choices=CHOICES, default=None,
              help="torch: the matrix products (default fp32; tf32: CUDA only). auto: the fastest this device "
                   "multiplies in hardware within parity (bf16 on CUDA and on CPUs with AMX or AVX512-BF16, else "

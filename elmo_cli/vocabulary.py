@@ -7,7 +7,8 @@ Options dataclasses (``EmbedOptions``, ``TrainOptions``, ``ServeLimits``, ...) b
 ``add_fields``: one flag per field, its help, group and choices from the field's metadata; a field
 whose metadata names a ``meaning`` takes that meaning's flag and dest, so a
 library's field name (``max_tokens_per_batch``) and the flag users type (``--max-batch-tokens``)
-are tied here once. ``field_values`` reads the fields back from the parsed arguments.
+are tied here once. ``field_values`` reads the fields back from the parsed arguments, and
+``flag_spelling`` names a field in an error by its command's flag. Only argparse's public API.
 
 Scale-out: ``--replicas`` is the number of copies of the model Ray runs (embed: actors taking
 shards; serve: Ray Serve replicas behind one address), each given ``--num-gpus-per-replica`` GPUs.
@@ -19,7 +20,21 @@ import argparse
 import types
 import typing
 from dataclasses import MISSING, Field, dataclass, fields
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Protocol
+
+
+class Flags(Protocol):
+    """Where flags are added: a parser or one of its argument groups."""
+
+    def add_argument(self, *names: str, **kwargs: Any) -> argparse.Action: ...
+
+
+class Subcommands(Protocol):
+    """What ``ArgumentParser.add_subparsers`` returns: where a command's parser is added."""
+
+    choices: dict[str, argparse.ArgumentParser]  # the commands' parsers by name
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser: ...
 
 
 @dataclass(frozen=True)
@@ -64,7 +79,7 @@ MEANINGS: dict[str, Meaning] = {m.dest: m for m in (
 )}
 
 
-def add_flag(group: argparse._ActionsContainer, meaning: str, **kwargs: Any) -> argparse.Action:
+def add_flag(group: Flags, meaning: str, **kwargs: Any) -> argparse.Action:
     """``meaning``'s flag (help: the table's unless given)."""
     m = MEANINGS[meaning]
     kwargs.setdefault("help", m.help)
@@ -103,21 +118,23 @@ def field_values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_fields(parser: argparse.ArgumentParser, cls: type, group: str | None = None,
-               negatable: bool = False, groups: dict[str, argparse._ActionsContainer] | None = None
-               ) -> dict[str, argparse._ActionsContainer]:
+               negatable: bool = False, groups: dict[str, Flags] | None = None) -> dict[str, Flags]:
     """One flag per field of ``cls`` (``cli_fields``), in the argument group its metadata names
     (else ``group``; else the parser). ``negatable``: booleans take --no-NAME too; ``groups``: those
-    made by an earlier call, shared. Returns the groups by name."""
+    made by an earlier call, shared. Returns the groups by name. The parsed arguments carry
+    ``field_dests`` (a field's name -> its flag's dest, where they differ): ``flag_spelling``."""
     groups = {"run": parser} if groups is None else groups
     types = typing.get_type_hints(cls)  # the fields' types, resolved (the modules write them as strings)
     for f in cli_fields(cls):
         name = f.metadata.get("group") or group
         target = parser if name is None else groups.get(name) or groups.setdefault(name, parser.add_argument_group(name))
         _add_field(target, f, types[f.name], negatable)
+    renamed = {f.name: field_dest(f) for f in cli_fields(cls) if field_dest(f) != f.name}
+    parser.set_defaults(field_dests={**(parser.get_default("field_dests") or {}), **renamed})
     return groups
 
 
-def _add_field(group: argparse._ActionsContainer, f: Field, kind: Any, negatable: bool) -> None:
+def _add_field(group: Flags, f: Field, kind: Any, negatable: bool) -> None:
     """``f``'s flag; ``kind``: its type (``bool``, ``int | None``, ``tuple[str, ...]``, ...): the
     value's converter is the first of int, float in it, else str."""
     meta, default = f.metadata, (None if f.default is MISSING else f.default)
@@ -134,10 +151,9 @@ def _add_field(group: argparse._ActionsContainer, f: Field, kind: Any, negatable
     shown = default is not None and not isinstance(default, bool) and default not in ((), [])
     kwargs.update(default=default, help=f"{text} (default {default})" if shown else text)
     if meaning:
-        action = add_flag(group, meaning, **kwargs)
+        add_flag(group, meaning, **kwargs)
     else:
-        action = group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, **kwargs)
-    action.field = f.name  # type: ignore[attr-defined]  # the library's name for it: flag_spelling
+        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, **kwargs)
 
 
 def _members(kind: Any) -> tuple:
@@ -146,25 +162,18 @@ def _members(kind: Any) -> tuple:
         else (kind,)
 
 
-def flag_spelling(parser: argparse.ArgumentParser) -> Callable[[str], str]:
+def flag_spelling(args: argparse.Namespace) -> Callable[[str], str]:
     """How a command names a library's setting: a field of its options (``max_tokens_per_batch``)
-    or a dest (``gamma``) -> the flag its users type (``--max-batch-tokens``, ``--gamma``); a name
-    that is no flag of the command stays as it is. ``SettingError.spelled`` takes it."""
-    flags: dict[str, str] = {}
-    for action in parser._actions:
-        if not action.option_strings or action.help == argparse.SUPPRESS:
-            continue
-        flag = next((s for s in action.option_strings if s.startswith("--")), action.option_strings[0])
-        flags.setdefault(action.dest, flag)
-        flags.setdefault(getattr(action, "field", action.dest), flag)
-    return lambda name: flags.get(name, name)
+    or a dest (``gamma``) -> the flag its users type (``--max-batch-tokens``, ``--gamma``): every
+    flag of this CLI is its dest spelled with dashes. A name that is no flag of the command (its
+    parsed ``args`` hold no such dest) stays as it is. ``SettingError.spelled`` takes it."""
+    renamed, given = getattr(args, "field_dests", {}), vars(args)
+
+    def spell(name: str) -> str:
+        dest = renamed.get(name, name)
+        return "--" + dest.replace("_", "-") if dest in given and dest not in _NOT_FLAGS else name
+
+    return spell
 
 
-def command_parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
-    """Every parser below ``parser`` that runs a command (``elmo embed``, ``elmo export onnx``)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in dict.fromkeys(action.choices.values()):  # an alias names the same parser
-                yield from command_parsers(sub)
-    if parser.get_default("func") is not None:
-        yield parser
+_NOT_FLAGS = frozenset({"func", "command", "export_kind", "field_dests", "rest"})  # the parsers' own dests

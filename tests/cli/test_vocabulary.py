@@ -159,21 +159,38 @@ def test_older_spellings_are_refused():
         parser.parse_args(["info", "DIR"])  # the model is --model
 
 
+def parsed(p: argparse.ArgumentParser) -> argparse.Namespace:
+    """What ``p`` parses to when every flag keeps its default (required ones too)."""
+    return argparse.Namespace(**{a.dest: a.default for a in p._actions}, **p._defaults)
+
+
 def test_every_options_field_is_named_by_the_flag_its_command_has():
     """A library's setting (a field of EmbedOptions, TrainOptions, ServeLimits, ...) is named in an
     error by the flag the user typed, the one its command's parser has for it (``flag_spelling``)."""
+    from elmo_cli.vocabulary import cli_fields, field_dest
+    from inference.run_settings import RunSettings
+    from pipelines.options import EmbedOptions
+    from serving.limits import ConnectionLimits, ServeLimits
+    from training.options import TrainOptions
+
     parsers = commands(build_parser())
-    for command, p in parsers.items():
-        spell = flag_spelling(p)
+    records = {"embed": (EmbedOptions, RunSettings), "serve": (ServeLimits, ConnectionLimits), "train": (TrainOptions,)}
+    for command, classes in records.items():
+        spell, flags = flag_spelling(parsed(parsers[command])), parsers[command]._option_string_actions
+        for f in (f for cls in classes for f in cli_fields(cls)):
+            assert spell(f.name) in flags and flags[spell(f.name)].dest == field_dest(f), (command, f.name)
+    for command, p in parsers.items():  # every flag of every command: its dest spelled with dashes
+        spell = flag_spelling(parsed(p))
         for a in p._actions:
-            if hasattr(a, "field"):
-                assert spell(a.field) == a.option_strings[0], (command, a.field)
-    embed, train = flag_spelling(parsers["embed"]), flag_spelling(parsers["train"])
+            if a.option_strings and a.dest != argparse.SUPPRESS:
+                assert spell(a.dest) in a.option_strings, (command, a.dest, a.option_strings)
+    embed, train = flag_spelling(parsed(parsers["embed"])), flag_spelling(parsed(parsers["train"]))
     assert [embed(n) for n in ("max_tokens_per_batch", "max_sentence_length", "workers", "num_gpus_per_worker",
                                "gamma", "output")] == ["--max-batch-tokens", "--max-sentence-tokens", "--replicas",
                                                        "--num-gpus-per-replica", "--gamma", "--output"]
     assert train("column") == "--text-column" and train("not_a_setting") == "not_a_setting"
-    assert flag_spelling(parsers["export onnx"])("gamma") == "--gamma"
+    assert embed("func") == "func" and embed("command") == "command"  # the parsers' own dests are no flags
+    assert flag_spelling(parsed(parsers["export onnx"]))("gamma") == "--gamma"
 
 
 def test_a_setting_error_keeps_its_names_through_pickling():
@@ -181,5 +198,5 @@ def test_a_setting_error_keeps_its_names_through_pickling():
     e = pickle.loads(pickle.dumps(SettingError("`max_tokens_per_batch` (3) must be at least `max_sentence_length`")))
     assert str(e) == "max_tokens_per_batch (3) must be at least max_sentence_length"
     assert e.settings == ("max_tokens_per_batch", "max_sentence_length")
-    assert e.spelled(flag_spelling(commands(build_parser())["embed"])) == \
+    assert e.spelled(flag_spelling(parsed(commands(build_parser())["embed"]))) == \
         "--max-batch-tokens (3) must be at least --max-sentence-tokens"
