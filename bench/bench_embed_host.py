@@ -28,7 +28,7 @@ JOB = """
 import cProfile, io, json, pstats, resource, sys, time
 from bench.bench_onnx import bench_sentences
 from inference.embedder import Embedder
-from inference.outputs import VectorRequest
+from elmo_core.vectors import VectorRequest
 model, n, threads, layout, profile = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5] == "1"
 sentences = bench_sentences(n, max_len=10**6)
 tokens = sum(map(len, sentences))

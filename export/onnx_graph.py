@@ -114,5 +114,5 @@ def _assemble(g: GraphBuilder, spec: ExportSpec) -> onnx.ModelProto:
     opsets = [helper.make_opsetid("", spec.opset)]
     model = helper.make_model(graph, opset_imports=opsets, producer_name="elmo-pipeline",
                               ir_version=helper.find_min_ir_version_for(opsets))
-    model.doc_string = f"ELMo biLM, output={spec.output}, precision={spec.precision}"
+    model.doc_string = f"ELMo biLM, output={spec.vectors.output}, precision={spec.precision}"
     return model

@@ -40,8 +40,7 @@ def reference(torch_backend: TorchBackend, spec: ExportSpec, ids: np.ndarray) ->
     layers, mask = torch_backend.run(ids)
     if spec.mode.layer_axis:
         return layers, mask
-    mix = spec.mix_weights if spec.mix_weights is not None else None
-    return reduce_layers(layers, mask, "mixed", mix, spec.gamma), mask
+    return reduce_layers(layers, mask, "mixed", spec.vectors.mix, spec.vectors.gamma), mask
 
 
 def layer_cosines(out: np.ndarray, ref: np.ndarray, mask: np.ndarray) -> np.ndarray:

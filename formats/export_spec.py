@@ -6,14 +6,14 @@ TensorRT optimization profiles all read one ``ExportSpec``; nothing else hard-co
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from elmo_core import ElmoConfig
 from elmo_core.kinds import OutputMode
 from elmo_core.names import EXPORT_PRECISIONS
-from elmo_core.mix_settings import check_mix_settings
+from elmo_core.vectors import VectorRequest
 
 from .errors import ExportError
 
@@ -85,14 +85,13 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class ExportSpec:
-    """Everything the exported graph promises, derived from a model's config and the export options."""
+    """Everything the exported graph promises, derived from a model's config and the export options;
+    what becomes of the layers is the one ``VectorRequest`` (all, or the mix: its s and gamma)."""
 
     n_layers: int  # L+1 output layers
     dim: int  # 2P
     max_chars: int  # W, ids per token: its C characters (+1, its word id, with a word embedding)
-    output: str = "all"
-    mix_weights: tuple[float, ...] | None = None  # unnormalised s (softmax applied), as ScalarMix
-    gamma: float = 1.0
+    vectors: VectorRequest = VectorRequest("all")
     precision: str = "fp32"
     opset: int = DEFAULT_OPSET
     validation_shapes: tuple[tuple[int, int], ...] = field(
@@ -102,22 +101,21 @@ class ExportSpec:
     token_dedup: bool = False
 
     def __post_init__(self) -> None:
-        if self.output not in OUTPUT_NAMES:
-            raise ExportError(f"output must be one of {tuple(OUTPUT_NAMES)}, got {self.output!r}")
+        v = self.vectors
+        if v.output not in OUTPUT_NAMES or v.layer_norm or v.pool or v.normalize or v.dtype != "float32":
+            raise ExportError(f"an export's graph gives float32 layers: --output {' or '.join(OUTPUT_NAMES)} with "
+                              f"--mix and --gamma (pool, normalize, dtype: at the backend that runs it), got {v}")
         if self.precision not in EXPORT_PRECISIONS:
             raise ExportError(f"precision must be one of {EXPORT_PRECISIONS}, got {self.precision!r}")
         if self.opset not in SUPPORTED_OPSETS:
             raise ExportError(f"opset {self.opset} is not supported; use one of {SUPPORTED_OPSETS}")
-        check_mix_settings(self.mix_weights, self.gamma, self.output, self.mode.mixes)  # float32 outputs
-        if self.mix_weights is not None and len(self.mix_weights) != self.n_layers:
-            raise ExportError(f"--mix: expected {self.n_layers} weights (one per layer), got {len(self.mix_weights)}")
+        if v.mix is not None and len(v.mix) != self.n_layers:
+            raise ExportError(f"--mix: expected {self.n_layers} weights (one per layer), got {len(v.mix)}")
 
     @classmethod
-    def for_config(cls, config: ElmoConfig, output: str = "all", mix: Sequence[float] | None = None,
-                   gamma: float = 1.0, precision: str = "fp32", opset: int = DEFAULT_OPSET,
-                   token_dedup: bool = False) -> "ExportSpec":
-        return cls(config.n_output_layers, config.output_dim, config.token_width,
-                   output, tuple(float(m) for m in mix) if mix is not None else None, float(gamma), precision, opset,
+    def for_config(cls, config: ElmoConfig, vectors: VectorRequest = VectorRequest("all"), precision: str = "fp32",
+                   opset: int = DEFAULT_OPSET, token_dedup: bool = False) -> "ExportSpec":
+        return cls(config.n_output_layers, config.output_dim, config.token_width, vectors, precision, opset,
                    token_dedup=token_dedup)
 
     # ---- tensors ---------------------------------------------------------------------------
@@ -128,7 +126,7 @@ class ExportSpec:
     @property
     def mode(self) -> OutputMode:
         """The output mode's record: all (a layer axis) or mixed."""
-        return OutputMode.of(self.output)
+        return self.vectors.mode
 
     @property
     def outputs(self) -> tuple[TensorSpec, ...]:
@@ -138,7 +136,7 @@ class ExportSpec:
 
     @property
     def output_name(self) -> str:
-        return OUTPUT_NAMES[self.output]
+        return OUTPUT_NAMES[self.vectors.output]
 
     @property
     def tolerance(self) -> Tolerance:
@@ -152,7 +150,7 @@ class ExportSpec:
         """gamma * softmax(s), computed in float64 (``ScalarMix.layer_weights``). Shape: (L+1,)."""
         from elmo_core.scalar_mix import ScalarMix
 
-        return ScalarMix(self.n_layers, self.mix_weights, self.gamma).layer_weights()
+        return ScalarMix(self.n_layers, self.vectors.mix, self.vectors.gamma).layer_weights()
 
     # ---- TensorRT -----------------------------------------------------------------------------
     def profile(self, min_bt: tuple[int, int], opt_bt: tuple[int, int],
@@ -170,8 +168,8 @@ class ExportSpec:
     # ---- manifest -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {
-            "n_layers": self.n_layers, "dim": self.dim, "max_chars": self.max_chars, "output": self.output,
-            "mix_weights": list(self.mix_weights) if self.mix_weights is not None else None, "gamma": self.gamma,
+            "n_layers": self.n_layers, "dim": self.dim, "max_chars": self.max_chars, "output": self.vectors.output,
+            "mix_weights": self.vectors.to_dict()["mix"], "gamma": self.vectors.gamma,
             "precision": self.precision, "opset": self.opset,
             "validation_shapes": [list(s) for s in self.validation_shapes], "token_dedup": self.token_dedup,
             "inputs": [t.to_dict() for t in self.inputs], "outputs": [t.to_dict() for t in self.outputs],
@@ -181,12 +179,11 @@ class ExportSpec:
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "manifest") -> "ExportSpec":
         try:
-            spec = cls(int(d["n_layers"]), int(d["dim"]), int(d["max_chars"]), d["output"],
-                       tuple(d["mix_weights"]) if d.get("mix_weights") is not None else None,
-                       float(d["gamma"]), d["precision"], int(d["opset"]),
+            vectors = VectorRequest(d["output"], d.get("mix_weights"), float(d["gamma"]))
+            spec = cls(int(d["n_layers"]), int(d["dim"]), int(d["max_chars"]), vectors, d["precision"], int(d["opset"]),
                        tuple((int(b), int(t)) for b, t in d["validation_shapes"]),
                        bool(d.get("token_dedup", False)))
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError) as e:  # InputError too: a request's checks
             raise ExportError(f"{source}: invalid export spec ({type(e).__name__}: {e}); re-export the model") from None
         if [t.to_dict() for t in spec.outputs] != d.get("outputs"):
             raise ExportError(f"{source}: its outputs do not match this version's spec; re-export the model")

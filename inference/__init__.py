@@ -10,8 +10,8 @@ settle()  # before any module here loads torch: the environment torch reads when
 # Each name's module, imported on first use (elmo_core.lazy_names).
 _HOMES = {
     "Backend": "backends", "BackendBase": "backends", "TorchBackend": "backends", "BatchPolicy": "batching",
-    "Elmo": "elmo_module", "ElmoMix": "elmo_module", "Embedder": "embedder", "OUTPUT_MODES": "outputs",
-    "combine_layers": "outputs", "layer_weights": "outputs", "reduce_layers": "outputs"
+    "Elmo": "elmo_module", "ElmoMix": "elmo_module", "Embedder": "embedder",
+    "combine_layers": "outputs", "reduce_layers": "outputs"
 }
 
 __all__ = list(_HOMES)

@@ -31,7 +31,8 @@ from runtime.settings import apply_threads
 from .fast_path import FastInference
 from .host_batch import HostBatch
 from .host_copy import PinnedCopies
-from .outputs import VectorRequest, combine_layers, finish_on_device, reduce_on_device
+from .outputs import combine_layers, finish_on_device, reduce_on_device
+from elmo_core.vectors import VectorRequest
 from .precision import check_precision
 from .row_lstm import RowShape
 from .token_cache import TokenCache, preload_token_cache
@@ -93,7 +94,7 @@ class BackendBase:
 
     def run_combined(self, char_ids: np.ndarray, weights: np.ndarray,
                      dtype: np.dtype | type = np.float32) -> tuple[np.ndarray, np.ndarray]:
-        """``sum_j weights[j] * layer_j`` (see ``inference.outputs.layer_weights``), in ``dtype``.
+        """``sum_j weights[j] * layer_j`` (see ``elmo_core.vectors.layer_weights``), in ``dtype``.
 
         Shape: char_ids (B, T, C), weights (L+1,) -> (B, T, 2P), mask (B, T).
         """

@@ -13,7 +13,8 @@ from elmo_core.errors import InputError
 from . import engine
 from .backends import Backend
 from .batching import BatchPolicy
-from .outputs import VectorRequest, check_output, reduce_layers, unit_length
+from .outputs import reduce_layers, unit_length
+from elmo_core.vectors import VectorRequest, check_output
 from .model_run import resolve_run
 from .run_settings import RUN_SETTINGS
 from .registry import backend_kind
@@ -118,7 +119,7 @@ class Embedder:
 
     def vectors(self, sentences: Sequence[Sequence[str]], request: VectorRequest,
                 batch_size: int | None = None) -> list[np.ndarray | None]:
-        """``embed_sentences`` in the engine's terms (``inference.outputs.VectorRequest``)."""
+        """``embed_sentences`` in the engine's terms (``elmo_core.vectors.VectorRequest``)."""
         check_sentences(sentences)
         check_output(request.mode, self.config.n_output_layers, request.mix)
         batch_size = self.batch_size if batch_size is None else batch_size

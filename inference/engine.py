@@ -33,7 +33,8 @@ from .backends import Backend
 from .batching import BatchPolicy, Plan, plan_batches
 
 __all__ = ["Plan", "Prepared", "prepare", "run"]
-from .outputs import VectorRequest, finish_pooled
+from .outputs import finish_pooled
+from elmo_core.vectors import VectorRequest
 
 
 class Clock(Protocol):

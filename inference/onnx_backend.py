@@ -21,7 +21,7 @@ from elmo_core.errors import InputError
 from runtime import threads_for
 
 from .backends import BackendBase
-from .outputs import VectorRequest
+from elmo_core.vectors import VectorRequest
 from .precision import cpu_model
 from .errors import ExportError
 from formats.export_manifest import check_file, read_spec
@@ -172,7 +172,7 @@ class OnnxBackend(BackendBase):
 
     @property
     def output(self) -> str:
-        return self.spec.output
+        return self.spec.vectors.output
 
     def _run(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ids = check_char_ids(char_ids, self.spec.max_chars)
@@ -198,7 +198,7 @@ class OnnxBackend(BackendBase):
 
     def run(self, char_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if not self.spec.mode.layer_axis:
-            raise ExportError(f"{self.export_dir} was exported with --output {self.spec.output}: it has no layers; "
+            raise ExportError(f"{self.export_dir} was exported with --output {self.spec.vectors.output}: it has no layers; "
                               f"use run_mixed(), or export with --output all for the Embedder")
         return self._run(char_ids)
 

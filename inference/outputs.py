@@ -1,78 +1,22 @@
 """Turning the biLM's L+1 layers into what the user asked for: all, top, average or mixed; then
 pooled (mean / max) or unit length, in the output dtype.
 
-``VectorRequest`` is the one description of that; ``reduce_on_device`` and ``finish_on_device``
-apply it to a batch on the backend's device (torch tensors, CPU or CUDA) before anything is
+``elmo_core.vectors.VectorRequest`` is the one description of that; ``reduce_on_device`` and
+``finish_on_device`` apply it to a batch on the backend's device (torch tensors, CPU or CUDA) before anything is
 copied out. ``reduce_layers`` and ``unit_length`` (numpy) are the references they are tested
 against, and what the stateful path uses.
 """
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from elmo_core.errors import InputError, SettingError
-from elmo_core.kinds import Dtype, OutputMode
-from elmo_core.names import OUTPUT_MODES, POOLS, resolve_output
-from elmo_core.mix_settings import check_mix_settings
+from elmo_core.kinds import OutputMode
+from elmo_core.vectors import VectorRequest, check_output
 
 if TYPE_CHECKING:  # a request is made (and checked) without the model code; applied with it
     import torch
-
-
-@dataclass(frozen=True)
-class VectorRequest:
-    """What each sentence's vectors become: the output mode (``mix``: ScalarMix's unnormalised s;
-    ``layer_norm``: each layer normalised over a model batch's tokens first, as bilm-tf's
-    ``weight_layers``), then ``pool`` (one vector per sentence) or not, ``normalize`` (unit L2 norm,
-    last of all) and the ``dtype`` they are delivered in."""
-
-    output: str = "mixed"
-    mix: tuple[float, ...] | None = None
-    gamma: float = 1.0
-    layer_norm: bool = False
-    pool: str | None = None
-    normalize: bool = False
-    dtype: str = "float32"
-
-    def __post_init__(self) -> None:
-        if self.pool is not None and self.pool not in POOLS:
-            raise SettingError(f"`pool` must be None or one of {POOLS}, got {self.pool!r}")
-        output, pool = resolve_output(self.output, self.pool)  # TF-Hub's names: ours
-        object.__setattr__(self, "output", output)
-        object.__setattr__(self, "pool", pool)  # one of POOLS: the one asked for, or the one implied
-        object.__setattr__(self, "_mode", OutputMode.of(output))  # read by every batch: looked up once
-        object.__setattr__(self, "_dtype", Dtype.of(self.dtype))
-        if self.mix is not None:
-            object.__setattr__(self, "mix", tuple(float(m) for m in self.mix))
-        check_mix_settings(self.mix, self.gamma, self.output, self.mode.mixes, self.vector_dtype.max, self.dtype)
-
-    @property
-    def mode(self) -> OutputMode:
-        """The output mode's record (its layer axis, its one layer, whether it mixes)."""
-        return self._mode  # type: ignore[attr-defined]
-
-    @property
-    def vector_dtype(self) -> Dtype:
-        """The output dtype's record (its torch, numpy and Arrow types)."""
-        return self._dtype  # type: ignore[attr-defined]
-
-    def weights(self, n_layers: int) -> np.ndarray | None:
-        """The output mode as one weight per layer (``layer_weights``); None where it is not a fixed
-        weighting (all layers, or the layer-normalised mix). Shape: -> (L+1,) float64 or None."""
-        return _request_weights(self, n_layers)
-
-
-@functools.lru_cache(maxsize=64)
-def _request_weights(request: VectorRequest, n_layers: int) -> np.ndarray | None:
-    """``VectorRequest.weights``, computed once per request and model (the engine asks per batch)."""
-    if request.layer_norm and request.mode.mixes:
-        check_output(request.mode, n_layers, request.mix)
-        return None
-    return layer_weights(request.mode, n_layers, request.mix, request.gamma)  # shared: callers only read it
 
 
 def reduce_on_device(layers: torch.Tensor, mask: torch.Tensor, request: VectorRequest) -> torch.Tensor:
@@ -133,23 +77,6 @@ def finish_pooled(partials: np.ndarray, lengths: np.ndarray, request: VectorRequ
     return rows.astype(request.dtype)
 
 
-
-def _mode(output: str | OutputMode) -> OutputMode:
-    """An output mode's record from its name (TF-Hub's names too) or the record itself."""
-    return output if isinstance(output, OutputMode) else OutputMode.of(resolve_output(output, None)[0])
-
-
-def check_output(output: str | OutputMode, n_layers: int, mix_weights: Sequence[float] | None) -> None:
-    """An output mode (a name, or a request's record: ``VectorRequest.mode``) against a model of
-    ``n_layers`` output layers."""
-    mode = _mode(output)
-    if mode.layer is not None and mode.layer >= n_layers:
-        raise InputError(f"output {mode.name}: the model has layers 0 to {n_layers - 1}")
-    if mix_weights is not None and len(mix_weights) != n_layers:
-        raise InputError(f"mix weights (--mix): expected {n_layers} values (one per output layer of the model), got "
-                         f"{len(mix_weights)}")
-
-
 def reduce_layers(layers: np.ndarray, mask: np.ndarray, output: str, mix_weights: Sequence[float] | None = None,
                   gamma: float = 1.0, layer_norm: bool = False) -> np.ndarray:
     """Apply an output mode to a batch.
@@ -175,28 +102,6 @@ def reduce_layers(layers: np.ndarray, mask: np.ndarray, output: str, mix_weights
     with torch.inference_mode():
         mixed = mix(torch.from_numpy(layers), torch.from_numpy(mask))  # (B, T, D)
     return (mixed * torch.from_numpy(mask)[:, :, None]).numpy()
-
-
-def layer_weights(output: str | OutputMode, n_layers: int, mix_weights: Sequence[float] | None = None,
-                  gamma: float = 1.0) -> np.ndarray | None:
-    """The output mode as one weight per layer, where it is a linear combination of the layers:
-    top and layer:N (one-hot), average (1 / (L+1) each), mixed (``gamma * softmax(s)``, ScalarMix's own
-    normalisation, in float64); None for all. ``reduce_layers`` is the reference these weights
-    must match; the mixed ONNX export bakes the same weights in (``ExportSpec.normalized_mix``).
-
-    Shape: -> (L+1,) float64, or None.
-    """
-    check_output(output, n_layers, mix_weights)
-    mode = _mode(output)
-    if mode.layer_axis:
-        return None
-    if mode.layer is not None:
-        return np.eye(n_layers)[mode.layer]
-    if not mode.mixes:  # the average
-        return np.full(n_layers, 1.0 / n_layers)
-    from elmo_core.scalar_mix import ScalarMix
-
-    return ScalarMix(n_layers, mix_weights, gamma).layer_weights()
 
 
 def combine_layers(layers: np.ndarray, weights: np.ndarray) -> np.ndarray:

@@ -94,7 +94,8 @@ def parquet_sentences(spec: str | Path, opts: EmbedOptions, counts: dict) -> Ite
 
 
 def _check_options(opts: EmbedOptions, out: Path) -> None:
-    given = [k for k, default in PARQUET_ONLY.items() if getattr(opts, k) != default]
+    values, defaults = opts.to_dict(), EmbedOptions().to_dict()
+    given = [k for k in PARQUET_ONLY if values[k] != defaults[k]]
     if given:
         raise InputError(f"--format hdf5 writes allennlp elmo's layout, which has no place for "
                          f"{', '.join('--' + k.replace('_', '-') for k in given)}; leave them out or use --format parquet")
@@ -149,18 +150,18 @@ def write_hdf5(input: str | Path, out: str | Path, maker: RunMaker, opts: EmbedO
 def _write(f: h5py.File, embedder: Embedder, sentences: Iterator[tuple[str | None, list[str], str]],
            opts: EmbedOptions, use_sentence_keys: bool, counts: dict, guard: WriteGuard) -> None:
     index: dict[str, str] = {}
-    dtype = opts.request.vector_dtype.numpy
+    dtype = opts.vectors.vector_dtype.numpy
     for chunk in _chunks(sentences, opts.sort_window_rows):
         if use_sentence_keys:
             for sentence, _, where in chunk:
                 _check_key(sentence, where, index.get(sentence or ""))
                 index[sentence] = where  # type: ignore[index]
-        vectors = embedder.vectors([t for _, t, _ in chunk], opts.request)  # the job's request, made once
+        vectors = embedder.vectors([t for _, t, _ in chunk], opts.vectors)  # the job's request, made once
         for (sentence, toks, where), v in zip(chunk, vectors):
             with np.errstate(over="ignore"):  # an overflow is found next, and named
                 n, v = counts["sentences"], v.astype(dtype, copy=False)
             if not np.isfinite(v).all():
-                raise NonFiniteError(f"{where}: its vectors hold inf or NaN ({opts.dtype}, --gamma {opts.gamma:g}): "
+                raise NonFiniteError(f"{where}: its vectors hold inf or NaN ({opts.vectors.dtype}, --gamma {opts.vectors.gamma:g}): "
                                      f"use a smaller --gamma or --dtype float32, else check the model", n)
             f.create_dataset(sentence if use_sentence_keys else str(n), data=v)
             if not use_sentence_keys:

@@ -99,7 +99,7 @@ def plan_job(input: str | Path, output: str | Path, maker: RunMaker, opts: Embed
     if opts.engine != "local":
         predictor.close()  # Ray's and Spark's workers load their own
         predictor = None
-    schema = output_schema(passthrough, config.output_dim, config.n_output_layers, opts.request, opts.vector_layout)
+    schema = output_schema(passthrough, config.output_dim, config.n_output_layers, opts.vectors, opts.vector_layout)
     identity = job_identity(files, run.pin, opts.identity(run.backend, run.precision))
     try:
         if out.exists():  # refused before the lock is taken: a refused job leaves nothing behind

@@ -6,19 +6,18 @@ resumed job must use the same ones) and those that only change how fast it runs.
 from __future__ import annotations
 
 import copy
-import functools
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from elmo_core.bounds import MAX_COUNT, check_count, check_gpus
+from elmo_core.bounds import MAX_COUNT, check_count, check_gpus, setting
 from elmo_core.errors import InputError, SettingError
-from elmo_core.names import DTYPES, ENGINES, OUTPUT_NAMES, POOLS, VECTOR_LAYOUTS
+from elmo_core.names import ENGINES, VECTOR_LAYOUTS
 from inference.batching import BatchPolicy
-from inference.outputs import VectorRequest
+from elmo_core.vectors import VectorRequest
 from inference.row_shape import RowShape
 from inference.run_settings import RunSettings
 from runtime import process_cpu_budget
@@ -35,86 +34,68 @@ SPARK_MASTER = r"local(\[([1-9][0-9]*|\*)(,[1-9][0-9]*)?\])?|local-cluster\[[1-9
                r"|[a-z][a-z0-9+.-]*://\S+"
 
 
-def _opt(default: Any, help: str | None = None, group: str | None = None, **meta: Any) -> Any:  # noqa: A002
-    """A field and its flag's metadata (``elmo_cli.vocabulary.add_fields``): help, group, choices, the
-    shared ``meaning`` it is the flag of; ``runtime_only``: it does not change a single output
-    value, so a resumed job may change it; ``parquet_only``: the hdf5 layout has no place for it;
-    ``cli=False``: not a flag of its own."""
-    return field(default=default, metadata={"help": help, "group": group, **meta})
-
-
 @dataclass(frozen=True)
 class EmbedOptions:
     """Everything ``elmo embed`` takes besides INPUT, OUTPUT_DIR, MODEL and how the model runs (the
     run's settings: ``inference.run_settings.RunSettings``, made into the job's ``ModelRun``): the
-    columns, the vectors and how the job runs and scales out."""
+    columns read, what the vectors become (``vectors``: the one ``VectorRequest``, whose fields are
+    flags of their own), how they are written and how the job runs and scales out."""
 
-    text_column: str = _opt("text", "whitespace-tokenized text (ignored with --tokens-column)", "columns",
+    text_column: str = setting("text", "whitespace-tokenized text (ignored with --tokens-column)", "columns",
                             meaning="text_column")
-    tokens_column: str | None = _opt(None, "list<string> tokens (instead of --text-column)", "columns")
-    id_column: str | None = _opt(None, "copied to the output first", "columns", parquet_only=True)
-    keep_columns: tuple[str, ...] = _opt((), "comma-separated columns copied to the output", "columns",
+    tokens_column: str | None = setting(None, "list<string> tokens (instead of --text-column)", "columns")
+    id_column: str | None = setting(None, "copied to the output first", "columns", parquet_only=True)
+    keep_columns: tuple[str, ...] = setting((), "comma-separated columns copied to the output", "columns",
                                          parquet_only=True)
-    output: str = _opt("mixed", f"what becomes of the layers: {OUTPUT_NAMES}", "vectors")
-    pool: str | None = _opt(None, "one vector per row, pooled over its tokens (null for an empty row)", "vectors",
-                            choices=POOLS, parquet_only=True)
-    normalize: bool = _opt(False, "scale each vector (per token and layer, or pooled with --pool) to unit L2 norm",
-                           "vectors")
-    mix: tuple[float, ...] | None = _opt(None, "scalar mix weights s0,s1,... (before softmax; default equal)",
-                                         "vectors")
-    gamma: float = _opt(1.0, "the scalar mix's scale", "vectors")
-    dtype: str = _opt("float32", "the vectors' type", "vectors", choices=DTYPES)
-    max_sentence_length: int = _opt(BatchPolicy.max_sentence_length, "longer rows are embedded in overlapping "
+    vectors: VectorRequest = setting(VectorRequest(), cli=False)  # the flags: its own fields
+    max_sentence_length: int = setting(BatchPolicy.max_sentence_length, "longer rows are embedded in overlapping "
                                     "windows and joined back", "vectors", meaning="max_sentence_tokens")
-    window_context: int | None = _opt(BatchPolicy.window_context, "context tokens each side of a window "
+    window_context: int | None = setting(BatchPolicy.window_context, "context tokens each side of a window "
                                       "(default M/8)", "vectors")
-    rows_per_shard: int | None = _opt(None, "one output shard per this many rows of one input file (default: "
+    rows_per_shard: int | None = setting(None, "one output shard per this many rows of one input file (default: "
                                       "100,000 on the local engine; on Spark and Ray two shards per task slot, "
                                       "500 to 100,000 rows: see docs/pipelines.md)", "running")
-    engine: str = _opt("local", "the runner: where the batches run, not what computes them (a job stopped under one "
+    engine: str = setting("local", "the runner: where the batches run, not what computes them (a job stopped under one "
                        "engine resumes under another)", "running", choices=ENGINES, parquet_only=True,
                        runtime_only=True)
-    max_tokens_per_batch: int | None = _opt(None, None, "running", meaning="max_batch_tokens",
+    max_tokens_per_batch: int | None = setting(None, None, "running", meaning="max_batch_tokens",
                                             runtime_only=True)  # None: the run's (``ModelRun.batch``)
-    sort_window_rows: int | None = _opt(None, "rows sorted by length together before batching (then restored to "
+    sort_window_rows: int | None = setting(None, "rows sorted by length together before batching (then restored to "
                                         "input order; default: the run's, 1024 on a CPU)", "running",
                                         runtime_only=True)
-    sort_window_tokens: int | None = _opt(None, "at most this many tokens in one sort window (bounds memory; local "
+    sort_window_tokens: int | None = setting(None, "at most this many tokens in one sort window (bounds memory; local "
                                           "engine; default: the run's, 16384 on a CPU, 8 batches on a GPU)",
                                           "running", runtime_only=True)
-    workers: int = _opt(1, "--engine ray: copies of the model, each an actor taking shards", "running",
+    workers: int = setting(1, "--engine ray: copies of the model, each an actor taking shards", "running",
                         meaning="replicas", runtime_only=True)
-    writer_threads: int | None = _opt(None, "shards encoded at once (per replica; default: 1 on a CPU, where the "
+    writer_threads: int | None = setting(None, "shards encoded at once (per replica; default: 1 on a CPU, where the "
                                       "model takes the cores; on a GPU the host's cores less two, at most 8); see "
                                       "docs/pipelines.md", "running", runtime_only=True)
-    prefetch: int = _opt(4, cli=False, runtime_only=True)  # prepared windows queued ahead of the model
-    resume: bool = _opt(False, "keep verified shards, redo the rest", "running", runtime_only=True, parquet_only=True)
-    quiet: bool = _opt(False, "no progress bar and summary", "running", meaning="quiet", runtime_only=True)
-    ray_address: str | None = _opt(None, None, "running", meaning="ray_address", runtime_only=True)
-    num_gpus_per_worker: float = _opt(0.0, None, "running", meaning="num_gpus_per_replica", runtime_only=True)
-    spark_master: str | None = _opt(None, "--engine spark: local[N], spark://HOST:PORT, yarn, k8s://... (default "
+    prefetch: int = setting(4, cli=False, runtime_only=True)  # prepared windows queued ahead of the model
+    resume: bool = setting(False, "keep verified shards, redo the rest", "running", runtime_only=True, parquet_only=True)
+    quiet: bool = setting(False, "no progress bar and summary", "running", meaning="quiet", runtime_only=True)
+    ray_address: str | None = setting(None, None, "running", meaning="ray_address", runtime_only=True)
+    num_gpus_per_worker: float = setting(0.0, None, "running", meaning="num_gpus_per_replica", runtime_only=True)
+    spark_master: str | None = setting(None, "--engine spark: local[N], spark://HOST:PORT, yarn, k8s://... (default "
                                     "local[*])", "running", runtime_only=True)
-    verbose: bool = _opt(False, "--engine spark: Spark's own log lines from INFO (default: WARN)", "running",
+    verbose: bool = setting(False, "--engine spark: Spark's own log lines from INFO (default: WARN)", "running",
                          runtime_only=True)
-    spark_conf: tuple[str, ...] = _opt((), "--engine spark: a Spark setting, e.g. spark.executor.memory=8g "
+    spark_conf: tuple[str, ...] = setting((), "--engine spark: a Spark setting, e.g. spark.executor.memory=8g "
                                        "(repeatable)", "running", action="append", metavar="KEY=VALUE",
                                        runtime_only=True)
-    verify_inputs: bool = _opt(False, "hash every input file's bytes into the job (an edit that keeps size and "
+    verify_inputs: bool = setting(False, "hash every input file's bytes into the job (an edit that keeps size and "
                                "mtime is seen)", "running", runtime_only=True)
-    compression: str | None = _opt(None, "of the output shards (default: snappy for Parquet, none for Arrow; "
+    compression: str | None = setting(None, "of the output shards (default: snappy for Parquet, none for Arrow; "
                                    "measured: snappy, lz4 and none about as fast, zstd 8%% smaller in float16 and "
                                    "slower)", "vectors", choices=COMPRESSIONS, runtime_only=True)
-    format: str = _opt("parquet", cli=False, choices=tuple(FORMATS))  # the flag: elmo_cli.cmd_embed (hdf5 too)
-    vector_layout: str = _opt("floats", "each token's vector in the shards: floats (a list of floats, as SQL reads "
+    format: str = setting("parquet", cli=False, choices=tuple(FORMATS))  # the flag: elmo_cli.cmd_embed (hdf5 too)
+    vector_layout: str = setting("floats", "each token's vector in the shards: floats (a list of floats, as SQL reads "
                               "them) or binary (its bytes, no per-float levels: Parquet writes it ~6x faster; "
                               "read with pipelines.schema.vector_array)", "vectors", choices=VECTOR_LAYOUTS,
                               parquet_only=True)
-    rows_per_shard_reason: str = _opt("", cli=False, runtime_only=True)  # why this size (pipelines.shard_size)
+    rows_per_shard_reason: str = setting("", cli=False, runtime_only=True)  # why this size (pipelines.shard_size)
 
     def __post_init__(self) -> None:
-        request = self.request  # the vectors' options (output, pool, dtype, mix, gamma): VectorRequest checks them
-        object.__setattr__(self, "output", request.output)  # TF-Hub's names (word_emb, default, ...): ours
-        object.__setattr__(self, "pool", request.pool)
         _check_choice("engine", self.engine, ENGINES)
         _check_choice("format", self.format, tuple(FORMATS))
         _check_choice("vector_layout", self.vector_layout, VECTOR_LAYOUTS)
@@ -147,7 +128,7 @@ class EmbedOptions:
         """These options with what was left to the run settled: the batch budget and sort windows
         (the run's, ``ModelRun.batch``), the writer threads (``default_writers``) and the shard size
         (``pipelines.shard_size``), where given. Made once by ``plan_job`` from checked records: not checked again
-        (the vectors' request made once stays with it)."""
+        (the vectors' request made once stays with it: ``vectors``)."""
         sized = copy.copy(self)
         for name, value in (("max_tokens_per_batch", self.max_tokens_per_batch or run.batch.tokens),
                             ("sort_window_rows", self.sort_window_rows or run.batch.window_rows),
@@ -157,12 +138,6 @@ class EmbedOptions:
                               if rows_per_shard else ())):
             object.__setattr__(sized, name, value)
         return sized
-
-    @functools.cached_property
-    def request(self) -> VectorRequest:
-        """What each row's vectors become (``inference.outputs``; the engine's terms), made and
-        checked once."""
-        return VectorRequest(self.output, self.mix, self.gamma, False, self.pool, self.normalize, self.dtype)
 
     @property
     def shard_format(self) -> ShardFormat:
@@ -194,24 +169,24 @@ class EmbedOptions:
         """An EmbedOptions from an instance, a dict (e.g. from JSON) or keyword arguments."""
         if isinstance(value, EmbedOptions) and not overrides:
             return value  # checked when it was made
-        base = asdict(value) if isinstance(value, EmbedOptions) else dict(value or {})
+        base = {f.name: getattr(value, f.name) for f in fields(cls)} if isinstance(value, EmbedOptions) \
+            else dict(value or {})
         base.update(overrides)
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} | set(VECTOR_FIELDS)
         unknown = sorted(set(base) - known)
         if unknown:
             raise InputError(f"unknown embed options {unknown}; known: {sorted(known)}")
+        base["vectors"] = _vectors(base, base.pop("vectors", None))
         if base.get("keep_columns") is not None:
             base["keep_columns"] = _as_tuple(base["keep_columns"], str)
-        if base.get("mix") is not None:
-            base["mix"] = _as_tuple(base["mix"], float)
         if base.get("spark_conf") is not None:
             base["spark_conf"] = _as_tuple(base["spark_conf"], str)
         return cls(**base)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "vectors"}
+        d.update(self.vectors.to_dict())  # flat: the keys every job's identity has had
         d["keep_columns"] = list(self.keep_columns)
-        d["mix"] = list(self.mix) if self.mix is not None else None
         d["spark_conf"] = list(self.spark_conf)
         d["window_context"] = self.context
         return d
@@ -236,10 +211,10 @@ def output_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """The options of a job (its ``to_dict``, or the identity a job recorded) that change the output:
     not the runtime-only ones (a record of a job that counted one of them, e.g. the engine, means the
     same job). fp32, the precision of every job written before the option existed, is left out so that
-    those jobs keep their identity; so are the defaults of normalize (False), format (parquet) and
-    vector_layout (floats)."""
+    those jobs keep their identity; so are the defaults of normalize and layer_norm (False), format
+    (parquet) and vector_layout (floats)."""
     return {k: v for k, v in options.items()
-            if k not in RUNTIME_ONLY and not (k == "precision" and v == "fp32") and not (k == "normalize" and not v)
+            if k not in RUNTIME_ONLY and not (k == "precision" and v == "fp32") and not (k in FALSE_LEFT_OUT and not v)
             and not (k == "format" and v == "parquet") and not (k == "vector_layout" and v == "floats")}
 
 
@@ -250,6 +225,17 @@ def _check_columns(opts: EmbedOptions) -> None:
     if repeated:
         raise InputError(f"--keep-columns / --id-column name {repeated} more than once; each output column is "
                          f"written once: list it once")
+
+
+def _vectors(flat: dict[str, Any], given: VectorRequest | Mapping[str, Any] | None) -> VectorRequest:
+    """The job's ``VectorRequest``: ``given`` (a request, or its dict), its fields among ``flat``'s
+    keys (a library caller's keywords, a manifest's options: popped) over it."""
+    named = {k: flat.pop(k) for k in VECTOR_FIELDS if k in flat}
+    if not named and isinstance(given, VectorRequest):
+        return given  # checked when it was made
+    base = given.to_dict() if isinstance(given, VectorRequest) else dict(given or {})
+    base.update(named)
+    return VectorRequest(**base)
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -272,6 +258,9 @@ def digest(obj: Any) -> str:
 
 
 
+VECTOR_FIELDS = tuple(f.name for f in fields(VectorRequest))
+FALSE_LEFT_OUT = ("normalize", "layer_norm")  # left out of a job's identity where False
 RUNTIME_ONLY = frozenset(f.name for cls in (EmbedOptions, RunSettings) for f in fields(cls)
                          if f.metadata.get("runtime_only"))
-PARQUET_ONLY = {f.name: f.default for f in fields(EmbedOptions) if f.metadata.get("parquet_only")}
+PARQUET_ONLY = tuple(f.name for cls in (EmbedOptions, VectorRequest) for f in fields(cls)
+                     if f.metadata.get("parquet_only"))

@@ -92,9 +92,9 @@ class ElmoPredictor:
             self.backend = self.run.open()
         self.config = self.backend.config
         self.dim, self.n_layers = self.config.output_dim, self.config.n_output_layers
-        self.field = elmo_field(self.dim, self.n_layers, self.options.request, self.options.vector_layout)
+        self.field = elmo_field(self.dim, self.n_layers, self.options.vectors, self.options.vector_layout)
         self.type = self.field.type
-        self.request = self.options.request
+        self.request = self.options.vectors
         self.backend.check_request(self.request)  # before any row is read
 
     @property
@@ -140,7 +140,7 @@ class ElmoPredictor:
             return
         first = int(np.argmax(bad))
         row = first if self.request.pool else int(np.searchsorted(np.cumsum(np.maximum(lengths, 0)), first, "right"))
-        o = self.options
+        o = self.request
         raise NonFiniteError(f"its vectors hold inf or NaN ({o.dtype}, --gamma {o.gamma:g}): the model's output "
                              f"times --gamma overflows {o.dtype}, or the model's weights give non-finite values; "
                              f"use a smaller --gamma or --dtype float32, else check the model", row)

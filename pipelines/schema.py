@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from elmo_core.kinds import Dtype
-from inference.outputs import VectorRequest
+from elmo_core.vectors import VectorRequest
 
 ELMO_COLUMN = "elmo"
 VECTOR_DTYPE, VECTOR_SHAPE = b"elmo.dtype", b"elmo.shape"  # a binary layout's field metadata

@@ -51,7 +51,7 @@ def elmo_vectors(df: Any, model: str, text_column: str = "text", output_column: 
 
     settings, rest = RunSettings.split(options)
     opts = EmbedOptions.coerce(rest, text_column=text_column, engine="spark")
-    if opts.dtype != "float32":
+    if opts.vectors.dtype != "float32":
         raise InputError("dtype: Spark has no float16 type; the vectors are float32 here (write them as float16 "
                          "with elmo embed --dtype float16)")
     if opts.id_column or opts.keep_columns:
@@ -63,7 +63,7 @@ def elmo_vectors(df: Any, model: str, text_column: str = "text", output_column: 
     flags = session_cpu_flags(df.sparkSession) if settings.auto_on_cpu else None  # an executor's CPU judges
     run = resolve_run(model, settings, job=True, remote=True, flags=flags)  # one thread a task (a core) unless threads
     config = run.config
-    arrow = spark_type(elmo_type(config.output_dim, config.n_output_layers, opts.request))
+    arrow = spark_type(elmo_type(config.output_dim, config.n_output_layers, opts.vectors))
     schema = StructType(df.schema.fields + [StructField(output_column, from_arrow_type(arrow), True)])
     return df.mapInArrow(_add_vectors(run, opts.sized_for(run).to_dict(), output_column, arrow), schema)
 

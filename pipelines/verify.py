@@ -150,7 +150,7 @@ def _row_problems(out: Output, shard: dict, inp: dict, inputs: pa.Table, opts: E
     tokens, _ = row_tokens(source.column(text), opts.tokens_column is not None, text)
     want = np.array([-1 if t is None else len(t) for t in tokens])
     column = got.column(ELMO_COLUMN)
-    if opts.pool:  # one vector per row: present exactly where the row has tokens
+    if opts.vectors.pool:  # one vector per row: present exactly where the row has tokens
         want = np.where(want > 0, 1, -1)
         have = np.where(column.is_null().to_numpy(zero_copy_only=False), -1, 1)
     else:

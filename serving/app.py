@@ -37,7 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens, token_spans
-from inference.outputs import VectorRequest
+from elmo_core.vectors import VectorRequest
 
 from .access import ApiKey
 from .errors import InvalidRequest, LimitExceeded, NotReady, QueueFull

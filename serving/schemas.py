@@ -14,7 +14,7 @@ from pydantic_core import PydanticCustomError
 from elmo_core.errors import InputError
 from elmo_core.names import ENCODINGS, OUTPUT_NAMES, POOLS
 from elmo_core.whitespace import split_tokens
-from inference.outputs import VectorRequest
+from elmo_core.vectors import VectorRequest
 
 Encoding = Literal[ENCODINGS]  # type: ignore[valid-type]
 TRUNCATE_HELP = "cut sentences over max_sentence_tokens to that length instead of a 413 (default: --auto-truncate)"

@@ -12,7 +12,8 @@ from inference import Embedder
 from elmo_core import POOLS
 from elmo_core.names import HUB_OUTPUTS
 from elmo_core.errors import InputError
-from inference.outputs import OUTPUT_MODES, VectorRequest
+from elmo_core.vectors import VectorRequest
+from elmo_core.names import OUTPUT_MODES
 from inference.model_run import ModelRun
 
 from .batcher import DynamicBatcher

@@ -1,6 +1,6 @@
 """One ``elmo embed``: each record is made once at the door and each of its checks runs once; what
 is below the door reads the records (``inference.run_settings.RunSettings`` and the ``ModelRun`` it
-resolves to, ``pipelines.options.EmbedOptions``, ``inference.outputs.VectorRequest``). Counted by
+resolves to, ``pipelines.options.EmbedOptions``, ``elmo_core.vectors.VectorRequest``). Counted by
 a profiler over every thread of the job (calls, not timings: a count cannot flake)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from elmo_cli.main import main
 # (file, function): a record's checks, and the functions that check a run's settings
 CHECKS = {
     ("pipelines/options.py", "__post_init__"): "EmbedOptions' checks",
-    ("inference/outputs.py", "__post_init__"): "VectorRequest's checks",
+    ("elmo_core/vectors.py", "__post_init__"): "VectorRequest's checks",
     ("inference/run_settings.py", "__post_init__"): "RunSettings' checks",
     ("inference/model_run.py", "resolve_run"): "the run resolved",
     ("runtime/settings.py", "check_threads"): "the thread count checked",

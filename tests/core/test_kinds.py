@@ -11,7 +11,7 @@ from elmo_core.errors import InputError
 from elmo_core.kinds import Dtype, OutputMode, Precision
 from elmo_core.names import (DTYPES, EXPORT_PRECISIONS, OUTPUT_MODES, PRECISIONS, TENSORRT_PRECISIONS, TRAIN_PRECISIONS,
                              VALIDATED_EXPORT_PRECISIONS)
-from inference.outputs import VectorRequest
+from elmo_core.vectors import VectorRequest
 from pipelines.schema import arrow_float, elmo_type
 
 

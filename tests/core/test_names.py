@@ -12,7 +12,7 @@ from elmo_cli.main import main
 from elmo_core.errors import InputError
 from elmo_core.names import resolve_output
 from inference import Embedder
-from inference.outputs import VectorRequest
+from elmo_core.vectors import VectorRequest
 from pipelines.options import EmbedOptions
 
 from tests.helpers import SENTENCES
@@ -29,7 +29,8 @@ def test_names_resolve_to_our_outputs():
             resolve_output(bad, None)
     with pytest.raises(InputError, match="mean pool"):
         VectorRequest("default", pool="max")
-    assert EmbedOptions(output="default").pool == "mean" and EmbedOptions(output="elmo").output == "mixed"
+    assert EmbedOptions.coerce(output="default").vectors.pool == "mean"
+    assert EmbedOptions.coerce(output="elmo").vectors.output == "mixed"
 
 
 def test_single_layers_are_the_layers_of_all(tiny_dir):

@@ -20,6 +20,7 @@ from export.tensorrt_ops import TENSORRT_SUPPORTED_OPS, TENSORRT_UNSUPPORTED_OPS
 from export.validate import check_parity
 from formats import load_bilm
 from formats.errors import ExportError
+from elmo_core.vectors import VectorRequest
 from formats.export_spec import VALIDATION_BATCHES, VALIDATION_TIMES, ExportSpec, Tolerance
 from inference.backends import TorchBackend
 
@@ -97,7 +98,7 @@ def test_parity_failure_raises_and_leaves_no_manifest(tiny_dir, tmp_path):
 
 @pytest.mark.parametrize("opset", [18, 20])
 def test_mixed_output_and_other_opsets(tiny_dir, tmp_path, opset):
-    m = export_onnx(tiny_dir, tmp_path, output="mixed", mix=[0.3, -1.0, 2.0], gamma=0.5, opset=opset,
+    m = export_onnx(tiny_dir, tmp_path, VectorRequest("mixed", (0.3, -1.0, 2.0), 0.5), opset=opset,
                     threads=1, shapes=QUICK)
     # as above: ORT vs torch fp32 kernels
     assert m["parity"]["max_abs"] <= 1e-4 and m["outputs"][0]["shape"] == ["batch", "time", 16]
@@ -118,9 +119,11 @@ def test_reduced_precision_variants(tiny_dir, tmp_path, precision, ops):
 
 def test_bad_export_options(tiny_dir, tmp_path):
     with pytest.raises(ExportError, match="expected 3 weights"):
-        export_onnx(tiny_dir, tmp_path, output="mixed", mix=[1.0, 2.0])
+        export_onnx(tiny_dir, tmp_path, VectorRequest("mixed", (1.0, 2.0)))
     with pytest.raises(InputError, match="gamma only applies to the mix"):
-        export_onnx(tiny_dir, tmp_path, gamma=2.0)
+        VectorRequest("all", gamma=2.0)
+    with pytest.raises(ExportError, match="an export's graph gives float32 layers"):
+        export_onnx(tiny_dir, tmp_path, VectorRequest("top"))
     with pytest.raises(ExportError, match="opset 12 is not supported"):
         export_onnx(tiny_dir, tmp_path, opset=12)
 

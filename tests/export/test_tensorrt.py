@@ -55,10 +55,10 @@ def test_ort_tensorrt_execution_provider_options():
 def test_cli_tensorrt_arguments():
     args = build_parser().parse_args(["export", "tensorrt", "--model", "a", "--out", "b", "--min", "1,2", "--opt",
                                       "4,16", "--max", "8,64", "--precision", "fp16", "--workspace", "1024"])
-    assert (args.min_bt, args.opt_bt, args.max_bt, args.precision, args.workspace) == ("1,2", "4,16", "8,64", "fp16",
+    assert (args.min, args.opt, args.max, args.precision, args.workspace) == ("1,2", "4,16", "8,64", "fp16",
                                                                                       1024)
     args = build_parser().parse_args(["export", "tensorrt", "--model", "a", "--out", "b"])
-    assert (args.min_bt, args.precision, args.workspace) == (None, None, 4096)
+    assert (args.min, args.precision, args.workspace) == (None, None, 4096)
 
 
 def test_build_engine_checks_before_needing_a_gpu(tiny_dir, tmp_path, capsys):

@@ -25,7 +25,7 @@ from inference.cuda_graphs import RowGraphs
 from inference.fused_lstm import FusedLstm
 from inference.embedder import Embedder
 from inference.onnx_backend import OnnxBackend
-from inference.outputs import VectorRequest
+from elmo_core.vectors import VectorRequest
 from pipelines import embed_parquet
 from corpora.sample import write_sample_corpus
 

@@ -12,7 +12,8 @@ from elmo_core.pooling import pool_ragged
 from inference import engine
 from inference.backends import TorchBackend
 from inference.batching import BatchPolicy
-from inference.outputs import VectorRequest, unit_length
+from inference.outputs import unit_length
+from elmo_core.vectors import VectorRequest
 from tests.helpers import SENTENCES
 
 POLICY = BatchPolicy(max_sentence_length=6, window_context=1, max_tokens_per_batch=24)  # windows, many batches

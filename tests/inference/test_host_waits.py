@@ -25,7 +25,7 @@ from bench.bench_bilm import bench_sentences  # noqa: E402
 from inference import engine  # noqa: E402
 from inference.backends import TorchBackend  # noqa: E402
 from inference.batching import BatchPolicy  # noqa: E402
-from inference.outputs import VectorRequest  # noqa: E402
+from elmo_core.vectors import VectorRequest  # noqa: E402
 from tests.inference.test_gpu_proxy import SMALL  # noqa: E402
 
 BATCHES = [[["the", "cat", "sat"], ["a", "cat"], ["x" * 60, "the"]], [["the", "dog"], ["cat"]],

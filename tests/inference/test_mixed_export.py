@@ -11,6 +11,7 @@ import pytest
 
 from elmo_cli.main import main
 from elmo_core.errors import InputError
+from elmo_core.vectors import VectorRequest
 from export.onnx_export import export_onnx
 from inference import Embedder
 from corpora.sample import write_sample_corpus
@@ -29,7 +30,7 @@ def mixed_export(tmp_path_factory) -> tuple[Path, Path]:
 
     root = tmp_path_factory.mktemp("mixed")
     model = make_model_dir(root / "tiny", TINY_OPTIONS)
-    export_onnx(model, root / "export", output="mixed", mix=MIX, gamma=GAMMA)
+    export_onnx(model, root / "export", VectorRequest("mixed", MIX, GAMMA))
     return model, root / "export"
 
 

@@ -13,6 +13,7 @@ from elmo_core import batch_to_ids
 from elmo_core.errors import InputError
 from export.build import build_for_machine
 from formats.errors import ExportError
+from elmo_core.vectors import VectorRequest
 from export.onnx_export import export_onnx
 from inference.embedder import Embedder
 from inference.onnx_backend import CACHE_DIR, OnnxBackend
@@ -87,7 +88,7 @@ def test_bad_inputs_and_tampered_exports(onnx_dir, tmp_path):
 
 
 def test_mixed_export_backend(tiny_dir, tmp_path):
-    export_onnx(tiny_dir, tmp_path, output="mixed", mix=[1.0, 0.0, -1.0], gamma=2.0, threads=1, shapes=QUICK)
+    export_onnx(tiny_dir, tmp_path, VectorRequest("mixed", (1.0, 0.0, -1.0), 2.0), threads=1, shapes=QUICK)
     backend = OnnxBackend(tmp_path, threads=1)
     ids = batch_to_ids(SENTENCES)
     mixed, mask = backend.run_mixed(ids)

@@ -11,8 +11,9 @@ import torch
 from elmo_core import batch_to_ids
 from elmo_core.errors import SettingError
 from elmo_core.kinds import Dtype
-from inference import Embedder, layer_weights, reduce_layers
-from inference.outputs import VectorRequest
+from elmo_core.vectors import layer_weights
+from inference import Embedder, reduce_layers
+from elmo_core.vectors import VectorRequest
 from inference.backends import BackendBase
 from tests.helpers import SENTENCES
 
