@@ -11,10 +11,11 @@ the record is made and checked before any model code loads.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from elmo_core.bounds import setting
 from elmo_core.errors import InputError, SettingError
 from elmo_core.kinds import Precision
 from elmo_core.names import LAYOUTS
@@ -25,27 +26,23 @@ from .registry import BACKEND_NAMES
 DEVICE_PATTERN = r"cpu|cuda(:\d+)?"
 
 
-def _flag(default: Any, meaning: str | None = None, help: str | None = None, **meta: Any) -> Any:  # noqa: A002
-    """A setting and its flag's metadata (``elmo_cli.vocabulary.add_fields``); ``runtime_only``: the
-    same vectors whatever its value (to float rounding), so a resumed job may change it."""
-    return field(default=default, metadata={"group": "running", "meaning": meaning, "help": help, **meta})
-
-
 @dataclass(frozen=True)
 class RunSettings:
     """How the model is asked to run; None: the run decides (``ModelRun``'s reasons say how)."""
 
-    backend: str | None = _flag(None, "backend", choices=BACKEND_NAMES)  # None: an export's own, else torch
-    device: str = _flag("cpu", "device", "cpu, cuda or cuda:N: where the torch / onnx backend runs",
-                        runtime_only=True)
-    threads: int | None = _flag(None, "threads", "the model's threads (default: every core for a model whose "
-                                "compute dominates the job, all but one for a small model; see docs/pipelines.md)",
-                                runtime_only=True)
-    precision: str | None = _flag(None, cli=False)  # the flag: elmo_cli.run_args; None: the backend's default
-    layout: str | None = _flag(None, cli=False, runtime_only=True)  # the flag: elmo_cli.run_args; None: auto
-    weights: str | None = _flag(None, "weights", runtime_only=True)  # the job's identity holds their sha256
-    token_embeddings: str | None = _flag(None, "token_embeddings", runtime_only=True)
-    token_vocab: str | None = _flag(None, "token_vocab", runtime_only=True)
+    # None: an export's own backend, else torch
+    backend: str | None = setting(None, None, "running", meaning="backend", choices=BACKEND_NAMES)
+    device: str = setting("cpu", "cpu, cuda or cuda:N: where the torch / onnx backend runs", "running",
+                          meaning="device", runtime_only=True)
+    threads: int | None = setting(None, "the model's threads (default: every core for a model whose compute "
+                                  "dominates the job, all but one for a small model; see docs/pipelines.md)",
+                                  "running", meaning="threads", runtime_only=True)
+    precision: str | None = setting(None, cli=False)  # the flag: elmo_cli.run_args; None: the backend's default
+    layout: str | None = setting(None, cli=False, runtime_only=True)  # the flag: elmo_cli.run_args; None: auto
+    # the job's identity holds the weights' sha256
+    weights: str | None = setting(None, None, "running", meaning="weights", runtime_only=True)
+    token_embeddings: str | None = setting(None, None, "running", meaning="token_embeddings", runtime_only=True)
+    token_vocab: str | None = setting(None, None, "running", meaning="token_vocab", runtime_only=True)
 
     def __post_init__(self) -> None:
         if self.backend is not None and self.backend not in BACKEND_NAMES:
