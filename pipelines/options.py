@@ -42,57 +42,58 @@ class EmbedOptions:
     flags of their own), how they are written and how the job runs and scales out."""
 
     text_column: str = setting("text", "whitespace-tokenized text (ignored with --tokens-column)", "columns",
-                            meaning="text_column")
+                               meaning="text_column")
     tokens_column: str | None = setting(None, "list<string> tokens (instead of --text-column)", "columns")
     id_column: str | None = setting(None, "copied to the output first", "columns", parquet_only=True)
     keep_columns: tuple[str, ...] = setting((), "comma-separated columns copied to the output", "columns",
-                                         parquet_only=True)
+                                            parquet_only=True)
     vectors: VectorRequest = setting(VectorRequest(), cli=False)  # the flags: its own fields
     max_sentence_length: int = setting(BatchPolicy.max_sentence_length, "longer rows are embedded in overlapping "
-                                    "windows and joined back", "vectors", meaning="max_sentence_tokens")
+                                       "windows and joined back", "vectors", meaning="max_sentence_tokens")
     window_context: int | None = setting(BatchPolicy.window_context, "context tokens each side of a window "
-                                      "(default M/8)", "vectors")
+                                         "(default M/8)", "vectors")
     rows_per_shard: int | None = setting(None, "one output shard per this many rows of one input file (default: "
-                                      "100,000 on the local engine; on Spark and Ray two shards per task slot, "
-                                      "500 to 100,000 rows: see docs/pipelines.md)", "running")
+                                         "100,000 on the local engine; on Spark and Ray two shards per task slot, "
+                                         "500 to 100,000 rows: see docs/pipelines.md)", "running")
     engine: str = setting("local", "the runner: where the batches run, not what computes them (a job stopped under one "
-                       "engine resumes under another)", "running", choices=ENGINES, parquet_only=True,
-                       runtime_only=True)
+                          "engine resumes under another)", "running", choices=ENGINES, parquet_only=True,
+                          runtime_only=True)
     max_tokens_per_batch: int | None = setting(None, None, "running", meaning="max_batch_tokens",
-                                            runtime_only=True)  # None: the run's (``ModelRun.batch``)
+                                               runtime_only=True)  # None: the run's (``ModelRun.batch``)
     sort_window_rows: int | None = setting(None, "rows sorted by length together before batching (then restored to "
-                                        "input order; default: the run's, 1024 on a CPU)", "running",
-                                        runtime_only=True)
+                                           "input order; default: the run's, 1024 on a CPU)", "running",
+                                           runtime_only=True)
     sort_window_tokens: int | None = setting(None, "at most this many tokens in one sort window (bounds memory; local "
-                                          "engine; default: the run's, 16384 on a CPU, 8 batches on a GPU)",
-                                          "running", runtime_only=True)
+                                             "engine; default: the run's, 16384 on a CPU, 8 batches on a GPU)",
+                                             "running", runtime_only=True)
     workers: int = setting(1, "--engine ray: copies of the model, each an actor taking shards", "running",
-                        meaning="replicas", runtime_only=True)
+                           meaning="replicas", runtime_only=True)
     writer_threads: int | None = setting(None, "shards encoded at once (per replica; default: 1 on a CPU, where the "
-                                      "model takes the cores; on a GPU the host's cores less two, at most 8); see "
-                                      "docs/pipelines.md", "running", runtime_only=True)
+                                         "model takes the cores; on a GPU the host's cores less two, at most 8); see "
+                                         "docs/pipelines.md", "running", runtime_only=True)
     prefetch: int = setting(4, cli=False, runtime_only=True)  # prepared windows queued ahead of the model
-    resume: bool = setting(False, "keep verified shards, redo the rest", "running", runtime_only=True, parquet_only=True)
+    resume: bool = setting(False, "keep verified shards, redo the rest", "running", runtime_only=True,
+                           parquet_only=True)
     quiet: bool = setting(False, "no progress bar and summary", "running", meaning="quiet", runtime_only=True)
     ray_address: str | None = setting(None, None, "running", meaning="ray_address", runtime_only=True)
     num_gpus_per_worker: float = setting(0.0, None, "running", meaning="num_gpus_per_replica", runtime_only=True)
     spark_master: str | None = setting(None, "--engine spark: local[N], spark://HOST:PORT, yarn, k8s://... (default "
-                                    "local[*])", "running", runtime_only=True)
+                                       "local[*])", "running", runtime_only=True)
     verbose: bool = setting(False, "--engine spark: Spark's own log lines from INFO (default: WARN)", "running",
-                         runtime_only=True)
+                            runtime_only=True)
     spark_conf: tuple[str, ...] = setting((), "--engine spark: a Spark setting, e.g. spark.executor.memory=8g "
-                                       "(repeatable)", "running", action="append", metavar="KEY=VALUE",
-                                       runtime_only=True)
+                                          "(repeatable)", "running", action="append", metavar="KEY=VALUE",
+                                          runtime_only=True)
     verify_inputs: bool = setting(False, "hash every input file's bytes into the job (an edit that keeps size and "
-                               "mtime is seen)", "running", runtime_only=True)
+                                  "mtime is seen)", "running", runtime_only=True)
     compression: str | None = setting(None, "of the output shards (default: snappy for Parquet, none for Arrow; "
-                                   "measured: snappy, lz4 and none about as fast, zstd 8%% smaller in float16 and "
-                                   "slower)", "vectors", choices=COMPRESSIONS, runtime_only=True)
+                                      "measured: snappy, lz4 and none about as fast, zstd 8%% smaller in float16 and "
+                                      "slower)", "vectors", choices=COMPRESSIONS, runtime_only=True)
     format: str = setting("parquet", cli=False, choices=tuple(FORMATS))  # the flag: elmo_cli.cmd_embed (hdf5 too)
     vector_layout: str = setting("floats", "each token's vector in the shards: floats (a list of floats, as SQL reads "
-                              "them) or binary (its bytes, no per-float levels: Parquet writes it ~6x faster; "
-                              "read with pipelines.schema.vector_array)", "vectors", choices=VECTOR_LAYOUTS,
-                              parquet_only=True)
+                                 "them) or binary (its bytes, no per-float levels: Parquet writes it ~6x faster; "
+                                 "read with pipelines.schema.vector_array)", "vectors", choices=VECTOR_LAYOUTS,
+                                 parquet_only=True)
     rows_per_shard_reason: str = setting("", cli=False, runtime_only=True)  # why this size (pipelines.shard_size)
 
     def __post_init__(self) -> None:
