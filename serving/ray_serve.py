@@ -11,10 +11,11 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from elmo_core.errors import InputError
 from inference.model_run import ModelRun
+from inference.precision import worker_cpu_flags
 from runtime.ray_local import init_local_ray
 
 from .access import exposure_warning
@@ -63,6 +64,12 @@ def deployment(run: ModelRun, limits: ServeLimits, access: AccessOptions, replic
     ).bind(run, limits, access)
 
 
+def _replica_cpu_flags(ray: Any, num_gpus: float) -> frozenset[str]:
+    """The CPU flags of a machine the replicas run on: one task with a replica's GPUs asks its CPU."""
+    task = ray.remote(num_cpus=1, num_gpus=num_gpus or None)(worker_cpu_flags)
+    return ray.get(task.remote(), timeout=LOAD_TIMEOUT_S)
+
+
 def _free_port(host: str) -> int:
     with bind(host, 0) as sock:
         return sock.getsockname()[1]
@@ -70,11 +77,13 @@ def _free_port(host: str) -> int:
 
 def run_ray_serve(run: ModelRun, limits: ServeLimits, host: str = "127.0.0.1", port: int = 0,
                   replicas: int = 1, num_gpus: float = 0.0, ray_address: str | None = None,
-                  quiet: bool = False, access: AccessOptions = AccessOptions(), share: bool = False) -> int:
+                  quiet: bool = False, access: AccessOptions = AccessOptions(), share: bool = False,
+                  judge: Callable[[frozenset[str]], ModelRun] | None = None) -> int:
     """Deploy on a Ray cluster (a local one of our own without ``ray_address``), print ``listening on
     URL`` once every replica is ready, serve until SIGTERM / SIGINT, then tear it all down. Each
     replica reserves ``run``'s threads in CPUs; ``share``: each takes the cluster's CPUs / replicas
-    instead (no --threads given)."""
+    instead (no --threads given). ``judge``: the run that deploys, from the CPU flags of a machine
+    the replicas run on (``--precision auto`` on a CPU is settled where the model runs)."""
     check_replicas(replicas, num_gpus)
     ray, serve = _ray()
     if warning := exposure_warning(host, access):
@@ -87,6 +96,8 @@ def run_ray_serve(run: ModelRun, limits: ServeLimits, host: str = "127.0.0.1", p
     # After ray.init, which installs handlers of its own that abort the driver on SIGTERM.
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        if judge is not None:
+            run = judge(_replica_cpu_flags(ray, num_gpus))
         port = port or _free_port(host)
         if share:  # no --threads: each replica takes its share of the cluster's CPUs
             share_cpus = max(1, int(ray.cluster_resources().get("CPU", 1.0) // replicas))
