@@ -6,7 +6,7 @@ status codes:
     422 malformed, wrongly typed or non-UTF-8 input     {"error": {"type": "invalid_request", ...}}
     413 over a limit (named in the message)             {"error": {"type": "limit_exceeded", ...}}
     408 headers or body too slow (serving.connections)  {"error": {"type": "request_timeout", ...}}
-    401 no or a wrong API key (serving.access)          {"error": {"type": "unauthorized", ...}}
+    401 no or a wrong API key (serving.middleware)      {"error": {"type": "unauthorized", ...}}
     503 queue full / not ready, Retry-After             {"error": {"type": "queue_full" | "not_ready", ...}}
     500 anything unexpected (the server goes on)
 
@@ -39,11 +39,10 @@ from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens, token_spans
 from inference.outputs import VectorRequest
 
-from .access import ApiKey
-from .errors import InvalidRequest, LimitExceeded, NotReady, QueueFull
+from .errors import InvalidRequest, LimitExceeded, Unavailable
 from .limits import AccessOptions, ServeLimits
 from .metrics import CONTENT_TYPE
-from .middleware import CLIENT_CLOSED, AccessLog, Admission, BodyLimit
+from .middleware import CLIENT_CLOSED, AccessLog, Admission, ApiKey, BodyLimit
 from .schemas import EmbedRequest, OpenAIEmbeddingRequest, TokenizeRequest
 from .service import ServingState
 
@@ -95,12 +94,12 @@ def fit(sentences: Sequence[Sequence[str]], limits: ServeLimits, field: str,
     """The sentences within the limits and how many were cut: a sentence over max_sentence_tokens
     is cut to it when ``truncate`` (None: the server's ``auto_truncate``), else LimitExceeded."""
     if len(sentences) > limits.max_request_sentences:
-        raise LimitExceeded("max_request_sentences", f"'{field}' has {len(sentences)} entries, over "
+        raise LimitExceeded(f"'{field}' has {len(sentences)} entries, over "
                             f"max_request_sentences ({limits.max_request_sentences}): split the request")
     cap, cut = limits.max_sentence_tokens, limits.auto_truncate if truncate is None else truncate
     for i, s in enumerate(sentences):
         if len(s) > cap and not cut:
-            raise LimitExceeded("max_sentence_tokens", f"'{field}[{i}]' has {len(s)} tokens, over "
+            raise LimitExceeded(f"'{field}[{i}]' has {len(s)} tokens, over "
                                 f"max_sentence_tokens ({cap}): split the sentence, or send \"truncate\": true")
     return [s[:cap] for s in sentences], sum(len(s) > cap for s in sentences)
 
@@ -146,26 +145,21 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) + (f" (and {len(errors) - 5} more)" if len(errors) > 5 else "")
 
 
+def _answer(status: int, kind: str | None = None) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """The handler of a typed error: ``status``, ``kind`` (None: an Unavailable's own), its Retry-After."""
+    async def handle(request: Request, exc: Exception) -> Response:
+        return error_response(status, kind or exc.kind, str(exc), getattr(exc, "retry_after", None))
+    return handle
+
+
 def _install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(InputError, _answer(422, "invalid_request"))
+    app.add_exception_handler(LimitExceeded, _answer(413, "limit_exceeded"))
+    app.add_exception_handler(Unavailable, _answer(503))
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
         return error_response(422, "invalid_request", _validation_message(exc))
-
-    @app.exception_handler(InputError)
-    async def _input(request: Request, exc: InputError) -> Response:
-        return error_response(422, "invalid_request", str(exc))
-
-    @app.exception_handler(LimitExceeded)
-    async def _limit(request: Request, exc: LimitExceeded) -> Response:
-        return error_response(413, "limit_exceeded", str(exc))
-
-    @app.exception_handler(QueueFull)
-    async def _full(request: Request, exc: QueueFull) -> Response:
-        return error_response(503, "queue_full", str(exc), exc.retry_after)
-
-    @app.exception_handler(NotReady)
-    async def _not_ready(request: Request, exc: NotReady) -> Response:
-        return error_response(503, "not_ready", str(exc), exc.retry_after)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:

@@ -53,16 +53,12 @@ class ServeLimits:
                                       "(a request's \"truncate\" overrides it)")
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "auto_truncate":
-                if not isinstance(value, bool):
-                    raise SettingError(f"`auto_truncate` must be true or false, got {value!r}")
-            elif f.name == "max_wait_ms":
-                check_number(f.name, value, 0, 60_000, unit=" ms")
-            else:
-                check_count(f.name, value, optional=DEFAULT_BATCH if f.name == "max_batch_tokens"
-                            else None)
+        check_count("max_batch_tokens", self.max_batch_tokens, optional=DEFAULT_BATCH)
+        check_number("max_wait_ms", self.max_wait_ms, 0, 60_000, unit=" ms")
+        for name in ("max_queue", "max_request_sentences", "max_sentence_tokens", "max_body_bytes"):
+            check_count(name, getattr(self, name))
+        if not isinstance(self.auto_truncate, bool):
+            raise SettingError(f"`auto_truncate` must be true or false, got {self.auto_truncate!r}")
         if self.max_sentence_tokens > self.batch_tokens:
             raise SettingError(f"`max_sentence_tokens` ({self.max_sentence_tokens}) must be at most "
                                f"`max_batch_tokens` ({self.batch_tokens}) so one sentence fits a batch")
@@ -119,9 +115,6 @@ class ConnectionLimits:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         limit = MAX_CONNECTIONS_CAP if soft == resource.RLIM_INFINITY else soft - FD_RESERVE
         return max(1, min(MAX_CONNECTIONS_CAP, limit))
-
-    def as_dict(self) -> dict:
-        return {**asdict(self), "max_connections": self.connection_cap()}
 
 
 def check_address(host: str, port: int) -> None:

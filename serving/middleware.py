@@ -1,15 +1,19 @@
 """Pure ASGI middleware (no BaseHTTPMiddleware: it would hide the client's disconnect from the
-handlers): admission (a 503 before the body is read), the body-size limit, and the access log +
-request metrics."""
+handlers): admission (a 503 before the body is read), the body-size limit, the API key
+(``Authorization: Bearer KEY``, as OpenAI clients send it), and the access log + request metrics;
+and the warning for a server reachable beyond this machine with no key."""
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import logging
 import time
 from typing import Any, Awaitable, Callable
 
 import orjson
 
-from .errors import NotReady, QueueFull
+from .errors import Unavailable
+from .limits import AccessOptions
 from .metrics import ServeMetrics
 
 Scope = dict[str, Any]
@@ -31,6 +35,43 @@ async def send_error(send: Send, status: int, kind: str, message: str, headers: 
     await send({"type": "http.response.body", "body": body})
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_warning(host: str, access: AccessOptions) -> str | None:
+    """The warning for a server bound beyond loopback with no API key, else None."""
+    if access.api_key or is_loopback(host):
+        return None
+    return (f"listening on {host} with no API key: anyone who can reach this port can use the model; "
+            f"set --api-key (or ELMO_API_KEY), or bind 127.0.0.1 behind a proxy")
+
+
+class ApiKey:
+    """401 (``WWW-Authenticate: Bearer``) for a request without ``Authorization: Bearer KEY``."""
+
+    def __init__(self, app: ASGIApp, key: str, open_paths: frozenset[str], docs_prefix: str) -> None:
+        self.app, self.open_paths, self.docs_prefix = app, open_paths, docs_prefix
+        self.expected = key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.open_paths or scope["path"].startswith(self.docs_prefix):
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = given.strip().partition(b" ")
+        # RFC 7235: the scheme is case-insensitive ("bearer KEY" is "Bearer KEY"); the key is compared exactly
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.lstrip(b" "), self.expected):
+            return await self.app(scope, receive, send)
+        what = "a wrong API key" if given else "no API key"
+        await send_error(send, 401, "unauthorized", f"{what}: send the header Authorization: Bearer KEY "
+                         f"(the key the server was started with)", {"www-authenticate": "Bearer"})
+
+
 class Admission:
     """Refuses a request for the model before its body is read when the server cannot take it now
     (``admit()`` raises QueueFull: the queue is full; NotReady: loading or stopping), so that
@@ -43,11 +84,9 @@ class Admission:
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.routes:
             try:
                 self.admit()
-            except (QueueFull, NotReady) as e:
-                kind = "queue_full" if isinstance(e, QueueFull) else "not_ready"
-                # The body is not read, so the connection cannot carry another request: close it.
-                return await send_error(send, 503, kind, str(e), {"retry-after": str(e.retry_after),
-                                                                  "connection": "close"})
+            except Unavailable as e:  # the body is not read, so the connection cannot carry another request
+                return await send_error(send, 503, e.kind, str(e), {"retry-after": str(e.retry_after),
+                                                                    "connection": "close"})
         await self.app(scope, receive, send)
 
 

@@ -18,9 +18,9 @@ from inference.model_run import ModelRun
 from inference.precision import worker_cpu_flags
 from runtime.ray_local import init_local_ray
 
-from .access import exposure_warning
 from .app import create_app
 from .limits import AccessOptions, ServeLimits, check_replicas
+from .middleware import exposure_warning
 from .server import bind, url
 from .service import ServingState
 

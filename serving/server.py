@@ -17,10 +17,10 @@ from typing import Callable
 
 import uvicorn
 
-from .access import exposure_warning
 from .app import create_app
 from .connections import GuardedH11Protocol
 from .limits import AccessOptions, ConnectionLimits, check_address
+from .middleware import exposure_warning
 from .service import ServingState
 
 log = logging.getLogger("elmo.serving")
@@ -74,11 +74,7 @@ def make_server(state: ServingState, host: str = "127.0.0.1", port: int = 0, qui
                             access_log=False, lifespan="on", timeout_keep_alive=connections.keep_alive_s,
                             timeout_graceful_shutdown=connections.shutdown_timeout_s, log_config=None)
     server = _Server(config, state)
-
-    def failed(error: BaseException) -> None:
-        server.should_exit = True
-
-    state.on_failure = failed
+    state.on_failure = lambda error: setattr(server, "should_exit", True)
     return server, sock, url(host, sock.getsockname()[1])
 
 
