@@ -2,21 +2,18 @@
 open connections, bounded keep-alive, an answer for a client that half-closes after its request,
 and a SIGTERM that cuts stalled uploads at once.
 
-uvicorn's HTTP/1.1 protocol closes a connection idle between requests (keep-alive), but a new
-connection that stays silent, or sends half its headers or half its body, stays open for ever;
-enough of them exhaust the process's file descriptors. ``GuardedH11Protocol`` is uvicorn's h11
-protocol with those deadlines added; the server runs it instead of httptools (the parse is a small
-part of a request whose model batch takes milliseconds to seconds; ``bench/bench_serve.py``
-measures the lone request's latency).
-
-A deadline that passes answers 408 (or just closes a connection that sent nothing) and is counted
-in ``elmo_connections_cut_total{phase}``; a connection over the cap is closed as it is accepted
-(``elmo_connections_refused_total``).
+uvicorn's HTTP/1.1 protocol leaves open for ever a connection that stays silent or sends half its
+headers or body (enough of them exhaust the file descriptors). ``GuardedH11Protocol`` is its h11
+protocol with deadlines, run instead of httptools (the parse is a small part of a request:
+``bench/bench_serve.py``). A deadline that passes answers 408 (or closes a connection that sent
+nothing), counted in ``elmo_connections_cut_total{phase}``; a connection over the cap is closed as
+it is accepted (``elmo_connections_refused_total``).
 """
 from __future__ import annotations
 
 import asyncio
 import socket
+from http import HTTPStatus
 from typing import Any
 
 import h11
@@ -26,13 +23,6 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from .limits import ConnectionLimits
 from .metrics import ServeMetrics
 from .middleware import CUT_STATUS
-
-def _raw_error(status: int, reason: str, kind: str, message: str) -> bytes:
-    """A whole HTTP/1.1 error response that closes the connection (written below the app)."""
-    body = orjson.dumps({"error": {"type": kind, "message": message}})
-    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            f"connection: close\r\n\r\n")
-    return head.encode("ascii") + body
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -45,8 +35,7 @@ class GuardedH11Protocol(H11Protocol):
         super().__init__(config, server_state, app_state, _loop)
         self.limits, self.cap, self.metrics = limits, cap, metrics
         self._timer: asyncio.TimerHandle | None = None
-        self._phase = "headers"
-        self._half_closed = False
+        self._phase, self._half_closed = "headers", False
 
     # -- connection life ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -111,7 +100,7 @@ class GuardedH11Protocol(H11Protocol):
     def shutdown(self) -> None:
         """SIGTERM: a request whose body has not all arrived is refused now; whole ones finish."""
         if self._phase == "body":
-            self._cut("shutdown", 503, "Service Unavailable", "not_ready",
+            self._cut("shutdown", 503, "not_ready",
                       "the server is shutting down and the request's body had not all arrived: retry elsewhere")
         super().shutdown()
 
@@ -131,23 +120,25 @@ class GuardedH11Protocol(H11Protocol):
         if self.transport.is_closing():
             return
         if self._phase == "body":
-            self._cut("body", 408, "Request Timeout", "request_timeout",
+            self._cut("body", 408, "request_timeout",
                       f"the request's body did not arrive within {self.limits.body_timeout_s:g} s (--body-timeout-s)")
         elif self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]:
-            self._cut("idle", None, "", "", "")  # no byte of a request: just close
+            self._cut("idle", None, "", "")  # no byte of a request: just close
         else:
-            self._cut("headers", 408, "Request Timeout", "request_timeout",
-                      f"the request's headers did not arrive within {self.limits.header_timeout_s:g} s "
-                      f"(--header-timeout-s)")
+            self._cut("headers", 408, "request_timeout", f"the request's headers did not arrive within "
+                      f"{self.limits.header_timeout_s:g} s (--header-timeout-s)")
 
-    def _cut(self, phase: str, status: int | None, reason: str, kind: str, message: str) -> None:
-        """Answer ``status`` (if the app has not begun to) and close; the app sees a disconnect."""
+    def _cut(self, phase: str, status: int | None, kind: str, message: str) -> None:
+        """Answer ``status`` (if the app has not begun to; a whole HTTP/1.1 response written below the
+        app) and close; the app sees a disconnect."""
         self._stop_timer()
         self.metrics.connections_cut.labels(phase).inc()
         cycle = self.cycle
         started = cycle is not None and not cycle.response_complete and cycle.response_started
         if status is not None and not started:
-            self.transport.write(_raw_error(status, reason, kind, message))
+            body = orjson.dumps({"error": {"type": kind, "message": message}})
+            self.transport.write(f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
+                                 f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode("ascii") + body)
             if cycle is not None:
                 cycle.scope[CUT_STATUS] = status  # what AccessLog logs and counts (the app saw a disconnect)
         if cycle is not None and not cycle.response_complete:

@@ -1,9 +1,7 @@
 """The server's options, frozen dataclasses validated once (``elmo serve`` generates its flags from
-their fields): ``ServeLimits`` (what a request, a batch and the queue may hold; shared by the
-batcher, the HTTP layer, ``GET /info`` and the Ray Serve deployment), ``ConnectionLimits`` (how
-long a client may take, how many may connect: ``serving.connections``) and ``AccessOptions`` (who
-may call: ``serving.access``). No dependency beyond the standard library, so the CLI can import it
-without the ``serve`` extra."""
+their fields): ``ServeLimits`` (a request, a batch, the queue), ``ConnectionLimits`` (how long a
+client may take, how many may connect) and ``AccessOptions`` (who may call). Standard library only,
+so the CLI imports it without the ``serve`` extra."""
 from __future__ import annotations
 
 import resource
@@ -23,23 +21,15 @@ def _opt(default: Any, help: str, **meta: Any) -> Any:  # noqa: A002
     return field(default=default, metadata={"help": help, **meta})
 
 
-# A model batch's padded tokens by default: the run's (``ModelRun.batch``, sized to its device). On a
-# CPU a batch of 4,096 runs ~100 ms and more: requests arriving meanwhile batch anyway. On a GPU a
-# batch costs about the same from a few sentences to ~1,000 (the recurrence's steps, not its rows,
-# bound it: docs/gpu.md), so the server's batches may be as large as a GPU job's: whatever waits in
-# the queue joins the next batch.
+# A model batch's padded tokens by default: the run's (``ModelRun.batch``). A CPU's 4,096 run ~100 ms
+# and more (requests arriving meanwhile batch anyway); a GPU's batch costs about the same from a few
+# sentences to ~1,000 (docs/gpu.md), so whatever waits in the queue joins the next batch.
 DEFAULT_BATCH = "the run's: 4096 on a CPU, sized to the GPU's memory on CUDA"
 
 
 @dataclass(frozen=True)
 class ServeLimits:
-    """What one request, one model batch and the queue may hold.
-
-    ``max_batch_tokens`` bounds a model batch's padded tokens (sentences x longest sentence, as
-    ``elmo embed``'s ``--max-batch-tokens``); ``max_queue`` counts sentences waiting for the
-    model (a request that does not fit gets 503); ``max_wait_ms`` is how long the oldest queued
-    sentence may wait for others to join its batch.
-    """
+    """What one request, one model batch and the queue may hold (each field's help says how)."""
 
     max_batch_tokens: int | None = _opt(None, f"padded tokens (sentences x longest) per model batch (default: "
                                                f"{DEFAULT_BATCH})", meaning="max_batch_tokens")

@@ -1,10 +1,9 @@
 """``elmo serve --engine ray``: the same app and batcher as a Ray Serve deployment, one per replica.
 
-Each replica builds ``create_app`` around its own ``ServingState`` (its batcher batches the
-requests Ray Serve routes to it) and is ready only once its model is loaded and warmed up. The
-limits map onto Ray Serve's: a replica takes at most ``max_queue`` requests at once (each has at
-least one sentence, so that never leaves its batcher's queue short), and callers queue at most
-``max_queue`` more before Ray Serve answers 503 itself.
+Each replica builds ``create_app`` around its own ``ServingState``, ready once its model is loaded
+and warmed up. A replica takes at most ``max_queue`` requests at once (each has a sentence, so its
+batcher's queue is never short), and callers queue at most ``max_queue`` more before Ray Serve
+answers 503 itself.
 """
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ from inference.precision import worker_cpu_flags
 from runtime.ray_local import init_local_ray
 
 from .app import create_app
-from .limits import AccessOptions, ServeLimits, check_replicas
+from .limits import AccessOptions, ServeLimits
 from .middleware import exposure_warning
 from .server import bind, url
 from .service import ServingState
@@ -57,11 +56,9 @@ def deployment(run: ModelRun, limits: ServeLimits, access: AccessOptions, replic
                cpus: float) -> Any:
     """The bound Ray Serve application of ``replicas`` ElmoReplicas."""
     _, serve = _ray()
-    ingress = serve.deployment(serve.ingress()(ElmoReplica), name="elmo")
-    return ingress.options(
-        num_replicas=replicas, max_ongoing_requests=limits.max_queue, max_queued_requests=limits.max_queue,
-        ray_actor_options={"num_cpus": cpus, "num_gpus": num_gpus},
-    ).bind(run, limits, access)
+    return serve.deployment(serve.ingress()(ElmoReplica), name="elmo", num_replicas=replicas,
+                            max_ongoing_requests=limits.max_queue, max_queued_requests=limits.max_queue,
+                            ray_actor_options={"num_cpus": cpus, "num_gpus": num_gpus}).bind(run, limits, access)
 
 
 def _replica_cpu_flags(ray: Any, num_gpus: float) -> frozenset[str]:
@@ -84,7 +81,6 @@ def run_ray_serve(run: ModelRun, limits: ServeLimits, host: str = "127.0.0.1", p
     replica reserves ``run``'s threads in CPUs; ``share``: each takes the cluster's CPUs / replicas
     instead (no --threads given). ``judge``: the run that deploys, from the CPU flags of a machine
     the replicas run on (``--precision auto`` on a CPU is settled where the model runs)."""
-    check_replicas(replicas, num_gpus)
     ray, serve = _ray()
     if warning := exposure_warning(host, access):
         print(f"elmo serve: warning: {warning}", file=sys.stderr, flush=True)

@@ -1,12 +1,10 @@
-"""Run the app on one machine with uvicorn: bind first (port 0 = any free port), load the model
-while /health answers, print ``listening on http://HOST:PORT`` once ready.
+"""Run the app on one machine with uvicorn (connections: ``serving.connections``): bind first (port
+0: any free one), load the model while /health answers, print ``listening on URL`` once ready.
 
-SIGTERM or SIGINT stop accepting connections, cut uploads still under way (503), run the queued
-sentences at once (no new request can join their batches: ``ServingState.drain``), let the
-requests in flight finish for up to ``shutdown_timeout_s``, close the model and return; a model
-that fails to load stops the server and ``run_server`` raises its error.
-Connections run ``serving.connections.GuardedH11Protocol`` (deadlines, a connection cap).
-"""
+SIGTERM or SIGINT stop accepting connections, cut uploads under way (503), run the queued sentences
+at once (``ServingState.drain``), let the requests in flight finish for up to ``shutdown_timeout_s``,
+close the model and return; a model that fails to load stops the server, and ``run_server`` raises
+its error."""
 from __future__ import annotations
 
 import functools

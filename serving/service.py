@@ -8,12 +8,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from inference import Embedder
-from elmo_core import POOLS
-from elmo_core.names import HUB_OUTPUTS
 from elmo_core.errors import InputError
-from inference.outputs import OUTPUT_MODES, VectorRequest
+from elmo_core.names import HUB_OUTPUTS, POOLS
+from inference import Embedder
 from inference.model_run import ModelRun
+from inference.outputs import OUTPUT_MODES, VectorRequest
 
 from .batcher import DynamicBatcher
 from .errors import NotReady, QueueFull
@@ -72,8 +71,8 @@ class ServingState:
         self.predictor: SentencePredictor | None = None
         self.batcher: DynamicBatcher | None = None
         self.error: BaseException | None = None
-        self.on_ready: Callable[[], None] | None = None
-        self.on_failure: Callable[[BaseException], None] | None = None
+        self.on_ready: Callable[[], None] = lambda: None
+        self.on_failure: Callable[[BaseException], None] = lambda error: None
         self._ready = threading.Event()
         self._closing = self._started = False
 
@@ -95,8 +94,7 @@ class ServingState:
         except Exception as e:  # reported to the server, which stops and shows it
             self.error = e
             log.error("loading %s failed: %s", self.run.model, e)
-            if self.on_failure:
-                self.on_failure(e)
+            self.on_failure(e)
             return
         if self._closing:  # stopped while loading
             predictor.close()
@@ -104,8 +102,7 @@ class ServingState:
         self.predictor = predictor
         self.batcher = DynamicBatcher(predictor, self.limits, self.metrics).start()
         self._ready.set()
-        if self.on_ready:
-            self.on_ready()
+        self.on_ready()
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         return self._ready.wait(timeout)
@@ -144,8 +141,7 @@ class ServingState:
         config = self.predictor.config if self.predictor else None
         return {
             "model": self.run.name, "path": self.run.model, "backend": self.run.backend, "device": self.run.device,
-            "precision": self.run.precision, "run": self.run.to_dict(),
-            "ready": self.ready,
+            "precision": self.run.precision, "run": self.run.to_dict(), "ready": self.ready,
             "dim": config.output_dim if config else None, "layers": config.n_output_layers if config else None,
             "max_characters_per_token": config.char_cnn.max_characters_per_token if config else None,
             "outputs": [*OUTPUT_MODES, "layer:N", *HUB_OUTPUTS], "pools": ["none", *POOLS],
