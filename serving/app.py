@@ -42,7 +42,7 @@ from inference.outputs import VectorRequest
 from .errors import InvalidRequest, LimitExceeded, Unavailable
 from .limits import AccessOptions, ServeLimits
 from .metrics import CONTENT_TYPE
-from .middleware import CLIENT_CLOSED, AccessLog, Admission, ApiKey, BodyLimit
+from .middleware import CLIENT_CLOSED, AccessLog, Admission, ApiKey, BodyLimit, error_response, json_response
 from .schemas import EmbedRequest, OpenAIEmbeddingRequest, TokenizeRequest
 from .service import ServingState
 
@@ -70,16 +70,6 @@ class OrjsonRoute(APIRoute):
             return await handler(OrjsonRequest(request.scope, request.receive, request._send))
 
         return orjson_handler
-
-
-def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), status, headers,
-                    media_type="application/json")
-
-
-def error_response(status: int, kind: str, message: str, retry_after: int | None = None) -> Response:
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    return json_response({"error": {"type": kind, "message": message}}, status, headers)
 
 
 def encode(vectors: np.ndarray | None, encoding: str) -> Any:
@@ -184,7 +174,6 @@ def create_app(state: ServingState, access: AccessOptions = AccessOptions()) -> 
     app = FastAPI(title="elmo-pipeline", summary="ELMo vectors over HTTP", lifespan=lifespan,
                   docs_url=None, redoc_url=None)
     app.router.route_class = OrjsonRoute
-    app.state.serving = state
     _install_error_handlers(app)
     _install_routes(app, state)
     _install_docs(app)
@@ -224,16 +213,14 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
         predictor, batcher = state.serving()
         field = "sentences" if body.sentences is not None else "texts"
         sentences, cut = fit(body.token_lists(), limits, field, body.truncate)
-        spec = body.vectors
-        predictor.check(spec)
-        results = await unless_disconnected(request, batcher.submit(spec, sentences))
+        predictor.check(body.vectors)
+        results = await unless_disconnected(request, batcher.submit(body.vectors, sentences))
         if results is None:
             return Response(status_code=CLIENT_CLOSED)
         check_finite(results)
+        usage = {"sentences": len(sentences), "tokens": sum(map(len, sentences)), "truncated": cut}
         return json_response({"embeddings": [encode(r, body.encoding) for r in results],
-                              "dim": predictor.config.output_dim,
-                              "usage": {"sentences": len(sentences), "tokens": sum(map(len, sentences)),
-                                        "truncated": cut}})
+                              "dim": predictor.config.output_dim, "usage": usage})
 
     @app.post("/v1/embeddings", summary="OpenAI-compatible: the mean-pooled mixed vector of each input, unit length")
     async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> Response:

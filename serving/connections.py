@@ -37,7 +37,6 @@ class GuardedH11Protocol(H11Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._phase, self._half_closed = "headers", False
 
-    # -- connection life ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.cap:
@@ -76,7 +75,6 @@ class GuardedH11Protocol(H11Protocol):
             return
         self.loop.call_later(min(2 * delay, 1.0), self._check_peer, min(2 * delay, 1.0))
 
-    # -- following the request ----------------------------------------------------------------
     def handle_events(self) -> None:
         super().handle_events()
         cycle = self.cycle
@@ -104,7 +102,6 @@ class GuardedH11Protocol(H11Protocol):
                       "the server is shutting down and the request's body had not all arrived: retry elsewhere")
         super().shutdown()
 
-    # -- deadlines ----------------------------------------------------------------------------
     def _wait(self, phase: str, seconds: float) -> None:
         self._stop_timer()
         self._phase = phase

@@ -8,31 +8,31 @@ import hmac
 import ipaddress
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 import orjson
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import Unavailable
 from .limits import AccessOptions
 from .metrics import ServeMetrics
-
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 access_log = logging.getLogger("elmo.serving.access")
 CLIENT_CLOSED = 499  # nginx's code for "the client closed the connection before the answer"
 CUT_STATUS = "elmo.cut_status"  # scope key: the status the connection answered below the app (a 408 at a deadline)
 
 
-async def send_error(send: Send, status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> None:
-    body = orjson.dumps({"error": {"type": kind, "message": message}})
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), status, headers,
+                    media_type="application/json")
+
+
+def error_response(status: int, kind: str, message: str, retry_after: int | None = None,
+                   headers: dict[str, str] | None = None) -> Response:
+    """Every refusal's answer (the routes' and the middleware's): ``{"error": {"type", "message"}}``."""
+    retry = {"retry-after": str(retry_after)} if retry_after is not None else {}
+    return json_response({"error": {"type": kind, "message": message}}, status, {**retry, **(headers or {})})
 
 
 def is_loopback(host: str) -> bool:
@@ -68,8 +68,8 @@ class ApiKey:
         if scheme.lower() == b"bearer" and hmac.compare_digest(token.lstrip(b" "), self.expected):
             return await self.app(scope, receive, send)
         what = "a wrong API key" if given else "no API key"
-        await send_error(send, 401, "unauthorized", f"{what}: send the header Authorization: Bearer KEY "
-                         f"(the key the server was started with)", {"www-authenticate": "Bearer"})
+        await error_response(401, "unauthorized", f"{what}: send the header Authorization: Bearer KEY (the key the "
+                             f"server was started with)", headers={"www-authenticate": "Bearer"})(scope, receive, send)
 
 
 class Admission:
@@ -85,8 +85,8 @@ class Admission:
             try:
                 self.admit()
             except Unavailable as e:  # the body is not read, so the connection cannot carry another request
-                return await send_error(send, 503, e.kind, str(e), {"retry-after": str(e.retry_after),
-                                                                    "connection": "close"})
+                refusal = error_response(503, e.kind, str(e), e.retry_after, {"connection": "close"})
+                return await refusal(scope, receive, send)
         await self.app(scope, receive, send)
 
 
@@ -102,7 +102,7 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._refuse(send, int(declared))
+            return await self._refused(int(declared))(scope, receive, send)
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -111,23 +111,19 @@ class BodyLimit:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_bytes:
-                return await self._refuse(send, size)
+                return await self._refused(size)(scope, receive, send)
             if not message.get("more_body", False):
                 break
-        body, replayed = b"".join(chunks), False
+        whole = iter([{"type": "http.request", "body": b"".join(chunks), "more_body": False}])
 
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # after the body: waits for the client's disconnect
+        async def replay() -> Message:  # the whole body, then the client's disconnect
+            return next(whole, None) or await receive()
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, send: Send, size: int) -> None:
-        await send_error(send, 413, "limit_exceeded", f"request body of {size} bytes or more is over max_body_bytes "
-                         f"({self.max_bytes}): send fewer sentences a request", {"connection": "close"})
+    def _refused(self, size: int) -> Response:
+        return error_response(413, "limit_exceeded", f"request body of {size} bytes or more is over max_body_bytes "
+                              f"({self.max_bytes}): send fewer sentences a request", headers={"connection": "close"})
 
 
 class AccessLog:

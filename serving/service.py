@@ -27,10 +27,8 @@ _WARM_UP = [["The", "cat", "sat", "on", "the", "mat", "."], ["Warm"] * 40]
 
 class SentencePredictor:
     """Loads the backend in ``__init__``; ``__call__(spec, sentences)`` is pure: each sentence's
-    vectors, as ``Embedder.embed_sentences`` gives them for that sentence alone.
-
-    Shape: B sentences -> B arrays: (T_i, [L+1,] D), or ([L+1,] D) pooled (None if empty).
-    """
+    vectors as ``Embedder.embed_sentences`` gives them for it alone, (T_i, [L+1,] D), or ([L+1,] D)
+    pooled (None if empty)."""
 
     def __init__(self, run: ModelRun, limits: ServeLimits = ServeLimits()) -> None:
         self.embedder = Embedder(run.open(), policy=limits.batch_policy)
