@@ -10,9 +10,8 @@ status codes:
     503 queue full / not ready, Retry-After             {"error": {"type": "queue_full" | "not_ready", ...}}
     500 anything unexpected (the server goes on)
 
-``create_app(state, access)`` builds the app around a ``ServingState``; uvicorn
-(``serving.server``) and Ray Serve (``serving.ray_serve``) run the same app. Bodies are parsed by
-orjson (``OrjsonRoute``): invalid UTF-8, numbers beyond float64 and broken JSON are 422s.
+``create_app(state, access)`` builds the app around a ``ServingState``; uvicorn (``serving.server``)
+and Ray Serve (``serving.ray_serve``) run the same app; orjson parses the bodies (``OrjsonRoute``).
 """
 from __future__ import annotations
 

@@ -125,8 +125,7 @@ class DynamicBatcher:
             dropped = len(self._queue) - len(kept)
             self._queue = kept
             self._depth_changed()
-        if dropped:
-            self.metrics.cancelled_sentences.inc(dropped)
+        self.metrics.cancelled_sentences.inc(dropped)
 
     def _depth_changed(self) -> None:
         self.metrics.queue_depth.set(len(self._queue))

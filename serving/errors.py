@@ -4,15 +4,11 @@ from __future__ import annotations
 from elmo_core.errors import ElmoError, InputError
 
 
-class ServingError(ElmoError):
-    """A request the server refuses for a reason other than its content's types."""
-
-
-class LimitExceeded(ServingError):
+class LimitExceeded(ElmoError):
     """A request over one of the server's limits (its message names it, e.g. ``max_request_sentences``)."""
 
 
-class Unavailable(ServingError):
+class Unavailable(ElmoError):
     """The server cannot take the request now; retry after ``retry_after`` s. ``kind``: the answer's type."""
 
     kind: str

@@ -52,13 +52,13 @@ class ElmoReplica:
             raise self.state.error
 
 
-def deployment(run: ModelRun, limits: ServeLimits, access: AccessOptions, replicas: int, num_gpus: float,
-               cpus: float) -> Any:
-    """The bound Ray Serve application of ``replicas`` ElmoReplicas."""
-    _, serve = _ray()
+def deployment(serve: Any, run: ModelRun, limits: ServeLimits, access: AccessOptions, replicas: int,
+               num_gpus: float) -> Any:
+    """The bound Ray Serve application of ``replicas`` ElmoReplicas, each reserving ``run``'s threads in CPUs."""
+    resources = {"num_cpus": run.threads.count, "num_gpus": num_gpus}
     return serve.deployment(serve.ingress()(ElmoReplica), name="elmo", num_replicas=replicas,
                             max_ongoing_requests=limits.max_queue, max_queued_requests=limits.max_queue,
-                            ray_actor_options={"num_cpus": cpus, "num_gpus": num_gpus}).bind(run, limits, access)
+                            ray_actor_options=resources).bind(run, limits, access)
 
 
 def _replica_cpu_flags(ray: Any, num_gpus: float) -> frozenset[str]:
@@ -101,7 +101,7 @@ def run_ray_serve(run: ModelRun, limits: ServeLimits, host: str = "127.0.0.1", p
         print(f"elmo serve: deploying the model {run.describe()} on Ray Serve, {replicas} replica(s)",
               file=sys.stderr, flush=True)
         serve.start(http_options={"host": host, "port": port})
-        serve.run(deployment(run, limits, access, replicas, num_gpus, run.threads.count), name="elmo", route_prefix="/")
+        serve.run(deployment(serve, run, limits, access, replicas, num_gpus), name="elmo", route_prefix="/")
         print(f"listening on {url(host, port)}", flush=True)
         while not stop.wait(0.5):
             pass

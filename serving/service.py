@@ -80,10 +80,9 @@ class ServingState:
 
     def start(self) -> None:
         """Load and warm up the model on a thread (once: a second call does nothing)."""
-        if self._started:
-            return
-        self._started = True
-        threading.Thread(target=self._load, name="elmo-model-loader", daemon=True).start()
+        if not self._started:
+            self._started = True
+            threading.Thread(target=self._load, name="elmo-model-loader", daemon=True).start()
 
     def _load(self) -> None:
         try:
