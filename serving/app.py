@@ -5,7 +5,7 @@ status codes:
 
     422 malformed, wrongly typed or non-UTF-8 input     {"error": {"type": "invalid_request", ...}}
     413 over a limit (named in the message)             {"error": {"type": "limit_exceeded", ...}}
-    408 headers or body too slow (serving.connections)  {"error": {"type": "request_timeout", ...}}
+    408 headers or body too slow (serving.server)       {"error": {"type": "request_timeout", ...}}
     401 no or a wrong API key (serving.middleware)      {"error": {"type": "unauthorized", ...}}
     503 queue full / not ready, Retry-After             {"error": {"type": "queue_full" | "not_ready", ...}}
     500 anything unexpected (the server goes on)
@@ -100,8 +100,7 @@ def check_finite(results: Sequence[np.ndarray | None]) -> None:
 
 
 async def unless_disconnected(request: Request, work: Awaitable[list]) -> list | None:
-    """``work``'s result, or None (and ``work`` cancelled: its queued sentences leave the queue)
-    when the client disconnects first."""
+    """``work``'s result, or None (``work`` cancelled: its sentences leave the queue) once the client disconnects."""
     task = asyncio.ensure_future(work)
 
     async def disconnected() -> None:
@@ -136,8 +135,10 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 def _answer(status: int, kind: str | None = None) -> Callable[[Request, Exception], Awaitable[Response]]:
     """The handler of a typed error: ``status``, ``kind`` (None: an Unavailable's own), its Retry-After."""
+
     async def handle(request: Request, exc: Exception) -> Response:
         return error_response(status, kind or exc.kind, str(exc), getattr(exc, "retry_after", None))
+
     return handle
 
 

@@ -1,13 +1,11 @@
 """Dynamic batching across requests: the sentences of concurrent requests queue as separate items,
-pooled into model batches under a padded-token budget and run by one model thread (a request may
-span batches; a batch may hold many requests' sentences).
+pooled into model batches under a padded-token budget and run by one model thread.
 
 The cross-request policy only: which spec goes next (the oldest sentence's), when a batch starts
 (full, or its oldest sentence waited ``max_wait_ms``; at once after ``drain``), the queue's bound
-and cancellation (a request whose task is cancelled leaves the queue at once). Which sentences fit
-a batch is the engine's rule (``inference.batching.nearest_batch``), and the engine runs them
-(``Embedder.embed_sentences``); backends are stateless here, so batch-mates change no vector. The
-model thread reaches the event loop only through ``call_soon_threadsafe``.
+and cancellation (a cancelled request leaves the queue at once). Which sentences share a batch is
+the engine's rule (``inference.batching.nearest_batch``); backends are stateless here, so batch-mates
+change no vector. The model thread reaches the event loop only through ``call_soon_threadsafe``.
 """
 from __future__ import annotations
 

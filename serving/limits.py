@@ -67,8 +67,7 @@ class ServeLimits:
 
     @property
     def batch_policy(self) -> BatchPolicy:
-        """The engine's batching terms for these limits (a sentence never exceeds
-        max_sentence_tokens here, so none is cut into windows)."""
+        """The engine's batching terms (no sentence exceeds max_sentence_tokens here: none is cut)."""
         return BatchPolicy(max_sentence_length=self.max_sentence_tokens, max_tokens_per_batch=self.batch_tokens)
 
     def as_dict(self) -> dict:
@@ -93,11 +92,10 @@ class ConnectionLimits:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            value = getattr(self, f.name)
             if f.name == "max_connections":
-                check_count(f.name, value, 0, zero="the open-file limit less 64, at most 4096")
+                check_count(f.name, self.max_connections, 0, zero="the open-file limit less 64, at most 4096")
             else:
-                check_number(f.name, value, 0, 3600, low_open=True, unit=" seconds")
+                check_number(f.name, getattr(self, f.name), 0, 3600, low_open=True, unit=" seconds")
 
     def connection_cap(self) -> int:
         if self.max_connections:

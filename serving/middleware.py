@@ -73,9 +73,8 @@ class ApiKey:
 
 
 class Admission:
-    """Refuses a request for the model before its body is read when the server cannot take it now
-    (``admit()`` raises QueueFull: the queue is full; NotReady: loading or stopping), so that
-    under overload a refusal costs no parsing: 503 with Retry-After."""
+    """A request for the model refused before its body is read (no parsing under overload) where
+    ``admit()`` raises QueueFull or NotReady: 503 with Retry-After."""
 
     def __init__(self, app: ASGIApp, admit: Callable[[], None], routes: frozenset[str]) -> None:
         self.app, self.admit, self.routes = app, admit, routes
@@ -91,8 +90,7 @@ class Admission:
 
 
 class BodyLimit:
-    """Reads a request's whole body before the app does, refusing (413, naming ``max_body_bytes``)
-    one over the limit, whether it declares its length or streams it in chunks."""
+    """Reads a request's whole body before the app, refusing one over ``max_body_bytes`` (413), declared or streamed."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes

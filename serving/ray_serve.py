@@ -1,10 +1,7 @@
-"""``elmo serve --engine ray``: the same app and batcher as a Ray Serve deployment, one per replica.
-
-Each replica builds ``create_app`` around its own ``ServingState``, ready once its model is loaded
-and warmed up. A replica takes at most ``max_queue`` requests at once (each has a sentence, so its
-batcher's queue is never short), and callers queue at most ``max_queue`` more before Ray Serve
-answers 503 itself.
-"""
+"""``elmo serve --engine ray``: the same app and batcher as a Ray Serve deployment, one per replica,
+each ready once its model is loaded and warmed up. A replica takes at most ``max_queue`` requests at
+once (each has a sentence, so its batcher's queue is never short), and callers queue at most
+``max_queue`` more before Ray Serve answers 503 itself."""
 from __future__ import annotations
 
 import signal
@@ -61,12 +58,6 @@ def deployment(serve: Any, run: ModelRun, limits: ServeLimits, access: AccessOpt
                             ray_actor_options=resources).bind(run, limits, access)
 
 
-def _replica_cpu_flags(ray: Any, num_gpus: float) -> frozenset[str]:
-    """The CPU flags of a machine the replicas run on: one task with a replica's GPUs asks its CPU."""
-    task = ray.remote(num_cpus=1, num_gpus=num_gpus or None)(worker_cpu_flags)
-    return ray.get(task.remote(), timeout=LOAD_TIMEOUT_S)
-
-
 def _free_port(host: str) -> int:
     with bind(host, 0) as sock:
         return sock.getsockname()[1]
@@ -77,10 +68,9 @@ def run_ray_serve(run: ModelRun, limits: ServeLimits, host: str = "127.0.0.1", p
                   quiet: bool = False, access: AccessOptions = AccessOptions(), share: bool = False,
                   judge: Callable[[frozenset[str]], ModelRun] | None = None) -> int:
     """Deploy on a Ray cluster (a local one of our own without ``ray_address``), print ``listening on
-    URL`` once every replica is ready, serve until SIGTERM / SIGINT, then tear it all down. Each
-    replica reserves ``run``'s threads in CPUs; ``share``: each takes the cluster's CPUs / replicas
-    instead (no --threads given). ``judge``: the run that deploys, from the CPU flags of a machine
-    the replicas run on (``--precision auto`` on a CPU is settled where the model runs)."""
+    URL`` once every replica is ready, serve until SIGTERM / SIGINT, then tear it all down. ``share``:
+    each replica takes the cluster's CPUs / replicas, not ``run``'s threads; ``judge``: the run that
+    deploys, from a replica's machine's CPU flags (``--precision auto`` is settled where it runs)."""
     ray, serve = _ray()
     if warning := exposure_warning(host, access):
         print(f"elmo serve: warning: {warning}", file=sys.stderr, flush=True)
@@ -92,8 +82,9 @@ def run_ray_serve(run: ModelRun, limits: ServeLimits, host: str = "127.0.0.1", p
     # After ray.init, which installs handlers of its own that abort the driver on SIGTERM.
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        if judge is not None:
-            run = judge(_replica_cpu_flags(ray, num_gpus))
+        if judge is not None:  # one task with a replica's GPUs asks the CPU of a machine the replicas run on
+            task = ray.remote(num_cpus=1, num_gpus=num_gpus or None)(worker_cpu_flags)
+            run = judge(ray.get(task.remote(), timeout=LOAD_TIMEOUT_S))
         port = port or _free_port(host)
         if share:  # no --threads: each replica takes its share of the cluster's CPUs
             share_cpus = max(1, int(ray.cluster_resources().get("CPU", 1.0) // replicas))

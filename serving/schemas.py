@@ -54,8 +54,7 @@ class EmbedRequest(BaseModel):
 
 
 class OpenAIEmbeddingRequest(BaseModel):
-    """OpenAI's embeddings body: ``input`` a string or a list of strings (token-id inputs are
-    refused: ELMo reads characters)."""
+    """OpenAI's embeddings body: ``input`` a string or strings (token ids refused: ELMo reads characters)."""
 
     model_config = ConfigDict(extra="forbid")
 
