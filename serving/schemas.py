@@ -15,10 +15,12 @@ from inference.outputs import VectorRequest
 Encoding = Literal[ENCODINGS]  # type: ignore[valid-type]
 
 
-class EmbedRequest(BaseModel):
-    """``{"sentences": [["The", "cat"], ...]}`` or ``{"texts": ["The cat", ...]}``, plus options."""
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # an unknown field is a 422
 
-    model_config = ConfigDict(extra="forbid")
+
+class EmbedRequest(_Body):
+    """``{"sentences": [["The", "cat"], ...]}`` or ``{"texts": ["The cat", ...]}``, plus options."""
 
     sentences: list[list[StrictStr]] | None = None
     texts: list[StrictStr] | None = None
@@ -53,10 +55,8 @@ class EmbedRequest(BaseModel):
         return self.sentences if self.sentences is not None else [split_tokens(t) for t in self.texts or []]
 
 
-class OpenAIEmbeddingRequest(BaseModel):
+class OpenAIEmbeddingRequest(_Body):
     """OpenAI's embeddings body: ``input`` a string or strings (token ids refused: ELMo reads characters)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     input: StrictStr | list[StrictStr]
     model: str | None = None
@@ -80,10 +80,8 @@ class OpenAIEmbeddingRequest(BaseModel):
         return [self.input] if isinstance(self.input, str) else list(self.input)
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(_Body):
     """``{"texts": ["The cat", ...]}``: the tokens the model will see, with character offsets."""
-
-    model_config = ConfigDict(extra="forbid")
 
     texts: list[StrictStr]
     truncate: StrictBool | None = None  # as EmbedRequest's
