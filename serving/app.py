@@ -5,14 +5,13 @@ status codes:
 
     422 malformed, wrongly typed or non-UTF-8 input     {"error": {"type": "invalid_request", ...}}
     413 over a limit (named in the message)             {"error": {"type": "limit_exceeded", ...}}
-    408 headers or body too slow (serving.connections)  {"error": {"type": "request_timeout", ...}}
-    401 no or a wrong API key (serving.access)          {"error": {"type": "unauthorized", ...}}
+    408 headers or body too slow (serving.server)       {"error": {"type": "request_timeout", ...}}
+    401 no or a wrong API key (serving.middleware)      {"error": {"type": "unauthorized", ...}}
     503 queue full / not ready, Retry-After             {"error": {"type": "queue_full" | "not_ready", ...}}
     500 anything unexpected (the server goes on)
 
-``create_app(state, access)`` builds the app around a ``ServingState``; uvicorn
-(``serving.server``) and Ray Serve (``serving.ray_serve``) run the same app. Bodies are parsed by
-orjson (``OrjsonRoute``): invalid UTF-8, numbers beyond float64 and broken JSON are 422s.
+``create_app(state, access)`` builds the app around a ``ServingState``; uvicorn (``serving.server``)
+and Ray Serve (``serving.ray_serve``) run the same app; orjson parses the bodies (``OrjsonRoute``).
 """
 from __future__ import annotations
 
@@ -39,11 +38,10 @@ from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens, token_spans
 from elmo_core.vectors import VectorRequest
 
-from .access import ApiKey
-from .errors import InvalidRequest, LimitExceeded, NotReady, QueueFull
+from .errors import InvalidRequest, LimitExceeded, Unavailable
 from .limits import AccessOptions, ServeLimits
 from .metrics import CONTENT_TYPE
-from .middleware import CLIENT_CLOSED, AccessLog, Admission, BodyLimit
+from .middleware import CLIENT_CLOSED, AccessLog, Admission, ApiKey, BodyLimit, error_response, json_response
 from .schemas import EmbedRequest, OpenAIEmbeddingRequest, TokenizeRequest
 from .service import ServingState
 
@@ -73,16 +71,6 @@ class OrjsonRoute(APIRoute):
         return orjson_handler
 
 
-def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), status, headers,
-                    media_type="application/json")
-
-
-def error_response(status: int, kind: str, message: str, retry_after: int | None = None) -> Response:
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    return json_response({"error": {"type": kind, "message": message}}, status, headers)
-
-
 def encode(vectors: np.ndarray | None, encoding: str) -> Any:
     """One sentence's vectors as JSON: nested lists, or base64 of little-endian float32 (C order)."""
     if vectors is None or encoding == "float":
@@ -95,12 +83,12 @@ def fit(sentences: Sequence[Sequence[str]], limits: ServeLimits, field: str,
     """The sentences within the limits and how many were cut: a sentence over max_sentence_tokens
     is cut to it when ``truncate`` (None: the server's ``auto_truncate``), else LimitExceeded."""
     if len(sentences) > limits.max_request_sentences:
-        raise LimitExceeded("max_request_sentences", f"'{field}' has {len(sentences)} entries, over "
+        raise LimitExceeded(f"'{field}' has {len(sentences)} entries, over "
                             f"max_request_sentences ({limits.max_request_sentences}): split the request")
     cap, cut = limits.max_sentence_tokens, limits.auto_truncate if truncate is None else truncate
     for i, s in enumerate(sentences):
         if len(s) > cap and not cut:
-            raise LimitExceeded("max_sentence_tokens", f"'{field}[{i}]' has {len(s)} tokens, over "
+            raise LimitExceeded(f"'{field}[{i}]' has {len(s)} tokens, over "
                                 f"max_sentence_tokens ({cap}): split the sentence, or send \"truncate\": true")
     return [s[:cap] for s in sentences], sum(len(s) > cap for s in sentences)
 
@@ -112,8 +100,7 @@ def check_finite(results: Sequence[np.ndarray | None]) -> None:
 
 
 async def unless_disconnected(request: Request, work: Awaitable[list]) -> list | None:
-    """``work``'s result, or None (and ``work`` cancelled: its queued sentences leave the queue)
-    when the client disconnects first."""
+    """``work``'s result, or None (``work`` cancelled: its sentences leave the queue) once the client disconnects."""
     task = asyncio.ensure_future(work)
 
     async def disconnected() -> None:
@@ -146,26 +133,23 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) + (f" (and {len(errors) - 5} more)" if len(errors) > 5 else "")
 
 
+def _answer(status: int, kind: str | None = None) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """The handler of a typed error: ``status``, ``kind`` (None: an Unavailable's own), its Retry-After."""
+
+    async def handle(request: Request, exc: Exception) -> Response:
+        return error_response(status, kind or exc.kind, str(exc), getattr(exc, "retry_after", None))
+
+    return handle
+
+
 def _install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(InputError, _answer(422, "invalid_request"))
+    app.add_exception_handler(LimitExceeded, _answer(413, "limit_exceeded"))
+    app.add_exception_handler(Unavailable, _answer(503))
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
         return error_response(422, "invalid_request", _validation_message(exc))
-
-    @app.exception_handler(InputError)
-    async def _input(request: Request, exc: InputError) -> Response:
-        return error_response(422, "invalid_request", str(exc))
-
-    @app.exception_handler(LimitExceeded)
-    async def _limit(request: Request, exc: LimitExceeded) -> Response:
-        return error_response(413, "limit_exceeded", str(exc))
-
-    @app.exception_handler(QueueFull)
-    async def _full(request: Request, exc: QueueFull) -> Response:
-        return error_response(503, "queue_full", str(exc), exc.retry_after)
-
-    @app.exception_handler(NotReady)
-    async def _not_ready(request: Request, exc: NotReady) -> Response:
-        return error_response(503, "not_ready", str(exc), exc.retry_after)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
@@ -190,7 +174,6 @@ def create_app(state: ServingState, access: AccessOptions = AccessOptions()) -> 
     app = FastAPI(title="elmo-pipeline", summary="ELMo vectors over HTTP", lifespan=lifespan,
                   docs_url=None, redoc_url=None)
     app.router.route_class = OrjsonRoute
-    app.state.serving = state
     _install_error_handlers(app)
     _install_routes(app, state)
     _install_docs(app)
@@ -230,16 +213,14 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
         predictor, batcher = state.serving()
         field = "sentences" if body.sentences is not None else "texts"
         sentences, cut = fit(body.token_lists(), limits, field, body.truncate)
-        spec = body.vectors
-        predictor.check(spec)
-        results = await unless_disconnected(request, batcher.submit(spec, sentences))
+        predictor.check(body.vectors)
+        results = await unless_disconnected(request, batcher.submit(body.vectors, sentences))
         if results is None:
             return Response(status_code=CLIENT_CLOSED)
         check_finite(results)
+        usage = {"sentences": len(sentences), "tokens": sum(map(len, sentences)), "truncated": cut}
         return json_response({"embeddings": [encode(r, body.encoding) for r in results],
-                              "dim": predictor.config.output_dim,
-                              "usage": {"sentences": len(sentences), "tokens": sum(map(len, sentences)),
-                                        "truncated": cut}})
+                              "dim": predictor.config.output_dim, "usage": usage})
 
     @app.post("/v1/embeddings", summary="OpenAI-compatible: the mean-pooled mixed vector of each input, unit length")
     async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> Response:

@@ -1,20 +1,11 @@
-"""Dynamic batching across requests: the sentences of concurrent requests are pooled into model
-batches under a padded-token budget and run by one model thread.
+"""Dynamic batching across requests: the sentences of concurrent requests queue as separate items,
+pooled into model batches under a padded-token budget and run by one model thread.
 
-A request's sentences queue as separate items, so a large request may span several batches and a
-batch may hold sentences of many requests. This module keeps the cross-request policy only: which
-spec goes next (the oldest sentence's), when a batch starts (as soon as it is full, or when its
-oldest sentence has waited ``max_wait_ms``), the queue's bound and cancellation. Which sentences
-fit a model batch is the engine's rule (``inference.batching.nearest_batch``, under
-``max_batch_tokens``), and the engine orders and runs them (``Embedder.embed_sentences``); every
-backend is stateless here, so a sentence's vectors do not depend on its batch-mates.
-
-Once the server stops taking connections (``drain``) no new request can join a batch, so the
-queued sentences run without waiting out ``max_wait_ms``.
-
-The event loop only enqueues and awaits; the model thread never touches the loop except through
-``call_soon_threadsafe``. A request whose awaiting task is cancelled (its client went away) has
-its queued sentences removed at once.
+The cross-request policy only: which spec goes next (the oldest sentence's), when a batch starts
+(full, or its oldest sentence waited ``max_wait_ms``; at once after ``drain``), the queue's bound
+and cancellation (a cancelled request leaves the queue at once). Which sentences share a batch is
+the engine's rule (``inference.batching.nearest_batch``); backends are stateless here, so batch-mates
+change no vector. The model thread reaches the event loop only through ``call_soon_threadsafe``.
 """
 from __future__ import annotations
 
@@ -38,7 +29,6 @@ RunBatch = Callable[[Hashable, list[Sequence[str]]], Sequence[Any]]
 class _Ticket:
     """One request: where its results go and how many are still missing."""
 
-    loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     results: list
     remaining: int
@@ -65,7 +55,7 @@ def _resolve(future: asyncio.Future, value: Any, error: BaseException | None) ->
 
 def _deliver(ticket: _Ticket, value: Any, error: BaseException | None) -> None:
     try:
-        ticket.loop.call_soon_threadsafe(_resolve, ticket.future, value, error)
+        ticket.future.get_loop().call_soon_threadsafe(_resolve, ticket.future, value, error)
     except RuntimeError:  # its event loop is closed: nobody waits for this request any more
         pass
 
@@ -74,7 +64,7 @@ class DynamicBatcher:
     """Queues sentences from any event loop and runs them through ``run_batch`` on one thread."""
 
     def __init__(self, run_batch: RunBatch, limits: ServeLimits, metrics: ServeMetrics | None = None) -> None:
-        self._run_batch, self.limits, self.metrics = run_batch, limits, metrics
+        self._run_batch, self.limits, self.metrics = run_batch, limits, metrics or ServeMetrics()
         self._queue: list[_Item] = []
         self._cond = threading.Condition()
         self._closing = self._draining = False
@@ -109,8 +99,7 @@ class DynamicBatcher:
         queue has no room for all of them (nothing is queued then), NotReady once closing."""
         if not sentences:
             return []
-        loop = asyncio.get_running_loop()
-        ticket = _Ticket(loop, loop.create_future(), [None] * len(sentences), len(sentences))
+        ticket = _Ticket(asyncio.get_running_loop().create_future(), [None] * len(sentences), len(sentences))
         with self._cond:
             if self._closing:
                 raise NotReady("the server is shutting down")
@@ -134,12 +123,10 @@ class DynamicBatcher:
             dropped = len(self._queue) - len(kept)
             self._queue = kept
             self._depth_changed()
-        if self.metrics and dropped:
-            self.metrics.cancelled_sentences.inc(dropped)
+        self.metrics.cancelled_sentences.inc(dropped)
 
     def _depth_changed(self) -> None:
-        if self.metrics:
-            self.metrics.queue_depth.set(len(self._queue))
+        self.metrics.queue_depth.set(len(self._queue))
 
     def _select(self) -> tuple[list[int], bool]:
         """Queue positions of the next batch and whether it is full: the oldest sentence and the
@@ -181,16 +168,13 @@ class DynamicBatcher:
             results = self._run_batch(batch[0].spec, [item.tokens for item in batch])
         except Exception as e:  # delivered to each waiting request (a 500); the thread goes on
             error = e
-        if self.metrics:
-            self.metrics.observe_batch(batch, start, time.monotonic() - start)
+        self.metrics.observe_batch(batch, start, time.monotonic() - start)
         for k, item in enumerate(batch):
             ticket = item.ticket
             if ticket.cancelled:
                 continue
-            if error is not None:
-                _deliver(ticket, None, error)
-                continue
-            ticket.results[item.index] = results[k]
-            ticket.remaining -= 1
-            if ticket.remaining == 0:
-                _deliver(ticket, ticket.results, None)
+            if error is None:
+                ticket.results[item.index] = results[k]
+                ticket.remaining -= 1
+            if error is not None or ticket.remaining == 0:
+                _deliver(ticket, ticket.results, error)

@@ -1,36 +1,33 @@
-"""Typed errors of the serving package; only the HTTP layer (``serving.app``) turns them into status
-codes: LimitExceeded 413, QueueFull and NotReady 503 (with Retry-After)."""
+"""Typed errors of the serving package; only the HTTP layer (``serving.app``) turns them into status codes."""
 from __future__ import annotations
 
 from elmo_core.errors import ElmoError, InputError
 
 
-class ServingError(ElmoError):
-    """A request the server refuses for a reason other than its content's types."""
+class LimitExceeded(ElmoError):
+    """A request over one of the server's limits (its message names it, e.g. ``max_request_sentences``)."""
 
 
-class LimitExceeded(ServingError):
-    """A request over one of the server's limits; ``limit`` names it (e.g. ``max_request_sentences``)."""
+class Unavailable(ElmoError):
+    """The server cannot take the request now; retry after ``retry_after`` s. ``kind``: the answer's type."""
 
-    def __init__(self, limit: str, message: str) -> None:
-        super().__init__(message)
-        self.limit = limit
-
-
-class QueueFull(ServingError):
-    """The batcher's queue has no room for the request's sentences; retry after ``retry_after`` s."""
+    kind: str
 
     def __init__(self, message: str, retry_after: int = 1) -> None:
         super().__init__(message)
         self.retry_after = retry_after
 
 
-class NotReady(ServingError):
+class QueueFull(Unavailable):
+    """The batcher's queue has no room for the request's sentences."""
+
+    kind = "queue_full"
+
+
+class NotReady(Unavailable):
     """The model is still loading or warming up, or the server is shutting down."""
 
-    def __init__(self, message: str, retry_after: int = 1) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
+    kind = "not_ready"
 
 
 class InvalidRequest(InputError):

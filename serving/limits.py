@@ -1,9 +1,7 @@
 """The server's options, frozen dataclasses validated once (``elmo serve`` generates its flags from
-their fields): ``ServeLimits`` (what a request, a batch and the queue may hold; shared by the
-batcher, the HTTP layer, ``GET /info`` and the Ray Serve deployment), ``ConnectionLimits`` (how
-long a client may take, how many may connect: ``serving.connections``) and ``AccessOptions`` (who
-may call: ``serving.access``). No dependency beyond the standard library, so the CLI can import it
-without the ``serve`` extra."""
+their fields): ``ServeLimits`` (a request, a batch, the queue), ``ConnectionLimits`` (how long a
+client may take, how many may connect) and ``AccessOptions`` (who may call). Standard library only,
+so the CLI imports it without the ``serve`` extra."""
 from __future__ import annotations
 
 import resource
@@ -23,23 +21,15 @@ def _opt(default: Any, help: str, **meta: Any) -> Any:  # noqa: A002
     return field(default=default, metadata={"help": help, **meta})
 
 
-# A model batch's padded tokens by default: the run's (``ModelRun.batch``, sized to its device). On a
-# CPU a batch of 4,096 runs ~100 ms and more: requests arriving meanwhile batch anyway. On a GPU a
-# batch costs about the same from a few sentences to ~1,000 (the recurrence's steps, not its rows,
-# bound it: docs/gpu.md), so the server's batches may be as large as a GPU job's: whatever waits in
-# the queue joins the next batch.
+# A model batch's padded tokens by default: the run's (``ModelRun.batch``). A CPU's 4,096 run ~100 ms
+# and more (requests arriving meanwhile batch anyway); a GPU's batch costs about the same from a few
+# sentences to ~1,000 (docs/gpu.md), so whatever waits in the queue joins the next batch.
 DEFAULT_BATCH = "the run's: 4096 on a CPU, sized to the GPU's memory on CUDA"
 
 
 @dataclass(frozen=True)
 class ServeLimits:
-    """What one request, one model batch and the queue may hold.
-
-    ``max_batch_tokens`` bounds a model batch's padded tokens (sentences x longest sentence, as
-    ``elmo embed``'s ``--max-batch-tokens``); ``max_queue`` counts sentences waiting for the
-    model (a request that does not fit gets 503); ``max_wait_ms`` is how long the oldest queued
-    sentence may wait for others to join its batch.
-    """
+    """What one request, one model batch and the queue may hold (each field's help says how)."""
 
     max_batch_tokens: int | None = _opt(None, f"padded tokens (sentences x longest) per model batch (default: "
                                                f"{DEFAULT_BATCH})", meaning="max_batch_tokens")
@@ -53,16 +43,12 @@ class ServeLimits:
                                       "(a request's \"truncate\" overrides it)")
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "auto_truncate":
-                if not isinstance(value, bool):
-                    raise SettingError(f"`auto_truncate` must be true or false, got {value!r}")
-            elif f.name == "max_wait_ms":
-                check_number(f.name, value, 0, 60_000, unit=" ms")
-            else:
-                check_count(f.name, value, optional=DEFAULT_BATCH if f.name == "max_batch_tokens"
-                            else None)
+        check_count("max_batch_tokens", self.max_batch_tokens, optional=DEFAULT_BATCH)
+        check_number("max_wait_ms", self.max_wait_ms, 0, 60_000, unit=" ms")
+        for name in ("max_queue", "max_request_sentences", "max_sentence_tokens", "max_body_bytes"):
+            check_count(name, getattr(self, name))
+        if not isinstance(self.auto_truncate, bool):
+            raise SettingError(f"`auto_truncate` must be true or false, got {self.auto_truncate!r}")
         if self.max_sentence_tokens > self.batch_tokens:
             raise SettingError(f"`max_sentence_tokens` ({self.max_sentence_tokens}) must be at most "
                                f"`max_batch_tokens` ({self.batch_tokens}) so one sentence fits a batch")
@@ -81,8 +67,7 @@ class ServeLimits:
 
     @property
     def batch_policy(self) -> BatchPolicy:
-        """The engine's batching terms for these limits (a sentence never exceeds
-        max_sentence_tokens here, so none is cut into windows)."""
+        """The engine's batching terms (no sentence exceeds max_sentence_tokens here: none is cut)."""
         return BatchPolicy(max_sentence_length=self.max_sentence_tokens, max_tokens_per_batch=self.batch_tokens)
 
     def as_dict(self) -> dict:
@@ -107,11 +92,10 @@ class ConnectionLimits:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            value = getattr(self, f.name)
             if f.name == "max_connections":
-                check_count(f.name, value, 0, zero="the open-file limit less 64, at most 4096")
+                check_count(f.name, self.max_connections, 0, zero="the open-file limit less 64, at most 4096")
             else:
-                check_number(f.name, value, 0, 3600, low_open=True, unit=" seconds")
+                check_number(f.name, getattr(self, f.name), 0, 3600, low_open=True, unit=" seconds")
 
     def connection_cap(self) -> int:
         if self.max_connections:
@@ -119,9 +103,6 @@ class ConnectionLimits:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         limit = MAX_CONNECTIONS_CAP if soft == resource.RLIM_INFINITY else soft - FD_RESERVE
         return max(1, min(MAX_CONNECTIONS_CAP, limit))
-
-    def as_dict(self) -> dict:
-        return {**asdict(self), "max_connections": self.connection_cap()}
 
 
 def check_address(host: str, port: int) -> None:

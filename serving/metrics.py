@@ -3,6 +3,7 @@ live in one process, as the tests run them)."""
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
@@ -20,27 +21,25 @@ class ServeMetrics:
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.requests = Counter("elmo_requests_total", "HTTP requests by route and status code",
-                                ["route", "status"], registry=r)
-        self.request_seconds = Histogram("elmo_request_duration_seconds", "HTTP request time by route",
-                                         ["route"], buckets=_SECONDS, registry=r)
-        self.queue_depth = Gauge("elmo_queue_depth", "sentences waiting for the model", registry=r)
-        self.batch_sentences = Histogram("elmo_batch_sentences", "sentences per model batch",
-                                         buckets=_COUNTS, registry=r)
-        self.batch_tokens = Histogram("elmo_batch_tokens", "padded tokens (sentences x longest) per model batch",
-                                      buckets=_TOKENS, registry=r)
-        self.queue_wait = Histogram("elmo_queue_wait_seconds", "time a sentence waited for its batch",
-                                    buckets=_SECONDS, registry=r)
-        self.model_seconds = Histogram("elmo_model_seconds", "model time per batch", buckets=_SECONDS, registry=r)
-        self.sentences = Counter("elmo_sentences_total", "sentences embedded", registry=r)
-        self.tokens = Counter("elmo_tokens_total", "tokens embedded (served)", registry=r)
-        self.cancelled_sentences = Counter("elmo_cancelled_sentences_total",
-                                           "queued sentences dropped because their client went away", registry=r)
-        self.open_connections = Gauge("elmo_open_connections", "HTTP connections open", registry=r)
-        self.connections_cut = Counter("elmo_connections_cut_total", "connections closed by a deadline (idle, "
-                                       "headers, body) or cut at shutdown mid-upload", ["phase"], registry=r)
-        self.connections_refused = Counter("elmo_connections_refused_total",
-                                           "connections closed as accepted: over --max-connections", registry=r)
+        counter, gauge, histogram = (partial(kind, registry=r) for kind in (Counter, Gauge, Histogram))
+        self.requests = counter("elmo_requests_total", "HTTP requests by route and status code", ["route", "status"])
+        self.request_seconds = histogram("elmo_request_duration_seconds", "HTTP request time by route", ["route"],
+                                         buckets=_SECONDS)
+        self.queue_depth = gauge("elmo_queue_depth", "sentences waiting for the model")
+        self.batch_sentences = histogram("elmo_batch_sentences", "sentences per model batch", buckets=_COUNTS)
+        self.batch_tokens = histogram("elmo_batch_tokens", "padded tokens (sentences x longest) per model batch",
+                                      buckets=_TOKENS)
+        self.queue_wait = histogram("elmo_queue_wait_seconds", "time a sentence waited for its batch", buckets=_SECONDS)
+        self.model_seconds = histogram("elmo_model_seconds", "model time per batch", buckets=_SECONDS)
+        self.sentences = counter("elmo_sentences_total", "sentences embedded")
+        self.tokens = counter("elmo_tokens_total", "tokens embedded (served)")
+        self.cancelled_sentences = counter("elmo_cancelled_sentences_total",
+                                           "queued sentences dropped because their client went away")
+        self.open_connections = gauge("elmo_open_connections", "HTTP connections open")
+        self.connections_cut = counter("elmo_connections_cut_total", "connections closed by a deadline (idle, headers, "
+                                       "body) or cut at shutdown mid-upload", ["phase"])
+        self.connections_refused = counter("elmo_connections_refused_total",
+                                           "connections closed as accepted: over --max-connections")
 
     def observe_batch(self, batch: Sequence[Any], started: float, model_seconds: float) -> None:
         """``batch``: the batcher's items (``tokens``, ``enqueued``)."""

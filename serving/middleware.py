@@ -1,40 +1,80 @@
 """Pure ASGI middleware (no BaseHTTPMiddleware: it would hide the client's disconnect from the
-handlers): admission (a 503 before the body is read), the body-size limit, and the access log +
-request metrics."""
+handlers): admission (a 503 before the body is read), the body-size limit, the API key
+(``Authorization: Bearer KEY``, as OpenAI clients send it), and the access log + request metrics;
+and the warning for a server reachable beyond this machine with no key."""
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 import orjson
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import NotReady, QueueFull
+from .errors import Unavailable
+from .limits import AccessOptions
 from .metrics import ServeMetrics
-
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 access_log = logging.getLogger("elmo.serving.access")
 CLIENT_CLOSED = 499  # nginx's code for "the client closed the connection before the answer"
 CUT_STATUS = "elmo.cut_status"  # scope key: the status the connection answered below the app (a 408 at a deadline)
 
 
-async def send_error(send: Send, status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> None:
-    body = orjson.dumps({"error": {"type": kind, "message": message}})
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), status, headers,
+                    media_type="application/json")
+
+
+def error_response(status: int, kind: str, message: str, retry_after: int | None = None,
+                   headers: dict[str, str] | None = None) -> Response:
+    """Every refusal's answer (the routes' and the middleware's): ``{"error": {"type", "message"}}``."""
+    retry = {"retry-after": str(retry_after)} if retry_after is not None else {}
+    return json_response({"error": {"type": kind, "message": message}}, status, {**retry, **(headers or {})})
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_warning(host: str, access: AccessOptions) -> str | None:
+    """The warning for a server bound beyond loopback with no API key, else None."""
+    if access.api_key or is_loopback(host):
+        return None
+    return (f"listening on {host} with no API key: anyone who can reach this port can use the model; "
+            f"set --api-key (or ELMO_API_KEY), or bind 127.0.0.1 behind a proxy")
+
+
+class ApiKey:
+    """401 (``WWW-Authenticate: Bearer``) for a request without ``Authorization: Bearer KEY``."""
+
+    def __init__(self, app: ASGIApp, key: str, open_paths: frozenset[str], docs_prefix: str) -> None:
+        self.app, self.open_paths, self.docs_prefix = app, open_paths, docs_prefix
+        self.expected = key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.open_paths or scope["path"].startswith(self.docs_prefix):
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = given.strip().partition(b" ")
+        # RFC 7235: the scheme is case-insensitive ("bearer KEY" is "Bearer KEY"); the key is compared exactly
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.lstrip(b" "), self.expected):
+            return await self.app(scope, receive, send)
+        what = "a wrong API key" if given else "no API key"
+        await error_response(401, "unauthorized", f"{what}: send the header Authorization: Bearer KEY (the key the "
+                             f"server was started with)", headers={"www-authenticate": "Bearer"})(scope, receive, send)
 
 
 class Admission:
-    """Refuses a request for the model before its body is read when the server cannot take it now
-    (``admit()`` raises QueueFull: the queue is full; NotReady: loading or stopping), so that
-    under overload a refusal costs no parsing: 503 with Retry-After."""
+    """A request for the model refused before its body is read (no parsing under overload) where
+    ``admit()`` raises QueueFull or NotReady: 503 with Retry-After."""
 
     def __init__(self, app: ASGIApp, admit: Callable[[], None], routes: frozenset[str]) -> None:
         self.app, self.admit, self.routes = app, admit, routes
@@ -43,17 +83,14 @@ class Admission:
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.routes:
             try:
                 self.admit()
-            except (QueueFull, NotReady) as e:
-                kind = "queue_full" if isinstance(e, QueueFull) else "not_ready"
-                # The body is not read, so the connection cannot carry another request: close it.
-                return await send_error(send, 503, kind, str(e), {"retry-after": str(e.retry_after),
-                                                                  "connection": "close"})
+            except Unavailable as e:  # the body is not read, so the connection cannot carry another request
+                refusal = error_response(503, e.kind, str(e), e.retry_after, {"connection": "close"})
+                return await refusal(scope, receive, send)
         await self.app(scope, receive, send)
 
 
 class BodyLimit:
-    """Reads a request's whole body before the app does, refusing (413, naming ``max_body_bytes``)
-    one over the limit, whether it declares its length or streams it in chunks."""
+    """Reads a request's whole body before the app, refusing one over ``max_body_bytes`` (413), declared or streamed."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
@@ -63,7 +100,7 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._refuse(send, int(declared))
+            return await self._refused(int(declared))(scope, receive, send)
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -72,23 +109,19 @@ class BodyLimit:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_bytes:
-                return await self._refuse(send, size)
+                return await self._refused(size)(scope, receive, send)
             if not message.get("more_body", False):
                 break
-        body, replayed = b"".join(chunks), False
+        whole = iter([{"type": "http.request", "body": b"".join(chunks), "more_body": False}])
 
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # after the body: waits for the client's disconnect
+        async def replay() -> Message:  # the whole body, then the client's disconnect
+            return next(whole, None) or await receive()
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, send: Send, size: int) -> None:
-        await send_error(send, 413, "limit_exceeded", f"request body of {size} bytes or more is over max_body_bytes "
-                         f"({self.max_bytes}): send fewer sentences a request", {"connection": "close"})
+    def _refused(self, size: int) -> Response:
+        return error_response(413, "limit_exceeded", f"request body of {size} bytes or more is over max_body_bytes "
+                              f"({self.max_bytes}): send fewer sentences a request", headers={"connection": "close"})
 
 
 class AccessLog:

@@ -1,25 +1,22 @@
-"""``elmo serve --engine ray``: the same app and batcher as a Ray Serve deployment, one per replica.
-
-Each replica builds ``create_app`` around its own ``ServingState`` (its batcher batches the
-requests Ray Serve routes to it) and is ready only once its model is loaded and warmed up. The
-limits map onto Ray Serve's: a replica takes at most ``max_queue`` requests at once (each has at
-least one sentence, so that never leaves its batcher's queue short), and callers queue at most
-``max_queue`` more before Ray Serve answers 503 itself.
-"""
+"""``elmo serve --engine ray``: the same app and batcher as a Ray Serve deployment, one per replica,
+each ready once its model is loaded and warmed up. A replica takes at most ``max_queue`` requests at
+once (each has a sentence, so its batcher's queue is never short), and callers queue at most
+``max_queue`` more before Ray Serve answers 503 itself."""
 from __future__ import annotations
 
 import signal
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from elmo_core.errors import InputError
 from inference.model_run import ModelRun
+from inference.precision import worker_cpu_flags
 from runtime.ray_local import init_local_ray
 
-from .access import exposure_warning
 from .app import create_app
-from .limits import AccessOptions, ServeLimits, check_replicas
+from .limits import AccessOptions, ServeLimits
+from .middleware import exposure_warning
 from .server import bind, url
 from .service import ServingState
 
@@ -52,15 +49,13 @@ class ElmoReplica:
             raise self.state.error
 
 
-def deployment(run: ModelRun, limits: ServeLimits, access: AccessOptions, replicas: int, num_gpus: float,
-               cpus: float) -> Any:
-    """The bound Ray Serve application of ``replicas`` ElmoReplicas."""
-    _, serve = _ray()
-    ingress = serve.deployment(serve.ingress()(ElmoReplica), name="elmo")
-    return ingress.options(
-        num_replicas=replicas, max_ongoing_requests=limits.max_queue, max_queued_requests=limits.max_queue,
-        ray_actor_options={"num_cpus": cpus, "num_gpus": num_gpus},
-    ).bind(run, limits, access)
+def deployment(serve: Any, run: ModelRun, limits: ServeLimits, access: AccessOptions, replicas: int,
+               num_gpus: float) -> Any:
+    """The bound Ray Serve application of ``replicas`` ElmoReplicas, each reserving ``run``'s threads in CPUs."""
+    resources = {"num_cpus": run.threads.count, "num_gpus": num_gpus}
+    return serve.deployment(serve.ingress()(ElmoReplica), name="elmo", num_replicas=replicas,
+                            max_ongoing_requests=limits.max_queue, max_queued_requests=limits.max_queue,
+                            ray_actor_options=resources).bind(run, limits, access)
 
 
 def _free_port(host: str) -> int:
@@ -70,12 +65,12 @@ def _free_port(host: str) -> int:
 
 def run_ray_serve(run: ModelRun, limits: ServeLimits, host: str = "127.0.0.1", port: int = 0,
                   replicas: int = 1, num_gpus: float = 0.0, ray_address: str | None = None,
-                  quiet: bool = False, access: AccessOptions = AccessOptions(), share: bool = False) -> int:
+                  quiet: bool = False, access: AccessOptions = AccessOptions(), share: bool = False,
+                  judge: Callable[[frozenset[str]], ModelRun] | None = None) -> int:
     """Deploy on a Ray cluster (a local one of our own without ``ray_address``), print ``listening on
-    URL`` once every replica is ready, serve until SIGTERM / SIGINT, then tear it all down. Each
-    replica reserves ``run``'s threads in CPUs; ``share``: each takes the cluster's CPUs / replicas
-    instead (no --threads given)."""
-    check_replicas(replicas, num_gpus)
+    URL`` once every replica is ready, serve until SIGTERM / SIGINT, then tear it all down. ``share``:
+    each replica takes the cluster's CPUs / replicas, not ``run``'s threads; ``judge``: the run that
+    deploys, from a replica's machine's CPU flags (``--precision auto`` is settled where it runs)."""
     ray, serve = _ray()
     if warning := exposure_warning(host, access):
         print(f"elmo serve: warning: {warning}", file=sys.stderr, flush=True)
@@ -87,6 +82,9 @@ def run_ray_serve(run: ModelRun, limits: ServeLimits, host: str = "127.0.0.1", p
     # After ray.init, which installs handlers of its own that abort the driver on SIGTERM.
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        if judge is not None:  # one task with a replica's GPUs asks the CPU of a machine the replicas run on
+            task = ray.remote(num_cpus=1, num_gpus=num_gpus or None)(worker_cpu_flags)
+            run = judge(ray.get(task.remote(), timeout=LOAD_TIMEOUT_S))
         port = port or _free_port(host)
         if share:  # no --threads: each replica takes its share of the cluster's CPUs
             share_cpus = max(1, int(ray.cluster_resources().get("CPU", 1.0) // replicas))
@@ -94,7 +92,7 @@ def run_ray_serve(run: ModelRun, limits: ServeLimits, host: str = "127.0.0.1", p
         print(f"elmo serve: deploying the model {run.describe()} on Ray Serve, {replicas} replica(s)",
               file=sys.stderr, flush=True)
         serve.start(http_options={"host": host, "port": port})
-        serve.run(deployment(run, limits, access, replicas, num_gpus, run.threads.count), name="elmo", route_prefix="/")
+        serve.run(deployment(serve, run, limits, access, replicas, num_gpus), name="elmo", route_prefix="/")
         print(f"listening on {url(host, port)}", flush=True)
         while not stop.wait(0.5):
             pass

@@ -1,9 +1,5 @@
 """The HTTP API's request bodies (pydantic: validation, 422s naming the field, the OpenAPI document).
-
-``POST /embed`` takes tokenized ``sentences`` or whitespace-split ``texts``; ``POST /v1/embeddings``
-takes OpenAI's body; ``POST /tokenize`` the texts whose tokens to show. Limits (sentences, tokens,
-bytes) are checked by the app, not here: they are 413s, not 422s.
-"""
+Limits (sentences, tokens, bytes) are the app's to check: they are 413s, not 422s."""
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -17,13 +13,14 @@ from elmo_core.whitespace import split_tokens
 from elmo_core.vectors import VectorRequest
 
 Encoding = Literal[ENCODINGS]  # type: ignore[valid-type]
-TRUNCATE_HELP = "cut sentences over max_sentence_tokens to that length instead of a 413 (default: --auto-truncate)"
 
 
-class EmbedRequest(BaseModel):
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # an unknown field is a 422
+
+
+class EmbedRequest(_Body):
     """``{"sentences": [["The", "cat"], ...]}`` or ``{"texts": ["The cat", ...]}``, plus options."""
-
-    model_config = ConfigDict(extra="forbid")
 
     sentences: list[list[StrictStr]] | None = None
     texts: list[StrictStr] | None = None
@@ -34,7 +31,7 @@ class EmbedRequest(BaseModel):
     pool: StrictStr = Field("none", json_schema_extra={"enum": ["none", *POOLS]})
     encoding: Encoding = "float"  # base64: each embedding's little-endian float32 bytes
     normalize: StrictBool = False  # each vector (per token, or pooled) scaled to unit L2 norm
-    truncate: StrictBool | None = None  # see TRUNCATE_HELP
+    truncate: StrictBool | None = None  # cut sentences over max_sentence_tokens, not a 413 (None: --auto-truncate)
 
     _vectors: VectorRequest = PrivateAttr()
 
@@ -58,11 +55,8 @@ class EmbedRequest(BaseModel):
         return self.sentences if self.sentences is not None else [split_tokens(t) for t in self.texts or []]
 
 
-class OpenAIEmbeddingRequest(BaseModel):
-    """OpenAI's embeddings body: ``input`` a string or a list of strings (token-id inputs are
-    refused: ELMo reads characters)."""
-
-    model_config = ConfigDict(extra="forbid")
+class OpenAIEmbeddingRequest(_Body):
+    """OpenAI's embeddings body: ``input`` a string or strings (token ids refused: ELMo reads characters)."""
 
     input: StrictStr | list[StrictStr]
     model: str | None = None
@@ -70,7 +64,7 @@ class OpenAIEmbeddingRequest(BaseModel):
     dimensions: int | None = None
     user: str | None = None
     normalize: StrictBool = True  # unit-length vectors, as OpenAI's are (false: the raw mean)
-    truncate: StrictBool | None = None  # see TRUNCATE_HELP
+    truncate: StrictBool | None = None  # as EmbedRequest's
 
     @field_validator("input", mode="before")
     @classmethod
@@ -86,10 +80,8 @@ class OpenAIEmbeddingRequest(BaseModel):
         return [self.input] if isinstance(self.input, str) else list(self.input)
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(_Body):
     """``{"texts": ["The cat", ...]}``: the tokens the model will see, with character offsets."""
 
-    model_config = ConfigDict(extra="forbid")
-
     texts: list[StrictStr]
-    truncate: StrictBool | None = None  # see TRUNCATE_HELP
+    truncate: StrictBool | None = None  # as EmbedRequest's

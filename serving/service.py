@@ -8,12 +8,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from inference import Embedder
-from elmo_core import POOLS
-from elmo_core.names import HUB_OUTPUTS
 from elmo_core.errors import InputError
+from elmo_core.names import HUB_OUTPUTS, OUTPUT_MODES, POOLS
 from elmo_core.vectors import VectorRequest
-from elmo_core.names import OUTPUT_MODES
+from inference import Embedder
 from inference.model_run import ModelRun
 
 from .batcher import DynamicBatcher
@@ -29,10 +27,8 @@ _WARM_UP = [["The", "cat", "sat", "on", "the", "mat", "."], ["Warm"] * 40]
 
 class SentencePredictor:
     """Loads the backend in ``__init__``; ``__call__(spec, sentences)`` is pure: each sentence's
-    vectors, as ``Embedder.embed_sentences`` gives them for that sentence alone.
-
-    Shape: B sentences -> B arrays: (T_i, [L+1,] D), or ([L+1,] D) pooled (None if empty).
-    """
+    vectors as ``Embedder.embed_sentences`` gives them for it alone, (T_i, [L+1,] D), or ([L+1,] D)
+    pooled (None if empty)."""
 
     def __init__(self, run: ModelRun, limits: ServeLimits = ServeLimits()) -> None:
         self.embedder = Embedder(run.open(), policy=limits.batch_policy)
@@ -73,8 +69,8 @@ class ServingState:
         self.predictor: SentencePredictor | None = None
         self.batcher: DynamicBatcher | None = None
         self.error: BaseException | None = None
-        self.on_ready: Callable[[], None] | None = None
-        self.on_failure: Callable[[BaseException], None] | None = None
+        self.on_ready: Callable[[], None] = lambda: None
+        self.on_failure: Callable[[BaseException], None] = lambda error: None
         self._ready = threading.Event()
         self._closing = self._started = False
 
@@ -84,10 +80,9 @@ class ServingState:
 
     def start(self) -> None:
         """Load and warm up the model on a thread (once: a second call does nothing)."""
-        if self._started:
-            return
-        self._started = True
-        threading.Thread(target=self._load, name="elmo-model-loader", daemon=True).start()
+        if not self._started:
+            self._started = True
+            threading.Thread(target=self._load, name="elmo-model-loader", daemon=True).start()
 
     def _load(self) -> None:
         try:
@@ -96,8 +91,7 @@ class ServingState:
         except Exception as e:  # reported to the server, which stops and shows it
             self.error = e
             log.error("loading %s failed: %s", self.run.model, e)
-            if self.on_failure:
-                self.on_failure(e)
+            self.on_failure(e)
             return
         if self._closing:  # stopped while loading
             predictor.close()
@@ -105,8 +99,7 @@ class ServingState:
         self.predictor = predictor
         self.batcher = DynamicBatcher(predictor, self.limits, self.metrics).start()
         self._ready.set()
-        if self.on_ready:
-            self.on_ready()
+        self.on_ready()
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         return self._ready.wait(timeout)
@@ -145,8 +138,7 @@ class ServingState:
         config = self.predictor.config if self.predictor else None
         return {
             "model": self.run.name, "path": self.run.model, "backend": self.run.backend, "device": self.run.device,
-            "precision": self.run.precision, "run": self.run.to_dict(),
-            "ready": self.ready,
+            "precision": self.run.precision, "run": self.run.to_dict(), "ready": self.ready,
             "dim": config.output_dim if config else None, "layers": config.n_output_layers if config else None,
             "max_characters_per_token": config.char_cnn.max_characters_per_token if config else None,
             "outputs": [*OUTPUT_MODES, "layer:N", *HUB_OUTPUTS], "pools": ["none", *POOLS],

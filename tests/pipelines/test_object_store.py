@@ -2,7 +2,8 @@
 127.0.0.1 (moto's standalone server, the ``s3test`` extra): fetched once per machine into the
 local cache, the same vectors as the local model, fetched again when the store's files change;
 credentials never printed. INPUT on a store (a file or a prefix) gives the local job's rows and
-vectors; Ray workers read and write only the store. (OUTPUT_DIR on a store: test_store_output.py.)"""
+vectors; Ray workers read and write only the store. (OUTPUT_DIR on a store: test_output_dir.py,
+test_store_lock.py, test_store_upload.py.)"""
 from __future__ import annotations
 
 import os

@@ -1,6 +1,10 @@
 """OUTPUT_DIR under abuse: one job at a time (a real lock held by a real process, then SIGKILLed),
 concurrent resumes, shards verified byte for byte, SIGTERM, a full disk and a read-only file
-system (real tmpfs mounts, as root), OUTPUT_DIR being a file. Every wait is bounded."""
+system (real tmpfs mounts, as root), OUTPUT_DIR being a file. OUTPUT_DIR on an object store
+(``s3://``, a real S3-compatible server on 127.0.0.1): the local job's rows and vectors, exactly
+once after SIGKILL of the driver and ``--resume``, strays of a killed attempt never read back,
+``elmo verify s3://...`` (the store's lock: test_store_lock.py; its uploads: test_store_upload.py;
+Ray workers writing to it: test_object_store.py). Every wait is bounded."""
 from __future__ import annotations
 
 import os
@@ -9,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,15 +22,24 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+from elmo_cli.main import main
 from pipelines import embed_parquet
 from corpora.sample import write_sample_corpus
+from pipelines.errors import OutputDirError
+from pipelines.output_dir import open_output
 from pipelines.verify import VerificationError, verify_output
 
 from tests.helpers import run_cli as elmo
 from tests.helpers import write_record
+from tests.pipelines.store_utils import STORE_RUN, store_names, store_table, store_vectors, upload
 from tests.processes import WAIT_S, wait_until
 
+ROOT = Path(__file__).resolve().parents[2]
 ELMO = [sys.executable, "-m", "elmo_cli"]
+# A resumed job embeds the shards left in other batches (a shard alone, other neighbours in its
+# sort windows), so its float32 sums run in another order than an uninterrupted job's: the bound
+# of tests/pipelines/test_resume.py.
+ATOL = 1e-5
 SLOW = ["--rows-per-shard", "30", "--sort-window-rows", "15", "--max-batch-tokens", "300", "--threads", "1"]
 
 
@@ -207,3 +221,134 @@ def test_a_read_only_file_system_is_a_clear_error(corpus, tiny_dir, small_fs):
     r = elmo("embed", "--text", corpus, "--out", small_fs / "out", "--model", tiny_dir)
     assert r.returncode == 2 and "Read-only file system" in r.stderr and "choose another OUTPUT_DIR" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.fixture(scope="module")
+def store_corpus(tmp_path_factory):  # type: ignore[no-untyped-def]
+    path = tmp_path_factory.mktemp("store") / "corpus"
+    write_sample_corpus(path, rows=300, files=2, row_group_rows=50)
+    return path
+
+
+@pytest.fixture(scope="module")
+def store_model(tmp_path_factory):  # type: ignore[no-untyped-def]
+    from tests.helpers import TINY_OPTIONS, make_model_dir
+    return make_model_dir(tmp_path_factory.mktemp("store") / "tiny", TINY_OPTIONS)
+
+
+@pytest.fixture(scope="module")
+def reference(store_corpus, store_model, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """The store's job on a local disk, uninterrupted."""
+    out = tmp_path_factory.mktemp("store") / "reference"
+    assert main(["embed", "--text", str(store_corpus), "--out", str(out), "--model", str(store_model), *STORE_RUN]) == 0
+    return ds.dataset(out, format="parquet").to_table()
+
+
+def test_store_to_store_equals_the_local_job_and_verifies(s3, store_corpus, store_model, reference, capsys):
+    s3.create_dir("jobs")
+    source = upload(s3, store_corpus, "jobs/corpus")
+    assert main(["embed", "--text", source, "--out", "s3://jobs/vectors", "--model", str(store_model), *STORE_RUN, "--verify-inputs"]) == 0
+    local, remote = reference, store_table(s3, "jobs/vectors")
+    assert remote.column("id").to_pylist() == local.column("id").to_pylist()  # every row once, in input order
+    np.testing.assert_array_equal(store_vectors(remote), store_vectors(local))  # the same process, plan and batches
+    names = store_names(s3, "jobs/vectors")
+    shards = [n for n in names if n.startswith("part-")]
+    assert len(shards) == 10 and {"_SUCCESS", "_job.parquet", "_manifest.parquet"} <= set(names)
+    assert len(names) == 2 * len(shards) + 3  # a commit record per shard, nothing else left behind (no lock)
+    out = open_output("s3://jobs/vectors")
+    job = out.read_record("_job.parquet")
+    assert sorted(job["input_sha256"]) == [f"{source}/corpus-00000.parquet", f"{source}/corpus-00001.parquet"]
+    manifest = out.read_record("_manifest.parquet")
+    assert [s["file"] for s in manifest["shards"]] == shards and manifest["rows"] == 300
+    pl = pytest.importorskip("polars", reason="polars is in the dev extra")
+    options = {"aws_endpoint_url": os.environ["AWS_ENDPOINT_URL"], "aws_region": "us-east-1", "aws_allow_http": "true",
+               "aws_access_key_id": os.environ["AWS_ACCESS_KEY_ID"],
+               "aws_secret_access_key": os.environ["AWS_SECRET_ACCESS_KEY"]}
+    for frame in (pl.read_parquet("s3://jobs/vectors/", storage_options=options),  # the directory as it is
+                  pl.scan_parquet("s3://jobs/vectors/", storage_options=options).collect()):
+        assert frame["id"].to_list() == local.column("id").to_pylist()
+    capsys.readouterr()
+    assert main(["verify", "--out", "s3://jobs/vectors"]) == 0
+    assert "against 2 input file(s)" in capsys.readouterr().out
+
+
+def test_a_shard_changed_on_the_store_is_found_by_verify_and_redone_by_resume(s3, store_corpus, store_model):
+    s3.create_dir("damaged")
+    assert main(["embed", "--text", str(store_corpus), "--out", "s3://damaged/out", "--model", str(store_model), *STORE_RUN]) == 0
+    first = s3.open_input_stream("damaged/out/part-00001-00002.parquet").read()
+    with s3.open_output_stream("damaged/out/part-00001-00002.parquet") as f:  # same size, other bytes
+        f.write(first[:100] + bytes([first[100] ^ 1]) + first[101:])
+    r = subprocess.run(ELMO + ["verify", "--out", "s3://damaged/out"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and "part-00001-00002.parquet: its bytes differ from its commit record (sha256)" \
+        in r.stderr and "Traceback" not in r.stderr, r.stderr
+    m = embed_parquet(store_corpus, "s3://damaged/out", store_model, id_column="id", rows_per_shard=30, sort_window_rows=15,
+                      max_tokens_per_batch=300, threads=1, quiet=True, resume=True)
+    assert (m["this_run"]["shards"], m["this_run"]["shards_kept"]) == (1, 9)  # the altered one, by its ETag
+    again = pq.read_table(s3.open_input_file("damaged/out/part-00001-00002.parquet"))
+    before = pq.read_table(pa.BufferReader(first))
+    assert again.column("id").to_pylist() == before.column("id").to_pylist()
+    np.testing.assert_allclose(store_vectors(again), store_vectors(before), atol=ATOL, rtol=0)
+    assert main(["verify", "--out", "s3://damaged/out"]) == 0
+
+
+@pytest.mark.parametrize("commits_before_kill", [0, 1, 4])
+def test_sigkill_of_the_driver_then_resume_gives_every_row_once_in_order(s3, store_corpus, store_model, reference,
+                                                                         commits_before_kill, spawn):
+    """Killed before any shard, after the first, after several: ``--resume`` (at once: the lock's
+    holder is a dead process on this host) keeps what was committed, aborts the killed upload and
+    drops shards without a commit record; a reader then sees each input row once, in order."""
+    bucket = f"kill{commits_before_kill}"
+    s3.create_dir(bucket)
+    out = f"s3://{bucket}/out"
+    cmd = [sys.executable, "-m", "elmo_cli", "embed", "--text", str(store_corpus), "--out", out, "--model", str(store_model), *STORE_RUN]
+    proc = spawn(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + WAIT_S
+    wanted = "_job.parquet" if commits_before_kill == 0 else None
+    while proc.poll() is None and time.monotonic() < deadline:
+        names = store_names(s3, f"{bucket}/out")
+        if (wanted in names) if wanted else sum(n.startswith("_shards/") for n in names) >= commits_before_kill:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, f"the run ended before it could be killed: {proc.communicate()}"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    kept = {n for n in store_names(s3, f"{bucket}/out") if n.startswith("_shards/")}
+    assert len(kept) < 10 and "_SUCCESS" not in store_names(s3, f"{bucket}/out")
+
+    assert main(["embed", "--text", str(store_corpus), "--out", out, "--model", str(store_model), *STORE_RUN, "--resume"]) == 0
+    assert all(n in store_names(s3, f"{bucket}/out") for n in kept)
+    table, source = store_table(s3, f"{bucket}/out"), ds.dataset(store_corpus, format="parquet").to_table()
+    assert table.column("id").to_pylist() == source.column("id").to_pylist()
+    np.testing.assert_allclose(store_vectors(table), store_vectors(reference), atol=ATOL, rtol=0)
+    assert main(["verify", "--out", out]) == 0
+
+
+def test_strays_of_a_killed_attempt_are_not_read_back(s3, store_corpus, store_model):
+    """A shard completed without its commit record (a worker killed between the two) and an upload
+    never completed: ``--resume`` adopts the first (its footer says it is this job's rows: its record
+    is written from its bytes), aborts the second, and a late writer can never replace a committed
+    shard (its completion is conditional)."""
+    from storage.locations import s3_client
+
+    s3.create_dir("strays")
+    opts = dict(id_column="id", rows_per_shard=30, sort_window_rows=15, max_tokens_per_batch=300, threads=1, quiet=True)
+    embed_parquet(store_corpus, "s3://strays/out", store_model, **opts)
+    committed = s3.open_input_stream("strays/out/part-00000-00003.parquet").read()
+    out = open_output("s3://strays/out")
+    late = out.shard_sink("part-00000-00003.parquet")  # a worker of a dead attempt, finishing late
+    late.write(b"PAR1 stale bytes of a dead attempt")
+    with pytest.raises(OutputDirError, match="another writer created it"):
+        late.finish()
+    assert s3.open_input_stream("strays/out/part-00000-00003.parquet").read() == committed
+
+    out.delete("_shards/part-00000-00004.parquet")  # completed, then killed before its commit record
+    out.delete("_SUCCESS")
+    client = s3_client()
+    client.create_multipart_upload(Bucket="strays", Key="out/part-00001-00000.parquet")  # killed mid-upload
+    m = embed_parquet(store_corpus, "s3://strays/out", store_model, resume=True, **opts)
+    assert (m["this_run"]["shards"], m["this_run"]["shards_kept"]) == (0, 10)
+    assert out.read_record("_shards/part-00000-00004.parquet")["writer"] == "adopted"
+    assert not client.list_multipart_uploads(Bucket="strays").get("Uploads")
+    assert store_table(s3, "strays/out").column("id").to_pylist() == \
+        ds.dataset(store_corpus, format="parquet").to_table().column("id").to_pylist()

@@ -117,7 +117,7 @@ def test_a_client_that_half_closes_after_its_request_gets_its_answer(server: Ser
                   b"Content-Length: %d\r\n\r\n%s" % (KEY.encode(), len(body), body))
         s.shutdown(socket.SHUT_WR)
         reply = _read_all(s)
-    interim = b"HTTP/1.1 100 Continue\r\n\r\n"  # the server's probe of a half-closed client (see connections.py)
+    interim = b"HTTP/1.1 100 Continue\r\n\r\n"  # the server's probe of a half-closed client (see serving/server.py)
     assert reply.startswith(interim), reply[:200]
     reply = reply.removeprefix(interim)
     assert reply.startswith(b"HTTP/1.1 200 "), reply[:200]

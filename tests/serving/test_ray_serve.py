@@ -1,6 +1,6 @@
 """``elmo serve --engine ray``: two Ray Serve replicas on a real local Ray cluster answer exactly
-what the local server answers, SIGTERM tears the cluster down, and a SIGKILL during start-up
-leaves no process or folder behind."""
+what the local server answers, ``--precision auto`` is judged by a replica's CPU, SIGTERM tears the
+cluster down, and a SIGKILL during start-up leaves no process or folder behind."""
 from __future__ import annotations
 
 import os
@@ -36,7 +36,8 @@ def test_two_replicas_answer_what_the_local_server_answers(tmp_path: Path):
         want = [httpx.post(f"{local.url}/embed", json=b, timeout=60).json() for b in bodies]
     finally:
         local.stop()
-    ray_server = ServerProcess(model, "--engine", "ray", "--replicas", "2", "--quiet", timeout=180)
+    ray_server = ServerProcess(model, "--engine", "ray", "--replicas", "2", "--precision", "auto", "--quiet",
+                               timeout=180)
     try:
         with ThreadPoolExecutor(8) as pool:
             got = list(pool.map(lambda b: httpx.post(f"{ray_server.url}/embed", json=b, timeout=60), bodies))
@@ -49,7 +50,10 @@ def test_two_replicas_answer_what_the_local_server_answers(tmp_path: Path):
                                            atol=1e-5, rtol=0)
         bad = httpx.post(f"{ray_server.url}/embed", json={"sentences": [["a", 3]]}, timeout=30)
         assert bad.status_code == 422 and "sentences[0][1]" in bad.json()["error"]["message"]
-        assert httpx.get(f"{ray_server.url}/info", timeout=30).json()["dim"] == 16
+        info = httpx.get(f"{ray_server.url}/info", timeout=30).json()
+        assert info["dim"] == 16
+        assert info["run"]["precision_reason"].startswith("judged by a worker's CPU: ")  # where the model runs
+        assert info["precision"] == "fp32"  # the tiny model's products: too small for bf16
         cluster = psutil.Process(ray_server.proc.pid).children(recursive=True)
         assert cluster, "the local Ray cluster runs below the server"
         ray_server.terminate()
