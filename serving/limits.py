@@ -6,19 +6,14 @@ from __future__ import annotations
 
 import resource
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from elmo_core.bounds import check_count, check_gpus, check_number
+from elmo_core.bounds import check_count, check_gpus, check_number, setting
 from elmo_core.errors import SettingError
 from inference.batching import BatchPolicy, cpu_budget
 
 if TYPE_CHECKING:
     from inference.model_run import ModelRun
-
-
-def _opt(default: Any, help: str, **meta: Any) -> Any:  # noqa: A002
-    """A field and its flag's help; ``meaning``: the shared flag it is (``elmo_cli.vocabulary``)."""
-    return field(default=default, metadata={"help": help, **meta})
 
 
 # A model batch's padded tokens by default: the run's (``ModelRun.batch``). A CPU's 4,096 run ~100 ms
@@ -31,16 +26,17 @@ DEFAULT_BATCH = "the run's: 4096 on a CPU, sized to the GPU's memory on CUDA"
 class ServeLimits:
     """What one request, one model batch and the queue may hold (each field's help says how)."""
 
-    max_batch_tokens: int | None = _opt(None, f"padded tokens (sentences x longest) per model batch (default: "
-                                               f"{DEFAULT_BATCH})", meaning="max_batch_tokens")
-    max_wait_ms: float = _opt(0.0, "how long the oldest queued sentence waits for others to join its batch")
-    max_queue: int = _opt(1024, "sentences waiting for the model; a request that does not fit gets 503 + Retry-After")
-    max_request_sentences: int = _opt(256, "sentences (or texts, or inputs) one request may hold (else 413)")
-    max_sentence_tokens: int = _opt(256, "tokens one sentence may hold (else 413, or cut with --auto-truncate)",
-                                    meaning="max_sentence_tokens")
-    max_body_bytes: int = _opt(4 * 1024 * 1024, "bytes of one request body (else 413)")
-    auto_truncate: bool = _opt(False, "cut a sentence over --max-sentence-tokens to that length instead of a 413 "
-                                      "(a request's \"truncate\" overrides it)")
+    max_batch_tokens: int | None = setting(None, f"padded tokens (sentences x longest) per model batch (default: "
+                                                  f"{DEFAULT_BATCH})", meaning="max_batch_tokens")
+    max_wait_ms: float = setting(0.0, "how long the oldest queued sentence waits for others to join its batch")
+    max_queue: int = setting(1024, "sentences waiting for the model; a request that does not fit gets 503 + "
+                                   "Retry-After")
+    max_request_sentences: int = setting(256, "sentences (or texts, or inputs) one request may hold (else 413)")
+    max_sentence_tokens: int = setting(256, "tokens one sentence may hold (else 413, or cut with --auto-truncate)",
+                                       meaning="max_sentence_tokens")
+    max_body_bytes: int = setting(4 * 1024 * 1024, "bytes of one request body (else 413)")
+    auto_truncate: bool = setting(False, "cut a sentence over --max-sentence-tokens to that length instead of a 413 "
+                                         "(a request's \"truncate\" overrides it)")
 
     def __post_init__(self) -> None:
         check_count("max_batch_tokens", self.max_batch_tokens, optional=DEFAULT_BATCH)
@@ -82,13 +78,13 @@ MAX_CONNECTIONS_CAP = 4096
 class ConnectionLimits:
     """How long a client may take, and how many may be connected (``elmo serve``'s flags)."""
 
-    header_timeout_s: float = _opt(10.0, "seconds a request's headers may take to arrive, from the connection's "
-                                         "start or the previous answer (else 408 and close)")
-    body_timeout_s: float = _opt(30.0, "seconds a request's body may take to arrive after its headers (else 408)")
-    keep_alive_s: float = _opt(5.0, "seconds an idle connection is kept open between requests")
-    max_connections: int = _opt(0, "open connections; more are closed as they are accepted "
-                                    "(0: the open-file limit less 64, at most 4096)")
-    shutdown_timeout_s: float = _opt(60.0, "on SIGTERM, seconds the requests in flight may still take")
+    header_timeout_s: float = setting(10.0, "seconds a request's headers may take to arrive, from the connection's "
+                                            "start or the previous answer (else 408 and close)")
+    body_timeout_s: float = setting(30.0, "seconds a request's body may take to arrive after its headers (else 408)")
+    keep_alive_s: float = setting(5.0, "seconds an idle connection is kept open between requests")
+    max_connections: int = setting(0, "open connections; more are closed as they are accepted "
+                                       "(0: the open-file limit less 64, at most 4096)")
+    shutdown_timeout_s: float = setting(60.0, "on SIGTERM, seconds the requests in flight may still take")
 
     def __post_init__(self) -> None:
         for f in fields(self):
