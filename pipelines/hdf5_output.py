@@ -27,6 +27,7 @@ renamed over OUT at the end (``storage.atomic``), so OUT is either the whole res
 """
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
@@ -187,11 +188,5 @@ def _check_key(key: str | None, where: str, earlier: str | None) -> None:
 
 
 def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
-    chunk: list[Any] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
+    while chunk := list(itertools.islice(items, size)):
         yield chunk

@@ -21,14 +21,14 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
 from elmo_core.errors import InputError
-from storage.locations import is_uri, open_input
+from storage.locations import open_input
 
 BLOCK_BYTES = 1 << 22
 
 
 def batches(path: Path | str, fmt: str, text_column: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
     """The file's rows as record batches of at most ``batch_rows`` rows, in file order."""
-    with open_input(path) if is_uri(path) else open(path, "rb") as f:
+    with open_input(path) as f:
         reader = {"csv": _csv, "tsv": _csv, "jsonl": _jsonl, "text": _text}[fmt]
         for batch in reader(f, path, fmt, text_column, batch_rows):
             for start in range(0, batch.num_rows, batch_rows):
@@ -53,7 +53,7 @@ def read_table(path: Path | str, fmt: str, text_column: str, columns: list[str])
 
 def _empty_schema(path: Path | str, fmt: str, text_column: str) -> pa.Schema:
     if fmt in ("csv", "tsv"):
-        with open_input(path) if is_uri(path) else open(path, "rb") as f:
+        with open_input(path) as f:
             try:
                 return _csv_reader(f, fmt, text_column, []).schema
             except pa.ArrowInvalid:  # an empty file: not even a header
@@ -124,7 +124,7 @@ def _jsonl(f, path, fmt: str, text_column: str, batch_rows: int) -> Iterator[pa.
 def _bad_json_line(path: Path | str) -> str:
     """The first line that is not a JSON object, or whose value changes a key's type, in words."""
     types: dict[str, str] = {}
-    with open_input(path) if is_uri(path) else open(path, "rb") as f:
+    with open_input(path) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -54,10 +54,8 @@ def open_output(spec: str | Path) -> "LocalDir | StoreDir":
 
 
 class _Readable:
-    """What both outputs read the same way: through ``storage.locations``, by ``where(name)``."""
-
-    def where(self, name: str) -> str:
-        raise NotImplementedError
+    """What both outputs read the same way: through ``storage.locations``, by ``where(name)``; each
+    gives ``where``, ``read_bytes`` and ``write_bytes``."""
 
     def sha256(self, name: str) -> str:
         try:
@@ -73,12 +71,6 @@ class _Readable:
         """Shard ``name``'s ``columns`` (its format read from its name: ``shard_files``)."""
         with self.open_read(name) as f:
             return shard_format(name).read_table(f, columns)
-
-    def read_bytes(self, name: str) -> bytes:
-        raise NotImplementedError
-
-    def write_bytes(self, name: str, data: bytes) -> None:
-        raise NotImplementedError
 
     def read_record(self, name: str) -> dict:
         """The side record in ``name`` (``pipelines.sink``; its format read from its name, a JSON
@@ -198,11 +190,10 @@ class LocalSink:
         fsync(self.root)
         return record
 
-    def publish(self) -> None:
-        self.tmp.unlink(missing_ok=True)
-
     def abort(self) -> None:
         self.tmp.unlink(missing_ok=True)
+
+    publish = abort  # the shard's name holds the bytes: the temporary name goes
 
 
 class StoreDir(_Readable):

@@ -82,7 +82,6 @@ class ElmoPredictor:
         self.run, opts = _records(run, options, overrides)
         self.options = opts = opts.sized_for(self.run)  # a job's are sized already: the same values
         self.policy = opts.policy(self.run.batch.rows)
-        self.threads = self.run.threads
         if log is not None:
             log(f"loading the model {self.run.describe()}")
         if pin and self.run.pin is None:

@@ -30,8 +30,7 @@ from .errors import OutputDirError
 from .output_dir import open_output
 from .rows import row_tokens
 from .schema import ELMO_COLUMN, vector_array
-from .shard_files import shard_format
-from .shard_files import FORMATS
+from .shard_files import FORMATS, shard_format
 from .sink import SUCCESS_FILE, Output, check_shard, job_file, manifest_file, side_names
 from . import input_formats
 from .source import input_sha256
