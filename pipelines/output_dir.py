@@ -233,10 +233,11 @@ class StoreDir(_Readable):
         from .store_lock import StoreLock
         return StoreLock(self)
 
-    def entries(self) -> dict[str, bool]:
+    def entries(self, folder: str = "") -> dict[str, bool]:
+        """The names directly under ``folder`` (top-level: "") -> whether each is a "directory"."""
         found: dict[str, bool] = {}
-        start = self.key("")
-        with self._errors(""):
+        start = self.key(f"{folder}/" if folder else "")
+        with self._errors(folder):
             for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start,
                                                                               Delimiter="/"):
                 found.update({o["Key"][len(start):]: False for o in page.get("Contents", [])})
@@ -244,11 +245,7 @@ class StoreDir(_Readable):
         return found
 
     def commit_names(self, folder: str) -> list[str]:
-        start = self.key(f"{folder}/")
-        with self._errors(folder):
-            pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start)
-            return sorted(f"{folder}/{o['Key'][len(start):]}" for page in pages for o in page.get("Contents", [])
-                          if not o["Key"][len(start):].startswith(".") and "/" not in o["Key"][len(start):])
+        return sorted(f"{folder}/{n}" for n, is_dir in self.entries(folder).items() if not is_dir and not n.startswith("."))
 
     def head(self, name: str) -> dict | None:
         from botocore.exceptions import ClientError

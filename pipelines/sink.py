@@ -119,12 +119,11 @@ class ShardWriter:
                 "row_start": s.start, "rows": s.rows, **model}
 
     def commit(self) -> dict:
-        if self.counts["rows"] != self.shard.rows:
-            self.abort()
-            raise OutputDirError(f"{self.shard.name}: wrote {self.counts['rows']} rows, the input has {self.shard.rows}")
         try:
+            if self.counts["rows"] != self.shard.rows:
+                raise OutputDirError(f"{self.shard.name}: wrote {self.counts['rows']} rows, the input has {self.shard.rows}")
             self.shard.file.check_unchanged()  # its rows came from the input the job pinned
-        except InputError:
+        except (OutputDirError, InputError):
             self.abort()
             raise
         record = {**self.identity(), **self.counts}

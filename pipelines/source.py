@@ -149,13 +149,8 @@ def passthrough_schema(files: list[InputFile], opts: EmbedOptions) -> pa.Schema:
 
 
 def shards_of(files: list[InputFile], rows_per_shard: int, suffix: str = ".parquet") -> list[Shard]:
-    shards = []
-    for f in files:
-        n_chunks = max(1, -(-f.rows // rows_per_shard))  # an empty file still gets one (empty) shard
-        for k in range(n_chunks):
-            start = k * rows_per_shard
-            shards.append(Shard(f, k, start, max(0, min(rows_per_shard, f.rows - start)), suffix))
-    return shards
+    return [Shard(f, k, k * rows_per_shard, max(0, min(rows_per_shard, f.rows - k * rows_per_shard)), suffix)
+            for f in files for k in range(max(1, -(-f.rows // rows_per_shard)))]  # an empty file: one empty shard
 
 
 def read_windows(file: InputFile, shards: list[Shard], opts: EmbedOptions) -> Iterator[tuple[Shard, pa.Table, bool]]:

@@ -50,16 +50,14 @@ def _record(out: Output, name: str, keys: dict[str, type], problems: list[str]) 
     """A JSON object with these keys and types, or None with the problem added."""
     try:
         obj = out.read_record(name)
+        why = f"{name}: {shape}" if (shape := _shape_problem(obj, keys)) else ""
     except FileNotFoundError:
-        problems.append(f"{name}: missing; is this a finished elmo embed OUTPUT_DIR? (a job that did not "
-                        f"finish: rerun it with --resume)")
-        return None
+        why = (f"{name}: missing; is this a finished elmo embed OUTPUT_DIR? (a job that did not finish: rerun it "
+               f"with --resume)")
     except InputError as e:
-        problems.append(str(e))
-        return None
-    why = _shape_problem(obj, keys)
+        why = str(e)
     if why:
-        problems.append(f"{name}: {why}")
+        problems.append(why)
         return None
     return obj
 
