@@ -199,8 +199,8 @@ def _final_check(job: Job, records: list[dict]) -> None:
         r = by_name.get(s.name)
         if r is None or r["rows"] != s.rows or job.out.size(s.name) != r["bytes"] \
                 or job.out.size(commit_name(s.name)) is None:
-            raise OutputDirError(f"{job.out.where(s.name)}: not committed as this job's rows {s.start}..{s.start + s.rows} of "
-                                 f"{s.file.path}; rerun with --resume")
+            raise OutputDirError(f"{job.out.where(s.name)}: not committed as this job's rows "
+                                 f"{s.start}..{s.start + s.rows} of {s.file.path}; rerun with --resume")
     if sum(r["rows"] for r in records) != job.total_rows:
         raise OutputDirError(f"{job.out}: the shards hold {sum(r['rows'] for r in records)} rows, the inputs "
                              f"{job.total_rows}; rerun with --resume")

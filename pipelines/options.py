@@ -10,7 +10,6 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from elmo_core.bounds import MAX_COUNT, check_count, check_gpus, setting
@@ -156,8 +155,7 @@ class EmbedOptions:
     @property
     def input_columns(self) -> list[str]:
         """The columns read from the input, in output order (id, kept columns), then the text."""
-        text = self.tokens_column or self.text_column
-        cols = ([self.id_column] if self.id_column else []) + list(self.keep_columns)
+        text, cols = self.tokens_column or self.text_column, self.passthrough_columns
         return cols + ([text] if text not in cols else [])
 
     @property

@@ -245,7 +245,8 @@ class StoreDir(_Readable):
         return found
 
     def commit_names(self, folder: str) -> list[str]:
-        return sorted(f"{folder}/{n}" for n, is_dir in self.entries(folder).items() if not is_dir and not n.startswith("."))
+        names = self.entries(folder)  # a record's name has no "/": deeper keys list as "directories"
+        return sorted(f"{folder}/{n}" for n, is_dir in names.items() if not is_dir and not n.startswith("."))
 
     def head(self, name: str) -> dict | None:
         from botocore.exceptions import ClientError

@@ -121,7 +121,8 @@ class ShardWriter:
     def commit(self) -> dict:
         try:
             if self.counts["rows"] != self.shard.rows:
-                raise OutputDirError(f"{self.shard.name}: wrote {self.counts['rows']} rows, the input has {self.shard.rows}")
+                raise OutputDirError(f"{self.shard.name}: wrote {self.counts['rows']} rows, the input has "
+                                     f"{self.shard.rows}")
             self.shard.file.check_unchanged()  # its rows came from the input the job pinned
         except (OutputDirError, InputError):
             self.abort()
@@ -209,7 +210,8 @@ def check_shard(out: Output, name: str, job_digest: str, file_index: int, row_st
         return None, "missing, or not the version its commit record describes (size, ETag)"
     footer = footer_record(out, name)
     want = {"job": job_digest, "input_file": file_index, "row_start": row_start, "rows": rows}
-    if not _describes(footer, *want.values()) or any(record.get(k) != v for k, v in want.items()):
+    if not _describes(footer, job_digest, file_index, row_start, rows) \
+            or any(record.get(k) != v for k, v in want.items()):
         return None, "its footer or commit record does not describe this job's rows"
     other = other_model(footer, model_sha256) or other_model(record, model_sha256)
     if other:

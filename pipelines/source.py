@@ -185,7 +185,7 @@ def read_windows(file: InputFile, shards: list[Shard], opts: EmbedOptions) -> It
         raise InputError(f"{file.path}: read {row + pending_rows} rows, its footer says {file.rows}")
     for s in shards:
         if s.rows == 0:
-            yield s, _empty_table(file, opts), True
+            yield s, pa.table({c: pa.array([], type=file.schema.field(c).type) for c in opts.input_columns}), True
 
 
 def token_counts(batch: pa.RecordBatch, opts: EmbedOptions) -> np.ndarray:
@@ -205,10 +205,6 @@ def _rows_that_fit(counts: np.ndarray, room: int, at_least_one: bool) -> int:
     """How many leading rows of ``counts`` fit in ``room`` tokens (at least one into an empty window)."""
     fit = int(np.searchsorted(np.cumsum(counts), room, side="right"))
     return max(fit, 1) if at_least_one else fit
-
-
-def _empty_table(file: InputFile, opts: EmbedOptions) -> pa.Table:
-    return pa.table({c: pa.array([], type=file.schema.field(c).type) for c in opts.input_columns})
 
 
 def open_dataset(file: InputFile) -> ds.Dataset:
