@@ -40,15 +40,13 @@ def schema_and_rows(path: Path | str, fmt: str, text_column: str) -> tuple[pa.Sc
     rows, schema = 0, None
     for batch in batches(path, fmt, text_column, 1 << 16):
         rows, schema = rows + batch.num_rows, schema or batch.schema
-    if schema is None:  # no rows: the schema the reader saw (a CSV header), else the text column's
-        schema = _empty_schema(path, fmt, text_column)
-    return schema, rows
+    # no rows: the schema the reader saw (a CSV header), else the text column's
+    return (schema if schema is not None else _empty_schema(path, fmt, text_column)), rows
 
 
 def read_table(path: Path | str, fmt: str, text_column: str, columns: list[str]) -> pa.Table:
     schema, _ = schema_and_rows(path, fmt, text_column)
-    table = pa.Table.from_batches(list(batches(path, fmt, text_column, 1 << 16)), schema=schema)
-    return table.select(columns)
+    return pa.Table.from_batches(list(batches(path, fmt, text_column, 1 << 16)), schema=schema).select(columns)
 
 
 def _empty_schema(path: Path | str, fmt: str, text_column: str) -> pa.Schema:
