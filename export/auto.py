@@ -15,8 +15,7 @@ from typing import Callable
 from storage.atomic import write_json_atomic
 from storage.locations import cache_root
 from formats import load_bilm, resolve_model
-from formats.export_manifest import MANIFEST_NAME, ONNX_NAME
-from formats.export_spec import ExportSpec
+from formats.export_manifest import MANIFEST_NAME, ONNX_NAME, read_spec
 from inference.precision import ONNX_AUTO_CANDIDATES, MeasuredPrecision, cpu_model, fastest_validated
 
 from .cache import Sample, cached_onnx_export, export_key
@@ -60,13 +59,9 @@ def _time_in_turns(model: str | Path, weights: str | Path | None, exports: dict[
     files = resolve_model(model, weights)
     sentences, source = sample or default_sample()
     _, batches = sample_batches(sentences, load_bilm(files.options, files.weights).tokenizer, source)
-    runs = {p: ort_run(path / ONNX_NAME, _spec(path), threads) for p, path in exports.items()}
+    runs = {p: ort_run(path / ONNX_NAME, read_spec(path, "onnx")[1], threads) for p, path in exports.items()}
     best = dict.fromkeys(runs, 0.0)
     for _ in range(TURNS):
         for precision, run in runs.items():
             best[precision] = max(best[precision], tokens_per_s(run, batches))
     return best
-
-
-def _spec(export: Path) -> ExportSpec:
-    return ExportSpec.from_dict(json.loads((export / MANIFEST_NAME).read_text())["spec"])

@@ -41,13 +41,6 @@ from .quantize import weight_bits
 Sample = tuple[Sequence[Sequence[str]], str]  # (sentences, where they come from)
 
 
-def sample_sha256(sample: Sample | None) -> str | None:
-    """What a calibration sample's text is, as a digest (None: the default sample)."""
-    if sample is None:
-        return None
-    return hashlib.sha256("\n".join(" ".join(s) for s in sample[0]).encode()).hexdigest()
-
-
 def on_demand_dedup(precision: str, cuda: bool) -> bool:
     """Whether an on-demand export runs the char-CNN once per distinct token as MatMuls
     (``spec.token_dedup``: CPU kernels; on ``models/default`` fp32 measured 2.4x the Conv graph and
@@ -71,7 +64,7 @@ def export_key(model: str | Path, precision: str, weights: str | Path | None = N
     if precision in ("int8", "auto"):
         parts["int8_weight_bits"] = weight_bits(cpu_flags() if flags is None else flags)
     if precision in ("int8", "auto") and sample is not None:
-        parts["calibration"] = sample_sha256(sample)
+        parts["calibration"] = hashlib.sha256("\n".join(" ".join(s) for s in sample[0]).encode()).hexdigest()
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
 

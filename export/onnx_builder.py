@@ -38,9 +38,8 @@ class GraphBuilder:
 
     def const(self, value: np.ndarray | float | int | list, base: str = "const", dtype: object = None) -> str:
         """An initializer (constants are initializers: some TensorRT importers require that)."""
-        arr = np.asarray(value, dtype=dtype)
         name = self.fresh(base)
-        self.initializers.append(numpy_helper.from_array(arr, name))
+        self.initializers.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
         return name
 
     def typed_const(self, value: np.ndarray, onnx_type: int, base: str) -> str:
@@ -48,10 +47,9 @@ class GraphBuilder:
         name = self.fresh(base)
         if onnx_type == TensorProto.BFLOAT16:
             tensor = helper.make_tensor(name, onnx_type, value.shape, _to_bf16_bits(value), raw=True)
-        elif onnx_type == TensorProto.FLOAT16:
-            tensor = numpy_helper.from_array(np.asarray(value, np.float16), name)
         else:
-            tensor = numpy_helper.from_array(np.asarray(value, np.float32), name)
+            numpy_type = np.float16 if onnx_type == TensorProto.FLOAT16 else np.float32
+            tensor = numpy_helper.from_array(np.asarray(value, numpy_type), name)
         self.initializers.append(tensor)
         return name
 
@@ -71,5 +69,4 @@ class GraphBuilder:
 def _to_bf16_bits(value: np.ndarray) -> bytes:
     """float32 -> bfloat16 by round-to-nearest-even, as raw little-endian bytes."""
     bits = np.ascontiguousarray(value, np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    return rounded.tobytes()
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16).tobytes()

@@ -93,8 +93,7 @@ def trim_tail(b: GraphContext, flat: str) -> str:
     """
     g, C = b.g, b.cfg.char_cnn.max_characters_per_token
     widest = max(w for w, _ in b.cfg.char_cnn.filters)
-    last = g.op("Slice", [flat, g.const(np.array([C - 1], np.int64)), g.const(np.array([C], np.int64)),
-                          g.const(np.array([1], np.int64))])  # (N, 1)
+    last = _columns(b, flat, C - 1, C)  # (N, 1)
     varies = g.cast(g.op("Not", [g.op("Equal", [flat, last])]), F32)  # (N, C)
     position = g.const(np.arange(1, C + 1, dtype=np.float32), "position")  # (C,) 1-based
     longest = g.reduce("ReduceMax", g.op("Mul", [varies, position]), [0, 1], keepdims=1)  # (1, 1), in float

@@ -111,9 +111,8 @@ def export_onnx(model: str | Path, out_dir: str | Path, vectors: VectorRequest =
     if plan is not None:
         manifest["int8"] = plan.to_dict()
     if validate:
-        assert text is not None
+        assert text is not None and shape_sample is not None
         run = ort_run(path, spec, threads)
-        assert shape_sample is not None
         manifest["parity"] = shape_sample.check(run)
         manifest["parity"]["text"] = text.check(run, spec.text_min_cosine, f"ONNX Runtime ({precision})")
     else:

@@ -32,8 +32,7 @@ def lstm_step_graph(b: GraphContext, body: GraphBuilder, h: str, c: str, gx: str
 
     Shape: h (B, P), c (B, C), gx (B, 4C), m (B, 1) -> h, c, out (B, P).
     """
-    cfg = b.cfg.lstm
-    C = cfg.dim
+    cfg, C = b.cfg.lstm, b.cfg.lstm.dim
     gates = body.op("Add", [gx, b.matmul(h, w_state, body)])  # (B, 4C), TF's gate order i, j, f, o
     i, j, f, o = body.op("Split", [gates, body.const(np.array([C] * 4, np.int64), "split")], n_out=4, axis=1)
     i, j, f, o = body.op("Sigmoid", [i]), body.op("Tanh", [j]), body.op("Sigmoid", [f]), body.op("Sigmoid", [o])

@@ -119,10 +119,8 @@ class Int8Plan:
 
     def to_dict(self) -> dict[str, object]:
         return {"target_min_cosine": self.target, "weight_bits": self.bits, "quantized": self.quantized,
-                "kept_fp32": self.kept_fp32,
-                "alone_min_cosine": {g: round(c, 6) for g, c in self.alone.items()},
-                "all_quantized_min_cosine": self.all_quantized, "min_cosine": self.min_cosine,
-                "describe": self.describe()}
+                "kept_fp32": self.kept_fp32, "alone_min_cosine": {g: round(c, 6) for g, c in self.alone.items()},
+                "all_quantized_min_cosine": self.all_quantized, "min_cosine": self.min_cosine, "describe": self.describe()}
 
     def describe(self) -> str:
         if not self.kept_fp32:

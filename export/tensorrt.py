@@ -9,7 +9,6 @@ which keeps clips, cell state, reductions and the mix in fp32). TensorRT is the 
 from __future__ import annotations
 
 import shutil
-
 import time
 from pathlib import Path
 from typing import Any
@@ -41,13 +40,6 @@ def profile_from_args(spec: ExportSpec, min_bt: str | None, opt_bt: str | None,
     return spec.profile(lo, mid, hi)
 
 
-def _parse(trt, network, onnx_path: Path, logger) -> None:  # type: ignore[no-untyped-def]
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(onnx_path)):
-        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
-        raise ExportError(f"{onnx_path}: TensorRT's ONNX parser failed: " + " | ".join(errors[:5]))
-
-
 def _serialize(trt, onnx_path: Path, profile: dict, workspace_mb: int, cache_path: Path) -> tuple[bytes, bool]:  # type: ignore[no-untyped-def]
     """Parse, configure (workspace, profile, timing cache) and build; (engine bytes, strongly typed)."""
     logger = trt.Logger(trt.Logger.WARNING)
@@ -56,7 +48,10 @@ def _serialize(trt, onnx_path: Path, profile: dict, workspace_mb: int, cache_pat
     if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):  # always on (flag ignored) in TensorRT 11
         flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = builder.create_network(flags)
-    _parse(trt, network, onnx_path, logger)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+        raise ExportError(f"{onnx_path}: TensorRT's ONNX parser failed: " + " | ".join(errors[:5]))
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
     opt_profile = builder.create_optimization_profile()

@@ -20,12 +20,6 @@ TENSORRT_SUPPORTED_OPS = frozenset({
     "ReverseSequence", "Scan", "Shape", "Sigmoid", "Sign", "Size", "Slice", "Softmax", "Split", "Sqrt",
     "Squeeze", "Sub", "Sum", "Tanh", "Tile", "Transpose", "Unsqueeze", "Where", "Xor",
 })
-# Marked "N" there; a graph with any of these cannot be parsed (kept to make the test explicit).
-TENSORRT_UNSUPPORTED_OPS = frozenset({
-    "SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert", "SequenceLength",
-    "SequenceMap", "SplitToSequence", "ConcatFromSequence", "Unique", "DynamicQuantizeLinear", "MatMulInteger",
-    "ConvInteger", "Optional", "OptionalGetElement", "OptionalHasElement",
-})
 
 
 def iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:

@@ -26,10 +26,8 @@ def random_char_ids(batch: int, time: int, rng: np.random.Generator, tokenizer: 
     ids = np.zeros((batch, time, tokenizer.width), np.int32)
     for row in range(batch):
         n = time if row == 0 else int(rng.integers(0, time + 1))
-        tokens = []
-        for _ in range(n):
-            size = int(rng.choice([1, 2, 3, 5, 8, 13, 60]))  # 60: longer than a token's 48 bytes
-            tokens.append("".join(rng.choice(_ALPHABET, size)))
+        # each token's size drawn, then its characters; 60: longer than a token's 48 bytes
+        tokens = ["".join(rng.choice(_ALPHABET, int(rng.choice([1, 2, 3, 5, 8, 13, 60])))) for _ in range(n)]
         if tokens:
             ids[row, :n] = tokenizer.token_ids(tokens)
     return ids

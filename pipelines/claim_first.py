@@ -108,6 +108,5 @@ class RunMaker:
                              f"resolve_run, or pass the model's path")
         if isinstance(model, RunMaker):
             return model
-        run = model
-        settled = RunSettings(run.backend, run.device, precision=run.precision, weights=run.weights)
-        return cls(run.model, settled, lambda flags: run)
+        settled = RunSettings(model.backend, model.device, precision=model.precision, weights=model.weights)
+        return cls(model.model, settled, lambda flags: model)

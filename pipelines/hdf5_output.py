@@ -27,12 +27,13 @@ renamed over OUT at the end (``storage.atomic``), so OUT is either the whole res
 """
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
 from contextlib import closing
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import h5py
 import numpy as np
@@ -151,7 +152,7 @@ def _write(f: h5py.File, embedder: Embedder, sentences: Iterator[tuple[str | Non
            opts: EmbedOptions, use_sentence_keys: bool, counts: dict, guard: WriteGuard) -> None:
     index: dict[str, str] = {}
     dtype = opts.vectors.vector_dtype.numpy
-    for chunk in _chunks(sentences, opts.sort_window_rows):
+    for chunk in iter(lambda: list(itertools.islice(sentences, opts.sort_window_rows)), []):  # until none is left
         if use_sentence_keys:
             for sentence, _, where in chunk:
                 _check_key(sentence, where, index.get(sentence or ""))
@@ -184,14 +185,3 @@ def _check_key(key: str | None, where: str, earlier: str | None) -> None:
     if "/" in key or "\0" in key or key in (".", SENTENCE_TO_INDEX):
         raise InputError(f"{where} ({key[:60]!r}) cannot be an hdf5 dataset name ('/' separates groups, NUL ends "
                          f"a name); {fix}")
-
-
-def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
-    chunk: list[Any] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk

@@ -21,14 +21,14 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
 from elmo_core.errors import InputError
-from storage.locations import is_uri, open_input
+from storage.locations import open_input
 
 BLOCK_BYTES = 1 << 22
 
 
 def batches(path: Path | str, fmt: str, text_column: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
     """The file's rows as record batches of at most ``batch_rows`` rows, in file order."""
-    with open_input(path) if is_uri(path) else open(path, "rb") as f:
+    with open_input(path) as f:
         reader = {"csv": _csv, "tsv": _csv, "jsonl": _jsonl, "text": _text}[fmt]
         for batch in reader(f, path, fmt, text_column, batch_rows):
             for start in range(0, batch.num_rows, batch_rows):
@@ -40,20 +40,18 @@ def schema_and_rows(path: Path | str, fmt: str, text_column: str) -> tuple[pa.Sc
     rows, schema = 0, None
     for batch in batches(path, fmt, text_column, 1 << 16):
         rows, schema = rows + batch.num_rows, schema or batch.schema
-    if schema is None:  # no rows: the schema the reader saw (a CSV header), else the text column's
-        schema = _empty_schema(path, fmt, text_column)
-    return schema, rows
+    # no rows: the schema the reader saw (a CSV header), else the text column's
+    return (schema if schema is not None else _empty_schema(path, fmt, text_column)), rows
 
 
 def read_table(path: Path | str, fmt: str, text_column: str, columns: list[str]) -> pa.Table:
     schema, _ = schema_and_rows(path, fmt, text_column)
-    table = pa.Table.from_batches(list(batches(path, fmt, text_column, 1 << 16)), schema=schema)
-    return table.select(columns)
+    return pa.Table.from_batches(list(batches(path, fmt, text_column, 1 << 16)), schema=schema).select(columns)
 
 
 def _empty_schema(path: Path | str, fmt: str, text_column: str) -> pa.Schema:
     if fmt in ("csv", "tsv"):
-        with open_input(path) if is_uri(path) else open(path, "rb") as f:
+        with open_input(path) as f:
             try:
                 return _csv_reader(f, fmt, text_column, []).schema
             except pa.ArrowInvalid:  # an empty file: not even a header
@@ -124,7 +122,7 @@ def _jsonl(f, path, fmt: str, text_column: str, batch_rows: int) -> Iterator[pa.
 def _bad_json_line(path: Path | str) -> str:
     """The first line that is not a JSON object, or whose value changes a key's type, in words."""
     types: dict[str, str] = {}
-    with open_input(path) if is_uri(path) else open(path, "rb") as f:
+    with open_input(path) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -194,14 +194,13 @@ def _final_check(job: Job, records: list[dict]) -> None:
     together they hold every input row once (each was checksummed when committed or kept)."""
     for f in job.files:
         f.check_unchanged()
-    expected = {s.name: s for s in shards_of(job.files, job.opts.rows_per_shard, job.opts.shard_format.suffix)}
     by_name = {r["file"]: r for r in records}
-    for name, s in expected.items():
-        r = by_name.get(name)
-        if r is None or r["rows"] != s.rows or job.out.size(name) != r["bytes"] \
-                or job.out.size(commit_name(name)) is None:
-            raise OutputDirError(f"{job.out.where(name)}: not committed as this job's rows {s.start}..{s.start + s.rows} of "
-                                 f"{s.file.path}; rerun with --resume")
+    for s in shards_of(job.files, job.opts.rows_per_shard, job.opts.shard_format.suffix):
+        r = by_name.get(s.name)
+        if r is None or r["rows"] != s.rows or job.out.size(s.name) != r["bytes"] \
+                or job.out.size(commit_name(s.name)) is None:
+            raise OutputDirError(f"{job.out.where(s.name)}: not committed as this job's rows "
+                                 f"{s.start}..{s.start + s.rows} of {s.file.path}; rerun with --resume")
     if sum(r["rows"] for r in records) != job.total_rows:
         raise OutputDirError(f"{job.out}: the shards hold {sum(r['rows'] for r in records)} rows, the inputs "
                              f"{job.total_rows}; rerun with --resume")

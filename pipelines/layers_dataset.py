@@ -45,13 +45,12 @@ class ElmoLayersDataset(Dataset):
                                  f"--output all without --pool (rerun elmo embed so)")
         self.files = [self.out / s["file"] for s in manifest["shards"]]
         self.groups: list[tuple[int, int]] = []  # (file, row group) in order
-        starts = [0]
+        self.starts = [0]  # row index where each group starts; the last is len(self)
         for f, path in enumerate(self.files):
             meta = pq.ParquetFile(path).metadata
             for g in range(meta.num_row_groups):
                 self.groups.append((f, g))
-                starts.append(starts[-1] + meta.row_group(g).num_rows)
-        self.starts = starts  # row index where each group starts; the last is len(self)
+                self.starts.append(self.starts[-1] + meta.row_group(g).num_rows)
         schema = pq.read_schema(self.files[0]) if self.files else None
         passthrough = [n for n in (schema.names if schema else []) if n != ELMO_COLUMN]
         unknown = sorted(set(columns or ()) - set(passthrough))

@@ -10,7 +10,6 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from elmo_core.bounds import MAX_COUNT, check_count, check_gpus, setting
@@ -157,8 +156,7 @@ class EmbedOptions:
     @property
     def input_columns(self) -> list[str]:
         """The columns read from the input, in output order (id, kept columns), then the text."""
-        text = self.tokens_column or self.text_column
-        cols = ([self.id_column] if self.id_column else []) + list(self.keep_columns)
+        text, cols = self.tokens_column or self.text_column, self.passthrough_columns
         return cols + ([text] if text not in cols else [])
 
     @property
@@ -178,18 +176,15 @@ class EmbedOptions:
         if unknown:
             raise InputError(f"unknown embed options {unknown}; known: {sorted(known)}")
         base["vectors"] = _vectors(base, base.pop("vectors", None))
-        if base.get("keep_columns") is not None:
-            base["keep_columns"] = _as_tuple(base["keep_columns"], str)
-        if base.get("spark_conf") is not None:
-            base["spark_conf"] = _as_tuple(base["spark_conf"], str)
+        for name in ("keep_columns", "spark_conf"):
+            if base.get(name) is not None:
+                base[name] = _as_tuple(base[name], str)
         return cls(**base)
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "vectors"}
         d.update(self.vectors.to_dict())  # flat: the keys every job's identity has had
-        d["keep_columns"] = list(self.keep_columns)
-        d["spark_conf"] = list(self.spark_conf)
-        d["window_context"] = self.context
+        d.update(keep_columns=list(self.keep_columns), spark_conf=list(self.spark_conf), window_context=self.context)
         return d
 
     def identity(self, backend: str, precision: str, **settled: Any) -> dict[str, Any]:
@@ -256,7 +251,6 @@ def _as_tuple(value: Any, kind: type) -> tuple:
 def digest(obj: Any) -> str:
     """sha256 of a JSON-able object in canonical form."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
 
 
 VECTOR_FIELDS = tuple(f.name for f in fields(VectorRequest))

@@ -44,8 +44,6 @@ def _lasting_cause(e: OSError, rerun: str) -> str | None:
     read_only = "the file system is read-only: choose another OUTPUT_DIR"
     hint = {errno.ENOSPC: full, errno.EROFS: read_only, errno.EACCES: "permission denied: choose an OUTPUT_DIR you "
             "can write", errno.EDQUOT: f"the disk quota is exceeded: free space, then {rerun}"}.get(e.errno or 0)
-    if hint is None and "No space left on device" in str(e):
-        hint = full
-    if hint is None and "Read-only file system" in str(e):
-        hint = read_only
+    if hint is None:  # the same causes, where only the message names them
+        hint = full if "No space left on device" in str(e) else read_only if "Read-only file system" in str(e) else None
     return hint

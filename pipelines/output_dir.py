@@ -54,10 +54,8 @@ def open_output(spec: str | Path) -> "LocalDir | StoreDir":
 
 
 class _Readable:
-    """What both outputs read the same way: through ``storage.locations``, by ``where(name)``."""
-
-    def where(self, name: str) -> str:
-        raise NotImplementedError
+    """What both outputs read the same way: through ``storage.locations``, by ``where(name)``; each
+    gives ``where``, ``read_bytes`` and ``write_bytes``."""
 
     def sha256(self, name: str) -> str:
         try:
@@ -73,12 +71,6 @@ class _Readable:
         """Shard ``name``'s ``columns`` (its format read from its name: ``shard_files``)."""
         with self.open_read(name) as f:
             return shard_format(name).read_table(f, columns)
-
-    def read_bytes(self, name: str) -> bytes:
-        raise NotImplementedError
-
-    def write_bytes(self, name: str, data: bytes) -> None:
-        raise NotImplementedError
 
     def read_record(self, name: str) -> dict:
         """The side record in ``name`` (``pipelines.sink``; its format read from its name, a JSON
@@ -198,11 +190,10 @@ class LocalSink:
         fsync(self.root)
         return record
 
-    def publish(self) -> None:
-        self.tmp.unlink(missing_ok=True)
-
     def abort(self) -> None:
         self.tmp.unlink(missing_ok=True)
+
+    publish = abort  # the shard's name holds the bytes: the temporary name goes
 
 
 class StoreDir(_Readable):
@@ -242,10 +233,11 @@ class StoreDir(_Readable):
         from .store_lock import StoreLock
         return StoreLock(self)
 
-    def entries(self) -> dict[str, bool]:
+    def entries(self, folder: str = "") -> dict[str, bool]:
+        """The names directly under ``folder`` (top-level: "") -> whether each is a "directory"."""
         found: dict[str, bool] = {}
-        start = self.key("")
-        with self._errors(""):
+        start = self.key(f"{folder}/" if folder else "")
+        with self._errors(folder):
             for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start,
                                                                               Delimiter="/"):
                 found.update({o["Key"][len(start):]: False for o in page.get("Contents", [])})
@@ -253,11 +245,8 @@ class StoreDir(_Readable):
         return found
 
     def commit_names(self, folder: str) -> list[str]:
-        start = self.key(f"{folder}/")
-        with self._errors(folder):
-            pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start)
-            return sorted(f"{folder}/{o['Key'][len(start):]}" for page in pages for o in page.get("Contents", [])
-                          if not o["Key"][len(start):].startswith(".") and "/" not in o["Key"][len(start):])
+        names = self.entries(folder)  # a record's name has no "/": deeper keys list as "directories"
+        return sorted(f"{folder}/{n}" for n, is_dir in names.items() if not is_dir and not n.startswith("."))
 
     def head(self, name: str) -> dict | None:
         from botocore.exceptions import ClientError

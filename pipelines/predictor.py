@@ -82,7 +82,6 @@ class ElmoPredictor:
         self.run, opts = _records(run, options, overrides)
         self.options = opts = opts.sized_for(self.run)  # a job's are sized already: the same values
         self.policy = opts.policy(self.run.batch.rows)
-        self.threads = self.run.threads
         if log is not None:
             log(f"loading the model {self.run.describe()}")
         if pin and self.run.pin is None:
@@ -127,7 +126,10 @@ class ElmoPredictor:
         with (clock or StageClock()).stage("assemble"):
             lengths = prepared.plan.lengths
             self._check_finite(vectors, lengths)
-            column = self._pooled(vectors, lengths) if self.request.pool else self._column(vectors, lengths)
+            if self.request.pool:  # (R, [L+1,] D), NaN where no token -> R vectors, null where no token
+                column = self._items(np.ascontiguousarray(vectors), mask=lengths <= 0)
+            else:
+                column = self._column(vectors, lengths)
             return prepared.passthrough.append_column(self.field, column)
 
     def _check_finite(self, vectors: np.ndarray, lengths: np.ndarray) -> None:
@@ -144,11 +146,6 @@ class ElmoPredictor:
         raise NonFiniteError(f"its vectors hold inf or NaN ({o.dtype}, --gamma {o.gamma:g}): the model's output "
                              f"times --gamma overflows {o.dtype}, or the model's weights give non-finite values; "
                              f"use a smaller --gamma or --dtype float32, else check the model", row)
-
-    def _pooled(self, rows: np.ndarray, lengths: np.ndarray) -> pa.Array:
-        """Shape: rows (R, [L+1,] D) in the output dtype (NaN where no token), lengths (R,) (-1: null)
-        -> R vectors, null where no token."""
-        return self._items(np.ascontiguousarray(rows), mask=lengths <= 0)
 
     def _column(self, out: np.ndarray, lengths: np.ndarray) -> pa.Array:
         """Shape: out (N, [L+1,] D) in the output dtype, lengths (R,) (-1: null) -> R list values."""

@@ -35,22 +35,15 @@ class ProgressBar:
         if not self.tty:  # a log file: a line after the first batch, then every 10 s, not a redraw
             self.interval = max(self.interval, 10.0)
 
-    def update(self, rows: int, tokens: int) -> None:
+    def update(self, rows: int, tokens: int, at_once: bool = False) -> None:
+        """``at_once``: a line now (a finished shard, for a runner that hears of whole shards)."""
         self.rows += rows
         self.tokens += tokens
         now = time.perf_counter()
         first = self.rows - rows == self.start_rows  # the first batch: a line at once, then every interval
-        if not self.quiet and (now - self.last >= self.interval or (first and not self.tty)):
+        if not self.quiet and (at_once or now - self.last >= self.interval or (first and not self.tty)):
             self.last = now
             self._draw(now, end="\r" if self.tty else "\n")
-
-    def shard_done(self, rows: int, tokens: int) -> None:
-        """A finished shard's rows and tokens, with a line at once (a runner that hears of whole shards)."""
-        self.rows += rows
-        self.tokens += tokens
-        if not self.quiet:
-            self.last = time.perf_counter()
-            self._draw(self.last, end="\r" if self.tty else "\n")
 
     def line(self, now: float | None = None) -> str:
         elapsed = max(1e-9, (now or time.perf_counter()) - self.t0)

@@ -35,12 +35,9 @@ def settle_rows_per_shard(opts: EmbedOptions, files: list[InputFile], out: Outpu
     if slots <= 1:
         return DEFAULT_ROWS, f"{which}: the default"
     total = sum(f.rows for f in files)
-    return shard_rows(total, slots), (f"{total:,} rows over {which}: {TASKS_PER_SLOT} shards a slot, {MIN_ROWS:,} "
+    rows = min(DEFAULT_ROWS, max(MIN_ROWS, -(-total // (TASKS_PER_SLOT * slots))))
+    return rows, (f"{total:,} rows over {which}: {TASKS_PER_SLOT} shards a slot, {MIN_ROWS:,} "
                                       f"to {DEFAULT_ROWS:,} rows each")
-
-
-def shard_rows(total_rows: int, slots: int) -> int:
-    return min(DEFAULT_ROWS, max(MIN_ROWS, -(-total_rows // (TASKS_PER_SLOT * slots))))
 
 
 def engine_slots(opts: EmbedOptions) -> tuple[int, str]:

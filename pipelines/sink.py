@@ -118,19 +118,16 @@ class ShardWriter:
         return {"job": self.job_digest, "file": s.name, "input_file": s.file.index, "input_path": str(s.file.path),
                 "row_start": s.start, "rows": s.rows, **model}
 
-    def footer_record(self) -> dict:
-        return {**self.identity(), **self.counts}
-
     def commit(self) -> dict:
-        if self.counts["rows"] != self.shard.rows:
-            self.abort()
-            raise OutputDirError(f"{self.shard.name}: wrote {self.counts['rows']} rows, the input has {self.shard.rows}")
         try:
+            if self.counts["rows"] != self.shard.rows:
+                raise OutputDirError(f"{self.shard.name}: wrote {self.counts['rows']} rows, the input has "
+                                     f"{self.shard.rows}")
             self.shard.file.check_unchanged()  # its rows came from the input the job pinned
-        except InputError:
+        except (OutputDirError, InputError):
             self.abort()
             raise
-        record = self.footer_record()
+        record = {**self.identity(), **self.counts}
         self.writer.close(record)
         try:
             record.update(self.sink.finish(), writer=f"{socket.gethostname()}:{os.getpid()}")
@@ -164,8 +161,7 @@ def adopt_published(out: Output, shard: Shard, job_digest: str, model_sha256: st
     """The commit record of a shard another writer of this job published first (its footer says so;
     else OutputDirError: a file that is not this job's holds the name)."""
     footer = footer_record(out, shard.name)
-    want = {"job": job_digest, "input_file": shard.file.index, "row_start": shard.start, "rows": shard.rows}
-    if footer is None or footer.get("footer_rows") != shard.rows or any(footer.get(k) != v for k, v in want.items()) \
+    if not _describes(footer, job_digest, shard.file.index, shard.start, shard.rows) \
             or other_model(footer, model_sha256):
         raise OutputDirError(f"{out.where(shard.name)}: holds a file that is not this job's shard; move it away and "
                              f"rerun with --resume")
@@ -174,6 +170,12 @@ def adopt_published(out: Output, shard: Shard, job_digest: str, model_sha256: st
     if out.is_store:
         record["etag"] = out.head(shard.name)["ETag"]
     return record
+
+
+def _describes(footer: dict | None, job_digest: str, file_index: int, row_start: int, rows: int) -> bool:
+    """Whether a shard's footer record says it holds this job's input rows."""
+    want = {"job": job_digest, "input_file": file_index, "row_start": row_start, "rows": rows}
+    return footer is not None and footer.get("footer_rows") == rows and all(footer.get(k) == v for k, v in want.items())
 
 
 def read_commit(out: Output, name: str) -> dict | None:
@@ -208,7 +210,7 @@ def check_shard(out: Output, name: str, job_digest: str, file_index: int, row_st
         return None, "missing, or not the version its commit record describes (size, ETag)"
     footer = footer_record(out, name)
     want = {"job": job_digest, "input_file": file_index, "row_start": row_start, "rows": rows}
-    if footer is None or footer.get("footer_rows") != rows or any(footer.get(k) != v for k, v in want.items()) \
+    if not _describes(footer, job_digest, file_index, row_start, rows) \
             or any(record.get(k) != v for k, v in want.items()):
         return None, "its footer or commit record does not describe this job's rows"
     other = other_model(footer, model_sha256) or other_model(record, model_sha256)

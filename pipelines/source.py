@@ -149,13 +149,8 @@ def passthrough_schema(files: list[InputFile], opts: EmbedOptions) -> pa.Schema:
 
 
 def shards_of(files: list[InputFile], rows_per_shard: int, suffix: str = ".parquet") -> list[Shard]:
-    shards = []
-    for f in files:
-        n_chunks = max(1, -(-f.rows // rows_per_shard))  # an empty file still gets one (empty) shard
-        for k in range(n_chunks):
-            start = k * rows_per_shard
-            shards.append(Shard(f, k, start, max(0, min(rows_per_shard, f.rows - start)), suffix))
-    return shards
+    return [Shard(f, k, k * rows_per_shard, max(0, min(rows_per_shard, f.rows - k * rows_per_shard)), suffix)
+            for f in files for k in range(max(1, -(-f.rows // rows_per_shard)))]  # an empty file: one empty shard
 
 
 def read_windows(file: InputFile, shards: list[Shard], opts: EmbedOptions) -> Iterator[tuple[Shard, pa.Table, bool]]:
@@ -190,7 +185,7 @@ def read_windows(file: InputFile, shards: list[Shard], opts: EmbedOptions) -> It
         raise InputError(f"{file.path}: read {row + pending_rows} rows, its footer says {file.rows}")
     for s in shards:
         if s.rows == 0:
-            yield s, _empty_table(file, opts), True
+            yield s, pa.table({c: pa.array([], type=file.schema.field(c).type) for c in opts.input_columns}), True
 
 
 def token_counts(batch: pa.RecordBatch, opts: EmbedOptions) -> np.ndarray:
@@ -210,10 +205,6 @@ def _rows_that_fit(counts: np.ndarray, room: int, at_least_one: bool) -> int:
     """How many leading rows of ``counts`` fit in ``room`` tokens (at least one into an empty window)."""
     fit = int(np.searchsorted(np.cumsum(counts), room, side="right"))
     return max(fit, 1) if at_least_one else fit
-
-
-def _empty_table(file: InputFile, opts: EmbedOptions) -> pa.Table:
-    return pa.table({c: pa.array([], type=file.schema.field(c).type) for c in opts.input_columns})
 
 
 def open_dataset(file: InputFile) -> ds.Dataset:

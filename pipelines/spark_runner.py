@@ -30,6 +30,7 @@ shard committed (``_shards/``, polled by the driver).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -39,9 +40,10 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from elmo_core.errors import ElmoError, InputError
+from storage.atomic import write_text_atomic
 
 from .options import EmbedOptions
 
@@ -93,8 +95,9 @@ def spark_session(master: str | None, conf: tuple[str, ...] = (), verbose: bool 
     from pyspark.sql import SparkSession
 
     level = "INFO" if verbose else "WARN"
+    given = (kv.partition("=") for kv in conf)  # KEY=VALUE each, as EmbedOptions checked it
     settings = {**SPARK_DEFAULTS, "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log_config(level)}",
-                **dict(spark_setting(kv) for kv in conf)}
+                **{key.strip(): value for key, _, value in given}}
     builder = SparkSession.builder.appName("elmo embed")
     if master or not os.environ.get("PYSPARK_GATEWAY_PORT"):  # under spark-submit, its --master holds
         master = local_master(master or "local[*]", settings["spark.task.maxFailures"])
@@ -141,10 +144,7 @@ def _log_config(level: str) -> str:
     path = os.path.join(tempfile.gettempdir(), f"elmo-spark-log4j2-{level.lower()}-{os.getuid()}.properties")
     text = LOG4J2.format(level=level.lower())
     if not os.path.exists(path) or open(path).read() != text:
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        write_text_atomic(path, text)
     return path
 
 
@@ -184,14 +184,6 @@ def task_attempts(spark: Any) -> int:
     return int(spark.sparkContext.getConf().get("spark.task.maxFailures", "4"))
 
 
-def spark_setting(kv: str) -> tuple[str, str]:
-    """``KEY=VALUE`` as (key, value); InputError otherwise."""
-    key, sep, value = kv.partition("=")
-    if not sep or not key.strip():
-        raise InputError(f"--spark-conf {kv!r}: give KEY=VALUE, e.g. spark.executor.memory=8g")
-    return key.strip(), value
-
-
 def local_master(master: str, max_failures: str) -> str:
     """``local[N]`` retries a failed task as a cluster does (``local[N,F]``, F = spark.task.maxFailures)."""
     m = re.fullmatch(r"local\[(\*|\d+)\]", master)
@@ -208,22 +200,20 @@ def run_spark(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dic
     from pyspark.sql.pandas.types import from_arrow_schema
 
     task = embed_task(job.run, opts.to_dict(), shards, job.out, job.schema, job.digest)
-    with _ShardProgress(job.out, shards, progress) as shown:
+    with _shard_progress(job.out, shards, progress) as shown:
         frame = spark.range(len(shards), numPartitions=len(shards)).mapInArrow(task, from_arrow_schema(RESULT))
         rows = _collect(spark, frame)
     remove_temporaries(job.out)  # a killed attempt's: the committed shards are every shard now
     errors = [TaskError(**r.error.asDict()) for r in rows if r.error is not None]
     if errors:
         raise errors[0].error()
-    records = []
+    records, loads = [], {}  # loads: models each process loaded
     for r in rows:
         records.append(json.loads(r.record))
         job.clock.add(json.loads(r.seconds))
-        if records[-1]["file"] not in shown:
-            progress.shard_done(records[-1]["rows"], records[-1]["tokens"])
-    loads: dict[str, int] = {}
-    for r in rows:
         loads[r.process] = max(loads.get(r.process, 0), r.loads)
+        if records[-1]["file"] not in shown:
+            progress.update(records[-1]["rows"], records[-1]["tokens"], at_once=True)
     return records, {**info, "processes": len(loads), "model_loads": loads}
 
 
@@ -243,34 +233,30 @@ def _collect(spark: Any, frame: Any) -> list:
                               f"--resume") from None
 
 
-class _ShardProgress:
+@contextlib.contextmanager
+def _shard_progress(out: Any, shards: list[Shard], progress: ProgressBar) -> Iterator[set[str]]:
     """While the tasks run: a progress line per shard committed (its commit record, polled);
-    the names of those shown."""
+    yields the names of those shown."""
+    pending, shown, stop = {s.name for s in shards}, set(), threading.Event()
 
-    def __init__(self, out: Any, shards: list[Shard], progress: ProgressBar) -> None:
-        self.out, self.progress, self.pending = out, progress, {s.name for s in shards}
-        self.shown: set[str] = set()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._poll, name="elmo-spark-progress", daemon=True)
-
-    def __enter__(self) -> set[str]:
-        self.thread.start()
-        return self.shown
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join()
-
-    def _poll(self) -> None:
-        while not self.stop.wait(POLL_SECONDS):
+    def poll() -> None:
+        while not stop.wait(POLL_SECONDS):
             try:
-                names = self.out.commit_names(COMMITS_DIR)
+                names = out.commit_names(COMMITS_DIR)
             except (OSError, ElmoError):
                 continue  # a store that did not answer this time: the next poll asks again
             for name in names:
                 shard = name.rsplit("/", 1)[-1]  # a commit record has its shard's name
-                if shard in self.pending and shard not in self.shown:
-                    record = read_commit(self.out, shard)
+                if shard in pending and shard not in shown:
+                    record = read_commit(out, shard)
                     if record is not None:
-                        self.shown.add(shard)
-                        self.progress.shard_done(int(record.get("rows", 0)), int(record.get("tokens", 0)))
+                        shown.add(shard)
+                        progress.update(int(record.get("rows", 0)), int(record.get("tokens", 0)), at_once=True)
+
+    thread = threading.Thread(target=poll, name="elmo-spark-progress", daemon=True)
+    thread.start()
+    try:
+        yield shown
+    finally:
+        stop.set()
+        thread.join()

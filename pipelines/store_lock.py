@@ -37,7 +37,6 @@ from storage.locations import redacted, s3_client
 from .lock import LOCK_FILE, describe_holder, holder_record
 from .errors import OutputDirError
 
-LOCK_NAME = LOCK_FILE
 LEASE_SECONDS = 120.0
 
 
@@ -45,7 +44,7 @@ class StoreLock:
     """``with StoreLock(out):`` holds the store OUTPUT_DIR ``out`` for the block (see the module)."""
 
     def __init__(self, out: Any, lease: float = LEASE_SECONDS) -> None:
-        self.out, self.lease, self.key = out, lease, out.key(LOCK_NAME)
+        self.out, self.lease, self.key = out, lease, out.key(LOCK_FILE)
         self.etag: str | None = None
         self.lost = False
         self.since = time.strftime("%Y-%m-%d %H:%M:%S %Z")
@@ -58,12 +57,11 @@ class StoreLock:
         body = json.dumps(holder_record(self.since, released=released, lease_seconds=self.lease)).encode()
         try:
             return s3_client().put_object(Bucket=self.out.bucket, Key=self.key, Body=body, **condition)["ETag"]
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
+        except (ClientError, BotoCoreError) as e:
+            if isinstance(e, ClientError) and e.response.get("Error", {}).get("Code") in ("PreconditionFailed",
+                                                                                          "ConditionalRequestConflict"):
                 return None
-            raise OutputDirError(f"{self.out.where(LOCK_NAME)}: {redacted(e)}") from None
-        except BotoCoreError as e:
-            raise OutputDirError(f"{self.out.where(LOCK_NAME)}: {redacted(e)}") from None
+            raise OutputDirError(f"{self.out.where(LOCK_FILE)}: {redacted(e)}") from None
 
     def __enter__(self) -> "StoreLock":
         self.etag = self._put(IfNoneMatch="*")
@@ -88,7 +86,7 @@ class StoreLock:
 
     def check_free(self) -> None:
         """OutputDirError naming the holder where a running job holds the lease; writes nothing."""
-        if self.out.size(LOCK_NAME) is None:
+        if self.out.size(LOCK_FILE) is None:
             return
         holder, _, age = self._current()
         if not _free(holder, age):
@@ -100,7 +98,7 @@ class StoreLock:
         try:
             got = s3_client().get_object(Bucket=self.out.bucket, Key=self.key)
         except (ClientError, BotoCoreError) as e:
-            raise OutputDirError(f"{self.out.where(LOCK_NAME)}: {redacted(e)}") from None
+            raise OutputDirError(f"{self.out.where(LOCK_FILE)}: {redacted(e)}") from None
         try:
             holder = json.loads(got["Body"].read())
         except ValueError:

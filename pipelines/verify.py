@@ -30,8 +30,7 @@ from .errors import OutputDirError
 from .output_dir import open_output
 from .rows import row_tokens
 from .schema import ELMO_COLUMN, vector_array
-from .shard_files import shard_format
-from .shard_files import FORMATS
+from .shard_files import FORMATS, shard_format
 from .sink import SUCCESS_FILE, Output, check_shard, job_file, manifest_file, side_names
 from . import input_formats
 from .source import input_sha256
@@ -51,16 +50,14 @@ def _record(out: Output, name: str, keys: dict[str, type], problems: list[str]) 
     """A JSON object with these keys and types, or None with the problem added."""
     try:
         obj = out.read_record(name)
+        why = f"{name}: {shape}" if (shape := _shape_problem(obj, keys)) else ""
     except FileNotFoundError:
-        problems.append(f"{name}: missing; is this a finished elmo embed OUTPUT_DIR? (a job that did not "
-                        f"finish: rerun it with --resume)")
-        return None
+        why = (f"{name}: missing; is this a finished elmo embed OUTPUT_DIR? (a job that did not finish: rerun it "
+               f"with --resume)")
     except InputError as e:
-        problems.append(str(e))
-        return None
-    why = _shape_problem(obj, keys)
+        why = str(e)
     if why:
-        problems.append(f"{name}: {why}")
+        problems.append(why)
         return None
     return obj
 
