@@ -118,3 +118,9 @@ def iter_records(path: Path, skip: int = 0, column: str | None = None) -> Iterat
     if is_parquet(path):
         return _iter_parquet(path, skip, column)
     return _iter_text(path, skip)
+
+
+def iter_sentences(path: str | Path, column: str | None = None) -> Iterator[list[str]]:
+    """Every non-empty sentence of a corpus once, streamed (vocabularies, evaluation, n-gram baselines)."""
+    for shard in list_shards(path):
+        yield from (tokens for tokens, _ in iter_records(shard, 0, column) if tokens)

@@ -23,7 +23,7 @@ import torch
 
 from elmo_core.chars import tokens_to_char_ids
 
-from .corpus import CorpusStats, iter_records, list_shards
+from .corpus import CorpusStats, iter_records, iter_sentences, list_shards  # noqa: F401 (iter_sentences: read from here)
 from .errors import CorpusError
 from .vocab import BOS, EOS, Vocab
 
@@ -257,11 +257,3 @@ class SentenceBatcher:
 
     def load_state_dict(self, state: dict) -> None:
         self.stream.load_state_dict(state["stream"])
-
-
-def iter_sentences(path: str | Path, column: str | None = None):
-    """Every non-empty sentence of a corpus once, streamed (for evaluation and n-gram baselines)."""
-    for shard in list_shards(path):
-        for tokens, _ in iter_records(shard, 0, column):
-            if tokens:
-                yield tokens

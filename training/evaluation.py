@@ -20,7 +20,7 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from .data import iter_sentences
+from .corpus import iter_sentences
 from .distributed import any_true, max_all
 from .perplexity import perplexity
 from .progress import Limits, clock

@@ -21,8 +21,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-
-from elmo_core.host_to_device import to_device
 import torch.distributed as dist
 from torch import nn
 

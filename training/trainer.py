@@ -23,8 +23,7 @@ from elmo_core.kinds import Precision
 from formats import save_model
 from runtime import deterministic_algorithms, flushing_denormals, use_threads
 
-from .checkpoint import optimizer_tensors, load_optimizer
-from .checkpointer import Checkpointer
+from .checkpoint import Checkpointer, load_optimizer, optimizer_tensors
 from .data import BpttBatcher, SentenceBatcher, SentenceStream
 from .distributed import any_true, barrier, init_from_env, max_all, sum_all
 from .errors import CheckpointError, TrainingError
@@ -83,29 +82,25 @@ class Trainer:
         return recipe
 
     def setup_vocab(self) -> Vocab:
+        """--vocab, the run's own vocab.txt, or one built by the main rank; saved as RUN_DIR/vocab.txt."""
         o, path = self.opts, self.out / "vocab.txt"
+        vocab = None
         if o.vocab and self.source is None:
             vocab = Vocab.load(o.vocab)
         elif any_true(self.dist, path.is_file()):  # collective: every rank takes the same branch
             vocab = Vocab.load(path)
-        else:
-            vocab = None
-            if self.dist.is_main:
-                self.say(f"building the vocabulary from {o.train}")
-                if self.source is None:
-                    vocab = build_vocab(o.train, o.min_count, o.max_vocab, o.column)
-                elif o.extend_vocab:
-                    vocab = extend_vocabulary(self.source.vocab, o.train, o.min_count, o.column)
-                else:
-                    vocab = self.source.vocab
-                self.out.mkdir(parents=True, exist_ok=True)
-                vocab.save(path)
-            barrier(self.dist)
-            vocab = vocab or Vocab.load(path)
+        elif self.dist.is_main:
+            self.say(f"building the vocabulary from {o.train}")
+            if self.source is None:
+                vocab = build_vocab(o.train, o.min_count, o.max_vocab, o.column)
+            else:
+                vocab = extend_vocabulary(self.source.vocab, o.train, o.min_count, o.column) if o.extend_vocab \
+                    else self.source.vocab
         if self.dist.is_main and not path.is_file():
             self.out.mkdir(parents=True, exist_ok=True)
             vocab.save(path)
-        return vocab
+        barrier(self.dist)  # the main rank's vocab.txt is there for the others
+        return vocab or Vocab.load(path)
 
     def setup_config(self) -> ElmoConfig:
         o = self.opts

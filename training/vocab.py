@@ -12,7 +12,7 @@ import numpy as np
 
 from storage.atomic import write_text_atomic
 
-from .corpus import iter_records, list_shards
+from .corpus import iter_sentences
 from .errors import CorpusError
 
 BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
@@ -41,7 +41,6 @@ class Vocab:
         return np.fromiter((get(t, unk) for t in tokens), dtype=np.int64)
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
         write_text_atomic(path, "".join(t + "\n" for t in self.tokens))
 
     @classmethod
@@ -59,9 +58,8 @@ class Vocab:
 def count_words(path: str | Path, column: str | None = None) -> Counter:
     """Word counts over a whole corpus, streamed shard by shard."""
     counts: Counter = Counter()
-    for shard in list_shards(path):
-        for tokens, _ in iter_records(shard, 0, column):
-            counts.update(tokens)
+    for tokens in iter_sentences(path, column):
+        counts.update(tokens)
     return counts
 
 
