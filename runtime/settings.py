@@ -16,7 +16,6 @@ from elmo_core.errors import InputError
 from .cpus import CpuBudget, threads_for
 
 INTEROP_THREADS = 1
-
 MAX_THREADS = 4096
 
 
@@ -44,10 +43,8 @@ def apply_threads(budget: CpuBudget) -> CpuBudget:
     import torch
     torch.set_num_threads(budget.count)
     if torch.get_num_interop_threads() != INTEROP_THREADS:
-        try:
+        with contextlib.suppress(RuntimeError):  # torch refuses once its inter-op pool has started: it keeps its size
             torch.set_num_interop_threads(INTEROP_THREADS)
-        except RuntimeError:  # torch refuses once its inter-op pool has started: it keeps its size
-            pass
     return budget
 
 
