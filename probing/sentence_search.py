@@ -48,8 +48,7 @@ def read_pooled(output_dir: str | Path, text_column: str = "text") -> SentenceVe
     if vectors is None or vectors.ndim != 2:
         raise InputError(f"{output_dir}: its vectors are not one per row; embed with --pool mean (and --output "
                          f"mixed, top or average)")
-    vectors = vectors.astype(np.float32)
-    return SentenceVectors(table.column(text_column).to_pylist(), vectors)
+    return SentenceVectors(table.column(text_column).to_pylist(), vectors.astype(np.float32))
 
 
 def _read(path: Path, columns: list[str]) -> pa.Table:
