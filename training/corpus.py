@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import glob
 import gzip
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -31,9 +31,6 @@ class CorpusStats:
     tokens: int = 0
     empty: int = 0
     invalid_utf8: int = 0
-
-    def to_dict(self) -> dict[str, int]:
-        return asdict(self)
 
 
 def list_shards(path: str | Path) -> list[Path]:

@@ -15,7 +15,7 @@ Two batchings, as ``Batch`` objects holding both directions' inputs and targets:
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +23,7 @@ import torch
 
 from elmo_core.chars import tokens_to_char_ids
 
-from .corpus import CorpusStats, iter_records, iter_sentences, list_shards  # noqa: F401 (iter_sentences: read from here)
+from .corpus import CorpusStats, iter_records, iter_sentences, list_shards  # noqa: F401 (read here too)
 from .errors import CorpusError
 from .vocab import BOS, EOS, Vocab
 
@@ -65,7 +65,7 @@ class SentenceStream:
                  shuffle_buffer: int = 0, seed: int = 0) -> None:
         self.path, self.shards, self.column = str(path), list_shards(path), column
         self.n_epochs, self.buffer_size, self.seed = n_epochs, shuffle_buffer, seed
-        self.epoch = self.shard = self.record = self.seen = 0
+        self.epoch = self.shard = self.record = 0
         self.order = self._pass_order(0)  # shard indices in this pass's reading order
         self.exhausted = False
         self.buffer: list[list[str]] = []
@@ -99,7 +99,7 @@ class SentenceStream:
                 self._it, self.shard, self.record = None, self.shard + 1, 0
                 continue
             tokens, bad = item
-            self.record, self.seen = self.record + 1, self.seen + 1
+            self.record += 1
             self.stats.invalid_utf8 += bad
             if not tokens:
                 self.stats.empty += 1
@@ -126,14 +126,13 @@ class SentenceStream:
     def state_dict(self) -> dict:
         version, internal, gauss = self.rng.getstate()
         return {"epoch": self.epoch, "seed": self.seed, "order": self.order, "shard": self.shard, "record": self.record,
-                "seen": self.seen,
                 "exhausted": self.exhausted, "buffer": self.buffer, "rng": [version, list(internal), gauss],
-                "stats": self.stats.to_dict(), "shards": [str(s) for s in self.shards]}
+                "stats": asdict(self.stats), "shards": [str(s) for s in self.shards]}
 
     def load_state_dict(self, state: dict) -> None:
         if state["shards"] != [str(s) for s in self.shards]:
             raise CorpusError(f"{self.path}: the corpus files differ from the checkpoint's; resume with the same --text")
-        self.epoch, self.shard, self.record, self.seen = state["epoch"], state["shard"], state["record"], state["seen"]
+        self.epoch, self.shard, self.record = state["epoch"], state["shard"], state["record"]
         # checkpoints written before shard shuffling read the shards in sorted order
         self.order = [int(i) for i in state.get("order", range(len(self.shards)))]
         self.seed = state.get("seed", self.seed)  # later passes' shard orders follow the original run's seed
@@ -175,9 +174,7 @@ def _make_batch(vocab: Vocab, rows: list[tuple[list[str], list[str]]], width: in
 
 
 class BpttBatcher:
-    """``batch_size`` continuous rows, ``unroll`` steps a batch, the state carried between batches.
-    ``reset``: the state resets at each sentence start (``Batch.starts``; the default regime);
-    without it the state runs on across sentences, as the original's."""
+    """``batch_size`` continuous rows, ``unroll`` steps a batch (module doc; ``reset``: ``Batch.starts``)."""
 
     stateful = True
 

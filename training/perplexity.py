@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 import torch
 
-from elmo_core import ElmoConfig, LstmState
+from elmo_core import ElmoConfig
 from storage.atomic import atomic_path
 from elmo_core.bounds import check_count
 from elmo_core.errors import WeightsError
@@ -70,8 +70,7 @@ def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: in
     chars = lm.config.char_cnn.max_characters_per_token
     if stateful:
         batcher = BpttBatcher(stream, vocab, batch_size, lm.config.training.unroll_steps, chars, reset=False)
-        state = lm.zero_state(batch_size)
-        state = LstmState(state.h.to(device), state.c.to(device))
+        state = lm.zero_state(batch_size)  # on the model's device, where the batches go
     else:
         batcher, state = SentenceBatcher(stream, vocab, batch_size, chars), None
     sums, count, sentences, longest, cut = torch.zeros(2, dtype=torch.float64), 0, 0, 0.0, False

@@ -1,9 +1,6 @@
 """``elmo train`` as a recipe (torchtune's shape): ``setup_*`` build the run's parts, ``run`` is
-the loop; checkpoints go through ``Checkpointer``, metrics through ``MetricLogger``.
-
-Batchings (``--batching``, the recipe's by default): ``packed`` rows of continuous sentences whose
-LSTM state resets to zero at every sentence start (training.segments: trained as used);
-``stateful``, bilm-tf's truncated BPTT with the state carried across sentences; ``sentences``.
+the loop; checkpoints go through ``Checkpointer``, metrics through ``MetricLogger``; the batchings
+(``--batching``) are ``training.data``'s.
 """
 from __future__ import annotations
 
@@ -30,12 +27,11 @@ from .errors import CheckpointError, TrainingError
 from .perplexity import SOFTMAX_NAME, save_softmax
 from .evaluation import Evaluator
 from .init_from import extend_vocabulary, init_source, load_initial_weights
-from .metrics import MetricLogger
 from .model import LanguageModel
 from .objective import Candidates, LogUniformSampler
 from .optim import Recipe, resolve
 from .options import PRECISION_REASONS, SOFTMAX_UPDATES, TrainOptions, default_precision
-from .progress import DeviceTotals, Limits, Progress, log_line
+from .progress import DeviceTotals, Limits, MetricLogger, Progress, log_line
 from .step_plan import StepPlan
 from .sparse_softmax import SoftmaxRows, SparseSoftmax, clip_grad_norm_
 from .vocab import Vocab, build_vocab
@@ -93,9 +89,10 @@ class Trainer:
             self.say(f"building the vocabulary from {o.train}")
             if self.source is None:
                 vocab = build_vocab(o.train, o.min_count, o.max_vocab, o.column)
+            elif o.extend_vocab:
+                vocab = extend_vocabulary(self.source.vocab, o.train, o.min_count, o.column)
             else:
-                vocab = extend_vocabulary(self.source.vocab, o.train, o.min_count, o.column) if o.extend_vocab \
-                    else self.source.vocab
+                vocab = self.source.vocab
         if self.dist.is_main and not path.is_file():
             self.out.mkdir(parents=True, exist_ok=True)
             vocab.save(path)
@@ -154,18 +151,14 @@ class Trainer:
         """Seconds trained in this run, before this process and in it."""
         return self.progress.elapsed + time.perf_counter() - self._t0
 
-    def horizon_done(self) -> float | None:
-        """The fraction of the lr horizon trained: ``--lr-decay-tokens``, else the nearest of the
-        run's limits; None without one. A function of progress (and, with ``--max-minutes``, of the
-        run's training time, taken as the largest over the ranks so that they agree)."""
-        if self.opts.lr_decay_tokens is not None:
-            return self.progress.tokens / self.opts.lr_decay_tokens
-        elapsed = max_all(self.dist, self.elapsed()) if self.limits.minutes else self.elapsed()
-        return self.limits.done(self.progress, elapsed)
-
     def current_lr(self) -> float:
-        """The learning rate for the next step: a function of progress, so resume continues the schedule."""
-        return self.recipe.lr_at(self.progress.step, self.horizon_done())
+        """The learning rate for the next step: a function of progress, so resume continues the schedule.
+        The lr horizon is ``--lr-decay-tokens``, else the nearest of the run's limits (none: no decay);
+        with ``--max-minutes`` the run's training time is the largest over the ranks, so that they agree."""
+        if self.opts.lr_decay_tokens is not None:
+            return self.recipe.lr_at(self.progress.step, self.progress.tokens / self.opts.lr_decay_tokens)
+        elapsed = max_all(self.dist, self.elapsed()) if self.limits.minutes else self.elapsed()
+        return self.recipe.lr_at(self.progress.step, self.limits.done(self.progress, elapsed))
 
     # ---- one step ---------------------------------------------------------------------------
     def train_step(self, batch) -> tuple[torch.Tensor, int]:
@@ -247,13 +240,11 @@ class Trainer:
             local.update({"lstm.h": self.state.h, "lstm.c": self.state.c})
         main = None
         if self.dist.is_main:
-            tensors = {f"model.{k}": v for k, v in self.lm.state_dict().items()}
             opt_tensors, opt_meta = optimizer_tensors(self.optimizer)
-            tensors.update(opt_tensors)
-            if self.sampler is not None:
-                tensors["rng.sampler"] = self.sampler.state()
             sparse_tensors, sparse_meta = self.sparse.state_tensors() if self.sparse is not None else ({}, None)
-            tensors.update(sparse_tensors)
+            sampler = {"rng.sampler": self.sampler.state()} if self.sampler is not None else {}
+            tensors = {**{f"model.{k}": v for k, v in self.lm.state_dict().items()}, **opt_tensors, **sampler,
+                       **sparse_tensors}
             meta = {"step": self.progress.step, "tokens": self.progress.tokens, "world": self.dist.world,
                     "elapsed": self.elapsed(), "optimizer": opt_meta, "softmax_updates": sparse_meta,
                     "options": asdict(self.opts), "config": self.config.to_dict(), "batching": self.recipe.batching,
@@ -367,7 +358,7 @@ class Trainer:
         model_dir = self.export(self.out / "model")
         summary = {"step": self.progress.step, "tokens": self.progress.tokens, "model": str(model_dir),
                    **self.evaluator.final(), "epoch": self.batcher.stream.epoch,
-                   "read": self.batcher.stream.stats.to_dict(), "batching": self.recipe.batching,
+                   "read": asdict(self.batcher.stream.stats), "batching": self.recipe.batching,
                    "train_s": train_s, "elapsed_s": self.elapsed()}
         if self.dist.is_main:
             write_json_atomic(self.out / "summary.json", summary, sort_keys=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Container, Iterable, Sequence
 
 import numpy as np
 
@@ -63,14 +63,20 @@ def count_words(path: str | Path, column: str | None = None) -> Counter:
     return counts
 
 
+def frequent_words(counts: Counter, min_count: int, known: Container[str] = ()) -> list[str]:
+    """The words seen at least ``min_count`` times, neither special nor ``known``, the most frequent
+    first (ties by spelling)."""
+    return sorted((w for w, c in counts.items() if c >= min_count and w not in SPECIALS and w not in known),
+                  key=lambda w: (-counts[w], w))
+
+
 def build_vocab(path: str | Path, min_count: int = 1, max_size: int | None = None,
                 column: str | None = None) -> Vocab:
     """Words seen at least ``min_count`` times, the most frequent first (ties by spelling)."""
     counts = count_words(path, column)
     if not counts:
         raise CorpusError(f"{path}: the corpus has no tokens; cannot build a vocabulary")
-    words = sorted((w for w, c in counts.items() if c >= min_count and w not in SPECIALS),
-                   key=lambda w: (-counts[w], w))
+    words = frequent_words(counts, min_count)
     if max_size is not None:
         words = words[: max(0, max_size - len(SPECIALS))]
     return Vocab(list(SPECIALS) + words)
