@@ -289,10 +289,10 @@ class Trainer:
         rate = (p.tokens - tokens_last) / max(now - t_last, 1e-9)
         self._last_log = (now, p.tokens)
         softmax = "sampled" if self.sampler else "full"
+        grad = self.read_totals()  # the loss sums since the last line, which the line shows
         if self.dist.is_main:
             s_per_step = (now - self._t0) / (p.step - self._step0) if p.step > self._step0 else None
             self.log(log_line(p, rate, self.limits.eta(p, self.elapsed(), rate, s_per_step), softmax))
-        grad = self.read_totals()
         f, b = (x / max(p.nll_tokens, 1) for x in p.nll)
         self.metrics.record("train", p.step, {
             "loss": 0.5 * (f + b), "loss_forward": f, "loss_backward": b, "ppl_forward": math.exp(min(f, 50)),
