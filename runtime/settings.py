@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from elmo_core.bounds import is_int
 from elmo_core.errors import InputError
 
 from .cpus import CpuBudget, threads_for
@@ -21,8 +22,7 @@ MAX_THREADS = 4096
 
 def check_threads(threads: int | None) -> None:
     """A thread count a user gave: None or 0 (torch's choice), else 1..MAX_THREADS; InputError otherwise."""
-    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool)
-                                or not 0 <= threads <= MAX_THREADS):
+    if threads is not None and not (is_int(threads) and 0 <= threads <= MAX_THREADS):
         raise InputError(f"--threads must be a positive integer (at most {MAX_THREADS}; 0 or absent: the "
                          f"default), got {threads!r}")
 

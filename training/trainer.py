@@ -32,7 +32,7 @@ from .objective import Candidates, LogUniformSampler
 from .optim import Recipe, resolve
 from .options import PRECISION_REASONS, SOFTMAX_UPDATES, TrainOptions, default_precision
 from .progress import DeviceTotals, Limits, MetricLogger, Progress, log_line
-from .step_plan import StepPlan
+from .segments import StepPlan
 from .sparse_softmax import SoftmaxRows, SparseSoftmax, clip_grad_norm_
 from .vocab import Vocab, build_vocab
 
@@ -310,40 +310,36 @@ class Trainer:
         kernels throughout: the same options, corpus and seed give the same bits on one machine
         (docs/training.md, *Reproducibility*)."""
         with deterministic_algorithms():
-            return self._run(resume)
-
-    def _run(self, resume: bool) -> dict:
-        if resume:
-            step = self.load_checkpoint()
-            if self.dist.is_main:
-                self.log(f"resuming from step {step}")
-        elif self.checkpointer.latest() is not None:
-            raise CheckpointError(f"{self.out} already holds checkpoints; pass --resume or choose another --out")
-        self.limits = self.evaluator.plan_final(self.limits)
-        self._write_run_json()
-        self._step0 = self.progress.step
-        self._last_log = (time.perf_counter(), self.progress.tokens)
-        self.say(f"training: vocabulary {len(self.vocab):,} words, {sum(p.numel() for p in self.lm.parameters()):,} "
-                 f"parameters")
-        while not any_true(self.dist, self.limits.reached(self.progress, self.elapsed())):
-            batch = self.batcher.next_batch()
-            if any_true(self.dist, batch is None):
-                break
-            self.step(batch)
-            p = self.progress
-            if p.step % self.opts.log_every == 0:
-                self._log_progress()
-            elif p.step == self._step0 + 1:
-                self.say(f"step {p.step}: the first step took {time.perf_counter() - self._last_log[0]:.1f} s; "
-                         f"progress every {self.opts.log_every} steps")
-            if self.opts.checkpoint_every and p.step % self.opts.checkpoint_every == 0:
-                self.save_checkpoint()
-                self.evaluator.periodic()
-        return self._finish()
+            if resume:
+                step = self.load_checkpoint()
+                if self.dist.is_main:
+                    self.log(f"resuming from step {step}")
+            elif self.checkpointer.latest() is not None:
+                raise CheckpointError(f"{self.out} already holds checkpoints; pass --resume or choose another --out")
+            self.limits = self.evaluator.plan_final(self.limits)
+            self._write_run_json()
+            self._step0 = self.progress.step
+            self._last_log = (time.perf_counter(), self.progress.tokens)
+            self.say(f"training: vocabulary {len(self.vocab):,} words, {sum(p.numel() for p in self.lm.parameters()):,} "
+                     f"parameters")
+            while not any_true(self.dist, self.limits.reached(self.progress, self.elapsed())):
+                batch = self.batcher.next_batch()
+                if any_true(self.dist, batch is None):
+                    break
+                self.step(batch)
+                p = self.progress
+                if p.step % self.opts.log_every == 0:
+                    self._log_progress()
+                elif p.step == self._step0 + 1:
+                    self.say(f"step {p.step}: the first step took {time.perf_counter() - self._last_log[0]:.1f} s; "
+                             f"progress every {self.opts.log_every} steps")
+                if self.opts.checkpoint_every and p.step % self.opts.checkpoint_every == 0:
+                    self.save_checkpoint()
+                    self.evaluator.periodic()
+            return self._finish()
 
     def _write_run_json(self) -> None:
-        if self.dist.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
+        if self.dist.is_main:  # RUN_DIR is there: setup_vocab wrote vocab.txt in it
             info = {"options": asdict(self.opts), "config": self.config.to_dict(), "vocab_size": len(self.vocab),
                     "world": self.dist.world, "softmax": "sampled" if self.sampler else "full",
                     "recipe": asdict(self.recipe), "horizon": self._horizon(), "final_eval": self.evaluator.plan}
