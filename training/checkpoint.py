@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -106,15 +105,6 @@ def load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
                               "resume with the same --optimizer") from None
 
 
-@dataclass
-class Loaded:
-    step: int
-    tensors: dict[str, torch.Tensor]  # the main file's
-    meta: dict
-    local: dict[str, torch.Tensor]  # this rank's
-    local_meta: dict
-
-
 class Checkpointer:
     def __init__(self, ckpt_dir: Path, dist: DistInfo, keep: int) -> None:
         self.dir, self.dist, self.keep = ckpt_dir, dist, keep
@@ -134,15 +124,16 @@ class Checkpointer:
         barrier(self.dist)
         return path
 
-    def load(self, expect: dict) -> Loaded:
-        """The latest complete checkpoint; ``expect``: world, config and softmax updates it must match."""
+    def load(self, expect: dict) -> tuple[int, dict[str, torch.Tensor], dict, dict[str, torch.Tensor], dict]:
+        """The latest complete checkpoint: its step, the main file's tensors and metadata, this rank's
+        tensors and metadata; ``expect``: world, config and softmax updates it must match."""
         step = self.latest()
         if step is None:
             raise CheckpointError(f"{self.dir}: no complete checkpoint to resume from")
         tensors, meta = read(main_path(self.dir, step))
         _check_compatible(meta, expect)
         local, local_meta = read(rank_path(self.dir, step, self.dist.rank))
-        return Loaded(step, tensors, meta, local, local_meta)
+        return step, tensors, meta, local, local_meta
 
 
 def _check_compatible(meta: dict, expect: dict) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from itertools import islice
 from typing import Callable
 
 from .corpus import iter_sentences
@@ -135,11 +136,8 @@ class Evaluator:
 
     def _estimate(self, budget_s: float) -> float:
         o = self.t.opts
-        sentences = predictions = 0
-        for s in iter_sentences(o.valid, o.column):
-            if o.final_valid_sentences is not None and sentences >= o.final_valid_sentences:
-                break
-            sentences, predictions = sentences + 1, predictions + len(s) + 1
+        lengths = [len(s) + 1 for s in islice(iter_sentences(o.valid, o.column), o.final_valid_sentences)]
+        sentences, predictions = len(lengths), sum(lengths)  # predictions: a sentence's tokens and </S>
         probe = min(sentences, 2 * o.eval_batch_size)
         self._score(o.valid, o.eval_batch_size, "warm-up")  # first calls allocate and pick kernels
         t0 = time.perf_counter()

@@ -96,4 +96,3 @@ def read_softmax(path: Path, n_vocab: int, dim: int, vocab_path: Path) -> tuple[
                             f"has {n_vocab:,} words and the model's projection is {dim}: expected ({n_vocab}, {dim}) "
                             f"and ({n_vocab},); pass the vocabulary the softmax was trained with")
     return W.astype(np.float32), b.astype(np.float32)
-

@@ -34,16 +34,18 @@ SOFTMAX_NAME = "softmax.hdf5"
 
 
 def _on_the_fast_path(score: Callable[..., dict]) -> Callable[..., dict]:
-    """Run ``score(lm, ...)`` with the inference recurrence plugged into ``lm.bilm``
+    """Run ``score(lm, ...)`` in eval mode with the inference recurrence plugged into ``lm.bilm``
     (``inference.fast_path``; autograd is off there), and the model as it was afterwards."""
     @functools.wraps(score)
     def scored(lm: LanguageModel, *args: Any, **kwargs: Any) -> dict:
-        previous = lm.bilm.fast_path
+        previous, was_training = lm.bilm.fast_path, lm.training
         lm.bilm.use_fast_path(FastInference(lm.bilm))
+        lm.eval()
         try:
             return score(lm, *args, **kwargs)
         finally:
             lm.bilm.use_fast_path(previous)
+            lm.train(was_training)
     return scored
 
 
@@ -64,8 +66,6 @@ def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: in
     """
     check_count("batch_size", batch_size)
     check_count("max_sentences", max_sentences, optional="all of them")
-    was_training = lm.training
-    lm.eval()
     stream = SentenceStream(path, n_epochs=1, column=column)
     chars = lm.config.char_cnn.max_characters_per_token
     if stateful:
@@ -92,7 +92,6 @@ def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: in
         if progress is not None:
             progress(sentences, count)
         longest = max(longest, time.perf_counter() - started)
-    lm.train(was_training)
     if count == 0:
         raise CorpusError(f"{path}: no sentence to evaluate on")
     fwd, bwd = (sums / count).tolist()

@@ -263,24 +263,24 @@ class Trainer:
     def load_checkpoint(self) -> int:
         expect = {"world": self.dist.world, "config": self.config.to_dict(), "batching": self.recipe.batching,
                   "softmax_updates": None if self.sparse is None else "sparse"}
-        c = self.checkpointer.load(expect)
-        self.lm.load_state_dict({k[len("model."):]: v for k, v in c.tensors.items() if k.startswith("model.")})
-        load_optimizer(self.optimizer, c.tensors, c.meta["optimizer"])
+        step, tensors, meta, local, local_meta = self.checkpointer.load(expect)
+        self.lm.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
+        load_optimizer(self.optimizer, tensors, meta["optimizer"])
         if self.sparse is not None:
-            self.sparse.load_state(c.tensors, c.meta["softmax_updates"])
+            self.sparse.load_state(tensors, meta["softmax_updates"])
         if self.sampler is not None:
-            self.sampler.set_state(c.tensors["rng.sampler"])
-        torch.set_rng_state(c.local["rng.torch"])
-        self.batcher.load_state_dict(c.local_meta["data"])
-        if "lstm.h" in c.local:
-            self.state = LstmState(c.local["lstm.h"].to(self.device), c.local["lstm.c"].to(self.device))
-        self.progress = Progress(step=c.step, tokens=c.meta["tokens"], elapsed=c.meta["elapsed"])
-        before = c.meta.get("horizon")
+            self.sampler.set_state(tensors["rng.sampler"])
+        torch.set_rng_state(local["rng.torch"])
+        self.batcher.load_state_dict(local_meta["data"])
+        if "lstm.h" in local:
+            self.state = LstmState(local["lstm.h"].to(self.device), local["lstm.c"].to(self.device))
+        self.progress = Progress(step=step, tokens=meta["tokens"], elapsed=meta["elapsed"])
+        before = meta.get("horizon")
         if before is not None and before != self._horizon() and self.recipe.lr_decay != "none" and self.dist.is_main:
             self.log(f"the lr horizon moves: the checkpoint decayed over {_describe(before)}, this run over "
                      f"{_describe(self._horizon())}; the lr continues from {self.current_lr():.3g} (give "
                      "--lr-decay-tokens to keep one schedule over resumes)")
-        return c.step
+        return step
 
     # ---- the loop ---------------------------------------------------------------------------
     def _log_progress(self) -> None:
