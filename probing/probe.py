@@ -54,9 +54,7 @@ class Context:
 def find_contexts(sentences: Iterable[Sequence[str]], word: str, max_tokens: int = 50) -> list[Context]:
     """Every framed use of ``word`` (exact case) in sentences of at most ``max_tokens`` tokens."""
     found = []
-    for tokens in sentences:
-        if len(tokens) > max_tokens:
-            continue
+    for tokens in (s for s in sentences if len(s) <= max_tokens):
         for i in range(1, len(tokens)):
             if tokens[i] == word:
                 cue = tokens[i - 1].lower()

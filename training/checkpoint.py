@@ -91,11 +91,8 @@ def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tenso
 
 def load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
     state: dict[int, dict] = {}
-    for name, value in tensors.items():
-        if name.startswith("optim."):
-            _, idx, key = name.split(".", 2)
-            state.setdefault(int(idx), {})[key] = value
-    for name, value in meta["scalars"].items():
+    named = {k[len("optim."):]: v for k, v in tensors.items() if k.startswith("optim.")} | meta["scalars"]
+    for name, value in named.items():  # "{param index}.{state key}"
         idx, key = name.split(".", 1)
         state.setdefault(int(idx), {})[key] = value
     try:

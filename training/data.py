@@ -111,10 +111,7 @@ class SentenceStream:
     def next_sentence(self) -> list[str] | None:
         if self.buffer_size <= 1:
             return self._next_raw()
-        while len(self.buffer) < self.buffer_size:
-            s = self._next_raw()
-            if s is None:
-                break
+        while len(self.buffer) < self.buffer_size and (s := self._next_raw()) is not None:
             self.buffer.append(s)
         if not self.buffer:
             return None
@@ -162,9 +159,7 @@ def _make_batch(vocab: Vocab, rows: list[tuple[list[str], list[str]]], width: in
     targets = np.zeros((2, B, width), np.int64)  # (2, B, T)
     mask = np.zeros((B, width), bool)  # (B, T)
     for r, (fwd, bwd) in enumerate(rows):
-        n = len(fwd) // 2
-        if n == 0:
-            continue
+        n = len(fwd) // 2  # 0 for a row the corpus ran out before
         mask[r, :n] = True
         for d, seq in enumerate((fwd, bwd)):
             chars[d, r, :n] = tokens_to_char_ids(seq[:n], max_chars)
@@ -236,10 +231,7 @@ class SentenceBatcher:
 
     def next_batch(self) -> Batch | None:
         rows = []
-        while len(rows) < self.B:
-            words = self.stream.next_sentence()
-            if words is None:
-                break
+        while len(rows) < self.B and (words := self.stream.next_sentence()) is not None:
             sent = [BOS, *words, EOS]
             rev = sent[::-1]
             rows.append((sent[:-1] + sent[1:], rev[:-1] + rev[1:]))

@@ -78,9 +78,7 @@ def write_half(src: Path, dst: Path) -> None:
         with h5py.File(f, "r") as fin, atomic_path(dst / f.name) as tmp, h5py.File(tmp, "w") as fout:
             def copy(name: str, obj: object) -> None:
                 if isinstance(obj, h5py.Dataset):
-                    data = obj[...]
-                    half = data.dtype.kind == "f"
-                    fout.create_dataset(name, data=data.astype(np.float16) if half else data)
+                    fout.create_dataset(name, data=obj[...].astype(np.float16) if obj.dtype.kind == "f" else obj[...])
             fin.visititems(copy)
 
 

@@ -79,8 +79,7 @@ def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: in
         if deadline is not None and count and started + longest > deadline:
             cut = True
             break
-        batch = batcher.next_batch()
-        if batch is None:
+        if (batch := batcher.next_batch()) is None:
             break
         if not stateful and max_sentences is not None and sentences + batch.mask.shape[0] > max_sentences:
             batch = batch.rows(0, max_sentences - sentences)
