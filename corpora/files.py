@@ -45,8 +45,7 @@ def input_files(spec: str | Path) -> list[tuple[Path | str, str]]:
         elif len(kinds) > 1:
             raise InputError(f"{spec}: files of several input formats ({', '.join(sorted(kinds))}); a directory "
                              f"INPUT holds one format: give one file or a glob (e.g. '{spec}/*.csv')")
-    unknown = [p for p in found if input_format(p) is None]
-    if unknown:
+    if unknown := [p for p in found if input_format(p) is None]:
         raise InputError(f"{unknown[0]}: cannot tell its input format from its name; elmo embed reads "
                          f"{formats_in_words()}: rename the file to the suffix of its format")
     return [(p, input_format(p)) for p in found]

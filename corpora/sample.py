@@ -31,13 +31,11 @@ def write_sample_corpus(out_dir: str | Path, rows: int = 2000, files: int = 2, r
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     per_file = -(-rows // files)
-    paths = []
-    for k in range(files):
+    paths = [out_dir / f"corpus-{k:05d}.parquet" for k in range(files)]
+    for k, path in enumerate(paths):
         part = picked[k * per_file:(k + 1) * per_file]
         table = pa.table({"id": pa.array([p[0] for p in part], pa.int64()),
                           "speech": [p[1] for p in part], "text": [p[2] for p in part]})
-        path = out_dir / f"corpus-{k:05d}.parquet"
         with atomic_path(path) as tmp:
             pq.write_table(table, tmp, row_group_size=row_group_rows)
-        paths.append(path)
     return paths

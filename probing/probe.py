@@ -154,11 +154,8 @@ def nearest(query: int, vectors: np.ndarray, k: int) -> list[tuple[int, float]]:
 
 def cosine_decimals(values: Sequence[float], least: int = 3, most: int = 9) -> int:
     """The fewest decimals (``least``..``most``) at which the distinct ``values`` print distinct."""
-    distinct = sorted(set(values))
-    for d in range(least, most):
-        if len({f"{v:.{d}f}" for v in distinct}) == len(distinct):
-            return d
-    return most
+    distinct = set(values)
+    return next((d for d in range(least, most) if len({f"{v:.{d}f}" for v in distinct}) == len(distinct)), most)
 
 
 @dataclass(frozen=True)

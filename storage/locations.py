@@ -216,8 +216,7 @@ def redacted(error: BaseException) -> str:
     """An error's text without anything that looks like a credential."""
     text = str(error)[:300]
     for name in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID"):
-        secret = os.environ.get(name)
-        if secret:
+        if secret := os.environ.get(name):
             text = text.replace(secret, "***")
     return text
 

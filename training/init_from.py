@@ -75,11 +75,9 @@ def load_initial_weights(lm: LanguageModel, source: InitSource, vocab: Vocab) ->
             W, b = read_softmax(source.softmax, len(source.vocab), lm.config.lstm.projection_dim, source.vocab_path)
             old = len(source.vocab)
             lm.softmax_w[:old], lm.softmax_b[:old] = torch.from_numpy(W), torch.from_numpy(b)
-            n_new = len(vocab) - old
-            if n_new:
-                unk = source.vocab.unk
-                lm.softmax_w[old:] = lm.softmax_w[unk]
-                lm.softmax_b[old:] = lm.softmax_b[unk] - math.log(n_new)
+            if n_new := len(vocab) - old:
+                lm.softmax_w[old:] = lm.softmax_w[source.vocab.unk]
+                lm.softmax_b[old:] = lm.softmax_b[source.vocab.unk] - math.log(n_new)
 
 
 def read_softmax(path: Path, n_vocab: int, dim: int, vocab_path: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -11,11 +11,10 @@ does exactly the work of the real tokens, in at most ``unroll`` sequential steps
 Both directions share the segments: a sentence's forward inputs ``<S> w1 .. wn`` and backward
 inputs ``</S> wn .. w1`` have the same length and sit at the same positions of their rows.
 
-What a training step needs to know about its batch's data is found on the host before the step
-(``StepPlan``): on CUDA a step that reads its batch on the device (which positions are real tokens,
-where the sentences start, which tokens are distinct, how wide they are) makes the host wait for
-the device several times a step. ``StepPlan.of`` finds all of this in the host's batch, and
-``to(device)`` copies it without a host wait, so the step only queues device work.
+``StepPlan``: what a training step needs to know about its batch (which positions are real tokens,
+where the sentences start, which tokens are distinct, how wide they are), found in the host's batch
+and copied without a host wait: read on the device, it would make the host wait for the device
+several times a step; the step only queues device work.
 """
 from __future__ import annotations
 

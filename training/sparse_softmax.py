@@ -50,8 +50,7 @@ class SparseSoftmax:
     (``training.optim.OPTIMIZERS``, checked there)."""
 
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter, optimizer: str) -> None:
-        self.weight, self.bias, self.optimizer = weight, bias, optimizer
-        self.steps = 0
+        self.weight, self.bias, self.optimizer, self.steps = weight, bias, optimizer, 0
         if optimizer == "adagrad":
             self.state = {"sum_w": torch.full_like(weight, ADAGRAD_INIT), "sum_b": torch.full_like(bias, ADAGRAD_INIT)}
         else:

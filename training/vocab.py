@@ -23,8 +23,7 @@ class Vocab:
     """Token <-> id. Shape: ``ids(tokens)`` (N,) int64, unknown words -> the ``<UNK>`` id."""
 
     def __init__(self, tokens: Sequence[str]) -> None:
-        missing = [s for s in SPECIALS if s not in tokens]
-        if missing:
+        if missing := [s for s in SPECIALS if s not in tokens]:
             raise CorpusError(f"vocabulary lacks {missing}; it must hold <S>, </S> and <UNK>")
         if len(set(tokens)) != len(tokens):
             dup = next(t for t, c in Counter(tokens).items() if c > 1)
