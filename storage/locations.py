@@ -154,15 +154,9 @@ def open_input(spec: str | Path):  # type: ignore[no-untyped-def]
 
 def file_info(spec: str | Path) -> tuple[int, int] | None:
     """(bytes, modification time in ns) of a file at a path or URI; None where there is no file."""
-    if not is_uri(spec):
-        path = Path(spec)
-        if not path.is_file():
-            return None
-        st = path.stat()
-        return st.st_size, st.st_mtime_ns
     import pyarrow.fs as pafs
 
-    fs, path = filesystem(str(spec))
+    fs, path = filesystem(str(spec)) if is_uri(spec) else (pafs.LocalFileSystem(), os.path.abspath(spec))
     info = fs.get_file_info(path)
     return (info.size, info.mtime_ns or 0) if info.type == pafs.FileType.File else None
 
