@@ -1,8 +1,9 @@
 """Where a corpus's files are and how their bytes become text, for ``elmo embed`` and ``elmo train``
-alike: the input formats and their suffixes (``input_format``), the Parquet files of an INPUT (a file,
-a directory, a glob, or a file or prefix on an object store), ``elmo embed``'s input files of any
-format (``input_files``), and the one UTF-8 decoder (invalid bytes dropped, as the original
-reads text with ``errors="ignore"``, and reported so that callers count them).
+alike: the input formats and their suffixes (``input_format``), ``elmo embed``'s input files of any
+format (``input_files``: a file, a directory, a glob, or a file or prefix on an object store),
+whether an INPUT would take a file (``would_read``), and the one UTF-8 decoder (invalid bytes
+dropped, as the original reads text with ``errors="ignore"``, and reported so that callers count
+them).
 """
 from __future__ import annotations
 
@@ -44,8 +45,7 @@ def input_files(spec: str | Path) -> list[tuple[Path | str, str]]:
         elif len(kinds) > 1:
             raise InputError(f"{spec}: files of several input formats ({', '.join(sorted(kinds))}); a directory "
                              f"INPUT holds one format: give one file or a glob (e.g. '{spec}/*.csv')")
-    unknown = [p for p in found if input_format(p) is None]
-    if unknown:
+    if unknown := [p for p in found if input_format(p) is None]:
         raise InputError(f"{unknown[0]}: cannot tell its input format from its name; elmo embed reads "
                          f"{formats_in_words()}: rename the file to the suffix of its format")
     return [(p, input_format(p)) for p in found]
@@ -71,29 +71,8 @@ def is_parquet(path: str | Path) -> bool:
     return Path(str(path)).suffix.lower() in PARQUET_SUFFIXES
 
 
-def parquet_files(spec: str | Path) -> list[Path | str]:
-    """A Parquet file, a directory (its Parquet files, recursively; names starting with ``.`` or
-    ``_`` skipped, and what is below them) or a glob; on an object store (a URI:
-    ``s3://bucket/corpus``), a file or a prefix. Sorted by path."""
-    if is_uri(spec):
-        return list(list_files(str(spec), PARQUET_SUFFIXES))
-    path = Path(spec)
-    if path.is_file():
-        return [path]
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if is_parquet(p) and p.is_file()
-                       and not is_hidden(str(p.relative_to(path))))
-        if not files:
-            raise InputError(f"{path}: no Parquet files ({', '.join(PARQUET_SUFFIXES)}) in this directory")
-        return files
-    matches = sorted(Path(p) for p in glob.glob(str(spec), recursive=True) if Path(p).is_file())
-    if not matches:
-        raise InputError(f"{spec}: no such file, directory, or files matching this pattern")
-    return matches
-
-
 def would_read(spec: str | Path, path: str | Path) -> bool:
-    """Whether INPUT ``spec`` (as ``parquet_files`` resolves it) would take a Parquet file at
+    """Whether INPUT ``spec`` (as ``input_files`` resolves it) would take a Parquet file at
     ``path`` once one is there: ``path`` below the directory or prefix, or matched by the glob."""
     if is_uri(spec) or not glob.has_magic(str(spec)):
         if not is_below(path, spec):

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+from itertools import islice
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,23 +24,18 @@ def write_sample_corpus(out_dir: str | Path, rows: int = 2000, files: int = 2, r
     check_count("files", files)
     if files > rows:
         raise SettingError(f"`files` ({files}) must be at most `rows` ({rows}): each file holds one row or more")
-    picked = []
-    for i, (speech, tokens) in enumerate(sotu_sentences(newest_first=True, min_tokens=3)):
-        if i == rows:
-            break
-        picked.append((i, speech, " ".join(tokens)))
+    sentences = islice(sotu_sentences(newest_first=True, min_tokens=3), rows)
+    picked = [(i, speech, " ".join(tokens)) for i, (speech, tokens) in enumerate(sentences)]
     if len(picked) < rows:
         raise SettingError(f"`rows` {rows}: the sotu package has only {len(picked)} sentences")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     per_file = -(-rows // files)
-    paths = []
-    for k in range(files):
+    paths = [out_dir / f"corpus-{k:05d}.parquet" for k in range(files)]
+    for k, path in enumerate(paths):
         part = picked[k * per_file:(k + 1) * per_file]
         table = pa.table({"id": pa.array([p[0] for p in part], pa.int64()),
                           "speech": [p[1] for p in part], "text": [p[2] for p in part]})
-        path = out_dir / f"corpus-{k:05d}.parquet"
         with atomic_path(path) as tmp:
             pq.write_table(table, tmp, row_group_size=row_group_rows)
-        paths.append(path)
     return paths

@@ -54,9 +54,7 @@ class Context:
 def find_contexts(sentences: Iterable[Sequence[str]], word: str, max_tokens: int = 50) -> list[Context]:
     """Every framed use of ``word`` (exact case) in sentences of at most ``max_tokens`` tokens."""
     found = []
-    for tokens in sentences:
-        if len(tokens) > max_tokens:
-            continue
+    for tokens in (s for s in sentences if len(s) <= max_tokens):
         for i in range(1, len(tokens)):
             if tokens[i] == word:
                 cue = tokens[i - 1].lower()
@@ -129,14 +127,6 @@ class ProbeResult:
     n_test: int
 
 
-def probe_word(word: str, train: np.ndarray, y_train: np.ndarray, test: np.ndarray, y_test: np.ndarray,
-               names: Sequence[str]) -> list[ProbeResult]:
-    """One probe per layer. Shape: train (n, L+2, D), test (m, L+2, D); y of +-1 (+1 verb)."""
-    baseline = float(np.mean(y_test == _majority(y_train)))
-    return [ProbeResult(word, name, float(np.mean(ridge_predict(train[:, j], y_train, test[:, j]) == y_test)),
-                        baseline, len(y_train), len(y_test)) for j, name in enumerate(names)]
-
-
 def labels(contexts: Sequence[Context]) -> np.ndarray:
     return np.array([1.0 if c.use == "verb" else -1.0 for c in contexts])
 
@@ -164,20 +154,8 @@ def nearest(query: int, vectors: np.ndarray, k: int) -> list[tuple[int, float]]:
 
 def cosine_decimals(values: Sequence[float], least: int = 3, most: int = 9) -> int:
     """The fewest decimals (``least``..``most``) at which the distinct ``values`` print distinct."""
-    distinct = sorted(set(values))
-    for d in range(least, most):
-        if len({f"{v:.{d}f}" for v in distinct}) == len(distinct):
-            return d
-    return most
-
-
-def check_enough(word: str, train: list[Context], test: list[Context], minimum: int = 2) -> None:
-    """InputError unless both uses have ``minimum`` training contexts and the test set is not empty."""
-    counts = {u: sum(c.use == u for c in train) for u in USES}
-    if min(counts.values()) < minimum or not test:
-        raise InputError(f"--word {word}: too few framed uses to probe (training contexts: {counts}, test: "
-                         f"{len(test)}); pick a word used often both as a noun ('the {word}') and as a verb "
-                         f"('we {word}'), or give more text")
+    distinct = set(values)
+    return next((d for d in range(least, most) if len({f"{v:.{d}f}" for v in distinct}) == len(distinct)), most)
 
 
 @dataclass(frozen=True)
@@ -190,16 +168,25 @@ class WordProbe:
     test_vectors: np.ndarray
 
     def results(self, names: Sequence[str]) -> list[ProbeResult]:
-        return probe_word(self.word, self.train_vectors, labels(self.train), self.test_vectors, labels(self.test),
-                          names)
+        """One probe per layer (``names``: the vectors' layers), +1 the verb use."""
+        y_train, y_test = labels(self.train), labels(self.test)
+        baseline = float(np.mean(y_test == _majority(y_train)))
+        predicted = [ridge_predict(self.train_vectors[:, j], y_train, self.test_vectors[:, j]) for j in range(len(names))]
+        return [ProbeResult(self.word, name, float(np.mean(p == y_test)), baseline, len(y_train), len(y_test))
+                for name, p in zip(names, predicted)]
 
 
 def collect(embedder: object, train_sentences: Sequence[Sequence[str]], test_sentences: Sequence[Sequence[str]],
             word: str, cap: int) -> WordProbe:
-    """``word``'s framed uses in both texts (at most ``cap`` of each use in each) and their vectors."""
+    """``word``'s framed uses in both texts (at most ``cap`` of each use in each) and their vectors;
+    InputError unless both uses have two training contexts and the test set is not empty."""
     train = spread(find_contexts(train_sentences, word), cap)
     test = spread(find_contexts(test_sentences, word), cap)
-    check_enough(word, train, test)
+    counts = {u: sum(c.use == u for c in train) for u in USES}
+    if min(counts.values()) < 2 or not test:
+        raise InputError(f"--word {word}: too few framed uses to probe (training contexts: {counts}, test: "
+                         f"{len(test)}); pick a word used often both as a noun ('the {word}') and as a verb "
+                         f"('we {word}'), or give more text")
     vectors = context_vectors(embedder, train + test)  # (n + m, L+2, D)
     return WordProbe(word, train, test, vectors[:len(train)], vectors[len(train):])
 

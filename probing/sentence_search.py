@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 
 from elmo_core.errors import InputError
 from storage.locations import is_uri
+from pipelines.output_dir import open_output
 from pipelines.schema import ELMO_COLUMN, vector_array
 from pipelines.shard_files import FORMATS, shard_format
 
@@ -40,7 +41,8 @@ def read_pooled(output_dir: str | Path, text_column: str = "text") -> SentenceVe
     if missing:
         raise InputError(f"{output_dir}: its shards have no {sorted(missing)} column; embed with --keep-columns "
                          f"{text_column}")
-    table = pa.concat_tables(_read(f, [text_column, ELMO_COLUMN]) for f in files)
+    shards = open_output(output_dir)  # read as every reader of an OUTPUT_DIR reads its shards
+    table = pa.concat_tables(shards.read_table(f.name, [text_column, ELMO_COLUMN]) for f in files)
     column = table.column(ELMO_COLUMN)
     table = table.filter(pc.is_valid(column))
     vectors = None if pa.types.is_list(column.type) else \
@@ -48,13 +50,7 @@ def read_pooled(output_dir: str | Path, text_column: str = "text") -> SentenceVe
     if vectors is None or vectors.ndim != 2:
         raise InputError(f"{output_dir}: its vectors are not one per row; embed with --pool mean (and --output "
                          f"mixed, top or average)")
-    vectors = vectors.astype(np.float32)
-    return SentenceVectors(table.column(text_column).to_pylist(), vectors)
-
-
-def _read(path: Path, columns: list[str]) -> pa.Table:
-    with open(path, "rb") as f:
-        return shard_format(path.name).read_table(f, columns)
+    return SentenceVectors(table.column(text_column).to_pylist(), vectors.astype(np.float32))
 
 
 def nearest_sentences(corpus: SentenceVectors, query: np.ndarray, k: int, query_text: str | None = None

@@ -67,17 +67,11 @@ def _quota(directory: Path) -> float | None:
     v2 = _read(directory / "cpu.max")
     if v2 is not None:
         quota, _, period = v2.partition(" ")
-        return None if quota == "max" else _ratio(quota, period or "100000")
-    quota = _read(directory / "cpu.cfs_quota_us")
-    if quota is not None:
-        return _ratio(quota, _read(directory / "cpu.cfs_period_us") or "100000")
-    return None
-
-
-def _ratio(quota: str, period: str) -> float | None:
+    else:
+        quota, period = _read(directory / "cpu.cfs_quota_us"), _read(directory / "cpu.cfs_period_us")
     try:
-        q, p = int(quota), int(period)
-    except ValueError:
+        q, p = int(quota or ""), int(period or "100000")
+    except ValueError:  # v2 writes "max" for no limit
         return None
     return q / p if q > 0 and p > 0 else None  # v1 writes -1 for no limit
 
@@ -91,25 +85,20 @@ def cgroup_cpu_quota(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP) 
     return min(quotas) if quotas else None
 
 
-def _env_threads(environ: Mapping[str, str]) -> int | None:
-    value = environ.get("OMP_NUM_THREADS", "").strip()
-    return int(value) if value.isdigit() and int(value) > 0 else None
-
-
 def cpu_budget(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP, affinity: Iterable[int] | None = None,
                environ: Mapping[str, str] | None = None, host_cpus: int | None = None) -> CpuBudget:
     """The default thread count and its reason (see the module doc); every source injectable."""
     host = host_cpus or os.cpu_count() or 1
     allowed = len(set(affinity if affinity is not None else os.sched_getaffinity(0))) or 1
     quota = cgroup_cpu_quota(root, self_cgroup)
-    env = _env_threads(os.environ if environ is None else environ)
+    omp = (os.environ if environ is None else environ).get("OMP_NUM_THREADS", "").strip()
+    env = int(omp) if omp.isdigit() and int(omp) > 0 else None
     candidates = [(allowed, f"CPU affinity {allowed} of {host} CPUs" if allowed < host else f"{host} CPUs")]
     if quota is not None:
         candidates.append((max(1, math.floor(quota + 1e-9)), f"cgroup quota {quota:.1f} CPUs of {allowed}"))
     if env is not None:
         candidates.append((env, f"OMP_NUM_THREADS={env} of {allowed} CPUs"))
-    count, reason = min(candidates, key=lambda c: c[0])
-    return CpuBudget(count, reason)
+    return CpuBudget(*min(candidates, key=lambda c: c[0]))
 
 
 @functools.lru_cache(maxsize=1)

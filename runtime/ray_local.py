@@ -6,6 +6,7 @@ its folder (Linux /proc).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -50,10 +51,8 @@ def marked(marker: str) -> list[int]:
 
 def _kill(pids: list[int]) -> None:
     for p in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # ended meanwhile
             os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _start_time(pid: int) -> str | None:
@@ -83,17 +82,6 @@ def watch(parent: int, marker: str, poll: float = 0.5, settle_s: float = 2.0, gi
     shutil.rmtree(marker, ignore_errors=True)
 
 
-def reap_marked(parent: int, marker: str) -> subprocess.Popen | None:
-    """Start the watcher that, once ``parent`` ends, ends the processes ``marked`` by ``marker``
-    and removes that folder; None where /proc is absent."""
-    if not Path("/proc/self/stat").exists():
-        return None
-    code = "import sys; from runtime.ray_local import watch; watch(int(sys.argv[1]), sys.argv[2])"
-    return subprocess.Popen([sys.executable, "-c", code, str(parent), marker], start_new_session=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-
-
 def init_local_ray(ray: Any, **init_kwargs: Any) -> str:
     """``ray.init`` of a local cluster of this process's own that ends with it, however it ends.
 
@@ -101,9 +89,13 @@ def init_local_ray(ray: Any, **init_kwargs: Any) -> str:
     cluster names on its command line (or descends from one that does: the raylet's agents and
     workers). The watcher starts *before* ``ray.init``, so a kill during start-up orphans nothing;
     when this process ends it ends those processes and removes the folder (logs, sockets, the
-    session). Returns the folder.
+    session). Without /proc there is no watcher. Returns the folder.
     """
     folder = tempfile.mkdtemp(prefix="elmo-ray-")
-    reap_marked(os.getpid(), folder)
+    if Path("/proc/self/stat").exists():
+        code = "import sys; from runtime.ray_local import watch; watch(int(sys.argv[1]), sys.argv[2])"
+        subprocess.Popen([sys.executable, "-c", code, str(os.getpid()), folder], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     ray.init(_temp_dir=folder, **init_kwargs)
     return folder

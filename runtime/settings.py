@@ -11,19 +11,18 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from elmo_core.bounds import is_int
 from elmo_core.errors import InputError
 
 from .cpus import CpuBudget, threads_for
 
 INTEROP_THREADS = 1
-
 MAX_THREADS = 4096
 
 
 def check_threads(threads: int | None) -> None:
     """A thread count a user gave: None or 0 (torch's choice), else 1..MAX_THREADS; InputError otherwise."""
-    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool)
-                                or not 0 <= threads <= MAX_THREADS):
+    if threads is not None and not (is_int(threads) and 0 <= threads <= MAX_THREADS):
         raise InputError(f"--threads must be a positive integer (at most {MAX_THREADS}; 0 or absent: the "
                          f"default), got {threads!r}")
 
@@ -44,10 +43,8 @@ def apply_threads(budget: CpuBudget) -> CpuBudget:
     import torch
     torch.set_num_threads(budget.count)
     if torch.get_num_interop_threads() != INTEROP_THREADS:
-        try:
+        with contextlib.suppress(RuntimeError):  # torch refuses once its inter-op pool has started: it keeps its size
             torch.set_num_interop_threads(INTEROP_THREADS)
-        except RuntimeError:  # torch refuses once its inter-op pool has started: it keeps its size
-            pass
     return budget
 
 

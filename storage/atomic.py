@@ -149,15 +149,10 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
-def json_text(obj: Any, **dumps: Any) -> str:
-    """How the project writes a JSON record (``dumps``: json.dumps's options; default indent 2,
-    sorted keys), one line ending."""
-    return json.dumps(obj, **({"indent": 2, "sort_keys": True} | dumps)) + "\n"
-
-
 def write_json_atomic(path: str | Path, obj: Any, **dumps: Any) -> None:
-    """``obj`` as JSON (``json_text``), whole or not at all."""
-    write_text_atomic(path, json_text(obj, **dumps))
+    """``obj`` as JSON, whole or not at all: how the project writes a JSON record (``dumps``:
+    json.dumps's options; default indent 2, sorted keys), one line ending."""
+    write_text_atomic(path, json.dumps(obj, **({"indent": 2, "sort_keys": True} | dumps)) + "\n")
 
 
 def read_json_object(path: str | Path) -> dict:

@@ -154,15 +154,9 @@ def open_input(spec: str | Path):  # type: ignore[no-untyped-def]
 
 def file_info(spec: str | Path) -> tuple[int, int] | None:
     """(bytes, modification time in ns) of a file at a path or URI; None where there is no file."""
-    if not is_uri(spec):
-        path = Path(spec)
-        if not path.is_file():
-            return None
-        st = path.stat()
-        return st.st_size, st.st_mtime_ns
     import pyarrow.fs as pafs
 
-    fs, path = filesystem(str(spec))
+    fs, path = filesystem(str(spec)) if is_uri(spec) else (pafs.LocalFileSystem(), os.path.abspath(spec))
     info = fs.get_file_info(path)
     return (info.size, info.mtime_ns or 0) if info.type == pafs.FileType.File else None
 
@@ -216,8 +210,7 @@ def redacted(error: BaseException) -> str:
     """An error's text without anything that looks like a credential."""
     text = str(error)[:300]
     for name in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID"):
-        secret = os.environ.get(name)
-        if secret:
+        if secret := os.environ.get(name):
             text = text.replace(secret, "***")
     return text
 
@@ -229,9 +222,7 @@ def local_copy(uri: str, root: Path | None = None) -> Path:
 
     fs, base = filesystem(uri)
     try:
-        infos = [i for i in fs.get_file_info(pafs.FileSelector(base, recursive=False)) if i.is_file]
-    except FileNotFoundError:
-        infos = []
+        infos = [i for i in fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)) if i.is_file]
     except (OSError, ValueError) as e:
         raise InputError(f"{uri}: cannot list this directory ({redacted(e)})") from None
     if not infos:

@@ -1,9 +1,11 @@
-"""Checkpoints in safetensors (no pickle), written atomically (temporary name, then rename).
+"""Checkpoints: what one holds, in which order it is written, what a resume accepts (``Checkpointer``),
+and the files, safetensors (no pickle) written atomically (temporary name, then rename).
 
-A checkpoint at step S is ``ckpt-S.safetensors`` (model, optimizer, sampler RNG; run metadata as
-JSON in the safetensors metadata) plus one ``ckpt-S.rank{r}.safetensors`` per data-parallel rank
-(that rank's data position, torch RNG and carried LSTM state). Every rank file is written first;
-the main file last, so a checkpoint exists only once it is complete.
+A checkpoint at step S is ``ckpt-S.safetensors`` (model, optimizer, sampler RNG, sparse softmax
+state; the run's metadata as JSON in the safetensors metadata) plus one ``ckpt-S.rank{r}.safetensors``
+per data-parallel rank (that rank's data position, torch RNG and carried LSTM state). Every rank
+file is written first; after a barrier the main rank writes the main file and prunes old
+checkpoints, so a checkpoint exists only once it is complete.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from safetensors.torch import save_file
 
 from storage.atomic import atomic_path
 
+from .distributed import DistInfo, barrier
 from .errors import CheckpointError
 
 _MAIN = re.compile(r"^ckpt-(\d+)\.safetensors$")
@@ -52,21 +55,22 @@ def read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     return tensors, meta
 
 
+def _steps(ckpt_dir: Path) -> list[int]:
+    """The steps of the main files in ``ckpt_dir``, oldest first."""
+    return sorted(int(m.group(1)) for p in ckpt_dir.iterdir() if (m := _MAIN.match(p.name)))
+
+
 def latest_step(ckpt_dir: Path, world: int) -> int | None:
     """The highest step whose main file and every rank file exist."""
     if not ckpt_dir.is_dir():
         return None
-    steps = sorted((int(m.group(1)) for p in ckpt_dir.iterdir() if (m := _MAIN.match(p.name))), reverse=True)
-    for step in steps:
-        if all(rank_path(ckpt_dir, step, r).is_file() for r in range(world)):
-            return step
-    return None
+    complete = (s for s in reversed(_steps(ckpt_dir)) if all(rank_path(ckpt_dir, s, r).is_file() for r in range(world)))
+    return next(complete, None)
 
 
 def prune(ckpt_dir: Path, keep: int) -> None:
     """Delete all but the ``keep`` newest checkpoints."""
-    steps = sorted(int(m.group(1)) for p in ckpt_dir.iterdir() if (m := _MAIN.match(p.name)))
-    for step in steps[:-keep] if keep > 0 else []:
+    for step in _steps(ckpt_dir)[:-keep] if keep > 0 else []:
         main_path(ckpt_dir, step).unlink(missing_ok=True)
         for p in ckpt_dir.glob(f"ckpt-{step:08d}.rank*.safetensors"):
             p.unlink(missing_ok=True)
@@ -87,11 +91,8 @@ def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tenso
 
 def load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
     state: dict[int, dict] = {}
-    for name, value in tensors.items():
-        if name.startswith("optim."):
-            _, idx, key = name.split(".", 2)
-            state.setdefault(int(idx), {})[key] = value
-    for name, value in meta["scalars"].items():
+    named = {k[len("optim."):]: v for k, v in tensors.items() if k.startswith("optim.")} | meta["scalars"]
+    for name, value in named.items():  # "{param index}.{state key}"
         idx, key = name.split(".", 1)
         state.setdefault(int(idx), {})[key] = value
     try:
@@ -99,3 +100,49 @@ def load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
     except (ValueError, KeyError) as e:
         raise CheckpointError(f"the checkpoint's optimizer state does not fit this optimizer ({e}); "
                               "resume with the same --optimizer") from None
+
+
+class Checkpointer:
+    def __init__(self, ckpt_dir: Path, dist: DistInfo, keep: int) -> None:
+        self.dir, self.dist, self.keep = ckpt_dir, dist, keep
+
+    def latest(self) -> int | None:
+        return latest_step(self.dir, self.dist.world)
+
+    def save(self, step: int, main: tuple[dict, dict] | None, local: tuple[dict, dict]) -> Path:
+        """``main``: (tensors, meta) of the main file, built on the main rank only (None elsewhere);
+        ``local``: this rank's (tensors, meta)."""
+        write_atomic(rank_path(self.dir, step, self.dist.rank), *local)
+        barrier(self.dist)
+        path = main_path(self.dir, step)
+        if self.dist.is_main:
+            write_atomic(path, *main)
+            prune(self.dir, self.keep)
+        barrier(self.dist)
+        return path
+
+    def load(self, expect: dict) -> tuple[int, dict[str, torch.Tensor], dict, dict[str, torch.Tensor], dict]:
+        """The latest complete checkpoint: its step, the main file's tensors and metadata, this rank's
+        tensors and metadata; ``expect``: world, config and softmax updates it must match."""
+        step = self.latest()
+        if step is None:
+            raise CheckpointError(f"{self.dir}: no complete checkpoint to resume from")
+        tensors, meta = read(main_path(self.dir, step))
+        _check_compatible(meta, expect)
+        local, local_meta = read(rank_path(self.dir, step, self.dist.rank))
+        return step, tensors, meta, local, local_meta
+
+
+def _check_compatible(meta: dict, expect: dict) -> None:
+    if meta["world"] != expect["world"]:
+        raise CheckpointError(f"the checkpoint was written by {meta['world']} processes, this run has "
+                              f"{expect['world']}; resume with the same number of processes")
+    if (meta.get("softmax_updates") is None) != (expect["softmax_updates"] is None):
+        raise CheckpointError("the checkpoint's softmax updates (--softmax-updates) differ from this run's; "
+                              "resume with the same ones")
+    if meta["config"] != expect["config"]:
+        raise CheckpointError("the checkpoint's architecture or training options differ from this run's "
+                              "(--options, --batch-size, --unroll, vocabulary); resume with the same ones")
+    if meta.get("batching", "stateful") != expect["batching"]:
+        raise CheckpointError(f"the checkpoint was trained with --batching {meta.get('batching', 'stateful')}, this "
+                              f"run has {expect['batching']}; resume with the same batching")

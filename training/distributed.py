@@ -42,11 +42,7 @@ def barrier(info: DistInfo) -> None:
 
 def any_true(info: DistInfo, flag: bool) -> bool:
     """True on every rank when ``flag`` is True on some rank."""
-    if not info.enabled:
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item() > 0)
+    return max_all(info, 1.0 if flag else 0.0) > 0 if info.enabled else flag
 
 
 def sum_all(info: DistInfo, values: torch.Tensor) -> torch.Tensor:

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from itertools import islice
 from typing import Callable
 
-from .data import iter_sentences
+from .corpus import iter_sentences
 from .distributed import any_true, max_all
 from .perplexity import perplexity
 from .progress import Limits, clock
@@ -92,35 +93,26 @@ class Evaluator:
         self.warnings.append(warning)
         self.log(f"warning: {warning}")
 
-    def deadline(self) -> float | None:
-        """The ``time.perf_counter()`` the final evaluations end by (None without --max-minutes)."""
-        o = self.t.opts
-        if o.max_minutes is None:
-            return None
-        return time.perf_counter() + o.max_minutes * 60 - self.t.elapsed() - EXIT_S
-
     def final(self) -> dict:
         """The summary's evaluation part: valid, train_eval, valid_over_train, warnings."""
         o, out = self.t.opts, {"valid": None, "train_eval": None, "valid_over_train": None, "warnings": self.warnings}
         if not self.t.dist.is_main:
             return out
-        deadline = self.deadline()
-        if o.valid:
-            if self._last is not None and self._last[0] == self.t.progress.step:
-                out["valid"] = self._last[1]  # this step's periodic eval already covered the whole valid set
-            else:
-                out["valid"] = self._evaluate("valid", o.valid, self.plan["sentences"], self.plan.get("total"),
-                                              deadline)
+        # the time.perf_counter() the final evaluations end by
+        deadline = None if o.max_minutes is None else time.perf_counter() + o.max_minutes * 60 - self.t.elapsed() - EXIT_S
+        if o.valid and self._last is not None and self._last[0] == self.t.progress.step:
+            out["valid"] = self._last[1]  # this step's periodic eval already covered the whole valid set
+        elif o.valid:
+            out["valid"] = self._evaluate("valid", o.valid, self.plan["sentences"], self.plan.get("total"), deadline)
         if o.train_eval_sentences:
             out["train_eval"] = self._evaluate("train_eval", o.train, o.train_eval_sentences, deadline=deadline)
         if out["valid"] and out["train_eval"]:
             gap = out["valid_over_train"] = out["valid"]["mean"] / out["train_eval"]["mean"]
             self.log(f"held-out / training perplexity: {gap:.2f}")
             if gap > GAP_WARN:
-                warning = (f"held-out perplexity is {gap:.2f}x the training perplexity (both stateless, full "
+                self._warn(f"held-out perplexity is {gap:.2f}x the training perplexity (both stateless, full "
                            f"softmax): the model fits its training text much better than new text (overfitting, "
                            f"or --valid is from another domain)")
-                self._warn(warning)
         return out
 
     def plan_final(self, limits: Limits) -> Limits:
@@ -144,11 +136,8 @@ class Evaluator:
 
     def _estimate(self, budget_s: float) -> float:
         o = self.t.opts
-        sentences = predictions = 0
-        for s in iter_sentences(o.valid, o.column):
-            if o.final_valid_sentences is not None and sentences >= o.final_valid_sentences:
-                break
-            sentences, predictions = sentences + 1, predictions + len(s) + 1
+        lengths = [len(s) + 1 for s in islice(iter_sentences(o.valid, o.column), o.final_valid_sentences)]
+        sentences, predictions = len(lengths), sum(lengths)  # predictions: a sentence's tokens and </S>
         probe = min(sentences, 2 * o.eval_batch_size)
         self._score(o.valid, o.eval_batch_size, "warm-up")  # first calls allocate and pick kernels
         t0 = time.perf_counter()

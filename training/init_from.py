@@ -30,7 +30,7 @@ from formats.model_dir import ModelFiles
 
 from .errors import TrainingError
 from .model import LanguageModel
-from .vocab import SPECIALS, Vocab, count_words
+from .vocab import Vocab, count_words, frequent_words
 
 
 @dataclass(frozen=True)
@@ -53,22 +53,15 @@ def init_source(model: str | Path, vocab: str | None = None, softmax: str | None
     if not vocab_path.is_file():
         raise TrainingError(f"--init-from {model}: no vocab.txt there; pass the model's vocabulary with --vocab FILE "
                             f"(the published models' is vocab-2016-09-10.txt, 793,471 words)")
-    return InitSource(files, Vocab.load(vocab_path), vocab_path, Path(softmax) if softmax else _softmax_in(model))
-
-
-def _softmax_in(model: Path) -> Path | None:
-    found = sorted(model.glob("*softmax*.hdf5"))
+    found = [Path(softmax)] if softmax else sorted(model.glob("*softmax*.hdf5"))
     if len(found) > 1:
         raise TrainingError(f"--init-from {model}: several softmax files {[p.name for p in found]}; name one with --softmax")
-    return found[0] if found else None
+    return InitSource(files, Vocab.load(vocab_path), vocab_path, found[0] if found else None)
 
 
 def extend_vocabulary(vocab: Vocab, corpus: str, min_count: int, column: str | None = None) -> Vocab:
     """``vocab`` then the corpus words it lacks, seen at least ``min_count`` times, most frequent first."""
-    counts = count_words(corpus, column)
-    new = sorted((w for w, c in counts.items() if c >= min_count and w not in vocab.index and w not in SPECIALS),
-                 key=lambda w: (-counts[w], w))
-    return Vocab(vocab.tokens + new)
+    return Vocab(vocab.tokens + frequent_words(count_words(corpus, column), min_count, vocab.index))
 
 
 def load_initial_weights(lm: LanguageModel, source: InitSource, vocab: Vocab) -> None:
@@ -82,11 +75,9 @@ def load_initial_weights(lm: LanguageModel, source: InitSource, vocab: Vocab) ->
             W, b = read_softmax(source.softmax, len(source.vocab), lm.config.lstm.projection_dim, source.vocab_path)
             old = len(source.vocab)
             lm.softmax_w[:old], lm.softmax_b[:old] = torch.from_numpy(W), torch.from_numpy(b)
-            n_new = len(vocab) - old
-            if n_new:
-                unk = source.vocab.unk
-                lm.softmax_w[old:] = lm.softmax_w[unk]
-                lm.softmax_b[old:] = lm.softmax_b[unk] - math.log(n_new)
+            if n_new := len(vocab) - old:
+                lm.softmax_w[old:] = lm.softmax_w[source.vocab.unk]
+                lm.softmax_b[old:] = lm.softmax_b[source.vocab.unk] - math.log(n_new)
 
 
 def read_softmax(path: Path, n_vocab: int, dim: int, vocab_path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -103,4 +94,3 @@ def read_softmax(path: Path, n_vocab: int, dim: int, vocab_path: Path) -> tuple[
                             f"has {n_vocab:,} words and the model's projection is {dim}: expected ({n_vocab}, {dim}) "
                             f"and ({n_vocab},); pass the vocabulary the softmax was trained with")
     return W.astype(np.float32), b.astype(np.float32)
-

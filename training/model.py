@@ -18,9 +18,8 @@ from elmo_core.init import init_bilm
 from elmo_core.lstm import BiLstmStack, Packing, RunLayer
 
 from .objective import Candidates, LogUniformSampler, full_softmax_nll, sampled_softmax_nll
-from .segments import Segments
+from .segments import Segments, StepPlan
 from .sparse_softmax import SoftmaxRows
-from .step_plan import StepPlan
 
 
 def run_directions(lstm: BiLstmStack, xs: torch.Tensor, state: LstmState,
@@ -63,10 +62,6 @@ class LanguageModel(nn.Module):
     def config(self) -> ElmoConfig:
         return self.bilm.config
 
-    @property
-    def n_vocab(self) -> int:
-        return self.softmax_w.shape[0]
-
     def initialise(self, seed: int) -> "LanguageModel":
         """The original's initialisations; softmax W ~ N(0, 1/P), b = 0."""
         init_bilm(self.bilm, seed)
@@ -83,7 +78,7 @@ class LanguageModel(nn.Module):
                   starts: torch.Tensor | None = None, plan: StepPlan | None = None) -> tuple[torch.Tensor, LstmState]:
         """``starts`` (B, T) bool: the state resets to zero there (a sentence's first input;
         training.segments); None: the state runs on through every row. ``plan``: the batch's data
-        read beforehand on the host (training.step_plan), its segments for ``starts``.
+        read beforehand on the host (training.segments), its segments for ``starts``.
 
         Shape: chars (2, B, T, C), mask (B, T) -> top (2, B, T, P), final state."""
         D, B, T, C = chars.shape
@@ -109,24 +104,18 @@ class LanguageModel(nn.Module):
 
     def forward(self, chars: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
                 state: LstmState | None = None, candidates: tuple[Candidates, Candidates] | None = None,
-                sampler: LogUniformSampler | None = None,
-                normaliser: float | None = None,
-                rows: SoftmaxRows | None = None,
-                starts: torch.Tensor | None = None, plan: StepPlan | None = None) -> tuple[torch.Tensor, torch.Tensor, LstmState]:
+                sampler: LogUniformSampler | None = None, normaliser: float | None = None,
+                rows: SoftmaxRows | None = None, plan: StepPlan | None = None) -> tuple[torch.Tensor, torch.Tensor, LstmState]:
         """Mean of the two directions' mean NLL (sampled softmax when ``candidates`` are given).
-
         ``rows``: the softmax rows the step reads, gathered as leaves for sparse updates
         (training.sparse_softmax); the loss then reads them instead of the whole softmax.
-
         ``normaliser``: the token count each direction's NLL sum is divided by (default: this
-        batch's; data-parallel ranks pass all ranks' tokens / ranks).
-
-        ``plan``: the batch's data read beforehand on the host (training.step_plan): the step then
-        reads nothing on the device.
+        batch's; data-parallel ranks pass all ranks' tokens / ranks). ``plan``: the batch's data
+        read beforehand on the host (training.segments): the step then reads nothing on the device.
 
         Shape: -> loss (), per-direction NLL sums (2,) detached, final state.
         """
-        top, final = self.top_layer(chars, mask, state, starts, plan)  # (2, B, T, P)
+        top, final = self.top_layer(chars, mask, state, plan=plan)  # (2, B, T, P)
         losses, sums = [], []
         for d in range(2):
             if plan is None:

@@ -12,8 +12,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-
-from elmo_core.host_to_device import to_device
 import torch.nn.functional as F
 
 

@@ -38,12 +38,10 @@ class Recipe:
     batching: str = "packed"
 
     def __post_init__(self) -> None:
-        if self.optimizer not in OPTIMIZERS:
-            raise TrainingError(f"unknown optimizer {self.optimizer!r}; use one of {OPTIMIZERS}")
-        if self.lr_decay not in LR_DECAYS:
-            raise TrainingError(f"unknown --lr-decay {self.lr_decay!r}; use one of {LR_DECAYS}")
-        if self.batching not in BATCHINGS:
-            raise TrainingError(f"unknown --batching {self.batching!r}; use one of {BATCHINGS}")
+        for name, value, choices in (("optimizer", self.optimizer, OPTIMIZERS), ("--lr-decay", self.lr_decay, LR_DECAYS),
+                                     ("--batching", self.batching, BATCHINGS)):
+            if value not in choices:
+                raise TrainingError(f"unknown {name} {value!r}; use one of {choices}")
         if not self.lr >= 0 or self.warmup_steps < 0 or not 0 <= self.lr_final <= 1:
             raise TrainingError(f"invalid schedule: lr {self.lr} (>= 0), warm-up {self.warmup_steps} steps (>= 0), "
                                 f"lr_final {self.lr_final} (0..1)")

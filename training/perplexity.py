@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 import torch
 
-from elmo_core import ElmoConfig, LstmState
+from elmo_core import ElmoConfig
 from storage.atomic import atomic_path
 from elmo_core.bounds import check_count
 from elmo_core.errors import WeightsError
@@ -34,16 +34,18 @@ SOFTMAX_NAME = "softmax.hdf5"
 
 
 def _on_the_fast_path(score: Callable[..., dict]) -> Callable[..., dict]:
-    """Run ``score(lm, ...)`` with the inference recurrence plugged into ``lm.bilm``
+    """Run ``score(lm, ...)`` in eval mode with the inference recurrence plugged into ``lm.bilm``
     (``inference.fast_path``; autograd is off there), and the model as it was afterwards."""
     @functools.wraps(score)
     def scored(lm: LanguageModel, *args: Any, **kwargs: Any) -> dict:
-        previous = lm.bilm.fast_path
+        previous, was_training = lm.bilm.fast_path, lm.training
         lm.bilm.use_fast_path(FastInference(lm.bilm))
+        lm.eval()
         try:
             return score(lm, *args, **kwargs)
         finally:
             lm.bilm.use_fast_path(previous)
+            lm.train(was_training)
     return scored
 
 
@@ -64,14 +66,11 @@ def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: in
     """
     check_count("batch_size", batch_size)
     check_count("max_sentences", max_sentences, optional="all of them")
-    was_training = lm.training
-    lm.eval()
     stream = SentenceStream(path, n_epochs=1, column=column)
     chars = lm.config.char_cnn.max_characters_per_token
     if stateful:
         batcher = BpttBatcher(stream, vocab, batch_size, lm.config.training.unroll_steps, chars, reset=False)
-        state = lm.zero_state(batch_size)
-        state = LstmState(state.h.to(device), state.c.to(device))
+        state = lm.zero_state(batch_size)  # on the model's device, where the batches go
     else:
         batcher, state = SentenceBatcher(stream, vocab, batch_size, chars), None
     sums, count, sentences, longest, cut = torch.zeros(2, dtype=torch.float64), 0, 0, 0.0, False
@@ -80,8 +79,7 @@ def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: in
         if deadline is not None and count and started + longest > deadline:
             cut = True
             break
-        batch = batcher.next_batch()
-        if batch is None:
+        if (batch := batcher.next_batch()) is None:
             break
         if not stateful and max_sentences is not None and sentences + batch.mask.shape[0] > max_sentences:
             batch = batch.rows(0, max_sentences - sentences)
@@ -93,7 +91,6 @@ def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: in
         if progress is not None:
             progress(sentences, count)
         longest = max(longest, time.perf_counter() - started)
-    lm.train(was_training)
     if count == 0:
         raise CorpusError(f"{path}: no sentence to evaluate on")
     fwd, bwd = (sums / count).tolist()

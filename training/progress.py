@@ -1,12 +1,20 @@
 """A run's progress and its limits: when to stop, how far along the lr horizon, the log line; the
-sums the steps add up on the device between two reads (``DeviceTotals``)."""
+sums the steps add up on the device between two reads (``DeviceTotals``); ``MetricLogger``: each
+record in RUN_DIR/metrics.jsonl and as TensorBoard scalars in RUN_DIR/tensorboard (the
+``tensorboard`` extra; ``tensorboard --logdir RUN_DIR`` shows the curves), by the main rank only.
+"""
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
 
 import torch
+
+TENSORBOARD_DIR = "tensorboard"
 
 
 @dataclass
@@ -75,3 +83,35 @@ class DeviceTotals:
     def zeros(cls, device: torch.device) -> "DeviceTotals":
         return cls(torch.zeros(2, device=device), torch.zeros((), device=device),
                    torch.ones((), dtype=torch.bool, device=device))
+
+
+class MetricLogger:
+    def __init__(self, out: Path, enabled: bool, tensorboard: bool, log: Callable[[str], None]) -> None:
+        self.path, self.enabled = out / "metrics.jsonl", enabled
+        self.writer = None
+        if enabled and tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                log("TensorBoard is not installed (pip install 'elmo-pipeline[tensorboard]'): the metrics go to "
+                    "metrics.jsonl only")
+            else:
+                self.writer = SummaryWriter(str(out / TENSORBOARD_DIR))
+
+    def record(self, group: str, step: int, scalars: dict[str, float], extra: dict | None = None) -> None:
+        """One record: ``{"step": step, group_name: value, ..., **extra}`` in metrics.jsonl and each
+        finite scalar as the TensorBoard scalar ``group/name`` at ``step``."""
+        if not self.enabled:
+            return
+        row = {"step": step, **{f"{group}_{k}": v for k, v in scalars.items()}, **(extra or {})}
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.writer is not None:
+            for name, value in scalars.items():
+                self.writer.add_scalar(f"{group}/{name}", float(value), step)
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

@@ -21,15 +21,12 @@ import math
 from dataclasses import dataclass
 
 import torch
-
-from elmo_core.host_to_device import to_device
 import torch.distributed as dist
 from torch import nn
 
 from elmo_core.host_to_device import to_device
 
 from .distributed import DistInfo
-from .errors import TrainingError
 from .objective import Candidates
 
 ADAM_BETAS, ADAM_EPS, ADAGRAD_EPS, ADAGRAD_INIT = (0.9, 0.999), 1e-8, 1e-10, 1.0
@@ -49,13 +46,11 @@ class SoftmaxRows:
 
 
 class SparseSoftmax:
-    """The softmax rows' optimizer: ``adagrad`` (accumulator 1.0) or ``adam`` (lazy)."""
+    """The softmax rows' optimizer: ``adagrad`` (accumulator 1.0) or ``adam`` (lazy), the recipe's
+    (``training.optim.OPTIMIZERS``, checked there)."""
 
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter, optimizer: str) -> None:
-        if optimizer not in ("adagrad", "adam"):
-            raise TrainingError(f"no sparse softmax update for optimizer {optimizer!r}; use adagrad or adam")
-        self.weight, self.bias, self.optimizer = weight, bias, optimizer
-        self.steps = 0
+        self.weight, self.bias, self.optimizer, self.steps = weight, bias, optimizer, 0
         if optimizer == "adagrad":
             self.state = {"sum_w": torch.full_like(weight, ADAGRAD_INIT), "sum_b": torch.full_like(bias, ADAGRAD_INIT)}
         else:

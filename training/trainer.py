@@ -1,9 +1,6 @@
 """``elmo train`` as a recipe (torchtune's shape): ``setup_*`` build the run's parts, ``run`` is
-the loop; checkpoints go through ``Checkpointer``, metrics through ``MetricLogger``.
-
-Batchings (``--batching``, the recipe's by default): ``packed`` rows of continuous sentences whose
-LSTM state resets to zero at every sentence start (training.segments: trained as used);
-``stateful``, bilm-tf's truncated BPTT with the state carried across sentences; ``sentences``.
+the loop; checkpoints go through ``Checkpointer``, metrics through ``MetricLogger``; the batchings
+(``--batching``) are ``training.data``'s.
 """
 from __future__ import annotations
 
@@ -23,21 +20,19 @@ from elmo_core.kinds import Precision
 from formats import save_model
 from runtime import deterministic_algorithms, flushing_denormals, use_threads
 
-from .checkpoint import optimizer_tensors, load_optimizer
-from .checkpointer import Checkpointer
+from .checkpoint import Checkpointer, load_optimizer, optimizer_tensors
 from .data import BpttBatcher, SentenceBatcher, SentenceStream
 from .distributed import any_true, barrier, init_from_env, max_all, sum_all
 from .errors import CheckpointError, TrainingError
 from .perplexity import SOFTMAX_NAME, save_softmax
 from .evaluation import Evaluator
 from .init_from import extend_vocabulary, init_source, load_initial_weights
-from .metrics import MetricLogger
 from .model import LanguageModel
 from .objective import Candidates, LogUniformSampler
 from .optim import Recipe, resolve
 from .options import PRECISION_REASONS, SOFTMAX_UPDATES, TrainOptions, default_precision
-from .progress import DeviceTotals, Limits, Progress, log_line
-from .step_plan import StepPlan
+from .progress import DeviceTotals, Limits, MetricLogger, Progress, log_line
+from .segments import StepPlan
 from .sparse_softmax import SoftmaxRows, SparseSoftmax, clip_grad_norm_
 from .vocab import Vocab, build_vocab
 
@@ -83,29 +78,26 @@ class Trainer:
         return recipe
 
     def setup_vocab(self) -> Vocab:
+        """--vocab, the run's own vocab.txt, or one built by the main rank; saved as RUN_DIR/vocab.txt."""
         o, path = self.opts, self.out / "vocab.txt"
+        vocab = None
         if o.vocab and self.source is None:
             vocab = Vocab.load(o.vocab)
         elif any_true(self.dist, path.is_file()):  # collective: every rank takes the same branch
             vocab = Vocab.load(path)
-        else:
-            vocab = None
-            if self.dist.is_main:
-                self.say(f"building the vocabulary from {o.train}")
-                if self.source is None:
-                    vocab = build_vocab(o.train, o.min_count, o.max_vocab, o.column)
-                elif o.extend_vocab:
-                    vocab = extend_vocabulary(self.source.vocab, o.train, o.min_count, o.column)
-                else:
-                    vocab = self.source.vocab
-                self.out.mkdir(parents=True, exist_ok=True)
-                vocab.save(path)
-            barrier(self.dist)
-            vocab = vocab or Vocab.load(path)
+        elif self.dist.is_main:
+            self.say(f"building the vocabulary from {o.train}")
+            if self.source is None:
+                vocab = build_vocab(o.train, o.min_count, o.max_vocab, o.column)
+            elif o.extend_vocab:
+                vocab = extend_vocabulary(self.source.vocab, o.train, o.min_count, o.column)
+            else:
+                vocab = self.source.vocab
         if self.dist.is_main and not path.is_file():
             self.out.mkdir(parents=True, exist_ok=True)
             vocab.save(path)
-        return vocab
+        barrier(self.dist)  # the main rank's vocab.txt is there for the others
+        return vocab or Vocab.load(path)
 
     def setup_config(self) -> ElmoConfig:
         o = self.opts
@@ -159,18 +151,14 @@ class Trainer:
         """Seconds trained in this run, before this process and in it."""
         return self.progress.elapsed + time.perf_counter() - self._t0
 
-    def horizon_done(self) -> float | None:
-        """The fraction of the lr horizon trained: ``--lr-decay-tokens``, else the nearest of the
-        run's limits; None without one. A function of progress (and, with ``--max-minutes``, of the
-        run's training time, taken as the largest over the ranks so that they agree)."""
-        if self.opts.lr_decay_tokens is not None:
-            return self.progress.tokens / self.opts.lr_decay_tokens
-        elapsed = max_all(self.dist, self.elapsed()) if self.limits.minutes else self.elapsed()
-        return self.limits.done(self.progress, elapsed)
-
     def current_lr(self) -> float:
-        """The learning rate for the next step: a function of progress, so resume continues the schedule."""
-        return self.recipe.lr_at(self.progress.step, self.horizon_done())
+        """The learning rate for the next step: a function of progress, so resume continues the schedule.
+        The lr horizon is ``--lr-decay-tokens``, else the nearest of the run's limits (none: no decay);
+        with ``--max-minutes`` the run's training time is the largest over the ranks, so that they agree."""
+        if self.opts.lr_decay_tokens is not None:
+            return self.recipe.lr_at(self.progress.step, self.progress.tokens / self.opts.lr_decay_tokens)
+        elapsed = max_all(self.dist, self.elapsed()) if self.limits.minutes else self.elapsed()
+        return self.recipe.lr_at(self.progress.step, self.limits.done(self.progress, elapsed))
 
     # ---- one step ---------------------------------------------------------------------------
     def train_step(self, batch) -> tuple[torch.Tensor, int]:
@@ -252,13 +240,11 @@ class Trainer:
             local.update({"lstm.h": self.state.h, "lstm.c": self.state.c})
         main = None
         if self.dist.is_main:
-            tensors = {f"model.{k}": v for k, v in self.lm.state_dict().items()}
             opt_tensors, opt_meta = optimizer_tensors(self.optimizer)
-            tensors.update(opt_tensors)
-            if self.sampler is not None:
-                tensors["rng.sampler"] = self.sampler.state()
             sparse_tensors, sparse_meta = self.sparse.state_tensors() if self.sparse is not None else ({}, None)
-            tensors.update(sparse_tensors)
+            sampler = {"rng.sampler": self.sampler.state()} if self.sampler is not None else {}
+            tensors = {**{f"model.{k}": v for k, v in self.lm.state_dict().items()}, **opt_tensors, **sampler,
+                       **sparse_tensors}
             meta = {"step": self.progress.step, "tokens": self.progress.tokens, "world": self.dist.world,
                     "elapsed": self.elapsed(), "optimizer": opt_meta, "softmax_updates": sparse_meta,
                     "options": asdict(self.opts), "config": self.config.to_dict(), "batching": self.recipe.batching,
@@ -277,24 +263,24 @@ class Trainer:
     def load_checkpoint(self) -> int:
         expect = {"world": self.dist.world, "config": self.config.to_dict(), "batching": self.recipe.batching,
                   "softmax_updates": None if self.sparse is None else "sparse"}
-        c = self.checkpointer.load(expect)
-        self.lm.load_state_dict({k[len("model."):]: v for k, v in c.tensors.items() if k.startswith("model.")})
-        load_optimizer(self.optimizer, c.tensors, c.meta["optimizer"])
+        step, tensors, meta, local, local_meta = self.checkpointer.load(expect)
+        self.lm.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
+        load_optimizer(self.optimizer, tensors, meta["optimizer"])
         if self.sparse is not None:
-            self.sparse.load_state(c.tensors, c.meta["softmax_updates"])
+            self.sparse.load_state(tensors, meta["softmax_updates"])
         if self.sampler is not None:
-            self.sampler.set_state(c.tensors["rng.sampler"])
-        torch.set_rng_state(c.local["rng.torch"])
-        self.batcher.load_state_dict(c.local_meta["data"])
-        if "lstm.h" in c.local:
-            self.state = LstmState(c.local["lstm.h"].to(self.device), c.local["lstm.c"].to(self.device))
-        self.progress = Progress(step=c.step, tokens=c.meta["tokens"], elapsed=c.meta["elapsed"])
-        before = c.meta.get("horizon")
+            self.sampler.set_state(tensors["rng.sampler"])
+        torch.set_rng_state(local["rng.torch"])
+        self.batcher.load_state_dict(local_meta["data"])
+        if "lstm.h" in local:
+            self.state = LstmState(local["lstm.h"].to(self.device), local["lstm.c"].to(self.device))
+        self.progress = Progress(step=step, tokens=meta["tokens"], elapsed=meta["elapsed"])
+        before = meta.get("horizon")
         if before is not None and before != self._horizon() and self.recipe.lr_decay != "none" and self.dist.is_main:
             self.log(f"the lr horizon moves: the checkpoint decayed over {_describe(before)}, this run over "
                      f"{_describe(self._horizon())}; the lr continues from {self.current_lr():.3g} (give "
                      "--lr-decay-tokens to keep one schedule over resumes)")
-        return c.step
+        return step
 
     # ---- the loop ---------------------------------------------------------------------------
     def _log_progress(self) -> None:
@@ -303,10 +289,10 @@ class Trainer:
         rate = (p.tokens - tokens_last) / max(now - t_last, 1e-9)
         self._last_log = (now, p.tokens)
         softmax = "sampled" if self.sampler else "full"
+        grad = self.read_totals()  # the loss sums since the last line, which the line shows
         if self.dist.is_main:
             s_per_step = (now - self._t0) / (p.step - self._step0) if p.step > self._step0 else None
             self.log(log_line(p, rate, self.limits.eta(p, self.elapsed(), rate, s_per_step), softmax))
-        grad = self.read_totals()
         f, b = (x / max(p.nll_tokens, 1) for x in p.nll)
         self.metrics.record("train", p.step, {
             "loss": 0.5 * (f + b), "loss_forward": f, "loss_backward": b, "ppl_forward": math.exp(min(f, 50)),
@@ -324,40 +310,36 @@ class Trainer:
         kernels throughout: the same options, corpus and seed give the same bits on one machine
         (docs/training.md, *Reproducibility*)."""
         with deterministic_algorithms():
-            return self._run(resume)
-
-    def _run(self, resume: bool) -> dict:
-        if resume:
-            step = self.load_checkpoint()
-            if self.dist.is_main:
-                self.log(f"resuming from step {step}")
-        elif self.checkpointer.latest() is not None:
-            raise CheckpointError(f"{self.out} already holds checkpoints; pass --resume or choose another --out")
-        self.limits = self.evaluator.plan_final(self.limits)
-        self._write_run_json()
-        self._step0 = self.progress.step
-        self._last_log = (time.perf_counter(), self.progress.tokens)
-        self.say(f"training: vocabulary {len(self.vocab):,} words, {sum(p.numel() for p in self.lm.parameters()):,} "
-                 f"parameters")
-        while not any_true(self.dist, self.limits.reached(self.progress, self.elapsed())):
-            batch = self.batcher.next_batch()
-            if any_true(self.dist, batch is None):
-                break
-            self.step(batch)
-            p = self.progress
-            if p.step % self.opts.log_every == 0:
-                self._log_progress()
-            elif p.step == self._step0 + 1:
-                self.say(f"step {p.step}: the first step took {time.perf_counter() - self._last_log[0]:.1f} s; "
-                         f"progress every {self.opts.log_every} steps")
-            if self.opts.checkpoint_every and p.step % self.opts.checkpoint_every == 0:
-                self.save_checkpoint()
-                self.evaluator.periodic()
-        return self._finish()
+            if resume:
+                step = self.load_checkpoint()
+                if self.dist.is_main:
+                    self.log(f"resuming from step {step}")
+            elif self.checkpointer.latest() is not None:
+                raise CheckpointError(f"{self.out} already holds checkpoints; pass --resume or choose another --out")
+            self.limits = self.evaluator.plan_final(self.limits)
+            self._write_run_json()
+            self._step0 = self.progress.step
+            self._last_log = (time.perf_counter(), self.progress.tokens)
+            self.say(f"training: vocabulary {len(self.vocab):,} words, {sum(p.numel() for p in self.lm.parameters()):,} "
+                     f"parameters")
+            while not any_true(self.dist, self.limits.reached(self.progress, self.elapsed())):
+                batch = self.batcher.next_batch()
+                if any_true(self.dist, batch is None):
+                    break
+                self.step(batch)
+                p = self.progress
+                if p.step % self.opts.log_every == 0:
+                    self._log_progress()
+                elif p.step == self._step0 + 1:
+                    self.say(f"step {p.step}: the first step took {time.perf_counter() - self._last_log[0]:.1f} s; "
+                             f"progress every {self.opts.log_every} steps")
+                if self.opts.checkpoint_every and p.step % self.opts.checkpoint_every == 0:
+                    self.save_checkpoint()
+                    self.evaluator.periodic()
+            return self._finish()
 
     def _write_run_json(self) -> None:
-        if self.dist.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
+        if self.dist.is_main:  # RUN_DIR is there: setup_vocab wrote vocab.txt in it
             info = {"options": asdict(self.opts), "config": self.config.to_dict(), "vocab_size": len(self.vocab),
                     "world": self.dist.world, "softmax": "sampled" if self.sampler else "full",
                     "recipe": asdict(self.recipe), "horizon": self._horizon(), "final_eval": self.evaluator.plan}
@@ -372,7 +354,7 @@ class Trainer:
         model_dir = self.export(self.out / "model")
         summary = {"step": self.progress.step, "tokens": self.progress.tokens, "model": str(model_dir),
                    **self.evaluator.final(), "epoch": self.batcher.stream.epoch,
-                   "read": self.batcher.stream.stats.to_dict(), "batching": self.recipe.batching,
+                   "read": asdict(self.batcher.stream.stats), "batching": self.recipe.batching,
                    "train_s": train_s, "elapsed_s": self.elapsed()}
         if self.dist.is_main:
             write_json_atomic(self.out / "summary.json", summary, sort_keys=False)

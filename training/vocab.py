@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Container, Iterable, Sequence
 
 import numpy as np
 
 from storage.atomic import write_text_atomic
 
-from .corpus import iter_records, list_shards
+from .corpus import iter_sentences
 from .errors import CorpusError
 
 BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
@@ -23,8 +23,7 @@ class Vocab:
     """Token <-> id. Shape: ``ids(tokens)`` (N,) int64, unknown words -> the ``<UNK>`` id."""
 
     def __init__(self, tokens: Sequence[str]) -> None:
-        missing = [s for s in SPECIALS if s not in tokens]
-        if missing:
+        if missing := [s for s in SPECIALS if s not in tokens]:
             raise CorpusError(f"vocabulary lacks {missing}; it must hold <S>, </S> and <UNK>")
         if len(set(tokens)) != len(tokens):
             dup = next(t for t, c in Counter(tokens).items() if c > 1)
@@ -41,7 +40,6 @@ class Vocab:
         return np.fromiter((get(t, unk) for t in tokens), dtype=np.int64)
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
         write_text_atomic(path, "".join(t + "\n" for t in self.tokens))
 
     @classmethod
@@ -59,10 +57,16 @@ class Vocab:
 def count_words(path: str | Path, column: str | None = None) -> Counter:
     """Word counts over a whole corpus, streamed shard by shard."""
     counts: Counter = Counter()
-    for shard in list_shards(path):
-        for tokens, _ in iter_records(shard, 0, column):
-            counts.update(tokens)
+    for tokens in iter_sentences(path, column):
+        counts.update(tokens)
     return counts
+
+
+def frequent_words(counts: Counter, min_count: int, known: Container[str] = ()) -> list[str]:
+    """The words seen at least ``min_count`` times, neither special nor ``known``, the most frequent
+    first (ties by spelling)."""
+    return sorted((w for w, c in counts.items() if c >= min_count and w not in SPECIALS and w not in known),
+                  key=lambda w: (-counts[w], w))
 
 
 def build_vocab(path: str | Path, min_count: int = 1, max_size: int | None = None,
@@ -71,8 +75,7 @@ def build_vocab(path: str | Path, min_count: int = 1, max_size: int | None = Non
     counts = count_words(path, column)
     if not counts:
         raise CorpusError(f"{path}: the corpus has no tokens; cannot build a vocabulary")
-    words = sorted((w for w, c in counts.items() if c >= min_count and w not in SPECIALS),
-                   key=lambda w: (-counts[w], w))
+    words = frequent_words(counts, min_count)
     if max_size is not None:
         words = words[: max(0, max_size - len(SPECIALS))]
     return Vocab(list(SPECIALS) + words)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from corpora.files import decode_utf8, parquet_files
+from corpora.files import decode_utf8, input_files
 from training.corpus import iter_records, list_shards
 
 
@@ -15,7 +15,8 @@ def test_embed_and_train_read_the_same_suffixes_as_parquet(tmp_path):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         pq.write_table(table, tmp_path / name)
     (tmp_path / "notes.txt").write_text("the cat sat\n")
-    assert [p.name for p in parquet_files(tmp_path)] == ["a.parquet", "b.parq", "c.pq"]  # elmo embed's INPUT
+    assert [(p.name, f) for p, f in input_files(tmp_path)] == [("a.parquet", "parquet"), ("b.parq", "parquet"),
+                                                          ("c.pq", "parquet")]  # elmo embed's INPUT
     for shard in list_shards(tmp_path):  # elmo train's corpus: every Parquet suffix read as Parquet
         records = [tokens for tokens, _ in iter_records(shard)]
         assert records == ([["the", "cat", "sat"]] if shard.suffix == ".txt" else [["the", "cat", "sat"], ["a", "b", "c"]])

@@ -15,7 +15,7 @@ from elmo_core import batch_to_ids
 from inference import Embedder
 from inference.fast_path import FastInference
 from training.perplexity import load_language_model, perplexity
-from training.trainer import Trainer
+from training.trainer import Trainer, train
 
 from tests.training.train_utils import sotu_sentences, tiny_run, write_corpus
 
@@ -117,3 +117,14 @@ def test_info_on_the_run_dir(trained, capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["kind"] == "elmo train run" and info["step"] == summary["step"] == 8
     assert info["model"]["output_dim"] == 32 and info["valid"]["mean"] == summary["valid"]["mean"]
+
+
+def test_each_progress_line_shows_the_loss_its_metrics_record_holds(tmp_path):
+    p = write_corpus(tmp_path / "train.txt", sotu_sentences(limit=60))
+    lines: list[str] = []
+    train(tiny_run(tmp_path, p, max_steps=4, log_every=2, tensorboard=False), log=lines.append)
+    shown = [float(line.split("loss ")[1].split()[0]) for line in lines if line.startswith("step ") and "tok/s" in line]
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    recorded = [r["train_loss"] for r in records if "train_loss" in r]
+    assert len(shown) == len(recorded) == 2 and all(loss > 1.0 for loss in shown)
+    assert shown == [pytest.approx(loss, abs=1e-4) for loss in recorded]
