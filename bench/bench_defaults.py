@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from training.data import iter_sentences  # noqa: E402
+from training.corpus import iter_sentences  # noqa: E402
 from corpora.sotu_text import write_sotu_corpus  # noqa: E402
 from training.vocab import build_vocab  # noqa: E402
 

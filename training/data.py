@@ -23,7 +23,7 @@ import torch
 
 from elmo_core.chars import tokens_to_char_ids
 
-from .corpus import CorpusStats, iter_records, iter_sentences, list_shards  # noqa: F401 (read here too)
+from .corpus import CorpusStats, iter_records, list_shards
 from .errors import CorpusError
 from .vocab import BOS, EOS, Vocab
 

@@ -14,7 +14,7 @@ from pipelines.options import EmbedOptions
 from pipelines.rows import row_tokens
 from pipelines.source import token_counts
 from serving.schemas import EmbedRequest
-from training.data import iter_sentences
+from training.corpus import iter_sentences
 
 # every Unicode whitespace class: ASCII controls, the information separators, NEL, NBSP, the
 # Ogham and U+2000 spaces, line and paragraph separators, narrow NBSP, ideographic space; and
