@@ -34,18 +34,16 @@ SOFTMAX_NAME = "softmax.hdf5"
 
 
 def _on_the_fast_path(score: Callable[..., dict]) -> Callable[..., dict]:
-    """Run ``score(lm, ...)`` in eval mode with the inference recurrence plugged into ``lm.bilm``
+    """Run ``score(lm, ...)`` with the inference recurrence plugged into ``lm.bilm``
     (``inference.fast_path``; autograd is off there), and the model as it was afterwards."""
     @functools.wraps(score)
     def scored(lm: LanguageModel, *args: Any, **kwargs: Any) -> dict:
-        previous, was_training = lm.bilm.fast_path, lm.training
+        previous = lm.bilm.fast_path
         lm.bilm.use_fast_path(FastInference(lm.bilm))
-        lm.eval()
         try:
             return score(lm, *args, **kwargs)
         finally:
             lm.bilm.use_fast_path(previous)
-            lm.train(was_training)
     return scored
 
 
@@ -66,6 +64,8 @@ def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: in
     """
     check_count("batch_size", batch_size)
     check_count("max_sentences", max_sentences, optional="all of them")
+    was_training = lm.training
+    lm.eval()
     stream = SentenceStream(path, n_epochs=1, column=column)
     chars = lm.config.char_cnn.max_characters_per_token
     if stateful:
@@ -91,6 +91,7 @@ def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: in
         if progress is not None:
             progress(sentences, count)
         longest = max(longest, time.perf_counter() - started)
+    lm.train(was_training)
     if count == 0:
         raise CorpusError(f"{path}: no sentence to evaluate on")
     fwd, bwd = (sums / count).tolist()
