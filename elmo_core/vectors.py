@@ -65,9 +65,11 @@ class VectorRequest:
         return _request_weights(self, n_layers)
 
     def to_dict(self) -> dict[str, Any]:
-        """Its fields as JSON takes them (a job's identity, a manifest)."""
+        """Its fields as JSON takes them (a job's identity, a manifest); ``layer_norm`` only where set
+        (the keys of every record written before it was one)."""
         return {"output": self.output, "mix": None if self.mix is None else list(self.mix), "gamma": self.gamma,
-                "layer_norm": self.layer_norm, "pool": self.pool, "normalize": self.normalize, "dtype": self.dtype}
+                **({"layer_norm": True} if self.layer_norm else {}), "pool": self.pool, "normalize": self.normalize,
+                "dtype": self.dtype}
 
 
 def _mix(given: Sequence[float] | str) -> tuple[float, ...]:

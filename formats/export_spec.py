@@ -169,7 +169,7 @@ class ExportSpec:
     def to_dict(self) -> dict[str, Any]:
         return {
             "n_layers": self.n_layers, "dim": self.dim, "max_chars": self.max_chars, "output": self.vectors.output,
-            "mix_weights": self.vectors.to_dict()["mix"], "gamma": self.vectors.gamma,
+            "mix_weights": self.vectors.to_dict()["mix"], "gamma": float(self.vectors.gamma),
             "precision": self.precision, "opset": self.opset,
             "validation_shapes": [list(s) for s in self.validation_shapes], "token_dedup": self.token_dedup,
             "inputs": [t.to_dict() for t in self.inputs], "outputs": [t.to_dict() for t in self.outputs],

@@ -207,10 +207,10 @@ def output_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """The options of a job (its ``to_dict``, or the identity a job recorded) that change the output:
     not the runtime-only ones (a record of a job that counted one of them, e.g. the engine, means the
     same job). fp32, the precision of every job written before the option existed, is left out so that
-    those jobs keep their identity; so are the defaults of normalize and layer_norm (False), format
-    (parquet) and vector_layout (floats)."""
+    those jobs keep their identity; so are the defaults of normalize (False), format (parquet) and
+    vector_layout (floats)."""
     return {k: v for k, v in options.items()
-            if k not in RUNTIME_ONLY and not (k == "precision" and v == "fp32") and not (k in FALSE_LEFT_OUT and not v)
+            if k not in RUNTIME_ONLY and not (k == "precision" and v == "fp32") and not (k == "normalize" and not v)
             and not (k == "format" and v == "parquet") and not (k == "vector_layout" and v == "floats")}
 
 
@@ -254,7 +254,6 @@ def digest(obj: Any) -> str:
 
 
 VECTOR_FIELDS = tuple(f.name for f in fields(VectorRequest))
-FALSE_LEFT_OUT = ("normalize", "layer_norm")  # left out of a job's identity where False
 RUNTIME_ONLY = frozenset(f.name for cls in (EmbedOptions, RunSettings) for f in fields(cls)
                          if f.metadata.get("runtime_only"))
 PARQUET_ONLY = tuple(f.name for cls in (EmbedOptions, VectorRequest) for f in fields(cls)

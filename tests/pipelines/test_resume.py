@@ -203,3 +203,16 @@ def test_progress_counts_rows_and_tokens_alike_over_a_resume():
     progress.update(10, 100)
     line = progress.line(progress.t0 + 2.0)
     assert "rows 50/100" in line and "tokens 500 |" in line and "| 50 tokens/s |" in line, line  # rate: this run's
+
+
+def test_a_jobs_identity_has_the_keys_jobs_recorded_before_the_vectors_were_one_record():
+    """The vectors' request is one record inside the options, flattened into the identity a resumed
+    job is compared by: the keys (and values) jobs recorded before, nothing new."""
+    from pipelines.options import EmbedOptions
+
+    got = EmbedOptions.coerce(pool="mean", mix=[1, 2, 3], normalize=True, id_column="id").identity("torch", "fp32")
+    assert got == {"text_column": "text", "tokens_column": None, "id_column": "id", "keep_columns": [],
+                   "output": "mixed", "mix": [1.0, 2.0, 3.0], "gamma": 1.0, "pool": "mean", "normalize": True,
+                   "dtype": "float32", "max_sentence_length": 256, "window_context": 32, "rows_per_shard": None,
+                   "backend": "torch"}
+    assert "layer_norm" not in EmbedOptions().to_dict()  # a manifest's options: the keys older versions read
