@@ -100,6 +100,39 @@ def swap_weights(model: Path, other: Path) -> None:
     os.replace(model / ".weights.new", model / "weights.hdf5")
 
 
+def check_a_model_swapped_after_planning(tmp_path: Path, monkeypatch, engine: list[str],  # type: ignore[no-untyped-def]
+                                         resume_engine: list[str]) -> None:
+    """An ``elmo embed`` under ``engine``'s flags whose model's weights are replaced between the
+    driver's planning and the workers' load: exit 2 naming the model, nothing committed; with the
+    job's weights back, ``--resume`` under ``resume_engine``'s flags finishes every row."""
+    import pipelines.job as job_module
+    from corpora.sample import write_sample_corpus
+    from pipelines.verify import verify_output
+
+    model = make_model_dir(tmp_path / "model", TINY_OPTIONS)  # a path no worker has loaded
+    other = make_model_dir(tmp_path / "other", TINY_OPTIONS, seed=7)
+    shutil.copy(model / "weights.hdf5", tmp_path / "job-weights.hdf5")
+    write_sample_corpus(tmp_path / "corpus", rows=80, files=1)
+    plan, out = job_module.plan_job, tmp_path / "out"
+
+    def plan_then_swap(*args, **kwargs):  # type: ignore[no-untyped-def]
+        job = plan(*args, **kwargs)
+        swap_weights(model, other)
+        return job
+
+    monkeypatch.setattr(job_module, "plan_job", plan_then_swap)
+    args = ["embed", "--text", tmp_path / "corpus", "--out", out, "--model", model, "--rows-per-shard", "40", "--quiet"]
+    r = run_cli(*args, *engine)
+    assert r.returncode == 2 and f"the model {model.resolve()} is not the one recorded when the run started" in r.stderr
+    assert "restore its files, then rerun with --resume" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not list(out.glob("part-*")) and not list((out / "_shards").glob("part-*"))
+    monkeypatch.setattr(job_module, "plan_job", plan)
+    os.replace(tmp_path / "job-weights.hdf5", model / "weights.hdf5")
+    r = run_cli(*args, *resume_engine, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert verify_output(out)["rows"] == 80
+
+
 def run_cli(*args: object) -> subprocess.CompletedProcess:
     """``elmo ARGS`` in this process (``elmo_cli.main``): its exit status, stdout and stderr as
     ``subprocess.run`` gives them, without a second interpreter importing torch (seconds each). The

@@ -5,8 +5,6 @@ disk said as the local runner says it; an address that does not answer, before O
 claimed."""
 from __future__ import annotations
 
-import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -18,10 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines import embed_parquet
-from pipelines.verify import verify_output
 from corpora.sample import write_sample_corpus
 
-from tests.helpers import TINY_OPTIONS, make_model_dir, read_record, run_cli, swap_weights
+from tests.helpers import check_a_model_swapped_after_planning, read_record, run_cli
 
 ray = pytest.importorskip("ray", reason="Ray is the optional 'ray' extra (pip install -e '.[ray]')")
 
@@ -88,32 +85,7 @@ def test_workers_refuse_a_model_swapped_after_the_job_started_and_commit_nothing
     """The weights are replaced (as ``mv`` does) between the driver's planning and the workers' load:
     each worker hashes the files before it loads them and refuses. Exit 2 naming the model, nothing
     committed; with the job's weights back, the job resumes (under the local engine)."""
-    import pipelines.job as job_module
-
-    model = make_model_dir(tmp_path / "model", TINY_OPTIONS)
-    other = make_model_dir(tmp_path / "other", TINY_OPTIONS, seed=7)
-    shutil.copy(model / "weights.hdf5", tmp_path / "job-weights.hdf5")
-    corpus = tmp_path / "corpus"
-    write_sample_corpus(corpus, rows=80, files=1)
-    plan = job_module.plan_job
-
-    def plan_then_swap(*args, **kwargs):  # type: ignore[no-untyped-def]
-        job = plan(*args, **kwargs)
-        swap_weights(model, other)
-        return job
-
-    monkeypatch.setattr(job_module, "plan_job", plan_then_swap)
-    out = tmp_path / "out"
-    args = ["embed", "--text", corpus, "--out", out, "--model", model, "--rows-per-shard", "40", "--quiet"]
-    r = run_cli(*args, "--engine", "ray", "--replicas", "2")
-    assert r.returncode == 2 and f"the model {model.resolve()} is not the one recorded when the run started" in r.stderr
-    assert "restore its files, then rerun with --resume" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    assert not list(out.glob("part-*")) and not list((out / "_shards").glob("part-*"))
-    monkeypatch.setattr(job_module, "plan_job", plan)
-    os.replace(tmp_path / "job-weights.hdf5", model / "weights.hdf5")
-    r = run_cli(*args, "--resume")
-    assert r.returncode == 0, r.stderr
-    assert verify_output(out)["rows"] == 80
+    check_a_model_swapped_after_planning(tmp_path, monkeypatch, ["--engine", "ray", "--replicas", "2"], [])
 
 
 def test_a_full_disk_under_ray_is_said_as_the_local_runner_says_it(ray_cluster, tiny_dir, small_fs, tmp_path):

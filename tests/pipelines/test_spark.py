@@ -28,7 +28,7 @@ from corpora.sample import write_sample_corpus
 from pipelines import embed_parquet
 from pipelines.verify import verify_output
 
-from tests.helpers import TINY_OPTIONS, make_model_dir, run_cli, swap_weights, tiny_options
+from tests.helpers import TINY_OPTIONS, check_a_model_swapped_after_planning, make_model_dir, run_cli, tiny_options
 from tests.pipelines.test_hdf5_output import _invalid_utf8_texts
 from tests.processes import WAIT_S, wait_until
 
@@ -268,33 +268,8 @@ def test_tasks_refuse_a_model_swapped_after_the_job_started_and_commit_nothing_o
     the tasks, as on a cluster whose executors open the path later: every task hashes the files
     before it loads them and refuses. Exit 2 naming the model; nothing committed; with the job's
     weights back, --resume finishes."""
-    import pipelines.job as job_module
-
-    model = make_model_dir(tmp_path / "model", TINY_OPTIONS)  # a path no worker of the session has loaded
-    other = make_model_dir(tmp_path / "other", TINY_OPTIONS, seed=7)
-    shutil.copy(model / "weights.hdf5", tmp_path / "job-weights.hdf5")
-    corpus = tmp_path / "corpus"
-    write_sample_corpus(corpus, rows=80, files=1)
-    plan = job_module.plan_job
-
-    def plan_then_swap(*args, **kwargs):  # type: ignore[no-untyped-def]
-        job = plan(*args, **kwargs)
-        swap_weights(model, other)
-        return job
-
-    monkeypatch.setattr(job_module, "plan_job", plan_then_swap)
-    out = tmp_path / "out"
-    args = ["embed", "--text", corpus, "--out", out, "--model", model, "--engine", "spark", "--spark-master", "local[2]",
-            "--rows-per-shard", "40", "--quiet"]
-    r = run_cli(*args)
-    assert r.returncode == 2 and f"the model {model.resolve()} is not the one recorded when the run started" in r.stderr
-    assert "restore its files, then rerun with --resume" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    assert not list(out.glob("part-*")) and not list((out / "_shards").glob("part-*"))
-    monkeypatch.setattr(job_module, "plan_job", plan)
-    os.replace(tmp_path / "job-weights.hdf5", model / "weights.hdf5")
-    r = run_cli(*args, "--resume")
-    assert r.returncode == 0, r.stderr
-    assert verify_output(out)["rows"] == 80
+    spark_flags = ["--engine", "spark", "--spark-master", "local[2]"]
+    check_a_model_swapped_after_planning(tmp_path, monkeypatch, spark_flags, spark_flags)
 
 
 def test_a_full_disk_under_spark_is_said_once_and_the_job_resumes_with_the_local_engine(spark, tiny, small_fs,
