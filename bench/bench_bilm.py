@@ -27,12 +27,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from corpora.sotu import sotu_sentences  # noqa: E402
+import torch  # noqa: E402
 from elmo_core import BiLM, ElmoConfig, batch_to_ids, tokens_to_char_ids  # noqa: E402
 from elmo_core.init import init_bilm  # noqa: E402
 from formats import save_model  # noqa: E402

@@ -20,12 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from corpora.sotu import sotu_fileids, sotu_speech, split_sentences  # noqa: E402
+import torch  # noqa: E402
 from training.perplexity import load_language_model, perplexity  # noqa: E402
 from training.trainer import TrainOptions, train  # noqa: E402
 from training.vocab import Vocab  # noqa: E402

@@ -25,13 +25,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_onnx import FULL, QUICK, accuracy, bench_sentences, timed_alternating  # noqa: E402
 from elmo_core import BiLM, ElmoConfig  # noqa: E402
+import torch  # noqa: E402
 from elmo_core.init import init_bilm  # noqa: E402
 from export.onnx_export import export_onnx  # noqa: E402
 from export.tensorrt import build_engine, profile_from_args, tensorrt_ep_providers  # noqa: E402

@@ -21,11 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from corpora.sample import write_sample_corpus  # noqa: E402
+import torch  # noqa: E402
 from elmo_core import BiLM, ElmoConfig  # noqa: E402
 from elmo_core.init import init_bilm  # noqa: E402
 from formats import save_model  # noqa: E402

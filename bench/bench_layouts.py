@@ -14,12 +14,11 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench_bilm import FULL_SIZE  # noqa: E402
+import torch  # noqa: E402
 from elmo_core import ElmoConfig  # noqa: E402
 from inference import layout  # noqa: E402
 

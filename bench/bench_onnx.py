@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from corpora.sotu import sotu_sentences  # noqa: E402
+import torch  # noqa: E402
 from elmo_core import BiLM, ElmoConfig  # noqa: E402
 from elmo_core.init import init_bilm  # noqa: E402
 from export.onnx_export import export_onnx  # noqa: E402

@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 import pyarrow.dataset as ds
-import torch
 
 from corpora.sample import write_sample_corpus
+import torch  # noqa: E402
 from elmo_core import BiLM, ElmoConfig
 from elmo_core.init import init_bilm
 from export.onnx_export import export_onnx

@@ -21,13 +21,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_bilm import bench_sentences, full_size_model  # noqa: E402
+import torch  # noqa: E402
 from bench_onnx import timed_alternating  # noqa: E402
 
 from elmo_cli.main import main as elmo  # noqa: E402

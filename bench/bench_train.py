@@ -20,13 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-from torch import nn
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kneser_ney import fwd_bwd_perplexity  # noqa: E402
 
 from training.default_model import default_options_path  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
 from training.corpus import iter_sentences  # noqa: E402
 from training.perplexity import perplexity  # noqa: E402
 from training.model import LanguageModel  # noqa: E402

@@ -159,8 +159,12 @@ RECOMPILE_LIMIT = 64
 
 def compile_kernel(fn: Callable[..., torch.Tensor | None]) -> Callable[..., torch.Tensor | None]:
     """``fn`` through ``torch.compile``: shapes dynamic (a step's rows vary), one graph, its own cache of
-    compiled variants (``isolate_recompiles``) up to ``RECOMPILE_LIMIT``; compiled on first call."""
-    return torch.compile(fn, dynamic=True, fullgraph=True, recompile_limit=RECOMPILE_LIMIT, isolate_recompiles=True)
+    compiled variants (``isolate_recompiles``) up to ``RECOMPILE_LIMIT``; compiled on first call. A CPU
+    kernel runs on the calling thread's torch threads (``cpp.dynamic_threads``), not on those of the
+    thread that compiled it: the biLM's directions call the same kernels from threads of half the
+    count (``inference.directions``)."""
+    return torch.compile(fn, dynamic=True, fullgraph=True, recompile_limit=RECOMPILE_LIMIT, isolate_recompiles=True,
+                         options={"cpp.dynamic_threads": True})
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from elmo_core.fused_sequence import last_positions
 from elmo_core.lstm import BiLstmStack, Packing
 from elmo_core.lstm_cell import low_bmm
 
+from .directions import DirectionThreads, split
 from .packed_gemm import PackedLinear, packed_gemm_available
 from .precision import cpu_bf16
 
@@ -38,6 +39,7 @@ INPUT_CHUNK_ROWS = 512
 # and without; the shipped small config (128 x 4096) 7.0k vs 7.6k; a 512 x 32 one 35k vs 45k: on
 # small matrices oneDNN's per-shape primitive set-up costs more than it saves.
 PACKED_MIN_WEIGHTS = 1 << 22
+BOTH = slice(0, 2)  # both directions of the (2, ...) tensors
 
 
 def packed_products(config: ElmoConfig) -> bool:
@@ -71,13 +73,15 @@ def lstm_step_inplace(gates: torch.Tensor, c_prev: torch.Tensor, project: Callab
 class FastLstm:
     """``run_layer(layer, xs, pack, h, c)`` as ``BiLstmStack.run_layer`` computes it, for inference.
 
-    ``dtype``: the type the products' inputs are rounded to (fp32: none). Weight copies and packed
-    weights are made on first use and remade when the stack's parameters change.
+    ``dtype``: the type the products' inputs are rounded to (fp32: none); ``directions``: each
+    direction on a thread of its own where ``split_directions`` (False: never). Weight copies and
+    packed weights are made on first use and remade when the stack's parameters change.
     """
 
     def __init__(self, stack: BiLstmStack, dtype: torch.dtype = torch.float32, chunk_rows: int = INPUT_CHUNK_ROWS,
-                 packed_min_weights: int = PACKED_MIN_WEIGHTS) -> None:
+                 packed_min_weights: int = PACKED_MIN_WEIGHTS, directions: bool = True) -> None:
         self.stack, self.dtype, self.chunk_rows = stack, dtype, chunk_rows
+        self.directions = DirectionThreads() if directions else None
         self.packed_min_weights = packed_min_weights
         self._copies: tuple = (None, ())  # (key, (W_in, W_h, W_P) in dtype)
         self._packed: tuple = (None, [])  # (key, per layer and direction (W_h, W_P, W_in) packed)
@@ -87,19 +91,34 @@ class FastLstm:
                   c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Each step's output is written once, into its rows of ``out``, and read from there as the
         next step's recurrent input (the rows still running are a prefix of the previous step's).
-        Shape: xs (2, N, P), h (2, B, P), c (2, B, C) -> out (2, N, P), h, c."""
+        On packed weights with an even count of threads each direction runs on its own thread
+        (``inference.directions``). Shape: xs (2, N, P), h (2, B, P), c (2, B, C) -> out (2, N, P), h, c."""
         out = self._output(layer, xs)  # (2, N, P)
         c = c.clone()  # (2, B, C): this layer's cell state, updated in place
-        step, prev = self._step(layer), h  # prev (2, >= n, P): the recurrent input of the next step
-        parts = input_parts(xs, pack.steps, self.chunk_rows, self.input_projection(layer))
+        if self.split_directions():
+            self.directions.run(lambda d: self._run_steps(layer, slice(d, d + 1), xs, pack, h, c, out))
+        else:
+            self._run_steps(layer, BOTH, xs, pack, h, c, out)
+        return out, final_h(out, pack, h), c
+
+    def _run_steps(self, layer: int, dirs: slice, xs: torch.Tensor, pack: Packing, h: torch.Tensor, c: torch.Tensor,
+                   out: torch.Tensor) -> None:
+        """``run_layer``'s steps of the directions ``dirs``, into their rows of ``out`` and ``c``."""
+        xs, h, c, out = xs[dirs], h[dirs], c[dirs], out[dirs]  # (D, N, P), (D, B, P), (D, B, C), (D, N, P)
+        step, prev = self._step(layer, dirs), h  # prev (D, >= n, P): the recurrent input of the next step
+        parts = input_parts(xs, pack.steps, self.chunk_rows, self.input_projection(layer, dirs))
         for (start, n), gx_t in zip(pack.steps, parts):
-            dest = out[:, start : start + n]  # (2, n, P)
+            dest = out[:, start : start + n]  # (D, n, P)
             step(gx_t, prev[:, :n], c[:, :n], dest)  # c[:, :n] now holds the new cell state
             if pack.shared_first and start == 0:  # step 0 ran once: its state holds for every row
                 prev, c[:] = dest.expand(-1, h.shape[1], -1), c[:, :1].clone()
             else:
                 prev = dest
-        return out, final_h(out, pack, h), c
+
+    def split_directions(self) -> bool:
+        """Whether ``run_layer`` runs the directions on threads of their own: packed oneDNN weights
+        on a CPU, ``directions`` on, an even count of threads (``inference.directions.split``)."""
+        return self.directions is not None and self._use_packed() and split(torch.get_num_threads())
 
     def _output(self, layer: int, xs: torch.Tensor) -> torch.Tensor:
         """``run_layer``'s output buffer: on a CPU one per layer, reused batch after batch by the
@@ -119,23 +138,23 @@ class FastLstm:
             held[layer] = xs.new_empty(size)
         return held[layer][:size].view(shape)
 
-    def _step(self, layer: int) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]:
-        """One step of both directions, its output written into ``out``.
+    def _step(self, layer: int, dirs: slice = BOTH) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]:
+        """One step of the directions ``dirs``, its output written into ``out``.
 
-        Shape: gx (2, n, 4C), h (2, n, P), c (2, n, C), out (2, n, P); ``c`` is updated in place.
+        Shape: gx (D, n, 4C), h (D, n, P), c (D, n, C), out (D, n, P); ``c`` is updated in place.
         """
         clips = self.stack.clips
         if self._packed_low():
-            return self._packed_low_step(layer)
+            return self._packed_low_step(layer, dirs)
         if self.dtype != torch.float32:
-            w_state, w_proj = (w[layer] for w in self.weight_copies()[1:])  # (2, P, 4C), (2, C, P) reduced
+            w_state, w_proj = (w[layer][dirs] for w in self.weight_copies()[1:])  # (D, P, 4C), (D, C, P) reduced
             return lambda gx, h, c, out: lstm_step_inplace(
                 low_bmm(h, w_state).add_(gx), c, lambda m: out.copy_(low_bmm(m, w_proj)), *clips)
         if not self._use_packed():
-            w_state, w_proj = self.stack.w_state[layer].detach(), self.stack.w_proj[layer].detach()
+            w_state, w_proj = self.stack.w_state[layer][dirs].detach(), self.stack.w_proj[layer][dirs].detach()
             return lambda gx, h, c, out: lstm_step_inplace(
                 torch.baddbmm(gx, h, w_state), c, lambda m: torch.bmm(m, w_proj, out=out), *clips)
-        packed = self._packed_weights()[layer]
+        packed = self._packed_weights()[layer][dirs]
 
         def step(gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor, out: torch.Tensor) -> None:
             for d, (w_s, w_p, _) in enumerate(packed):
@@ -151,14 +170,14 @@ class FastLstm:
         on a CPU, for matrices as large as the fp32 packed path's."""
         return self.dtype == torch.bfloat16 and self._use_packed() and cpu_bf16().onednn  # not on AVX2-only CPUs
 
-    def _packed_low_step(self, layer: int) -> Callable[..., torch.Tensor]:
+    def _packed_low_step(self, layer: int, dirs: slice = BOTH) -> Callable[..., torch.Tensor]:
         """``_step`` in bf16 on packed weights: ``gx`` holds the input part in bf16
         (``input_projection``); one GEMM adds the recurrent product to it and rounds the sum to
         bf16 once; the gates, the cell state and the clips are fp32, as in every precision.
 
-        Shape: gx (2, n, 4C) bf16 (or a pair of (n, 4C)), h (2, n, P), c (2, n, C) fp32, out (2, n, P).
+        Shape: gx (D, n, 4C) bf16 (or D of (n, 4C)), h (D, n, P), c (D, n, C) fp32, out (D, n, P).
         """
-        low, packed, clips = self.dtype, self._packed_weights()[layer], self.stack.clips
+        low, packed, clips = self.dtype, self._packed_weights()[layer][dirs], self.stack.clips
 
         def step(gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor, out: torch.Tensor) -> None:
             for d, (w_s, w_p, _) in enumerate(packed):
@@ -166,18 +185,18 @@ class FastLstm:
                 lstm_step_inplace(gates, c[d], lambda m: out[d].copy_(w_p(m.to(low))), *clips)
         return step
 
-    def input_projection(self, layer: int) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The input part of the gates for a chunk of packed rows, ``x W_in + b``.
+    def input_projection(self, layer: int, dirs: slice = BOTH) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The input part of the gates of the directions ``dirs`` for a chunk of packed rows, ``x W_in + b``.
 
         fp32: into one reused buffer; bf16 / fp16: products' inputs rounded, result fp32; packed
         bf16: per direction, bf16, bias added inside the GEMM.
-        Shape: x (2, rows, P) -> (2, rows, 4C), or a pair of (rows, 4C) on the packed bf16 path.
+        Shape: x (D, rows, P) -> (D, rows, 4C), or D of (rows, 4C) on the packed bf16 path.
         """
-        bias = self.stack.gate_bias(layer).detach()  # (2, 1, 4C)
+        bias = self.stack.gate_bias(layer).detach()[dirs]  # (D, 1, 4C)
         if self._packed_low():
-            packed, b = self._packed_weights()[layer], bias[:, 0]  # b (2, 4C) fp32
+            packed, b = self._packed_weights()[layer][dirs], bias[:, 0]  # b (D, 4C) fp32
             return lambda x: tuple(w_in(x[d].to(self.dtype), b[d]) for d, (_, _, w_in) in enumerate(packed))
-        w_input = self.weight_copies()[0][layer]  # (2, P, 4C)
+        w_input = self.weight_copies()[0][layer][dirs]  # (D, P, 4C)
         if w_input.dtype != torch.float32:
             return lambda x: torch.add(torch.bmm(x.to(w_input.dtype), w_input), bias)
         buffer: list[torch.Tensor] = []

@@ -49,12 +49,14 @@ class FastInference:
     ``FusedLstm``; the ``fused`` layout compiles them and, on a CPU, packs the products' weights).
     ``cuda_graphs``: ``combine`` over static rows, replayed as one CUDA graph (a CUDA device;
     ``capture=False`` runs the same windows eagerly; always fused); ``rows``: the most rows and the
-    steps of a window."""
+    steps of a window. ``directions``: on a CPU's packed weights, each direction on a thread of its
+    own (``inference.directions``; False: never)."""
 
     def __init__(self, model: BiLM, precision: str | Precision = "fp32", token_cache: TokenCache | None = None,
                  cuda_graphs: bool = False, capture: bool = True, chunk_rows: int = INPUT_CHUNK_ROWS,
                  packed_min_weights: int = PACKED_MIN_WEIGHTS, fused: bool | None = None,
-                 rows: RowShape = RowShape(), kernels: FusedCell | None = None, layout: str | None = None) -> None:
+                 rows: RowShape = RowShape(), kernels: FusedCell | None = None, layout: str | None = None,
+                 directions: bool = True) -> None:
         self.kind = precision if isinstance(precision, Precision) else torch_precision(precision)
         self.model, self.precision, self.token_cache = model, self.kind.name, token_cache
         self.dtype = self.kind.torch
@@ -63,11 +65,12 @@ class FastInference:
             layout = "rows" if cuda_graphs else "fused" if (not on_cpu if fused is None else fused) else "packed"
         self.layout = layout
         if layout == "packed":
-            self.lstm: FastLstm = FastLstm(model.lstm, self.dtype, chunk_rows, packed_min_weights)
+            self.lstm: FastLstm = FastLstm(model.lstm, self.dtype, chunk_rows, packed_min_weights, directions)
         elif asked and on_cpu and kernels is None:  # the CPU's fused layout: compiled kernels, packed weights
-            self.lstm = FusedLstm(model.lstm, self.dtype, chunk_rows, FusedCell.compiled(), packed=True)
+            self.lstm = FusedLstm(model.lstm, self.dtype, chunk_rows, FusedCell.compiled(), packed=True,
+                                  directions=directions)
         else:
-            self.lstm = FusedLstm(model.lstm, self.dtype, chunk_rows, kernels)
+            self.lstm = FusedLstm(model.lstm, self.dtype, chunk_rows, kernels, directions=directions)
         self.graphs = RowGraphs(self.lstm, rows, capture=capture) if layout == "rows" else None
         self._boundary_ids = model.tokenizer.boundary_ids()  # (2, W) <S> and </S>, host ids
         self._host: HostBatch | None = None  # the plan of the batch running inside ``batch``

@@ -26,7 +26,7 @@ from elmo_core.fused_cell import FusedCell, clip_tensor
 from elmo_core.fused_sequence import last_positions
 from elmo_core.lstm import BiLstmStack, Packing
 
-from .fast_lstm import INPUT_CHUNK_ROWS, FastLstm, input_parts
+from .fast_lstm import BOTH, INPUT_CHUNK_ROWS, FastLstm, input_parts
 from .packed_gemm import PackedLinear
 
 
@@ -37,8 +37,8 @@ class FusedLstm(FastLstm):
     runs it), else batched over the directions."""
 
     def __init__(self, stack: BiLstmStack, dtype: torch.dtype = torch.float32, chunk_rows: int = INPUT_CHUNK_ROWS,
-                 kernels: FusedCell | None = None, packed: bool = False) -> None:
-        super().__init__(stack, dtype, chunk_rows, packed_min_weights=0 if packed else 1 << 62)
+                 kernels: FusedCell | None = None, packed: bool = False, directions: bool = True) -> None:
+        super().__init__(stack, dtype, chunk_rows, packed_min_weights=0 if packed else 1 << 62, directions=directions)
         if kernels is None:
             kernels = FusedCell.compiled() if stack.w_input.device.type == "cuda" else FusedCell.eager()
         self.kernels = kernels
@@ -59,38 +59,51 @@ class FusedLstm(FastLstm):
             return [(w_s, w_p) for w_s, w_p, _ in self._packed_weights()[layer]]
         return None
 
+    def split_directions(self) -> bool:
+        """Directions on threads of their own (``inference.directions``) where the products run on
+        packed oneDNN weights one direction at a time."""
+        return super().split_directions() and self.packed_products(0) is not None
+
     def run_layer(self, layer: int, xs: torch.Tensor, pack: Packing, h: torch.Tensor,
                   c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Shape: xs (2, N, P), h (2, B, P), c (2, B, C) -> out (2, N, P), h, c (final, per row)."""
         out = xs.new_empty(xs.shape[0], xs.shape[1], self.stack.cfg.projection_dim)  # (2, N, P)
         h_next, c = h.to(self.dtype).clone(), c.clone()  # (2, B, P) the products' input, (2, B, C) fp32
-        step = self._fused_step(layer, xs.device)
-        for (start, n), gx_t in zip(pack.steps, input_parts(xs, pack.steps, self.chunk_rows, self.input_projection(layer))):
-            step(gx_t, h_next[:, :n], c[:, :n], out[:, start : start + n])
-            if pack.shared_first and start == 0:  # step 0 ran once: its state holds for every row
-                h_next[:], c[:] = h_next[:, :1].clone(), c[:, :1].clone()
+
+        def steps(dirs: slice) -> None:
+            step, state, cell, dest = self._fused_step(layer, xs.device, dirs), h_next[dirs], c[dirs], out[dirs]
+            parts = input_parts(xs[dirs], pack.steps, self.chunk_rows, self.input_projection(layer, dirs))
+            for (start, n), gx_t in zip(pack.steps, parts):
+                step(gx_t, state[:, :n], cell[:, :n], dest[:, start : start + n])
+                if pack.shared_first and start == 0:  # step 0 ran once: its state holds for every row
+                    state[:], cell[:] = state[:, :1].clone(), cell[:, :1].clone()
+        if self.split_directions():
+            self.directions.run(lambda d: steps(slice(d, d + 1)))
+        else:
+            steps(BOTH)
         return out, self._final_h(out, pack, h), c
 
-    def _fused_step(self, layer: int, device: torch.device) -> Callable[..., None]:
-        """One step of both directions: ``h`` becomes the next step's input, ``c`` the new cell
-        state, ``out`` the step's output. Products batched over the directions, or on the CPU's
-        packed oneDNN weights one direction at a time (``gx`` then a pair of (n, 4C)).
+    def _fused_step(self, layer: int, device: torch.device, dirs: slice = BOTH) -> Callable[..., None]:
+        """One step of the directions ``dirs``: ``h`` becomes the next step's input, ``c`` the new
+        cell state, ``out`` the step's output. Products batched over the directions, or on the CPU's
+        packed oneDNN weights one direction at a time (``gx`` then D of (n, 4C)).
 
-        Shape: gx (2, n, 4C), h (2, n, P) in the products' type, c (2, n, C), out (2, n, P).
+        Shape: gx (D, n, 4C), h (D, n, P) in the products' type, c (D, n, C), out (D, n, P).
         """
         k, (cell_clip, proj_clip) = self.kernels, self.clips(device)
         packed = self.packed_products(layer)
         if packed is not None:
+            packed = packed[dirs]
 
             def packed_step(gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor, out: torch.Tensor) -> None:
                 for d, (w_s, w_p) in enumerate(packed):
                     m = k.cell(gx[d][None], w_s(h[d])[None], c[d : d + 1], None, cell_clip, self.dtype)  # (1, n, C)
                     k.store(w_p(m[0])[None], out[d : d + 1], h[d : d + 1], None, proj_clip)
             return packed_step
-        w_state, w_proj = self.products(layer)
+        w_state, w_proj = (w[dirs] for w in self.products(layer))
 
         def step(gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor, out: torch.Tensor) -> None:
-            m = k.cell(gx, torch.bmm(h, w_state), c, None, cell_clip, self.dtype)  # (2, n, C)
+            m = k.cell(gx, torch.bmm(h, w_state), c, None, cell_clip, self.dtype)  # (D, n, C)
             k.store(torch.bmm(m, w_proj), out, h, None, proj_clip)
         return step
 

@@ -34,7 +34,7 @@ import torch
 from elmo_core.host_to_device import to_device
 from elmo_core.lstm import unpack
 
-from .fast_lstm import input_parts
+from .fast_lstm import BOTH, input_parts
 from .fused_lstm import FusedLstm
 from .row_shape import RowShape
 
@@ -142,19 +142,29 @@ class RowLstm:
 
     def _layer(self, layer: int, xs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """One layer, both directions, T steps from the carried state. Shape: xs (2, T*R, P) -> (2, T*R, P)."""
-        k, (w_state, w_proj), (cell_clip, proj_clip) = self.lstm.kernels, self.lstm.products(layer), self.clips
+        out = xs.new_empty(xs.shape[0], xs.shape[1], self.lstm.stack.cfg.projection_dim)  # (2, T*R, P)
+        if self.lstm.split_directions():  # a CPU's packed oneDNN products: each direction on its own thread
+            self.lstm.directions.run(lambda d: self._steps(layer, slice(d, d + 1), xs, keep, out))
+        else:
+            self._steps(layer, BOTH, xs, keep, out)
+        return out
+
+    def _steps(self, layer: int, dirs: slice, xs: torch.Tensor, keep: torch.Tensor, out: torch.Tensor) -> None:
+        """The window's steps of the directions ``dirs`` of ``layer``, into their rows of ``out``.
+        Shape: xs (2, T*R, P), keep (T+1, R), out (2, T*R, P)."""
+        k, (cell_clip, proj_clip) = self.lstm.kernels, self.clips
+        w_state, w_proj = (w[dirs] for w in self.lstm.products(layer))  # (D, P, 4C), (D, C, P)
         R = self.shape.rows
         steps = [(t * R, R) for t in range(self.shape.steps)]
-        out = xs.new_empty(xs.shape[0], xs.shape[1], w_proj.shape[-1])  # (2, T*R, P)
-        h, c, mask = self.h[layer], self.c[layer], keep[:, None, :, None]  # (2, R, P), (2, R, C), (T+1, 1, R, 1)
-        parts = input_parts(xs, steps, xs.shape[1], self.lstm.input_projection(layer))  # the window's in one product
+        h, c, mask = self.h[layer, dirs], self.c[layer, dirs], keep[:, None, :, None]  # (D, R, P), (D, R, C), (T+1, 1, R, 1)
+        out = out[dirs]  # (D, T*R, P)
+        parts = input_parts(xs[dirs], steps, xs.shape[1], self.lstm.input_projection(layer, dirs))  # one product a window
         packed = self.lstm.packed_products(layer)
         for t, gx_t in enumerate(parts):
             if packed is None:
-                m = k.cell(gx_t, torch.bmm(h, w_state), c, mask[t], cell_clip, self.lstm.dtype)  # (2, R, C)
+                m = k.cell(gx_t, torch.bmm(h, w_state), c, mask[t], cell_clip, self.lstm.dtype)  # (D, R, C)
                 k.store(torch.bmm(m, w_proj), out[:, t * R : (t + 1) * R], h, mask[t + 1], proj_clip)
                 continue
-            for d, (w_s, w_p) in enumerate(packed):  # a CPU's packed oneDNN products, one direction at a time
+            for d, (w_s, w_p) in enumerate(packed[dirs]):  # a CPU's packed oneDNN products, one direction at a time
                 m = k.cell(gx_t[d][None], w_s(h[d])[None], c[d : d + 1], mask[t], cell_clip, self.lstm.dtype)
                 k.store(w_p(m[0])[None], out[d : d + 1, t * R : (t + 1) * R], h[d : d + 1], mask[t + 1], proj_clip)
-        return out

@@ -81,3 +81,30 @@ def test_a_users_policy_is_kept():
 def test_settle_is_idempotent_and_records_the_first_call():
     first = settle()
     assert settle() is first and not first.torch_loaded_first  # tests/conftest.py settles before torch loads
+
+
+PACKAGES = {p.parent.name for p in ROOT.glob("*/__init__.py") if "settle()" in p.read_text()}
+
+
+def _first_loader(path: Path) -> str | None:
+    """The first of torch, a settling package of the project or another benchmark that ``path`` imports at
+    its top level (a benchmark imported first counts as its own first)."""
+    import ast
+
+    for node in ast.parse(path.read_text()).body:
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        for name in names:
+            top = name.split(".")[0]
+            if top == "torch" or top in PACKAGES:
+                return top
+            if (ROOT / "bench" / f"{top}.py").exists():
+                return _first_loader(ROOT / "bench" / f"{top}.py")
+    return None
+
+
+@pytest.mark.parametrize("bench", sorted(p.name for p in (ROOT / "bench").glob("bench_*.py")))
+def test_a_benchmark_measures_the_environment_users_get(bench):
+    """A benchmark that loaded torch before the project would time OpenMP's spinning threads, which no
+    command or library caller runs (a quiet machine's figures above theirs, a busy one's far below)."""
+    assert _first_loader(ROOT / "bench" / bench) != "torch"
