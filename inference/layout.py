@@ -14,7 +14,8 @@ The layouts (``elmo_core.names.LAYOUTS``), each computing what the reference com
   that runs it fastest, ``RowShape.for_batch``).
 
 ``auto`` (the default): ``rows`` on CUDA. On a CPU the fastest of ``packed``, ``fused`` and ``rows``
-at each of ``CPU_ROW_COUNTS`` for this CPU model, precision, LSTM shape and thread count, measured
+at each of ``CPU_ROW_COUNTS`` for this CPU model, precision, LSTM shape and thread count (and
+whether the directions run on threads of their own, ``inference.directions``), measured
 once on the recurrence alone (a random model of the same shape: the weights' values do not change
 the time) and kept in the cache (``layouts.json`` under ``storage.locations.cache_root``). Another
 layout than ``packed`` is taken only when it is ``FUSED_MARGIN`` faster: never slower than
@@ -40,6 +41,7 @@ from storage.locations import cache_root
 
 from runtime import use_threads
 
+from .directions import split
 from .fast_lstm import packed_products
 from .precision import cpu_model
 
@@ -86,7 +88,7 @@ def resolve_layout(layout: str | None, device: str, precision: str, config: Elmo
     if not packed_products(config):
         return Layout("packed", "small matrices: eager steps (nothing to measure)")
     key = f"{cpu_model()} | torch {torch.__version__} | {precision} | {lstm.n_layers}x{lstm.dim}/{lstm.projection_dim}" \
-          f" | {threads} threads"
+          f" | {threads} threads{', directions on threads of their own' if split(threads) else ''}"
     cache = cache_root() / "layouts.json"
     known = _read(cache).get(key)
     if not (isinstance(known, dict) and set(known) == set(candidates())
