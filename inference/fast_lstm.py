@@ -96,6 +96,7 @@ class FastLstm:
         out = self._output(layer, xs)  # (2, N, P)
         c = c.clone()  # (2, B, C): this layer's cell state, updated in place
         if self.split_directions():
+            self._packed_weights()  # packed here, once, before both threads read them
             self.directions.run(lambda d: self._run_steps(layer, slice(d, d + 1), xs, pack, h, c, out))
         else:
             self._run_steps(layer, BOTH, xs, pack, h, c, out)
@@ -116,9 +117,11 @@ class FastLstm:
                 prev = dest
 
     def split_directions(self) -> bool:
-        """Whether ``run_layer`` runs the directions on threads of their own: packed oneDNN weights
-        on a CPU, ``directions`` on, an even count of threads (``inference.directions.split``)."""
-        return self.directions is not None and self._use_packed() and split(torch.get_num_threads())
+        """Whether ``run_layer`` runs the directions on threads of their own: the products on packed
+        oneDNN weights (fp32, or bf16 where oneDNN runs it), ``directions`` on, an even count of
+        threads (``inference.directions.split``)."""
+        packed = self._use_packed() and (self.dtype == torch.float32 or self._packed_low())
+        return self.directions is not None and packed and split(torch.get_num_threads())
 
     def _output(self, layer: int, xs: torch.Tensor) -> torch.Tensor:
         """``run_layer``'s output buffer: on a CPU one per layer, reused batch after batch by the
