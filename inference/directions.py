@@ -38,15 +38,20 @@ class DirectionThreads:
 
     def run(self, fn: Callable[[int], None]) -> None:
         """``fn`` of each direction, both finished when this returns (the first error raised)."""
-        share, inference = max(1, torch.get_num_threads() // 2), torch.is_inference_mode_enabled()
+        threads, inference = torch.get_num_threads(), torch.is_inference_mode_enabled()
+        share, changed = max(1, threads // 2), []
 
         def task(d: int) -> None:
-            torch.set_num_threads(share)
+            if torch.get_num_threads() != share:  # this thread's own count, set on its first run
+                torch.set_num_threads(share)
+                changed.append(d)
             with torch.inference_mode(inference):
                 fn(d)
         if self._pool is None or self._pid != os.getpid():
             self._pool, self._pid = ThreadPoolExecutor(2, thread_name_prefix="elmo-direction"), os.getpid()
         futures = [self._pool.submit(task, d) for d in (0, 1)]
         wait(futures)  # both: where one fails, the other still writes into the shared buffers
+        if changed:  # torch also keeps the count as the one a thread takes when it first runs: the caller's again
+            torch.set_num_threads(threads)
         for f in futures:
             f.result()

@@ -155,3 +155,15 @@ def test_a_forked_process_gets_threads_of_its_own():
         os._exit(0 if sorted(done) == [0, 1] else 1)
     _, status = os.waitpid(pid, 0)
     assert sorted(seen) == [0, 1] and os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_thread_started_after_the_directions_ran_gets_the_callers_count():
+    """torch keeps one process-wide count that a thread takes when it first runs torch: the directions'
+    own count must not become it."""
+    torch.set_num_threads(2)
+    DirectionThreads().run(lambda d: None)
+    fresh: list[int] = []
+    later = threading.Thread(target=lambda: fresh.append(torch.get_num_threads()))
+    later.start()
+    later.join()
+    assert fresh == [2] and torch.get_num_threads() == 2
