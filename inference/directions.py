@@ -6,9 +6,9 @@ each (full size, bf16 on AMX: a 104 x 512 by 512 x 16,384 product), and an OpenM
 threads splits each of them: its worker sleeps between them (``OMP_WAIT_POLICY=PASSIVE``,
 ``elmo_core.process_env``) and is woken for every one, which costs as much as the work. Run as
 two threads of one OpenMP thread each (torch releases the GIL inside its kernels), the directions
-meet once a layer, or once a window of the ``rows`` layout: measured on 2 cores of an AMX Xeon,
-a step's products and cell in bf16 1.9x faster, in fp32 1.1-2x (``bench/bench_layouts.py
---directions``, docs/performance.md).
+meet once a layer, or once a window of the ``rows`` layout. Measured on 2 cores of an AMX Xeon
+(``bench/bench_directions.py``, docs/performance.md), the recurrence's median turn against one
+team: quiet 1.00-1.63x, beside a process that keeps one core busy 1.12-1.33x; none slower.
 
 ``split(threads)`` says when: an even count of two or more (each direction the same share, so a
 kernel compiled for one share serves both).
