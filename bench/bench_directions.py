@@ -2,8 +2,8 @@
 for each CPU layout and precision, on a quiet machine and beside a neighbour that keeps one core busy.
 
 Full-size published architecture, random weights; the recurrence alone (every layer, both directions,
-mixed: ``FastInference.combine``, what ``--layout auto`` times) on ``--sentences`` sentences of
-``--lengths`` tokens. Every (layout, split or one team) runs once a turn, in turns, so drifting load
+mixed: ``FastInference.combine`` on ``inference.layout.recurrence_sample``, what ``--layout auto``
+times) on ``--sentences`` sentences of ``--lengths`` tokens. Every (layout, split or one team) runs once a turn, in turns, so drifting load
 falls on all alike; prints the best and the median turn of each, and split / one team. Run on the
 threads users get (the project imported before torch: ``OMP_WAIT_POLICY=PASSIVE``).
 
@@ -27,6 +27,7 @@ import torch  # noqa: E402
 from elmo_core import BiLM, ElmoConfig  # noqa: E402
 from elmo_core.init import init_bilm  # noqa: E402
 from inference.fast_path import FastInference  # noqa: E402
+from inference.layout import recurrence_sample  # noqa: E402
 from inference.row_shape import RowShape  # noqa: E402
 
 BUSY = "while True: pass"
@@ -34,12 +35,8 @@ BUSY = "while True: pass"
 
 def measure(model: BiLM, precision: str, layouts: list[str], a: argparse.Namespace) -> dict[tuple[str, bool], list[float]]:
     """Tokens/s of each (layout, split) in every turn."""
-    gen = torch.Generator().manual_seed(0)
     low, high = (int(v) for v in a.lengths.split(","))
-    lengths = torch.randint(low + 2, high + 3, (a.sentences,), generator=gen)  # the tokens and both boundaries
-    x = torch.randn(a.sentences, int(lengths.max()), model.config.lstm.projection_dim, generator=gen)  # (B, T, P)
-    weights = torch.full((model.config.lstm.n_layers + 1,), 1.0 / (model.config.lstm.n_layers + 1))
-    tokens = float((lengths - 2).sum())
+    x, lengths, weights, tokens = recurrence_sample(model.config, a.sentences, (low, high))
     runs = {}
     for name in layouts:
         layout, _, rows = name.partition(":")

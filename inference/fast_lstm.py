@@ -95,11 +95,7 @@ class FastLstm:
         (``inference.directions``). Shape: xs (2, N, P), h (2, B, P), c (2, B, C) -> out (2, N, P), h, c."""
         out = self._output(layer, xs)  # (2, N, P)
         c = c.clone()  # (2, B, C): this layer's cell state, updated in place
-        if self.split_directions():
-            self._packed_weights()  # packed here, once, before both threads read them
-            self.directions.run(lambda d: self._run_steps(layer, slice(d, d + 1), xs, pack, h, c, out))
-        else:
-            self._run_steps(layer, BOTH, xs, pack, h, c, out)
+        self.each_direction(lambda dirs: self._run_steps(layer, dirs, xs, pack, h, c, out))
         return out, final_h(out, pack, h), c
 
     def _run_steps(self, layer: int, dirs: slice, xs: torch.Tensor, pack: Packing, h: torch.Tensor, c: torch.Tensor,
@@ -117,11 +113,25 @@ class FastLstm:
                 prev = dest
 
     def split_directions(self) -> bool:
-        """Whether ``run_layer`` runs the directions on threads of their own: the products on packed
-        oneDNN weights (fp32, or bf16 where oneDNN runs it), ``directions`` on, an even count of
-        threads (``inference.directions.split``)."""
-        packed = self._use_packed() and (self.dtype == torch.float32 or self._packed_low())
-        return self.directions is not None and packed and split(torch.get_num_threads())
+        """Whether the directions run on threads of their own: the products per direction on packed
+        weights (``per_direction_products``), ``directions`` on, an even count of threads
+        (``inference.directions.split``)."""
+        return self.directions is not None and self.per_direction_products() and split(torch.get_num_threads())
+
+    def each_direction(self, steps: Callable[[slice], None]) -> None:
+        """``steps(dirs)`` for each direction on a thread of its own where ``split_directions``, else
+        once for both (``BOTH``); the weights are packed here, before any thread reads them."""
+        if not self.split_directions():
+            steps(BOTH)
+            return
+        self._packed_weights()
+        assert self.directions is not None
+        self.directions.run(lambda d: steps(slice(d, d + 1)))
+
+    def per_direction_products(self) -> bool:
+        """The recurrent and projection products run one direction at a time on packed oneDNN
+        weights: a CPU, fp32, or bf16 where oneDNN runs it."""
+        return self._use_packed() and (self.dtype == torch.float32 or self._packed_low())
 
     def _output(self, layer: int, xs: torch.Tensor) -> torch.Tensor:
         """``run_layer``'s output buffer: on a CPU one per layer, reused batch after batch by the
@@ -141,7 +151,7 @@ class FastLstm:
             held[layer] = xs.new_empty(size)
         return held[layer][:size].view(shape)
 
-    def _step(self, layer: int, dirs: slice = BOTH) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]:
+    def _step(self, layer: int, dirs: slice) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]:
         """One step of the directions ``dirs``, its output written into ``out``.
 
         Shape: gx (D, n, 4C), h (D, n, P), c (D, n, C), out (D, n, P); ``c`` is updated in place.
@@ -173,7 +183,7 @@ class FastLstm:
         on a CPU, for matrices as large as the fp32 packed path's."""
         return self.dtype == torch.bfloat16 and self._use_packed() and cpu_bf16().onednn  # not on AVX2-only CPUs
 
-    def _packed_low_step(self, layer: int, dirs: slice = BOTH) -> Callable[..., torch.Tensor]:
+    def _packed_low_step(self, layer: int, dirs: slice) -> Callable[..., torch.Tensor]:
         """``_step`` in bf16 on packed weights: ``gx`` holds the input part in bf16
         (``input_projection``); one GEMM adds the recurrent product to it and rounds the sum to
         bf16 once; the gates, the cell state and the clips are fp32, as in every precision.
@@ -188,7 +198,7 @@ class FastLstm:
                 lstm_step_inplace(gates, c[d], lambda m: out[d].copy_(w_p(m.to(low))), *clips)
         return step
 
-    def input_projection(self, layer: int, dirs: slice = BOTH) -> Callable[[torch.Tensor], torch.Tensor]:
+    def input_projection(self, layer: int, dirs: slice) -> Callable[[torch.Tensor], torch.Tensor]:
         """The input part of the gates of the directions ``dirs`` for a chunk of packed rows, ``x W_in + b``.
 
         fp32: into one reused buffer; bf16 / fp16: products' inputs rounded, result fp32; packed

@@ -26,7 +26,7 @@ from elmo_core.fused_cell import FusedCell, clip_tensor
 from elmo_core.fused_sequence import last_positions
 from elmo_core.lstm import BiLstmStack, Packing
 
-from .fast_lstm import BOTH, INPUT_CHUNK_ROWS, FastLstm, input_parts
+from .fast_lstm import INPUT_CHUNK_ROWS, FastLstm, input_parts
 from .packed_gemm import PackedLinear
 
 
@@ -55,14 +55,9 @@ class FusedLstm(FastLstm):
     def packed_products(self, layer: int) -> list[tuple[PackedLinear, PackedLinear]] | None:
         """W_h and W_P of ``layer`` per direction on packed oneDNN weights (a CPU; fp32, or bf16
         where oneDNN runs it), None where the products run batched over the directions."""
-        if self._use_packed() and (self.dtype == torch.float32 or self._packed_low()):
+        if self.per_direction_products():
             return [(w_s, w_p) for w_s, w_p, _ in self._packed_weights()[layer]]
         return None
-
-    def split_directions(self) -> bool:
-        """Directions on threads of their own (``inference.directions``) where the products run on
-        packed oneDNN weights one direction at a time."""
-        return super().split_directions() and self.packed_products(0) is not None
 
     def run_layer(self, layer: int, xs: torch.Tensor, pack: Packing, h: torch.Tensor,
                   c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -77,13 +72,10 @@ class FusedLstm(FastLstm):
                 step(gx_t, state[:, :n], cell[:, :n], dest[:, start : start + n])
                 if pack.shared_first and start == 0:  # step 0 ran once: its state holds for every row
                     state[:], cell[:] = state[:, :1].clone(), cell[:, :1].clone()
-        if self.split_directions():
-            self.directions.run(lambda d: steps(slice(d, d + 1)))
-        else:
-            steps(BOTH)
+        self.each_direction(steps)
         return out, self._final_h(out, pack, h), c
 
-    def _fused_step(self, layer: int, device: torch.device, dirs: slice = BOTH) -> Callable[..., None]:
+    def _fused_step(self, layer: int, device: torch.device, dirs: slice) -> Callable[..., None]:
         """One step of the directions ``dirs``: ``h`` becomes the next step's input, ``c`` the new
         cell state, ``out`` the step's output. Products batched over the directions, or on the CPU's
         packed oneDNN weights one direction at a time (``gx`` then D of (n, 4C)).

@@ -130,6 +130,21 @@ def _read(path) -> dict:  # type: ignore[no-untyped-def]
     return found if isinstance(found, dict) else {}
 
 
+def recurrence_sample(config: ElmoConfig, sentences: int, tokens: tuple[int, int]) -> tuple[
+        torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """What the recurrence is timed on: ``sentences`` random inputs of ``tokens`` (low, high) tokens
+    each and both boundaries, seeded, with equal mixing weights; and the tokens they hold.
+
+    Shape: -> x (B, T, P), lengths (B,), weights (L+1,), tokens.
+    """
+    gen = torch.Generator().manual_seed(0)
+    low, high = tokens
+    lengths = torch.randint(low + 2, high + 3, (sentences,), generator=gen)  # (B,) the tokens and the boundaries
+    x = torch.randn(sentences, int(lengths.max()), config.lstm.projection_dim, generator=gen)  # (B, T, P)
+    weights = torch.full((config.lstm.n_layers + 1,), 1.0 / (config.lstm.n_layers + 1))  # (L+1,)
+    return x, lengths, weights, float((lengths - 2).sum())
+
+
 def measure_layouts(config: ElmoConfig, precision: str, threads: int) -> dict[str, float]:
     """Tokens/s of the recurrence (every layer, both directions, mixed) under each of ``candidates``,
     in turns, best of ``SAMPLE_TURNS``; a layout that fails to build (no C++ compiler for the
@@ -141,12 +156,7 @@ def measure_layouts(config: ElmoConfig, precision: str, threads: int) -> dict[st
     from .row_lstm import RowShape
 
     model = init_bilm(BiLM(config), seed=0).eval()
-    gen = torch.Generator().manual_seed(0)
-    low, high = SAMPLE_LENGTHS
-    lengths = torch.randint(low + 2, high + 3, (SAMPLE_SENTENCES,), generator=gen)  # the tokens and the boundaries
-    x = torch.randn(SAMPLE_SENTENCES, int(lengths.max()), config.lstm.projection_dim, generator=gen)  # (B, T, P)
-    weights = torch.full((config.lstm.n_layers + 1,), 1.0 / (config.lstm.n_layers + 1))
-    tokens = float((lengths - 2).sum())
+    x, lengths, weights, tokens = recurrence_sample(config, SAMPLE_SENTENCES, SAMPLE_LENGTHS)
     use_threads(threads)  # the run's own count, which its backend sets again when it opens
     runs, best = {}, {}
     for name in candidates():

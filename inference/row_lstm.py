@@ -34,7 +34,7 @@ import torch
 from elmo_core.host_to_device import to_device
 from elmo_core.lstm import unpack
 
-from .fast_lstm import BOTH, input_parts
+from .fast_lstm import input_parts
 from .fused_lstm import FusedLstm
 from .row_shape import RowShape
 
@@ -143,10 +143,7 @@ class RowLstm:
     def _layer(self, layer: int, xs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """One layer, both directions, T steps from the carried state. Shape: xs (2, T*R, P) -> (2, T*R, P)."""
         out = xs.new_empty(xs.shape[0], xs.shape[1], self.lstm.stack.cfg.projection_dim)  # (2, T*R, P)
-        if self.lstm.split_directions():  # a CPU's packed oneDNN products: each direction on its own thread
-            self.lstm.directions.run(lambda d: self._steps(layer, slice(d, d + 1), xs, keep, out))
-        else:
-            self._steps(layer, BOTH, xs, keep, out)
+        self.lstm.each_direction(lambda dirs: self._steps(layer, dirs, xs, keep, out))
         return out
 
     def _steps(self, layer: int, dirs: slice, xs: torch.Tensor, keep: torch.Tensor, out: torch.Tensor) -> None:
