@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 STEPS = ("parity", "model_alone", "embed", "train", "serve", "kernels", "host_waits")
-TIMEOUTS = {"parity": 75, "model_alone": 120, "embed": 75, "train": 90, "serve": 60, "kernels": 30, "host_waits": 30}
+TIMEOUTS = {"parity": 90, "model_alone": 120, "embed": 75, "train": 90, "serve": 60, "kernels": 45, "host_waits": 45}
 CPU_SLACK = 3  # the dry run's timeouts: a CPU's process start and imports weigh more than its small sizes
 #          (GPU, CPU dry run): full size on a GPU, the tests' tiny config on a CPU
 SIZES = {"budgets": ((16_384, 65_536, 131_072), (256, 512, 1024)), "sentences": (2048, 48),
@@ -257,11 +257,13 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="report directory (default: $OUT if set, else gpu_check/)")
     ap.add_argument("--only", help=f"comma-separated steps (default: all of {','.join(STEPS)})")
     ap.add_argument("--step", choices=STEPS, help=argparse.SUPPRESS)
-    ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--work", type=Path, help="the model, corpus and vectors the steps share (default: OUT/work; "
+                                              "a lent machine's $OUT should hold only the report)")
     a = ap.parse_args()
     if a.step:
         print(json.dumps(globals()[f"step_{a.step}"](a.work, a.device), default=str))
         return 0
+    import elmo_core  # noqa: F401  before torch: the environment torch reads when it loads
     import torch
 
     if a.device.startswith("cuda") and not torch.cuda.is_available():
@@ -270,7 +272,8 @@ def main() -> int:
         return 2
     steps = STEPS if not a.only else tuple(s for s in STEPS if s in a.only.split(","))
     out = (a.out or default_out()).resolve()
-    work = out / "work"
+    work = a.work or out / "work"
+    out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     write_inputs(work, a.device)
     report = {"device": a.device, "torch": torch.__version__, "steps": {},
@@ -279,8 +282,8 @@ def main() -> int:
         print(f"gpu_check: {name} ...", flush=True)
         report["steps"][name] = r = run_step(name, work, a.device)
         print(f"gpu_check: {name}: exit {r['rc']} in {r['wall_s']} s", flush=True)
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
-    (out / "gpu_check.md").write_text(markdown(report))
+        (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))  # after each step: a
+        (out / "gpu_check.md").write_text(markdown(report))  # run cut short keeps the steps it finished
     print(f"gpu_check: wrote {out / 'gpu_check.json'} and {out / 'gpu_check.md'}")
     return 0 if all(r["rc"] == 0 for r in report["steps"].values()) else 1
 

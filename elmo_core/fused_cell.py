@@ -21,6 +21,7 @@ tests/core/test_fused_cell.py; the recurrences built on them in tests/core/test_
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -163,8 +164,16 @@ def compile_kernel(fn: Callable[..., torch.Tensor | None]) -> Callable[..., torc
     kernel runs on the calling thread's torch threads (``cpp.dynamic_threads``), not on those of the
     thread that compiled it: the biLM's directions call the same kernels from threads of half the
     count (``inference.directions``)."""
-    return torch.compile(fn, dynamic=True, fullgraph=True, recompile_limit=RECOMPILE_LIMIT, isolate_recompiles=True,
-                         options={"cpp.dynamic_threads": True})
+    own = {"recompile_limit": RECOMPILE_LIMIT, "isolate_recompiles": True}
+    if not _TAKES_OWN_LIMIT:  # fullgraph makes the limit a hard failure: the process's is raised to ours
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        own = {}
+    return torch.compile(fn, dynamic=True, fullgraph=True, options={"cpp.dynamic_threads": True}, **own)
+
+
+# torch.compile takes a limit and a cache of its own in the pinned torch (2.13); an older one (the lent GPU
+# machines' image holds 2.11) compiles each kernel under the process's dynamo limit.
+_TAKES_OWN_LIMIT = "isolate_recompiles" in inspect.signature(torch.compile).parameters
 
 
 @dataclass(frozen=True)
