@@ -19,10 +19,12 @@ STAGES = ("read", "prepare", "model", "assemble", "write")
 
 
 class StageClock:
-    """Thread-safe wall-second totals per stage."""
+    """Thread-safe wall-second totals per stage, and the writing's per thread (a writer thread writes
+    whole shards, so a job of fewer shards than threads keeps some of them idle)."""
 
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(STAGES, 0.0)
+        self.writing: dict[str, float] = {}  # this process's writer and commit threads, by name
         self._lock = threading.Lock()
         self._cpu0 = time.process_time()
 
@@ -32,8 +34,12 @@ class StageClock:
         try:
             yield
         finally:
+            dt = time.perf_counter() - t0
             with self._lock:
-                self.seconds[name] += time.perf_counter() - t0
+                self.seconds[name] += dt
+                if name == "write":
+                    thread = threading.current_thread().name
+                    self.writing[thread] = self.writing.get(thread, 0.0) + dt
 
     def add(self, seconds: dict[str, float]) -> None:
         """Add another clock's totals (a Ray worker's)."""
@@ -44,13 +50,15 @@ class StageClock:
     def report(self, wall: float, device: str, writers: int = 1) -> dict:
         """The stages' seconds, the CPU seconds, and ``bound_by``: the thread busiest over the job
         (``THREADS``: the prefetch thread reads and prepares, the main thread runs the model and
-        assembles, ``writers`` threads write), the one that bounds it."""
+        assembles, writer threads write), the one that bounds it. The writing's is its busiest
+        thread's seconds where this process wrote; where workers did (``add``), their total shared
+        by ``writers`` threads."""
         out = {"seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                "process_cpu_seconds": round(time.process_time() - self._cpu0, 3), "wall_seconds": round(wall, 3)}
         if device != "cpu" and wall > 0:
             out["device_busy"] = round(min(1.0, self.seconds["model"] / wall), 3)
-        busy = {name: sum(self.seconds[k] for k in stages) / (writers if name == "write" else 1)
-                for name, stages in THREADS.items()}
+        busy = {name: sum(self.seconds[k] for k in stages) for name, stages in THREADS.items()}
+        busy["write"] = max(self.writing.values()) if self.writing else busy["write"] / writers
         out["bound_by"] = max(busy, key=busy.__getitem__)
         return out
 

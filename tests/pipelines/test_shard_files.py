@@ -4,6 +4,8 @@ either; the same vectors in each, the same protocol (verify, resume, a damaged s
 reader of each: tests/pipelines/test_readers.py."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -123,3 +125,26 @@ def test_the_summary_names_the_thread_that_bounds_the_job():
     assert clock.report(6.0, "cpu", writers=2)["bound_by"] == "model"  # 2.5 s a writer against 3.0 s
     clock.add({"prepare": 3.0})
     assert clock.report(6.0, "cpu", writers=2)["bound_by"] == "read"
+
+
+def test_the_busiest_writer_thread_bounds_the_writing():
+    """A writer thread writes whole shards: with 2 shards and 8 threads, 6 idle ones do not share it
+    (on a GPU a job wrote 27 s beside the model's 10 s and was called bound by the model)."""
+    import threading
+
+    from pipelines.stages import StageClock
+
+    clock = StageClock()
+    clock.add({"model": 0.3, "assemble": 0.1})
+
+    def write(seconds: float) -> None:
+        with clock.stage("write"):
+            time.sleep(seconds)
+
+    threads = [threading.Thread(target=write, args=(s,), name=f"elmo-writer-{i}") for i, s in enumerate((0.5, 0.1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert clock.report(1.0, "cpu", writers=8)["bound_by"] == "write"  # 0.5 s on one thread against 0.4 s
+    assert sorted(clock.writing) == ["elmo-writer-0", "elmo-writer-1"] and clock.writing["elmo-writer-0"] >= 0.5
