@@ -83,8 +83,9 @@ def worker(work: Path, variant: str, batch: int, steps: int, profile: bool, devi
 
 
 def profiled(run, batches: list, wall: float, steps: int, cuda: bool = True) -> dict:  # type: ignore[no-untyped-def]
-    """Kernels a step, top CUDA kernels over a few steps and the GPU's busy share of their wall time
-    (on a CPU, a dry run: nothing runs on a device, so no kernel is counted)."""
+    """Kernels a step, top CUDA kernels over a few steps (by time and by launches), the GPU's busy
+    share of their wall time, and the host's busiest ops (self CPU time a step): what a host-bound
+    step spends its time on (on a CPU, a dry run: nothing runs on a device, so no kernel is counted)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
@@ -93,7 +94,11 @@ def profiled(run, batches: list, wall: float, steps: int, cuda: bool = True) -> 
     events.sort(key=lambda e: e.device_time_total, reverse=True)
     busy_us = sum(e.device_time_total for e in events)
     return {"gpu_busy_share": busy_us / 1e6 / wall, "kernels_per_step": sum(e.count for e in events) / steps,
-            "top_kernels": [{"name": e.key[:90], "ms": e.device_time_total / 1e3, "calls": e.count} for e in events[:12]]}
+            "top_kernels": [{"name": e.key[:90], "ms": e.device_time_total / 1e3, "calls": e.count} for e in events[:12]],
+            "most_launched": [{"name": e.key[:90], "per_step": e.count / steps, "ms": e.device_time_total / 1e3}
+                              for e in sorted(events, key=lambda e: -e.count)[:16]],
+            "host_self_ms_per_step": {e.key[:90]: round(e.self_cpu_time_total / 1e3 / steps, 3) for e in sorted(
+                (e for e in prof.key_averages() if e.device_type.name == "CPU"), key=lambda e: -e.self_cpu_time_total)[:20]}}
 
 
 def main() -> None:

@@ -175,12 +175,16 @@ def step_kernels(work: Path, device: str) -> dict:
             torch.ones(steps + 1, rows, dtype=torch.bool, device=device), torch.full((L + 1,), 1 / (L + 1), device=device))
 
     with torch.inference_mode():  # the difference of 8 and 4 steps: what runs once a window is not a step's
-        kernels = (cuda_kernels(lambda: window(8)) - cuda_kernels(lambda: window(4))) / 4 / L
-    return {"kernels_per_step": kernels, "counted": "CUDA kernels (torch.profiler, ProfilerActivity.CUDA)"}
+        eight, four = cuda_kernels(lambda: window(8)), cuda_kernels(lambda: window(4))
+    per_step = {name: (eight.get(name, 0) - four.get(name, 0)) / 4 / L for name in eight.keys() | four.keys()}
+    return {"kernels_per_step": sum(per_step.values()), "counted": "CUDA kernels (torch.profiler, ProfilerActivity.CUDA)",
+            "by_kernel": {name[:120]: n for name, n in sorted(per_step.items(), key=lambda kv: -kv[1]) if n}}
 
 
-def cuda_kernels(run) -> int:  # noqa: ANN001
-    """CUDA kernels ``run`` launches (after a warm-up run), from the CUDA profiler."""
+def cuda_kernels(run) -> dict[str, int]:  # noqa: ANN001
+    """CUDA kernels ``run`` launches (after a warm-up run), by name, from the CUDA profiler."""
+    import collections
+
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -189,7 +193,7 @@ def cuda_kernels(run) -> int:  # noqa: ANN001
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run()
         torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type.name == "CUDA")
+    return dict(collections.Counter(e.name for e in prof.events() if e.device_type.name == "CUDA"))
 
 
 def step_host_waits(work: Path, device: str) -> dict:
