@@ -112,3 +112,27 @@ def test_kernels_are_built_by_name_and_leave_the_process_dynamo_settings_alone()
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
     for name in ("recompile_limit", "accumulated_recompile_limit"):
         assert getattr(dynamo_config, name) == dynamo_config._config[name].default, name
+
+
+def test_a_torch_without_a_limit_of_the_compile_calls_own_compiles_under_the_process_limit(monkeypatch):
+    """An older torch's ``torch.compile`` (2.11, the lent GPU machines' image) takes neither
+    ``recompile_limit`` nor ``isolate_recompiles``: the kernels compile without them, and the
+    process's limit is raised to ours (with ``fullgraph``, dynamo's default 8 fails a test session's
+    ninth variant); where it was higher it is left."""
+    import torch._dynamo.config as dynamo_config
+
+    from elmo_core import fused_cell
+
+    seen = {}
+    monkeypatch.setattr(fused_cell, "_TAKES_OWN_LIMIT", False)
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.update(kw) or fn)
+    monkeypatch.setattr(dynamo_config, "recompile_limit", 8)
+    assert fused_cell.compile_kernel(fused_cell.cell) is fused_cell.cell
+    assert "recompile_limit" not in seen and "isolate_recompiles" not in seen and seen["fullgraph"] is True
+    assert dynamo_config.recompile_limit == fused_cell.RECOMPILE_LIMIT
+    monkeypatch.setattr(dynamo_config, "recompile_limit", 1000)
+    fused_cell.compile_kernel(fused_cell.cell)
+    assert dynamo_config.recompile_limit == 1000
+    monkeypatch.setattr(fused_cell, "_TAKES_OWN_LIMIT", True)
+    fused_cell.compile_kernel(fused_cell.cell)
+    assert seen["recompile_limit"] == fused_cell.RECOMPILE_LIMIT and seen["isolate_recompiles"] is True
