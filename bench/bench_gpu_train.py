@@ -9,6 +9,8 @@ timed after warm-up, each variant in its own process, taking turns:
   tf32          the same with TF32 tensor-core products
   bf16          ``--bf16`` autocast: products in bf16, the cell in fp32
   fp32-unfused  the recurrence before fusing (elmo_core.lstm_sequence), for the ratio
+  bf16-unfused  the same in bf16: a host-bound step pays ~160 compiled calls a step for its fused
+                kernels (on a CPU at negligible widths, a step's host time is 40 ms fused, 17 ms unfused)
 
 Then a profile of the fastest variant's steps, one line: the CUDA kernels launched a step, the
 share of the step the GPU was busy, and the top kernels by time (what bounds it).
@@ -30,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_softmax_vocab import PUBLISHED, write_inputs  # noqa: E402
 
-VARIANTS = ("fp32", "tf32", "bf16", "fp32-unfused")
+VARIANTS = ("fp32", "tf32", "bf16", "fp32-unfused", "bf16-unfused")
 
 
 def write_train_inputs(work: Path, options: dict | None = None) -> Path:
@@ -54,26 +56,32 @@ def worker(work: Path, variant: str, batch: int, steps: int, profile: bool, devi
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = variant == "tf32"
     opts = TrainOptions(train=str(work / "train.txt"), options=str(work / "options.json"), out=str(work / f"run-{variant}"),
                         vocab=str(work / "vocab-20000.txt"), batch_size=batch, max_steps=10_000, checkpoint_every=0,
-                        shuffle_buffer=0, device=device, precision="bf16" if variant == "bf16" else "fp32")
+                        shuffle_buffer=0, device=device, precision="bf16" if variant.startswith("bf16") else "fp32")
     trainer = Trainer(opts, log=lambda s: None)
-    if variant == "fp32-unfused":
+    if variant.endswith("-unfused"):
         trainer.lm.bilm.lstm.sequence = lstm_sequence
     batches = [trainer.batcher.next_batch() for _ in range(steps + 3)]
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
-    def run(bs: list) -> float:
+    def run(bs: list, each: list | None = None) -> float:
         sync()
         t0 = time.perf_counter()
         for b in bs:
             trainer.train_step(b)
             trainer.progress.step += 1
+            if each is not None:  # each step's end, the device's included (a host-bound step waits for nothing)
+                sync()
+                each.append(time.perf_counter())
         sync()
         return time.perf_counter() - t0
 
     run(batches[:3])  # warm-up
-    seconds = run(batches[3:])
+    ends: list[float] = []
+    seconds = run(batches[3:], ends)
     unroll = json.loads((work / "options.json").read_text())["unroll_steps"]
+    each = sorted(b - a for a, b in zip(ends, ends[1:]))  # a step that compiles a new variant stands out
     out = {"variant": variant, "tokens_per_s": steps * batch * unroll / seconds, "step_s": seconds / steps,
+           "median_step_s": each[len(each) // 2] if each else None, "slowest_step_s": each[-1] if each else None,
            "batch": batch, "device": device, "gpu": torch.cuda.get_device_name(device) if cuda else None,
            "peak_allocated_GiB": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None}
     if profile:

