@@ -258,7 +258,7 @@ def _run(job: Job, lock: Any) -> dict:
         progress.close()
     seconds = time.perf_counter() - t0
     result = manifest(job, job.kept + new, seconds, info)
-    result["stages"] = job.clock.report(seconds, job.run.device, opts.writer_threads)
+    result["stages"] = job.clock.report(seconds, job.run.device)
     if result["stages"]["bound_by"] == "write" and (opts.format, opts.vector_layout) == ("parquet", "floats"):
         result["stages"]["advice"] = ("the writer bounds this job: --vector-layout binary or --format arrow write "
                                       "6-10x faster than Parquet float lists (docs/pipelines.md)")

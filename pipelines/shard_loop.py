@@ -108,7 +108,7 @@ class _WriterThread:
 
         def commit() -> None:
             try:
-                with self.clock.stage("write"):
+                with self.clock.stage("write", writer=self.thread.name):  # the shard's writer's time
                     self.records.append(writer.commit())
             except BaseException as e:  # handed to the caller through the writer thread's error
                 self.error = self.error or e

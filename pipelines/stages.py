@@ -19,17 +19,19 @@ STAGES = ("read", "prepare", "model", "assemble", "write")
 
 
 class StageClock:
-    """Thread-safe wall-second totals per stage, and the writing's per thread (a writer thread writes
+    """Thread-safe wall-second totals per stage, and the writing's per writer (a writer thread writes
     whole shards, so a job of fewer shards than threads keeps some of them idle)."""
 
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(STAGES, 0.0)
-        self.writing: dict[str, float] = {}  # this process's writer and commit threads, by name
+        self.writing: dict[str, float] = {}  # this process's writers by name: each one's encoding and commits
         self._lock = threading.Lock()
         self._cpu0 = time.process_time()
 
     @contextlib.contextmanager
-    def stage(self, name: str) -> Iterator[None]:
+    def stage(self, name: str, writer: str | None = None) -> Iterator[None]:
+        """Time a stage; ``write`` counts on ``writer`` too (default: the calling thread's name; a
+        writer's commit, in a thread of its own, names the writer whose shard it commits)."""
         t0 = time.perf_counter()
         try:
             yield
@@ -38,27 +40,29 @@ class StageClock:
             with self._lock:
                 self.seconds[name] += dt
                 if name == "write":
-                    thread = threading.current_thread().name
-                    self.writing[thread] = self.writing.get(thread, 0.0) + dt
+                    writer = writer or threading.current_thread().name
+                    self.writing[writer] = self.writing.get(writer, 0.0) + dt
 
     def add(self, seconds: dict[str, float]) -> None:
-        """Add another clock's totals (a Ray worker's)."""
+        """Add another clock's totals (a Ray or Spark worker's: each writes the one shard it is given,
+        so the workers' writing sums as their model time does)."""
         with self._lock:
             for k, v in seconds.items():
                 self.seconds[k] += v
 
-    def report(self, wall: float, device: str, writers: int = 1) -> dict:
+    def report(self, wall: float, device: str) -> dict:
         """The stages' seconds, the CPU seconds, and ``bound_by``: the thread busiest over the job
         (``THREADS``: the prefetch thread reads and prepares, the main thread runs the model and
         assembles, writer threads write), the one that bounds it. The writing's is its busiest
-        thread's seconds where this process wrote; where workers did (``add``), their total shared
-        by ``writers`` threads."""
+        writer's seconds (``writers``) where this process wrote; where workers did (``add``), their total."""
         out = {"seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                "process_cpu_seconds": round(time.process_time() - self._cpu0, 3), "wall_seconds": round(wall, 3)}
         if device != "cpu" and wall > 0:
             out["device_busy"] = round(min(1.0, self.seconds["model"] / wall), 3)
         busy = {name: sum(self.seconds[k] for k in stages) for name, stages in THREADS.items()}
-        busy["write"] = max(self.writing.values()) if self.writing else busy["write"] / writers
+        if self.writing:
+            out["writers"] = {k: round(v, 3) for k, v in sorted(self.writing.items())}
+            busy["write"] = max(self.writing.values())
         out["bound_by"] = max(busy, key=busy.__getitem__)
         return out
 
