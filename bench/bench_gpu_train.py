@@ -10,7 +10,8 @@ timed after warm-up, each variant in its own process, taking turns:
   bf16          ``--bf16`` autocast: products in bf16, the cell in fp32
   fp32-unfused  the recurrence before fusing (elmo_core.lstm_sequence), for the ratio
   bf16-unfused  the same in bf16: a host-bound step pays ~160 compiled calls a step for its fused
-                kernels (on a CPU at negligible widths, a step's host time is 40 ms fused, 17 ms unfused)
+                kernels (on a CPU at negligible widths a step's host time is 32.5 ms fused, 28.3 ms
+                unfused: bench/bench_train_host.py)
 
 Then a profile of the fastest variant's steps, one line: the CUDA kernels launched a step, the
 share of the step the GPU was busy, and the top kernels by time (what bounds it).
@@ -30,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import elmo_core  # noqa: E402,F401  before torch: the environment torch reads when it loads
 from bench.bench_softmax_vocab import PUBLISHED, write_inputs  # noqa: E402
 
 VARIANTS = ("fp32", "tf32", "bf16", "fp32-unfused", "bf16-unfused")
@@ -45,7 +47,8 @@ def write_train_inputs(work: Path, options: dict | None = None) -> Path:
 
 
 def worker(work: Path, variant: str, batch: int, steps: int, profile: bool, device: str = "cuda") -> dict:
-    """One variant's timed steps on ``device``, in this process."""
+    """One variant's timed steps on ``device``, in this process: tokens/s over all of them, and the
+    median and slowest step (a step that compiles a kernel variant first met there stands out)."""
     import torch
 
     from training.trainer import Trainer, TrainOptions
@@ -61,33 +64,52 @@ def worker(work: Path, variant: str, batch: int, steps: int, profile: bool, devi
     if variant.endswith("-unfused"):
         trainer.lm.bilm.lstm.sequence = lstm_sequence
     batches = [trainer.batcher.next_batch() for _ in range(steps + 3)]
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-
-    def run(bs: list, each: list | None = None) -> float:
-        sync()
-        t0 = time.perf_counter()
-        for b in bs:
-            trainer.train_step(b)
-            trainer.progress.step += 1
-            if each is not None:  # each step's end, the device's included (a host-bound step waits for nothing)
-                sync()
-                each.append(time.perf_counter())
-        sync()
-        return time.perf_counter() - t0
-
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    run = StepTimer(trainer, cuda)
     run(batches[:3])  # warm-up
-    ends: list[float] = []
-    seconds = run(batches[3:], ends)
+    seconds, each = run(batches[3:]), sorted(run.last)
     unroll = json.loads((work / "options.json").read_text())["unroll_steps"]
-    each = sorted(b - a for a, b in zip(ends, ends[1:]))  # a step that compiles a new variant stands out
     out = {"variant": variant, "tokens_per_s": steps * batch * unroll / seconds, "step_s": seconds / steps,
-           "median_step_s": each[len(each) // 2] if each else None, "slowest_step_s": each[-1] if each else None,
+           "median_step_s": each[len(each) // 2], "slowest_step_s": each[-1],
            "batch": batch, "device": device, "gpu": torch.cuda.get_device_name(device) if cuda else None,
            "peak_allocated_GiB": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None}
     if profile:
         out["profile"] = profiled(run, batches[3:3 + min(steps, 5)], seconds / steps * min(steps, 5),
                                   steps=min(steps, 5), cuda=cuda)
     return out
+
+
+class StepTimer:
+    """``timer(batches)``: the seconds their training steps take, the device's work included; each
+    step's in ``timer.last``, from a CUDA event recorded after it (the host queues the next step
+    meanwhile, as in training), or on a CPU from the clock."""
+
+    def __init__(self, trainer, cuda: bool) -> None:  # noqa: ANN001
+        self.trainer, self.cuda, self.last = trainer, cuda, []
+
+    def __call__(self, batches: list) -> float:
+        import torch
+
+        sync = torch.cuda.synchronize if self.cuda else (lambda: None)
+        mark = (lambda: torch.cuda.Event(enable_timing=True)) if self.cuda else None
+        sync()
+        t0 = time.perf_counter()
+        ends = [mark() if mark else t0]
+        if mark:
+            ends[0].record()
+        for b in batches:
+            self.trainer.train_step(b)
+            self.trainer.progress.step += 1
+            if mark:
+                ends.append(mark())
+                ends[-1].record()
+            else:
+                ends.append(time.perf_counter())
+        sync()
+        seconds = time.perf_counter() - t0
+        self.last = [a.elapsed_time(b) / 1e3 if mark else b - a for a, b in zip(ends, ends[1:])]
+        return seconds
 
 
 def profiled(run, batches: list, wall: float, steps: int, cuda: bool = True) -> dict:  # type: ignore[no-untyped-def]

