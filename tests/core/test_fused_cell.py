@@ -126,13 +126,14 @@ def test_a_torch_without_a_limit_of_the_compile_calls_own_compiles_under_the_pro
     seen = {}
     monkeypatch.setattr(fused_cell, "_TAKES_OWN_LIMIT", False)
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.update(kw) or fn)
-    monkeypatch.setattr(dynamo_config, "recompile_limit", 8)
-    assert fused_cell.compile_kernel(fused_cell.cell) is fused_cell.cell
-    assert "recompile_limit" not in seen and "isolate_recompiles" not in seen and seen["fullgraph"] is True
-    assert dynamo_config.recompile_limit == fused_cell.RECOMPILE_LIMIT
-    monkeypatch.setattr(dynamo_config, "recompile_limit", 1000)
-    fused_cell.compile_kernel(fused_cell.cell)
-    assert dynamo_config.recompile_limit == 1000
+    with dynamo_config.patch(recompile_limit=8):  # torch's own patch: monkeypatch's undo would hide the setting
+        assert fused_cell.compile_kernel(fused_cell.cell) is fused_cell.cell
+        assert "recompile_limit" not in seen and "isolate_recompiles" not in seen and seen["fullgraph"] is True
+        assert dynamo_config.recompile_limit == fused_cell.RECOMPILE_LIMIT
+    with dynamo_config.patch(recompile_limit=1000):
+        fused_cell.compile_kernel(fused_cell.cell)
+        assert dynamo_config.recompile_limit == 1000
+    assert dynamo_config.recompile_limit == dynamo_config._config["recompile_limit"].default
     monkeypatch.setattr(fused_cell, "_TAKES_OWN_LIMIT", True)
     fused_cell.compile_kernel(fused_cell.cell)
     assert seen["recompile_limit"] == fused_cell.RECOMPILE_LIMIT and seen["isolate_recompiles"] is True
