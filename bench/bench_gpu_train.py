@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import elmo_core  # noqa: E402,F401  before torch: the environment torch reads when it loads
 from bench.bench_softmax_vocab import PUBLISHED, write_inputs  # noqa: E402
+from bench.workers import run_worker  # noqa: E402
 
 VARIANTS = ("fp32", "tf32", "bf16", "fp32-unfused", "bf16-unfused")
 
@@ -156,10 +156,7 @@ def main() -> None:
             for name in names:  # the last round profiles the fastest
                 cmd = [sys.executable, __file__, "--worker", str(work), name, "--batch", str(a.batch),
                        "--steps", str(a.steps)] + (["--profile"] if last else [])
-                out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-                if out.returncode != 0:
-                    raise SystemExit(f"{name}: worker failed\n{out.stderr[-3000:]}")
-                res = json.loads(out.stdout.strip().splitlines()[-1])
+                res = run_worker(cmd, name)
                 print(f"{'profile' if last else f'round {r + 1}'} {name}: {res['tokens_per_s']:,.0f} tokens/s "
                       f"({res['step_s'] * 1e3:.1f} ms/step)", flush=True)
                 if last:

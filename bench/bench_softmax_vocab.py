@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.workers import run_worker  # noqa: E402
 
 PUBLISHED = {
     "lstm": {"dim": 4096, "projection_dim": 512, "n_layers": 2, "cell_clip": 3, "proj_clip": 3,
@@ -102,10 +103,7 @@ def main() -> None:
             for name in CONFIGS:
                 cmd = [sys.executable, __file__, "--worker", str(work), name, "--batch", str(a.batch),
                        "--steps", str(a.steps)]
-                out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-                if out.returncode != 0:
-                    raise SystemExit(f"{name}: worker failed\n{out.stderr[-3000:]}")
-                res = json.loads(out.stdout.strip().splitlines()[-1])
+                res = run_worker(cmd, name)
                 print(f"round {r + 1} {name:>12}: {res['step_s']:.3f} s/step, peak RSS {res['peak_rss_gib']:.2f} GiB",
                       flush=True)
                 old = best.get(name)

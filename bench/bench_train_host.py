@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import elmo_core  # noqa: E402,F401  before torch: the environment torch reads when it loads
+from bench.workers import run_worker  # noqa: E402
 
 VARIANTS = ("fused", "unfused")
 
@@ -84,10 +84,7 @@ def main() -> None:
         for turn in range(a.turns):
             for name in VARIANTS:
                 cmd = [sys.executable, __file__, "--worker", str(Path(tmp) / name), name, "--steps", str(a.steps)]
-                out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-                if out.returncode != 0:
-                    raise SystemExit(f"{name}: worker failed\n{out.stderr[-3000:]}")
-                res = json.loads(out.stdout.strip().splitlines()[-1])
+                res = run_worker(cmd, name)
                 print(f"turn {turn + 1}: {name:<8} median step {res['median_step_ms']:.1f} ms "
                       f"(slowest {res['slowest_step_ms']:.0f} ms)", flush=True)
                 best[name] = min(best.get(name, float("inf")), res["median_step_ms"])
