@@ -193,7 +193,11 @@ def batch_waits(backend, sentences: list[list[str]]) -> HostWaits:  # type: igno
     first batches do."""
     from inference import engine
     from inference.batching import BatchPolicy
-    from elmo_core.vectors import VectorRequest
+
+    try:
+        from elmo_core.vectors import VectorRequest
+    except ImportError:  # a tree from before the record had its home in elmo_core (647018a: inference.outputs)
+        from inference.outputs import VectorRequest
 
     policy, request = BatchPolicy(max_tokens_per_batch=1 << 20), VectorRequest("mixed", dtype="float16")
     held = [*backend.model.parameters(), *backend.model.buffers()]
