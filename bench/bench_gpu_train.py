@@ -82,33 +82,35 @@ def worker(work: Path, variant: str, batch: int, steps: int, profile: bool, devi
 
 class StepTimer:
     """``timer(batches)``: the seconds their training steps take, the device's work included; each
-    step's in ``timer.last``, from a CUDA event recorded after it (the host queues the next step
-    meanwhile, as in training), or on a CPU from the clock."""
+    step's in ``timer.last``, between marks after each step: CUDA events (the host queues the next
+    step meanwhile, as in training), on a CPU the clock."""
 
     def __init__(self, trainer, cuda: bool) -> None:  # noqa: ANN001
         self.trainer, self.cuda, self.last = trainer, cuda, []
+
+    def _mark(self):  # noqa: ANN202
+        import torch
+
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def __call__(self, batches: list) -> float:
         import torch
 
         sync = torch.cuda.synchronize if self.cuda else (lambda: None)
-        mark = (lambda: torch.cuda.Event(enable_timing=True)) if self.cuda else None
         sync()
         t0 = time.perf_counter()
-        ends = [mark() if mark else t0]
-        if mark:
-            ends[0].record()
+        marks = [self._mark()]
         for b in batches:
             self.trainer.train_step(b)
             self.trainer.progress.step += 1
-            if mark:
-                ends.append(mark())
-                ends[-1].record()
-            else:
-                ends.append(time.perf_counter())
+            marks.append(self._mark())
         sync()
         seconds = time.perf_counter() - t0
-        self.last = [a.elapsed_time(b) / 1e3 if mark else b - a for a, b in zip(ends, ends[1:])]
+        self.last = [a.elapsed_time(b) / 1e3 if self.cuda else b - a for a, b in zip(marks, marks[1:])]
         return seconds
 
 

@@ -20,7 +20,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +48,7 @@ def worker(work: Path, variant: str, steps: int) -> dict:
     the kernels is the slowest, not the median)."""
     import torch
 
-    from bench.bench_gpu_train import write_train_inputs
+    from bench.bench_gpu_train import StepTimer, write_train_inputs
     from training.trainer import Trainer, TrainOptions
 
     torch.set_num_threads(1)
@@ -60,14 +59,11 @@ def worker(work: Path, variant: str, steps: int) -> dict:
                         compile=variant == "fused")
     trainer = Trainer(opts, log=lambda s: None)
     batches = [trainer.batcher.next_batch() for _ in range(steps + 5)]
-    times = []
-    for i, b in enumerate(batches):
-        t0 = time.perf_counter()
-        trainer.train_step(b)
-        trainer.progress.step += 1
-        if i >= 5:  # warm-up: the kernels compiled
-            times.append(time.perf_counter() - t0)
-    return {"variant": variant, "median_step_ms": statistics.median(times) * 1e3, "slowest_step_ms": max(times) * 1e3}
+    run = StepTimer(trainer, cuda=False)
+    run(batches[:5])  # warm-up: the kernels compiled
+    run(batches[5:])
+    return {"variant": variant, "median_step_ms": statistics.median(run.last) * 1e3,
+            "slowest_step_ms": max(run.last) * 1e3}
 
 
 def main() -> None:
