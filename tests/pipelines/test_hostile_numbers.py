@@ -163,3 +163,15 @@ def test_non_finite_rows_are_found_by_their_exponent_bits(dtype):
     v[4] = np.finfo(dtype).max  # the largest finite value is finite
     assert non_finite_rows(v).tolist() == [False, True, True, True, False]
     assert non_finite_rows(v[:0]).shape == (0,)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_non_finite_rows_are_found_across_the_slices_the_check_takes(dtype):
+    from pipelines.predictor import _CHECK_BYTES, non_finite_rows
+
+    per_slice = _CHECK_BYTES // (np.dtype(dtype).itemsize * 1024)
+    v = np.zeros((3 * per_slice + 5, 1024), dtype)  # (N, D): three whole slices and a partial one
+    bad = [0, per_slice - 1, per_slice, 2 * per_slice + 1, len(v) - 1]
+    for k, row in enumerate(bad):
+        v[row, (37 * k) % 1024] = (np.nan, np.inf, -np.inf)[k % 3]
+    assert np.flatnonzero(non_finite_rows(v)).tolist() == bad
