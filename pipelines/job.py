@@ -185,7 +185,8 @@ def run_local(job: Job, shards: list[Shard], progress: ProgressBar) -> tuple[lis
     """The local runner: the job's one model, in this process."""
     from .shard_loop import embed_shards
 
-    records = embed_shards(job.predictor, shards, job.out, job.schema, job.digest, progress.update, job.clock)
+    records = embed_shards(job.predictor, shards, job.out, job.schema, job.digest, progress.update, job.clock,
+                           span=True)
     return records, {"name": "local", **job.predictor.backend.device_report()}
 
 

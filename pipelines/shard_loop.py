@@ -1,10 +1,11 @@
 """The loop that turns shards into committed output files, shared by both runners: the local
 runner calls it with all pending shards, each Ray worker with the shards it is given.
 
-Per input file, ``read_windows`` yields each shard's rows in windows; a prefetch thread prepares
-them (tokens, windows, buckets, character ids), the calling thread runs the model, and writer
-threads (``--writer-threads``, default 1) encode and write: one ``ShardWriter`` per shard writes
-its rows in input order and commits it when its last window is in.
+Per input file, ``read_windows`` yields the shards' rows in windows (a window may span shards); a
+prefetch thread prepares them (tokens, windows, buckets, character ids), the calling thread runs
+the model, and writer threads (``--writer-threads``, default 1) encode and write: each window's
+rows go to their shards' writers, one ``ShardWriter`` per shard writes its rows in input order and
+commits it when its last rows are in.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import queue
 import threading
 from typing import Callable, Iterator
 
+import numpy as np
 import pyarrow as pa
 
 from elmo_core.errors import InputError
@@ -20,11 +22,12 @@ from elmo_core.errors import InputError
 from .options import EmbedOptions
 
 from .errors import NonFiniteError
-from .predictor import ElmoPredictor
+from .predictor import ElmoPredictor, Prepared
 from .prefetch import prefetch
 from .sink import Output, ShardWriter
 from .stages import StageClock
-from .source import Shard, read_windows
+from .rows import row_values
+from .source import Shard, Window, read_windows
 
 
 def _timed(items: Iterator, clock: StageClock, name: str) -> Iterator:
@@ -37,20 +40,34 @@ def _timed(items: Iterator, clock: StageClock, name: str) -> Iterator:
         yield item
 
 
-def _windows(shards: list[Shard], predictor: ElmoPredictor, opts: EmbedOptions, clock: StageClock) -> Iterator[tuple]:
-    """(shard, prepared window, last window of the shard); errors name the file and its rows."""
+def _windows(shards: list[Shard], predictor: ElmoPredictor, opts: EmbedOptions, clock: StageClock,
+             span: bool) -> Iterator[tuple[Window, Prepared]]:
+    """Each window of ``shards`` (``read_windows``) with its prepared rows; errors name the file and
+    the window's rows."""
     for file, group in itertools.groupby(shards, key=lambda s: s.file):
-        row, current, n = None, None, 0
+        rows: tuple[int, int] | None = None  # the file rows of the window read last
         try:
-            for shard, table, last in _timed(read_windows(file, list(group), opts), clock, "read"):
-                row = shard.start if shard is not current else row + n
-                current, n = shard, table.num_rows
+            for window in _timed(read_windows(file, list(group), opts, span), clock, "read"):
+                rows = (window.start, window.start + window.table.num_rows - 1)
                 with clock.stage("prepare"):
-                    prepared = predictor.prepare(table)
-                yield shard, prepared, last
+                    prepared = predictor.prepare(window.table)
+                yield window, prepared
         except InputError as e:
-            where = f", rows {row}..{row + n - 1} (the window holding the bad row)" if row is not None else ""
+            where = f", rows {rows[0]}..{rows[1]} (the window holding the bad row)" if rows is not None else ""
             raise InputError(f"{file.path}{where}: {e}") from None
+
+
+def _invalid_utf8(window: Window, total: int, opts: EmbedOptions) -> list[int]:
+    """The strings with invalid UTF-8 among each piece's rows (``total`` in the window): decoded
+    again piece by piece only where a window of several pieces holds any."""
+    if total == 0 or len(window.pieces) == 1:
+        return [total] + [0] * (len(window.pieces) - 1)
+    name = opts.tokens_column or opts.text_column
+    column, counts, offset = window.table.column(name), [], 0
+    for piece in window.pieces:
+        counts.append(row_values(column.slice(offset, piece.rows), opts.tokens_column is not None, name)[1])
+        offset += piece.rows
+    return counts
 
 
 class _WriterThread:
@@ -174,23 +191,29 @@ class _WriterPool:
 
 def embed_shards(predictor: ElmoPredictor, shards: list[Shard], out: Output, schema: pa.Schema, job_digest: str,
                  on_batch: Callable[[int, int], None] = lambda rows, tokens: None,
-                 clock: StageClock | None = None) -> list[dict]:
+                 clock: StageClock | None = None, span: bool = False) -> list[dict]:
     """Embed and commit ``shards`` (in input order); returns their commit records. The prefetch
     thread reads and prepares, this one runs the model, the writer threads write; each shard records
-    the sha256 of the model the predictor loaded."""
+    the sha256 of the model the predictor loaded. ``span``: windows go on past a shard's end
+    (``read_windows``; the local runner's, whose writer threads take the shards of a window at once)."""
     opts, clock = predictor.options, clock or StageClock()
     writer = _WriterPool(out, schema, job_digest, opts, predictor.model_sha256, clock)
-    done: dict[str, int] = {}  # rows of each shard computed so far
     try:
-        for shard, prepared, last in prefetch(_windows(shards, predictor, opts, clock), opts.prefetch):
+        for window, prepared in prefetch(_windows(shards, predictor, opts, clock, span), opts.prefetch):
+            file = window.pieces[0].shard.file if window.pieces[0].shard else shards[0].file
             try:
                 table = predictor.compute(prepared, clock)
             except NonFiniteError as e:
-                row = shard.start + done.get(shard.name, 0) + e.row
-                raise NonFiniteError(f"{shard.file.path}: row {row}: {e}", row) from None
-            done[shard.name] = done.get(shard.name, 0) + table.num_rows
-            writer.put((shard, table, prepared.plan.lengths, prepared.invalid_utf8, last))
-            on_batch(table.num_rows, prepared.plan.tokens)
+                raise NonFiniteError(f"{file.path}: row {window.start + e.row}: {e}", window.start + e.row) from None
+            lengths, offset, rows, tokens = prepared.plan.lengths, 0, 0, 0  # (R,)
+            for piece, invalid in zip(window.pieces, _invalid_utf8(window, prepared.invalid_utf8, opts)):
+                if piece.shard is not None:  # else rows of a committed shard: dropped
+                    part = table if len(window.pieces) == 1 else table.slice(offset, piece.rows)
+                    kept = lengths[offset : offset + piece.rows]  # (rows,) -1: null
+                    writer.put((piece.shard, part, kept, invalid, piece.last))
+                    rows, tokens = rows + piece.rows, tokens + int(np.maximum(kept, 0).sum())
+                offset += piece.rows
+            on_batch(rows, tokens)
         return writer.close()
     finally:
         writer.abort()

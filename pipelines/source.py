@@ -153,39 +153,82 @@ def shards_of(files: list[InputFile], rows_per_shard: int, suffix: str = ".parqu
             for f in files for k in range(max(1, -(-f.rows // rows_per_shard)))]  # an empty file: one empty shard
 
 
-def read_windows(file: InputFile, shards: list[Shard], opts: EmbedOptions) -> Iterator[tuple[Shard, pa.Table, bool]]:
-    """(shard, rows, is_last) for the given shards of one file, in order; each window at most
-    ``sort_window_rows`` rows and ``sort_window_tokens`` tokens (a longer single row goes alone),
-    never across two shards. A shard with zero rows yields one empty table.
-    Rows of shards not asked for are read and skipped (a resume re-reads text, not vectors).
+@dataclass(frozen=True)
+class Piece:
+    """A shard's consecutive rows in a window: ``rows`` of them, its last ones where ``last``;
+    ``shard`` None: rows of a shard not asked for (committed already), computed with the window
+    and dropped."""
+
+    shard: Shard | None
+    rows: int
+    last: bool
+
+
+@dataclass(frozen=True)
+class Window:
+    """Rows sorted and batched together (``table``): the file's rows from ``start`` on, in order,
+    each piece's in turn."""
+
+    table: pa.Table
+    pieces: tuple[Piece, ...]
+    start: int
+
+
+def read_windows(file: InputFile, shards: list[Shard], opts: EmbedOptions, span: bool = False) -> Iterator[Window]:
+    """The rows of the given shards of one file, in order, as windows of at most ``sort_window_rows``
+    rows and ``sort_window_tokens`` tokens (a longer single row goes alone). A shard with zero rows
+    comes as a window of its own with one empty piece.
+
+    ``span`` (a job's local runner): a window goes on past a shard's end, so the model's batches do
+    not shrink with the shards (a GPU job's shards are cut small for its writer threads:
+    ``pipelines.shard_size``), and each piece goes to its shard's writer. The windows are then the
+    file's whatever the shards asked for: a window holding rows of a shard not asked for (a resume)
+    is read whole, those rows in pieces without a shard, so that every row's vectors are those of
+    the whole job, bit for bit. Else (a cluster's task, given one shard) windows stay within a shard
+    and the rows of shards not asked for are skipped.
 
     The token bound keeps a window's vectors (tokens x D floats, x(L+1) for output all) the same
     size whatever the corpus's sentence lengths, so memory does not grow with longer rows.
     """
     wanted = {s.chunk: s for s in shards}
-    pending: list[pa.RecordBatch] = []
-    pending_rows, pending_tokens, row = 0, 0, 0  # rows and tokens buffered, file row of the first one
+    tables: list[pa.RecordBatch] = []
+    pieces: list[Piece] = []
+    rows, tokens, row = 0, 0, 0  # the window's rows and tokens; the file row read next
     for batch in input_batches(file, opts):
         counts = token_counts(batch, opts)  # (R,)
         while batch.num_rows:
+            if row >= file.rows:
+                raise InputError(f"{file.path}: read more than the {file.rows} rows its footer says")
+            shard = wanted.get(row // opts.rows_per_shard)
             shard_end = min(file.rows, (row // opts.rows_per_shard + 1) * opts.rows_per_shard)
-            fit = _rows_that_fit(counts, opts.sort_window_tokens - pending_tokens, pending_rows == 0)
-            take = min(batch.num_rows, opts.sort_window_rows - pending_rows, shard_end - row - pending_rows, fit)
-            pending.append(batch.slice(0, take))
-            pending_rows, pending_tokens = pending_rows + take, pending_tokens + int(counts[:take].sum())
-            batch, counts = batch.slice(take), counts[take:]
-            done = row + pending_rows == shard_end
-            full = pending_rows == opts.sort_window_rows or (batch.num_rows > 0 and take == fit)
-            if done or full:
-                shard = wanted.get(row // opts.rows_per_shard)
-                if shard is not None:
-                    yield shard, pa.Table.from_batches(pending), done
-                row, pending, pending_rows, pending_tokens = row + pending_rows, [], 0, 0
-    if row != file.rows or pending_rows:
-        raise InputError(f"{file.path}: read {row + pending_rows} rows, its footer says {file.rows}")
+            if shard is None and not span:  # committed already: skipped
+                take = min(batch.num_rows, shard_end - row)
+                batch, counts, row = batch.slice(take), counts[take:], row + take
+                continue
+            fit = _rows_that_fit(counts, opts.sort_window_tokens - tokens, rows == 0)
+            take = min(batch.num_rows, opts.sort_window_rows - rows, shard_end - row, fit)
+            if take:
+                tables.append(batch.slice(0, take))
+                before = pieces.pop().rows if pieces and pieces[-1].shard is shard else 0
+                pieces.append(Piece(shard, before + take, row + take == shard_end))
+            rows, tokens = rows + take, tokens + int(counts[:take].sum())
+            batch, counts, row = batch.slice(take), counts[take:], row + take
+            if rows == opts.sort_window_rows or (batch.num_rows > 0 and take == fit) or (row == shard_end and not span):
+                yield from _window(tables, pieces, row - rows)
+                tables, pieces, rows, tokens = [], [], 0, 0
+    yield from _window(tables, pieces, row - rows)
+    if row != file.rows:
+        raise InputError(f"{file.path}: read {row} rows, its footer says {file.rows}")
     for s in shards:
         if s.rows == 0:
-            yield s, pa.table({c: pa.array([], type=file.schema.field(c).type) for c in opts.input_columns}), True
+            empty = pa.table({c: pa.array([], type=file.schema.field(c).type) for c in opts.input_columns})
+            yield Window(empty, (Piece(s, 0, True),), s.start)
+
+
+def _window(tables: list[pa.RecordBatch], pieces: list[Piece], start: int) -> Iterator[Window]:
+    """The window of these rows, where any of them is asked for."""
+    if any(p.shard is not None for p in pieces):
+        yield Window(pa.Table.from_batches(tables), tuple(pieces), start)
 
 
 def token_counts(batch: pa.RecordBatch, opts: EmbedOptions) -> np.ndarray:

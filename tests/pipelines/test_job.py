@@ -87,27 +87,64 @@ def test_local_vectors_match_embedder(corpus, tiny_dir, tmp_path, output, dtype)
 
 
 def test_windows_are_bounded_by_tokens_and_cover_each_row_once(corpus):
-    """Each sort window holds at most ``sort_window_tokens`` tokens (a longer single row alone),
-    stays within one shard, and the windows give every row of the file once, in order."""
+    """Each sort window holds at most ``sort_window_tokens`` tokens (a longer single row alone) and
+    ``sort_window_rows`` rows, spans shards where they end inside it, and the windows give every
+    row of the file once, in order, each piece to its shard, each shard's last rows marked once."""
     from pipelines.options import EmbedOptions
     from pipelines.source import read_windows, scan_inputs, shards_of
 
     opts = EmbedOptions.coerce(id_column="id", sort_window_rows=64, sort_window_tokens=200, rows_per_shard=30)
+    spanning = 0
     for file in scan_inputs(corpus, opts):
         shards = shards_of([file], opts.rows_per_shard)
-        windows = list(read_windows(file, shards, opts))
-        ids, per_shard = [], {}
-        for shard, table, _ in windows:
-            counts = [len(t.split()) for t in table.column("text").to_pylist()]
+        windows = list(read_windows(file, shards, opts, span=True))
+        ids, per_shard, lasts = [], {}, []
+        for w in windows:
+            counts = [len(t.split()) for t in w.table.column("text").to_pylist()]
             assert sum(counts) <= 200 or len(counts) == 1, counts
-            assert table.num_rows <= 64
-            ids += table.column("id").to_pylist()
-            per_shard[shard.chunk] = per_shard.get(shard.chunk, 0) + table.num_rows
+            assert w.table.num_rows <= 64 and w.table.num_rows == sum(p.rows for p in w.pieces)
+            ids += w.table.column("id").to_pylist()
+            for p in w.pieces:
+                assert p.rows > 0 and p.shard.start + per_shard.get(p.shard.chunk, 0) + p.rows <= p.shard.start + p.shard.rows
+                per_shard[p.shard.chunk] = per_shard.get(p.shard.chunk, 0) + p.rows
+                lasts += [p.shard.chunk] if p.last else []
+                assert p.last == (per_shard[p.shard.chunk] == p.shard.rows)
+            spanning += len(w.pieces) > 1
         whole = pq.read_table(file.path)
         assert ids == whole.column("id").to_pylist()
         assert per_shard == {s.chunk: s.rows for s in shards}
+        assert lasts == [s.chunk for s in shards]
         assert len(windows) > len(shards)  # the token bound cut windows inside shards
-        assert [last for _, _, last in windows].count(True) == len(shards)
+    assert spanning > 0  # and some windows went on past a shard's end
+
+
+def test_a_window_spans_shards_so_the_batches_do_not_shrink_with_them(corpus):
+    """Shards of 5 rows, windows of up to 64: the windows (and so the model's batches) are those
+    of one shard a file, each cut into its shards' pieces; a resume reads the same windows, the
+    rows of a committed shard in a piece of no shard, and skips a window with none it asks for.
+    A cluster's task (``span`` off) keeps its windows within its shard."""
+    from pipelines.options import EmbedOptions
+    from pipelines.source import read_windows, scan_inputs, shards_of
+
+    big = EmbedOptions.coerce(id_column="id", sort_window_rows=64, sort_window_tokens=10**6, rows_per_shard=10**6)
+    small = EmbedOptions.coerce(id_column="id", sort_window_rows=64, sort_window_tokens=10**6, rows_per_shard=5)
+    file = scan_inputs(corpus, big)[0]
+    one = [w.table.num_rows for w in read_windows(file, shards_of([file], big.rows_per_shard), big)]
+    shards = shards_of([file], small.rows_per_shard)
+    cut = list(read_windows(file, shards, small, span=True))
+    assert [w.table.num_rows for w in cut] == one
+    assert [w.start for w in cut] == [sum(one[:k]) for k in range(len(one))]
+    assert [len(w.pieces) for w in cut] == [-(-n // 5) for n in one]  # 64 rows: 13 shards' pieces
+    kept = [s for s in shards if s.chunk != 2 and s.start >= one[0] or s.chunk == 0]  # 1.. in window 0 committed
+    resumed = list(read_windows(file, kept, small, span=True))
+    assert [w.start for w in resumed] == [w.start for w in cut]
+    assert [w.table.num_rows for w in resumed] == one
+    assert [p.shard is None for p in resumed[0].pieces] == [False] + [True]  # shards 1..12 in one dropped piece
+    later = [s for s in shards if s.start >= one[0]]  # window 0 done whole: not read as a window
+    assert [w.start for w in read_windows(file, later, small, span=True)] == [w.start for w in cut[1:]]
+    alone = list(read_windows(file, [shards[3]], small))
+    assert [(w.start, w.table.num_rows, [(p.shard.chunk, p.rows, p.last) for p in w.pieces]) for w in alone] == \
+        [(15, 5, [(3, 5, True)])]
 
 
 def test_token_bound_of_windows_does_not_change_vectors(corpus, tiny_dir, tmp_path):
