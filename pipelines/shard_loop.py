@@ -70,18 +70,43 @@ def _invalid_utf8(window: Window, total: int, opts: EmbedOptions) -> list[int]:
     return counts
 
 
+class _Room:
+    """What the writer pool holds at once: at most ``tables`` tables and ``limit`` bytes of them
+    (None: no bound), or one table alone whatever its size (a large window never waits forever)."""
+
+    def __init__(self, tables: int) -> None:
+        self.tables, self.limit = tables, None
+        self.held, self.bytes = 0, 0
+        self.changed = threading.Condition()
+
+    def take(self, size: int, timeout: float) -> bool:
+        """Room for a table of ``size`` bytes, taken; False where there was none within ``timeout`` s."""
+        def fits() -> bool:
+            return self.held == 0 or (self.held < self.tables and (self.limit is None or self.bytes + size <= self.limit))
+        with self.changed:
+            if not self.changed.wait_for(fits, timeout):
+                return False
+            self.held, self.bytes = self.held + 1, self.bytes + size
+            return True
+
+    def give(self, size: int) -> None:
+        with self.changed:
+            self.held, self.bytes = self.held - 1, self.bytes - size
+            self.changed.notify_all()
+
+
 class _WriterThread:
     """Writes and commits shards in a thread of its own, in the order given: Parquet encoding releases
     the GIL, so it runs beside the model. A shard's commit (checksum, fsync and rename, or the
     completion of its upload to a store) runs in one more thread beside the next shard's encoding,
-    one commit at a time. A table waits for one of the pool's ``slots``; an error in the thread
+    one commit at a time. A table waits for the pool's ``room``; an error in the thread
     reaches the caller at its next ``put`` or at ``close``; its open shard is aborted either way. Stopped
     (the job failed or was signalled), it writes what is already queued (a few tables: the pool's
-    slots), so a shard whose rows were all computed is committed, and aborts the one left open."""
+    room), so a shard whose rows were all computed is committed, and aborts the one left open."""
 
     def __init__(self, out: Output, schema: pa.Schema, job_digest: str, opts: EmbedOptions, model_sha256: str | None,
-                 clock: StageClock, slots: threading.Semaphore, name: str = "elmo-writer") -> None:
-        self.args, self.clock, self.slots = (out, schema, job_digest, opts, model_sha256), clock, slots
+                 clock: StageClock, room: _Room, name: str = "elmo-writer") -> None:
+        self.args, self.clock, self.room = (out, schema, job_digest, opts, model_sha256), clock, room
         self.queue: queue.Queue = queue.Queue()
         self.stop = threading.Event()
         self.records: list[dict] = []
@@ -102,14 +127,14 @@ class _WriterThread:
                     continue
                 if item is None:
                     return
-                shard, table, lengths, invalid_utf8, last = item
+                shard, table, lengths, invalid_utf8, last, size = item
                 with self.clock.stage("write"):
                     writer = writer or ShardWriter(self.args[0], shard, *self.args[1:])
                     writer.write(table, lengths, invalid_utf8)
                     if last:
                         self._commit_beside(writer)
                         writer = None
-                self.slots.release()
+                self.room.give(size)
         except BaseException as e:  # handed to the caller, which re-raises it
             self.error = self.error or e
         finally:
@@ -144,24 +169,36 @@ class _WriterPool:
     that several shards are encoded at once (a GPU job makes vectors faster than one core encodes
     Parquet), each by one thread, in row order. Tables queued or being written, in all: at most 3
     with one thread (two waiting, one in hand), 16 per thread with several, so that each can hold
-    a shard of up to ~16 windows (see docs/pipelines.md for memory)."""
+    a shard of up to ~16 windows; and at most ``WINDOWS_HELD`` windows' vectors (the largest window
+    yet: on an 80 GB GPU a window is 4 GiB of float32 vectors, so 16 per thread would be hundreds
+    of GiB), which W shards of 1/W of a window each fill (``pipelines.shard_size``). See
+    docs/pipelines.md for memory."""
+
+    WINDOWS_HELD = 3
 
     def __init__(self, out: Output, schema: pa.Schema, job_digest: str, opts: EmbedOptions, model_sha256: str | None,
                  clock: StageClock) -> None:
         n = opts.writer_threads
-        self.slots = threading.Semaphore(3 if n == 1 else 16 * n)
-        self.threads = [_WriterThread(out, schema, job_digest, opts, model_sha256, clock, self.slots, f"elmo-writer-{i}")
+        self.room = _Room(3 if n == 1 else 16 * n)
+        self.threads = [_WriterThread(out, schema, job_digest, opts, model_sha256, clock, self.room, f"elmo-writer-{i}")
                         for i in range(n)]
         self.assigned: dict[str, _WriterThread] = {}
 
-    def put(self, item: tuple) -> None:
-        """Queue (shard, table, row lengths, invalid_utf8, last); waits while the pool is full."""
-        while not self.slots.acquire(timeout=0.1):
+    def window(self, table: pa.Table) -> None:
+        """A window's vectors are about to be queued (its pieces by ``put``): the bound on bytes held
+        follows the largest window yet."""
+        with self.room.changed:
+            self.room.limit = max(self.room.limit or 0, self.WINDOWS_HELD * table.nbytes)
+
+    def put(self, shard: Shard, table: pa.Table, lengths: np.ndarray, invalid_utf8: int, last: bool) -> None:
+        """Queue a shard's next rows (``lengths``: their token counts, -1 null; ``last``: its last
+        ones); waits while the pool is full."""
+        size = table.nbytes
+        while not self.room.take(size, timeout=0.1):
             self._raise_errors()
         self._raise_errors()
-        shard = item[0]
         thread = self.assigned.setdefault(shard.name, self.threads[len(self.assigned) % len(self.threads)])
-        thread.queue.put(item)
+        thread.queue.put((shard, table, lengths, invalid_utf8, last, size))
 
     def _raise_errors(self) -> None:
         for t in self.threads:
@@ -205,12 +242,13 @@ def embed_shards(predictor: ElmoPredictor, shards: list[Shard], out: Output, sch
                 table = predictor.compute(prepared, clock)
             except NonFiniteError as e:
                 raise NonFiniteError(f"{file.path}: row {window.start + e.row}: {e}", window.start + e.row) from None
+            writer.window(table)
             lengths, offset, rows, tokens = prepared.plan.lengths, 0, 0, 0  # (R,)
             for piece, invalid in zip(window.pieces, _invalid_utf8(window, prepared.invalid_utf8, opts)):
                 if piece.shard is not None:  # else rows of a committed shard: dropped
                     part = table if len(window.pieces) == 1 else table.slice(offset, piece.rows)
                     kept = lengths[offset : offset + piece.rows]  # (rows,) -1: null
-                    writer.put((piece.shard, part, kept, invalid, piece.last))
+                    writer.put(piece.shard, part, kept, invalid, piece.last)
                     rows, tokens = rows + piece.rows, tokens + int(np.maximum(kept, 0).sum())
                 offset += piece.rows
             on_batch(rows, tokens)

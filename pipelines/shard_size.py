@@ -1,12 +1,17 @@
 """How many rows a shard holds where ``--rows-per-shard`` is not given, settled once per job and
 recorded with it (the job record's options, the manifest's ``rows_per_shard_reason``).
 
-A shard is the unit a runner hands out: Spark's task, a Ray replica's call. A job on one engine
-slot (the local runner works one shard at a time) keeps ``DEFAULT_ROWS``; on several slots (Spark's
-``defaultParallelism``: N of ``local[N]``, a cluster's executor cores; Ray's replicas) the corpus
-is cut into ``TASKS_PER_SLOT`` shards per slot, so that every slot gets work and a slow shard
-does not hold the job alone, each at least ``MIN_ROWS`` rows (below that a task's start costs more
-than its rows) and at most ``DEFAULT_ROWS``. A resumed job keeps the size its OUTPUT_DIR records,
+A shard is the unit a runner hands out: Spark's task, a Ray replica's call, a local writer
+thread's file. On several slots (Spark's ``defaultParallelism``: N of ``local[N]``, a cluster's
+executor cores; Ray's replicas) the corpus is cut into ``TASKS_PER_SLOT`` shards per slot, so that
+every slot gets work and a slow shard does not hold the job alone, each at least ``MIN_ROWS`` rows
+(below that a task's start costs more than its rows) and at most ``DEFAULT_ROWS``. The local
+runner's slots are its writer threads (``--writer-threads``: one on a CPU, up to 8 on a GPU): with
+one it keeps ``DEFAULT_ROWS``; with W it cuts the corpus the same way, and a shard holds at most
+1/W of a sort window's rows, so that each window (``pipelines.source.read_windows``, which goes on
+past a shard's end: the batches stay the window's) gives every writer a shard to encode at once,
+with about one window in memory (on an 80 GB GPU a window is 1M tokens, 4 GiB of float32 vectors:
+W shards of 1/W of it, not W windows). A resumed job keeps the size its OUTPUT_DIR records,
 whatever the engine now.
 """
 from __future__ import annotations
@@ -36,18 +41,24 @@ def settle_rows_per_shard(opts: EmbedOptions, files: list[InputFile], out: Outpu
         return DEFAULT_ROWS, f"{which}: the default"
     total = sum(f.rows for f in files)
     rows = min(DEFAULT_ROWS, max(MIN_ROWS, -(-total // (TASKS_PER_SLOT * slots))))
-    return rows, (f"{total:,} rows over {which}: {TASKS_PER_SLOT} shards a slot, {MIN_ROWS:,} "
-                                      f"to {DEFAULT_ROWS:,} rows each")
+    why = f"{total:,} rows over {which}: {TASKS_PER_SLOT} shards a slot, {MIN_ROWS:,} to {DEFAULT_ROWS:,} rows each"
+    if opts.engine == "local" and opts.sort_window_rows is not None and opts.sort_window_rows // slots < rows:
+        rows = max(MIN_ROWS, opts.sort_window_rows // slots)
+        why = f"{which}: 1/{slots} of a sort window's {opts.sort_window_rows:,} rows each, at least {MIN_ROWS:,}"
+    return rows, why
 
 
 def engine_slots(opts: EmbedOptions) -> tuple[int, str]:
-    """(shards the engine runs at once, in words)."""
+    """(shards the engine runs at once, in words); ``opts`` sized for the run (``writer_threads``)."""
     if opts.engine == "spark":
         from .spark_runner import spark_slots
         return spark_slots(opts)
     if opts.engine == "ray":
         return opts.workers, f"{opts.workers} Ray replica{'s' if opts.workers != 1 else ''}"
-    return 1, "the local runner works one shard at a time"
+    writers = opts.writer_threads or 1
+    if writers == 1:
+        return 1, "the local runner writes one shard at a time"
+    return writers, f"{writers} writer threads"
 
 
 def _recorded(out: Output) -> int | None:

@@ -409,3 +409,23 @@ def test_pooled_rows_pool_each_rows_token_vectors(tiny_dir, tmp_path, output, po
         # pooled by reduceat vs torch over the same fp32 tokens: ~log2(T) ulp
         np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=1e-5, rtol=1e-5, err_msg=str(i))
     assert verify_output(tmp_path / "pooled")["rows"] == len(texts)
+
+
+def test_several_writers_each_take_shards_of_every_window_and_the_vectors_are_one_writers(tiny_dir, tmp_path):
+    """W writer threads on the local runner: shards of 1/W of a sort window's rows (2 shards a
+    writer where the corpus is smaller), windows that go on past a shard's end, so the batches are
+    those of one big shard: the same vectors, bit for bit, and every writer writes."""
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=4000, files=1, row_group_rows=700)
+    opts = dict(max_tokens_per_batch=4096, sort_window_rows=1200, sort_window_tokens=10**6, quiet=True)
+    one = embed_parquet(corpus, tmp_path / "one", tiny_dir, rows_per_shard=10**6, **opts)
+    two = embed_parquet(corpus, tmp_path / "two", tiny_dir, writer_threads=2, **opts)
+    assert two["options"]["rows_per_shard"] == 600 and "1/2 of a sort window's 1,200 rows" in \
+        two["options"]["rows_per_shard_reason"]
+    assert [s["rows"] for s in two["shards"]] == [600] * 6 + [400]
+    assert sorted(two["stages"]["writers"]) == ["elmo-writer-0", "elmo-writer-1"]
+    assert min(two["stages"]["writers"].values()) > 0
+    a, b = rows_of(tmp_path / "one"), rows_of(tmp_path / "two")
+    assert a.column("elmo").equals(b.column("elmo"))
+    four = embed_parquet(corpus, tmp_path / "four", tiny_dir, writer_threads=4, **opts)
+    assert four["options"]["rows_per_shard"] == 500  # 1/4 of 4,000 rows / 2 shards a writer, at least 500

@@ -1,0 +1,38 @@
+"""The writer pool's room (``pipelines.shard_loop._Room``): tables and bytes held at once."""
+from __future__ import annotations
+
+import threading
+import time
+
+from pipelines.shard_loop import _Room
+
+
+def test_the_room_holds_at_most_its_tables_and_bytes_and_one_table_alone_whatever_its_size():
+    room = _Room(tables=3)
+    assert room.take(10**12, timeout=0)  # no bound on bytes yet; alone
+    room.give(10**12)
+    room.limit = 100
+    assert room.take(60, timeout=0) and room.take(40, timeout=0)
+    assert not room.take(1, timeout=0.05)  # 100 bytes held
+    room.give(40)
+    assert room.take(30, timeout=0) and room.take(5, timeout=0)
+    assert not room.take(1, timeout=0.05)  # 96 bytes would fit, a fourth table not
+    room.give(60), room.give(30), room.give(5)
+    assert room.held == 0 and room.bytes == 0
+    assert room.take(500, timeout=0)  # over the limit, alone: taken
+    assert not room.take(1, timeout=0.05)
+
+
+def test_a_table_waiting_for_room_is_let_in_when_a_writer_gives_it_back():
+    room = _Room(tables=16)
+    room.limit = 100
+    assert room.take(80, timeout=0)
+    got: list[float] = []
+    waiter = threading.Thread(target=lambda: got.append(room.take(50, timeout=5) and time.monotonic()))
+    waiter.start()
+    time.sleep(0.2)
+    assert not got  # 130 > 100: waiting
+    given = time.monotonic()
+    room.give(80)
+    waiter.join(5)
+    assert got and got[0] >= given and room.bytes == 50
