@@ -13,6 +13,7 @@ affinity): on a 2-core machine, each job has one core.
 
     python bench/bench_host.py [--rows 40000] [--repeats 2] [--dtype float16] [--threads N] [--baseline REV]
                                [--writer-threads 1,2] [--layouts parquet-floats,parquet-binary,arrow] [--store]
+                               [--files 4]
 
 Issue #53's targets (2 cores): --format arrow >= 300k tokens/s end to end; the Parquet float layout
 >= 1.5x the tree before it (two writers).
@@ -43,18 +44,18 @@ JOB = ("import json, sys; from pipelines import embed_parquet; "
        "'stages': m.get('stages'), 'shards': len(m['shards']), 'requests': requests}))")
 
 
-def prepare(work: Path, rows: int) -> tuple[Path, Path]:
+def prepare(work: Path, rows: int, files: int = 4) -> tuple[Path, Path]:
     sys.path.insert(0, str(ROOT))
     from elmo_core import BiLM, ElmoConfig
     from formats import save_model
     from elmo_core.init import init_bilm
     from corpora.sample import write_sample_corpus
 
-    model, corpus = work / "tiny", work / "corpus"
+    model, corpus = work / "tiny", work / f"corpus-{rows}x{files}"
     if not (model / "options.json").is_file():
         save_model(init_bilm(BiLM(ElmoConfig.from_dict(TINY)), seed=0), model)
     if not corpus.is_dir():
-        write_sample_corpus(corpus, rows=rows, files=4, row_group_rows=5000)
+        write_sample_corpus(corpus, rows=rows, files=files, row_group_rows=5000)
     return model, corpus
 
 
@@ -99,9 +100,11 @@ def start_store(cpus: set[int]) -> subprocess.Popen:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=40_000)
+    ap.add_argument("--files", type=int, default=4, help="input files the rows are written in")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--dtype", default="float16", choices=("float16", "float32"))
     ap.add_argument("--baseline", help="a git revision to time in turns with this tree")
+    ap.add_argument("--baseline-options", default="{}", help="the baseline job's embed options, JSON (default: its defaults)")
     ap.add_argument("--threads", type=int, default=0, help="the job's --threads (default: torch's)")
     ap.add_argument("--work", type=Path, help="work directory (default: a temporary one)")
     ap.add_argument("--writer-threads", default="1,2", help="comma-separated values, each timed in turn (this tree)")
@@ -111,7 +114,7 @@ def main() -> None:
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_host_"))
     work.mkdir(parents=True, exist_ok=True)
-    model, corpus = prepare(work, args.rows)
+    model, corpus = prepare(work, args.rows, args.files)
     writers = [int(w) for w in args.writer_threads.split(",")]
     trees = {f"{layout}, {w} writer{'s' if w > 1 else ''}": (ROOT, {**LAYOUTS[layout], "writer_threads": w})
              for layout in args.layouts.split(",") for w in writers}
@@ -120,7 +123,7 @@ def main() -> None:
         if not base.is_dir():
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), args.baseline], check=True,
                            capture_output=True)
-        trees[f"baseline {args.baseline}"] = (base, {})
+        trees[f"baseline {args.baseline}"] = (base, json.loads(args.baseline_options))
     cpus: set[int] | None = None
     if args.store:
         all_cpus = sorted(os.sched_getaffinity(0))
@@ -164,7 +167,8 @@ def main() -> None:
             st = r["stages"]
             print(f"  {name} stages (wall s, overlapping): " + ", ".join(f"{k} {v:.1f}" for k, v in st["seconds"].items())
                   + f"; process CPU {st['process_cpu_seconds']:.1f} s over {st['wall_seconds']:.1f} s; bound by "
-                  + st.get("bound_by", "?"))
+                  + st.get("bound_by", "?") + f"; {r['shards']} shards"
+                  + (f"; writers (s): {', '.join(f'{v:.1f}' for v in st['writers'].values())}" if st.get("writers") else ""))
 
 
 if __name__ == "__main__":
