@@ -37,8 +37,8 @@ def model_alone(model: Path, corpus: Path, opts: dict) -> tuple[float, int]:
     """Seconds of the backend on the job's own batches (char ids ready), one batch pending as in the job."""
     predictor = ElmoPredictor(model, **opts)
     o = predictor.options
-    prepared = [predictor.prepare(table) for f in scan_inputs(corpus, o)
-                for _, table, _ in read_windows(f, shards_of([f], o.rows_per_shard or DEFAULT_ROWS), o)]
+    prepared = [predictor.prepare(w.table) for f in scan_inputs(corpus, o)
+                for w in read_windows(f, shards_of([f], o.rows_per_shard or DEFAULT_ROWS), o, span=True)]
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     pending = None

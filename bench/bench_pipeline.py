@@ -61,8 +61,8 @@ def pure_compute(model: Path, corpus: Path, opts: dict) -> tuple[float, int]:
     beforehand), and the tokens they hold."""
     predictor = ElmoPredictor(model, **{k: v for k, v in opts.items() if k != "quiet"})
     o = predictor.options
-    prepared = [predictor.prepare(table) for f in scan_inputs(corpus, o)
-                for table in (w.table for w in read_windows(f, shards_of([f], o.rows_per_shard or DEFAULT_ROWS), o))]
+    prepared = [predictor.prepare(w.table) for f in scan_inputs(corpus, o)
+                for w in read_windows(f, shards_of([f], o.rows_per_shard or DEFAULT_ROWS), o, span=True)]
     t0 = time.perf_counter()
     for p in prepared:
         for ids in p.char_ids:

@@ -164,7 +164,7 @@ def engine_batches(corpus: Path, budget: BatchBudget) -> list[list[int]]:
                         quiet=True)
     out = []
     for file in scan_inputs(corpus, opts):
-        for table in (w.table for w in read_windows(file, shards_of([file], opts.rows_per_shard), opts)):
+        for table in (w.table for w in read_windows(file, shards_of([file], opts.rows_per_shard), opts, span=True)):
             rows, _ = row_tokens(table.column(opts.text_column), False, opts.text_column)
             out += [[len(t) + 2 for t in b.tokens] for b in plan_batches(rows, opts.policy(budget.rows)).batches]
     return out

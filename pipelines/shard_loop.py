@@ -71,18 +71,21 @@ def _invalid_utf8(window: Window, total: int, opts: EmbedOptions) -> list[int]:
 
 
 class _Room:
-    """What the writer pool holds at once: at most ``tables`` tables and ``limit`` bytes of them
-    (None: no bound), or one table alone whatever its size (a large window never waits forever)."""
+    """What the writer pool holds at once: at most ``windows`` windows and ``limit`` bytes of their
+    vectors (None: no bound), or one window alone whatever its size (a large one never waits
+    forever). A window is held from its queueing until its last piece is written: its pieces are
+    slices of one buffer, which lives until then."""
 
-    def __init__(self, tables: int) -> None:
-        self.tables, self.limit = tables, None
+    def __init__(self, windows: int) -> None:
+        self.windows, self.limit = windows, None
         self.held, self.bytes = 0, 0
         self.changed = threading.Condition()
 
     def take(self, size: int, timeout: float) -> bool:
-        """Room for a table of ``size`` bytes, taken; False where there was none within ``timeout`` s."""
+        """Room for a window of ``size`` bytes, taken; False where there was none within ``timeout`` s."""
         def fits() -> bool:
-            return self.held == 0 or (self.held < self.tables and (self.limit is None or self.bytes + size <= self.limit))
+            room = self.limit is None or self.bytes + size <= self.limit
+            return self.held == 0 or (self.held < self.windows and room)
         with self.changed:
             if not self.changed.wait_for(fits, timeout):
                 return False
@@ -95,18 +98,32 @@ class _Room:
             self.changed.notify_all()
 
 
+class _Held:
+    """A window in the room: given back when the last of its ``pieces`` is written."""
+
+    def __init__(self, room: _Room, size: int, pieces: int) -> None:
+        self.room, self.size, self.left, self.lock = room, size, pieces, threading.Lock()
+
+    def written(self) -> None:
+        with self.lock:
+            self.left -= 1
+            done = self.left == 0
+        if done:
+            self.room.give(self.size)
+
+
 class _WriterThread:
     """Writes and commits shards in a thread of its own, in the order given: Parquet encoding releases
     the GIL, so it runs beside the model. A shard's commit (checksum, fsync and rename, or the
     completion of its upload to a store) runs in one more thread beside the next shard's encoding,
-    one commit at a time. A table waits for the pool's ``room``; an error in the thread
+    one commit at a time. A window waits for the pool's ``room``; an error in the thread
     reaches the caller at its next ``put`` or at ``close``; its open shard is aborted either way. Stopped
-    (the job failed or was signalled), it writes what is already queued (a few tables: the pool's
+    (the job failed or was signalled), it writes what is already queued (a few windows: the pool's
     room), so a shard whose rows were all computed is committed, and aborts the one left open."""
 
     def __init__(self, out: Output, schema: pa.Schema, job_digest: str, opts: EmbedOptions, model_sha256: str | None,
-                 clock: StageClock, room: _Room, name: str = "elmo-writer") -> None:
-        self.args, self.clock, self.room = (out, schema, job_digest, opts, model_sha256), clock, room
+                 clock: StageClock, name: str = "elmo-writer") -> None:
+        self.args, self.clock = (out, schema, job_digest, opts, model_sha256), clock
         self.queue: queue.Queue = queue.Queue()
         self.stop = threading.Event()
         self.records: list[dict] = []
@@ -127,14 +144,15 @@ class _WriterThread:
                     continue
                 if item is None:
                     return
-                shard, table, lengths, invalid_utf8, last, size = item
+                shard, table, lengths, invalid_utf8, last, held = item
                 with self.clock.stage("write"):
                     writer = writer or ShardWriter(self.args[0], shard, *self.args[1:])
                     writer.write(table, lengths, invalid_utf8)
                     if last:
                         self._commit_beside(writer)
                         writer = None
-                self.room.give(size)
+                held.written()
+                item = table = None  # the window's buffer is freed once its last piece is written
         except BaseException as e:  # handed to the caller, which re-raises it
             self.error = self.error or e
         finally:
@@ -167,7 +185,7 @@ class _WriterThread:
 class _WriterPool:
     """``opts.writer_threads`` writer threads; shard k (in input order) goes to thread k mod n, so
     that several shards are encoded at once (a GPU job makes vectors faster than one core encodes
-    Parquet), each by one thread, in row order. Tables queued or being written, in all: at most 3
+    Parquet), each by one thread, in row order. Windows queued or being written, in all: at most 3
     with one thread (two waiting, one in hand), 16 per thread with several, so that each can hold
     a shard of up to ~16 windows; and at most ``WINDOWS_HELD`` windows' vectors (the largest window
     yet: on an 80 GB GPU a window is 4 GiB of float32 vectors, so 16 per thread would be hundreds
@@ -180,25 +198,27 @@ class _WriterPool:
                  clock: StageClock) -> None:
         n = opts.writer_threads
         self.room = _Room(3 if n == 1 else 16 * n)
-        self.threads = [_WriterThread(out, schema, job_digest, opts, model_sha256, clock, self.room, f"elmo-writer-{i}")
+        self.threads = [_WriterThread(out, schema, job_digest, opts, model_sha256, clock, f"elmo-writer-{i}")
                         for i in range(n)]
         self.assigned: dict[str, _WriterThread] = {}
 
-    def window(self, table: pa.Table) -> None:
-        """A window's vectors are about to be queued (its pieces by ``put``): the bound on bytes held
-        follows the largest window yet."""
-        with self.room.changed:
-            self.room.limit = max(self.room.limit or 0, self.WINDOWS_HELD * table.nbytes)
-
-    def put(self, shard: Shard, table: pa.Table, lengths: np.ndarray, invalid_utf8: int, last: bool) -> None:
-        """Queue a shard's next rows (``lengths``: their token counts, -1 null; ``last``: its last
-        ones); waits while the pool is full."""
+    def window(self, table: pa.Table, pieces: int) -> _Held:
+        """Room for a window's vectors (``table``), waited for, to queue its ``pieces`` by ``put``:
+        the bound on bytes follows the largest window yet."""
         size = table.nbytes
+        with self.room.changed:
+            self.room.limit = max(self.room.limit or 0, self.WINDOWS_HELD * size)
         while not self.room.take(size, timeout=0.1):
             self._raise_errors()
+        return _Held(self.room, size, pieces)
+
+    def put(self, shard: Shard, table: pa.Table, lengths: np.ndarray, invalid_utf8: int, last: bool,
+            held: _Held) -> None:
+        """Queue a shard's next rows (``lengths``: their token counts, -1 null; ``last``: its last
+        ones), a piece of the window ``held``."""
         self._raise_errors()
         thread = self.assigned.setdefault(shard.name, self.threads[len(self.assigned) % len(self.threads)])
-        thread.queue.put((shard, table, lengths, invalid_utf8, last, size))
+        thread.queue.put((shard, table, lengths, invalid_utf8, last, held))
 
     def _raise_errors(self) -> None:
         for t in self.threads:
@@ -237,19 +257,19 @@ def embed_shards(predictor: ElmoPredictor, shards: list[Shard], out: Output, sch
     writer = _WriterPool(out, schema, job_digest, opts, predictor.model_sha256, clock)
     try:
         for window, prepared in prefetch(_windows(shards, predictor, opts, clock, span), opts.prefetch):
-            file = window.pieces[0].shard.file if window.pieces[0].shard else shards[0].file
             try:
                 table = predictor.compute(prepared, clock)
             except NonFiniteError as e:
-                raise NonFiniteError(f"{file.path}: row {window.start + e.row}: {e}", window.start + e.row) from None
-            writer.window(table)
+                row = window.start + e.row
+                raise NonFiniteError(f"{window.file.path}: row {row}: {e}", row) from None
+            held = writer.window(table, sum(p.shard is not None for p in window.pieces))
             lengths, offset, rows, tokens = prepared.plan.lengths, 0, 0, 0  # (R,)
             for piece, invalid in zip(window.pieces, _invalid_utf8(window, prepared.invalid_utf8, opts)):
                 if piece.shard is not None:  # else rows of a committed shard: dropped
                     part = table if len(window.pieces) == 1 else table.slice(offset, piece.rows)
-                    kept = lengths[offset : offset + piece.rows]  # (rows,) -1: null
-                    writer.put(piece.shard, part, kept, invalid, piece.last)
-                    rows, tokens = rows + piece.rows, tokens + int(np.maximum(kept, 0).sum())
+                    counts = lengths[offset : offset + piece.rows]  # (rows,) -1: null
+                    writer.put(piece.shard, part, counts, invalid, piece.last, held)
+                    rows, tokens = rows + piece.rows, tokens + int(np.maximum(counts, 0).sum())
                 offset += piece.rows
             on_batch(rows, tokens)
         return writer.close()

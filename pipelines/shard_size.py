@@ -8,11 +8,12 @@ every slot gets work and a slow shard does not hold the job alone, each at least
 (below that a task's start costs more than its rows) and at most ``DEFAULT_ROWS``. The local
 runner's slots are its writer threads (``--writer-threads``: one on a CPU, up to 8 on a GPU): with
 one it keeps ``DEFAULT_ROWS``; with W it cuts the corpus the same way, and a shard holds at most
-1/W of a sort window's rows, so that each window (``pipelines.source.read_windows``, which goes on
-past a shard's end: the batches stay the window's) gives every writer a shard to encode at once,
-with about one window in memory (on an 80 GB GPU a window is 1M tokens, 4 GiB of float32 vectors:
-W shards of 1/W of it, not W windows). A resumed job keeps the size its OUTPUT_DIR records,
-whatever the engine now.
+1/W of a sort window's rows but at least ``WINDOW_MIN_ROWS`` for that cut (files of ~250k tokens
+of sentences, not thousands of small ones), so that each window (``pipelines.source.read_windows``,
+which goes on past a shard's end: the batches stay the window's) gives several writers a shard to
+encode at once, with a few windows in memory (on an 80 GB GPU a window is 65,536 rows or 1M
+tokens, 4 GiB of float32 vectors: 8 shards of 8,192 rows, cut at 10,000, not 8 windows). A
+resumed job keeps the size its OUTPUT_DIR records, whatever the engine now.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from .source import InputFile
 
 DEFAULT_ROWS = 100_000
 MIN_ROWS = 500
+WINDOW_MIN_ROWS = 10_000
 TASKS_PER_SLOT = 2
 
 
@@ -42,9 +44,10 @@ def settle_rows_per_shard(opts: EmbedOptions, files: list[InputFile], out: Outpu
     total = sum(f.rows for f in files)
     rows = min(DEFAULT_ROWS, max(MIN_ROWS, -(-total // (TASKS_PER_SLOT * slots))))
     why = f"{total:,} rows over {which}: {TASKS_PER_SLOT} shards a slot, {MIN_ROWS:,} to {DEFAULT_ROWS:,} rows each"
-    if opts.engine == "local" and opts.sort_window_rows is not None and opts.sort_window_rows // slots < rows:
-        rows = max(MIN_ROWS, opts.sort_window_rows // slots)
-        why = f"{which}: 1/{slots} of a sort window's {opts.sort_window_rows:,} rows each, at least {MIN_ROWS:,}"
+    window = opts.sort_window_rows or DEFAULT_ROWS
+    if opts.engine == "local" and max(WINDOW_MIN_ROWS, window // slots) < rows:
+        rows = max(WINDOW_MIN_ROWS, window // slots)
+        why = f"{which}: 1/{slots} of a sort window's {window:,} rows each, at least {WINDOW_MIN_ROWS:,}"
     return rows, why
 
 

@@ -166,11 +166,12 @@ class Piece:
 
 @dataclass(frozen=True)
 class Window:
-    """Rows sorted and batched together (``table``): the file's rows from ``start`` on, in order,
+    """Rows sorted and batched together (``table``): ``file``'s rows from ``start`` on, in order,
     each piece's in turn."""
 
     table: pa.Table
     pieces: tuple[Piece, ...]
+    file: InputFile
     start: int
 
 
@@ -214,21 +215,21 @@ def read_windows(file: InputFile, shards: list[Shard], opts: EmbedOptions, span:
             rows, tokens = rows + take, tokens + int(counts[:take].sum())
             batch, counts, row = batch.slice(take), counts[take:], row + take
             if rows == opts.sort_window_rows or (batch.num_rows > 0 and take == fit) or (row == shard_end and not span):
-                yield from _window(tables, pieces, row - rows)
+                yield from _window(tables, pieces, file, row - rows)
                 tables, pieces, rows, tokens = [], [], 0, 0
-    yield from _window(tables, pieces, row - rows)
     if row != file.rows:
         raise InputError(f"{file.path}: read {row} rows, its footer says {file.rows}")
+    yield from _window(tables, pieces, file, row - rows)
     for s in shards:
         if s.rows == 0:
             empty = pa.table({c: pa.array([], type=file.schema.field(c).type) for c in opts.input_columns})
-            yield Window(empty, (Piece(s, 0, True),), s.start)
+            yield Window(empty, (Piece(s, 0, True),), file, s.start)
 
 
-def _window(tables: list[pa.RecordBatch], pieces: list[Piece], start: int) -> Iterator[Window]:
+def _window(tables: list[pa.RecordBatch], pieces: list[Piece], file: InputFile, start: int) -> Iterator[Window]:
     """The window of these rows, where any of them is asked for."""
     if any(p.shard is not None for p in pieces):
-        yield Window(pa.Table.from_batches(tables), tuple(pieces), start)
+        yield Window(pa.Table.from_batches(tables), tuple(pieces), file, start)
 
 
 def token_counts(batch: pa.RecordBatch, opts: EmbedOptions) -> np.ndarray:

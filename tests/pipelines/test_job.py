@@ -412,20 +412,44 @@ def test_pooled_rows_pool_each_rows_token_vectors(tiny_dir, tmp_path, output, po
 
 
 def test_several_writers_each_take_shards_of_every_window_and_the_vectors_are_one_writers(tiny_dir, tmp_path):
-    """W writer threads on the local runner: shards of 1/W of a sort window's rows (2 shards a
-    writer where the corpus is smaller), windows that go on past a shard's end, so the batches are
-    those of one big shard: the same vectors, bit for bit, and every writer writes."""
+    """W writer threads on the local runner: two shards a writer for a corpus this small, windows
+    that go on past a shard's end, so the batches are those of one big shard: the same vectors,
+    bit for bit, and every writer writes."""
     corpus = tmp_path / "corpus"
     write_sample_corpus(corpus, rows=4000, files=1, row_group_rows=700)
     opts = dict(max_tokens_per_batch=4096, sort_window_rows=1200, sort_window_tokens=10**6, quiet=True)
     one = embed_parquet(corpus, tmp_path / "one", tiny_dir, rows_per_shard=10**6, **opts)
     two = embed_parquet(corpus, tmp_path / "two", tiny_dir, writer_threads=2, **opts)
-    assert two["options"]["rows_per_shard"] == 600 and "1/2 of a sort window's 1,200 rows" in \
+    assert two["options"]["rows_per_shard"] == 1000 and "2 writer threads: 2 shards a slot" in \
         two["options"]["rows_per_shard_reason"]
-    assert [s["rows"] for s in two["shards"]] == [600] * 6 + [400]
+    assert [s["rows"] for s in two["shards"]] == [1000] * 4 and len(one["shards"]) == 1
     assert sorted(two["stages"]["writers"]) == ["elmo-writer-0", "elmo-writer-1"]
     assert min(two["stages"]["writers"].values()) > 0
     a, b = rows_of(tmp_path / "one"), rows_of(tmp_path / "two")
     assert a.column("elmo").equals(b.column("elmo"))
-    four = embed_parquet(corpus, tmp_path / "four", tiny_dir, writer_threads=4, **opts)
-    assert four["options"]["rows_per_shard"] == 500  # 1/4 of 4,000 rows / 2 shards a writer, at least 500
+
+
+def test_a_local_job_cuts_its_shards_for_its_writer_threads(tmp_path):
+    """One writer: the default size; W writers on a large corpus: 1/W of a sort window's rows, at
+    least 10,000; a small corpus: two shards a writer, at least 500; Spark and Ray as before."""
+    from types import SimpleNamespace
+
+    from pipelines.options import EmbedOptions
+    from pipelines.output_dir import open_output
+    from pipelines.shard_size import settle_rows_per_shard
+
+    out = open_output(tmp_path / "out")
+    big, small = [SimpleNamespace(rows=10**7)], [SimpleNamespace(rows=3000)]
+
+    def size(files, **options):  # type: ignore[no-untyped-def]
+        return settle_rows_per_shard(EmbedOptions.coerce(quiet=True, **options), files, out)
+
+    assert size(big, writer_threads=1, sort_window_rows=1024) == (100_000, "the local runner writes one shard at a "
+                                                                  "time: the default")
+    rows, why = size(big, writer_threads=8, sort_window_rows=131_072)
+    assert rows == 16_384 and why == "8 writer threads: 1/8 of a sort window's 131,072 rows each, at least 10,000"
+    assert size(big, writer_threads=8, sort_window_rows=65_536)[0] == 10_000
+    assert size(big, writer_threads=2, sort_window_rows=1024)[0] == 10_000  # a CPU's window: not 512-row files
+    assert size(small, writer_threads=8, sort_window_rows=65_536)[0] == 500
+    assert size(small, writer_threads=2, sort_window_rows=65_536)[0] == 750
+    assert size(big, engine="ray", workers=4, writer_threads=8, sort_window_rows=1024)[0] == 100_000
