@@ -35,10 +35,10 @@ from pipelines.source import read_windows, scan_inputs, shards_of  # noqa: E402
 
 def model_alone(model: Path, corpus: Path, opts: dict) -> tuple[float, int]:
     """Seconds of the backend on the job's own batches (char ids ready), one batch pending as in the job."""
-    predictor = ElmoPredictor(model, **opts)
+    predictor = ElmoPredictor(model, **{"rows_per_shard": DEFAULT_ROWS, **opts})
     o = predictor.options
     prepared = [predictor.prepare(w.table) for f in scan_inputs(corpus, o)
-                for w in read_windows(f, shards_of([f], o.rows_per_shard or DEFAULT_ROWS), o, span=True)]
+                for w in read_windows(f, shards_of([f], o.rows_per_shard), o, span=True)]
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     pending = None

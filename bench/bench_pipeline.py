@@ -59,10 +59,10 @@ def onnx_export_of(model: Path, out: Path) -> Path:
 def pure_compute(model: Path, corpus: Path, opts: dict) -> tuple[float, int]:
     """Seconds of backend.run on the pipeline's own batches (its windows, char ids prepared
     beforehand), and the tokens they hold."""
-    predictor = ElmoPredictor(model, **{k: v for k, v in opts.items() if k != "quiet"})
+    predictor = ElmoPredictor(model, **{"rows_per_shard": DEFAULT_ROWS, **{k: v for k, v in opts.items() if k != "quiet"}})
     o = predictor.options
     prepared = [predictor.prepare(w.table) for f in scan_inputs(corpus, o)
-                for w in read_windows(f, shards_of([f], o.rows_per_shard or DEFAULT_ROWS), o, span=True)]
+                for w in read_windows(f, shards_of([f], o.rows_per_shard), o, span=True)]
     t0 = time.perf_counter()
     for p in prepared:
         for ids in p.char_ids:
