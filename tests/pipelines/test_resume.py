@@ -62,6 +62,34 @@ def test_sigkill_then_resume_gives_every_row_exactly_once(tiny_dir, tmp_path, wr
     assert m["rows"] == 900 and m["tokens"] == sum(len(t.split()) for t in texts)
 
 
+def test_sigkill_with_windows_across_shards_then_resume_gives_the_uninterrupted_jobs_vectors(tiny_dir, tmp_path,
+                                                                                             spawn):
+    """Windows of 75 rows over shards of 30 (each window in pieces of three shards, on three writer
+    threads), killed mid-way: the resume reads the same windows (the committed shards' rows computed
+    and dropped), so its shards hold the vectors an uninterrupted job writes, bit for bit."""
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=900, files=2, row_group_rows=100)
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    flags = {"rows_per_shard": 30, "sort_window_rows": 75, "max_tokens_per_batch": 300, "threads": 1,
+             "writer_threads": 3}
+    cmd = [sys.executable, "-m", "elmo_cli", "embed", "--text", str(corpus), "--out", str(out), "--model", str(tiny_dir),
+           "--id-column", "id", "--quiet", "--rows-per-shard", "30", "--sort-window-rows", "75", "--max-batch-tokens",
+           "300", "--threads", "1", "--writer-threads", "3"]
+    proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_until(lambda: len(_shards(out)) >= 4, "4 shards written", proc=proc)
+    assert proc.poll() is None, f"the run ended before it could be killed: {proc.communicate()}"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done_before = {p.name for p in _shards(out)}
+    assert 4 <= len(done_before) < 30
+    m = embed_parquet(corpus, out, tiny_dir, id_column="id", resume=True, quiet=True, **flags)
+    assert m["this_run"]["shards_kept"] == len(done_before) and len(m["shards"]) == 30
+    embed_parquet(corpus, fresh, tiny_dir, id_column="id", quiet=True, **flags)
+    a, b = ds.dataset(out, format="parquet").to_table(), ds.dataset(fresh, format="parquet").to_table()
+    assert a.column("id").to_pylist() == ds.dataset(corpus, format="parquet").to_table().column("id").to_pylist()
+    assert a.column("elmo").equals(b.column("elmo"))
+
+
 def test_resume_redoes_a_damaged_shard(tiny_dir, tmp_path):
     corpus = tmp_path / "corpus"
     write_sample_corpus(corpus, rows=60, files=1)
