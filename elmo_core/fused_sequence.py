@@ -52,6 +52,28 @@ def previous_positions(steps: list[tuple[int, int]], rows: int, shared_first: bo
     return prev
 
 
+_EAGER = FusedCell.eager()
+
+
+def _kernels(kernels: FusedCell, rows: int) -> FusedCell:
+    """The kernels a step of ``rows`` rows runs: a step of one row the eager ones (the same maths),
+    as a compiler specializes a size of 1 and would compile every kernel again at whichever
+    training step first has one, seconds into a run; the others ``kernels``."""
+    return _EAGER if rows == 1 else kernels
+
+
+def _state(x: torch.Tensor) -> torch.Tensor:
+    """A copy of a (D, B, W) state in a buffer of B + 1 rows, so that no step's rows ``[:, :n]`` are
+    contiguous: the kernels meet one memory layout whatever the step's rows, and compile one variant
+    (a step of all B rows would otherwise compile another, at whichever training step first has one).
+
+    Shape: (D, B, W) -> (D, B, W), a view of (D, B + 1, W)."""
+    D, B, W = x.shape
+    buffer = x.new_empty(D, B + 1, W)
+    buffer[:, :B] = x
+    return buffer[:, :B]
+
+
 class FusedLstmSequence(torch.autograd.Function):
     """``LstmSequence`` with fused steps (module doc); the same Shape line and arguments, and
     ``kernels`` (default ``FusedCell.compiled()``)."""
@@ -67,11 +89,11 @@ class FusedLstmSequence(torch.autograd.Function):
         saved = tuple(gx.new_empty(D, N, width) for width in (C, C, C, 3 * C, C)) + (
             torch.empty(D, N, C, dtype=torch.bool, device=gx.device),)  # m, dc, o, gates, f, cell clip mask
         out, h_kept = gx.new_empty(D, N, P), torch.empty(D, N, P, dtype=torch.bool, device=gx.device)
-        h, c = h0.to(low).clone(), c0.clone()  # (D, B, P) the products' input, (D, B, C)
+        h, c = _state(h0.to(low)), _state(c0)  # (D, B, P) the products' input, (D, B, C)
         for start, n in steps:
-            sl = slice(start, start + n)
-            m = k.train_forward(gx[:, sl], torch.bmm(h[:, :n], ws), c[:, :n], cc, tuple(s[:, sl] for s in saved), low)
-            k.train_store(torch.bmm(saved[0][:, sl] if m is None else m, wp), out[:, sl], h[:, :n], h_kept[:, sl], pc)
+            sl, kn = slice(start, start + n), _kernels(k, n)
+            m = kn.train_forward(gx[:, sl], torch.bmm(h[:, :n], ws), c[:, :n], cc, tuple(s[:, sl] for s in saved), low)
+            kn.train_store(torch.bmm(saved[0][:, sl] if m is None else m, wp), out[:, sl], h[:, :n], h_kept[:, sl], pc)
             if shared_first and start == 0 and n < B:  # step 0 ran once: its state holds for every row
                 h[:], c[:] = h[:, :1].clone(), c[:, :1].clone()
         prev = index_to_device(previous_positions(steps, B, shared_first), gx.device)
@@ -80,7 +102,7 @@ class FusedLstmSequence(torch.autograd.Function):
         h_fin = torch.where((last >= 0)[None, :, None], out[:, last.clamp(min=0)], h0)  # (D, B, P)
         ctx.steps, ctx.shared_first, ctx.B, ctx.low, ctx.kernels = steps, shared_first, B, low, k
         ctx.save_for_backward(ws, wp, h_prev, h_kept, *saved)
-        return out, h_fin.contiguous(), c
+        return out, h_fin.contiguous(), c.contiguous()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -90,8 +112,8 @@ class FusedLstmSequence(torch.autograd.Function):
         D, N, P = h_prev.shape
         C = saved[0].shape[-1]
         g_out = g_out if g_out is not None else h_prev.new_zeros(D, N, P)
-        carry_h = g_h.clone() if g_h is not None else h_prev.new_zeros(D, B, P)  # (D, B, P)
-        carry_c = g_c.clone() if g_c is not None else h_prev.new_zeros(D, B, C)  # (D, B, C)
+        carry_h = _state(g_h if g_h is not None else h_prev.new_zeros(D, B, P))  # (D, B, P)
+        carry_c = _state(g_c if g_c is not None else h_prev.new_zeros(D, B, C))  # (D, B, C)
         ws_t, wp_t = ws.transpose(1, 2).contiguous(), wp.transpose(1, 2).contiguous()  # (D, 4C, P), (D, P, C)
         d_gates, d_hraw = h_prev.new_empty(D, N, 4 * C), h_prev.new_empty(D, N, P)
         for start, n in reversed(ctx.steps):
@@ -99,12 +121,13 @@ class FusedLstmSequence(torch.autograd.Function):
             shared = ctx.shared_first and start == 0 and n < B  # its state went to every row
             ch = carry_h.sum(1, keepdim=True) if shared else carry_h[:, :n]  # (D, n, P)
             cc = carry_c.sum(1, keepdim=True) if shared else carry_c[:, :n]  # (D, n, C), becomes dc_prev
-            dh = k.train_backward_h(g_out[:, sl], ch, h_kept[:, sl], d_hraw[:, sl], low)
+            kn = _kernels(k, n)
+            dh = kn.train_backward_h(g_out[:, sl], ch, h_kept[:, sl], d_hraw[:, sl], low)
             dm = torch.bmm(d_hraw[:, sl] if dh is None else dh, wp_t)  # (D, n, C)
-            g = k.train_backward_cell(dm, cc, tuple(s[:, sl] for s in saved), d_gates[:, sl], low)
+            g = kn.train_backward_cell(dm, cc, tuple(s[:, sl] for s in saved), d_gates[:, sl], low)
             dh_prev = torch.bmm(d_gates[:, sl] if g is None else g, ws_t)  # (D, n, P)
             if shared:
-                carry_h, carry_c = carry_h.new_zeros(D, B, P), carry_c.new_zeros(D, B, C)
+                carry_h, carry_c = _state(carry_h.new_zeros(D, B, P)), _state(carry_c.new_zeros(D, B, C))
                 carry_c[:, :n] = cc
             carry_h[:, :n] = dh_prev
         d_ws = _bmm_in(h_prev.transpose(1, 2), d_gates, None if low == torch.float32 else low)  # (D, P, 4C)

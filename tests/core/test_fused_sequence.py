@@ -63,3 +63,31 @@ def test_positions_of_the_recurrent_inputs_and_the_final_states():
     shared = [(0, 1), (1, 3), (4, 2)]  # step 0 ran once for rows of lengths 3, 3, 2
     assert previous_positions(shared, 3, True) == [6, 0, 0, 0, 1, 2]
     assert last_positions(shared, 3, True) == [4, 5, 3]
+
+
+def test_after_its_first_batch_the_recurrence_compiles_nothing_whatever_its_steps():
+    """A count, not a time: the kernels compile their variants in the first batch; a later batch with
+    a step of all rows, of some, or of one (run on the eager kernels), other widths of rows, and a
+    shared first step compiles none (else a training run pays seconds of compiling at whichever
+    step first meets one, as the H200 run did)."""
+    from torch._dynamo.utils import counters
+
+    from elmo_core.fused_cell import FusedCell
+
+    kernels = FusedCell.compile()  # caches of its own
+    g = torch.Generator().manual_seed(0)
+
+    def run(lengths: list[int], shared: bool = False) -> None:
+        pack = Packing(torch.tensor(lengths), max(lengths), shared_first=shared)
+        D, P, C, B, N = 2, 6, 4, len(lengths), sum(n for _, n in pack.steps)
+        inputs = [torch.randn(*shape, generator=g).requires_grad_()
+                  for shape in [(D, N, 4 * C), (D, B, P), (D, B, C), (D, P, 4 * C), (D, C, P)]]
+        out = fused_lstm_sequence(*inputs, pack.steps, shared, 1.0, 0.8, torch.bfloat16, kernels)
+        sum(x.float().sum() for x in out).backward()
+
+    run([5, 5, 3, 3])  # steps of 4 rows (all) and of 2
+    compiled = counters["stats"]["unique_graphs"]
+    run([7, 6, 6, 6, 2, 2])  # 6 rows, 4, 1 (the last step)
+    run([3, 3, 3, 1, 1], shared=True)  # a shared first step of one row
+    run([9, 9, 9])
+    assert counters["stats"]["unique_graphs"] == compiled
