@@ -166,15 +166,7 @@ def compile_kernel(fn: Callable[..., torch.Tensor | None]) -> Callable[..., torc
     compiled variants (``isolate_recompiles``) up to ``RECOMPILE_LIMIT`` (an older torch: the comment
     above); compiled on first call. A CPU kernel runs on the calling thread's torch threads
     (``cpp.dynamic_threads``), not on those of the thread that compiled it: the biLM's directions call
-    the same kernels from threads of half the count (``inference.directions``).
-
-    Duck sizing is turned off for the process (``torch.fx.experimental._config.use_duck_shape``, read
-    as a frame is traced; it is no option of ``torch.compile``): with it, two sizes or offsets equal
-    by chance when a kernel is first traced (a step of 2 rows and the 2 directions; an offset and a
-    stride) become a guard, and the step where they differ compiles the kernel again, seconds into a
-    training run. Turned off, every later compile in the process treats such sizes as unrelated,
-    which changes no result."""
-    torch.fx.experimental._config.use_duck_shape = False
+    the same kernels from threads of half the count (``inference.directions``)."""
     own = {"recompile_limit": RECOMPILE_LIMIT, "isolate_recompiles": True}
     if not _TAKES_OWN_LIMIT:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
