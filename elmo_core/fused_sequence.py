@@ -64,15 +64,18 @@ def _kernels(kernels: FusedCell, rows: int) -> FusedCell:
     return _EAGER if rows <= 2 else kernels
 
 
-def _state(x: torch.Tensor) -> torch.Tensor:
-    """A copy of a (D, B, W) state in a buffer of B + 1 rows, so that no step's rows ``[:, :n]`` are
-    contiguous: the kernels meet one memory layout whatever the step's rows, and compile one variant
-    (a step of all B rows would otherwise compile another, at whichever training step first has one).
+def _state(x: torch.Tensor | None, like: torch.Tensor, shape: tuple[int, int, int],
+           dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A copy of a (D, B, W) state ``x`` (None: zeros) in ``dtype`` (default ``like``'s), on ``like``'s
+    device, in a buffer of B + 1 rows, so that no step's rows ``[:, :n]`` are contiguous: the kernels
+    meet one memory layout whatever the step's rows, and compile one variant (a step of all B rows
+    would otherwise compile another, at whichever training step first has one).
 
-    Shape: (D, B, W) -> (D, B, W), a view of (D, B + 1, W)."""
-    D, B, W = x.shape
-    buffer = x.new_empty(D, B + 1, W)
-    buffer[:, :B] = x
+    Shape: -> (D, B, W), a view of (D, B + 1, W)."""
+    D, B, W = shape
+    buffer = (like.new_zeros if x is None else like.new_empty)(D, B + 1, W, dtype=dtype or like.dtype)
+    if x is not None:
+        buffer[:, :B] = x
     return buffer[:, :B]
 
 
@@ -91,7 +94,7 @@ class FusedLstmSequence(torch.autograd.Function):
         saved = tuple(gx.new_empty(D, N, width) for width in (C, C, C, 3 * C, C)) + (
             torch.empty(D, N, C, dtype=torch.bool, device=gx.device),)  # m, dc, o, gates, f, cell clip mask
         out, h_kept = gx.new_empty(D, N, P), torch.empty(D, N, P, dtype=torch.bool, device=gx.device)
-        h, c = _state(h0.to(low)), _state(c0)  # (D, B, P) the products' input, (D, B, C)
+        h, c = _state(h0, h0, h0.shape, low), _state(c0, c0, c0.shape)  # (D, B, P) the products' input, (D, B, C)
         for start, n in steps:
             sl, kn = slice(start, start + n), _kernels(k, n)
             m = kn.train_forward(gx[:, sl], torch.bmm(h[:, :n], ws), c[:, :n], cc, tuple(s[:, sl] for s in saved), low)
@@ -114,8 +117,8 @@ class FusedLstmSequence(torch.autograd.Function):
         D, N, P = h_prev.shape
         C = saved[0].shape[-1]
         g_out = g_out if g_out is not None else h_prev.new_zeros(D, N, P)
-        carry_h = _state(g_h if g_h is not None else h_prev.new_zeros(D, B, P))  # (D, B, P)
-        carry_c = _state(g_c if g_c is not None else h_prev.new_zeros(D, B, C))  # (D, B, C)
+        carry_h = _state(g_h, h_prev, (D, B, P))  # (D, B, P)
+        carry_c = _state(g_c, h_prev, (D, B, C))  # (D, B, C)
         ws_t, wp_t = ws.transpose(1, 2).contiguous(), wp.transpose(1, 2).contiguous()  # (D, 4C, P), (D, P, C)
         d_gates, d_hraw = h_prev.new_empty(D, N, 4 * C), h_prev.new_empty(D, N, P)
         for start, n in reversed(ctx.steps):
@@ -129,7 +132,7 @@ class FusedLstmSequence(torch.autograd.Function):
             g = kn.train_backward_cell(dm, cc, tuple(s[:, sl] for s in saved), d_gates[:, sl], low)
             dh_prev = torch.bmm(d_gates[:, sl] if g is None else g, ws_t)  # (D, n, P)
             if shared:
-                carry_h, carry_c = _state(carry_h.new_zeros(D, B, P)), _state(carry_c.new_zeros(D, B, C))
+                carry_h, carry_c = _state(None, carry_h, (D, B, P)), _state(None, carry_c, (D, B, C))
                 carry_c[:, :n] = cc
             carry_h[:, :n] = dh_prev
         d_ws = _bmm_in(h_prev.transpose(1, 2), d_gates, None if low == torch.float32 else low)  # (D, P, 4C)

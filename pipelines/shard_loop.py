@@ -97,6 +97,12 @@ class _Room:
             self.held, self.bytes = self.held - 1, self.bytes - size
             self.changed.notify_all()
 
+    def allow(self, limit: int) -> None:
+        """At least ``limit`` bytes held from now on."""
+        with self.changed:
+            self.limit = max(self.limit or 0, limit)
+            self.changed.notify_all()
+
 
 class _Held:
     """A window in the room: given back when the last of its ``pieces`` is written."""
@@ -117,7 +123,7 @@ class _WriterThread:
     the GIL, so it runs beside the model. A shard's commit (checksum, fsync and rename, or the
     completion of its upload to a store) runs in one more thread beside the next shard's encoding,
     one commit at a time. A window waits for the pool's ``room``; an error in the thread
-    reaches the caller at its next ``put`` or at ``close``; its open shard is aborted either way. Stopped
+    reaches the caller at its next window or ``put``, or at ``close``; its open shard is aborted either way. Stopped
     (the job failed or was signalled), it writes what is already queued (a few windows: the pool's
     room), so a shard whose rows were all computed is committed, and aborts the one left open."""
 
@@ -206,8 +212,7 @@ class _WriterPool:
         """Room for a window's vectors (``table``), waited for, to queue its ``pieces`` by ``put``:
         the bound on bytes follows the largest window yet."""
         size = table.nbytes
-        with self.room.changed:
-            self.room.limit = max(self.room.limit or 0, self.WINDOWS_HELD * size)
+        self.room.allow(self.WINDOWS_HELD * size)
         while not self.room.take(size, timeout=0.1):
             self._raise_errors()
         return _Held(self.room, size, pieces)

@@ -200,8 +200,8 @@ def read_windows(file: InputFile, shards: list[Shard], opts: EmbedOptions, span:
         while batch.num_rows:
             if row >= file.rows:
                 raise InputError(f"{file.path}: read more than the {file.rows} rows its footer says")
-            shard = wanted.get(row // opts.rows_per_shard)
-            shard_end = min(file.rows, (row // opts.rows_per_shard + 1) * opts.rows_per_shard)
+            chunk = row // opts.rows_per_shard
+            shard, shard_end = wanted.get(chunk), min(file.rows, (chunk + 1) * opts.rows_per_shard)
             if shard is None and not span:  # committed already: skipped
                 take = min(batch.num_rows, shard_end - row)
                 batch, counts, row = batch.slice(take), counts[take:], row + take
