@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# On a warm lent GPU after scripts/gpu_session.sh (its /tmp/site and /tmp/gcwork): elmo embed's variants, one run each,
+# each run's summary line and JSON into $OUT/embed_variants.txt.
+set -u
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+W=/tmp/gcwork; R=$OUT/embed_variants.txt
+[ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+[ -d $W/corpus ] || timeout 120 python3 bench/gpu_check.py --work $W --only kernels --out $OUT/kernels  # writes the model and corpus
+run() {  # name, then flags
+  local name=$1; shift; rm -rf $W/v
+  local t0=$(date +%s.%N)
+  timeout 100 python3 -m elmo_cli embed --text $W/corpus --out $W/v --model $W/model --device cuda --json "$@" > $W/v.json 2> $W/v.err
+  local rc=$?; local t1=$(date +%s.%N)
+  echo "== $name ($*): rc $rc, wall $(python3 -c "print(round($t1-$t0,1))") s" | tee -a $R
+  python3 -c "
+import json,sys; d=json.load(open('$W/v.json')); print(json.dumps({'this_run': d['this_run'], 'stages': d['stages'], 'batch': d['run']['batch'], 'shards': len(d['shards']), 'graphs': d['engine'].get('cuda_graphs')}))" 2>&1 | tee -a $R
+  tail -3 $W/v.err >> $R
+}
+run defaults_warm
+run budget16k --max-batch-tokens 16384
+run budget32k --max-batch-tokens 32768
+run arrow_f16 --format arrow --dtype float16
+run f16_lists --dtype float16
+echo done | tee -a $R
