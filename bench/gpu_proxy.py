@@ -36,7 +36,7 @@ from corpora.sample import write_sample_corpus
 from inference.batching import BatchBudget, cpu_budget, gpu_budget, plan_batches
 from inference.fast_lstm import FastLstm, lstm_step_inplace
 from inference.fused_lstm import FusedLstm
-from inference.row_lstm import RowLstm, RowPlan, RowShape
+from inference.row_lstm import RowLstm, RowPlan, RowShape, keep_buffer
 from pipelines.options import EmbedOptions
 from pipelines.rows import row_tokens
 from pipelines.shard_size import DEFAULT_ROWS
@@ -122,8 +122,8 @@ def row_step_costs(lstm: FusedLstm, rows: int) -> tuple[float, float]:
 
     def window(steps: int) -> None:
         shape = RowShape(rows, steps)
-        RowLstm(lstm, shape).window(torch.randn(2, steps * rows, cfg.projection_dim),
-                                    torch.ones(steps + 1, rows, dtype=torch.bool), torch.full((L + 1,), 1 / (L + 1)))
+        RowLstm(lstm, shape).window(torch.randn(2, steps * rows, cfg.projection_dim), keep_buffer(shape, "cpu"),
+                                    torch.full((L + 1,), 1 / (L + 1)))
     kernels = per_step(window) / L
     with labelled_cell(lstm):
         window(4)

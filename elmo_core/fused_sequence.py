@@ -12,7 +12,7 @@ step's element-wise work in one compiled kernel (``elmo_core.fused_cell``):
 
 The weight gradients are one batched product each over all steps, as in ``LstmSequence``. The
 next step's ``h`` is kept in the products' type, so bf16 / fp16 steps cast nothing. Used for
-``elmo train --device cuda`` and ``--compile`` (``BiLstmStack.compile_cell``); tested against
+``elmo train --compile`` (``BiLstmStack.compile_cell``); tested against
 autograd over ``lstm_step`` in tests/core/test_fused_sequence.py (inductor's CPU backend).
 """
 from __future__ import annotations

@@ -84,7 +84,7 @@ class BiLstmStack(nn.Module):
         return LstmState(w.new_zeros(L, 2, batch, P), w.new_zeros(L, 2, batch, C))
 
     def compile_cell(self) -> None:
-        """Training with fused, compiled steps (``elmo train --compile``, and always on CUDA):
+        """Training with fused, compiled steps (``elmo train --compile``):
         ``fused_sequence.FusedLstmSequence`` instead of ``LstmSequence``, the same gradients."""
         self.sequence = fused_lstm_sequence
 

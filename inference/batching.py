@@ -34,7 +34,7 @@ import bisect
 import functools
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Sequence
 
 import numpy as np
@@ -82,6 +82,7 @@ GPU_MEMORY_SHARE = 4
 ROW_GRID_SLACK = 1.5  # a rows batch's (B, T) input grid: at most this many times the token budget (module doc)
 GPU_BATCH_TOKENS = (4096, 1 << 18)  # the budget's bounds on a GPU
 CPU_BATCH = (4096, 16_384, 1024)  # a CPU's budget, sort window tokens and rows (docs/pipelines.md)
+ASKED = {"tokens": "tokens a batch", "window_tokens": "tokens a sort window", "window_rows": "rows a sort window"}
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,18 @@ class BatchBudget:
     def policy(self) -> BatchPolicy:
         """Batches under this budget (the other knobs the defaults)."""
         return BatchPolicy(max_tokens_per_batch=self.tokens, rows=RowShape(self.rows) if self.rows else None)
+
+    def asked(self, tokens: int | None = None, window_tokens: int | None = None,
+              window_rows: int | None = None) -> "BatchBudget":
+        """This budget with what a job asked in its place (``--max-batch-tokens``,
+        ``--sort-window-tokens``, ``--sort-window-rows``); itself where nothing asked differs."""
+        given = {name: value for name, value in (("tokens", tokens), ("window_tokens", window_tokens),
+                                                 ("window_rows", window_rows))
+                 if value is not None and value != getattr(self, name)}
+        if not given:
+            return self
+        what = ", ".join(f"{value:,} {ASKED[name]}" for name, value in given.items())
+        return BatchBudget(**{**asdict(self), **given, "reason": f"asked: {what} (the run's own: {self})"})
 
     def __str__(self) -> str:
         rows = f", planned for up to {self.rows:,} static rows" if self.rows else ""

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 import torch
 
 from .fused_lstm import FusedLstm
-from .row_lstm import RowLstm, RowPlan, RowShape
+from .row_lstm import RowLstm, RowPlan, RowShape, keep_buffer
 
 
 @dataclass
 class _Window:
-    """One row count's runner and static buffers: xs (2, T*R, P), keep (T+1, R), weights (L+1,),
+    """One row count's runner and static buffers: xs (2, T*R, P), keep (T+1, R) (``keep_buffer``), weights (L+1,),
     and once captured, the graph and its output (2, T*R, P)."""
 
     rows: RowLstm
@@ -96,7 +96,7 @@ class RowGraphs:
             rows = RowLstm(self.lstm, shape)
             cfg, dev, TR = self.lstm.stack.cfg, rows.h.device, shape.steps * shape.rows
             self.windows[shape.rows] = _Window(rows, torch.zeros(2, TR, cfg.projection_dim, device=dev),
-                                               torch.ones(shape.steps + 1, shape.rows, dtype=torch.bool, device=dev),
+                                               keep_buffer(shape, dev),
                                                torch.zeros(cfg.n_layers + 1, device=dev))
         return self.windows[shape.rows]
 

@@ -89,6 +89,12 @@ class ModelRun:
         its replicas, each of which hashes the files once, before it loads them."""
         return replace(self, pin=identity)
 
+    def batched(self, tokens: int | None, window_tokens: int | None, window_rows: int | None) -> "ModelRun":
+        """This run with the batch budget and sort windows a job asked for where it did
+        (``BatchBudget.asked``): what its line and its manifest report is what runs."""
+        budget = self.batch.asked(tokens, window_tokens, window_rows)
+        return self if budget is self.batch else replace(self, batch=budget)
+
     def describe(self) -> str:
         """The one line a command prints: ``M (torch on cpu, fp32: why; N threads: why)``."""
         source = f", exported from {self.source}" if self.source else ""

@@ -107,6 +107,18 @@ def _deal(lengths: list[int], rows: int) -> tuple[list[int], list[int], list[int
     return row_of, offset_of, fill
 
 
+ALIGN = 16  # bytes: inductor's CUDA kernels assume their inputs this aligned where the first they met were
+
+
+def keep_buffer(shape: RowShape, device: torch.device | str) -> torch.Tensor:
+    """A window's keep (T+1, R) bool, all True, each step's row at a multiple of ``ALIGN`` bytes
+    (the row stride R rounded up): the kernels take ``keep[t]``, and a compiled CUDA kernel whose
+    first input was aligned copies each later one that is not before it runs (at R = 8, a
+    device-to-device copy every other step)."""
+    stride = -(-shape.rows // ALIGN) * ALIGN
+    return torch.ones(shape.steps + 1, stride, dtype=torch.bool, device=device)[:, : shape.rows]
+
+
 class RowLstm:
     """The stateless stack over windows of one ``RowShape`` (module doc); the state of every layer
     lives here between windows (``reset`` zeroes it). Shapes: h (L, 2, R, P) in the products'
@@ -129,7 +141,8 @@ class RowLstm:
         """``sum_j weights[j] * layer_j`` over one window, layer 0 being the input. Nothing here
         waits on the device, so it can be captured in a CUDA graph.
 
-        Shape: xs (2, T*R, P), keep (T+1, R) bool, weights (L+1,) -> (2, T*R, P).
+        Shape: xs (2, T*R, P), keep (T+1, R) bool (``keep_buffer``: its steps' rows aligned), weights
+        (L+1,) -> (2, T*R, P).
         """
         combined = xs * weights[0]  # (2, T*R, P)
         for layer in range(self.lstm.stack.cfg.n_layers):

@@ -139,6 +139,11 @@ class EmbedOptions:
             object.__setattr__(sized, name, value)
         return sized
 
+    def batched(self, run: ModelRun) -> ModelRun:
+        """``run`` with the batch budget and sort windows these options ask where they do
+        (``ModelRun.batched``): settled once, before ``sized_for`` reads them back."""
+        return run.batched(self.max_tokens_per_batch, self.sort_window_tokens, self.sort_window_rows)
+
     @property
     def shard_format(self) -> ShardFormat:
         return FORMATS[self.format]

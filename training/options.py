@@ -81,7 +81,8 @@ class TrainOptions:
     eval_batch_size: int = setting(32, "sentences a batch in evaluations", "metrics")
     tensorboard: bool = setting(True, "TensorBoard event files in RUN_DIR/tensorboard (the tensorboard extra)",
                                 "metrics")
-    compile: bool = setting(False, "fused, compiled LSTM steps (elmo_core.fused_sequence; always on CUDA)", "speed")
+    compile: bool = setting(False, "fused, compiled LSTM steps (elmo_core.fused_sequence): fewer kernels a step, more host "
+                           "time (slower on a host-bound GPU step, docs/training.md)", "speed")
     precision: str | None = setting(None, "bf16: bf16 autocast (parameters and the carried state stay fp32); default "
                                     "bf16 on CUDA (it trains as well as fp32), fp32 on the CPU", "speed",
                                     TRAIN_PRECISIONS, meaning="precision")

@@ -113,7 +113,7 @@ class Trainer:
         if self.source is not None:
             load_initial_weights(lm, self.source, self.vocab)
         lm.to(self.device)
-        if self.opts.compile or self.device.type == "cuda":  # fused steps: one kernel for each step's element-wise work
+        if self.opts.compile:  # fused steps: one kernel for each step's element-wise work (docs/training.md)
             lm.bilm.lstm.compile_cell()
         # find_unused_parameters: with packed segments the ranks' autograd graphs differ in shape (their
         # own segment packings), and DDP's static bucket check then stops at step 2 although every

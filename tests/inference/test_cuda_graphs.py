@@ -134,3 +134,28 @@ def test_a_sentence_in_rows_does_not_depend_on_its_batch(tmp_path):
     assert sorted(rows.graphs.windows) == [8]  # both ran in windows of 8 rows, the second in many windows
     got = among[len(crowd), : len(target)]
     torch.testing.assert_close(got, alone[0, : len(target)], rtol=0, atol=1e-6 * float(alone.abs().max()))
+
+
+@pytest.mark.parametrize("rows", [8, 4, 16])
+def test_every_input_of_the_fused_kernels_is_16_byte_aligned(tmp_path, rows):
+    """A compiled CUDA kernel assumes its inputs 16-byte aligned where the first it met was, and
+    copies every later input that is not before it runs: a window's keep rows of R = 8 bools put
+    every other step's ``keep[t]`` 8 bytes off (one device copy every other step, the H200's 4.5
+    kernels a step). Every tensor the kernels take, at every step, starts on 16 bytes."""
+    from elmo_core.fused_cell import KERNELS, FusedCell
+
+    offsets: set[int] = set()
+
+    def recorded(fn):  # noqa: ANN001, ANN202
+        def call(*args):  # noqa: ANN002, ANN202
+            offsets.update(a.storage_offset() * a.element_size() % 16 for a in args if isinstance(a, torch.Tensor))
+            return fn(*args)
+        return call
+
+    kernels = FusedCell(**{name: recorded(fn) for name, fn in KERNELS.items()})
+    model = load_bilm(make_model_dir(tmp_path / "m", tiny_options())).eval()
+    rows_path = FastInference(model, "fp32", cuda_graphs=True, capture=False, rows=RowShape(rows, 8), kernels=kernels)
+    ids = torch.from_numpy(batch_to_ids(SENTENCES))
+    with torch.inference_mode():
+        model.use_fast_path(rows_path).run_combined(ids, torch.full((model.config.n_output_layers,), 0.5))
+    assert rows_path.graphs.positions > 0 and offsets == {0}

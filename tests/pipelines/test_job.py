@@ -453,3 +453,21 @@ def test_a_local_job_cuts_its_shards_for_its_writer_threads(tmp_path):
     assert size(small, writer_threads=8, sort_window_rows=65_536)[0] == 500
     assert size(small, writer_threads=2, sort_window_rows=65_536)[0] == 750
     assert size(big, engine="ray", workers=4, writer_threads=8, sort_window_rows=1024)[0] == 100_000
+
+
+def test_the_run_line_and_manifest_report_the_batch_budget_asked_not_the_devices(corpus, tiny_dir, tmp_path, capsys):
+    """--max-batch-tokens and the sort windows asked replace the device's in the run record the job
+    reports (its line, the manifest's ``run.batch``), with the device's kept in the reason; the
+    library's predictor reports the same; asking the device's own changes nothing."""
+    from inference.batching import CPU_BATCH
+
+    assert main(["embed", "--text", str(corpus), "--out", str(tmp_path / "out"), "--model", str(tiny_dir),
+                 "--max-batch-tokens", "300", "--sort-window-rows", "40"]) == 0
+    line = capsys.readouterr().err
+    assert "batches of 300 tokens: asked: 300 tokens a batch, 40 rows a sort window (the run's own: batches of " \
+           f"{CPU_BATCH[0]:,} tokens: " in line
+    batch = read_record(tmp_path / "out" / "_manifest.parquet")["run"]["batch"]
+    assert (batch["tokens"], batch["window_tokens"], batch["window_rows"]) == (300, CPU_BATCH[1], 40)
+    predictor = ElmoPredictor(tiny_dir, {"max_tokens_per_batch": CPU_BATCH[0]})
+    assert predictor.run.batch.tokens == CPU_BATCH[0] and "asked" not in predictor.run.batch.reason
+    assert ElmoPredictor(tiny_dir, {"max_tokens_per_batch": 512}).run.batch.tokens == 512
