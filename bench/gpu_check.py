@@ -93,6 +93,7 @@ def step_model_alone(work: Path, device: str) -> dict:
     from bench.bench_onnx import accuracy, bench_sentences, timed_alternating
     from inference.batching import BatchPolicy
     from inference.embedder import Embedder
+    from inference.row_shape import RowShape
 
     sentences = bench_sentences(size("sentences", device))  # several batches of the largest budget
     tokens, n_ref = sum(map(len, sentences)), size("reference", device)
@@ -104,8 +105,10 @@ def step_model_alone(work: Path, device: str) -> dict:
     precision, layouts = ("bf16", {"fused": "rows", "unfused": "packed"}) if cuda else ("fp32", {"unfused": "packed"})
     figures = {}
     for budget in size("budgets", device):
-        policy = BatchPolicy(max_tokens_per_batch=budget)
-        runners = {name: Embedder.open(model, "torch", policy=policy, device=device, precision=precision, layout=lay)
+        # as a job plans them (``BatchBudget.policy``): the rows layout's batches planned for its rows
+        runners = {name: Embedder.open(model, "torch", device=device, precision=precision, layout=lay,
+                                       policy=BatchPolicy(max_tokens_per_batch=budget,
+                                                          rows=RowShape() if lay == "rows" else None))
                    for name, lay in layouts.items()}
         try:
             best = timed_alternating({k: (e, lambda: None) for k, e in runners.items()}, sentences, None, 2)
