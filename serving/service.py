@@ -64,7 +64,8 @@ class ServingState:
     load failure is kept in ``error`` and reported through ``on_failure``."""
 
     def __init__(self, run: ModelRun, limits: ServeLimits, metrics: ServeMetrics | None = None) -> None:
-        self.run, self.limits = run, limits.on_run(run)  # the run's batch budget where none was asked
+        self.run = run.batched(limits.max_batch_tokens, None, None)  # the budget asked, where asked: what /info says
+        self.limits = limits.on_run(self.run)  # the run's batch budget where none was asked
         self.metrics = metrics or ServeMetrics()
         self.predictor: SentencePredictor | None = None
         self.batcher: DynamicBatcher | None = None
