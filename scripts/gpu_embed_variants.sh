@@ -27,4 +27,11 @@ L=$W/corpus-large
 [ -d $L ] || python3 -c "from corpora.sample import write_sample_corpus; write_sample_corpus('$L', rows=200_000, files=8)"
 W_CORPUS=$L run large_defaults
 W_CORPUS=$L run large_arrow_f16 --format arrow --dtype float16
+# where the defaults' threads spend a job (the model thread's waits included): py-spy's raw stacks
+if [ -x /tmp/site/bin/py-spy ]; then
+  rm -rf $W/v
+  timeout 150 /tmp/site/bin/py-spy record -r 100 --threads --idle -f raw -o $OUT/embed_defaults.pyspy.txt -- \
+    python3 -m elmo_cli embed --text $W/corpus --out $W/v --model $W/model --device cuda --quiet >> $R 2>&1
+  echo "== py-spy of the defaults: rc $?" | tee -a $R
+fi
 echo done | tee -a $R
