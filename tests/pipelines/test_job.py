@@ -471,3 +471,13 @@ def test_the_run_line_and_manifest_report_the_batch_budget_asked_not_the_devices
     predictor = ElmoPredictor(tiny_dir, {"max_tokens_per_batch": CPU_BATCH[0]})
     assert predictor.run.batch.tokens == CPU_BATCH[0] and "asked" not in predictor.run.batch.reason
     assert ElmoPredictor(tiny_dir, {"max_tokens_per_batch": 512}).run.batch.tokens == 512
+
+
+def test_a_gpu_jobs_writer_threads_follow_its_cpus():
+    """Enough writers on a GPU box for the model's rate (float32 lists: ~34k tokens/s a thread
+    against ~313k of an H200's model), the model's, reader's and planner's threads left over;
+    one on a CPU, whose cores run the model."""
+    from pipelines.options import default_writers
+
+    assert [default_writers("cuda", n) for n in (1, 2, 4, 8, 10, 16, 32, 128)] == [1, 1, 2, 6, 8, 12, 16, 16]
+    assert default_writers("cuda:1", 16) == 12 and default_writers("cpu", 64) == 1
