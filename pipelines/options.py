@@ -68,9 +68,9 @@ class EmbedOptions:
     workers: int = setting(1, "--engine ray: copies of the model, each an actor taking shards", "running",
                            meaning="replicas", runtime_only=True)
     writer_threads: int | None = setting(None, "shards encoded at once (per replica; default: 1 on a CPU, where the "
-                                         "model takes the cores; on a GPU the host's cores less four, at least 8 where they allow, at most "
-                                         "16); see "
-                                         "docs/pipelines.md", "running", runtime_only=True)
+                                         "model takes the cores; on a GPU the host's cores less four, at least 8 "
+                                         "where they allow, at most 16); see docs/pipelines.md", "running",
+                                         runtime_only=True)
     prefetch: int = setting(4, cli=False, runtime_only=True)  # prepared windows queued ahead of the model
     resume: bool = setting(False, "keep verified shards, redo the rest", "running", runtime_only=True,
                            parquet_only=True)
