@@ -157,9 +157,9 @@ def step_serve(work: Path, device: str) -> dict:
             "latency": next((ln for ln in lines if ln.startswith("latency")), None), "output": lines[-6:]}
 
 
-def step_kernels(work: Path, device: str) -> dict:
-    """Kernels per recurrent step of a row window (one layer, both directions), from the profiler:
-    CUDA kernels on a GPU; on a CPU the compute ops (bench/gpu_proxy.py's count)."""
+def step_kernels(work: Path, device: str, rows: int = 8) -> dict:
+    """Kernels per recurrent step of a row window of ``rows`` rows (one layer, both directions), from
+    the profiler: CUDA kernels on a GPU; on a CPU the compute ops (bench/gpu_proxy.py's count)."""
     import torch
 
     from bench.gpu_proxy import full_size_stack, row_step_costs
@@ -171,12 +171,12 @@ def step_kernels(work: Path, device: str) -> dict:
     model = full_size_stack(options)
     if not device.startswith("cuda"):
         with torch.inference_mode():
-            kernels, _ = row_step_costs(FusedLstm(model.lstm), rows=8)
+            kernels, _ = row_step_costs(FusedLstm(model.lstm), rows=rows)
         return {"kernels_per_step": kernels, "counted": "CPU compute ops of the eager fused step (no CUDA here; "
                                                         "python bench/bench_gpu.py --proxy counts the compiled ones)"}
     model = model.to(device)
     lstm, cfg = FusedLstm(model.lstm, kernels=FusedCell.compile()), model.lstm.cfg
-    L, rows = cfg.n_layers, 8
+    L = cfg.n_layers
 
     def window(steps: int) -> None:
         shape = RowShape(rows, steps)

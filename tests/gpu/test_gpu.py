@@ -198,3 +198,18 @@ def test_cuda_graph_replays_equal_eager_cuda(fixture_dir):
             np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
         stack = graphed.fast.graphs
         assert stack.replays > stack.captures == 1
+
+
+@pytest.mark.parametrize("rows", [8, 16])
+def test_a_recurrent_step_launches_four_kernels(fixture_dir, tmp_path, rows):
+    """Two products and two compiled kernels a step (one layer, both directions), counted by the CUDA
+    profiler as ``gpu_check``'s ``kernels`` step counts them: the difference of an 8- and a 4-step
+    window. At 8 rows the H200 counted 4.5 before the keep mask's rows were laid 16 bytes apart
+    (``inference.row_lstm.keep_buffer``): a copy of every other step's misaligned mask."""
+    _need_cuda()
+    from bench.gpu_check import step_kernels
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "options.json").write_text((fixture_dir / "options.json").read_text())
+    got = step_kernels(tmp_path, "cuda", rows=rows)
+    assert got["kernels_per_step"] <= 4, got["by_kernel"]
