@@ -6,14 +6,15 @@ thread's file. On several slots (Spark's ``defaultParallelism``: N of ``local[N]
 executor cores; Ray's replicas) the corpus is cut into ``TASKS_PER_SLOT`` shards per slot, so that
 every slot gets work and a slow shard does not hold the job alone, each at least ``MIN_ROWS`` rows
 (below that a task's start costs more than its rows) and at most ``DEFAULT_ROWS``. The local
-runner's slots are its writer threads (``--writer-threads``: one on a CPU, up to 8 on a GPU): with
-one it keeps ``DEFAULT_ROWS``; with W it cuts the corpus the same way, and a shard holds at most
-1/W of a sort window's rows but at least ``WINDOW_MIN_ROWS`` for that cut (files of ~250k tokens
-of sentences, not thousands of small ones), so that each window (``pipelines.source.read_windows``,
-which goes on past a shard's end: the batches stay the window's) gives several writers a shard to
-encode at once, with a few windows in memory (on an 80 GB GPU a window is 65,536 rows or 1M
-tokens, 4 GiB of float32 vectors: 8 shards of 8,192 rows, cut at 10,000, not 8 windows). A
-resumed job keeps the size its OUTPUT_DIR records, whatever the engine now.
+runner's slots are its writer threads (``--writer-threads``: one on a CPU, up to 16 on a GPU,
+``options.default_writers``): with one it keeps ``DEFAULT_ROWS``; with W it cuts the corpus the
+same way, and a shard holds at most 1/W of a sort window's rows but at least ``WINDOW_MIN_ROWS``
+for that cut (files of ~250k tokens of sentences, not thousands of small ones), so that each
+window (``pipelines.source.read_windows``, which goes on past a shard's end: the batches stay the
+window's) gives several writers a shard to encode at once, with a few windows in memory (on an
+80 GB GPU a window is 65,536 rows or 1M tokens, 4 GiB of float32 vectors: 12 writers' shards of
+5,461 rows, cut at 10,000, not 12 windows). A resumed job keeps the size its OUTPUT_DIR records,
+whatever the engine now.
 """
 from __future__ import annotations
 
