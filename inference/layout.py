@@ -19,8 +19,8 @@ whether the directions run on threads of their own, ``inference.directions``), m
 once on the recurrence alone (a random model of the same shape: the weights' values do not change
 the time) and kept in the cache (``layouts.json`` under ``storage.locations.cache_root``). Another
 layout than ``packed`` is taken only when it is ``FUSED_MARGIN`` faster: never slower than
-``packed`` (the fixed default it replaces) by more than noise. A model whose matrices are below
-``fast_lstm.PACKED_MIN_WEIGHTS`` takes ``packed`` unmeasured (its steps are too small for any to
+``packed`` (the fixed default it replaces) by more than noise. A model whose recurrent matrices are
+below ``MEASURED_MIN_WEIGHTS`` takes ``packed`` unmeasured (its steps are too small for any to
 matter, and compiling would cost more than it saves).
 """
 from __future__ import annotations
@@ -42,7 +42,6 @@ from storage.locations import cache_root
 from runtime import use_threads
 
 from .directions import split
-from .fast_lstm import packed_products
 from .precision import cpu_model
 
 # Another layout must measure this much faster than packed to be chosen: more than one measurement's
@@ -50,6 +49,10 @@ from .precision import cpu_model
 # a quiet AMX Xeon (0.96x-1.01x), and a measurement under load once took fused at 1.08x, which then
 # ran 0.85x-0.9x packed end to end.
 FUSED_MARGIN = 1.10
+# From this many recurrent weights (P x 4C) a model's layouts are measured: the shipped model's 128 x
+# 2,048 runs `fused` 1.67x `packed` in fp32 on a Zen 5 (the products on packed oneDNN weights, where
+# `packed`'s small ones run MKL's AVX2 code) and 0.67x on an AMX Xeon: which, only a measurement says.
+MEASURED_MIN_WEIGHTS = 1 << 18
 # The most rows a step of the CPU's ``rows`` layout may run, each measured: ``rows`` as a CUDA
 # device runs it (up to 1,024) and half a default batch's sentences (two to a row).
 CPU_ROW_COUNTS = (64, 1024)
@@ -85,7 +88,7 @@ def resolve_layout(layout: str | None, device: str, precision: str, config: Elmo
     if device.startswith("cuda"):
         return Layout("rows", "CUDA: static rows replayed as CUDA graphs")
     lstm = config.lstm
-    if not packed_products(config):
+    if lstm.projection_dim * 4 * lstm.dim < MEASURED_MIN_WEIGHTS:
         return Layout("packed", "small matrices: eager steps (nothing to measure)")
     key = f"{cpu_model()} | torch {torch.__version__} | {precision} | {lstm.n_layers}x{lstm.dim}/{lstm.projection_dim}" \
           f" | {threads} threads{', directions on threads of their own' if split(threads) else ''}"
