@@ -1,6 +1,8 @@
 """The char-CNN token encoder: char embedding, convolutions, max-pool, activation, highway, projection."""
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -8,6 +10,10 @@ from torch import nn
 
 from .config import CharCnnConfig
 from .highway import Highway
+
+
+# Rows a product of the char-CNN is run on at least (``CharEncoder._encode``).
+MIN_ROWS = 4
 
 
 class CharEncoder(nn.Module):
@@ -48,8 +54,8 @@ class CharEncoder(nn.Module):
         if self.word_embed is not None:
             words = F.embedding(char_ids[:, -1].long(), self.word_embed)  # (N, Dw)
             chars = self._char_features(char_ids[:, :-1])  # (N, F)
-            return torch.addmm(self.proj_bias, torch.cat([words, chars], dim=-1), self.proj_weight)  # (N, P)
-        return torch.addmm(self.proj_bias, self._char_features(char_ids), self.proj_weight)  # (N, P)
+            return self._project(torch.cat([words, chars], dim=-1))  # (N, P)
+        return self._project(self._char_features(char_ids))  # (N, P)
 
     def plan_chunks(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
         """On the host, what ``_char_features`` finds on the device: the tokens' order (shortest
@@ -71,7 +77,7 @@ class CharEncoder(nn.Module):
         feats = torch.cat([self._encode(ids[i * n : (i + 1) * n, :w]) for i, w in enumerate(widths)])  # (N, F)
         if self.word_embed is not None:
             feats = torch.cat([F.embedding(char_ids[:, -1].long(), self.word_embed), feats], dim=-1)
-        return torch.addmm(self.proj_bias, feats, self.proj_weight)  # (N, P)
+        return self._project(feats)  # (N, P)
 
     def _char_features(self, char_ids: torch.Tensor) -> torch.Tensor:
         """The char-CNN and highway layers. Shape: (N, C) -> (N, F)."""
@@ -86,11 +92,16 @@ class CharEncoder(nn.Module):
                              for part in order.split(n)])  # (N, F) in that order
         return encoded[torch.argsort(order)]  # (N, F)
 
+    def _project(self, feats: torch.Tensor) -> torch.Tensor:
+        """The projection, on at least ``MIN_ROWS`` rows (``_at_least``). Shape: (N, Dw+F) -> (N, P)."""
+        return _at_least(feats, lambda x: torch.addmm(self.proj_bias, x, self.proj_weight))
+
     def _encode(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """Shape: (N, C') ids, the tail already trimmed -> (N, F)."""
-        emb = F.embedding(char_ids.long(), self.char_embed, padding_idx=0)  # (N, C', E)
-        x = torch.cat(self._pooled(emb), dim=-1)  # (N, F)
-        return self.highway(x)  # (N, F)
+        """Shape: (N, C') ids, the tail already trimmed -> (N, F), on at least ``MIN_ROWS`` tokens."""
+        def encode(ids: torch.Tensor) -> torch.Tensor:
+            emb = F.embedding(ids.long(), self.char_embed, padding_idx=0)  # (N, C', E)
+            return self.highway(torch.cat(self._pooled(emb), dim=-1))  # (N, F)
+        return _at_least(char_ids, encode)
 
     def _pooled(self, emb: torch.Tensor) -> list[torch.Tensor]:
         """Each width's convolution, max-pooled over positions, then the activation.
@@ -136,6 +147,17 @@ def _content_lengths(char_ids: torch.Tensor) -> torch.Tensor:
     """
     varies = char_ids != char_ids[:, -1:]  # (N, C): not in the token's tail
     return (varies * torch.arange(1, char_ids.shape[1] + 1, device=char_ids.device)).amax(dim=1)  # (N,)
+
+
+def _at_least(x: torch.Tensor, rows_of: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``rows_of(x)`` with fewer than ``MIN_ROWS`` rows run with the first repeated up to it, so that
+    a token's vector does not depend on how many others share its pass (a token cache's misses):
+    MKL multiplies 1-3 rows in other kernels, which sum in another order (1 ulp on a Zen 5).
+    Shape: (N, ...) -> (N, ...)."""
+    n = x.shape[0]
+    if n == 0 or n >= MIN_ROWS or _tracing():
+        return rows_of(x)
+    return rows_of(torch.cat([x, x[:1].expand(MIN_ROWS - n, *x.shape[1:])]))[:n]  # (MIN_ROWS, ...) -> (N, ...)
 
 
 def _tracing() -> bool:

@@ -192,6 +192,21 @@ def test_char_encoder_chunks_give_the_same_tokens_and_gradients(tiny_dir, chunk_
         torch.testing.assert_close(chunked_grads[k], whole_grads[k], rtol=1e-10, atol=1e-12, msg=lambda m: f"{k}: {m}")
 
 
+def test_a_tokens_vector_does_not_depend_on_how_many_share_its_pass(tiny_dir):
+    """fp32, bit for bit: a token encoded alone, with one or two others, or among many (a token
+    cache's misses, the two boundaries) gets the same vector; MKL multiplies 1-3 rows in other
+    kernels (1 ulp apart on a Zen 5), so the encoder never runs fewer than ``MIN_ROWS``."""
+    from elmo_core.char_encoder import MIN_ROWS
+
+    encoder = load_bilm(tiny_dir).encoder.eval()
+    ids = torch.from_numpy(batch_to_ids(SENTENCES)).reshape(-1, 50)  # (N, C)
+    with torch.no_grad():
+        whole = encoder(ids)  # (N, P)
+        for n in range(1, MIN_ROWS + 1):
+            assert torch.equal(encoder(ids[:n]), whole[:n]), n
+        assert torch.equal(encoder.boundary_embeddings(), encoder(torch.cat([encoder.boundary_ids, ids]))[:2])
+
+
 def test_unique_rows_is_exact_even_on_a_hash_collision():
     from elmo_core.bilm import unique_rows
 
