@@ -127,16 +127,33 @@ class MeasuredPrecision:
                 "failure": self.failure}
 
 
+# The instruction sets the kernels a CPU gets are chosen by (oneDNN, MKL, ONNX Runtime, inductor): part
+# of ``cpu_model``, so that what is measured or compiled for one CPU is not read on another.
+KERNEL_CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_bf16", "amx_int8")
+
+
 @functools.lru_cache(maxsize=None)
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """This CPU's model name (``platform.processor()`` where /proc/cpuinfo is absent); read once."""
+    """This CPU as the caches of what is measured or compiled per CPU name it (layouts, ONNX Runtime's
+    optimized models, ``--precision auto``'s measurements): its model name, family, model and
+    stepping, and which of ``KERNEL_CPU_FLAGS`` it has, e.g. ``AMD EPYC (family 26 model 2
+    stepping 0; avx2 avx512f avx512_vnni avx512_bf16 avx_vnni)``. The name alone is not enough: a
+    VM may call every generation "AMD EPYC", from AVX2 only to AVX512-BF16. ``platform.processor()``
+    where /proc/cpuinfo is absent; read once."""
+    fields: dict[str, str] = {}
     try:
         for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+            if key.strip() == "flags":
+                break  # the first processor's fields are all there is to read
     except OSError:
-        pass
-    return platform.processor()
+        return platform.processor()
+    numbers = " ".join(f"{name} {fields[key]}" for key, name in (("cpu family", "family"), ("model", "model"),
+                                                                  ("stepping", "stepping")) if key in fields)
+    flags = set(fields.get("flags", "").split())
+    isa = " ".join(f for f in KERNEL_CPU_FLAGS if f in flags) or "no AVX2"
+    return f"{fields.get('model name', platform.processor())} ({numbers}; {isa})"
 
 
 # --precision auto on a CPU with bf16 units, for a model whose products are too small for packed

@@ -141,3 +141,20 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
     info.write_text("processor\t: 0\nflags\t\t: fpu avx2 amx_bf16\n\nprocessor\t: 1\nflags\t\t: fpu avx2 amx_bf16\n")
     assert cpu_flags(info) == {"fpu", "avx2", "amx_bf16"}
     assert cpu_flags(tmp_path / "absent") == frozenset()
+
+
+def test_two_cpus_with_one_name_are_two_cpus(tmp_path):
+    """A VM names an AVX2-only EPYC and a Zen 5 alike: what is measured or compiled per CPU (layouts,
+    ONNX Runtime's optimized models) is kept under the name, numbers and kernel flags together."""
+    from inference.precision import cpu_model
+
+    def cpu(name: str, family: int, model: int, flags: str) -> str:
+        info = tmp_path / f"cpuinfo-{family}-{model}-{flags.replace(' ', '-')}"  # cpu_model reads a path once
+        info.write_text(f"processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\nmodel\t\t: {model}\n"
+                        f"model name\t: {name}\nstepping\t: 1\nflags\t\t: fpu {flags}\n\nprocessor\t: 1\n")
+        return cpu_model(info)
+
+    zen2, zen5 = cpu("AMD EPYC", 23, 49, "avx2 fma"), cpu("AMD EPYC", 26, 2, "avx2 avx512f avx512_bf16 avx512_vnni")
+    assert zen2 == "AMD EPYC (family 23 model 49 stepping 1; avx2)"
+    assert zen5 == "AMD EPYC (family 26 model 2 stepping 1; avx2 avx512f avx512_vnni avx512_bf16)"
+    assert cpu("AMD EPYC", 23, 49, "sse4_2") == "AMD EPYC (family 23 model 49 stepping 1; no AVX2)"
