@@ -41,15 +41,6 @@ def tanh(x: torch.Tensor) -> torch.Tensor:
     return 2 * torch.sigmoid(2 * x) - 1
 
 
-def tanh_(x: torch.Tensor, doubled: bool = False) -> torch.Tensor:
-    """``tanh`` in place, the same way, for the eager steps (``doubled``: ``x`` holds 2x already).
-    ATen's own ``tanh`` runs MKL's vector math, whose code on AMD CPUs is 10x slower than ATen's
-    ``sigmoid`` (a Zen 5, one core: 2.2 ns a float against 0.22; the eager step's two tanh took 10 %
-    of a full-size fp32 step); this takes 0.42 ns, at most 1.8e-7 from the exact value (``torch.tanh``
-    3e-8). Shape: any -> the same tensor."""
-    return (x if doubled else x.mul_(2)).sigmoid_().mul_(2).sub_(1)
-
-
 def cell(gx: torch.Tensor, r: torch.Tensor, c: torch.Tensor, keep: torch.Tensor | None,
          cell_clip: torch.Tensor, m_dtype: torch.dtype) -> torch.Tensor:
     """Inference: the gates (``gx + r``) to the projection's input ``m``; ``c`` becomes the new

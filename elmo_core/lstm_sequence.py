@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-from .fused_cell import tanh_
 from .lstm_cell import low_bmm
 
 
@@ -54,13 +53,13 @@ class LstmSequence(torch.autograd.Function):
             sl = slice(start, start + n)
             a = low_bmm(h[:, :n], w_state).add_(gx[:, sl])  # (D, n, 4C)
             a[..., :C].sigmoid_()
-            tanh_(a[..., C : 2 * C])
+            a[..., C : 2 * C].tanh_()
             a[..., 2 * C :].sigmoid_()
             i, j, f, o = a.chunk(4, dim=-1)  # (D, n, C) each: sigmoid(i), tanh(j), sigmoid(f), sigmoid(o)
             ij, fc = i * j, f * c[:, :n]  # (D, n, C)
             c_raw = fc + ij  # (D, n, C)
             c_new = c_raw.clamp(-cell_clip, cell_clip) if cell_clip is not None else c_raw
-            tc = tanh_(c_new.mul(2), doubled=True)  # (D, n, C)
+            tc = torch.tanh(c_new)  # (D, n, C)
             m = o * tc  # (D, n, C): the projection's input
             h_raw = low_bmm(m, w_proj)  # (D, n, P)
             h_new = h_raw.clamp(-proj_clip, proj_clip) if proj_clip is not None else h_raw

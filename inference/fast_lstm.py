@@ -22,7 +22,6 @@ from typing import Callable, Iterator
 import torch
 
 from elmo_core import ElmoConfig
-from elmo_core.fused_cell import tanh_
 from elmo_core.fused_sequence import last_positions
 from elmo_core.lstm import BiLstmStack, Packing
 from elmo_core.lstm_cell import low_bmm
@@ -59,13 +58,13 @@ def lstm_step_inplace(gates: torch.Tensor, c_prev: torch.Tensor, project: Callab
     """
     C = c_prev.shape[-1]
     gates[..., :C].sigmoid_()  # i
-    tanh_(gates[..., C : 2 * C])  # j
+    gates[..., C : 2 * C].tanh_()  # j
     gates[..., 2 * C :].sigmoid_()  # f, o
     i, j, f, o = gates.chunk(4, dim=-1)  # (..., N, C) each
     c = c_prev.mul_(f).addcmul_(i, j)  # (..., N, C): f c_prev + i j, in c_prev's buffer
     if cell_clip is not None:
         c.clamp_(-cell_clip, cell_clip)
-    h = project(o.mul_(tanh_(c.mul(2), doubled=True)))  # (..., N, P)
+    h = project(o.mul_(torch.tanh(c)))  # (..., N, P)
     if proj_clip is not None:
         h.clamp_(-proj_clip, proj_clip)
     return h, c
