@@ -180,7 +180,9 @@ def compare_precisions(model_dir: Path, batches: list[list[list[str]]], threads:
     print(f"torch fp32 (auto): {fp32_auto:.0f} tokens/s = {fp32_auto / bound:.0%} of the fp32 bound of its LSTM "
           f"products alone at the engine's shapes ({rows} rows: {bound:.0f} tokens/s; the char-CNN on top; target "
           f">= 85%)", flush=True)
-    m, k, n = INPUT_SHAPE
+    from inference.fast_lstm import INPUT_CHUNK_ROWS
+
+    m, k, n = INPUT_CHUNK_ROWS, config.lstm.projection_dim, 4 * config.lstm.dim  # the input part's chunk
     print(f"fp32 products at the input part's shape ({m} x {k} @ {k} x {n}, {threads} threads): plain torch.mm (the "
           f"BLAS torch was built with) {plain_rate(threads, m, k, n) / 1e9:.0f} GFLOP/s, packed oneDNN weights (what "
           f"the engine runs) {product_rate('fp32', threads, m, k, n) / 1e9:.0f}", flush=True)
@@ -234,10 +236,6 @@ def product_rate(precision: str, threads: int, m: int, k: int, n: int, turns: in
             packed(x)
         best = min(best, (time.perf_counter() - t0) / 4)
     return 2 * m * k * n / best
-
-
-# The input part of the gates at full size: a chunk of INPUT_CHUNK_ROWS rows x P=512 @ 512 x 4C=16384.
-INPUT_SHAPE = (512, 512, 16384)
 
 
 def plain_rate(threads: int, m: int, k: int, n: int, turns: int = 3) -> float:

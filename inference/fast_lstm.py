@@ -5,9 +5,11 @@ What it does that the reference (``elmo_core.lstm``) does not:
   per layer, reused batch after batch), and read from there as the next step's recurrent input;
   the cell state is updated in place;
 - the input part of the gates (``x W_in + b``) is computed a chunk of whole steps at a time
-  (``chunk_rows``) into one reused buffer, not for the whole batch at once;
-- on x86 CPUs the recurrent and projection products use oneDNN weights packed once
-  (``inference.packed_gemm``) for matrices of ``packed_min_weights`` weights and up;
+  (``chunk_rows``), not for the whole batch at once;
+- on x86 CPUs all three products (input, recurrent, projection) use oneDNN weights packed once
+  (``inference.packed_gemm``), per direction, for matrices of ``packed_min_weights`` weights and
+  up (MKL's fp32 kernels on AMD CPUs with AVX-512 are its AVX2 ones); else the input part goes
+  into one reused buffer by a batched product;
 - bf16 / fp16 products (``inference.precision``): weight copies made once, inputs rounded, results
   fp32; bf16 on a CPU with bf16 instructions through packed oneDNN weights.
 
@@ -198,7 +200,7 @@ class FastLstm:
                 lstm_step_inplace(gates, c[d], lambda m: out[d].copy_(w_p(m.to(low))), *clips)
         return step
 
-    def input_projection(self, layer: int, dirs: slice) -> Callable[[torch.Tensor], torch.Tensor]:
+    def input_projection(self, layer: int, dirs: slice) -> Callable[[torch.Tensor], torch.Tensor | tuple[torch.Tensor, ...]]:
         """The input part of the gates of the directions ``dirs`` for a chunk of packed rows, ``x W_in + b``.
 
         Where the step's products run per direction on packed oneDNN weights

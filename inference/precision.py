@@ -128,32 +128,34 @@ class MeasuredPrecision:
 
 
 # The instruction sets the kernels a CPU gets are chosen by (oneDNN, MKL, ONNX Runtime, inductor): part
-# of ``cpu_model``, so that what is measured or compiled for one CPU is not read on another.
-KERNEL_CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_bf16", "amx_int8")
+# of ``cpu_model``, so that what is measured or compiled for one CPU is not read on another. x86's
+# ``flags``, then Arm's ``Features``.
+KERNEL_CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_bf16", "amx_int8",
+                    "asimddp", "sve", "sve2", "bf16", "i8mm")
+# The fields that tell two CPUs of one name apart: x86's family, model and stepping; Arm's part and variant.
+_CPU_NUMBERS = (("cpu family", "family"), ("model", "model"), ("stepping", "stepping"),
+                ("CPU implementer", "implementer"), ("CPU part", "part"), ("CPU variant", "variant"))
 
 
 @functools.lru_cache(maxsize=None)
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """This CPU as the caches of what is measured or compiled per CPU name it (layouts, ONNX Runtime's
-    optimized models, ``--precision auto``'s measurements): its model name, family, model and
-    stepping, and which of ``KERNEL_CPU_FLAGS`` it has, e.g. ``AMD EPYC (family 26 model 2
-    stepping 0; avx2 avx512f avx512_vnni avx512_bf16 avx_vnni)``. The name alone is not enough: a
-    VM may call every generation "AMD EPYC", from AVX2 only to AVX512-BF16. ``platform.processor()``
-    where /proc/cpuinfo is absent; read once."""
+    optimized models, ``--precision auto``'s measurements): its model name, its numbers
+    (``_CPU_NUMBERS``) and which of ``KERNEL_CPU_FLAGS`` it has, e.g. ``AMD EPYC (family 26 model 2
+    stepping 1; avx2 avx512f avx512_vnni avx512_bf16 avx_vnni)``. The name alone is not enough: a
+    VM may call every generation "AMD EPYC", from AVX2 only to AVX512-BF16, and Arm's cpuinfo has
+    none. ``platform.processor()`` where /proc/cpuinfo is absent; read once."""
     fields: dict[str, str] = {}
     try:
         for line in cpuinfo.read_text().splitlines():
             key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-            if key.strip() == "flags":
-                break  # the first processor's fields are all there is to read
+            fields.setdefault(key.strip(), value.strip())  # the first processor's
     except OSError:
         return platform.processor()
-    numbers = " ".join(f"{name} {fields[key]}" for key, name in (("cpu family", "family"), ("model", "model"),
-                                                                  ("stepping", "stepping")) if key in fields)
-    flags = set(fields.get("flags", "").split())
-    isa = " ".join(f for f in KERNEL_CPU_FLAGS if f in flags) or "no AVX2"
-    return f"{fields.get('model name', platform.processor())} ({numbers}; {isa})"
+    numbers = " ".join(f"{name} {fields[key]}" for key, name in _CPU_NUMBERS if key in fields)
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    isa = " ".join(f for f in KERNEL_CPU_FLAGS if f in flags) or "none of the kernel flags"
+    return f"{fields.get('model name') or platform.machine()} ({numbers}; {isa})"
 
 
 # --precision auto on a CPU with bf16 units, for a model whose products are too small for packed

@@ -157,4 +157,9 @@ def test_two_cpus_with_one_name_are_two_cpus(tmp_path):
     zen2, zen5 = cpu("AMD EPYC", 23, 49, "avx2 fma"), cpu("AMD EPYC", 26, 2, "avx2 avx512f avx512_bf16 avx512_vnni")
     assert zen2 == "AMD EPYC (family 23 model 49 stepping 1; avx2)"
     assert zen5 == "AMD EPYC (family 26 model 2 stepping 1; avx2 avx512f avx512_vnni avx512_bf16)"
-    assert cpu("AMD EPYC", 23, 49, "sse4_2") == "AMD EPYC (family 23 model 49 stepping 1; no AVX2)"
+    assert cpu("AMD EPYC", 23, 49, "sse4_2") == "AMD EPYC (family 23 model 49 stepping 1; none of the kernel flags)"
+    arm = tmp_path / "cpuinfo-arm"  # Arm: no model name, Features for flags
+    arm.write_text("processor\t: 0\nBogoMIPS\t: 2100.00\nFeatures\t: fp asimd asimddp sve bf16 i8mm\n"
+                   "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x1\nCPU part\t: 0xd40\n\n"
+                   "processor\t: 1\nFeatures\t: fp asimd\n")
+    assert cpu_model(arm).endswith("(implementer 0x41 part 0xd40 variant 0x1; asimddp sve bf16 i8mm)")
