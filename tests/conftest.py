@@ -9,6 +9,14 @@ from elmo_core.process_env import settle  # noqa: E402
 
 settle()  # before torch loads, as every door of the library does (elmo_core/process_env.py)
 import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+# What the suite measures or builds per CPU (layouts timed beside the other test worker, exports)
+# goes to a cache of the session's own, not the user's, whose next job would read a layout timed
+# under the suite's load. Set before the workers start, so they share it; removed at the end.
+_SESSION_CACHE = None
+if "ELMO_CACHE_DIR" not in os.environ:
+    os.environ["ELMO_CACHE_DIR"] = _SESSION_CACHE = tempfile.mkdtemp(prefix="elmo-test-cache-")
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -63,6 +71,11 @@ def fixture_model(fixture_dir: Path, tmp_path: Path) -> Path:
 @pytest.fixture
 def tiny_dir(tmp_path: Path) -> Path:
     return make_model_dir(tmp_path / "tiny", TINY_OPTIONS)
+
+
+def pytest_unconfigure(config) -> None:
+    if _SESSION_CACHE is not None and not hasattr(config, "workerinput"):  # the session's, not a worker's
+        shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 
 
 def pytest_report_header(config) -> str:
