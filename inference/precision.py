@@ -64,10 +64,11 @@ INT8_CPU_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
 
 @functools.lru_cache(maxsize=None)
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The instruction-set flags this CPU reports (empty where /proc/cpuinfo is absent); read once."""
+    """The instruction-set flags this CPU reports: x86's ``flags``, Arm's ``Features`` (empty where
+    /proc/cpuinfo is absent); read once."""
     try:
         for line in cpuinfo.read_text().splitlines():
-            if line.startswith("flags"):
+            if line.startswith(("flags", "Features")):
                 return frozenset(line.partition(":")[2].split())
     except OSError:
         pass  # not Linux: nothing reported, so nothing assumed
@@ -128,8 +129,8 @@ class MeasuredPrecision:
 
 
 # The instruction sets the kernels a CPU gets are chosen by (oneDNN, MKL, ONNX Runtime, inductor): part
-# of ``cpu_model``, so that what is measured or compiled for one CPU is not read on another. x86's
-# ``flags``, then Arm's ``Features``.
+# of ``cpu_model``, so that what is measured or compiled for one CPU is not read on another (x86's
+# and Arm's names).
 KERNEL_CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_bf16", "amx_int8",
                     "asimddp", "sve", "sve2", "bf16", "i8mm")
 # The fields that tell two CPUs of one name apart: x86's family, model and stepping; Arm's part and variant.
@@ -153,7 +154,7 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     except OSError:
         return platform.processor()
     numbers = " ".join(f"{name} {fields[key]}" for key, name in _CPU_NUMBERS if key in fields)
-    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    flags = cpu_flags(cpuinfo)
     isa = " ".join(f for f in KERNEL_CPU_FLAGS if f in flags) or "none of the kernel flags"
     return f"{fields.get('model name') or platform.machine()} ({numbers}; {isa})"
 
