@@ -19,6 +19,7 @@ precision on trained weights, whose int8 export is planned per model (``export.q
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import re
 import subprocess
@@ -184,7 +185,7 @@ def compare_precisions(model_dir: Path, batches: list[list[list[str]]], threads:
 
     m, k, n = INPUT_CHUNK_ROWS, config.lstm.projection_dim, 4 * config.lstm.dim  # the input part's chunk
     print(f"fp32 products at the input part's shape ({m} x {k} @ {k} x {n}, {threads} threads): plain torch.mm (the "
-          f"BLAS torch was built with) {plain_rate(threads, m, k, n) / 1e9:.0f} GFLOP/s, packed oneDNN weights (what "
+          f"BLAS torch was built with) {product_rate('fp32', threads, m, k, n, plain=True) / 1e9:.0f} GFLOP/s, packed oneDNN weights (what "
           f"the engine runs) {product_rate('fp32', threads, m, k, n) / 1e9:.0f}", flush=True)
 
 
@@ -218,37 +219,23 @@ def engine_rows(batches: list[list[list[str]]], layout=None) -> int:  # type: ig
 GEMM_SHAPE = (256, 512, 16384)
 
 
-def product_rate(precision: str, threads: int, m: int, k: int, n: int, turns: int = 3) -> float:
+def product_rate(precision: str, threads: int, m: int, k: int, n: int, turns: int = 3, plain: bool = False) -> float:
     """FLOP/s of ``m`` x ``k`` @ ``k`` x ``n`` on oneDNN's packed weights, as the engine runs its
-    products, best of ``turns``."""
+    products, best of ``turns``; ``plain``: by ``torch.mm`` instead (the BLAS torch was built with:
+    MKL, whose fp32 kernels on AMD CPUs with AVX-512 are its AVX2 ones)."""
     from elmo_core.kinds import Precision
     from inference.packed_gemm import PackedLinear
 
     torch.set_num_threads(threads)
     low = Precision.of(precision).torch
     x, w = torch.randn(m, k).to(low), (torch.randn(k, n) / k ** 0.5).to(low)
-    packed = PackedLinear(w, m)
-    packed(x)
+    product = (lambda: torch.mm(x, w)) if plain else functools.partial(PackedLinear(w, m), x)
+    product()
     best = float("inf")
     for _ in range(turns):
         t0 = time.perf_counter()
         for _ in range(4):
-            packed(x)
-        best = min(best, (time.perf_counter() - t0) / 4)
-    return 2 * m * k * n / best
-
-
-def plain_rate(threads: int, m: int, k: int, n: int, turns: int = 3) -> float:
-    """FLOP/s of ``m`` x ``k`` @ ``k`` x ``n`` in fp32 by ``torch.mm`` (the BLAS torch was built with:
-    MKL, whose fp32 kernels on AMD CPUs with AVX-512 are its AVX2 ones), best of ``turns``."""
-    torch.set_num_threads(threads)
-    x, w = torch.randn(m, k), torch.randn(k, n) / k ** 0.5
-    torch.mm(x, w)
-    best = float("inf")
-    for _ in range(turns):
-        t0 = time.perf_counter()
-        for _ in range(4):
-            torch.mm(x, w)
+            product()
         best = min(best, (time.perf_counter() - t0) / 4)
     return 2 * m * k * n / best
 

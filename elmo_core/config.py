@@ -43,6 +43,12 @@ class LstmConfig:
     proj_clip: float | None = 3.0
     use_skip_connections: bool = True
 
+    @property
+    def recurrent_weights(self) -> int:
+        """Weights of one direction's recurrent matrix W_h (P x 4C): what the CPU's choices of
+        products and layouts are sized by (``fast_lstm.PACKED_MIN_WEIGHTS``, ``layout.MEASURED_MIN_WEIGHTS``)."""
+        return self.projection_dim * 4 * self.dim
+
 
 @dataclass(frozen=True)
 class TrainingConfig:

@@ -47,7 +47,7 @@ BOTH = slice(0, 2)  # both directions of the (2, ...) tensors
 def packed_products(config: ElmoConfig) -> bool:
     """Whether a CPU runs this model's recurrent products on packed oneDNN weights (bf16 on them
     with AMX / AVX512-BF16): matrices of ``PACKED_MIN_WEIGHTS`` and up."""
-    return config.lstm.projection_dim * 4 * config.lstm.dim >= PACKED_MIN_WEIGHTS
+    return config.lstm.recurrent_weights >= PACKED_MIN_WEIGHTS
 
 
 def lstm_step_inplace(gates: torch.Tensor, c_prev: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor],

@@ -88,7 +88,7 @@ def resolve_layout(layout: str | None, device: str, precision: str, config: Elmo
     if device.startswith("cuda"):
         return Layout("rows", "CUDA: static rows replayed as CUDA graphs")
     lstm = config.lstm
-    if lstm.projection_dim * 4 * lstm.dim < MEASURED_MIN_WEIGHTS:
+    if lstm.recurrent_weights < MEASURED_MIN_WEIGHTS:
         return Layout("packed", "small matrices: eager steps (nothing to measure)")
     key = f"{cpu_model()} | torch {torch.__version__} | {precision} | {lstm.n_layers}x{lstm.dim}/{lstm.projection_dim}" \
           f" | {threads} threads{', directions on threads of their own' if split(threads) else ''}"

@@ -128,8 +128,7 @@ def write_hdf5(input: str | Path, out: str | Path, maker: RunMaker, opts: EmbedO
     if not text_input:
         input_files(input)  # a missing INPUT, or one of no format it reads, is named before the model loads
     counts = {"sentences": 0, "tokens": 0, "invalid_utf8": 0}
-    run = opts.batched(maker())  # the budget asked, where asked: what the run line says
-    opts = opts.sized_for(run)  # the run's batch budget and sort windows where none was asked
+    run, opts = opts.settle(maker())  # the budget asked where asked, the run's where not
     sentences = text_sentences(Path(input)) if text_input else parquet_sentences(input, opts, counts)
     note(f"loading the model {run.describe()}", opts.quiet)
     start = time.perf_counter()

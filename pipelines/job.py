@@ -87,8 +87,7 @@ def plan_job(input: str | Path, output: str | Path, maker: RunMaker, opts: Embed
     run = maker(_worker_flags(opts, maker.settings))
     from .predictor import ElmoPredictor
 
-    run = opts.batched(run)  # the budget asked, where asked: what the run line and the manifest say
-    opts = opts.sized_for(run)  # the writer threads, batches and windows, which the shard size follows
+    run, opts = opts.settle(run)  # the budget asked where asked, the writer threads, which the shard size follows
     opts = opts.sized_for(run, settle_rows_per_shard(opts, files, out))  # Spark's session starts where its slots decide
     if opts.engine != "local":
         note(f"shards of {opts.rows_per_shard:,} rows ({opts.rows_per_shard_reason})", opts.quiet)

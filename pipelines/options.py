@@ -140,10 +140,12 @@ class EmbedOptions:
             object.__setattr__(sized, name, value)
         return sized
 
-    def batched(self, run: ModelRun) -> ModelRun:
+    def settle(self, run: ModelRun) -> tuple[ModelRun, "EmbedOptions"]:
         """``run`` with the batch budget and sort windows these options ask where they do
-        (``ModelRun.batched``): settled once, before ``sized_for`` reads them back."""
-        return run.batched(self.max_tokens_per_batch, self.sort_window_tokens, self.sort_window_rows)
+        (``ModelRun.batched``: what its line and manifest report is what runs), and these options
+        ``sized_for`` it. Settled once: a job's run and options given again come back the same."""
+        run = run.batched(self.max_tokens_per_batch, self.sort_window_tokens, self.sort_window_rows)
+        return run, self.sized_for(run)
 
     @property
     def shard_format(self) -> ShardFormat:

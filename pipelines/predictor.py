@@ -80,8 +80,8 @@ class ElmoPredictor:
     def __init__(self, run: ModelRun | str | Path, options: EmbedOptions | Mapping[str, Any] | None = None,
                  log: Callable[[str], None] | None = None, pin: bool = False, **overrides: Any) -> None:
         self.run, opts = _records(run, options, overrides)
-        self.run = opts.batched(self.run)  # a job's is batched already: the same record
-        self.options = opts = opts.sized_for(self.run)  # a job's are sized already: the same values
+        self.run, self.options = opts.settle(self.run)  # a job's are settled already: the same record and values
+        opts = self.options
         self.policy = opts.policy(self.run.batch.rows)
         if log is not None:
             log(f"loading the model {self.run.describe()}")

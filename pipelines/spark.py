@@ -65,7 +65,8 @@ def elmo_vectors(df: Any, model: str, text_column: str = "text", output_column: 
     config = run.config
     arrow = spark_type(elmo_type(config.output_dim, config.n_output_layers, opts.vectors))
     schema = StructType(df.schema.fields + [StructField(output_column, from_arrow_type(arrow), True)])
-    return df.mapInArrow(_add_vectors(run, opts.sized_for(run).to_dict(), output_column, arrow), schema)
+    run, opts = opts.settle(run)
+    return df.mapInArrow(_add_vectors(run, opts.to_dict(), output_column, arrow), schema)
 
 
 def _add_vectors(run: ModelRun, options: dict, column: str, arrow: pa.DataType
