@@ -40,8 +40,12 @@ def test_a_step_past_its_timeout_is_reported_and_its_processes_end(tmp_path: Pat
     monkeypatch.setitem(gpu_check.TIMEOUTS, "serve", 2)
     monkeypatch.setattr(gpu_check, "CPU_SLACK", 1)
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    from tests.helpers import TINY_OPTIONS, make_model_dir
+
     work = tmp_path / "work-past-timeout"
-    work.mkdir()
+    # a model to serve, so the step outlasts 2 s with its server up (without one it failed on the
+    # missing model, in 1.8 s on a fast CPU, before its timeout)
+    make_model_dir(work / "model", TINY_OPTIONS)
     t0 = time.monotonic()
     res = gpu_check.run_step("serve", work, "cpu")
     assert res["rc"] == 124 and res["error"] == "timed out after 2 s", res
