@@ -1,18 +1,20 @@
 """The biLM's directions on threads of their own (``inference.directions``) against one team of threads,
 for each CPU layout and precision, on a quiet machine and beside a neighbour that keeps one core busy.
 
-Full-size published architecture, random weights; the recurrence alone (every layer, both directions,
+Full-size published architecture (``--model``: another model directory's architecture, e.g. the
+shipped ``models/default``, whose small matrices run plain batched products), random weights; the recurrence alone (every layer, both directions,
 mixed: ``FastInference.combine`` on ``inference.layout.recurrence_sample``, what ``--layout auto``
 times) on ``--sentences`` sentences of ``--lengths`` tokens. Every (layout, split or one team) runs once a turn, in turns, so drifting load
 falls on all alike; prints the best and the median turn of each, and split / one team. Run on the
 threads users get (the project imported before torch: ``OMP_WAIT_POLICY=PASSIVE``).
 
   python bench/bench_directions.py [--threads 2] [--precisions fp32,bf16] [--layouts packed,fused,rows:64]
-                                   [--turns 6] [--busy both|quiet|busy]
+                                   [--turns 6] [--busy both|quiet|busy] [--model DIR]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -74,9 +76,11 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=128)
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--busy", choices=("both", "quiet", "busy"), default="both")
+    ap.add_argument("--model", type=Path, help="a model directory whose architecture is timed (default: full size)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    model = init_bilm(BiLM(ElmoConfig.from_dict(FULL_SIZE)), seed=0).eval()
+    options = json.loads((a.model / "options.json").read_text()) if a.model else FULL_SIZE
+    model = init_bilm(BiLM(ElmoConfig.from_dict(options)), seed=0).eval()
     conditions = ["quiet", "busy"] if a.busy == "both" else [a.busy]
     for condition in conditions:
         neighbour = subprocess.Popen([sys.executable, "-c", BUSY]) if condition == "busy" else None

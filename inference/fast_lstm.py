@@ -93,7 +93,7 @@ class FastLstm:
                   c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Each step's output is written once, into its rows of ``out``, and read from there as the
         next step's recurrent input (the rows still running are a prefix of the previous step's).
-        On packed weights with an even count of threads each direction runs on its own thread
+        On a CPU with an even count of threads each direction runs on its own thread
         (``inference.directions``). Shape: xs (2, N, P), h (2, B, P), c (2, B, C) -> out (2, N, P), h, c."""
         out = self._output(layer, xs)  # (2, N, P)
         c = c.clone()  # (2, B, C): this layer's cell state, updated in place
@@ -115,18 +115,20 @@ class FastLstm:
                 prev = dest
 
     def split_directions(self) -> bool:
-        """Whether the directions run on threads of their own: the products per direction on packed
-        weights (``per_direction_products``), ``directions`` on, an even count of threads
-        (``inference.directions.split``)."""
-        return self.directions is not None and self.per_direction_products() and split(torch.get_num_threads())
+        """Whether the directions run on threads of their own: on a CPU, ``directions`` on, an even
+        count of threads (``inference.directions.split``), whatever the products' size: a small
+        model's steps are the smallest kernels, each of which a team of two would wake its
+        sleeping worker for."""
+        return self.directions is not None and self.stack.w_state.device.type == "cpu" and \
+            split(torch.get_num_threads())
 
     def each_direction(self, steps: Callable[[slice], None]) -> None:
         """``steps(dirs)`` for each direction on a thread of its own where ``split_directions``, else
-        once for both (``BOTH``); the weights are packed here, before any thread reads them."""
+        once for both (``BOTH``); the weights are packed (or copied) here, before any thread reads them."""
         if not self.split_directions():
             steps(BOTH)
             return
-        self._packed_weights()
+        self._packed_weights() if self.per_direction_products() else self.weight_copies()
         assert self.directions is not None
         self.directions.run(lambda d: steps(slice(d, d + 1)))
 

@@ -17,7 +17,8 @@ The layouts (``elmo_core.names.LAYOUTS``), each computing what the reference com
 at each of ``CPU_ROW_COUNTS`` for this CPU model, precision, LSTM shape and thread count (and
 whether the directions run on threads of their own, ``inference.directions``), measured
 once on the recurrence alone (a random model of the same shape: the weights' values do not change
-the time) and kept in the cache (``layouts.json`` under ``storage.locations.cache_root``). Another
+the time) and kept in the cache (``layouts.json`` under ``storage.locations.cache_root``, keyed by
+``LAYOUTS_CODE`` too: figures of another version of this code are measured again). Another
 layout than ``packed`` is taken only when it is ``FUSED_MARGIN`` faster: never slower than
 ``packed`` (the fixed default it replaces) by more than noise. A model whose recurrent matrices are
 below ``MEASURED_MIN_WEIGHTS`` takes ``packed`` unmeasured (its steps are too small for any to
@@ -62,6 +63,10 @@ CPU_ROW_COUNTS = (64, 1024)
 # Xeon, fused / packed 1.08x at 64 rows, 1.25x at 192, 1.77x at 576); 10-14 tokens each, which
 # times the same steps in less time; the best of ``SAMPLE_TURNS`` in turns.
 SAMPLE_SENTENCES, SAMPLE_LENGTHS, SAMPLE_TURNS = 128, (10, 14), 3
+# The layouts' figures depend on this code as much as on the CPU (how a step splits its work, which
+# products run where): part of the cache's key, raised with any change that moves them, so figures
+# measured by another version of the code are measured again.
+LAYOUTS_CODE = 2
 
 
 @dataclass(frozen=True)
@@ -90,8 +95,9 @@ def resolve_layout(layout: str | None, device: str, precision: str, config: Elmo
     lstm = config.lstm
     if lstm.recurrent_weights < MEASURED_MIN_WEIGHTS:
         return Layout("packed", "small matrices: eager steps (nothing to measure)")
-    key = f"{cpu_model()} | torch {torch.__version__} | {precision} | {lstm.n_layers}x{lstm.dim}/{lstm.projection_dim}" \
-          f" | {threads} threads{', directions on threads of their own' if split(threads) else ''}"
+    key = f"{cpu_model()} | torch {torch.__version__} | layouts v{LAYOUTS_CODE} | {precision} | " \
+          f"{lstm.n_layers}x{lstm.dim}/{lstm.projection_dim} | {threads} threads" \
+          f"{', directions on threads of their own' if split(threads) else ''}"
     cache = cache_root() / "layouts.json"
     known = _read(cache).get(key)
     if not (isinstance(known, dict) and set(known) == set(candidates())

@@ -1,5 +1,5 @@
-"""Each direction of the biLM on a thread of its own (``inference.directions``): every CPU layout on packed
-weights gives the reference's vectors; the directions meet once a layer (once a window and layer in the
+"""Each direction of the biLM on a thread of its own (``inference.directions``): every CPU layout, on packed
+weights or on plain batched products (a small model's), gives the reference's vectors; the directions meet once a layer (once a window and layer in the
 ``rows`` layout), each on half the threads, on threads other than the caller's; an odd count, one thread
 or ``directions=False`` keeps one team; a failing direction's error is raised once both are done; a
 forked process gets threads of its own."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,12 +26,15 @@ VARIANTS = {"default": TINY_OPTIONS, "three_layers": tiny_options(lstm__n_layers
             "no_clipping": tiny_options(lstm__cell_clip=0, lstm__proj_clip=0)}
 
 
-def _fast(model, layout: str, directions: bool = True):  # type: ignore[no-untyped-def]
+PLAIN = 1 << 62  # packed_min_weights no matrix reaches: the steps' products batched over the directions (MKL)
+
+
+def _fast(model, layout: str, directions: bool = True, packed_min_weights: int = 0):  # type: ignore[no-untyped-def]
     from inference.fast_path import FastInference
     from inference.row_shape import RowShape
 
-    return FastInference(model, layout=layout, packed_min_weights=0, capture=False, rows=RowShape(4, 3),
-                         directions=directions)
+    return FastInference(model, layout=layout, packed_min_weights=packed_min_weights, capture=False,
+                         rows=RowShape(4, 3), directions=directions)
 
 
 def _meetings(fast) -> list[list[tuple[int, int, bool]]]:  # type: ignore[no-untyped-def]
@@ -57,14 +61,14 @@ def _layers(model, sentences):  # type: ignore[no-untyped-def]
         return model.run(torch.from_numpy(batch_to_ids(sentences))).layers.numpy()
 
 
-@pytest.mark.parametrize("layout", ["packed", "fused"])
+@pytest.mark.parametrize("layout, packed_min_weights", [("packed", 0), ("fused", 0), ("packed", PLAIN)])
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_directions_on_threads_of_their_own_give_the_reference(name, layout, tmp_path):
+def test_directions_on_threads_of_their_own_give_the_reference(name, layout, packed_min_weights, tmp_path):
     options = VARIANTS[name]
     model_dir = make_model_dir(tmp_path / name, options, seed=3, lstm_scale=2.0)
     model = load_bilm(model_dir)
     torch.set_num_threads(2)  # the conftest fixture restores the count
-    fast = _fast(model, layout)
+    fast = _fast(model, layout, packed_min_weights=packed_min_weights)
     model.use_fast_path(fast)
     met = _meetings(fast)
     layers = _layers(model, SENTENCES)
@@ -110,10 +114,11 @@ def test_one_team_where_the_threads_do_not_split_evenly_or_it_is_off(threads, di
     assert [split(n) for n in (1, 2, 3, 4, 6)] == [False, True, False, True, True]
 
 
-def test_bf16_directions_on_threads_of_their_own_match_one_team(tiny_dir):
+@pytest.mark.parametrize("layout, packed_min_weights", [("fused", 0), ("packed", PLAIN)])
+def test_bf16_directions_on_threads_of_their_own_match_one_team(layout, packed_min_weights, tiny_dir):
     from inference.precision import cpu_bf16
 
-    if not cpu_bf16().onednn:
+    if packed_min_weights == 0 and not cpu_bf16().onednn:
         pytest.skip("oneDNN runs no bf16 products on this CPU: the bf16 path keeps its batched products")
     from inference.fast_path import FastInference
 
@@ -121,7 +126,9 @@ def test_bf16_directions_on_threads_of_their_own_match_one_team(tiny_dir):
     torch.set_num_threads(2)
     outs = []
     for directions in (True, False):
-        model.use_fast_path(FastInference(model, "bf16", layout="fused", packed_min_weights=0, directions=directions))
+        model.use_fast_path(FastInference(model, "bf16", layout=layout, packed_min_weights=packed_min_weights,
+                                          directions=directions))
+        assert model.fast_path.lstm.split_directions() == directions
         with model.fast_path.running():
             outs.append(_layers(model, SENTENCES))
     a, b = (o.reshape(-1, o.shape[-1]) for o in outs)
@@ -167,3 +174,19 @@ def test_a_thread_started_after_the_directions_ran_gets_the_callers_count():
     later.start()
     later.join()
     assert fresh == [2] and torch.get_num_threads() == 2
+
+
+def test_the_direction_threads_never_keep_a_process_alive(tmp_path):
+    """The CLI joins every thread that is not a daemon before it exits (``elmo_cli.main.exit_now``):
+    idle direction threads must not be among them, or every command that split its directions hangs."""
+    import subprocess
+    import sys
+
+    script = ("import inference, threading, torch; from inference.directions import DirectionThreads; "
+              "from elmo_cli.main import exit_now; torch.set_num_threads(2); DirectionThreads().run(lambda d: None); "
+              "assert [t.daemon for t in threading.enumerate() if t.name.startswith('elmo-direction')] == [True, True]; "
+              "exit_now(7)")
+    root = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": root})
+    assert done.returncode == 7, done.stderr[-2000:]

@@ -9,7 +9,7 @@ import pytest
 
 from elmo_core import ElmoConfig
 from elmo_core.errors import InputError
-from inference.layout import CPU_ROW_COUNTS, FUSED_MARGIN, Layout, candidates, choose, resolve_layout
+from inference.layout import CPU_ROW_COUNTS, FUSED_MARGIN, LAYOUTS_CODE, Layout, candidates, choose, resolve_layout
 from inference.model_run import resolve_run
 
 
@@ -67,6 +67,13 @@ def test_a_cpu_measures_once_per_precision_and_threads_and_keeps_the_figures(tmp
     key = next(key for key in kept if "bf16" in key and "2 threads" in key)
     (tmp_path / "layouts.json").write_text(json.dumps({key: {"packed": 1.0, "fused": 2.0}}))  # without the rows
     assert resolve_layout(None, "cpu", "bf16", big, 2, measure).name == "fused" and len(calls) == 5  # measured again
+    figures = {"packed": 300.0, "fused": 1.0, "rows 64": 1.0, "rows 1024": 1.0}
+    older = key.replace(f"layouts v{LAYOUTS_CODE}", f"layouts v{LAYOUTS_CODE - 1}")
+    assert older != key
+    (tmp_path / "layouts.json").write_text(json.dumps({older: figures}))  # another version of the layouts' code
+    assert resolve_layout(None, "cpu", "bf16", big, 2, measure).name == "fused" and len(calls) == 6  # measured again
+    (tmp_path / "layouts.json").write_text(json.dumps({key: figures}))
+    assert resolve_layout(None, "cpu", "bf16", big, 2, measure).name == "packed" and len(calls) == 6  # this version's
 
 
 def test_the_measured_rows_and_their_count_are_kept_and_reused(tmp_path, monkeypatch):
