@@ -135,11 +135,13 @@ def compare_precisions(model_dir: Path, batches: list[list[list[str]]], threads:
             continue
         chosen = resolve_layout("auto", "cpu", p, config, threads)
         auto[p] = chosen
-        print(f"torch {p}: --layout auto takes {chosen.name} ({chosen.reason})", flush=True)
-        for layout in layouts:
-            name, _, rows = layout.partition(":")  # rows:N, the rows layout at most N rows a step
-            runners[f"torch {p} {layout}"] = TorchBackend.from_files(model_dir, threads=threads, precision=p,
-                                                                     layout=name, rows=int(rows) if rows else None)
+        print(f"torch {p}: --layout auto takes {chosen.name}{' on oneDNN products' if chosen.onednn else ''} "
+              f"({chosen.reason})", flush=True)
+        for layout in dict.fromkeys([*layouts, *(["packed:onednn"] if chosen.onednn else [])]):
+            name, _, rows = layout.partition(":")  # rows:N, the rows layout at most N rows a step; packed:onednn
+            runners[f"torch {p} {layout}"] = TorchBackend.from_files(
+                model_dir, threads=threads, precision=p, layout=name, rows=int(rows) if rows.isdigit() else None,
+                onednn=rows == "onednn")
     for p in onnx_precisions:
         t0 = time.perf_counter()
         export, built = cached_onnx_export(model_dir, p, threads=threads, root=workdir / "cache")
@@ -158,9 +160,10 @@ def compare_precisions(model_dir: Path, batches: list[list[list[str]]], threads:
     for name in list(runners)[1:]:
         print(f"{name}: {best[name]:.0f} tokens/s = {best[name] / base:.2f}x {base_name} ({base:.0f}); min token "
               f"cosine vs it {min_cosine(outs[base_name], outs[name], batches[1:]):.6f} (every layer and the mix)")
-    picked = {p: f"rows:{chosen.rows}" if chosen.rows else chosen.name for p, chosen in auto.items()}  # bench names
+    picked = {p: f"rows:{chosen.rows}" if chosen.rows else "packed:onednn" if chosen.onednn else chosen.name
+              for p, chosen in auto.items()}  # bench names
     for p in auto:
-        tps = {layout: best[f"torch {p} {layout}"] for layout in layouts}
+        tps = {name.removeprefix(f"torch {p} "): v for name, v in best.items() if name.startswith(f"torch {p} ")}
         got, packed = tps.get(picked[p], float("nan")), tps.get("packed", float("nan"))
         print(f"torch {p}: --layout auto ({picked[p]}) {got:.0f} tokens/s vs the fixed packed {packed:.0f} = "
               f"{got / packed:.2f}x (target: never slower)")
@@ -295,8 +298,8 @@ def main() -> None:
                                                                    "('' for none)")
     ap.add_argument("--model", type=Path, default=None, help="a trained model directory: only the precisions, on it")
     ap.add_argument("--layouts", default="packed,fused,rows:64,rows:1024",
-                    help="torch layouts compared (inference/layout.py; rows:N at most N rows a step; the first is "
-                         "the baseline)")
+                    help="torch layouts compared (inference/layout.py; rows:N at most N rows a step; packed:onednn "
+                         "every product on packed oneDNN weights, added where auto takes it; the first is the baseline)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     a.workdir.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ from formats.token_embeddings import read_token_embeddings
 from runtime import CpuBudget, use_threads
 from runtime.settings import apply_threads
 
+from .fast_lstm import PACKED_MIN_WEIGHTS
 from .fast_path import FastInference
 from .host_batch import HostBatch
 from .host_copy import PinnedCopies
@@ -163,7 +164,9 @@ class TorchBackend(BackendBase):
     replayed as one CUDA graph (``inference.cuda_graphs``); default on for a CUDA device.
     ``layout``: how the recurrence runs (``inference.layout``: ``packed``, ``fused``, ``rows``, as a
     run resolved it); None: the device's default, as ``cuda_graphs`` says. ``rows``: the ``rows``
-    layout's most rows a step (None: ``RowShape()``'s); on a CPU its windows run eagerly.
+    layout's most rows a step (None: ``RowShape()``'s); on a CPU its windows run eagerly. ``onednn``:
+    the ``packed`` layout's products all on packed oneDNN weights (else from
+    ``fast_lstm.PACKED_MIN_WEIGHTS`` up), as a CPU's measurement chose (``inference.layout.Layout``).
     """
 
     name = "torch"
@@ -171,7 +174,8 @@ class TorchBackend(BackendBase):
     def __init__(self, model: BiLM, stateful: bool = False, threads: int | CpuBudget | None = None,
                  device: str = "cpu", token_cache: int = 50_000, token_embeddings: str | Path | None = None,
                  token_vocab: str | Path | None = None, precision: str | Precision = "fp32",
-                 cuda_graphs: bool | None = None, layout: str | None = None, rows: int | None = None) -> None:
+                 cuda_graphs: bool | None = None, layout: str | None = None, rows: int | None = None,
+                 onednn: bool = False) -> None:
         precision = precision if isinstance(precision, Precision) else check_precision(precision, device)
         is_cuda = torch.device(device).type == "cuda"
         if cuda_graphs and not is_cuda:
@@ -187,7 +191,8 @@ class TorchBackend(BackendBase):
         if layout == "rows" and (stateful or (is_cuda and not graphs)):  # a row's state carried, or graphs off
             layout = "fused"
         self.fast = FastInference(self.model, precision, cache, cuda_graphs=graphs and layout is None, layout=layout,
-                                  capture=is_cuda, rows=RowShape(rows) if rows else RowShape())
+                                  capture=is_cuda, rows=RowShape(rows) if rows else RowShape(),
+                                  packed_min_weights=0 if onednn else PACKED_MIN_WEIGHTS)
         self.model.use_fast_path(self.fast)
         self.device = torch.device(device)
         self.config = model.config

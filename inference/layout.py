@@ -14,13 +14,17 @@ The layouts (``elmo_core.names.LAYOUTS``), each computing what the reference com
   that runs it fastest, ``RowShape.for_batch``).
 
 ``auto`` (the default): ``rows`` on CUDA. On a CPU the fastest of ``packed``, ``fused`` and ``rows``
-at each of ``CPU_ROW_COUNTS`` for this CPU model, precision, LSTM shape and thread count (and
+at each of ``CPU_ROW_COUNTS`` (and, for a model whose matrices ``packed`` multiplies by plain
+products, ``packed`` with every product on packed oneDNN weights: ``Layout.onednn``; which runs
+faster depends on the CPU's BLAS) for this CPU model, precision, LSTM shape and thread count (and
 whether the directions run on threads of their own, ``inference.directions``), measured
 once on the recurrence alone (a random model of the same shape: the weights' values do not change
 the time) and kept in the cache (``layouts.json`` under ``storage.locations.cache_root``, keyed by
-``LAYOUTS_CODE`` too: figures of another version of this code are measured again). Another
-layout than ``packed`` is taken only when it is ``FUSED_MARGIN`` faster: never slower than
-``packed`` (the fixed default it replaces) by more than noise. A model whose recurrent matrices are
+``LAYOUTS_CODE`` too: figures of another version of this code are measured again). The faster
+of the two eager ones (``packed``, ``packed`` on oneDNN) is the base; a compiled layout (``fused``,
+``rows``) is taken only when it is ``FUSED_MARGIN`` faster than that base: never slower than
+``packed`` (the fixed default it replaces) by more than noise, and worth the warm-up every process
+pays for its compiled kernels (4-5 s for the shipped model on a Zen 5: docs/performance.md). A model whose recurrent matrices are
 below ``MEASURED_MIN_WEIGHTS`` takes ``packed`` unmeasured (its steps are too small for any to
 matter, and compiling would cost more than it saves).
 """
@@ -43,16 +47,17 @@ from storage.locations import cache_root
 from runtime import use_threads
 
 from .directions import split
+from .fast_lstm import packed_products
 from .precision import cpu_model
 
-# Another layout must measure this much faster than packed to be chosen: more than one measurement's
-# turn-to-turn spread on a shared machine (+-10 %, docs/performance.md). fp32's fused and packed tie on
-# a quiet AMX Xeon (0.96x-1.01x), and a measurement under load once took fused at 1.08x, which then
-# ran 0.85x-0.9x packed end to end.
+# A compiled layout must measure this much faster than the faster eager one to be chosen: more than
+# one measurement's turn-to-turn spread on a shared machine (+-10 %, docs/performance.md). fp32's
+# fused and packed tie on a quiet AMX Xeon (0.96x-1.01x), and a measurement under load once took fused
+# at 1.08x, which then ran 0.85x-0.9x packed end to end.
 FUSED_MARGIN = 1.10
 # From this many recurrent weights (P x 4C) a model's layouts are measured: the shipped model's 128 x
-# 2,048 runs `fused` 1.67x `packed` in fp32 on a Zen 5 (the products on packed oneDNN weights, where
-# `packed`'s small ones run MKL's AVX2 code) and 0.67x on an AMX Xeon: which, only a measurement says.
+# 2,048 runs `packed` on oneDNN products 1.20x `packed` (`elmo embed`, fp32, a Zen 5, whose MKL runs
+# its AVX2 code) and `fused` 0.67x `packed` on an AMX Xeon: which, only a measurement says.
 MEASURED_MIN_WEIGHTS = 1 << 18
 # The most rows a step of the CPU's ``rows`` layout may run, each measured: ``rows`` as a CUDA
 # device runs it (up to 1,024) and half a default batch's sentences (two to a row).
@@ -66,7 +71,7 @@ SAMPLE_SENTENCES, SAMPLE_LENGTHS, SAMPLE_TURNS = 128, (10, 14), 3
 # The layouts' figures depend on this code as much as on the CPU (how a step splits its work, which
 # products run where): part of the cache's key, raised with any change that moves them, so figures
 # measured by another version of the code are measured again.
-LAYOUTS_CODE = 2
+LAYOUTS_CODE = 3
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class Layout:
     name: str
     reason: str
     rows: int | None = None  # ``rows``: the most rows a step runs (``RowShape.rows``); None: ``RowShape()``'s
+    onednn: bool = False  # ``packed``: every product on packed oneDNN weights (else by ``fast_lstm.packed_products``)
 
 
 def check_layout(layout: str) -> str:
@@ -100,9 +106,9 @@ def resolve_layout(layout: str | None, device: str, precision: str, config: Elmo
           f"{', directions on threads of their own' if split(threads) else ''}"
     cache = cache_root() / "layouts.json"
     known = _read(cache).get(key)
-    if not (isinstance(known, dict) and set(known) == set(candidates())
+    if not (isinstance(known, dict) and set(known) == set(candidates(config))
             and all(isinstance(v, (int, float)) for v in known.values())):
-        print(f"measuring the recurrence's layouts ({', '.join(candidates())}) once for {key} ...", file=sys.stderr,
+        print(f"measuring the recurrence's layouts ({', '.join(candidates(config))}) once for {key} ...", file=sys.stderr,
               flush=True)
         known = (measure or measure_layouts)(config, precision, threads)
         try:
@@ -113,20 +119,29 @@ def resolve_layout(layout: str | None, device: str, precision: str, config: Elmo
     return choose(known)
 
 
-def candidates() -> list[str]:
-    """What a CPU measures: ``packed``, ``fused``, and ``rows N`` for each of ``CPU_ROW_COUNTS``."""
-    return ["packed", "fused", *(f"rows {r}" for r in CPU_ROW_COUNTS)]
+ONEDNN = "packed onednn"  # the measured name of ``packed`` with every product on packed oneDNN weights
+EAGER = ("packed", ONEDNN)
+
+
+def candidates(config: ElmoConfig) -> list[str]:
+    """What a CPU measures: ``packed``, ``packed onednn`` where ``packed`` runs plain products for
+    this shape, ``fused``, and ``rows N`` for each of ``CPU_ROW_COUNTS``."""
+    onednn = [] if packed_products(config) else [ONEDNN]
+    return ["packed", *onednn, "fused", *(f"rows {r}" for r in CPU_ROW_COUNTS)]
 
 
 def choose(tokens_per_s: dict[str, float]) -> Layout:
-    """The fastest measured where it is ``FUSED_MARGIN`` faster than ``packed``, else ``packed``
-    (the fixed default): a key ``rows N`` is the ``rows`` layout at most N rows a step."""
-    packed = tokens_per_s.get("packed", 0.0)
+    """The faster eager layout (``packed``, or on oneDNN products where it measured faster), unless a
+    compiled one measured ``FUSED_MARGIN`` faster than it: a key ``rows N`` is the ``rows`` layout at
+    most N rows a step."""
     figures = ", ".join(f"{name} {tps:,.0f}" for name, tps in tokens_per_s.items())
     figures = f"{figures} tokens/s of the recurrence, measured on this CPU"
+    base = max((name for name in EAGER if name in tokens_per_s), key=lambda name: tokens_per_s[name], default="packed")
+    eager = Layout("packed", figures, onednn=base == ONEDNN and tokens_per_s[base] > tokens_per_s.get("packed", 0.0))
+    floor = tokens_per_s.get(base, 0.0)
     best = max(tokens_per_s, key=lambda name: tokens_per_s[name], default="packed")
-    if best == "packed" or not tokens_per_s[best] > 0 or tokens_per_s[best] < FUSED_MARGIN * packed:
-        return Layout("packed", figures)
+    if best in EAGER or not tokens_per_s[best] > 0 or tokens_per_s[best] < FUSED_MARGIN * floor:
+        return eager
     name, _, rows = best.partition(" ")
     return Layout(name, figures, int(rows) if rows else None)
 
@@ -168,9 +183,11 @@ def measure_layouts(config: ElmoConfig, precision: str, threads: int) -> dict[st
     x, lengths, weights, tokens = recurrence_sample(config, SAMPLE_SENTENCES, SAMPLE_LENGTHS)
     use_threads(threads)  # the run's own count, which its backend sets again when it opens
     runs, best = {}, {}
-    for name in candidates():
+    for name in candidates(config):
         layout, _, rows = name.partition(" ")
-        fast = FastInference(model, precision, layout=layout, capture=False, rows=RowShape(int(rows or 1024)))
+        onednn = {"packed_min_weights": 0} if name == ONEDNN else {}
+        fast = FastInference(model, precision, layout=layout, capture=False,
+                             rows=RowShape(int(rows) if rows.isdigit() else 1024), **onednn)
         try:
             with fast.running():
                 fast.combine(x, lengths, weights)  # warm-up: packs the weights, compiles the kernels

@@ -71,6 +71,7 @@ class ModelRun:
     layout: str | None = None  # how torch runs the recurrence (``inference.layout``); None for an export
     layout_reason: str = ""
     layout_rows: int | None = None  # the ``rows`` layout's most rows a step on a CPU (``inference.layout.Layout``)
+    layout_onednn: bool = False  # ``packed`` with every product on packed oneDNN weights (``Layout.onednn``)
     batch: BatchBudget = field(default_factory=cpu_budget)  # its batches' and sort windows' tokens, and why
     pin: dict | None = field(default=None, repr=False)  # the identity its files must have where it opens (a job's)
     device_checked: bool = field(default=True, repr=False)  # False: a cluster's replica checks it as it opens
@@ -98,7 +99,8 @@ class ModelRun:
     def describe(self) -> str:
         """The one line a command prints: ``M (torch on cpu, fp32: why; N threads: why)``."""
         source = f", exported from {self.source}" if self.source else ""
-        rows = f" (at most {self.layout_rows} rows a step)" if self.layout_rows else ""
+        rows = f" (at most {self.layout_rows} rows a step)" if self.layout_rows else \
+            " (every product on packed oneDNN weights)" if self.layout_onednn else ""
         layout = f"; {self.layout} layout{rows}: {self.layout_reason}" if self.layout else ""
         return (f"{self.model} ({self.backend} on {self.device}, {self.precision}: {self.precision_reason}{source}; "
                 f"{self.threads}{layout}; {self.batch})")
@@ -116,7 +118,7 @@ class ModelRun:
         (the check runs no job: nothing to measure or compile)."""
         layout = "packed" if self.layout else None
         return replace(self, device="cpu", layout=layout, layout_reason="the driver's check" if layout else "",
-                       layout_rows=None)
+                       layout_rows=None, layout_onednn=False)
 
     def on_replica(self, threads: int, reason: str) -> "ModelRun":
         """The record a replica runs where the runner gives each replica its own share of CPUs."""
@@ -126,7 +128,7 @@ class ModelRun:
         """The layout that runs: the record's, or where the run was left to a replica (``auto``),
         measured here, where the model runs."""
         if self.layout != "auto":
-            return Layout(self.layout or "packed", self.layout_reason, self.layout_rows)
+            return Layout(self.layout or "packed", self.layout_reason, self.layout_rows, self.layout_onednn)
         return resolve_layout("auto", self.device, self.precision, self.config, self.threads.count)
 
     def open(self, **options: Any) -> Backend:
@@ -180,6 +182,8 @@ class ModelRun:
             files["layout"] = settled.name
             if settled.rows:
                 files["rows"] = settled.rows
+            if settled.onednn:
+                files["onednn"] = True
         if not self.device_checked:
             check_device(self.device, self.backend)
         return load_backend(self.model, self.backend, threads=self.threads, device=self.device, **files,
@@ -232,12 +236,12 @@ def resolve_run(model: str | Path, settings: RunSettings | None = None, *, job: 
     settled = _layout(layout, kind.exported, device, checked.name, config, budget, remote)
     return ModelRun(model, backend, device, checked.name, why, budget, _where(weights, "weights"),
                     _where(s.token_embeddings, "token_embeddings"), _where(s.token_vocab, "token_vocab"), config, source,
-                    warning, *(settled or (None, "", None)), _batch_budget(device, config, remote, settled),
+                    warning, *(settled or (None, "", None, False)), _batch_budget(device, config, remote, settled),
                     device_checked=not remote)
 
 
 def _layout(layout: str | None, exported: bool, device: str, precision: str, config: ElmoConfig,
-            budget: CpuBudget, remote: bool) -> tuple[str, str, int | None] | None:
+            budget: CpuBudget, remote: bool) -> tuple[str, str, int | None, bool] | None:
     """The torch backend's layout and why (None for an export, whose graph is its own); ``auto`` on a
     cluster's CPUs is left to each replica (``ModelRun.settled_layout``), measured where it runs."""
     if exported:
@@ -246,9 +250,9 @@ def _layout(layout: str | None, exported: bool, device: str, precision: str, con
                              f"its own graph (leave --layout out)")
         return None
     if remote and layout in (None, "auto") and not device.startswith("cuda"):
-        return "auto", "measured where each replica runs", None
+        return "auto", "measured where each replica runs", None, False
     chosen = resolve_layout(layout, device, precision, config, budget.count)
-    return chosen.name, chosen.reason, chosen.rows
+    return chosen.name, chosen.reason, chosen.rows, chosen.onednn
 
 
 def _default_precision(device: str) -> str:
@@ -258,7 +262,7 @@ def _default_precision(device: str) -> str:
 
 
 def _batch_budget(device: str, config: ElmoConfig, remote: bool,
-                  layout: tuple[str, str, int | None] | None) -> BatchBudget:
+                  layout: tuple[str, str, int | None, bool] | None) -> BatchBudget:
     """The run's batch and sort-window tokens (``inference.batching``): a CPU's, or sized to the
     GPU's memory where this process sees it (a cluster's replicas' GPUs are not: the smallest
     data-centre card's budget, 40 GB); batches planned for the static rows where ``layout`` is rows."""

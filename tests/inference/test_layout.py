@@ -6,11 +6,14 @@ import json
 from dataclasses import replace
 
 import pytest
+import torch
 
 from elmo_core import ElmoConfig
 from elmo_core.errors import InputError
-from inference.layout import CPU_ROW_COUNTS, FUSED_MARGIN, LAYOUTS_CODE, Layout, candidates, choose, resolve_layout
+from inference.layout import (CPU_ROW_COUNTS, FUSED_MARGIN, LAYOUTS_CODE, ONEDNN, Layout, candidates, choose,
+                              resolve_layout)
 from inference.model_run import resolve_run
+from inference.packed_gemm import packed_gemm_available
 
 
 def _config(dim: int, projection: int) -> ElmoConfig:
@@ -42,7 +45,7 @@ def test_the_shipped_models_size_is_measured(tmp_path, monkeypatch):
     monkeypatch.setenv("ELMO_CACHE_DIR", str(tmp_path))
     calls = []
     measure = lambda config, precision, threads: calls.append(precision) or {  # noqa: E731
-        name: (3.0 if name == "fused" else 1.0) for name in candidates()}
+        name: (3.0 if name == "fused" else 1.0) for name in candidates(config)}
     assert 128 * 4 * 512 == MEASURED_MIN_WEIGHTS > 64 * 4 * 256
     assert resolve_layout(None, "cpu", "fp32", _config(512, 128), 2, measure).name == "fused" and calls == ["fp32"]
     assert resolve_layout(None, "cpu", "fp32", _config(256, 64), 2, measure).name == "packed" and calls == ["fp32"]
@@ -67,7 +70,7 @@ def test_a_cpu_measures_once_per_precision_and_threads_and_keeps_the_figures(tmp
     key = next(key for key in kept if "bf16" in key and "2 threads" in key)
     (tmp_path / "layouts.json").write_text(json.dumps({key: {"packed": 1.0, "fused": 2.0}}))  # without the rows
     assert resolve_layout(None, "cpu", "bf16", big, 2, measure).name == "fused" and len(calls) == 5  # measured again
-    figures = {"packed": 300.0, "fused": 1.0, "rows 64": 1.0, "rows 1024": 1.0}
+    figures = {"packed": 300.0, "fused": 1.0, "rows 64": 1.0, "rows 1024": 1.0}  # the big model's candidates
     older = key.replace(f"layouts v{LAYOUTS_CODE}", f"layouts v{LAYOUTS_CODE - 1}")
     assert older != key
     (tmp_path / "layouts.json").write_text(json.dumps({older: figures}))  # another version of the layouts' code
@@ -87,7 +90,9 @@ def test_the_measured_rows_and_their_count_are_kept_and_reused(tmp_path, monkeyp
         chosen = resolve_layout("auto", "cpu", "bf16", big, 2, measure)
         assert (chosen.name, chosen.rows) == ("rows", 64) and "rows 64 180" in chosen.reason
     assert calls == ["bf16"]  # measured once, then read from layouts.json
-    assert set(candidates()) == {"packed", "fused", *(f"rows {r}" for r in CPU_ROW_COUNTS)}
+    assert set(candidates(big)) == {"packed", "fused", *(f"rows {r}" for r in CPU_ROW_COUNTS)}
+    # below fast_lstm.PACKED_MIN_WEIGHTS packed's products are plain: packed on oneDNN weights is measured too
+    assert set(candidates(_config(512, 128))) == set(candidates(big)) | {ONEDNN}
 
 
 def test_fused_is_chosen_only_by_the_margin():
@@ -103,6 +108,38 @@ def test_fused_is_chosen_only_by_the_margin():
     assert choose({"packed": 1131.0, "fused": 1220.0, "rows 1024": 974.0, "rows 64": 934.0}).name == "packed"
     # bf16 on the same CPU: rows' full AMX tiles win beyond any noise
     assert choose({"packed": 1765.0, "fused": 2008.0, "rows 1024": 2207.0, "rows 64": 2133.0}).rows == 1024
+
+
+def test_packed_on_onednn_is_the_base_a_compiled_layout_must_beat():
+    """Both eager layouts pay no warm-up: the faster is taken; a compiled one (fused, rows) must beat
+    it by the margin, not plain packed."""
+    onednn = choose({"packed": 100.0, ONEDNN: 131.0, "fused": 130.0, "rows 64": 120.0})
+    assert (onednn.name, onednn.onednn, onednn.rows) == ("packed", True, None)
+    assert choose({"packed": 100.0, ONEDNN: 131.0, "fused": 131.0 * FUSED_MARGIN}).name == "fused"
+    assert choose({"packed": 100.0, ONEDNN: 131.0, "fused": 131.0 * FUSED_MARGIN - 1}).onednn
+    assert not choose({"packed": 100.0, ONEDNN: 99.0, "fused": 104.0}).onednn  # plain products measured faster
+    assert not choose({"packed": 100.0, ONEDNN: 100.0}).onednn  # a tie keeps the fixed default
+    # the shipped model on a Zen 5 (recurrence alone): MKL's AVX2 products against oneDNN's AVX-512
+    assert choose({"packed": 28805.0, ONEDNN: 37603.0, "fused": 37220.0, "rows 64": 25261.0}).onednn
+
+
+def test_a_measured_onednn_pick_is_recorded_and_runs_every_product_on_packed_weights(tiny_dir, tmp_path, monkeypatch):
+    from inference import layout
+
+    monkeypatch.setenv("ELMO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(layout, "MEASURED_MIN_WEIGHTS", 1)  # the tiny model measured (its figures given here)
+    monkeypatch.setattr(layout, "measure_layouts", lambda config, precision, threads: {
+        name: (2.0 if name == ONEDNN else 1.0) for name in candidates(config)})
+    run = resolve_run(tiny_dir, threads=2)
+    assert (run.layout, run.layout_onednn) == ("packed", True) and run.to_dict()["layout_onednn"] is True
+    assert "packed layout (every product on packed oneDNN weights)" in run.describe()
+    with run.open() as backend:
+        lstm = backend.fast.lstm
+        assert backend.fast.layout == "packed" and lstm.packed_min_weights == 0
+        assert lstm.per_direction_products() == packed_gemm_available(torch.device("cpu"))
+    assert run.on_cpu().layout_onednn is False  # the driver's check runs the unmeasured default
+    plain = resolve_run(tiny_dir, threads=2, layout="packed")
+    assert plain.layout_onednn is False and "oneDNN" not in plain.describe()
 
 
 def test_the_run_records_its_layout_and_opens_the_backend_with_it(tiny_dir):
