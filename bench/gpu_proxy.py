@@ -100,8 +100,16 @@ def per_step(run: Callable[[int], None], t1: int = 4, t2: int = 8) -> float:
     return (count_kernels(lambda: run(t2)) - count_kernels(lambda: run(t1))) / (t2 - t1)
 
 
+def _as_cuda_runs_it(lstm: FastLstm) -> None:
+    """The step counted as CUDA runs it: both directions batched on the calling thread (torch's
+    profiler sees that thread only; a CPU with an even count of threads splits the directions)."""
+    if lstm.split_directions():
+        raise ValueError("count a step with directions=False: CUDA never runs them on threads of their own")
+
+
 def eager_step_costs(lstm: FastLstm, rows: int) -> tuple[float, float]:
     """(kernels, gate passes) per step of ``FastLstm.run_layer`` (one layer, both directions)."""
+    _as_cuda_runs_it(lstm)
     cfg = lstm.stack.cfg
     h, c = torch.zeros(2, rows, cfg.projection_dim), torch.zeros(2, rows, cfg.dim)
     kernels = per_step(lambda t: lstm.run_layer(0, torch.randn(2, t * rows, cfg.projection_dim),
@@ -117,6 +125,7 @@ def eager_step_costs(lstm: FastLstm, rows: int) -> tuple[float, float]:
 
 def row_step_costs(lstm: FusedLstm, rows: int) -> tuple[float, float]:
     """(kernels, gate passes) per step of a row window (one layer's step, both directions)."""
+    _as_cuda_runs_it(lstm)
     cfg = lstm.stack.cfg
     L = cfg.n_layers
 
@@ -205,8 +214,10 @@ def report(options: dict, rows: int = 20_000, before_tree: Path | None = None) -
     inductor_config.cpp.enable_kernel_profile = True  # generated kernels appear in the profiler
     model = full_size_stack(options)
     with torch.inference_mode():
-        before = eager_step_costs(FastLstm(model.lstm, packed_min_weights=1 << 62), rows=8)  # CUDA's eager products
-        after = row_step_costs(FusedLstm(model.lstm, kernels=FusedCell.compile()), rows=8)  # as CUDA compiles them, profiled
+        before = eager_step_costs(FastLstm(model.lstm, packed_min_weights=1 << 62, directions=False),
+                                  rows=8)  # CUDA's eager products
+        after = row_step_costs(FusedLstm(model.lstm, kernels=FusedCell.compile(), directions=False),
+                               rows=8)  # as CUDA compiles them, profiled
     with tempfile.TemporaryDirectory(prefix="gpu_proxy_") as work:
         corpus = Path(work) / "corpus"
         write_sample_corpus(corpus, rows=rows, files=1, row_group_rows=5000)

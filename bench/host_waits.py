@@ -177,12 +177,17 @@ def _counting_made(waits: HostWaits, name: str) -> Iterator[None]:
 
 def cuda_path_backend(model, token_cache: int = 50_000):  # type: ignore[no-untyped-def]
     """A ``TorchBackend`` on the CPU running what CUDA runs: the rows layout (its windows eager),
-    fused steps, the token cache (``token_cache`` tokens; 0: none)."""
+    fused steps, both directions on the calling thread (a dispatch mode sees that thread only), the
+    token cache (``token_cache`` tokens; 0: none)."""
+    import inspect
+
     from inference.backends import TorchBackend
     from inference.fast_path import FastInference
 
     backend = TorchBackend(model, token_cache=token_cache)
-    backend.fast = FastInference(backend.model, "fp32", backend.fast.token_cache, cuda_graphs=True, capture=False)
+    one_thread = {"directions": False} if "directions" in inspect.signature(FastInference).parameters else {}
+    backend.fast = FastInference(backend.model, "fp32", backend.fast.token_cache, cuda_graphs=True, capture=False,
+                                 **one_thread)
     backend.model.use_fast_path(backend.fast)
     return backend
 
