@@ -2,10 +2,11 @@
 for each CPU layout and precision, on a quiet machine and beside a neighbour that keeps one core busy.
 
 Full-size published architecture (``--model``: another model directory's architecture, e.g. the
-shipped ``models/default``, whose small matrices run plain batched products), random weights; the recurrence alone (every layer, both directions,
-mixed: ``FastInference.combine`` on ``inference.layout.recurrence_sample``, what ``--layout auto``
-times) on ``--sentences`` sentences of ``--lengths`` tokens. Every (layout, split or one team) runs once a turn, in turns, so drifting load
-falls on all alike; prints the best and the median turn of each, and split / one team. Run on the
+shipped ``models/default``, whose small matrices run plain batched products), random weights; the
+recurrence alone (every layer, both directions, mixed: ``FastInference.combine`` on
+``inference.layout.recurrence_sample``, what ``--layout auto`` times) on ``--sentences`` sentences
+of ``--lengths`` tokens. Every (layout, split or one team) runs once a turn, in turns, so drifting
+load falls on all alike; prints the best and the median turn of each, and split / one team. Run on the
 threads users get (the project imported before torch: ``OMP_WAIT_POLICY=PASSIVE``).
 
   python bench/bench_directions.py [--threads 2] [--precisions fp32,bf16] [--layouts packed,fused,rows:64]

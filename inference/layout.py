@@ -24,9 +24,9 @@ the time) and kept in the cache (``layouts.json`` under ``storage.locations.cach
 of the two eager ones (``packed``, ``packed`` on oneDNN) is the base; a compiled layout (``fused``,
 ``rows``) is taken only when it is ``FUSED_MARGIN`` faster than that base: never slower than
 ``packed`` (the fixed default it replaces) by more than noise, and worth the warm-up every process
-pays for its compiled kernels (4-5 s for the shipped model on a Zen 5: docs/performance.md). A model whose recurrent matrices are
-below ``MEASURED_MIN_WEIGHTS`` takes ``packed`` unmeasured (its steps are too small for any to
-matter, and compiling would cost more than it saves).
+pays for its compiled kernels (4-5 s for the shipped model on a Zen 5: docs/performance.md). A
+model whose recurrent matrices are below ``MEASURED_MIN_WEIGHTS`` takes ``packed`` unmeasured (its
+steps are too small for any to matter, and compiling would cost more than it saves).
 """
 from __future__ import annotations
 
@@ -108,8 +108,8 @@ def resolve_layout(layout: str | None, device: str, precision: str, config: Elmo
     known = _read(cache).get(key)
     if not (isinstance(known, dict) and set(known) == set(candidates(config))
             and all(isinstance(v, (int, float)) for v in known.values())):
-        print(f"measuring the recurrence's layouts ({', '.join(candidates(config))}) once for {key} ...", file=sys.stderr,
-              flush=True)
+        print(f"measuring the recurrence's layouts ({', '.join(candidates(config))}) once for {key} ...",
+              file=sys.stderr, flush=True)
         known = (measure or measure_layouts)(config, precision, threads)
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,9 @@
-"""Each direction of the biLM on a thread of its own (``inference.directions``): every CPU layout, on packed
-weights or on plain batched products (a small model's), gives the reference's vectors; the directions meet once a layer (once a window and layer in the
-``rows`` layout), each on half the threads, on threads other than the caller's; an odd count, one thread
-or ``directions=False`` keeps one team; a failing direction's error is raised once both are done; a
-forked process gets threads of its own."""
+"""Each direction of the biLM on a thread of its own (``inference.directions``): every CPU layout, on
+packed weights or on plain batched products (a small model's), gives the reference's vectors; the
+directions meet once a layer (once a window and layer in the ``rows`` layout), each on half the
+threads, on threads other than the caller's; an odd count, one thread or ``directions=False`` keeps
+one team; a failing direction's error is raised once both are done; a forked process gets threads of
+its own; idle direction threads never keep a process alive."""
 from __future__ import annotations
 
 import os
