@@ -128,7 +128,10 @@ class FastLstm:
         if not self.split_directions():
             steps(BOTH)
             return
-        self._packed_weights() if self.per_direction_products() else self.weight_copies()
+        if self.per_direction_products():
+            self._packed_weights()
+        else:
+            self.weight_copies()
         assert self.directions is not None
         self.directions.run(lambda d: steps(slice(d, d + 1)))
 

@@ -83,6 +83,20 @@ class Layout:
     rows: int | None = None  # ``rows``: the most rows a step runs (``RowShape.rows``); None: ``RowShape()``'s
     onednn: bool = False  # ``packed``: every product on packed oneDNN weights (else by ``fast_lstm.packed_products``)
 
+    def describe(self) -> str:
+        """Its part of a run's line: ``fused layout: why``, with the rows or the products where set."""
+        how = f" (at most {self.rows} rows a step)" if self.rows else \
+            " (every product on packed oneDNN weights)" if self.onednn else ""
+        return f"{self.name} layout{how}: {self.reason}"
+
+
+def layout_record(layout: Layout | None) -> dict:
+    """A run's layout as its record (``--json``, the manifests, ``/info``) keeps it, in flat keys."""
+    if layout is None:
+        return {"layout": None, "layout_reason": "", "layout_rows": None, "layout_onednn": False}
+    return {"layout": layout.name, "layout_reason": layout.reason, "layout_rows": layout.rows,
+            "layout_onednn": layout.onednn}
+
 
 def check_layout(layout: str) -> str:
     """``layout`` checked: InputError for an unknown name."""
@@ -136,9 +150,9 @@ def choose(tokens_per_s: dict[str, float]) -> Layout:
     most N rows a step."""
     figures = ", ".join(f"{name} {tps:,.0f}" for name, tps in tokens_per_s.items())
     figures = f"{figures} tokens/s of the recurrence, measured on this CPU"
+    # the faster eager one; a tie keeps plain packed (listed first in EAGER: max takes the first)
     base = max((name for name in EAGER if name in tokens_per_s), key=lambda name: tokens_per_s[name], default="packed")
-    eager = Layout("packed", figures, onednn=base == ONEDNN and tokens_per_s[base] > tokens_per_s.get("packed", 0.0))
-    floor = tokens_per_s.get(base, 0.0)
+    eager, floor = Layout("packed", figures, onednn=base == ONEDNN), tokens_per_s.get(base, 0.0)
     best = max(tokens_per_s, key=lambda name: tokens_per_s[name], default="packed")
     if best in EAGER or not tokens_per_s[best] > 0 or tokens_per_s[best] < FUSED_MARGIN * floor:
         return eager

@@ -27,7 +27,7 @@ from .backends import Backend
 from .batching import BatchBudget, cpu_budget, gpu_budget
 from .errors import ModelChangedError
 from .fast_lstm import packed_products
-from .layout import Layout, resolve_layout
+from .layout import Layout, layout_record, resolve_layout
 from .precision import SlowPrecision, bf16_cpu_warning, resolve_precision
 from .registry import (backend_kind, check_device, check_precision_for, export_dir, exported_backend,
                        exported_precision, load_backend, model_config, model_files, model_identity, refuse_token_files,
@@ -68,10 +68,7 @@ class ModelRun:
     config: ElmoConfig | None = field(default=None, repr=False, compare=False)  # the architecture that runs
     source: str | None = None
     warning: SlowPrecision | None = None  # a command prints it once (and refuses a scalar one)
-    layout: str | None = None  # how torch runs the recurrence (``inference.layout``); None for an export
-    layout_reason: str = ""
-    layout_rows: int | None = None  # the ``rows`` layout's most rows a step on a CPU (``inference.layout.Layout``)
-    layout_onednn: bool = False  # ``packed`` with every product on packed oneDNN weights (``Layout.onednn``)
+    layout: Layout | None = None  # how torch runs the recurrence (``inference.layout``); None for an export
     batch: BatchBudget = field(default_factory=cpu_budget)  # its batches' and sort windows' tokens, and why
     pin: dict | None = field(default=None, repr=False)  # the identity its files must have where it opens (a job's)
     device_checked: bool = field(default=True, repr=False)  # False: a cluster's replica checks it as it opens
@@ -99,14 +96,13 @@ class ModelRun:
     def describe(self) -> str:
         """The one line a command prints: ``M (torch on cpu, fp32: why; N threads: why)``."""
         source = f", exported from {self.source}" if self.source else ""
-        rows = f" (at most {self.layout_rows} rows a step)" if self.layout_rows else \
-            " (every product on packed oneDNN weights)" if self.layout_onednn else ""
-        layout = f"; {self.layout} layout{rows}: {self.layout_reason}" if self.layout else ""
+        layout = f"; {self.layout.describe()}" if self.layout else ""
         return (f"{self.model} ({self.backend} on {self.device}, {self.precision}: {self.precision_reason}{source}; "
                 f"{self.threads}{layout}; {self.batch})")
 
     def to_dict(self) -> dict[str, Any]:
         record = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("config", "pin", "device_checked")}
+        record.update(layout_record(self.layout))
         record["threads"], record["threads_reason"] = self.threads.count, self.threads.reason
         record["batch"] = asdict(self.batch)
         record["warning"] = self.warning and self.warning.text
@@ -116,9 +112,7 @@ class ModelRun:
         """The same run on the CPU: what a driver opens to check the model (its files, what it can
         compute) where the replicas' GPUs are not visible to it, in the unmeasured ``packed`` layout
         (the check runs no job: nothing to measure or compile)."""
-        layout = "packed" if self.layout else None
-        return replace(self, device="cpu", layout=layout, layout_reason="the driver's check" if layout else "",
-                       layout_rows=None, layout_onednn=False)
+        return replace(self, device="cpu", layout=Layout("packed", "the driver's check") if self.layout else None)
 
     def on_replica(self, threads: int, reason: str) -> "ModelRun":
         """The record a replica runs where the runner gives each replica its own share of CPUs."""
@@ -127,8 +121,8 @@ class ModelRun:
     def settled_layout(self) -> Layout:
         """The layout that runs: the record's, or where the run was left to a replica (``auto``),
         measured here, where the model runs."""
-        if self.layout != "auto":
-            return Layout(self.layout or "packed", self.layout_reason, self.layout_rows, self.layout_onednn)
+        if self.layout is None or self.layout.name != "auto":
+            return self.layout or Layout("packed", "")
         return resolve_layout("auto", self.device, self.precision, self.config, self.threads.count)
 
     def open(self, **options: Any) -> Backend:
@@ -236,12 +230,12 @@ def resolve_run(model: str | Path, settings: RunSettings | None = None, *, job: 
     settled = _layout(layout, kind.exported, device, checked.name, config, budget, remote)
     return ModelRun(model, backend, device, checked.name, why, budget, _where(weights, "weights"),
                     _where(s.token_embeddings, "token_embeddings"), _where(s.token_vocab, "token_vocab"), config, source,
-                    warning, *(settled or (None, "", None, False)), _batch_budget(device, config, remote, settled),
+                    warning, settled, _batch_budget(device, config, remote, settled),
                     device_checked=not remote)
 
 
 def _layout(layout: str | None, exported: bool, device: str, precision: str, config: ElmoConfig,
-            budget: CpuBudget, remote: bool) -> tuple[str, str, int | None, bool] | None:
+            budget: CpuBudget, remote: bool) -> Layout | None:
     """The torch backend's layout and why (None for an export, whose graph is its own); ``auto`` on a
     cluster's CPUs is left to each replica (``ModelRun.settled_layout``), measured where it runs."""
     if exported:
@@ -250,9 +244,8 @@ def _layout(layout: str | None, exported: bool, device: str, precision: str, con
                              f"its own graph (leave --layout out)")
         return None
     if remote and layout in (None, "auto") and not device.startswith("cuda"):
-        return "auto", "measured where each replica runs", None, False
-    chosen = resolve_layout(layout, device, precision, config, budget.count)
-    return chosen.name, chosen.reason, chosen.rows, chosen.onednn
+        return Layout("auto", "measured where each replica runs")
+    return resolve_layout(layout, device, precision, config, budget.count)
 
 
 def _default_precision(device: str) -> str:
@@ -262,13 +255,13 @@ def _default_precision(device: str) -> str:
 
 
 def _batch_budget(device: str, config: ElmoConfig, remote: bool,
-                  layout: tuple[str, str, int | None, bool] | None) -> BatchBudget:
+                  layout: Layout | None) -> BatchBudget:
     """The run's batch and sort-window tokens (``inference.batching``): a CPU's, or sized to the
     GPU's memory where this process sees it (a cluster's replicas' GPUs are not: the smallest
     data-centre card's budget, 40 GB); batches planned for the static rows where ``layout`` is rows."""
     if not device.startswith("cuda"):
         return cpu_budget()
-    ls, rows = config.lstm, RowShape().rows if layout is not None and layout[0] == "rows" else None
+    ls, rows = config.lstm, RowShape().rows if layout is not None and layout.name == "rows" else None
     if remote:
         budget = gpu_budget(40 << 30, ls.dim, ls.projection_dim, ls.n_layers, "", rows)
         return replace(budget, reason="a replica's GPU, not visible here: sized for a 40 GB card (--max-batch-tokens "

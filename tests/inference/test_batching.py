@@ -92,12 +92,13 @@ def test_rows_batches_give_the_reference_vectors(tmp_path):
 @pytest.mark.parametrize("layout,rows", [("rows", 1024), (None, None)])
 def test_a_cuda_run_plans_its_batches_for_the_rows_layout(layout, rows):
     from elmo_core import ElmoConfig
+    from inference.layout import Layout
     from inference.model_run import _batch_budget
     from pipelines.options import EmbedOptions
 
     config = ElmoConfig.from_dict(tiny_options())
-    budget = _batch_budget("cuda", config, True, (layout, "") if layout else None)
+    budget = _batch_budget("cuda", config, True, Layout(layout, "") if layout else None)
     assert budget.rows == rows and budget.policy().rows == (RowShape(rows) if rows else None)
-    assert _batch_budget("cpu", config, False, ("packed", "")).rows is None  # a CPU's batches: rectangles
+    assert _batch_budget("cpu", config, False, Layout("packed", "")).rows is None  # a CPU's batches: rectangles
     opts = EmbedOptions(max_tokens_per_batch=budget.tokens)
     assert opts.policy(budget.rows).rows == budget.policy().rows

@@ -131,27 +131,27 @@ def test_a_measured_onednn_pick_is_recorded_and_runs_every_product_on_packed_wei
     monkeypatch.setattr(layout, "measure_layouts", lambda config, precision, threads: {
         name: (2.0 if name == ONEDNN else 1.0) for name in candidates(config)})
     run = resolve_run(tiny_dir, threads=2)
-    assert (run.layout, run.layout_onednn) == ("packed", True) and run.to_dict()["layout_onednn"] is True
+    assert (run.layout.name, run.layout.onednn) == ("packed", True) and run.to_dict()["layout_onednn"] is True
     assert "packed layout (every product on packed oneDNN weights)" in run.describe()
     with run.open() as backend:
         lstm = backend.fast.lstm
         assert backend.fast.layout == "packed" and lstm.packed_min_weights == 0
         assert lstm.per_direction_products() == packed_gemm_available(torch.device("cpu"))
-    assert run.on_cpu().layout_onednn is False  # the driver's check runs the unmeasured default
+    assert run.on_cpu().layout.onednn is False  # the driver's check runs the unmeasured default
     plain = resolve_run(tiny_dir, threads=2, layout="packed")
-    assert plain.layout_onednn is False and "oneDNN" not in plain.describe()
+    assert plain.layout.onednn is False and "oneDNN" not in plain.describe()
 
 
 def test_the_run_records_its_layout_and_opens_the_backend_with_it(tiny_dir):
     run = resolve_run(tiny_dir, layout="fused")
-    assert (run.layout, run.layout_reason) == ("fused", "asked for") and run.to_dict()["layout"] == "fused"
+    assert (run.layout.name, run.layout.reason) == ("fused", "asked for") and run.to_dict()["layout"] == "fused"
     assert "fused layout: asked for" in run.describe()
     with run.open() as backend:
         assert backend.fast.layout == "fused"
-    assert resolve_run(tiny_dir, remote=True).layout == "auto"  # measured where each replica runs
-    assert resolve_run(tiny_dir, remote=True).on_cpu().layout == "packed"  # the driver's check measures nothing
+    assert resolve_run(tiny_dir, remote=True).layout.name == "auto"  # measured where each replica runs
+    assert resolve_run(tiny_dir, remote=True).on_cpu().layout.name == "packed"  # the driver's check measures nothing
     cuda = resolve_run(tiny_dir, remote=True, device="cuda")
-    assert cuda.layout == "rows" and cuda.on_cpu().layout == "packed"  # a driver checks a CUDA job's model on its CPU
+    assert cuda.layout.name == "rows" and cuda.on_cpu().layout.name == "packed"  # a driver checks a CUDA job's model on its CPU
     with cuda.on_cpu().open() as backend:
         assert backend.fast.layout == "packed" and backend.fast.graphs is None
 
@@ -166,7 +166,7 @@ def test_rows_forced_or_measured_on_a_cpu_open_as_eager_windows(tiny_dir, tmp_pa
     from tests.helpers import SENTENCES
 
     forced = resolve_run(tiny_dir, layout="rows", precision="bf16")
-    assert (forced.layout, forced.layout_reason, forced.layout_rows) == ("rows", "asked for", None)
+    assert (forced.layout.name, forced.layout.reason, forced.layout.rows) == ("rows", "asked for", None)
     ids = batch_to_ids(SENTENCES)
     with resolve_run(tiny_dir).open() as backend:
         want, mask = backend.run(ids)
@@ -177,11 +177,11 @@ def test_rows_forced_or_measured_on_a_cpu_open_as_eager_windows(tiny_dir, tmp_pa
     a, b = want.transpose(0, 2, 1, 3)[mask].astype(np.float64), got.transpose(0, 2, 1, 3)[mask].astype(np.float64)
     cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)  # (tokens, L+1)
     assert cos.min() >= 0.999
-    measured = replace(forced, layout="rows", layout_reason="rows 64 180 tokens/s", layout_rows=64)
+    measured = replace(forced, layout=Layout("rows", "rows 64 180 tokens/s", 64))
     assert "rows layout (at most 64 rows a step): rows 64 180" in measured.describe()
     with measured.open() as backend:
         assert backend.fast.graphs.shape.rows == 64
-    assert measured.on_cpu().layout_rows is None
+    assert measured.on_cpu().layout.rows is None
 
 
 def test_auto_keeps_fp32_where_the_products_are_too_small_for_bf16_units(tiny_dir):
