@@ -1,6 +1,8 @@
 """The char-CNN token encoder: char embedding, convolutions, max-pool, activation, highway, projection."""
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -9,11 +11,26 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import CharCnnConfig
-from .highway import Highway
+from .highway import Highway, affine
 
 
 # Rows a product of the char-CNN is run on at least (``CharEncoder._encode``).
 MIN_ROWS = 4
+
+Product = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class CharProducts:
+    """The char-CNN's matrix products, the rest of its maths staying ``CharEncoder``'s:
+    ``convs[k]`` multiplies width k's windows by its kernel, (M, E w) -> (M, n_k), no bias;
+    ``highway[k]`` layer k's ``x W + b``, (N, F) -> (N, 2F); ``project`` the projection with its
+    bias, (N, Dw+F) -> (N, P). ``CharEncoder.products()`` gives them in plain torch over the
+    module's parameters; a fast variant passes its own (``inference.char_products``)."""
+
+    convs: tuple[Product, ...]
+    highway: tuple[Product, ...]
+    project: Product
 
 
 class CharEncoder(nn.Module):
@@ -50,12 +67,25 @@ class CharEncoder(nn.Module):
     def _activation(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(x) if self.cfg.activation == "relu" else torch.tanh(x)
 
-    def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
+    def conv_kernels(self) -> list[torch.Tensor]:
+        """Each width's convolution as the matrix its unfolded windows are multiplied by.
+        Shape: [(E w, n_k)], rows in each window's (E, w) order."""
+        E = self.cfg.embedding_dim
+        return [conv.weight.permute(1, 2, 0).reshape(E * w, n) for (w, n), conv in zip(self.cfg.filters, self.convs)]
+
+    def products(self) -> CharProducts:
+        """The matrix products in plain torch, over the parameters as they are now."""
+        return CharProducts(tuple(functools.partial(torch.matmul, other=k) for k in self.conv_kernels()),
+                            self.highway.products(), functools.partial(affine, self.proj_weight, self.proj_bias))
+
+    def forward(self, char_ids: torch.Tensor, products: CharProducts | None = None) -> torch.Tensor:
+        """``products``: the matrix products (default ``products()``)."""
+        products = products or self.products()
         if self.word_embed is not None:
             words = F.embedding(char_ids[:, -1].long(), self.word_embed)  # (N, Dw)
-            chars = self._char_features(char_ids[:, :-1])  # (N, F)
-            return self._project(torch.cat([words, chars], dim=-1))  # (N, P)
-        return self._project(self._char_features(char_ids))  # (N, P)
+            chars = self._char_features(char_ids[:, :-1], products)  # (N, F)
+            return self._project(torch.cat([words, chars], dim=-1), products)  # (N, P)
+        return self._project(self._char_features(char_ids, products), products)  # (N, P)
 
     def plan_chunks(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
         """On the host, what ``_char_features`` finds on the device: the tokens' order (shortest
@@ -69,41 +99,42 @@ class CharEncoder(nn.Module):
         peaks = [int(part.max()) for part in lengths[order].split(self.chunk_tokens)] if len(order) else []
         return order, [min(ids.shape[1], peak + widest) for peak in peaks]
 
-    def forward_planned(self, char_ids: torch.Tensor, widths: list[int]) -> torch.Tensor:
+    def forward_planned(self, char_ids: torch.Tensor, widths: list[int], products: CharProducts | None = None) -> torch.Tensor:
         """``forward`` of tokens in the order ``plan_chunks`` gave, with its widths: the same values
         without reading the ids on the host. Shape: (N, W) -> (N, P)."""
+        products = products or self.products()
         ids = char_ids[:, :-1] if self.word_embed is not None else char_ids
         n = self.chunk_tokens
-        feats = torch.cat([self._encode(ids[i * n : (i + 1) * n, :w]) for i, w in enumerate(widths)])  # (N, F)
+        feats = torch.cat([self._encode(ids[i * n : (i + 1) * n, :w], products) for i, w in enumerate(widths)])  # (N, F)
         if self.word_embed is not None:
             feats = torch.cat([F.embedding(char_ids[:, -1].long(), self.word_embed), feats], dim=-1)
-        return self._project(feats)  # (N, P)
+        return self._project(feats, products)  # (N, P)
 
-    def _char_features(self, char_ids: torch.Tensor) -> torch.Tensor:
+    def _char_features(self, char_ids: torch.Tensor, products: CharProducts) -> torch.Tensor:
         """The char-CNN and highway layers. Shape: (N, C) -> (N, F)."""
         if _tracing():
-            return self._encode(char_ids)
+            return self._encode(char_ids, products)
         lengths = _content_lengths(char_ids)  # (N,)
         n = self.chunk_tokens
         if char_ids.shape[0] <= n:
-            return self._encode(self._trim_tail(char_ids, lengths))
+            return self._encode(self._trim_tail(char_ids, lengths), products)
         order = torch.argsort(lengths, stable=True)  # (N,) shortest first
-        encoded = torch.cat([self._encode(self._trim_tail(char_ids[part], lengths[part]))
+        encoded = torch.cat([self._encode(self._trim_tail(char_ids[part], lengths[part]), products)
                              for part in order.split(n)])  # (N, F) in that order
         return encoded[torch.argsort(order)]  # (N, F)
 
-    def _project(self, feats: torch.Tensor) -> torch.Tensor:
+    def _project(self, feats: torch.Tensor, products: CharProducts) -> torch.Tensor:
         """The projection, on at least ``MIN_ROWS`` rows (``_at_least``). Shape: (N, Dw+F) -> (N, P)."""
-        return _at_least(feats, lambda x: torch.addmm(self.proj_bias, x, self.proj_weight))
+        return _at_least(feats, products.project)
 
-    def _encode(self, char_ids: torch.Tensor) -> torch.Tensor:
+    def _encode(self, char_ids: torch.Tensor, products: CharProducts) -> torch.Tensor:
         """Shape: (N, C') ids, the tail already trimmed -> (N, F), on at least ``MIN_ROWS`` tokens."""
         def encode(ids: torch.Tensor) -> torch.Tensor:
             emb = F.embedding(ids.long(), self.char_embed, padding_idx=0)  # (N, C', E)
-            return self.highway(torch.cat(self._pooled(emb), dim=-1))  # (N, F)
+            return self.highway(torch.cat(self._pooled(emb, products.convs), dim=-1), products.highway)  # (N, F)
         return _at_least(char_ids, encode)
 
-    def _pooled(self, emb: torch.Tensor) -> list[torch.Tensor]:
+    def _pooled(self, emb: torch.Tensor, convs: tuple[Product, ...]) -> list[torch.Tensor]:
         """Each width's convolution, max-pooled over positions, then the activation.
 
         The convolution is one matrix product over the unfolded windows (im2col); with 16 input
@@ -114,11 +145,11 @@ class CharEncoder(nn.Module):
         """
         N, L, E = emb.shape
         out = []
-        for (w, n), conv in zip(self.cfg.filters, self.convs):
-            windows = emb.unfold(1, w, 1).reshape(N, L - w + 1, E * w)  # (N, L-w+1, E*w), each (E, w)
-            kernel = conv.weight.permute(1, 2, 0).reshape(E * w, n)  # (E*w, n) in the same (E, w) order
+        for (w, n), conv, product in zip(self.cfg.filters, self.convs, convs):
+            windows = emb.unfold(1, w, 1).reshape(N * (L - w + 1), E * w)  # (N (L-w+1), E*w), each (E, w)
             # max, not amax: the gradient goes to one maximal window, as TF's max_pool sends it
-            out.append(self._activation(torch.matmul(windows, kernel).max(dim=1).values + conv.bias))  # (N, n)
+            scores = product(windows).view(N, L - w + 1, n)  # (N, L-w+1, n)
+            out.append(self._activation(scores.max(dim=1).values + conv.bias))  # (N, n)
         return out
 
     def _trim_tail(self, char_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,9 @@
 """Highway layers with the original (bilm-tf) gate convention."""
 from __future__ import annotations
 
+import functools
+from typing import Callable, Sequence
+
 import torch
 from torch import nn
 
@@ -25,10 +28,20 @@ class Highway(nn.Module):
     def n_layers(self) -> int:
         return self.weight.shape[0]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for k in range(self.n_layers):
-            proj = torch.addmm(self.bias[k], x, self.weight[k])  # (N, 2D)
+    def products(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], ...]:
+        """Each layer's ``x W + b``, plain torch. Shape: (N, D) -> (N, 2D)."""
+        return tuple(functools.partial(affine, w, b) for w, b in zip(self.weight, self.bias))
+
+    def forward(self, x: torch.Tensor, products: Sequence[Callable[[torch.Tensor], torch.Tensor]] | None = None) -> torch.Tensor:
+        """``products``: each layer's ``x W + b`` (default ``products()``; a fast variant passes its own)."""
+        for product in products or self.products():
+            proj = product(x)  # (N, 2D)
             transform = torch.relu(proj[:, : self.dim])  # (N, D)
             gate = torch.sigmoid(proj[:, self.dim :])  # (N, D)
             x = x + gate * (transform - x)  # == g * transform + (1 - g) * x
         return x
+
+
+def affine(weight: torch.Tensor, bias: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``x W + b``, as TF stores W. Shape: x (N, K), weight (K, M), bias (M,) -> (N, M)."""
+    return torch.addmm(bias, x, weight)

@@ -4,7 +4,8 @@ One object per backend, plugged into its model with ``BiLM.use_fast_path``; the 
 while autograd is off, so training never sees it. What each step adds to the reference:
 
 - ``encode``: a ``TokenCache`` of char-CNN outputs across batches (and a token-embedding file's
-  vectors preloaded into it); the char-CNN under ``torch.autocast`` in bf16 / fp16.
+  vectors preloaded into it); the char-CNN under ``torch.autocast`` in bf16 / fp16, and in fp32
+  on packed oneDNN weights where the LSTM's products are (``inference.char_products``).
 - ``run_layer``: ``inference.fast_lstm.FastLstm`` (in-place steps, chunked input products,
   packed oneDNN weights, reduced-precision weight copies), or with ``fused`` (the default on
   CUDA) ``inference.fused_lstm.FusedLstm`` (each step two products and two compiled kernels).
@@ -27,11 +28,13 @@ import numpy as np
 import torch
 
 from elmo_core.bilm import BiLM
+from elmo_core.char_encoder import CharProducts
 from elmo_core.fused_cell import FusedCell
 from elmo_core.host_to_device import to_device
 from elmo_core.kinds import Precision
 from elmo_core.lstm import Packing, TokenRows, dense
 
+from .char_products import PackedCharProducts
 from .cuda_graphs import RowGraphs
 from .fast_lstm import INPUT_CHUNK_ROWS, PACKED_MIN_WEIGHTS, FastLstm
 from .fused_lstm import FusedLstm
@@ -74,6 +77,7 @@ class FastInference:
         self.graphs = RowGraphs(self.lstm, rows, capture=capture) if layout == "rows" else None
         self._boundary_ids = model.tokenizer.boundary_ids()  # (2, W) <S> and </S>, host ids
         self._host: HostBatch | None = None  # the plan of the batch running inside ``batch``
+        self._packed_char = PackedCharProducts(model.encoder)
 
     def prepare(self, char_ids: np.ndarray) -> HostBatch:
         """A batch's host work (``inference.host_batch.plan_batch``), before its device work; plans
@@ -141,12 +145,22 @@ class FastInference:
     def _char_cnn(self, char_ids: torch.Tensor, widths: list[int] | None = None) -> torch.Tensor:
         """The char-CNN, under autocast in bf16 / fp16; fp32 out. ``widths``: the tokens are in
         ``CharEncoder.plan_chunks``' order, these its chunks' widths. Shape: (N, C) -> (N, P)."""
-        encoder = self.model.encoder
-        run = encoder if widths is None else lambda ids: encoder.forward_planned(ids, widths)
+        encoder, products = self.model.encoder, self._char_products()
+        if widths is None:
+            run = lambda ids: encoder(ids, products)  # noqa: E731
+        else:
+            run = lambda ids: encoder.forward_planned(ids, widths, products)  # noqa: E731
         if self.dtype == torch.float32:
             return run(char_ids)
         with torch.autocast(char_ids.device.type, dtype=self.dtype):
             return run(char_ids).float()
+
+    def _char_products(self) -> CharProducts | None:
+        """The char-CNN's products on packed oneDNN weights where the LSTM's run on them in fp32
+        (``inference.char_products``); else None: the encoder's own."""
+        if self.dtype != torch.float32 or not self.lstm.per_direction_products():
+            return None
+        return self._packed_char()
 
     def run_layer(self, layer: int, xs: torch.Tensor, pack: Packing, h: torch.Tensor,
                   c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
