@@ -18,6 +18,7 @@ tests/inference/test_fast_path.py, tests/inference/test_precision.py.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Callable, Iterator
 
@@ -74,16 +75,29 @@ def lstm_step_inplace(gates: torch.Tensor, c_prev: torch.Tensor, project: Callab
 
 
 def tanh_(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``tanh(x)`` into ``out`` (default ``x`` itself); no autograd. On a CPU numpy's, whose SIMD
-    code ran 13x ATen's (MKL's vector tanh in its high-accuracy mode, which ATen asks for: torch
-    2.13, numpy 2.4, Zen 5, one core, 104 x 4,096 floats, 70 vs 896 us; ~10 % of a full-size fp32
-    step on packed weights), within 6e-8 of the exact value (ATen's 3e-8; ``2 sigmoid(2x) - 1``,
-    the compiled kernels' form, 1.8e-7, which took a peer's layer past 1e-5); elsewhere ATen's. Shape: any."""
+    """``tanh(x)`` into ``out`` (default ``x`` itself); no autograd. In fp32 on a CPU where numpy
+    runs its SIMD tanh (``numpy_simd_tanh``), numpy's: 13x ATen's, which runs MKL's vector tanh in
+    the high-accuracy mode ATen asks for (torch 2.13, numpy 2.4, Zen 5, one core, 104 x 4,096
+    floats: 70 vs 896 us; AVX2 code on both sides, 401 vs 988; ~10 % of a full-size fp32 step on
+    packed weights), within 6e-8 of the exact value (ATen's 3e-8; ``2 sigmoid(2x) - 1``, the
+    compiled kernels' form, 1.8e-7, took a peer's layer past 1e-5); elsewhere ATen's. Shape: any."""
     out = x if out is None else out
-    if x.device.type != "cpu" or x.dtype != torch.float32:
+    if x.device.type != "cpu" or x.dtype != torch.float32 or not numpy_simd_tanh():
         return torch.tanh(x, out=out)
     np.tanh(x.numpy(), out=out.numpy())
     return out
+
+
+@functools.cache
+def numpy_simd_tanh() -> bool:
+    """Whether numpy runs its SIMD float32 tanh on this CPU: x86 with AVX2 and FMA3 (numpy's X86_V3
+    and up, unless ``NPY_DISABLE_CPU_FEATURES`` turns them off). Its plain code is 7x slower than
+    ATen's (6.2 ms for the floats above) and within 1.0e-7 only."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as found
+    except ImportError:  # numpy 1.x
+        from numpy.core._multiarray_umath import __cpu_features__ as found
+    return bool(found.get("X86_V3", found.get("AVX2") and found.get("FMA3")))
 
 
 class FastLstm:

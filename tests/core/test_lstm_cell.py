@@ -1,6 +1,11 @@
 """The inference cell (``lstm_step_inplace``) against the reference ``lstm_step``."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -54,3 +59,16 @@ def test_inplace_step_in_fp32_equals_the_float64_reference(clips):
     # ~1e-7 a value from fp32 rounding and tanh_, summed over C = 64 terms of ~1/8 in the projection
     torch.testing.assert_close(c.double(), c_ref, atol=1e-6, rtol=0)
     torch.testing.assert_close(h.double(), h_ref, atol=2e-6, rtol=0)
+
+
+def test_the_inference_tanh_is_atens_where_numpy_has_no_simd_tanh():
+    """numpy's plain tanh (no AVX2 / FMA3, as ``NPY_DISABLE_CPU_FEATURES`` makes it here) is 7x
+    slower than ATen's and within 1.0e-7 only: ``tanh_`` then runs ATen's, bit for bit."""
+    code = ("import torch; from inference.fast_lstm import numpy_simd_tanh, tanh_; "
+            "x = torch.linspace(-12, 12, 100_001); "
+            "print(numpy_simd_tanh(), torch.equal(tanh_(x.clone()), torch.tanh(x)))")
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": root, "NPY_DISABLE_CPU_FEATURES": "X86_V4 X86_V3 AVX512_SKX AVX2 FMA3"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=120,
+                         check=True)
+    assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
