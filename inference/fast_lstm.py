@@ -82,7 +82,9 @@ def tanh_(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     packed weights), within 6e-8 of the exact value (ATen's 3e-8; ``2 sigmoid(2x) - 1``, the
     compiled kernels' form, 1.8e-7, took a peer's layer past 1e-5); elsewhere ATen's. Shape: any."""
     out = x if out is None else out
-    if x.device.type != "cpu" or x.dtype != torch.float32 or not numpy_simd_tanh():
+    plain = (x.device.type == out.device.type == "cpu" and x.dtype == out.dtype == torch.float32
+             and x.shape == out.shape and not (x.requires_grad or out.requires_grad))
+    if not (plain and numpy_simd_tanh()):
         return torch.tanh(x, out=out)
     np.tanh(x.numpy(), out=out.numpy())
     return out
