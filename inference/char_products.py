@@ -15,7 +15,7 @@ import torch
 
 from elmo_core.char_encoder import CharEncoder, CharProducts
 
-from .packed_gemm import PackedLinear
+from .packed_gemm import PackedLinear, weights_key
 
 
 class PackedCharProducts:
@@ -27,7 +27,7 @@ class PackedCharProducts:
 
     def __call__(self) -> CharProducts:
         e = self.encoder
-        key = tuple((p._version, p.data_ptr()) for p in e.parameters())
+        key = weights_key(e.parameters())
         if self._packed[0] != key:
             linear = lambda w, b=None: functools.partial(PackedLinear(w.detach()), bias=b)  # noqa: E731
             products = CharProducts(tuple(linear(k) for k in e.conv_kernels()),

@@ -31,7 +31,7 @@ from elmo_core.lstm import BiLstmStack, Packing
 from elmo_core.lstm_cell import low_bmm
 
 from .directions import DirectionThreads, split
-from .packed_gemm import PackedLinear, packed_gemm_available
+from .packed_gemm import PackedLinear, packed_gemm_available, weights_key
 from .precision import cpu_bf16
 
 # Rows of the input projection computed at a time: (2, 512, 4C) floats is 64 MiB at full size,
@@ -261,7 +261,7 @@ class FastLstm:
         return project
 
     def _key(self, params: tuple[torch.Tensor, ...]) -> tuple:
-        return (self.dtype,) + tuple((w._version, w.data_ptr()) for w in params)
+        return (self.dtype,) + weights_key(params)
 
     def weight_copies(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(W_in, W_h, W_P) in ``dtype``: the parameters themselves in fp32, else copies made once.

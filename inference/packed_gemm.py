@@ -8,7 +8,15 @@ Callers check ``packed_gemm_available`` and use a plain batched matmul where it 
 """
 from __future__ import annotations
 
+from typing import Iterable
+
 import torch
+
+
+def weights_key(params: Iterable[torch.Tensor]) -> tuple:
+    """What a copy made from ``params`` (packed weights, reduced-precision copies, cached char-CNN
+    outputs) stays valid for: each tensor's in-place version and storage; a new key, a stale copy."""
+    return tuple((p._version, p.data_ptr()) for p in params)
 
 
 def packed_gemm_available(device: torch.device) -> bool:

@@ -17,6 +17,8 @@ import torch
 from elmo_core.bilm import BiLM
 from formats.token_embeddings import TokenEmbeddings, TokenEmbeddingsError
 
+from .packed_gemm import weights_key
+
 
 def token_keys(ids: torch.Tensor) -> list[bytes]:
     """Each token's cache key: its character ids as int32 bytes, all rows in one view (no per-row
@@ -57,7 +59,7 @@ class TokenCache:
         self.filled = len(keys)
 
     def _check_version(self, params: list[torch.Tensor]) -> None:
-        key = tuple((p._version, p.data_ptr()) for p in params)
+        key = weights_key(params)
         if key != self.key:
             self.clear()
             self.key = key
