@@ -172,19 +172,23 @@ class BiLM(nn.Module):
             raise InputError("character ids must be left-aligned: padding tokens only after a row's last token")
         return mask, lengths
 
-    def run_combined(self, char_ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_combined(self, char_ids: torch.Tensor, weights: torch.Tensor,
+                     take: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The stateless biLM's layers combined as ``sum_j weights[j] * layer_j`` without building
         them: a scalar mix with its weights normalised (``gamma * softmax(s)``), the top layer
         (one-hot) or their average (1 / (L+1) each). See ``BiLstmStack.forward_combined``.
+        ``take`` (n,) long, flat positions b*T+t: only those tokens, in that order.
 
-        Shape: char_ids (B, T, C), weights (L+1,) -> (B, T, 2P) zero at padding, mask (B, T).
+        Shape: char_ids (B, T, C), weights (L+1,) -> (B, T, 2P) zero at padding (or (n, 2P)), mask (B, T).
         """
         T = char_ids.shape[1]
         fast = self.fast_path_in_use()
         x, mask, lengths = self._tokens(char_ids, fast)  # (B, T+2, P)
-        run = fast.combine if fast is not None else self.lstm.forward_combined
-        combined = run(x, lengths + 2, weights.to(x.dtype), slice(1, T + 1), mask)  # (B, T, 2P)
-        return combined, mask
+        if fast is not None:
+            combined = fast.combine(x, lengths + 2, weights.to(x.dtype), slice(1, T + 1), mask, take)
+        else:
+            combined = self.lstm.forward_combined(x, lengths + 2, weights.to(x.dtype), slice(1, T + 1), mask, take=take)
+        return combined, mask  # (B, T, 2P) or (n, 2P)
 
     def run(self, char_ids: torch.Tensor, state: LstmState | None = None,
             keep_boundaries: bool = False, dedup: bool = True) -> BiLMOutput:

@@ -109,7 +109,7 @@ class BiLstmStack(nn.Module):
 
     def forward_combined(self, x: torch.Tensor | TokenRows, lengths: torch.Tensor, weights: torch.Tensor,
                          positions: slice = slice(None), keep: torch.Tensor | None = None,
-                         run_layer: RunLayer | None = None) -> torch.Tensor:
+                         run_layer: RunLayer | None = None, take: torch.Tensor | None = None) -> torch.Tensor:
         """``sum_j weights[j] * layer_j`` of the stateless stack (rows framed by <S> ... </S>, as
         ``forward`` with ``boundary_shortcut``), layer 0 being ``[x; x]``. The layers are combined
         while packed (see ``combine_packed``) and unpacked once, instead of L+1 unpacks and a
@@ -118,10 +118,12 @@ class BiLstmStack(nn.Module):
 
         Shape: x (B, T, P) zero at padding (or its ``TokenRows``), lengths (B,) >= 2, weights (L+1,) -> (B, T', 2P) for
         ``positions`` (default all T), zero at padding, where ``keep`` (B, T') is False, and at each
-        row's last position (the boundary the shortcut skips).
+        row's last position (the boundary the shortcut skips). ``take`` (n,): only the positions
+        b*T'+t' it names, (n, 2P) (``unpack``).
         """
         pack = Packing(lengths, x.shape[1], shared_first=x.shape[0] > 0)
-        return pack.unpack(self.combine_packed(pack.pack(x, spare_row=True), pack, weights, run_layer), positions, keep)
+        combined = self.combine_packed(pack.pack(x, spare_row=True), pack, weights, run_layer)  # (2, N+1, P)
+        return pack.unpack(combined, positions, keep, take)
 
     def combine_packed(self, xs: torch.Tensor, pack: "Packing", weights: torch.Tensor,
                        run_layer: RunLayer | None = None) -> torch.Tensor:
@@ -300,20 +302,24 @@ class Packing:
             torch.index_select(table, 0, rows[d * N : (d + 1) * N], out=out[d, :N])
         return out
 
-    def unpack(self, packed: torch.Tensor, positions: slice = slice(None), keep: torch.Tensor | None = None) -> torch.Tensor:
-        """Shape: (2, N, P) -> (B, T', 2P), zero at padding, the backward half in reading order
-        (see ``unpack``)."""
-        return unpack(packed, self.targets, self.sources.shape[1], self.shape, positions, keep)
+    def unpack(self, packed: torch.Tensor, positions: slice = slice(None), keep: torch.Tensor | None = None,
+               take: torch.Tensor | None = None) -> torch.Tensor:
+        """Shape: (2, N, P) -> (B, T', 2P) (or (n, 2P): ``take``), zero at padding, the backward half
+        in reading order (see ``unpack``)."""
+        return unpack(packed, self.targets, self.sources.shape[1], self.shape, positions, keep, take)
 
 
 def unpack(packed: torch.Tensor, targets: torch.Tensor, n_packed: int, shape: tuple[int, int],
-           positions: slice = slice(None), keep: torch.Tensor | None = None) -> torch.Tensor:
+           positions: slice = slice(None), keep: torch.Tensor | None = None,
+           take: torch.Tensor | None = None) -> torch.Tensor:
     """Packed outputs of both directions back to rows: ``targets`` says which of the ``n_packed``
     positions each row's time step comes from (``n_packed``: none, a zero row), per direction.
 
     ``positions``: the time steps wanted (default all T); ``keep`` (B, T') bool: the positions to
-    fill, the others zero. ``packed`` may carry one more row, all zero (2, N+1, P); else one is added.
-    Shape: packed (2, N[+1], P), targets (2, B*T), shape (T, B) -> (B, T', 2P).
+    fill, the others zero; ``take`` (n,) long: only the positions b*T'+t' it names, in its order,
+    gathered straight from the packed rows (the (B, T') grid is never made: a job's tokens).
+    ``packed`` may carry one more row, all zero (2, N+1, P); else one is added.
+    Shape: packed (2, N[+1], P), targets (2, B*T), shape (T, B) -> (B, T', 2P), or (n, 2P) with ``take``.
     """
     T, B = shape
     N = n_packed
@@ -322,6 +328,8 @@ def unpack(packed: torch.Tensor, targets: torch.Tensor, n_packed: int, shape: tu
     targets = targets.view(2, B, T)[:, :, positions]  # (2, B, T')
     if keep is not None:
         targets = torch.where(keep, targets, N)
-    index = torch.stack([targets[0], targets[1] + (N + 1)], dim=-1)  # (B, T', 2) into both directions
+    if take is not None:
+        targets = targets.reshape(2, -1).index_select(1, take)  # (2, n)
+    index = torch.stack([targets[0], targets[1] + (N + 1)], dim=-1)  # (B, T', 2) or (n, 2) into both directions
     rows = packed.reshape(2 * (N + 1), -1).index_select(0, index.view(-1))  # (B*T'*2, P)
-    return rows.view(index.shape[0], index.shape[1], 2 * packed.shape[-1])  # (B, T', 2P)
+    return rows.view(*index.shape[:-1], 2 * packed.shape[-1])  # (B, T', 2P) or (n, 2P)

@@ -56,8 +56,9 @@ class RowGraphs:
 
     def __call__(self, x: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor,
                  positions: slice = slice(None), keep: torch.Tensor | None = None,
-                 plan: RowPlan | None = None) -> torch.Tensor:
-        """Shape: x (B, T, P) zero at padding, lengths (B,), weights (L+1,) -> (B, T', 2P).
+                 plan: RowPlan | None = None, take: torch.Tensor | None = None) -> torch.Tensor:
+        """Shape: x (B, T, P) zero at padding, lengths (B,), weights (L+1,) -> (B, T', 2P), or
+        (n, 2P): the positions ``take`` names (``elmo_core.lstm.unpack``).
         ``plan``: the batch's rows (``plan``, on the device); None: planned here from ``lengths``,
         which reads them back from the device."""
         B, T, P = x.shape
@@ -77,7 +78,7 @@ class RowGraphs:
             combined[:, w * n : (w + 1) * n] = self._run(win)
         self.positions += plan.windows * n
         self.padded += plan.windows * n - plan.tokens
-        return plan.unpack(combined, positions, keep)
+        return plan.unpack(combined, positions, keep, take)
 
     def warm(self, most_sentences: int | None = None) -> list[int]:
         """Capture a window of every row count a batch of at most ``most_sentences`` sentences may

@@ -168,10 +168,13 @@ class FastInference:
         return self.lstm.run_layer(layer, xs, pack, h, c)
 
     def combine(self, x: torch.Tensor | TokenRows, lengths: torch.Tensor, weights: torch.Tensor,
-                positions: slice = slice(None), keep: torch.Tensor | None = None) -> torch.Tensor:
-        """Shape: x (B, T, P) (or its ``TokenRows``), lengths (B,), weights (L+1,) -> (B, T', 2P)."""
+                positions: slice = slice(None), keep: torch.Tensor | None = None,
+                take: torch.Tensor | None = None) -> torch.Tensor:
+        """Shape: x (B, T, P) (or its ``TokenRows``), lengths (B,), weights (L+1,) -> (B, T', 2P), or
+        (n, 2P): the positions ``take`` names (``BiLstmStack.forward_combined``)."""
         if self.graphs is not None:
             plan = self._host
             held = plan is not None and plan.rows is not None and plan.shape == (x.shape[0], x.shape[1] - 2)
-            return self.graphs(dense(x), lengths, weights, positions, keep, plan.rows.to(x.device) if held else None)
-        return self.model.lstm.forward_combined(x, lengths, weights, positions, keep, self.lstm.run_layer)
+            return self.graphs(dense(x), lengths, weights, positions, keep, plan.rows.to(x.device) if held else None,
+                               take)
+        return self.model.lstm.forward_combined(x, lengths, weights, positions, keep, self.lstm.run_layer, take)

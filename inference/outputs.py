@@ -43,7 +43,8 @@ def finish_on_device(x: torch.Tensor, request: VectorRequest, keep: torch.Tensor
     sentence's windows.
 
     Shape: x (B, T, [L+1,] D), keep (B, T) bool, take (n,) -> (n, [L+1,] D) ((B, T, [L+1,] D)
-    without ``take``), or (B, [L+1,] D) pooled.
+    without ``take``), or (B, [L+1,] D) pooled; x may be the tokens already taken (n, [L+1,] D), no
+    ``take`` then (``BiLM.run_combined``'s).
     """
     import torch
 

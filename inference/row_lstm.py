@@ -87,10 +87,11 @@ class RowPlan:
         T, TR = self.shape.steps, self.shape.steps * self.shape.rows
         return self.sources[:, w * TR : (w + 1) * TR], self.keep[w * T : (w + 1) * T + 1]
 
-    def unpack(self, combined: torch.Tensor, positions: slice = slice(None), keep: torch.Tensor | None = None) -> torch.Tensor:
-        """Shape: combined (2, W*T*R[+1], P) -> (B, T', 2P) (``elmo_core.lstm.unpack``)."""
+    def unpack(self, combined: torch.Tensor, positions: slice = slice(None), keep: torch.Tensor | None = None,
+               take: torch.Tensor | None = None) -> torch.Tensor:
+        """Shape: combined (2, W*T*R[+1], P) -> (B, T', 2P), or (n, 2P) (``elmo_core.lstm.unpack``)."""
         n_pos = self.windows * self.shape.steps * self.shape.rows
-        return unpack(combined, self.targets, n_pos, (self.t_in, self.batch), positions, keep)
+        return unpack(combined, self.targets, n_pos, (self.t_in, self.batch), positions, keep, take)
 
 
 def _deal(lengths: list[int], rows: int) -> tuple[list[int], list[int], list[int]]:

@@ -49,3 +49,25 @@ def test_the_packed_mix_is_the_same_with_autograd_on_and_off(tiny_dir):
     assert model.lstm.w_input.grad is not None and model.lstm.w_input.grad.abs().sum() > 0
     torch.testing.assert_close(on.detach(), off, atol=1e-6, rtol=0)
     assert not off[~mask].any(), "padding must be zero"
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_taken_tokens_are_the_rows_of_the_whole_grid(tiny_dir, fast):
+    """``run_combined(..., take)`` gathers the named tokens straight from the packed rows (how
+    ``elmo embed`` takes a batch's tokens): bit for bit the rows of the (B, T, 2P) grid it skips,
+    in ``take``'s order, a padding position among them zero."""
+    from inference import TorchBackend
+
+    model = TorchBackend(load_bilm(tiny_dir)).model if fast else load_bilm(tiny_dir)
+    ids = torch.from_numpy(batch_to_ids(SENTENCES + [["One"]]))
+    weights = torch.tensor([0.2, 0.3, 0.5])
+    with torch.inference_mode():
+        grid, mask = model.run_combined(ids, weights)  # (B, T, 2P)
+        B, T = mask.shape
+        take = torch.nonzero(mask.reshape(-1)).squeeze(1).flip(0)  # every token, last first
+        take = torch.cat([take, torch.tensor([B * T - 1])])  # and the last row's padding
+        got, got_mask = model.run_combined(ids, weights, take)  # (n, 2P)
+    assert not mask.reshape(-1)[-1], "the last position is padding"
+    assert torch.equal(got_mask, mask)
+    assert torch.equal(got, grid.reshape(B * T, -1)[take])
+    assert not got[-1].any()
