@@ -51,14 +51,18 @@ def test_the_packed_mix_is_the_same_with_autograd_on_and_off(tiny_dir):
     assert not off[~mask].any(), "padding must be zero"
 
 
-@pytest.mark.parametrize("fast", [False, True])
-def test_taken_tokens_are_the_rows_of_the_whole_grid(tiny_dir, fast):
+@pytest.mark.parametrize("layout", [None, "packed", "rows"])
+def test_taken_tokens_are_the_rows_of_the_whole_grid(tiny_dir, layout):
     """``run_combined(..., take)`` gathers the named tokens straight from the packed rows (how
     ``elmo embed`` takes a batch's tokens): bit for bit the rows of the (B, T, 2P) grid it skips,
-    in ``take``'s order, a padding position among them zero."""
-    from inference import TorchBackend
+    in ``take``'s order, a padding position among them zero; the reference, the fast path and
+    the static rows (run eagerly, as a CPU runs them) alike."""
+    from inference.fast_path import FastInference
+    from inference.row_shape import RowShape
 
-    model = TorchBackend(load_bilm(tiny_dir)).model if fast else load_bilm(tiny_dir)
+    model = load_bilm(tiny_dir)
+    if layout is not None:
+        model.use_fast_path(FastInference(model, layout=layout, capture=False, rows=RowShape(4, 3)))
     ids = torch.from_numpy(batch_to_ids(SENTENCES + [["One"]]))
     weights = torch.tensor([0.2, 0.3, 0.5])
     with torch.inference_mode():
