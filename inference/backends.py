@@ -246,16 +246,16 @@ class TorchBackend(BackendBase):
         plan = prepared if isinstance(prepared, HostBatch) else self.fast.prepare(char_ids)
         ids = torch.from_numpy(char_ids)  # only its shape is read: the plan holds the batch
         weights = request.weights(self.config.n_output_layers)
-        tokens = None if take is None else to_device(take, self.device)
+        tokens = None if take is None else to_device(take, self.device)  # (n,)
+        taken = tokens is not None and weights is not None and request.pool is None  # straight from the packed rows
         with self.fast.running(), self.fast.batch(plan):
-            if weights is not None:  # the tokens taken straight from the packed rows, where not pooled
-                taken = tokens if request.pool is None else None
-                x, _ = self.model.run_combined(ids, to_device(weights, self.device), taken)  # (B, T, D) or (n, D)
-                tokens = None if taken is not None else tokens
+            if weights is not None:
+                x, _ = self.model.run_combined(ids, to_device(weights, self.device), tokens if taken else None)
             else:
                 out = self.model.run(ids)
                 x = reduce_on_device(out.layers.float(), out.mask, request)  # (B, T, [L+1,] D)
-            result = finish_on_device(x, request, None if keep is None else to_device(keep, self.device), tokens)
+            result = finish_on_device(x, request, None if keep is None else to_device(keep, self.device),
+                                      None if taken else tokens)  # from x (B, T, [L+1,] D), or (n, D) taken
             if self.device.type != "cuda":
                 host = result.numpy()
                 return lambda: host
