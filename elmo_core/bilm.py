@@ -184,11 +184,9 @@ class BiLM(nn.Module):
         T = char_ids.shape[1]
         fast = self.fast_path_in_use()
         x, mask, lengths = self._tokens(char_ids, fast)  # (B, T+2, P)
-        if fast is not None:
-            combined = fast.combine(x, lengths + 2, weights.to(x.dtype), slice(1, T + 1), mask, take)
-        else:
-            combined = self.lstm.forward_combined(x, lengths + 2, weights.to(x.dtype), slice(1, T + 1), mask, take=take)
-        return combined, mask  # (B, T, 2P) or (n, 2P)
+        run = fast.combine if fast is not None else self.lstm.forward_combined
+        combined = run(x, lengths + 2, weights.to(x.dtype), slice(1, T + 1), mask, take=take)  # (B, T, 2P) or (n, 2P)
+        return combined, mask
 
     def run(self, char_ids: torch.Tensor, state: LstmState | None = None,
             keep_boundaries: bool = False, dedup: bool = True) -> BiLMOutput:
