@@ -142,6 +142,8 @@ def main() -> None:
             if name.endswith("to s3"):
                 out = f"s3://bench/out-{rep}"  # type: ignore[assignment]
             result = run_job(tree, corpus, out, model, args.dtype, args.threads, extra, cpus)
+            if not args.store:
+                shutil.rmtree(out, ignore_errors=True)  # ~40 kB per row: a run's output is not kept
             print(f"  {name:>20}, run {rep + 1}: {result['tokens_per_s']:>9,.0f} tokens/s", flush=True)
             if name not in best or result["tokens_per_s"] > best[name]["tokens_per_s"]:
                 best[name] = result
