@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from elmo_cli.run_args import add_precision_argument, exporter, warned
+from elmo_cli.run_args import add_precision_argument, checked, exporter
 from elmo_cli.vocabulary import Subcommands, add_fields, add_flag, field_values
 from elmo_core.names import OUTPUT_FORMATS
 from elmo_core.errors import InputError
@@ -60,8 +60,8 @@ def run_embed(args: argparse.Namespace) -> int:
     def resolve(flags):  # backend, precision (auto; on-demand export), threads: once OUTPUT_DIR and the inputs are checked
         from inference.model_run import resolve_run  # the model code: loaded once the inputs are checked
 
-        return warned(resolve_run(args.model, settings, job=True, remote=opts.engine != "local", exporter=exporter(args),
-                                  flags=flags))
+        return checked(args, resolve_run(args.model, settings, job=True, remote=opts.engine != "local",
+                                         exporter=exporter(args), flags=flags))
 
     maker = RunMaker(args.model, settings, resolve)  # an existing OUTPUT_DIR is judged before the model loads
     if args.format == "hdf5":

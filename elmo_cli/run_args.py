@@ -44,11 +44,21 @@ def model_run(args: argparse.Namespace, remote: bool = False, flags: frozenset[s
     it runs in replicas on a cluster; ``flags``: the CPU flags ``--precision auto`` is judged by."""
     from inference.model_run import resolve_run
 
-    return warned(resolve_run(args.model, backend=args.backend, device=args.device, threads=args.threads,
-                              precision=args.precision, weights=getattr(args, "weights", None),
-                              token_embeddings=getattr(args, "token_embeddings", None),
-                              token_vocab=getattr(args, "token_vocab", None), layout=args.layout, remote=remote,
-                              exporter=exporter(args), flags=flags))
+    return checked(args, resolve_run(args.model, backend=args.backend, device=args.device, threads=args.threads,
+                                     precision=args.precision, weights=getattr(args, "weights", None),
+                                     token_embeddings=getattr(args, "token_embeddings", None),
+                                     token_vocab=getattr(args, "token_vocab", None), layout=args.layout,
+                                     remote=remote, exporter=exporter(args), flags=flags))
+
+
+def checked(args: argparse.Namespace, run: ModelRun) -> ModelRun:
+    """``run`` ``warned``, and InputError for a ``--calibration`` it did not use (no export built
+    from a model directory: nothing was planned or validated on it)."""
+    if getattr(args, "calibration", None) and run.source is None:
+        what = "the torch backend runs the model as it is" if run.backend == "torch" else f"{run.model} is an export"
+        raise InputError(f"--calibration is the sample an ONNX export built from a model directory (--backend onnx) "
+                         f"is planned and validated on; {what}: leave --calibration out")
+    return warned(run)
 
 
 def exporter(args: argparse.Namespace) -> Exporter:

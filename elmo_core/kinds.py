@@ -93,8 +93,9 @@ class OutputMode:
         """The record of an output mode (``layer:N`` included); InputError for anything else."""
         if name in cls.ALL:
             return cls.ALL[name]
-        if name.startswith(LAYER_OUTPUT) and name[len(LAYER_OUTPUT):].isdigit():
-            return cls(name, layer=int(name[len(LAYER_OUTPUT):]))
+        number = name[len(LAYER_OUTPUT):] if name.startswith(LAYER_OUTPUT) else ""
+        if number.isascii() and number.isdigit():  # ASCII digits only: int() would take any script's
+            return cls(name, layer=int(number))
         raise InputError(f"output mode must be one of {tuple(cls.ALL)} or {LAYER_OUTPUT}N, got {name!r}")
 
     def shape(self, n_layers: int, dim: int) -> tuple[int, ...]:

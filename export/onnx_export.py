@@ -9,6 +9,7 @@ import onnx
 
 from elmo_core import BiLM
 from elmo_core.dictionaries import DictionaryTokenizer
+from elmo_core.errors import InputError
 from elmo_core.vectors import VectorRequest
 from storage.locations import file_sha256
 from formats import load_bilm, resolve_model
@@ -72,6 +73,18 @@ def ort_run(path: Path, spec: ExportSpec, threads: int | None = None, providers:
     return lambda ids: tuple(sess.run(names, {spec.inputs[0].name: ids}))
 
 
+def check_export_dir(out_dir: Path) -> None:
+    """An export's ``--out``: absent, empty or an earlier export (its model.onnx or manifest.json
+    there), which is replaced; InputError for a file or a folder of anything else."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"--out {out_dir}: is a file; an export writes a folder (model.onnx, manifest.json): "
+                         f"give a folder's path")
+    earlier = any((out_dir / name).exists() for name in (ONNX_NAME, MANIFEST_NAME))
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not earlier:
+        raise InputError(f"--out {out_dir}: a folder that is not empty and holds no export; an export writes its "
+                         f"files there and replaces an earlier export only: give a new or empty folder")
+
+
 def export_onnx(model: str | Path, out_dir: str | Path, vectors: VectorRequest = VectorRequest("all"), precision: str = "fp32", opset: int = DEFAULT_OPSET, validate: bool = True,
                 shapes: Sequence[tuple[int, int]] | None = None, threads: int | None = None,
                 weights: str | Path | None = None, token_dedup: bool = False,
@@ -86,10 +99,11 @@ def export_onnx(model: str | Path, out_dir: str | Path, vectors: VectorRequest =
     sample (``export.quantize``). Returns the manifest.
     """
     check_threads(threads)
+    out_dir = Path(out_dir)
+    check_export_dir(out_dir)
     files = resolve_model(model, weights)
     bilm = load_bilm(files.options, files.weights)
     spec = ExportSpec.for_config(bilm.config, vectors, precision, opset, token_dedup)
-    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # no manifest until this export has passed
     t0 = time.perf_counter()

@@ -205,6 +205,9 @@ def resolve_run(model: str | Path, settings: RunSettings | None = None, *, job: 
     if kind.exported and weights:
         raise InputError(f"--weights names a published-format weights file (--backend torch); --backend {backend} "
                          f"takes an export directory as --model")
+    if kind.exported and layout not in (None, "auto"):  # refused before an export is built on demand
+        raise InputError(f"--layout {layout} is how the torch backend runs the recurrence; an export runs "
+                         f"its own graph (leave --layout out)")
     refuse_token_files(backend, s.token_embeddings, s.token_vocab)
     if not remote:
         check_device(device, backend)
@@ -239,10 +242,7 @@ def _layout(layout: str | None, exported: bool, device: str, precision: str, con
     """The torch backend's layout and why (None for an export, whose graph is its own); ``auto`` on a
     cluster's CPUs is left to each replica (``ModelRun.settled_layout``), measured where it runs."""
     if exported:
-        if layout not in (None, "auto"):
-            raise InputError(f"--layout {layout} is how the torch backend runs the recurrence; an export runs "
-                             f"its own graph (leave --layout out)")
-        return None
+        return None  # an asked layout was refused by resolve_run
     if remote and layout in (None, "auto") and not device.startswith("cuda"):
         return Layout("auto", "measured where each replica runs")
     return resolve_layout(layout, device, precision, config, budget.count)

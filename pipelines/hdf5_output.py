@@ -102,6 +102,17 @@ def _check_options(opts: EmbedOptions, out: Path) -> None:
                          f"{', '.join('--' + k.replace('_', '-') for k in given)}; leave them out or use --format parquet")
     if out.is_dir():
         raise InputError(f"{out}: is a directory; --format hdf5 writes one file (e.g. OUT.hdf5)")
+    if out.is_file() and not _is_hdf5(out):
+        raise InputError(f"{out}: exists and is not an hdf5 file (an input, perhaps); --format hdf5 replaces only an "
+                         f"earlier hdf5 output: choose another --out, or remove the file")
+
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # an hdf5 file's first bytes (with no user block)
+
+
+def _is_hdf5(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE
 
 
 def embed_to_hdf5(input: str | Path, out: str | Path, /, model: ModelRun | str | Path | RunMaker,

@@ -20,6 +20,7 @@ from elmo_core.vectors import VectorRequest
 from inference.row_shape import RowShape
 from inference.run_settings import RunSettings
 from runtime import process_cpu_budget
+from runtime.settings import MAX_THREADS
 
 from .schema import COMPRESSIONS
 from .shard_files import FORMATS, ShardFormat
@@ -53,7 +54,7 @@ class EmbedOptions:
                                          "(default M/8)", "vectors")
     rows_per_shard: int | None = setting(None, "one output shard per this many rows of one input file (default: "
                                          "100,000 on the local engine; on Spark and Ray two shards per task slot, "
-                                         "500 to 100,000 rows: see docs/pipelines.md)", "running")
+                                         "500 to 100,000 rows: see docs/pipelines.md)", "running", parquet_only=True)
     engine: str = setting("local", "the runner: where the batches run, not what computes them (a job stopped under one "
                           "engine resumes under another)", "running", choices=ENGINES, parquet_only=True,
                           runtime_only=True)
@@ -70,7 +71,7 @@ class EmbedOptions:
     writer_threads: int | None = setting(None, "shards encoded at once (per replica; default: 1 on a CPU, where the "
                                          "model takes the cores; on a GPU the host's cores less four, at least 8 "
                                          "where they allow, at most 16); see docs/pipelines.md", "running",
-                                         runtime_only=True)
+                                         runtime_only=True, parquet_only=True)
     prefetch: int = setting(4, cli=False, runtime_only=True)  # prepared windows queued ahead of the model
     resume: bool = setting(False, "keep verified shards, redo the rest", "running", runtime_only=True,
                            parquet_only=True)
@@ -88,7 +89,7 @@ class EmbedOptions:
                                   "mtime is seen)", "running", runtime_only=True)
     compression: str | None = setting(None, "of the output shards (default: snappy for Parquet, none for Arrow; "
                                       "measured: snappy, lz4 and none about as fast, zstd 8%% smaller in float16 and "
-                                      "slower)", "vectors", choices=COMPRESSIONS, runtime_only=True)
+                                      "slower)", "vectors", choices=COMPRESSIONS, runtime_only=True, parquet_only=True)
     format: str = setting("parquet", cli=False, choices=tuple(FORMATS))  # the flag: elmo_cli.cmd_embed (hdf5 too)
     vector_layout: str = setting("floats", "each token's vector in the shards: floats (a list of floats, as SQL reads "
                                  "them) or binary (its bytes, no per-float levels: Parquet writes it ~6x faster; "
@@ -107,9 +108,11 @@ class EmbedOptions:
             check_count("rows_per_shard", self.rows_per_shard)
         for name in ("workers", "prefetch"):
             check_count(name, getattr(self, name))
-        for name in ("max_tokens_per_batch", "sort_window_rows", "sort_window_tokens", "writer_threads"):
+        for name in ("max_tokens_per_batch", "sort_window_rows", "sort_window_tokens"):
             check_count(name, getattr(self, name), optional="the run's")
+        check_count("writer_threads", self.writer_threads, high=MAX_THREADS, optional="the run's")  # each a thread
         _check_columns(self)
+        _check_engine_flags(self)
         self.policy()  # validates the batching options
         check_gpus("num_gpus_per_worker", self.num_gpus_per_worker)
         if self.spark_master is not None and not re.fullmatch(SPARK_MASTER, self.spark_master):
@@ -226,6 +229,21 @@ def output_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in options.items()
             if k not in RUNTIME_ONLY and not (k == "precision" and v == "fp32") and not (k == "normalize" and not v)
             and not (k == "format" and v == "parquet") and not (k == "vector_layout" and v == "floats")}
+
+
+# Flags of one engine, and the engine: given with another, they would be ignored, so they are refused.
+ENGINE_FLAGS = {"workers": ("--replicas", "ray"), "ray_address": ("--ray-address", "ray"),
+                "num_gpus_per_worker": ("--num-gpus-per-replica", "ray"), "spark_master": ("--spark-master", "spark"),
+                "spark_conf": ("--spark-conf", "spark"), "verbose": ("--verbose", "spark")}
+
+
+def _check_engine_flags(opts: EmbedOptions) -> None:
+    defaults = {f.name: f.default for f in fields(EmbedOptions)}
+    for name, (flag, engine) in ENGINE_FLAGS.items():
+        value = getattr(opts, name)
+        if opts.engine != engine and (tuple(value) if isinstance(value, list) else value) != defaults[name]:
+            raise InputError(f"{flag} is for --engine {engine}; this job runs on --engine {opts.engine}: "
+                             f"add --engine {engine} or leave {flag} out")
 
 
 def _check_columns(opts: EmbedOptions) -> None:

@@ -82,6 +82,8 @@ class ConnectionLimits:
                                             "start or the previous answer (else 408 and close)")
     body_timeout_s: float = setting(30.0, "seconds a request's body may take to arrive after its headers (else 408)")
     keep_alive_s: float = setting(5.0, "seconds an idle connection is kept open between requests")
+    send_timeout_s: float = setting(30.0, "seconds an answer may wait for its client to take a byte of it "
+                                          "(else the connection is cut)")
     max_connections: int = setting(0, "open connections; more are closed as they are accepted "
                                        "(0: the open-file limit less 64, at most 4096)")
     shutdown_timeout_s: float = setting(60.0, "on SIGTERM, seconds the requests in flight may still take")

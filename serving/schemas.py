@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictStr, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, StrictStr,
+                      field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 from elmo_core.errors import InputError
@@ -26,8 +27,8 @@ class EmbedRequest(_Body):
     texts: list[StrictStr] | None = None
     # output, mix, gamma and pool are checked once, by the VectorRequest they make (``vectors``)
     output: StrictStr = Field("mixed", json_schema_extra={"enum": list(OUTPUT_NAMES)})
-    mix: list[float] | None = None  # the scalar mix's s before softmax, one per layer (default equal)
-    gamma: float = 1.0
+    mix: list[StrictFloat] | None = None  # the scalar mix's s before softmax, one per layer (default equal)
+    gamma: StrictFloat = 1.0  # numbers only: "1" and true are refused, as every field's wrong type is
     pool: StrictStr = Field("none", json_schema_extra={"enum": ["none", *POOLS]})
     encoding: Encoding = "float"  # base64: each embedding's little-endian float32 bytes
     normalize: StrictBool = False  # each vector (per token, or pooled) scaled to unit L2 norm
@@ -61,7 +62,7 @@ class OpenAIEmbeddingRequest(_Body):
     input: StrictStr | list[StrictStr]
     model: str | None = None
     encoding_format: Encoding = "float"
-    dimensions: int | None = None
+    dimensions: StrictInt | None = None
     user: str | None = None
     normalize: StrictBool = True  # unit-length vectors, as OpenAI's are (false: the raw mean)
     truncate: StrictBool | None = None  # as EmbedRequest's

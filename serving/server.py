@@ -9,11 +9,17 @@ a small part of a request, ``bench/bench_serve.py``): uvicorn's h11 protocol lea
 connection that stays silent or sends half its headers or body, so deadlines for both (a 408, or a
 close where nothing was sent: ``elmo_connections_cut_total{phase}``), a cap on open connections
 (closed as accepted: ``elmo_connections_refused_total``), bounded keep-alive, an answer for a client
-that half-closes after its request.
+that half-closes after its request (each whole request it sent, pipelined ones too). An answer a
+client does not read is cut after ``send_timeout_s`` without progress (phase ``send``), so neither
+its connection nor its buffered bytes are held for ever. An answer given before the request's body
+has all arrived (413, 503) is followed by a lingering close: our side shut, the rest of the body
+read and dropped (``LINGER_BYTES`` at most, within the body deadline), so a client that reads its
+answer only once it has sent its body gets it instead of a reset.
 """
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import logging
 import socket
@@ -26,6 +32,8 @@ import orjson
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from elmo_core.errors import InputError
+
 from .app import create_app
 from .limits import AccessOptions, ConnectionLimits, check_address
 from .metrics import ServeMetrics
@@ -33,6 +41,7 @@ from .middleware import CUT_STATUS, exposure_warning
 from .service import ServingState
 
 log = logging.getLogger("elmo.serving")
+LINGER_BYTES = 64 << 20  # the most of a refused request's body read and dropped before the close
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -41,7 +50,15 @@ def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as e:  # socket.gaierror too: a host name that does not resolve
+        sock.close()
+        taken = e.errno == errno.EADDRINUSE
+        hint = ("another process listens there: give another --port, or --port 0 for any free one" if taken else
+                "not an address of this machine: give one of its own, 127.0.0.1 (this machine only) or 0.0.0.0 (every "
+                "interface)")
+        raise InputError(f"cannot listen on --host {host} --port {port}: {e.strerror or e}; {hint}") from None
     sock.set_inheritable(True)
     return sock
 
@@ -70,9 +87,13 @@ class GuardedH11Protocol(H11Protocol):
         self.limits, self.cap, self.metrics = limits, cap, metrics
         self._timer: asyncio.TimerHandle | None = None
         self._phase, self._half_closed = "headers", False
+        self._send_check: asyncio.TimerHandle | None = None
+        self._taken = (0, 0.0)  # answer bytes the kernel has taken, and since when no more
+        self._dropped = 0  # bytes read and dropped after a lingering close
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.transport = _LingeringTransport(transport, self)  # what the cycles write to and close
         if len(self.connections) > self.cap:
             self.metrics.connections_refused.inc()
             transport.abort()  # frees the descriptor now; connection_lost follows
@@ -82,6 +103,9 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timer()
+        if self._send_check is not None:
+            self._send_check.cancel()
+            self._send_check = None
         super().connection_lost(exc)
         self.metrics.open_connections.set(len(self.connections))
 
@@ -89,11 +113,13 @@ class GuardedH11Protocol(H11Protocol):
         """The client's end of a whole request: it half-closed (and waits) or went away. A ``100
         Continue`` (HTTP/1.1 clients accept it before any answer) tells them apart: a closed socket
         answers it with a reset, which ``_check_peer`` turns into a disconnect (its work dropped)."""
+        if self.transport.lingering:
+            return None  # the refused body's end: the transport closes
         self._half_closed = True
         cycle = self.cycle
         if cycle is None or cycle.response_complete or cycle.more_body:
             return None  # nothing whole to answer: the transport closes
-        if not cycle.response_started:
+        if not cycle.response_started and self.conn.their_http_version != b"1.0":  # no 1xx to HTTP/1.0
             self.transport.write(self.conn.send(h11.InformationalResponse(status_code=100, headers=[],
                                                                             reason=b"Continue")))
         self.loop.call_later(0.02, self._check_peer, 0.02)
@@ -120,8 +146,24 @@ class GuardedH11Protocol(H11Protocol):
             self._stop_timer()
             self._phase = "app"
 
+    def data_received(self, data: bytes) -> None:
+        if not self.transport.lingering:
+            super().data_received(data)
+            return
+        self._dropped += len(data)  # the rest of a refused request's body
+        if self._dropped > LINGER_BYTES:
+            self.transport.abort()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._watch_send()
+
     def on_response_complete(self) -> None:
-        if self._half_closed:
+        self._watch_send()
+        if self.transport.lingering:  # the refused body is being read away; then the close
+            self.server_state.total_requests += 1
+            return
+        if self._half_closed and not self.conn.trailing_data[0]:  # nothing more asked: all answered
             self.server_state.total_requests += 1
             self.transport.close()
             return
@@ -140,6 +182,33 @@ class GuardedH11Protocol(H11Protocol):
         self._phase = phase
         self._timer = self.loop.call_later(seconds, self._expired)
 
+    def _watch_send(self) -> None:
+        """While answer bytes wait in the transport: checked every fraction of ``send_timeout_s``;
+        none taken by the client for that long cuts the connection."""
+        if self._send_check is None and self.transport.get_write_buffer_size():
+            self._taken = (self.transport.taken(), self.loop.time())
+            self._send_check = self.loop.call_later(min(1.0, self.limits.send_timeout_s / 4), self._check_send)
+
+    def _check_send(self) -> None:
+        self._send_check = None
+        if not self.transport.get_write_buffer_size():
+            return
+        taken, now = self.transport.taken(), self.loop.time()
+        if taken > self._taken[0]:
+            self._taken = (taken, now)
+        elif now - self._taken[1] >= self.limits.send_timeout_s:
+            self.metrics.connections_cut.labels("send").inc()
+            if self.cycle is not None and not self.cycle.response_complete:
+                self.cycle.disconnected = True
+                self.cycle.message_event.set()
+            self.transport.abort()  # a close would wait for the bytes to go
+            return
+        self._send_check = self.loop.call_later(min(1.0, self.limits.send_timeout_s / 4), self._check_send)
+
+    def linger(self) -> None:
+        """After a lingering close: the rest of the body has the body deadline to arrive."""
+        self._wait("linger", self.limits.body_timeout_s)
+
     def _stop_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
@@ -147,6 +216,9 @@ class GuardedH11Protocol(H11Protocol):
 
     def _expired(self) -> None:
         self._timer = None
+        if self._phase == "linger":
+            self.transport.abort()
+            return
         if self.transport.is_closing():
             return
         if self._phase == "body":
@@ -174,7 +246,45 @@ class GuardedH11Protocol(H11Protocol):
         if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True
             cycle.message_event.set()
-        self.transport.close()
+        self.transport.close(linger=False)
+        self._watch_send()
+
+
+class _LingeringTransport:
+    """A connection's transport as uvicorn sees it, whose ``close`` lingers while the client is
+    still sending the body of the request just answered (a 413 or 503 given before it was read): our
+    side is shut after the answer (``write_eof``) and the protocol reads the rest and drops it
+    (``GuardedH11Protocol.data_received``) until the client's end, ``LINGER_BYTES`` or the body
+    deadline. Closing at once would make the kernel answer the unread bytes with a reset, which
+    often reaches the client before it reads its answer."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: GuardedH11Protocol) -> None:
+        self._transport, self._protocol, self.lingering = transport, protocol, False
+        self.written = 0
+
+    def write(self, data: bytes) -> None:
+        self.written += len(data)
+        self._transport.write(data)
+
+    def taken(self) -> int:
+        """The bytes written that the kernel has taken from the transport's buffer."""
+        return self.written - self._transport.get_write_buffer_size()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        return self.lingering or self._transport.is_closing()
+
+    def close(self, linger: bool = True) -> None:
+        sending = self._protocol.conn.their_state is h11.SEND_BODY
+        if not (linger and sending and not self.is_closing() and self._transport.can_write_eof()):
+            self._transport.close()
+            return
+        self.lingering = True
+        self._transport.write_eof()  # after the answer's bytes
+        self._transport.resume_reading()
+        self._protocol.linger()
 
 
 class _Server(uvicorn.Server):
@@ -210,9 +320,9 @@ def run_server(state: ServingState, host: str = "127.0.0.1", port: int = 0, quie
     """Serve until SIGTERM / SIGINT. ``announce`` gets ``listening on URL`` once the model is ready
     (default: printed on stdout)."""
     configure_logging(quiet)
-    if warning := exposure_warning(host, access):
-        log.warning(warning)
     server, sock, address = make_server(state, host, port, quiet, connections, access)
+    if warning := exposure_warning(host, access):  # once it listens there
+        log.warning(warning)
     say = announce or (lambda line: print(line, flush=True))
     state.on_ready = lambda: say(f"listening on {address}")
     try:

@@ -18,6 +18,7 @@ from storage.atomic import write_json_atomic
 from elmo_core.host_to_device import to_device
 from elmo_core.kinds import Precision
 from formats import save_model
+from inference.registry import check_device
 from runtime import deterministic_algorithms, flushing_denormals, use_threads
 
 from .checkpoint import Checkpointer, load_optimizer, optimizer_tensors
@@ -381,5 +382,6 @@ def train(opts: TrainOptions, resume: bool = False, log: Callable[[str], None] =
           started: float | None = None) -> dict:
     """Train (or resume) a run; returns the summary also written to RUN_DIR/summary.json.
     ``started``: the ``time.perf_counter()`` that --max-minutes counts from (default: now)."""
+    check_device(opts.device)  # a GPU this process cannot reach: named before anything is read or written
     with flushing_denormals():  # saturated gates' denormals slow CPU kernels ~10x (runtime.settings)
         return Trainer(opts, log, started).run(resume)

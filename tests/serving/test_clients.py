@@ -194,6 +194,11 @@ RAW_ERRORS = [  # (body bytes, status, words the message must hold)
     (b'{"texts": ["a"], "mix": [1e39, 0, 0]}', 422, "mix[0]"),
     (b'{"texts": ["a"], "output": "layer:1", "gamma": 5}', 422, "gamma only applies to the mix (output mixed)"),
     (b'{"texts": ["a"], "truncate": "yes"}', 422, "truncate"),
+    (b'{"texts": ["a"], "gamma": "1"}', 422, "gamma"),  # numbers as numbers: no string or bool taken for one
+    (b'{"texts": ["a"], "gamma": true}', 422, "gamma"),
+    (b'{"texts": ["a"], "mix": ["1", "2", "3"]}', 422, "mix"),
+    (b'{"texts": ["a"], "mix": [true, false, 1]}', 422, "mix"),
+    ('{"texts": ["a"], "output": "layer:\u0661"}'.encode(), 422, "output"),  # an Arabic-Indic 1: not a layer
 ]
 
 
@@ -223,6 +228,8 @@ def test_openai_inputs_the_sdk_refuses_are_422s(server: ServerProcess):
         with pytest.raises(openai.UnprocessableEntityError) as error:
             client.embeddings.create(input=bad, model="elmo")
         assert words in str(error.value), error.value
+    answer = httpx.post(f"{server.url}/v1/embeddings", json={"input": "a", "dimensions": "16"}, headers=AUTH, timeout=30)
+    assert answer.status_code == 422 and "dimensions" in answer.json()["error"]["message"], answer.text
 
 
 def _health(url: str) -> int | None:
