@@ -74,15 +74,10 @@ def ort_run(path: Path, spec: ExportSpec, threads: int | None = None, providers:
 
 
 def check_export_dir(out_dir: Path) -> None:
-    """An export's ``--out``: absent, empty or an earlier export (its model.onnx or manifest.json
-    there), which is replaced; InputError for a file or a folder of anything else."""
+    """An export's ``--out`` is a folder (made where absent); InputError for a file."""
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out {out_dir}: is a file; an export writes a folder (model.onnx, manifest.json): "
                          f"give a folder's path")
-    earlier = any((out_dir / name).exists() for name in (ONNX_NAME, MANIFEST_NAME))
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not earlier:
-        raise InputError(f"--out {out_dir}: a folder that is not empty and holds no export; an export writes its "
-                         f"files there and replaces an earlier export only: give a new or empty folder")
 
 
 def export_onnx(model: str | Path, out_dir: str | Path, vectors: VectorRequest = VectorRequest("all"), precision: str = "fp32", opset: int = DEFAULT_OPSET, validate: bool = True,

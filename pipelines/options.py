@@ -112,7 +112,6 @@ class EmbedOptions:
             check_count(name, getattr(self, name), optional="the run's")
         check_count("writer_threads", self.writer_threads, high=MAX_THREADS, optional="the run's")  # each a thread
         _check_columns(self)
-        _check_engine_flags(self)
         self.policy()  # validates the batching options
         check_gpus("num_gpus_per_worker", self.num_gpus_per_worker)
         if self.spark_master is not None and not re.fullmatch(SPARK_MASTER, self.spark_master):
@@ -127,6 +126,7 @@ class EmbedOptions:
                                                               and 0 < int(value) <= MAX_COUNT):
                 raise InputError(f"--spark-conf {kv}: the attempts a task gets before the job fails, a whole number "
                                  f"from 1 to {MAX_COUNT} (e.g. spark.task.maxFailures=4)")
+        _check_engine_flags(self)  # values first: a bad one is named as such whatever the engine
 
     def sized_for(self, run: ModelRun, rows_per_shard: tuple[int, str] | None = None) -> "EmbedOptions":
         """These options with what was left to the run settled: the batch budget and sort windows

@@ -123,8 +123,10 @@ def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in errors[:5]:
         if err.get("type") == "json_invalid":
-            parts.append(f"body: not valid JSON at character {err['loc'][-1]} ({err.get('ctx', {}).get('error')}): "
-                         f"send UTF-8 JSON")
+            why = str(err.get("ctx", {}).get("error"))
+            what = "not UTF-8 text (bytes of another encoding, or a lone surrogate)" if "UTF-8" in why else \
+                f"not valid JSON at character {err['loc'][-1]} ({why})"
+            parts.append(f"body: {what}: send UTF-8 JSON")
             continue
         loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.get("loc", ())).lstrip(".")
         parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")

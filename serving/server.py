@@ -154,6 +154,15 @@ class GuardedH11Protocol(H11Protocol):
         if self._dropped > LINGER_BYTES:
             self.transport.abort()
 
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes h11 cannot parse as a request, in the API's JSON error shape."""
+        body = orjson.dumps({"error": {"type": "invalid_request", "message": f"{msg}: send a valid HTTP/1.1 request"}})
+        self.transport.write(self.conn.send(h11.Response(status_code=400, reason=b"Bad Request", headers=[
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close")])))
+        self.transport.write(self.conn.send(h11.Data(data=body)) + self.conn.send(h11.EndOfMessage()))
+        self.transport.close(linger=False)
+
     def pause_writing(self) -> None:
         super().pause_writing()
         self._watch_send()

@@ -96,7 +96,9 @@ def test_parquet_input_and_sentence_keys(tiny_dir, tmp_path):
 
 def test_bad_input_is_named_and_leaves_no_file(tiny_dir, tmp_path, capsys):
     out = tmp_path / "out.hdf5"
-    out.write_bytes(b"an earlier result")
+    with h5py.File(out, "w") as f:  # an earlier result
+        f["0"] = np.zeros((1, 4), np.float32)
+    earlier = out.read_bytes()
     cases = [
         ("a b\n\nc d\n", [], "line 2 is empty"),
         ("a b\nc d\na b\n", ["--use-sentence-keys"], "line 3 repeats"),
@@ -108,7 +110,7 @@ def test_bad_input_is_named_and_leaves_no_file(tiny_dir, tmp_path, capsys):
         assert main(["embed", "--text", str(tmp_path / "in.txt"), "--out", str(out), "--format", "hdf5", "--model", str(tiny_dir),
                      "--quiet", *extra]) == 2
         assert message in capsys.readouterr().err
-        assert out.read_bytes() == b"an earlier result"  # untouched: written only as a whole
+        assert out.read_bytes() == earlier  # untouched: written only as a whole
         assert not list(tmp_path.glob(".*.tmp"))
     assert main(["embed", "--text", str(tmp_path / "in.txt"), "--out", str(out), "--model", str(tiny_dir)]) == 2
     assert "add --format hdf5" in capsys.readouterr().err

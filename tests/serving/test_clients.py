@@ -117,8 +117,9 @@ def test_a_client_that_half_closes_after_its_request_gets_its_answer(server: Ser
                   b"Content-Length: %d\r\n\r\n%s" % (KEY.encode(), len(body), body))
         s.shutdown(socket.SHUT_WR)
         reply = _read_all(s)
-    interim = b"HTTP/1.1 100 Continue\r\n\r\n"  # the server's probe of a half-closed client (see serving/server.py)
-    assert reply.startswith(interim), reply[:200]
+    # the server's probe of a half-closed client (serving/server.py), sent where the answer had not begun when
+    # the client's end arrived: under load the answer can be whole first, and then it comes alone
+    interim = b"HTTP/1.1 100 Continue\r\n\r\n"
     reply = reply.removeprefix(interim)
     assert reply.startswith(b"HTTP/1.1 200 "), reply[:200]
     got = np.asarray(httpx.Response(200, content=reply.split(b"\r\n\r\n", 1)[1]).json()["embeddings"][0], np.float32)

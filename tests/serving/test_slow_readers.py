@@ -1,8 +1,8 @@
 """Clients that do not read, or read late, against a real ``elmo serve`` over real sockets: an
 answer nobody takes is cut after ``--send-timeout-s`` (its connection and its bytes freed), a
 refusal given before the body was read (413) reaches a client that reads only once it has sent
-its body (``http.client``), pipelined requests of a half-closed connection are each answered, and an
-HTTP/1.0 client is sent no ``100 Continue``."""
+its body (``http.client``), pipelined requests of a half-closed connection are each answered, an
+HTTP/1.0 client is sent no ``100 Continue``, and bytes that are not HTTP get the API's JSON 400."""
 from __future__ import annotations
 
 import http.client
@@ -113,3 +113,15 @@ def test_an_http_1_0_client_that_half_closes_gets_no_100_continue(server: Server
         got = _read_all(s)
     assert got.startswith(b"HTTP/1.1 200 "), got[:200]
     assert b" 100 " not in got.split(b"\r\n", 1)[0]
+
+
+@pytest.mark.parametrize("raw", [b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+                                 b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n",
+                                 b"GET /health HTTP/1.1\r\n\r\n"])  # no Host
+def test_bytes_that_are_not_http_get_a_json_400(server: ServerProcess, raw: bytes):
+    with socket.create_connection(_address(server.url), timeout=WAIT_S) as s:
+        s.sendall(raw)
+        got = _read_all(s)
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"application/json" in head, got[:300]
+    assert json.loads(body)["error"]["type"] == "invalid_request"
