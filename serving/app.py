@@ -19,6 +19,7 @@ import asyncio
 import base64
 import importlib.util
 import logging
+import math
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
@@ -34,6 +35,7 @@ from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from elmo_core import ElmoConfig
 from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens, token_spans
 from elmo_core.vectors import VectorRequest
@@ -91,6 +93,18 @@ def fit(sentences: Sequence[Sequence[str]], limits: ServeLimits, field: str,
             raise LimitExceeded(f"'{field}[{i}]' has {len(s)} tokens, over "
                                 f"max_sentence_tokens ({cap}): split the sentence, or send \"truncate\": true")
     return [s[:cap] for s in sentences], sum(len(s) > cap for s in sentences)
+
+
+def check_answer_size(sentences: Sequence[Sequence[str]], vectors: VectorRequest, config: ElmoConfig,
+                      limits: ServeLimits) -> None:
+    """The answer's numbers within ``max_answer_values`` (LimitExceeded otherwise), counted before
+    any is computed: a token's vectors each (a sentence's, pooled), each [L+1 x] D wide."""
+    width = math.prod(vectors.mode.shape(config.n_output_layers, config.output_dim))
+    count = (len(sentences) if vectors.pool else sum(map(len, sentences))) * width
+    if count > limits.max_answer_values:
+        raise LimitExceeded(f"the answer would hold {count:,} numbers, over max_answer_values "
+                            f"({limits.max_answer_values:,}): send fewer sentences, or ask one vector per sentence "
+                            f"(\"pool\") or one layer (\"output\")")
 
 
 def check_finite(results: Sequence[np.ndarray | None]) -> None:
@@ -216,6 +230,7 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
         field = "sentences" if body.sentences is not None else "texts"
         sentences, cut = fit(body.token_lists(), limits, field, body.truncate)
         predictor.check(body.vectors)
+        check_answer_size(sentences, body.vectors, predictor.config, limits)
         results = await unless_disconnected(request, batcher.submit(body.vectors, sentences))
         if results is None:
             return Response(status_code=CLIENT_CLOSED)

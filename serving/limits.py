@@ -35,13 +35,16 @@ class ServeLimits:
     max_sentence_tokens: int = setting(256, "tokens one sentence may hold (else 413, or cut with --auto-truncate)",
                                        meaning="max_sentence_tokens")
     max_body_bytes: int = setting(4 * 1024 * 1024, "bytes of one request body (else 413)")
+    max_answer_values: int = setting(1 << 24, "numbers one answer may hold, vectors x their width (else 413): "
+                                              "64 MiB in float32, ~200 MB as JSON; bounds what one request costs "
+                                              "the server's memory")
     auto_truncate: bool = setting(False, "cut a sentence over --max-sentence-tokens to that length instead of a 413 "
                                          "(a request's \"truncate\" overrides it)")
 
     def __post_init__(self) -> None:
         check_count("max_batch_tokens", self.max_batch_tokens, optional=DEFAULT_BATCH)
         check_number("max_wait_ms", self.max_wait_ms, 0, 60_000, unit=" ms")
-        for name in ("max_queue", "max_request_sentences", "max_sentence_tokens", "max_body_bytes"):
+        for name in ("max_queue", "max_request_sentences", "max_sentence_tokens", "max_body_bytes", "max_answer_values"):
             check_count(name, getattr(self, name))
         if not isinstance(self.auto_truncate, bool):
             raise SettingError(f"`auto_truncate` must be true or false, got {self.auto_truncate!r}")

@@ -2,7 +2,8 @@
 answer nobody takes is cut after ``--send-timeout-s`` (its connection and its bytes freed), a
 refusal given before the body was read (413) reaches a client that reads only once it has sent
 its body (``http.client``), pipelined requests of a half-closed connection are each answered, an
-HTTP/1.0 client is sent no ``100 Continue``, and bytes that are not HTTP get the API's JSON 400."""
+HTTP/1.0 client is sent no ``100 Continue``, bytes that are not HTTP get the API's JSON 400, and an
+answer over ``--max-answer-values`` is refused before the model runs."""
 from __future__ import annotations
 
 import http.client
@@ -20,12 +21,14 @@ from tests.processes import WAIT_S, wait_until
 from .server_utils import ServerProcess
 
 SEND_TIMEOUT_S = 1.0
+MAX_ANSWER = 1_000_000  # numbers: the tiny model's 64 x 256 tokens x 3 layers x 16 (786,432) fit
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
     model = make_model_dir(tmp_path_factory.mktemp("slow_readers") / "tiny", TINY_OPTIONS)
-    srv = ServerProcess(model, "--send-timeout-s", str(SEND_TIMEOUT_S), "--keep-alive-s", "1")
+    srv = ServerProcess(model, "--send-timeout-s", str(SEND_TIMEOUT_S), "--keep-alive-s", "1",
+                        "--max-answer-values", str(MAX_ANSWER))
     yield srv
     srv.stop()
 
@@ -125,3 +128,14 @@ def test_bytes_that_are_not_http_get_a_json_400(server: ServerProcess, raw: byte
     head, _, body = got.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400 ") and b"application/json" in head, got[:300]
     assert json.loads(body)["error"]["type"] == "invalid_request"
+
+
+def test_an_answer_over_max_answer_values_is_refused_before_it_is_computed(server: ServerProcess):
+    sentences = [[f"w{j}" for j in range(256)]] * 100  # 25,600 tokens x 3 layers x 16 = 1,228,800 numbers
+    answer = httpx.post(f"{server.url}/embed", json={"sentences": sentences, "output": "all"}, timeout=30)
+    assert answer.status_code == 413, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "limit_exceeded" and "1,228,800 numbers" in error["message"]
+    assert "max_answer_values (1,000,000)" in error["message"]
+    for fits in ({"output": "mixed"}, {"output": "all", "pool": "mean"}):  # 409,600 and 4,800 numbers
+        assert httpx.post(f"{server.url}/embed", json={"sentences": sentences, **fits}, timeout=30).status_code == 200
