@@ -26,6 +26,12 @@ from .registry import BACKEND_NAMES
 DEVICE_PATTERN = r"cpu|cuda(:\d+)?"
 
 
+def check_device_name(device: object) -> None:
+    """``--device``'s form (cpu, cuda or cuda:N; whether this machine has it: ``registry.check_device``)."""
+    if not isinstance(device, str) or not re.fullmatch(DEVICE_PATTERN, device):
+        raise InputError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """How the model is asked to run; None: the run decides (``ModelRun``'s reasons say how)."""
@@ -47,8 +53,7 @@ class RunSettings:
     def __post_init__(self) -> None:
         if self.backend is not None and self.backend not in BACKEND_NAMES:
             raise SettingError(f"`backend` must be one of {list(BACKEND_NAMES)}, got {self.backend!r}")
-        if not isinstance(self.device, str) or not re.fullmatch(DEVICE_PATTERN, self.device):
-            raise InputError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+        check_device_name(self.device)
         check_threads(self.threads)
         if self.precision is not None and self.precision not in (*Precision.ALL, "auto"):
             raise SettingError(f"`precision` must be one of {[*Precision.ALL, 'auto']}, got {self.precision!r}")

@@ -6,14 +6,13 @@ A run saves its options in RUN_DIR/run.json and in every checkpoint.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from elmo_core.bounds import MAX_SEED, check_count, check_number, setting
 from elmo_core.errors import InputError
 from elmo_core.names import TRAIN_PRECISIONS
 from elmo_core.mix_settings import FLOAT32_MAX
-from inference.run_settings import DEVICE_PATTERN
+from inference.run_settings import check_device_name
 from runtime import check_threads
 
 from .optim import BATCHINGS, LR_DECAYS, OPTIMIZERS, RECIPES
@@ -101,8 +100,7 @@ class TrainOptions:
     def __post_init__(self) -> None:
         if self.train is None or self.out is None:
             raise TypeError("TrainOptions needs train and out")
-        if not isinstance(self.device, str) or not re.fullmatch(DEVICE_PATTERN, self.device):
-            raise InputError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
+        check_device_name(self.device)
         if self.precision is None:
             self.precision = default_precision(self.device)
         if self.precision not in TRAIN_PRECISIONS:
