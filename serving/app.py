@@ -49,6 +49,9 @@ from .service import ServingState
 
 log = logging.getLogger("elmo.serving")
 MODEL_ROUTES = frozenset({"/embed", "/v1/embeddings"})
+# GET routes answer HEAD too (RFC 9110 9.3.2: the same status and headers, no body), as load balancers
+# and probes ask
+PROBE_METHODS = ["GET", "HEAD"]
 ROUTES = MODEL_ROUTES | {"/tokenize", "/health", "/ready", "/info", "/metrics", "/docs", "/openapi.json"}
 DOCS_STATIC = "/docs-static"
 
@@ -264,11 +267,11 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
         return json_response({"tokens": tokens, "offsets": [s[:len(t)] for s, t in zip(spans, tokens)],
                               "usage": {"texts": len(tokens), "tokens": sum(map(len, tokens)), "truncated": cut}})
 
-    @app.get("/health", summary="alive")
+    @app.api_route("/health", methods=PROBE_METHODS, summary="alive")
     async def health() -> Response:
         return json_response({"status": "alive"})
 
-    @app.get("/ready", summary="200 once the model is loaded and warmed up, else 503")
+    @app.api_route("/ready", methods=PROBE_METHODS, summary="200 once the model is loaded and warmed up, else 503")
     async def ready() -> Response:
         if state.ready:
             return json_response({"status": "ready"})
@@ -276,10 +279,10 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
             return error_response(503, "not_ready", f"the model failed to load: {state.error}")
         return error_response(503, "not_ready", "the model is loading", retry_after=1)
 
-    @app.get("/info", summary="model, dimensions, layers, backend, device, limits")
+    @app.api_route("/info", methods=PROBE_METHODS, summary="model, dimensions, layers, backend, device, limits")
     async def info() -> Response:
         return json_response(state.info())
 
-    @app.get("/metrics", summary="Prometheus metrics")
+    @app.api_route("/metrics", methods=PROBE_METHODS, summary="Prometheus metrics")
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)

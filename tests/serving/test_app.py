@@ -169,6 +169,25 @@ def test_health_ready_info_and_metrics(server: ServerProcess):
     assert httpx.get(f"{server.url}/openapi.json").json()["paths"].keys() >= {"/embed", "/v1/embeddings"}
 
 
+def test_head_answers_as_get_without_a_body(server: ServerProcess):
+    """HEAD on a GET route (a load balancer's probe): GET's status and headers, no body; the
+    connection then serves the next request (a body sent after a HEAD's answer would be read as it)."""
+    host, port = server.url.removeprefix("http://").split(":")
+    for route in ("/health", "/ready", "/info", "/metrics"):
+        got = httpx.get(f"{server.url}{route}")
+        with socket.create_connection((host, int(port)), timeout=WAIT_S) as s:
+            s.sendall(f"HEAD {route} HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n"
+                      f"Connection: close\r\n\r\n".encode())
+            raw = b""
+            while chunk := s.recv(65536):
+                raw += chunk
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), (route, head)
+        length = len(got.content) if route != "/metrics" else ""  # the metrics move between two requests
+        assert f"content-length: {length}".encode() in head.lower(), (route, head)
+        assert rest.startswith(b"HTTP/1.1 200") and rest.endswith(b'{"status":"alive"}'), (route, rest[:200])
+
+
 def test_openai_route_with_the_openai_client(server: ServerProcess, embedder: Embedder):
     openai = pytest.importorskip("openai", reason="the openai client (dev extra) is not installed")
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
