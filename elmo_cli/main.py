@@ -107,6 +107,16 @@ def _named_command(argv: list[str]) -> str | None:
     return next((word for word in argv if not word.startswith("-")), None) if argv else None
 
 
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the innermost command ``args`` ran (``elmo export onnx``'s, not ``elmo``'s)."""
+    while sub := next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None):
+        chosen = getattr(args, sub.dest, None)
+        if chosen not in sub.choices:
+            break
+        parser = sub.choices[chosen]
+    return parser
+
+
 def _message(error: Exception, args: argparse.Namespace) -> str:
     """An error's message; a setting it names is named by the command's flag (``--max-batch-tokens``)."""
     from elmo_cli.vocabulary import flag_spelling
@@ -123,7 +133,9 @@ def _run(argv: list[str] | None) -> int:
         argv = sys.argv[1:] if argv is None else argv
         named = _named_command(argv)
         parser = build_parser([named] if named in COMMANDS else [])
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # refused with the command's own usage (``elmo train: error: ...``), not the top level's
+            _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
         from elmo_core.errors import ElmoError
 
         command = f"elmo {args.command}"

@@ -5,7 +5,7 @@ first where there is one). Output modes, dtypes and precisions are records that 
 """
 from __future__ import annotations
 
-from .errors import InputError
+from .errors import InputError, SettingError
 from .kinds import Dtype, OutputMode, Precision
 
 OUTPUT_MODES = tuple(OutputMode.ALL)  # what becomes of the L+1 layers (inference.outputs); also layer:N
@@ -44,3 +44,17 @@ def resolve_output(output: str, pool: str | None) -> tuple[str, str | None]:
     except InputError:
         raise InputError(f"output must be one of {OUTPUT_NAMES}, got {output!r}") from None
     return output, pool
+
+
+def comma_separated(text: str, setting: str) -> list[str]:
+    """The items of a comma-separated list a user wrote (``--mix 1,2,3``, ``--keep-columns a,b``),
+    each stripped; none for a blank text. An empty item (``1,,2``, ``a,b,``) is a SettingError naming
+    the ``setting`` (its field name) and the item's place: a value left out, which dropping it would
+    hide."""
+    if not text.strip():
+        return []
+    items = [item.strip() for item in text.split(",")]
+    if "" in items:
+        raise SettingError(f"`{setting}`: item {items.index('') + 1} of {text!r} is empty; give the items "
+                           f"separated by single commas")
+    return items

@@ -16,7 +16,7 @@ from .bounds import setting
 from .errors import InputError, SettingError
 from .kinds import Dtype, OutputMode
 from .mix_settings import check_mix_settings
-from .names import DTYPES, OUTPUT_NAMES, POOLS, resolve_output
+from .names import DTYPES, HUB_OUTPUTS, OUTPUT_NAMES, POOLS, comma_separated, resolve_output
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,7 @@ class VectorRequest:
     def __post_init__(self) -> None:
         if self.pool is not None and self.pool not in POOLS:
             raise SettingError(f"`pool` must be None or one of {POOLS}, got {self.pool!r}")
+        asked = self.output if self.output in HUB_OUTPUTS else None  # named as given in errors (``word_emb``)
         output, pool = resolve_output(self.output, self.pool)  # TF-Hub's names: ours
         object.__setattr__(self, "output", output)
         object.__setattr__(self, "pool", pool)  # one of POOLS: the one asked for, or the one implied
@@ -47,7 +48,8 @@ class VectorRequest:
         object.__setattr__(self, "_dtype", Dtype.of(self.dtype))
         if self.mix is not None:
             object.__setattr__(self, "mix", _mix(self.mix))
-        check_mix_settings(self.mix, self.gamma, self.output, self.mode.mixes, self.vector_dtype.max, self.dtype)
+        check_mix_settings(self.mix, self.gamma, f"{asked} ({output})" if asked else output, self.mode.mixes,
+                           self.vector_dtype.max, self.dtype)
 
     @property
     def mode(self) -> OutputMode:
@@ -74,7 +76,7 @@ class VectorRequest:
 
 def _mix(given: Sequence[float] | str) -> tuple[float, ...]:
     """The mix's weights s as floats, from numbers or a flag's text (``s0,s1,...``)."""
-    values = [v for v in given.split(",") if v.strip()] if isinstance(given, str) else given
+    values = comma_separated(given, "mix") if isinstance(given, str) else given
     try:
         return tuple(float(m) for m in values)
     except (TypeError, ValueError):

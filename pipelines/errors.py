@@ -2,11 +2,16 @@
 shard published by another writer, vectors that are not finite, a worker lost."""
 from __future__ import annotations
 
-from elmo_core.errors import ElmoError
+from elmo_core.errors import ElmoError, SettingError
 
 
 class OutputDirError(ElmoError):
     """OUTPUT_DIR is not empty, holds another job's output, or holds files this job did not write."""
+
+
+class OtherJobError(OutputDirError, SettingError):
+    """OUTPUT_DIR holds the output of a job with other settings: each named by its field in
+    backquotes (`dtype`), so that a door names it as its users spell it (the CLI: ``--dtype``)."""
 
 
 class ShardPublishedError(OutputDirError):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from elmo_core.bounds import MAX_COUNT, check_count, check_gpus, setting
 from elmo_core.errors import InputError, SettingError
-from elmo_core.names import ENGINES, VECTOR_LAYOUTS
+from elmo_core.names import ENGINES, VECTOR_LAYOUTS, comma_separated
 from inference.batching import BatchPolicy
 from elmo_core.vectors import VectorRequest
 from inference.row_shape import RowShape
@@ -189,7 +189,7 @@ class EmbedOptions:
         base["vectors"] = _vectors(base, base.pop("vectors", None))
         for name in ("keep_columns", "spark_conf"):
             if base.get(name) is not None:
-                base[name] = _as_tuple(base[name], str)
+                base[name] = _as_tuple(base[name], str, name)
         return cls(**base)
 
     def to_dict(self) -> dict[str, Any]:
@@ -271,9 +271,9 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise SettingError(f"`{name}` must be one of {list(choices)}, got {value!r}")
 
 
-def _as_tuple(value: Any, kind: type) -> tuple:
+def _as_tuple(value: Any, kind: type, name: str) -> tuple:
     if isinstance(value, str):
-        value = [v for v in value.split(",") if v.strip()]
+        value = comma_separated(value, name)
     try:
         return tuple(kind(v) for v in value)
     except (TypeError, ValueError):

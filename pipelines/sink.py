@@ -42,7 +42,7 @@ from inference.batching import window_counts
 
 from .options import EmbedOptions, output_options
 
-from .errors import OutputDirError, ShardPublishedError
+from .errors import OtherJobError, OutputDirError, ShardPublishedError
 from .output_dir import LocalDir, StoreDir
 from .schema import conform
 from .shard_files import FORMATS, ShardFormat, shard_format
@@ -284,7 +284,7 @@ def check_claim(out: Output, job: dict, job_digest: str, resume: bool) -> str:
             and theirs.get("inputs") == job.get("inputs") and _output_options(theirs) == _output_options(job):
         advice = (f"the files of the model {ours.get('path')} changed since the job started: restore them and rerun "
                   f"with --resume, or {advice}")
-    raise OutputDirError(f"{out} holds another job's output ({_difference(theirs, job, found)}); {advice}")
+    raise OtherJobError(f"{out} holds another job's output ({_difference(theirs, job, found)}); {advice}")
 
 
 def claim_output_dir(out: Output, job: dict, job_digest: str, resume: bool, fmt: ShardFormat,
@@ -347,9 +347,18 @@ def _difference(theirs: dict, ours: dict, where: str) -> str:
         diffs[diffs.index("model")] = f"model: {'; '.join(changed)}"
     if "options" in diffs:
         a, b = _output_options(theirs) or {}, _output_options(ours) or {}
-        changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-        diffs[diffs.index("options")] = f"options {changed}"
+        changed = [f"`{k}` {_shown(b.get(k))} here, {_shown(a.get(k))} in {where}"
+                   for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        diffs[diffs.index("options")] = f"options: {'; '.join(changed)}"
     return "different " + ", ".join(diffs or ["job"])
+
+
+def _shown(value: object) -> str:
+    """A setting's value as a message shows it: None (left to the run) as "not given", a list joined
+    ("none" if empty), at most 40 characters."""
+    text = "not given" if value is None else "none" if value == [] else \
+        ",".join(map(str, value)) if isinstance(value, list) else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def remove_temporaries(out: Output) -> list[str]:

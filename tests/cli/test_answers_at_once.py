@@ -81,7 +81,7 @@ def test_an_existing_output_is_refused_before_the_model_loads(tmp_path):
     argv = ["embed", "--text", str(corpus), "--out", str(out), "--model", str(model), "--quiet"]
     assert run_cli(*argv).returncode == 0 and (out / "_SUCCESS").exists()
     cases = {"already holds this job's output; pass --resume": argv,
-             "holds another job's output (different options ['dtype'])": [*argv, "--dtype", "float16"]}
+             "holds another job's output (different options: --dtype float16 here, float32 in _job.parquet)": [*argv, "--dtype", "float16"]}
     for says, args in cases.items():
         code, torch_loaded, err = _modules_after(args)
         assert (code, torch_loaded, says in err) == (2, False, True), err

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from elmo_cli.main import main
 from tests.processes import WAIT_S, wait_until
 from tests.helpers import read_record
@@ -177,3 +179,17 @@ def test_embed_reads_the_backend_from_an_export_directory(tiny_dir, tmp_path, ca
     assert f"{tmp_path / 'exp'}: an onnx export, which the torch backend cannot run; add --backend onnx" in \
         capsys.readouterr().err
     assert not (tmp_path / "out2").exists()
+
+
+@pytest.mark.parametrize("argv, usage", [
+    (["train", "--text", "t.txt", "--out", "run", "--bogus-flag"], "elmo train"),
+    (["export", "onnx", "--model", "m", "--out", "e", "--bogus"], "elmo export onnx"),
+])
+def test_an_unknown_flag_is_refused_with_its_commands_usage(argv, usage, capsys):
+    """argparse refused it at the top level (``usage: elmo [-h] [--version] COMMAND``), which
+    hides the flags the command does take."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"usage: {usage} [-h]" in err, err
+    assert f"{usage}: error: unrecognized arguments: {argv[-1]}" in err, err

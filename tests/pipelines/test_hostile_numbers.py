@@ -48,6 +48,7 @@ def run(capsys, *args: object) -> tuple[int, str]:
     (["--output", "layer:1", "--gamma", "5"], "--gamma only applies to the mix (--output mixed), not to --output "
                                               "layer:1: leave it out"),
     (["--output", "all", "--mix", "0,0,0"], "--mix only applies to the mix (--output mixed)"),
+    (["--output", "word_emb", "--gamma", "2"], "not to --output word_emb (layer:0): leave it out"),  # as typed
     (["--max-batch-tokens", str(2**31)], "--max-batch-tokens must be a positive integer (at most 2147483647; left "
                                          "out: the run's), got 2147483648"),
     (["--max-batch-tokens", str(2**63)], "--max-batch-tokens must be a positive integer (at most 2147483647; "),
@@ -57,6 +58,10 @@ def run(capsys, *args: object) -> tuple[int, str]:
     (["--window-context", "200"], "--window-context (200) must be less than half of --max-sentence-tokens (256)"),
     (["--num-gpus-per-replica", "1e308"], "--num-gpus-per-replica must be a finite number in [0, 256] GPUs"),
     (["--num-gpus-per-replica", "1.5"], "--num-gpus-per-replica above 1 must be a whole number of GPUs"),
+    # a value left out of a list is named, not dropped (1,,2 was read as 1,2)
+    (["--mix", "1,,2"], "--mix: item 2 of '1,,2' is empty"),
+    (["--mix", "1,2,3,"], "--mix: item 4 of '1,2,3,' is empty"),
+    (["--keep-columns", "speech,,id"], "--keep-columns: item 2 of 'speech,,id' is empty"),
 ])
 def test_bad_numbers_and_columns_exit_2_before_anything_is_written(corpus, tiny_dir, tmp_path, capsys, flags, named):
     out = tmp_path / "out"

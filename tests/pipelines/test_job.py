@@ -239,7 +239,7 @@ def test_a_bf16_job_is_close_to_fp32_and_resumes_only_in_bf16(corpus, tiny_dir, 
     y = np.concatenate([np.asarray(v, np.float64) for v in b.column("elmo").to_pylist() if v])
     cos = (x * y).sum(1) / (np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1))
     assert cos.min() >= 0.999 and np.abs(x - y).max() > 1e-6, (cos.min(), np.abs(x - y).max())
-    with pytest.raises(OutputDirError, match=r"different options \['precision'\]"):
+    with pytest.raises(OutputDirError, match=r"different options: precision not given here, bf16 in _job.parquet\)"):
         embed_parquet(corpus, tmp_path / "bf16", tiny_dir, id_column="id", resume=True, **FAST)
 
 
@@ -248,7 +248,7 @@ def test_output_dir_of_another_job_is_refused(corpus, tiny_dir, tmp_path):
     embed_parquet(corpus, out, tiny_dir, rows_per_shard=100, **FAST)
     with pytest.raises(OutputDirError, match="already holds this job's output; pass --resume"):
         embed_parquet(corpus, out, tiny_dir, rows_per_shard=100, **FAST)
-    with pytest.raises(OutputDirError, match=r"another job's output \(different options \['dtype'\]\)"):
+    with pytest.raises(OutputDirError, match=r"another job's output \(different options: dtype float16 here, float32 in _job.parquet\)"):
         embed_parquet(corpus, out, tiny_dir, rows_per_shard=100, dtype="float16", resume=True, **FAST)
     m = embed_parquet(corpus, out, tiny_dir, rows_per_shard=100, resume=True, max_tokens_per_batch=999, quiet=True)
     assert m["this_run"]["shards"] == 0 and m["this_run"]["shards_kept"] == 2
