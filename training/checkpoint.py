@@ -133,7 +133,13 @@ class Checkpointer:
         return step, tensors, meta, local, local_meta
 
 
+REQUIRED = ("step", "tokens", "elapsed", "world", "config", "optimizer")  # what every checkpoint's metadata holds
+
+
 def _check_compatible(meta: dict, expect: dict) -> None:
+    if missing := [k for k in REQUIRED if k not in meta]:
+        raise CheckpointError(f"the checkpoint's metadata lacks {missing}: not written by elmo train, or damaged; "
+                              f"start a new run")
     if meta["world"] != expect["world"]:
         raise CheckpointError(f"the checkpoint was written by {meta['world']} processes, this run has "
                               f"{expect['world']}; resume with the same number of processes")
@@ -143,6 +149,13 @@ def _check_compatible(meta: dict, expect: dict) -> None:
     if meta["config"] != expect["config"]:
         raise CheckpointError("the checkpoint's architecture or training options differ from this run's "
                               "(--options, --batch-size, --unroll, vocabulary); resume with the same ones")
+    if meta.get("optimizer_name", expect["optimizer_name"]) != expect["optimizer_name"]:  # absent: an older checkpoint
+        raise CheckpointError(f"the checkpoint was trained with --optimizer {meta['optimizer_name']}, this run has "
+                              f"{expect['optimizer_name']}; resume with the same --optimizer")
+    if meta.get("vocab_sha256", expect["vocab_sha256"]) != expect["vocab_sha256"]:
+        raise CheckpointError("the checkpoint was trained with another vocabulary (other words, or the same in "
+                              "another order: other ids) than this run's (--vocab, else RUN_DIR/vocab.txt); resume "
+                              "with the run's own vocab.txt")
     if meta.get("batching", "stateful") != expect["batching"]:
         raise CheckpointError(f"the checkpoint was trained with --batching {meta.get('batching', 'stateful')}, this "
                               f"run has {expect['batching']}; resume with the same batching")

@@ -33,6 +33,7 @@ from .objective import Candidates, LogUniformSampler
 from .optim import Recipe, resolve
 from .options import PRECISION_REASONS, SOFTMAX_UPDATES, TrainOptions, default_precision
 from .progress import DeviceTotals, Limits, MetricLogger, Progress, log_line
+from .run_dir import check_run_dir
 from .segments import StepPlan
 from .sparse_softmax import SoftmaxRows, SparseSoftmax, clip_grad_norm_
 from .vocab import Vocab, build_vocab
@@ -41,11 +42,14 @@ from .vocab import Vocab, build_vocab
 class Trainer:
     """One process of a run (rank ``dist.rank`` of ``dist.world``)."""
 
-    def __init__(self, opts: TrainOptions, log: Callable[[str], None] = print, started: float | None = None) -> None:
+    def __init__(self, opts: TrainOptions, log: Callable[[str], None] = print, started: float | None = None,
+                 resume: bool = False) -> None:
         self._t0 = time.perf_counter() if started is None else started  # --max-minutes counts from here
-        self.opts, self.log = opts, log
+        self.opts, self.log, self.resume = opts, log, resume
         self.dist = init_from_env(opts.device)
         self.out, self.device = Path(opts.out), torch.device(opts.device)
+        check_run_dir(self.out, resume, {"--text": opts.train, "--valid": opts.valid})
+        barrier(self.dist)  # every rank has looked before the main one writes
         self.say(f"{use_threads(opts.threads)}; setting up the run in {self.out}")
         default = opts.precision == default_precision(opts.device)
         self.say(f"precision {PRECISION_REASONS[opts.precision] if default else opts.precision + ' (--precision)'}")
@@ -84,6 +88,9 @@ class Trainer:
         vocab = None
         if o.vocab and self.source is None:
             vocab = Vocab.load(o.vocab)
+            if self.resume and path.is_file() and Vocab.load(path).tokens != vocab.tokens:
+                raise CheckpointError(f"--vocab {o.vocab} is not the run's vocabulary ({path}): a resume trains on "
+                                      f"the words and ids it started with; leave --vocab out or give that file")
         elif any_true(self.dist, path.is_file()):  # collective: every rank takes the same branch
             vocab = Vocab.load(path)
         elif self.dist.is_main:
@@ -249,7 +256,7 @@ class Trainer:
             meta = {"step": self.progress.step, "tokens": self.progress.tokens, "world": self.dist.world,
                     "elapsed": self.elapsed(), "optimizer": opt_meta, "softmax_updates": sparse_meta,
                     "options": asdict(self.opts), "config": self.config.to_dict(), "batching": self.recipe.batching,
-                    "horizon": self._horizon()}
+                    "horizon": self._horizon(), **self._identity()}
             main = (tensors, meta)
         return self.checkpointer.save(self.progress.step, main, (local, {"data": self.batcher.state_dict(),
                                                                           "rank": self.dist.rank}))
@@ -261,9 +268,14 @@ class Trainer:
             return {"lr_decay_tokens": o.lr_decay_tokens}
         return {"max_tokens": self.limits.tokens, "max_steps": self.limits.steps, "train_minutes": self.limits.minutes}
 
+    def _identity(self) -> dict:
+        """What a resume must train with as the checkpoint did, beyond the architecture: the
+        vocabulary's words in their order (ids), and the optimizer (its state's form)."""
+        return {"vocab_sha256": self.vocab.sha256(), "optimizer_name": self.recipe.optimizer}
+
     def load_checkpoint(self) -> int:
         expect = {"world": self.dist.world, "config": self.config.to_dict(), "batching": self.recipe.batching,
-                  "softmax_updates": None if self.sparse is None else "sparse"}
+                  "softmax_updates": None if self.sparse is None else "sparse", **self._identity()}
         step, tensors, meta, local, local_meta = self.checkpointer.load(expect)
         self.lm.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
         load_optimizer(self.optimizer, tensors, meta["optimizer"])
@@ -306,17 +318,15 @@ class Trainer:
         if self.dist.is_main:
             self.log(text)
 
-    def run(self, resume: bool = False) -> dict:
-        """Train to the run's limits, then export and evaluate; the summary. torch's deterministic
-        kernels throughout: the same options, corpus and seed give the same bits on one machine
-        (docs/training.md, *Reproducibility*)."""
+    def run(self) -> dict:
+        """Train to the run's limits (from its latest checkpoint where it resumes), then export and
+        evaluate; the summary. torch's deterministic kernels throughout: the same options, corpus
+        and seed give the same bits on one machine (docs/training.md, *Reproducibility*)."""
         with deterministic_algorithms():
-            if resume:
+            if self.resume:
                 step = self.load_checkpoint()
                 if self.dist.is_main:
                     self.log(f"resuming from step {step}")
-            elif self.checkpointer.latest() is not None:
-                raise CheckpointError(f"{self.out} already holds checkpoints; pass --resume or choose another --out")
             self.limits = self.evaluator.plan_final(self.limits)
             self._write_run_json()
             self._step0 = self.progress.step
@@ -384,4 +394,4 @@ def train(opts: TrainOptions, resume: bool = False, log: Callable[[str], None] =
     ``started``: the ``time.perf_counter()`` that --max-minutes counts from (default: now)."""
     check_device(opts.device)  # a GPU this process cannot reach: named before anything is read or written
     with flushing_denormals():  # saturated gates' denormals slow CPU kernels ~10x (runtime.settings)
-        return Trainer(opts, log, started).run(resume)
+        return Trainer(opts, log, started, resume).run()

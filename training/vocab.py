@@ -4,6 +4,7 @@ The order matters: the log-uniform candidate sampler assumes id k is the k-th mo
 """
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from pathlib import Path
 from typing import Container, Iterable, Sequence
@@ -39,6 +40,10 @@ class Vocab:
         get, unk = self.index.get, self.unk
         return np.fromiter((get(t, unk) for t in tokens), dtype=np.int64)
 
+    def sha256(self) -> str:
+        """The words in their order (their ids): what a checkpoint's resume must keep."""
+        return hashlib.sha256("\n".join(self.tokens).encode()).hexdigest()
+
     def save(self, path: str | Path) -> None:
         write_text_atomic(path, "".join(t + "\n" for t in self.tokens))
 
@@ -47,11 +52,14 @@ class Vocab:
         path = Path(path)
         if not path.is_file():
             raise CorpusError(f"{path}: vocabulary file not found")
-        tokens = [line.strip() for line in path.read_text(encoding="utf-8", errors="ignore").splitlines()]
-        tokens = [t for t in tokens if t]
+        text = path.read_text(encoding="utf-8-sig", errors="ignore")  # a byte-order mark is not a word
+        tokens = [t for t in (line.strip() for line in text.splitlines()) if t]
         if not tokens:
             raise CorpusError(f"{path}: the vocabulary file is empty")
-        return cls(tokens)
+        try:
+            return cls(tokens)
+        except CorpusError as e:
+            raise CorpusError(f"{path}: {e}") from None
 
 
 def count_words(path: str | Path, column: str | None = None) -> Counter:

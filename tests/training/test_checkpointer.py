@@ -72,8 +72,9 @@ def _initial(tmp_path, p):
 
 def test_resume_refusals(tmp_path):
     p = write_corpus(tmp_path / "train.txt", sotu_sentences(limit=10))
-    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+    with pytest.raises(CheckpointError, match="holds no checkpoint to resume from"):
         train(tiny_run(tmp_path, p, out="fresh", max_steps=1), resume=True, log=lambda s: None)
+    assert not (tmp_path / "fresh").exists()  # refused before anything is written
     train(tiny_run(tmp_path, p, out="r", max_steps=2), log=lambda s: None)
     with pytest.raises(CheckpointError, match="already holds checkpoints"):
         train(tiny_run(tmp_path, p, out="r", max_steps=3), log=lambda s: None)

@@ -1,0 +1,75 @@
+"""What a run directory may hold when a run starts (training/run_dir.py), and what a resume must
+keep: each refused before anything is read or written, the user's files untouched."""
+from __future__ import annotations
+
+import pytest
+
+from training.errors import CheckpointError, CorpusError
+from training.trainer import train
+from training.vocab import Vocab
+
+from tests.training.train_utils import sotu_sentences, tiny_run, write_corpus
+
+QUIET = lambda s: None  # noqa: E731
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    return write_corpus(tmp_path / "corpus" / "train.txt", sotu_sentences(limit=12))
+
+
+def test_a_fresh_run_never_takes_a_directory_that_holds_files(corpus, tmp_path):
+    """A user's files were overwritten (run.json, summary.json, model/); an earlier run's vocab.txt
+    was trained on, whatever this run's corpus (every target <UNK>)."""
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "run.json").write_text("my notes")
+    with pytest.raises(CheckpointError, match=r"is not empty \(run.json\) and holds no checkpoint"):
+        train(tiny_run(tmp_path, corpus, out="mine", max_steps=1), log=QUIET)
+    assert sorted(p.name for p in user.iterdir()) == ["run.json"] and (user / "run.json").read_text() == "my notes"
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    Vocab(["<S>", "</S>", "<UNK>", "zebra"]).save(stale / "vocab.txt")  # a run killed before its first checkpoint
+    with pytest.raises(CheckpointError, match="delete this one .* to start over"):
+        train(tiny_run(tmp_path, corpus, out="stale", max_steps=1), log=QUIET)
+    file = tmp_path / "file"
+    file.write_text("x")
+    with pytest.raises(CheckpointError, match="is a file"):
+        train(tiny_run(tmp_path, corpus, out="file", max_steps=1), log=QUIET)
+
+
+def test_a_run_inside_its_corpus_directory_is_refused(corpus, tmp_path):
+    """Its vocab.txt became a training shard, and every resume then found the corpus changed."""
+    with pytest.raises(CheckpointError, match="inside the corpus directory --text"):
+        train(tiny_run(tmp_path, corpus.parent, out="corpus/run", max_steps=1), log=QUIET)
+    assert not (corpus.parent / "run").exists()
+
+
+def test_a_resume_keeps_the_vocabulary_and_the_optimizer(corpus, tmp_path):
+    """The same words in another order (other ids) resumed and trained a broken model, exit 0;
+    another --optimizer ended in a KeyError traceback."""
+    run = tmp_path / "run"
+    train(tiny_run(tmp_path, corpus, out="run", max_steps=2), log=QUIET)
+    words = Vocab.load(run / "vocab.txt").tokens
+    moved = Vocab(words[:3] + words[3:][::-1])
+    moved.save(tmp_path / "moved.txt")
+    with pytest.raises(CheckpointError, match="is not the run's vocabulary"):
+        train(tiny_run(tmp_path, corpus, out="run", max_steps=3, vocab=str(tmp_path / "moved.txt")), resume=True,
+              log=QUIET)
+    kept = (run / "vocab.txt").read_bytes()
+    moved.save(run / "vocab.txt")  # the run's own file edited
+    with pytest.raises(CheckpointError, match="another vocabulary"):
+        train(tiny_run(tmp_path, corpus, out="run", max_steps=3), resume=True, log=QUIET)
+    (run / "vocab.txt").write_bytes(kept)
+    with pytest.raises(CheckpointError, match="trained with --optimizer adam, this run has adagrad"):
+        train(tiny_run(tmp_path, corpus, out="run", max_steps=3, optimizer="adagrad"), resume=True, log=QUIET)
+    assert train(tiny_run(tmp_path, corpus, out="run", max_steps=3), resume=True, log=QUIET)["step"] == 3
+
+
+def test_a_vocabulary_file_is_named_in_its_errors_and_may_start_with_a_byte_order_mark(tmp_path):
+    path = tmp_path / "v.txt"
+    path.write_text("<S>\n</S>\n<UNK>\nthe\nthe\n")
+    with pytest.raises(CorpusError, match=f"{path}: vocabulary lists 'the' twice"):
+        Vocab.load(path)
+    path.write_bytes("\ufeff<S>\n</S>\n<UNK>\nthe\n".encode())
+    assert Vocab.load(path).tokens == ["<S>", "</S>", "<UNK>", "the"]
