@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -74,6 +75,17 @@ def prune(ckpt_dir: Path, keep: int) -> None:
         main_path(ckpt_dir, step).unlink(missing_ok=True)
         for p in ckpt_dir.glob(f"ckpt-{step:08d}.rank*.safetensors"):
             p.unlink(missing_ok=True)
+
+
+def json_tensor(obj: object) -> torch.Tensor:
+    """A JSON-able object as a uint8 tensor of its UTF-8 JSON: state too large for the file's JSON
+    header (safetensors caps it at 100 MB; a data position holds the shuffle buffer's sentences)."""
+    return torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
+
+
+def tensor_json(tensor: torch.Tensor) -> Any:
+    """``json_tensor``'s object back."""
+    return json.loads(tensor.numpy().tobytes().decode())
 
 
 def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:

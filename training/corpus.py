@@ -113,6 +113,21 @@ def iter_records(path: Path, skip: int = 0, column: str | None = None) -> Iterat
     return _iter_text(path, skip)
 
 
+def check_corpus(path: str | Path, column: str | None, flag: str) -> None:
+    """A corpus flag's value (``--text``, ``--valid``) checked before a run reads it whole: its
+    files found, ``column`` only where it holds Parquet files (else the flag is ignored), and at
+    least one sentence (read up to the first). CorpusError naming the flag and the path."""
+    try:
+        shards = list_shards(path)
+    except CorpusError as e:
+        raise CorpusError(f"{flag} {e}") from None
+    if column is not None and not any(is_parquet(s) for s in shards):
+        raise CorpusError(f"{flag} {path}: --text-column {column!r} names a Parquet column, and this corpus holds no "
+                          f"Parquet file; leave --text-column out")
+    if next(iter_sentences(path, column), None) is None:
+        raise CorpusError(f"{flag} {path}: the corpus holds no sentence (every line or row is empty)")
+
+
 def iter_sentences(path: str | Path, column: str | None = None) -> Iterator[list[str]]:
     """Every non-empty sentence of a corpus once, streamed (vocabularies, evaluation, n-gram baselines)."""
     for shard in list_shards(path):

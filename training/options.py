@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from elmo_core.bounds import MAX_SEED, check_count, check_number, setting
-from elmo_core.errors import InputError
+from elmo_core.errors import InputError, SettingError
 from elmo_core.names import TRAIN_PRECISIONS
 from elmo_core.mix_settings import FLOAT32_MAX
 from inference.run_settings import check_device_name
@@ -21,6 +21,9 @@ from .vocab import SPECIALS
 SOFTMAX_UPDATES = ("sparse", "dense")
 MAX_TOKENS = 2**53  # a run's tokens: counted exactly in a float64
 MAX_MINUTES = 10**7  # about 19 years
+# A row's steps a batch: backpropagation through this many steps is far past any recipe's (bilm-tf's 20),
+# and a larger value (a typo: 100,000,000) asked numpy for a 149 GiB batch, a traceback
+MAX_UNROLL = 4096
 FROM_OPTIONS = "options.json's"
 
 
@@ -106,6 +109,7 @@ class TrainOptions:
         if self.precision not in TRAIN_PRECISIONS:
             raise InputError(f"--precision {self.precision}: training runs in {' or '.join(TRAIN_PRECISIONS)}")
         _check_numbers(self)
+        _check_combinations(self)
 
 
 def default_precision(device: str) -> str:
@@ -126,6 +130,21 @@ def check_max_minutes(minutes: float | None, optional: str | None = None) -> Non
     check_number("max_minutes", minutes, 0, MAX_MINUTES, low_open=True, optional=optional)
 
 
+def _check_combinations(o: TrainOptions) -> None:
+    """No flag that this run would ignore: SettingError naming it and what it needs."""
+    needs = [("extend_vocab", o.extend_vocab, "init_from"), ("softmax", o.softmax is not None, "init_from"),
+             ("max_vocab", o.max_vocab is not None and o.vocab is not None, None)]
+    for name, given, needed in needs:
+        if given and needed is not None and getattr(o, needed) is None:
+            raise SettingError(f"`{name}` applies to fine-tuning a model: give `{needed}` too, or leave `{name}` out")
+        if given and needed is None:
+            raise SettingError(f"`{name}` sizes a vocabulary built from the corpus; `vocab` gives one: leave one out")
+    if o.lr_decay == "none":
+        for name in ("lr_final", "lr_decay_tokens"):
+            if getattr(o, name) is not None:
+                raise SettingError(f"`{name}` shapes the lr's decay, and `lr_decay` is none: leave one out")
+
+
 def _check_numbers(o: TrainOptions) -> None:
     """Every number finite and in its range, None where the flag may be left out (what that means
     is in the message); no bad value falls back to a default."""
@@ -138,7 +157,7 @@ def _check_numbers(o: TrainOptions) -> None:
     check_count("epochs", o.epochs, optional=f"{FROM_OPTIONS} n_epochs when no other limit is given")
     check_max_minutes(o.max_minutes, optional="no time limit")
     check_count("batch_size", o.batch_size, optional=f"{FROM_OPTIONS} batch_size")
-    check_count("unroll", o.unroll, optional=f"{FROM_OPTIONS} unroll_steps")
+    check_count("unroll", o.unroll, high=MAX_UNROLL, optional=f"{FROM_OPTIONS} unroll_steps")
     check_number("lr", o.lr, 0, FLOAT32_MAX, optional="the recipe's")
     check_count("warmup_steps", o.warmup_steps, 0, zero="no warm-up", optional="the recipe's")
     check_number("lr_final", o.lr_final, 0, 1, optional="the recipe's")

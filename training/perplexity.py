@@ -20,11 +20,12 @@ import torch
 from elmo_core import ElmoConfig
 from storage.atomic import atomic_path
 from elmo_core.bounds import check_count
-from elmo_core.errors import WeightsError
+from elmo_core.errors import SettingError, WeightsError
 from formats import resolve_model
 from formats.weights_hdf5 import load_hdf5_weights
 from inference.fast_path import FastInference
 
+from .corpus import check_corpus
 from .data import BpttBatcher, SentenceBatcher, SentenceStream
 from .errors import CorpusError
 from .model import LanguageModel
@@ -54,7 +55,8 @@ def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: in
                stateful: bool = False, progress: Callable[[int, int], None] | None = None,
                deadline: float | None = None) -> dict:
     """Each sentence scored alone (<S> .. </S>, from a zero state), every prediction counted; with
-    ``stateful`` the state runs on across sentences (module doc; ``max_sentences`` is then ignored).
+    ``stateful`` the state runs on across sentences (module doc; ``max_sentences`` is then refused:
+    the rows' streams read the whole corpus).
     ``progress(sentences, predictions)`` is called after each batch. ``deadline`` (a
     ``time.perf_counter()``): no batch is started that would end after it, by the longest batch
     so far (the first always runs); the result then counts the sentences scored, and says
@@ -64,6 +66,10 @@ def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: in
     """
     check_count("batch_size", batch_size)
     check_count("max_sentences", max_sentences, optional="all of them")
+    if stateful and max_sentences is not None:
+        raise SettingError("`max_sentences` does not apply to `stateful` scoring (each row reads a stream of the whole "
+                           "corpus): leave one out")
+    check_corpus(path, column, "--text")
     was_training = lm.training
     lm.eval()
     stream = SentenceStream(path, n_epochs=1, column=column)

@@ -21,7 +21,8 @@ from formats import save_model
 from inference.registry import check_device
 from runtime import deterministic_algorithms, flushing_denormals, use_threads
 
-from .checkpoint import Checkpointer, load_optimizer, optimizer_tensors
+from .checkpoint import Checkpointer, json_tensor, load_optimizer, optimizer_tensors, tensor_json
+from .corpus import check_corpus
 from .data import BpttBatcher, SentenceBatcher, SentenceStream
 from .distributed import any_true, barrier, init_from_env, max_all, sum_all
 from .errors import CheckpointError, TrainingError
@@ -49,6 +50,9 @@ class Trainer:
         self.dist = init_from_env(opts.device)
         self.out, self.device = Path(opts.out), torch.device(opts.device)
         check_run_dir(self.out, resume, {"--text": opts.train, "--valid": opts.valid})
+        for flag, corpus in (("--text", opts.train), ("--valid", opts.valid)):
+            if corpus is not None:  # a missing --valid was found once training had ended
+                check_corpus(corpus, opts.column, flag)
         barrier(self.dist)  # every rank has looked before the main one writes
         self.say(f"{use_threads(opts.threads)}; setting up the run in {self.out}")
         default = opts.precision == default_precision(opts.device)
@@ -258,8 +262,8 @@ class Trainer:
                     "options": asdict(self.opts), "config": self.config.to_dict(), "batching": self.recipe.batching,
                     "horizon": self._horizon(), **self._identity()}
             main = (tensors, meta)
-        return self.checkpointer.save(self.progress.step, main, (local, {"data": self.batcher.state_dict(),
-                                                                          "rank": self.dist.rank}))
+        local["data.state"] = json_tensor(self.batcher.state_dict())  # a large shuffle buffer: past a header's 100 MB
+        return self.checkpointer.save(self.progress.step, main, (local, {"rank": self.dist.rank}))
 
     def _horizon(self) -> dict:
         """What the lr schedule decays over (recorded in checkpoints and run.json)."""
@@ -284,7 +288,7 @@ class Trainer:
         if self.sampler is not None:
             self.sampler.set_state(tensors["rng.sampler"])
         torch.set_rng_state(local["rng.torch"])
-        self.batcher.load_state_dict(local_meta["data"])
+        self.batcher.load_state_dict(tensor_json(local["data.state"]) if "data.state" in local else local_meta["data"])
         if "lstm.h" in local:
             self.state = LstmState(local["lstm.h"].to(self.device), local["lstm.c"].to(self.device))
         self.progress = Progress(step=step, tokens=meta["tokens"], elapsed=meta["elapsed"])

@@ -53,6 +53,16 @@ def test_build_writes_a_half_precision_model_with_its_card_and_the_demo_finds_it
     assert get_model(tmp_path / "demo", None, 3.0)[0] == out
     assert get_model(tmp_path / "demo", str(trained), 3.0)[0] == trained  # MODEL= still overrides
 
+    # the model trained before is reused only as it was trained: a card recorded --seed 5 for seed 3
+    with pytest.raises(dm.TrainingError, match="trained with other settings .*seed 3 there, 5 asked"):
+        dm.build_default_model(out, tmp_path / "work", minutes=5, seed=5, log=lambda s: None, options=str(options))
+    mine = tmp_path / "mine"
+    (mine / "thesis").mkdir(parents=True)
+    (mine / "thesis" / "chapter1.txt").write_text("mine")
+    with pytest.raises(dm.TrainingError, match="is not a model elmo default-model wrote"):  # it was replaced whole
+        dm.build_default_model(mine, tmp_path / "work", minutes=5, seed=3, log=lambda s: None, options=str(options))
+    assert (mine / "thesis" / "chapter1.txt").read_text() == "mine"
+
 
 KN_TRIGRAM = 106.0  # interpolated Kneser-Ney, the same split and vocabulary (bench/bench_train.py, docs/training.md)
 

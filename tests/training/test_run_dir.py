@@ -73,3 +73,58 @@ def test_a_vocabulary_file_is_named_in_its_errors_and_may_start_with_a_byte_orde
         Vocab.load(path)
     path.write_bytes("\ufeff<S>\n</S>\n<UNK>\nthe\n".encode())
     assert Vocab.load(path).tokens == ["<S>", "</S>", "<UNK>", "the"]
+
+
+@pytest.mark.parametrize("flags, named", [
+    ({"extend_vocab": True}, "--extend-vocab applies to fine-tuning a model: give --init-from too"),
+    ({"softmax": "s.hdf5"}, "--softmax applies to fine-tuning a model"),
+    ({"vocab": "v.txt", "max_vocab": 5}, "--max-vocab sizes a vocabulary built from the corpus; --vocab gives one"),
+    ({"lr_decay": "none", "lr_final": 0.5}, "--lr-final shapes the lr's decay, and --lr-decay is none"),
+    ({"lr_decay": "none", "lr_decay_tokens": 1000}, "--lr-decay-tokens shapes the lr's decay"),
+    ({"unroll": 100_000_000}, "--unroll must be a positive integer (at most 4096"),
+    ({"valid": "nowhere.txt"}, "--valid nowhere.txt: no such file or directory"),
+    ({"valid": "EMPTY"}, "--valid EMPTY: the corpus holds no sentence"),
+    ({"column": "text"}, "--text-column 'text' names a Parquet column, and this corpus holds no Parquet file"),
+])
+def test_a_flag_the_run_would_ignore_or_fail_on_late_is_refused_first(corpus, tmp_path, capsys, flags, named):
+    """Each was accepted (exit 0, the flag ignored), or failed once training had ended (a missing
+    --valid), or with a traceback (an absurd --unroll)."""
+    from elmo_cli.main import main
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    argv = ["train", "--text", str(corpus), "--out", str(tmp_path / "run"), "--max-steps", "1", "--threads", "1"]
+    for name, value in flags.items():
+        flag = "--text-column" if name == "column" else "--" + name.replace("_", "-")
+        value = str(empty) if value == "EMPTY" else value
+        argv += [flag] if value is True else [flag, str(value)]
+    code, err = main(argv), capsys.readouterr().err.replace(str(empty), "EMPTY").replace(str(tmp_path) + "/", "")
+    assert code == 2 and named in err and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists()
+
+
+
+def test_each_pass_reads_every_sentence_once_whatever_the_shuffle_buffer(tmp_path):
+    """A buffer larger than the corpus filled itself from pass after pass: 12 steps reported epoch
+    25, and the same sentence could come twice before another came once."""
+    from training.data import SentenceStream
+
+    path = write_corpus(tmp_path / "c.txt", [["a"], ["b", "b"], ["c"], ["d"], ["e"]])
+    stream = SentenceStream(path, n_epochs=3, shuffle_buffer=1000, seed=1)
+    got = [" ".join(s) for s in iter(stream.next_sentence, None)]
+    passes = [sorted(got[k:k + 5]) for k in range(0, 15, 5)]
+    assert len(got) == 15 and passes == [["a", "b b", "c", "d", "e"]] * 3, got
+    assert got[:5] != got[5:10] or got[5:10] != got[10:]  # shuffled pass by pass (seed 1)
+    assert stream.epoch == 3
+
+
+def test_the_data_position_is_a_tensor_of_the_rank_file(corpus, tmp_path):
+    """The shuffle buffer's sentences went into the safetensors JSON header, which safetensors caps
+    at 100 MB: from ~300,000 buffered sentences on, no checkpoint could be written."""
+    from training import checkpoint as ck
+
+    train(tiny_run(tmp_path, corpus, out="run", max_steps=2, shuffle_buffer=100_000), log=QUIET)
+    tensors, meta = ck.read(ck.rank_path(tmp_path / "run" / "checkpoints", 2, 0))
+    assert "data" not in meta and ck.tensor_json(tensors["data.state"])["stream"]["buffer"]
+    assert train(tiny_run(tmp_path, corpus, out="run", max_steps=3, shuffle_buffer=100_000), resume=True,
+                 log=QUIET)["step"] == 3
