@@ -10,6 +10,7 @@ checkpoints, so a checkpoint exists only once it is complete.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,9 @@ def write_atomic(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> No
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}
     with atomic_path(path) as tmp:
+        mode = tmp.stat().st_mode & 0o777  # the umask's, as every file the project writes
         save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta)})
+        os.chmod(tmp, mode)  # safetensors makes its files 0600: another user of a shared run could not resume
 
 
 def read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:

@@ -129,10 +129,10 @@ class SentenceStream:
         version, internal, gauss = self.rng.getstate()
         return {"epoch": self.epoch, "seed": self.seed, "order": self.order, "shard": self.shard, "record": self.record,
                 "exhausted": self.exhausted, "buffer": self.buffer, "rng": [version, list(internal), gauss],
-                "stats": asdict(self.stats), "shards": [str(s) for s in self.shards]}
+                "stats": asdict(self.stats), "shards": [str(s.resolve()) for s in self.shards]}
 
     def load_state_dict(self, state: dict) -> None:
-        if state["shards"] != [str(s) for s in self.shards]:
+        if [str(Path(s).resolve()) for s in state["shards"]] != [str(s.resolve()) for s in self.shards]:  # as spelled
             raise CorpusError(f"{self.path}: the corpus files differ from the checkpoint's; resume with the same --text")
         self.epoch, self.shard, self.record = state["epoch"], state["shard"], state["record"]
         # checkpoints written before shard shuffling read the shards in sorted order

@@ -14,6 +14,8 @@ from typing import Callable
 
 import torch
 
+from storage.atomic import write_text_atomic
+
 TENSORBOARD_DIR = "tensorboard"
 
 
@@ -111,7 +113,26 @@ class MetricLogger:
                 self.writer.add_scalar(f"{group}/{name}", float(value), step)
             self.writer.flush()
 
+    def drop_after(self, step: int) -> None:
+        """Forget the records of steps after ``step`` (a resume's checkpoint): the run writes them
+        again, each step once in metrics.jsonl."""
+        if not (self.enabled and self.path.is_file()):
+            return
+        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if _step_of(line) <= step]
+        if len(kept) != len(lines):
+            write_text_atomic(self.path, "".join(kept))
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+
+def _step_of(line: str) -> float:
+    """A metrics.jsonl record's step; a line that is not one (cut by a kill) counts as after every step."""
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError):
+        return math.inf
+    return step if isinstance(step, int) else math.inf

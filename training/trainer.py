@@ -329,6 +329,7 @@ class Trainer:
         with deterministic_algorithms():
             if self.resume:
                 step = self.load_checkpoint()
+                self.metrics.drop_after(step)
                 if self.dist.is_main:
                     self.log(f"resuming from step {step}")
             self.limits = self.evaluator.plan_final(self.limits)

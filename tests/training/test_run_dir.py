@@ -128,3 +128,25 @@ def test_the_data_position_is_a_tensor_of_the_rank_file(corpus, tmp_path):
     assert "data" not in meta and ck.tensor_json(tensors["data.state"])["stream"]["buffer"]
     assert train(tiny_run(tmp_path, corpus, out="run", max_steps=3, shuffle_buffer=100_000), resume=True,
                  log=QUIET)["step"] == 3
+
+
+def test_a_resume_logs_each_step_once_and_its_checkpoints_keep_the_umask(corpus, tmp_path):
+    """Steps logged after the last checkpoint were logged again by the resume; safetensors wrote
+    its files 0600 whatever the umask."""
+    import json
+    import os
+
+    run = tmp_path / "run"
+    train(tiny_run(tmp_path, corpus, out="run", max_steps=3, checkpoint_every=2, log_every=1, tensorboard=False),
+          log=QUIET)
+    for p in (run / "checkpoints").glob("ckpt-00000003*"):  # killed after step 3's line, before its checkpoint
+        p.unlink()
+    train(tiny_run(tmp_path, corpus, out="run", max_steps=4, checkpoint_every=2, log_every=1, tensorboard=False),
+          resume=True, log=QUIET)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records if "train_loss" in r]  # a training line a step (evaluations beside them)
+    assert steps == [1, 2, 3, 4], steps
+    umask = os.umask(0)
+    os.umask(umask)
+    for p in (run / "checkpoints").iterdir():
+        assert p.stat().st_mode & 0o777 == 0o666 & ~umask, (p, oct(p.stat().st_mode))
