@@ -21,7 +21,7 @@ from formats import save_model
 from inference.registry import check_device
 from runtime import deterministic_algorithms, flushing_denormals, use_threads
 
-from .checkpoint import Checkpointer, json_tensor, load_optimizer, optimizer_tensors, tensor_json
+from .checkpoint import Checkpointer, json_tensor, latest_step, load_optimizer, optimizer_tensors, tensor_json
 from .corpus import check_corpus
 from .data import BpttBatcher, SentenceBatcher, SentenceStream
 from .distributed import any_true, barrier, init_from_env, max_all, sum_all
@@ -34,7 +34,7 @@ from .objective import Candidates, LogUniformSampler
 from .optim import Recipe, resolve
 from .options import PRECISION_REASONS, SOFTMAX_UPDATES, TrainOptions, default_precision
 from .progress import DeviceTotals, Limits, MetricLogger, Progress, log_line
-from .run_dir import check_run_dir
+from .run_dir import CHECKPOINTS_DIR, check_run_dir
 from .segments import StepPlan
 from .sparse_softmax import SoftmaxRows, SparseSoftmax, clip_grad_norm_
 from .vocab import Vocab, build_vocab
@@ -399,4 +399,10 @@ def train(opts: TrainOptions, resume: bool = False, log: Callable[[str], None] =
     ``started``: the ``time.perf_counter()`` that --max-minutes counts from (default: now)."""
     check_device(opts.device)  # a GPU this process cannot reach: named before anything is read or written
     with flushing_denormals():  # saturated gates' denormals slow CPU kernels ~10x (runtime.settings)
-        return Trainer(opts, log, started, resume).run()
+        try:
+            return Trainer(opts, log, started, resume).run()
+        except KeyboardInterrupt as e:  # SIGINT, and the CLI's SIGTERM (a KeyboardInterrupt): what was kept
+            step = latest_step(Path(opts.out) / CHECKPOINTS_DIR, 1) if Path(opts.out).is_dir() else None
+            e.add_note(f"kept: the checkpoint of step {step:,} in {opts.out}; the same command with --resume "
+                       f"continues from it" if step is not None else f"no checkpoint was written in {opts.out}")
+            raise

@@ -150,3 +150,24 @@ def test_a_resume_logs_each_step_once_and_its_checkpoints_keep_the_umask(corpus,
     os.umask(umask)
     for p in (run / "checkpoints").iterdir():
         assert p.stat().st_mode & 0o777 == 0o666 & ~umask, (p, oct(p.stat().st_mode))
+
+
+def test_sigterm_says_which_checkpoint_was_kept_and_how_to_go_on(corpus, tmp_path, spawn):
+    import signal
+    import subprocess
+    import sys
+
+    from tests.processes import WAIT_S, wait_until
+    from training.checkpoint import latest_step
+
+    run = tmp_path / "run"
+    options = tiny_run(tmp_path, corpus).options
+    proc = spawn([sys.executable, "-m", "elmo_cli", "train", "--text", str(corpus), "--out", str(run), "--options",
+                  options, "--min-count", "1", "--threads", "1", "--checkpoint-every", "2", "--max-steps", "100000",
+                  "--no-tensorboard"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: latest_step(run / "checkpoints", 1), "a checkpoint written", proc=proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=WAIT_S)
+    step = latest_step(run / "checkpoints", 1)
+    assert proc.returncode == 143 and "elmo train: terminated" in err, (proc.returncode, err)
+    assert f"kept: the checkpoint of step {step:,} in {run}; the same command with --resume continues" in err, err
