@@ -102,17 +102,31 @@ def _check_options(opts: EmbedOptions, out: Path) -> None:
                          f"{', '.join('--' + k.replace('_', '-') for k in given)}; leave them out or use --format parquet")
     if out.is_dir():
         raise InputError(f"{out}: is a directory; --format hdf5 writes one file (e.g. OUT.hdf5)")
-    if out.is_file() and not _is_hdf5(out):
-        raise InputError(f"{out}: exists and is not an hdf5 file (an input, perhaps); --format hdf5 replaces only an "
-                         f"earlier hdf5 output: choose another --out, or remove the file")
+    if out.exists() and not _is_earlier_output(out):
+        raise InputError(f"{out}: exists and is not an earlier elmo embed --format hdf5 output (an input or a model's "
+                         f"weights, perhaps); --format hdf5 replaces only those: choose another --out, or remove the "
+                         f"file")
 
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # an hdf5 file's first bytes (with no user block)
+WRITER_ATTR = "elmo_embed"  # the root attribute marking a file this module wrote (allennlp's readers see datasets only)
 
 
-def _is_hdf5(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE
+def _is_earlier_output(path: Path) -> bool:
+    """Whether ``path`` is a file this module wrote: its root attribute (``WRITER_ATTR``), or, written
+    before the attribute, an hdf5 file of datasets only with ``sentence_to_index`` among them.
+    A model's weights (groups of datasets) or any other file is not."""
+    if not path.is_file():
+        return False
+    with open(path, "rb") as raw:
+        if raw.read(len(HDF5_SIGNATURE)) != HDF5_SIGNATURE:
+            return False
+    try:
+        with h5py.File(path, "r") as f:
+            return WRITER_ATTR in f.attrs or (SENTENCE_TO_INDEX in f and all(
+                isinstance(f.get(k, getlink=True), h5py.HardLink) and isinstance(f[k], h5py.Dataset) for k in f))
+    except OSError:  # the signature, then a damaged file: not one to replace unasked
+        return False
 
 
 def embed_to_hdf5(input: str | Path, out: str | Path, /, model: ModelRun | str | Path | RunMaker,
@@ -143,13 +157,18 @@ def write_hdf5(input: str | Path, out: str | Path, maker: RunMaker, opts: EmbedO
     sentences = text_sentences(Path(input)) if text_input else parquet_sentences(input, opts, counts)
     note(f"loading the model {run.describe()}", opts.quiet)
     start = time.perf_counter()
-    with os_errors(out.parent, "rerun the same command"), OutputLock.for_file(out) as lock:
-        remove_stale_temporaries(out)  # of a killed job on this OUT: none is alive while the lock is ours
-        with atomic_path(out) as tmp, closing(WriteGuard(tmp)) as guard:
-            with Embedder(run.open(), policy=opts.policy(run.batch.rows)) as embedder, h5py.File(guard, "w") as f:
-                _write(f, embedder, sentences, opts, use_sentence_keys, counts, guard)
-            guard.check()  # the metadata libhdf5 wrote as it closed the file, too
-        lock.finished()  # a finished output keeps no lock file
+    with os_errors(out.parent, "rerun the same command"):
+        out.parent.mkdir(parents=True, exist_ok=True)  # as OUTPUT_DIR is made for the shards
+        with OutputLock.for_file(out) as lock:
+            try:
+                remove_stale_temporaries(out)  # of a killed job on this OUT: none is alive while the lock is ours
+                with atomic_path(out) as tmp, closing(WriteGuard(tmp)) as guard:
+                    with Embedder(run.open(), policy=opts.policy(run.batch.rows)) as embedder, \
+                            h5py.File(guard, "w") as f:
+                        _write(f, embedder, sentences, opts, use_sentence_keys, counts, guard)
+                    guard.check()  # the metadata libhdf5 wrote as it closed the file, too
+            finally:
+                lock.finished()  # one file, whole or untouched: nothing to resume, so no lock file is left
     result = {**counts, "output": str(out), "seconds": round(time.perf_counter() - start, 3), "run": run.to_dict()}
     if not opts.quiet:
         print(f"wrote {out}: {counts['sentences']:,} sentences, {counts['tokens']:,} tokens in "
@@ -162,6 +181,7 @@ def _write(f: h5py.File, embedder: Embedder, sentences: Iterator[tuple[str | Non
            opts: EmbedOptions, use_sentence_keys: bool, counts: dict, guard: WriteGuard) -> None:
     index: dict[str, str] = {}
     dtype = opts.vectors.vector_dtype.numpy
+    f.attrs[WRITER_ATTR] = json.dumps({"request": opts.vectors.to_dict()})
     for chunk in iter(lambda: list(itertools.islice(sentences, opts.sort_window_rows)), []):  # until none is left
         if use_sentence_keys:
             for sentence, _, where in chunk:

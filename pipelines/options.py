@@ -65,7 +65,7 @@ class EmbedOptions:
                                            runtime_only=True)
     sort_window_tokens: int | None = setting(None, "at most this many tokens in one sort window (bounds memory; local "
                                              "engine; default: the run's, 16384 on a CPU, 8 batches on a GPU)",
-                                             "running", runtime_only=True)
+                                             "running", runtime_only=True, parquet_only=True)
     workers: int = setting(1, "--engine ray: copies of the model, each an actor taking shards", "running",
                            meaning="replicas", runtime_only=True)
     writer_threads: int | None = setting(None, "shards encoded at once (per replica; default: 1 on a CPU, where the "
@@ -86,7 +86,7 @@ class EmbedOptions:
                                           "(repeatable)", "running", action="append", metavar="KEY=VALUE",
                                           runtime_only=True)
     verify_inputs: bool = setting(False, "hash every input file's bytes into the job (an edit that keeps size and "
-                                  "mtime is seen)", "running", runtime_only=True)
+                                  "mtime is seen)", "running", runtime_only=True, parquet_only=True)
     compression: str | None = setting(None, "of the output shards (default: snappy for Parquet, none for Arrow; "
                                       "measured: snappy, lz4 and none about as fast, zstd 8%% smaller in float16 and "
                                       "slower)", "vectors", choices=COMPRESSIONS, runtime_only=True, parquet_only=True)

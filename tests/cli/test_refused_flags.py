@@ -2,6 +2,7 @@
 written: exit 2, the flag or path named, the file untouched."""
 from __future__ import annotations
 
+import shutil
 import socket
 from pathlib import Path
 
@@ -27,8 +28,21 @@ def _refused(r, *words: str) -> None:  # type: ignore[no-untyped-def]
 def test_hdf5_output_never_replaces_a_file_that_is_not_an_earlier_hdf5_output(tiny_dir, text, tmp_path):
     before = text.read_bytes()
     _refused(run_cli("embed", "--text", text, "--out", text, "--format", "hdf5", "--model", tiny_dir),
-             str(text), "not an hdf5 file")
+             str(text), "not an earlier elmo embed --format hdf5 output")
     assert text.read_bytes() == before
+    shipped = Path(__file__).resolve().parents[2] / "models" / "default"
+    model = tmp_path / "model"
+    shutil.copytree(shipped, model)
+    for name in ("weights.hdf5", "softmax.hdf5"):  # the model's own weights were replaced, exit 0
+        weights = (model / name).read_bytes()
+        _refused(run_cli("embed", "--text", text, "--out", model / name, "--format", "hdf5", "--model", model),
+                 str(model / name), "not an earlier elmo embed --format hdf5 output")
+        assert (model / name).read_bytes() == weights
+    gap = tmp_path / "gap.txt"
+    gap.write_text("a b\n\nc d\n")
+    _refused(run_cli("embed", "--text", gap, "--out", tmp_path / "new" / "v.hdf5", "--format", "hdf5", "--model",
+                     tiny_dir), "line 2 is empty")
+    assert list((tmp_path / "new").iterdir()) == []  # no lock file left: one file has nothing to resume
     out = tmp_path / "vectors.hdf5"
     for _ in range(2):  # an earlier hdf5 output is replaced, as allennlp elmo does
         assert run_cli("embed", "--text", text, "--out", out, "--format", "hdf5", "--model", tiny_dir,
@@ -36,11 +50,12 @@ def test_hdf5_output_never_replaces_a_file_that_is_not_an_earlier_hdf5_output(ti
 
 
 @pytest.mark.parametrize("flag, value", [("--compression", "zstd"), ("--rows-per-shard", "5"),
-                                         ("--writer-threads", "2")])
+                                         ("--writer-threads", "2"), ("--sort-window-tokens", "500"),
+                                         ("--verify-inputs", None)])
 def test_hdf5_output_refuses_the_shards_flags(tiny_dir, text, tmp_path, flag, value):
     _refused(run_cli("embed", "--text", text, "--out", tmp_path / "v.hdf5", "--format", "hdf5", "--model", tiny_dir,
-                     flag, value), flag)
-    assert not (tmp_path / "v.hdf5").exists()
+                     flag, *([value] if value else [])), flag)
+    assert not (tmp_path / "v.hdf5").exists() and not (tmp_path / ".v.hdf5.lock").exists()
 
 
 @pytest.mark.parametrize("flags, named", [(["--replicas", "3"], "--engine ray"),

@@ -16,7 +16,7 @@ import pytest
 from elmo_cli.main import main
 from elmo_core.errors import InputError
 from inference import Embedder
-from pipelines.hdf5_output import embed_to_hdf5
+from pipelines.hdf5_output import WRITER_ATTR, embed_to_hdf5
 from tests.processes import WAIT_S, wait_until
 
 PEER = Path("/tmp/peer-allennlp09/bin/allennlp")
@@ -96,8 +96,9 @@ def test_parquet_input_and_sentence_keys(tiny_dir, tmp_path):
 
 def test_bad_input_is_named_and_leaves_no_file(tiny_dir, tmp_path, capsys):
     out = tmp_path / "out.hdf5"
-    with h5py.File(out, "w") as f:  # an earlier result
+    with h5py.File(out, "w") as f:  # an earlier result (marked as one: only such a file is replaced)
         f["0"] = np.zeros((1, 4), np.float32)
+        f.attrs[WRITER_ATTR] = "{}"
     earlier = out.read_bytes()
     cases = [
         ("a b\n\nc d\n", [], "line 2 is empty"),
