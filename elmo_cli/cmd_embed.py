@@ -110,9 +110,14 @@ def _register_verify(sub: Subcommands) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from pipelines.verify import verify_output
+    from pipelines.verify import VerificationError, verify_output
 
-    report = verify_output(args.out, check_inputs=not args.no_inputs)
+    try:
+        report = verify_output(args.out, check_inputs=not args.no_inputs)
+    except VerificationError as e:
+        if args.json:  # a script reads the verdict on stdout either way (the message still goes to stderr)
+            print(json.dumps({"ok": False, "problems": e.problems}, indent=2))
+        raise
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

@@ -102,8 +102,10 @@ def _embed_output(path: Path) -> dict:
     job_name, manifest_name = names
     m = out.read_record(manifest_name) if out.size(manifest_name) is not None else {}
     job = out.read_record(job_name)
+    counts = {k: v if isinstance(v := m.get(k), int) and not isinstance(v, bool) else None for k in ("rows", "tokens")}
+    shards = m.get("shards")  # a damaged record's fields of another type are shown as unknown: `elmo verify` names them
     return {"kind": "elmo embed output", "path": str(path), "finished": out.size(SUCCESS_FILE) is not None,
-            **{k: m.get(k) for k in ("rows", "tokens")}, "shards": len(m.get("shards", [])),
+            **counts, "shards": len(shards) if isinstance(shards, list) else None,
             "model": job.get("model"), "options": job.get("options")}
 
 

@@ -101,11 +101,23 @@ def _check_closed(path: Path | str, batch: pa.RecordBatch | None, rows: int) -> 
     if batch is None or batch.num_rows == 0:
         return
     value = batch.column(batch.num_columns - 1)[batch.num_rows - 1].as_py()
-    if isinstance(value, str) and value.endswith(("\n", "\r")):
+    if isinstance(value, str) and value.endswith(("\n", "\r")) and not _ends_quoted(path):
         first = value.count("\n") + value.count("\r") - value.count("\r\n")
         raise InputError(f"{path}: row {rows}: a quote opens its last field and never closes, so the field runs to the "
                          f"end of the file ({first} line breaks); close the quote (a quote inside a quoted field is "
                          f"written twice, \"\")")
+
+
+def _ends_quoted(path: Path | str) -> bool:
+    """Whether the file's last field is closed by a quote: its last character before the final line
+    breaks is a quote that is not half of an escaped pair (an odd run of quotes). A quoted field may
+    end with a line break of its own ("ends\n"), so the field's value alone cannot tell."""
+    with open_input(path) as f:
+        size = f.seek(0, 2)
+        f.seek(max(0, size - 4096))
+        tail = f.read().rstrip(b"\r\n")
+    run = len(tail) - len(tail.rstrip(b'"'))
+    return run % 2 == 1
 
 
 def _jsonl(f, path, fmt: str, text_column: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
@@ -113,7 +125,7 @@ def _jsonl(f, path, fmt: str, text_column: str, batch_rows: int) -> Iterator[pa.
         reader = pa_json.open_json(f, read_options=pa_json.ReadOptions(use_threads=False, block_size=BLOCK_BYTES))
         yield from reader
     except pa.ArrowInvalid as e:
-        if "Empty JSON file" in str(e):
+        if "Empty JSON file" in str(e) or "Empty JSON stream" in str(e):  # pyarrow's words, by version
             return
         raise InputError(f"{path}: {_bad_json_line(path) or f'not JSON Lines ({e})'}; every line holds one "
                          f"JSON object whose keys are the columns, each key's values of one type") from None

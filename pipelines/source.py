@@ -89,6 +89,9 @@ def check_schema(schema: pa.Schema, opts: EmbedOptions, where: str) -> None:
     """Every column the job reads exists, the text column has a usable type, and no column is
     called like the output column."""
     names = schema.names
+    if twice := sorted({c for c in names if names.count(c) > 1}):  # columns are read by name (Arrow's datasets too)
+        raise InputError(f"{where}: columns {twice} appear more than once; columns are read by name: rename the "
+                         f"copies")
     missing = [c for c in opts.input_columns if c not in names]
     if missing:
         which = "--tokens-column" if opts.tokens_column in missing else "columns"

@@ -1,8 +1,12 @@
 """``elmo verify --out OUTPUT_DIR``: check a finished ``elmo embed`` output without recomputing vectors.
 
 What is checked: ``_SUCCESS``, the job record and the manifest (``_job.parquet``, ``_manifest.parquet``;
-``.arrow`` for an Arrow output) agree; every shard listed is
-there, no other ``part-*`` file is; each shard's bytes match the sha256 committed for it and its
+``.arrow`` for an Arrow output) agree (the job record's digest is its contents'; the manifest's
+inputs, model and output options are the job's); every shard listed is there, no other file is
+(no ``part-*``, and no ``_`` name but the job's own: polars and DuckDB read every file under the
+directory); the counts are the shards' own (each shard's rows, tokens and null rows counted from
+its vectors against its commit record and the manifest, the manifest's totals against the sum;
+a pooled output's tokens are not in its shards: its records' are summed); each shard's bytes match the sha256 committed for it and its
 footer describes its input rows and the job's model (the sha256 its writer loaded); per input file, the shards cover rows 0..N-1 once, in name
 order. Where the input files are still there unchanged (same size, mtime and footer), each output
 row is matched to its input row: the same id (with ``--id-column``) and as many vectors as the
@@ -24,20 +28,24 @@ import pyarrow.parquet as pq
 from elmo_core.errors import ElmoError, InputError
 from storage.locations import dataset_source, file_info, is_hidden
 
-from .options import EmbedOptions
+from .options import EmbedOptions, digest, output_options
 
 from .errors import OutputDirError
 from .output_dir import open_output
 from .rows import row_tokens
 from .schema import ELMO_COLUMN, vector_array
 from .shard_files import FORMATS, shard_format
-from .sink import SUCCESS_FILE, Output, check_shard, job_file, manifest_file, side_names
+from .sink import COMMITS_DIR, SUCCESS_FILE, Output, check_shard, job_file, manifest_file, side_names
 from . import input_formats
 from .source import input_sha256
 
 
 class VerificationError(OutputDirError):
-    """An output that is not what its job committed."""
+    """An output that is not what its job committed; ``problems``: each, one line."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems if problems is not None else [message]
 
 
 JOB_KEYS = {"digest": str, "inputs": list}
@@ -67,13 +75,22 @@ def _shape_problem(obj: object, keys: dict[str, type]) -> str:
     return f"{', '.join(wrong)} missing or of the wrong type" if wrong else ""
 
 
-def _shard_problems(out: Output, manifest: dict, job: dict, good: set[str], manifest_name: str) -> list[str]:
+def _shard_problems(out: Output, manifest: dict, job: dict, good: set[str], job_name: str,
+                    manifest_name: str) -> list[str]:
     """The shards' problems; ``good`` receives the names of the shards that passed."""
-    problems = []
+    problems: list[str] = []
+    totals: dict[str, int] = {}
     model = job.get("model")
     model_sha256 = model.get("sha256") if isinstance(model, dict) and isinstance(model.get("sha256"), str) else None
     listed = {s["file"]: s for s in manifest["shards"]}
-    visible = {n: is_dir for n, is_dir in out.entries().items() if not is_hidden(n)}  # what readers read
+    entries = out.entries()
+    side = {job_name, manifest_name, SUCCESS_FILE, COMMITS_DIR}
+    problems += [f"{n}{'/' if is_dir else ''}: not a file of this job; polars and DuckDB read every file under "
+                 f"OUTPUT_DIR (pyarrow, pandas and Spark skip '_' names): move it out" for n, is_dir in
+                 sorted(entries.items()) if n.startswith("_") and n not in side]
+    problems += [f"{n}: not the commit record of a shard of this job; polars reads every file under OUTPUT_DIR: "
+                 f"move it out" for n in out.commit_names(COMMITS_DIR) if n.split("/", 1)[1] not in listed]
+    visible = {n: is_dir for n, is_dir in entries.items() if not is_hidden(n)}  # what readers read
     problems += [f"{n}: a directory where a shard should be" for n, is_dir in sorted(visible.items())
                  if is_dir and n in listed]
     on_disk = {n for n, is_dir in visible.items() if not is_dir}
@@ -87,10 +104,21 @@ def _shard_problems(out: Output, manifest: dict, job: dict, good: set[str], mani
                                   model_sha256=model_sha256)
         if record is None or record.get("sha256") != s.get("sha256"):
             problems.append(f"{name}: {why or 'its commit record differs from ' + manifest_name}")
-        elif why := _non_finite(out, name):
+            continue
+        why, counted = _scan(out, name)
+        if why:
             problems.append(f"{name}: {why}")
-        else:
-            good.add(name)
+            continue
+        counted["tokens"] = counted.get("tokens", record.get("tokens"))  # pooled: the record's
+        if differ := [f"{k} {v:,} in its vectors, {record.get(k)} in its commit record, {s.get(k, v)} in "
+                      f"{manifest_name}" for k, v in counted.items() if v != record.get(k) or v != s.get(k, v)]:
+            problems.append(f"{name}: its counts differ: {'; '.join(differ)}")
+            continue
+        good.add(name)
+        totals.update({k: totals.get(k, 0) + v for k, v in counted.items()})
+    for k in ("rows", "tokens"):
+        if len(good) == len(listed) and totals.get(k, 0) != manifest[k]:
+            problems.append(f"{manifest_name}: {k} {manifest[k]:,}, and its shards hold {totals.get(k, 0):,}")
     for i, inp in enumerate(job["inputs"]):
         starts = sorted((s["row_start"], s["rows"]) for s in listed.values() if s["input_file"] == i)
         covered = 0
@@ -103,22 +131,29 @@ def _shard_problems(out: Output, manifest: dict, job: dict, good: set[str], mani
     return problems
 
 
-def _non_finite(out: Output, name: str) -> str:
-    """The first row of a shard whose vectors hold inf or NaN, in words; "" where every value is
-    finite (one pass over the vectors, a row group or record batch at a time; null rows hold none)."""
+def _scan(out: Output, name: str) -> tuple[str, dict[str, int]]:
+    """One pass over a shard's vectors, a row group or record batch at a time: the first row whose
+    vectors hold inf or NaN, in words ("" where every value is finite; null rows hold none), and
+    what the shard holds: its rows, its null rows and (not pooled: a vector a token) its tokens."""
+    counted = {"rows": 0, "null_rows": 0}
     with out.open_read(name) as f:
-        row = 0
         for batch in shard_format(name).batches(f, [ELMO_COLUMN]):
-            column = batch.column(0)
+            column, row = batch.column(0), counted["rows"]
             vectors = vector_array(column, batch.schema.field(0))  # (tokens or pooled rows, ...)
+            per_row = pa.types.is_list(column.type)  # else pooled: one vector a row
             rows = np.repeat(np.arange(len(column)), pc.list_value_length(column).fill_null(0).to_numpy()) \
-                if pa.types.is_list(column.type) else np.flatnonzero(column.is_valid().to_numpy(zero_copy_only=False))
+                if per_row else np.flatnonzero(column.is_valid().to_numpy(zero_copy_only=False))
             bad = np.flatnonzero(~np.isfinite(vectors.reshape(len(rows), -1)).all(axis=1)) if len(rows) else rows
             if bad.size:
                 return (f"its row {row + int(rows[bad[0]])} holds inf or NaN ({bad.size} vectors of its next "
-                        f"{len(column)} rows); rerun the job into a new OUTPUT_DIR with a smaller --gamma")
-            row += len(column)
-    return ""
+                        f"{len(column)} rows); rerun the job into a new OUTPUT_DIR with a smaller --gamma"), counted
+            counted["rows"] += len(column)
+            if per_row:
+                counted["null_rows"] += column.null_count
+                counted["tokens"] = counted.get("tokens", 0) + len(rows)
+            else:  # a pooled row is null for a null row and for an empty one: not the record's count
+                del counted["null_rows"]
+    return "", counted
 
 
 def _read_input(inp: dict, columns: list[str], opts: EmbedOptions) -> pa.Table:
@@ -141,7 +176,7 @@ def _row_problems(out: Output, shard: dict, inp: dict, inputs: pa.Table, opts: E
     source = inputs.slice(shard["row_start"], shard["rows"])
     got = out.read_table(shard["file"], [c for c in (opts.id_column, ELMO_COLUMN) if c])
     problems = []
-    if opts.id_column and got.column(opts.id_column).to_pylist() != source.column(opts.id_column).to_pylist():
+    if opts.id_column and not _same_values(got.column(opts.id_column).to_pylist(), source.column(opts.id_column).to_pylist()):
         problems.append(f"{shard['file']}: its {opts.id_column} column is not the input's rows "
                         f"{shard['row_start']}.. in order")
     tokens, _ = row_tokens(source.column(text), opts.tokens_column is not None, text)
@@ -157,6 +192,11 @@ def _row_problems(out: Output, shard: dict, inp: dict, inputs: pa.Table, opts: E
         problems.append(f"{shard['file']}: row {shard['row_start'] + int(bad[0])} of {inp['path']} has "
                         f"{want[bad[0]]} tokens but {have[bad[0]]} vectors ({bad.size} rows differ)")
     return problems
+
+
+def _same_values(a: list, b: list) -> bool:
+    """Equal lists, a NaN equal to a NaN (a float id column may hold NaN, which equals nothing)."""
+    return len(a) == len(b) and all(x == y or (x != x and y != y) for x, y in zip(a, b))
 
 
 def verify_output(out_dir: str | Path, check_inputs: bool = True) -> dict:
@@ -180,8 +220,16 @@ def verify_output(out_dir: str | Path, check_inputs: bool = True) -> dict:
         _raise(out, problems + malformed)
     if manifest["job_digest"] != job["digest"]:
         problems.append(f"{manifest_name} is another job's than {job_name}")
+    if digest({k: v for k, v in job.items() if k not in ("digest", "stopped")}) != job["digest"]:
+        problems.append(f"{job_name}: its digest is not its contents' (the record was edited)")
+    for key, mine, theirs in (("inputs", manifest.get("inputs"), job["inputs"]), ("model", manifest.get("model"), job.get("model"))):
+        if mine != theirs:
+            problems.append(f"{manifest_name}: its {key} are not {job_name}'s")
+    ours, theirs = output_options(manifest["options"]), job.get("options")  # the job's: also the run's settled values
+    if isinstance(theirs, dict) and (edited := sorted(k for k, v in output_options(theirs).items() if ours.get(k, v) != v)):
+        problems.append(f"{manifest_name}: its options {edited} are not {job_name}'s")
     good: set[str] = set()
-    problems += _shard_problems(out, manifest, job, good, manifest_name)
+    problems += _shard_problems(out, manifest, job, good, job_name, manifest_name)
     try:
         opts = EmbedOptions.coerce(manifest["options"], resume=False)
     except (ElmoError, TypeError, ValueError) as e:
@@ -207,4 +255,4 @@ def _entry_problems(entries: list, keys: dict[str, type], what: str) -> list[str
 
 
 def _raise(out: Output, problems: list[str]) -> NoReturn:
-    raise VerificationError(f"{out}: {len(problems)} problem(s):\n  " + "\n  ".join(problems))
+    raise VerificationError(f"{out}: {len(problems)} problem(s):\n  " + "\n  ".join(problems), problems)

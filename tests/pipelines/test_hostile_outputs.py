@@ -4,6 +4,7 @@ OUTPUT_DIR, OUTPUT_DIR inside INPUT (and INPUT inside OUTPUT_DIR), an input repl
 runs, a rerun after a row-level input error, and --format hdf5 on a full disk or killed."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -182,3 +183,75 @@ def test_the_temporary_file_of_a_killed_hdf5_job_is_removed_by_the_next_run(corp
     assert list(tmp_path.glob(".vectors.hdf5.*.tmp")) == []
     with h5py.File(out) as f:
         assert len(f) == 601
+
+
+def _edit(out: Path, name: str, **changes: object) -> None:
+    """A side record of OUTPUT_DIR edited in place (its schema kept), as a hand or a tool might."""
+    from pipelines.output_dir import open_output
+
+    output = open_output(out)
+    record = output.read_record(name)
+    schema = pq.read_schema(out / name).remove_metadata()
+    output.write_record(name, {**record, **changes}, schema)
+
+
+def test_verify_fails_an_edited_record_or_a_side_file_that_polars_would_read(corpus, tiny_dir, tmp_path):
+    """Each passed verify: polars and DuckDB read a stray _extra.parquet as rows (and fail on a
+    file under _shards/ that is no record); edited counts, options and job records were reported
+    as the output's."""
+    out = tmp_path / "out"
+    embed_parquet(corpus, out, tiny_dir, rows_per_shard=200, quiet=True)
+    manifest, commit = out / "_manifest.parquet", out / "_shards" / "part-00000-00000.parquet"
+    kept = {p: p.read_bytes() for p in (manifest, commit, out / "_job.parquet")}
+
+    def fails(says: str) -> None:
+        r = elmo("verify", "--out", out, "--json")
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+        report = json.loads(r.stdout)  # the verdict on stdout too, for a script
+        assert report["ok"] is False and any(says in p for p in report["problems"]), r.stdout
+        for path, data in kept.items():
+            path.write_bytes(data)
+        for stray in (out / "_extra.parquet", out / "_shards" / "x.bak"):
+            stray.unlink(missing_ok=True)
+        assert elmo("verify", "--out", out).returncode == 0
+
+    shutil.copy(out / "part-00000-00000.parquet", out / "_extra.parquet")
+    fails("_extra.parquet: not a file of this job; polars and DuckDB read every file under OUTPUT_DIR")
+    (out / "_shards" / "x.bak").write_text("x")
+    fails("_shards/x.bak: not the commit record of a shard of this job")
+    _edit(out, "_manifest.parquet", rows=2500)
+    fails("_manifest.parquet: rows 2,500, and its shards hold")
+    _edit(out, "_manifest.parquet", tokens=1)
+    fails("_manifest.parquet: tokens 1, and its shards hold")
+    _edit(out, "_shards/part-00000-00000.parquet", tokens=7)
+    fails("part-00000-00000.parquet: its counts differ: tokens")
+    _edit(out, "_job.parquet", options={**open_record(out, "_job.parquet")["options"], "dtype": "float16"})
+    fails("_job.parquet: its digest is not its contents'")
+    options = open_record(out, "_manifest.parquet")["options"]
+    _edit(out, "_manifest.parquet", options={**options, "dtype": "float16"})
+    fails("_manifest.parquet: its options ['dtype'] are not _job.parquet's")
+
+
+def open_record(out: Path, name: str) -> dict:
+    from pipelines.output_dir import open_output
+
+    return open_output(out).read_record(name)
+
+
+def test_verify_passes_a_float_id_column_holding_nan(tiny_dir, tmp_path):
+    """NaN equals nothing, so an output whose ids were the input's failed verify."""
+    inp = tmp_path / "in"
+    inp.mkdir()
+    pq.write_table(pa.table({"id": [1.5, float("nan"), 3.0], "text": ["a b", "c", "d e f"]}), inp / "a.parquet")
+    embed_parquet(inp, tmp_path / "out", tiny_dir, id_column="id", quiet=True)
+    assert verify_output(tmp_path / "out")["rows"] == 3
+
+
+def test_info_shows_a_damaged_manifests_fields_as_unknown(corpus, tiny_dir, tmp_path):
+    """A field of another type (shards: 5) was a TypeError traceback."""
+    out = tmp_path / "out"
+    embed_parquet(corpus, out, tiny_dir, rows_per_shard=200, quiet=True)
+    _edit(out, "_manifest.parquet", shards=5, rows="many")
+    r = elmo("info", "--out", out)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "shards             -" in r.stdout and "rows               -" in r.stdout, r.stdout

@@ -44,6 +44,21 @@ def test_columns_of_different_types_across_files_are_refused_before_anything_is_
     assert verify_output(out)["rows"] == 4
 
 
+def test_a_column_name_twice_is_refused_naming_it(tiny_dir, tmp_path):
+    """A KeyError or ArrowInvalid traceback (exit 1), for a CSV header or a Parquet file alike."""
+    (tmp_path / "dup.csv").write_text("id,text,text\n1,a b,c\n")
+    parquet = tmp_path / "dup.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array([1]), pa.array(["a b"]), pa.array(["x"])], names=["id", "text", "id"]),
+                   parquet)
+    for path, twice in ((tmp_path / "dup.csv", "['text']"), (parquet, "['id']")):
+        for fmt in (["--format", "hdf5"], []):
+            out = tmp_path / ("out.hdf5" if fmt else "out")
+            r = elmo("embed", "--text", path, "--out", out, "--model", tiny_dir, *fmt)
+            assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+            assert f"{path}: columns {twice} appear more than once; columns are read by name" in r.stderr, r.stderr
+            assert not out.exists()
+
+
 @pytest.mark.parametrize("damage, message", [
     ("truncated weights", "is it truncated or of another format?"),
     ("unknown options key", "unknown key(s) ['bogus']"),

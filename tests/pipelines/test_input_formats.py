@@ -97,6 +97,27 @@ def test_a_file_that_cannot_be_read_or_told_is_refused_before_anything_is_writte
     assert not out.exists()
 
 
+def test_a_last_field_whose_closed_quote_holds_a_line_break_is_read(tiny_dir, tmp_path):
+    """It was refused as a quote that never closes (pyarrow reads it): the value alone ends with a
+    line break either way."""
+    for name, content, last in (("nl.csv", 'id,text\n1,"x"\n2,"ends\n"\n', "ends\n"),
+                                ("esc.csv", 'id,text\n1,x\n2,"a ""b""\n"', 'a "b"\n')):
+        (tmp_path / name).write_text(content)
+        out = tmp_path / f"out-{name}"
+        r = elmo("embed", "--text", tmp_path / name, "--out", out, "--model", tiny_dir, "--quiet")
+        assert r.returncode == 0, r.stderr
+        assert verify_output(out)["rows"] == 2 and len(vectors(out)[-1]) == len(last.split())
+
+
+@pytest.mark.parametrize("name", ["empty.csv", "empty.jsonl", "empty.txt"])
+def test_an_empty_file_of_any_format_is_zero_rows(tiny_dir, tmp_path, name):
+    """An empty .jsonl was refused ("Empty JSON stream", pyarrow's newer words) where .csv and .txt gave 0 rows."""
+    (tmp_path / name).write_text("")
+    r = elmo("embed", "--text", tmp_path / name, "--out", tmp_path / "out", "--model", tiny_dir, "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert verify_output(tmp_path / "out")["rows"] == 0
+
+
 def test_a_directory_reads_its_one_format_and_refuses_a_mix(tiny_dir, tmp_path):
     inputs = write_inputs(tmp_path / "in")
     for kind in ("parquet", "tsv", "txt", "jsonl"):

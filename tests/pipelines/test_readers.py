@@ -141,13 +141,20 @@ def test_polars_scans_and_reads_the_directory(outputs, name):
             _check(outputs, name, frame["id"].to_list(), frame["elmo"].to_list())
 
 
-@pytest.mark.parametrize("name", PARQUET)
+@pytest.mark.parametrize("name", list(LAYOUTS))
 def test_pandas_reads_the_directory(outputs, name):
     """The float layout into NumPy objects; the binary one into Arrow-backed columns
-    (``dtype_backend="pyarrow"``: pyarrow makes no NumPy objects of a list of fixed-size binaries)."""
+    (``dtype_backend="pyarrow"``, or ``types_mapper=pd.ArrowDtype`` through pyarrow for Arrow IPC:
+    pyarrow makes no NumPy objects of a list of fixed-size binaries). Arrow IPC through pyarrow's
+    dataset (pandas reads no directory of Arrow IPC files)."""
     pd = pytest.importorskip("pandas")
     out, _, _ = outputs[name]
-    frame = pd.read_parquet(out) if name.endswith("floats") else pd.read_parquet(out, dtype_backend="pyarrow")
+    floats = name.endswith("floats")
+    if LAYOUTS[name][0] == "parquet":
+        frame = pd.read_parquet(out) if floats else pd.read_parquet(out, dtype_backend="pyarrow")
+    else:
+        table = ds.dataset(out, format="arrow").to_table()
+        frame = table.to_pandas() if floats else table.to_pandas(types_mapper=pd.ArrowDtype)
     _check(outputs, name, frame["id"].tolist(), [None if v is None or v is pd.NA else v for v in frame["elmo"]])
 
 
