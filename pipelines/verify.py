@@ -49,6 +49,8 @@ class VerificationError(OutputDirError):
 
 
 JOB_KEYS = {"digest": str, "inputs": list}
+# keys a job adds to its record once it holds OUTPUT_DIR (``pipelines.job``, ``sink.mark_stopped``): not in its digest
+ADDED_AFTER_CLAIM = ("digest", "stopped", "input_sha256")
 MANIFEST_KEYS = {"job_digest": str, "shards": list, "options": dict, "rows": int, "tokens": int}
 SHARD_KEYS = {"file": str, "input_file": int, "row_start": int, "rows": int}
 INPUT_KEYS = {"path": str, "rows": int, "bytes": int, "mtime_ns": int, "footer_sha256": str}
@@ -220,7 +222,7 @@ def verify_output(out_dir: str | Path, check_inputs: bool = True) -> dict:
         _raise(out, problems + malformed)
     if manifest["job_digest"] != job["digest"]:
         problems.append(f"{manifest_name} is another job's than {job_name}")
-    if digest({k: v for k, v in job.items() if k not in ("digest", "stopped")}) != job["digest"]:
+    if digest({k: v for k, v in job.items() if k not in ADDED_AFTER_CLAIM}) != job["digest"]:
         problems.append(f"{job_name}: its digest is not its contents' (the record was edited)")
     for key, mine, theirs in (("inputs", manifest.get("inputs"), job["inputs"]), ("model", manifest.get("model"), job.get("model"))):
         if mine != theirs:
