@@ -11,6 +11,7 @@ bytes that are not UTF-8), found when the job scans its inputs, before anything 
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -21,7 +22,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
 from elmo_core.errors import InputError
-from storage.locations import open_input
+from storage.locations import file_info, open_input
 
 BLOCK_BYTES = 1 << 22
 
@@ -59,7 +60,8 @@ def _empty_schema(path: Path | str, fmt: str, text_column: str) -> pa.Schema:
     return pa.schema([pa.field(text_column, pa.string())])
 
 
-def _csv_reader(f, fmt: str, text_column: str, bad: list) -> pa_csv.CSVStreamingReader:
+def _csv_reader(f, fmt: str, text_column: str, bad: list,
+                strings: tuple[str, ...] = ()) -> pa_csv.CSVStreamingReader:
     def invalid(row: pa_csv.InvalidRow) -> str:
         bad.append(row)
         return "skip"
@@ -68,14 +70,43 @@ def _csv_reader(f, fmt: str, text_column: str, bad: list) -> pa_csv.CSVStreaming
                                 invalid_row_handler=invalid)
     return pa_csv.open_csv(f, read_options=pa_csv.ReadOptions(use_threads=False, block_size=BLOCK_BYTES),
                            parse_options=parse, convert_options=pa_csv.ConvertOptions(
-                               column_types={text_column: pa.string()}, strings_can_be_null=False))
+                               column_types={c: pa.string() for c in (text_column, *strings)},
+                               strings_can_be_null=False))
+
+
+_CONVERSION = re.compile(r"In CSV column #(\d+): Row #\d+: CSV conversion error")
+
+
+@functools.lru_cache(maxsize=256)
+def _string_columns(path: Path | str, fmt: str, text_column: str, size_and_mtime: object) -> tuple[str, ...]:
+    """The columns of a CSV/TSV file read as strings: those whose type, inferred from the file's first
+    block (4 MiB), a later block does not fit (a column empty at first, then text; ints, then
+    floats). Found by reading the file (once per version of it in a process: ``size_and_mtime``),
+    each conflict making its column a string one, so every process reads the same types."""
+    strings: tuple[str, ...] = ()
+    names: list[str] = []
+    while True:
+        with open_input(path) as f:
+            try:
+                reader = _csv_reader(f, fmt, text_column, [], strings)
+                names = reader.schema.names
+                for _ in reader:
+                    pass
+                return strings
+            except pa.ArrowInvalid as e:
+                found = _CONVERSION.search(str(e))
+                if found is None or not 0 <= int(found.group(1)) < len(names) or names[int(found.group(1))] in strings:
+                    return strings  # another problem: the reading names it
+                strings += (names[int(found.group(1))],)
 
 
 def _csv(f, path, fmt: str, text_column: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
     bad: list[pa_csv.InvalidRow] = []
     rows, last = 0, None
     try:
-        reader = _csv_reader(f, fmt, text_column, bad)
+        info = file_info(path)  # a file of one block has its types from every row already
+        strings = _string_columns(path, fmt, text_column, info) if info and info[0] > BLOCK_BYTES else ()
+        reader = _csv_reader(f, fmt, text_column, bad, strings)
         for batch in reader:
             if bad:
                 break
@@ -120,9 +151,55 @@ def _ends_quoted(path: Path | str) -> bool:
     return run % 2 == 1
 
 
+def _json_reader(f, schema: pa.Schema | None) -> pa_json.JSONStreamingReader:  # type: ignore[name-defined]
+    parse = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer") if schema is not None \
+        else pa_json.ParseOptions()
+    return pa_json.open_json(f, read_options=pa_json.ReadOptions(use_threads=False, block_size=BLOCK_BYTES),
+                             parse_options=parse)
+
+
+@functools.lru_cache(maxsize=256)
+def _json_schema(path: Path | str, size_and_mtime: object) -> pa.Schema | None:
+    """The types a JSON Lines file of several blocks is read with, where its first block (4 MiB) does
+    not tell them (a key first null, then a string; a key that appears late; ints, then floats):
+    each key's type from every line (null, int64, double, bool or string; a nested key is left to
+    the reader). None where the file reads as it is, or where no type fits a key (the reading
+    names its line). Once per version of the file in a process (``size_and_mtime``)."""
+    with open_input(path) as f:
+        try:
+            for _ in _json_reader(f, None):
+                pass
+            return None
+        except pa.ArrowInvalid:
+            pass
+    kinds: dict[str, set[type]] = {}
+    with open_input(path) as f:
+        for line in f:
+            try:
+                value = json.loads(line) if line.strip() else {}
+            except ValueError:
+                return None
+            if not isinstance(value, dict):
+                return None
+            for key, v in value.items():
+                kinds.setdefault(key, set()).add(type(v))
+    fields = []
+    for key, found in kinds.items():
+        types = found - {type(None)}
+        if types & {list, dict}:
+            continue  # nested: the reader's own inference
+        arrow = pa.null() if not types else pa.int64() if types == {int} else pa.float64() if types <= {int, float} \
+            else pa.bool_() if types == {bool} else pa.string() if types == {str} else None
+        if arrow is None:
+            return None
+        fields.append(pa.field(key, arrow))
+    return pa.schema(fields)
+
+
 def _jsonl(f, path, fmt: str, text_column: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
     try:
-        reader = pa_json.open_json(f, read_options=pa_json.ReadOptions(use_threads=False, block_size=BLOCK_BYTES))
+        info = file_info(path)  # a file of one block has its types from every line already
+        reader = _json_reader(f, _json_schema(path, info) if info and info[0] > BLOCK_BYTES else None)
         yield from reader
     except pa.ArrowInvalid as e:
         if "Empty JSON file" in str(e) or "Empty JSON stream" in str(e):  # pyarrow's words, by version

@@ -109,6 +109,27 @@ def test_a_last_field_whose_closed_quote_holds_a_line_break_is_read(tiny_dir, tm
         assert verify_output(out)["rows"] == 2 and len(vectors(out)[-1]) == len(last.split())
 
 
+def test_a_type_that_changes_after_the_first_block_is_read(tiny_dir, tmp_path, monkeypatch):
+    """Valid files of several blocks were refused where a later block did not fit the types the
+    first one gave (a column empty, then text; a key that appears late; null, then a string; ints,
+    then floats): such a column is read as strings (CSV) or typed from every line (JSON Lines)."""
+    import pipelines.input_formats as formats
+
+    monkeypatch.setattr(formats, "BLOCK_BYTES", 2048)  # blocks of a few dozen rows (4 MiB in a job)
+    n = 300
+    csv = tmp_path / "in.csv"
+    csv.write_text("id,a,n,text\n" + "".join(f"{i},,{i},row {i}\n" for i in range(n)) + f"{n},late,1.5,last row\n")
+    jsonl = tmp_path / "in.jsonl"
+    jsonl.write_text("".join(json.dumps({"id": i, "text": f"row {i}", "x": None}) + "\n" for i in range(n))
+                     + json.dumps({"id": n, "text": "last row", "x": "late", "new": 2.5}) + "\n")
+    for path, kept, last in ((csv, ["a", "n"], {"a": "late", "n": "1.5"}), (jsonl, ["x", "new"], {"x": "late", "new": 2.5})):
+        out = tmp_path / f"out-{path.suffix[1:]}"
+        m = embed_parquet(path, out, tiny_dir, id_column="id", keep_columns=kept, quiet=True)
+        table = ds.dataset(out).to_table()
+        assert m["rows"] == n + 1 and table.column("id").to_pylist() == list(range(n + 1))
+        assert {k: table.column(k)[-1].as_py() for k in kept} == last
+
+
 @pytest.mark.parametrize("name", ["empty.csv", "empty.jsonl", "empty.txt"])
 def test_an_empty_file_of_any_format_is_zero_rows(tiny_dir, tmp_path, name):
     """An empty .jsonl was refused ("Empty JSON stream", pyarrow's newer words) where .csv and .txt gave 0 rows."""
