@@ -54,7 +54,7 @@ def test_all_has_no_layer_weights_and_the_stateful_backend_combines_after_run(ti
     ("layer:1", None, 5.0, "gamma only applies to the mix (output mixed), not to output layer:1: leave it out"),
     ("top", (0.0, 1.0, 2.0), 1.0, "mix only applies to the mix (output mixed), not to output top"),
     ("all", (0.0, 1.0, 2.0), 2.0, "mix and gamma only apply to the mix (output mixed), not to output all: leave them"),
-    ("word_emb", None, 0.5, "not to output layer:0"),
+    ("word_emb", None, 0.5, "not to output word_emb (layer:0): leave it out"),  # named as asked
 ])
 def test_a_mix_setting_an_output_would_ignore_is_refused_by_every_door(tiny_dir, output, mix, gamma, named):
     """VectorRequest is what `elmo embed`, the HTTP body, Spark and the Embedder make: the check is there once."""

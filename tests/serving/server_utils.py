@@ -6,6 +6,7 @@ import base64
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -90,3 +91,18 @@ def reference(embedder: Embedder, tokens: list[str], output: str = "mixed", pool
     """``embed_sentences`` on this sentence alone: what the server must answer for it."""
     return embedder.embed_sentences([tokens], output=output, pool=pool, mix_weights=mix, gamma=gamma,
                                     normalize=normalize)[0]
+
+
+def raw_reply(url: str, data: bytes) -> bytes:
+    """``data`` sent on a new connection to the server at ``url``, then every byte it answers until
+    it closes the connection (a reset ends the answer too)."""
+    host, port = url.removeprefix("http://").split(":")
+    reply = b""
+    with socket.create_connection((host, int(port)), timeout=WAIT_S) as s:
+        s.sendall(data)
+        try:
+            while chunk := s.recv(65536):
+                reply += chunk
+        except ConnectionResetError:
+            pass
+    return reply

@@ -15,7 +15,7 @@ from inference import Embedder
 from tests.helpers import SENTENCES, TINY_OPTIONS, make_model_dir
 from tests.processes import WAIT_S
 
-from .server_utils import ServerProcess, decode, metric, reference
+from .server_utils import ServerProcess, decode, metric, raw_reply, reference
 
 LIMITS = ["--max-request-sentences", "8", "--max-sentence-tokens", "40", "--max-body-bytes", "20000",
           "--max-queue", "256", "--max-batch-tokens", "400", "--max-wait-ms", "20"]
@@ -172,15 +172,10 @@ def test_health_ready_info_and_metrics(server: ServerProcess):
 def test_head_answers_as_get_without_a_body(server: ServerProcess):
     """HEAD on a GET route (a load balancer's probe): GET's status and headers, no body; the
     connection then serves the next request (a body sent after a HEAD's answer would be read as it)."""
-    host, port = server.url.removeprefix("http://").split(":")
     for route in ("/health", "/ready", "/info", "/metrics"):
         got = httpx.get(f"{server.url}{route}")
-        with socket.create_connection((host, int(port)), timeout=WAIT_S) as s:
-            s.sendall(f"HEAD {route} HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n"
-                      f"Connection: close\r\n\r\n".encode())
-            raw = b""
-            while chunk := s.recv(65536):
-                raw += chunk
+        raw = raw_reply(server.url, f"HEAD {route} HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n"
+                                    f"Connection: close\r\n\r\n".encode())
         head, _, rest = raw.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200"), (route, head)
         length = len(got.content) if route != "/metrics" else ""  # the metrics move between two requests

@@ -5,7 +5,6 @@ one field replaced by any JSON value) is answered 200 or 4xx with a JSON error, 
 from __future__ import annotations
 
 import json
-import socket
 
 import httpx
 import pytest
@@ -15,7 +14,7 @@ from hypothesis import strategies as st
 from tests.helpers import TINY_OPTIONS, make_model_dir
 from tests.processes import WAIT_S, wait_until
 
-from .server_utils import ServerProcess
+from .server_utils import ServerProcess, raw_reply
 
 KEY = "Key-with-Case"
 
@@ -36,14 +35,9 @@ def _requests(url: str, status: str) -> float:
 
 
 def test_a_slow_body_cut_at_its_deadline_is_logged_and_counted_as_408(server: ServerProcess):
-    host, port = server.url.removeprefix("http://").split(":")
     before = _requests(server.url, "408"), _requests(server.url, "499")
-    with socket.create_connection((host, int(port)), timeout=WAIT_S) as s:
-        s.sendall(f"POST /embed HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
-                  f"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"te".encode())
-        reply = b""
-        while chunk := s.recv(65536):
-            reply += chunk
+    reply = raw_reply(server.url, f"POST /embed HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+                                  f"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"te".encode())
     assert reply.startswith(b"HTTP/1.1 408 "), reply
     wait_until(lambda: _requests(server.url, "408") != before[0], "the 408 counted")
     assert (_requests(server.url, "408"), _requests(server.url, "499")) == (before[0] + 1, before[1])
