@@ -144,7 +144,11 @@ class LocalDir(_Readable):
 
     def write_bytes(self, name: str, data: bytes) -> None:
         """Whole or not at all (``storage.atomic``)."""
-        (self.root / name).parent.mkdir(exist_ok=True)
+        folder = (self.root / name).parent
+        if folder.exists() and not folder.is_dir():  # a record's folder (_shards) made a file by someone
+            raise OutputDirError(f"{folder}: a file where this job keeps its records (a directory); move it out of "
+                                 f"OUTPUT_DIR, then rerun with --resume")
+        folder.mkdir(exist_ok=True)
         with atomic_path(self.root / name) as tmp:
             tmp.write_bytes(data)
 

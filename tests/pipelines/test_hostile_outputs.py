@@ -255,3 +255,16 @@ def test_info_shows_a_damaged_manifests_fields_as_unknown(corpus, tiny_dir, tmp_
     r = elmo("info", "--out", out)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert "shards             -" in r.stdout and "rows               -" in r.stdout, r.stdout
+
+
+def test_a_file_where_the_records_folder_was_is_named_on_resume(corpus, tiny_dir, tmp_path):
+    """A bare "File exists", naming nothing."""
+    out = tmp_path / "out"
+    embed_parquet(corpus, out, tiny_dir, rows_per_shard=200, quiet=True)
+    shutil.rmtree(out / "_shards")
+    (out / "_shards").write_text("not a folder")
+    (out / "_SUCCESS").unlink()
+    r = elmo("embed", "--text", corpus, "--out", out, "--model", tiny_dir, "--rows-per-shard", "200", "--quiet",
+             "--resume")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"{out / '_shards'}: a file where this job keeps its records (a directory); move it out" in r.stderr
