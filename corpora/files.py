@@ -32,15 +32,18 @@ def input_format(path: str | Path) -> str | None:
     return next((name for name, suffixes in INPUT_FORMATS.items() if suffix in suffixes), None)
 
 
-def input_files(spec: str | Path) -> list[tuple[Path | str, str]]:
+def input_files(spec: str | Path, unread: list | None = None) -> list[tuple[Path | str, str]]:
     """(file, format) of elmo embed's INPUT: a file, a glob, a directory or a prefix on a store.
     A directory gives its Parquet files where it holds any (what else is there is not input), else
     its files of the one other format it holds. A file whose format its suffix does not name, or a
-    directory with files of several formats and no Parquet file, is an InputError naming the formats."""
+    directory with files of several formats and no Parquet file, is an InputError naming the formats.
+    ``unread``: receives the input files a directory holds beside its Parquet files, not read."""
     found = list(list_files(str(spec), ALL_SUFFIXES)) if is_uri(spec) else _local_files(spec)
     if (is_uri(spec) or Path(spec).is_dir()) and len(found) > 1:
         kinds = {input_format(p) for p in found}
         if "parquet" in kinds:
+            if unread is not None:
+                unread.extend(p for p in found if not is_parquet(p))
             found = [p for p in found if is_parquet(p)]
         elif len(kinds) > 1:
             raise InputError(f"{spec}: files of several input formats ({', '.join(sorted(kinds))}); a directory "

@@ -26,6 +26,7 @@ from elmo_core.whitespace import TOKEN_PATTERN
 
 from . import input_formats
 from .options import EmbedOptions
+from .progress import note
 from .rows import check_text_type
 from .schema import ELMO_COLUMN
 
@@ -120,8 +121,8 @@ def input_sha256(path: Path | str, fmt: str) -> str:
 def scan_inputs(spec: str | Path, opts: EmbedOptions) -> list[InputFile]:
     """Open every input file's footer (a Parquet file) or read it whole (the others) and check its
     columns: errors come before any output."""
-    files = []
-    for i, (path, fmt) in enumerate(input_files(spec)):
+    files, unread = [], []  # type: ignore[var-annotated]
+    for i, (path, fmt) in enumerate(input_files(spec, unread)):
         size, mtime_ns = file_info(path) or (0, 0)
         if fmt == "parquet":
             pf = _open(path)
@@ -131,6 +132,11 @@ def scan_inputs(spec: str | Path, opts: EmbedOptions) -> list[InputFile]:
         check_schema(schema, opts, str(path))
         files.append(InputFile(i, path if is_uri(path) else Path(path).resolve(), rows, size, mtime_ns,
                                input_sha256(path, fmt), schema, file_etag(path), fmt))
+    if unread:
+        shown = ", ".join(Path(str(p)).name for p in unread[:3]) + (f" and {len(unread) - 3} more" if len(unread) > 3 else "")
+        note(f"INPUT {spec}: its {len(files)} Parquet file(s) are read, not its {len(unread)} file(s) of other formats "
+             f"({shown}); to embed those, give them as INPUT (a glob such as "
+             f"'{spec}/*{Path(str(unread[0])).suffix}')", opts.quiet)
     return files
 
 

@@ -139,6 +139,16 @@ def test_an_empty_file_of_any_format_is_zero_rows(tiny_dir, tmp_path, name):
     assert verify_output(tmp_path / "out")["rows"] == 0
 
 
+def test_a_directory_of_parquet_files_says_which_other_files_it_does_not_read(tiny_dir, tmp_path):
+    """Its Parquet files are its input (a dataset's directory may hold notes); the others were left
+    out without a word."""
+    write_inputs(tmp_path / "in")  # one file of each format
+    r = elmo("embed", "--text", tmp_path / "in", "--out", tmp_path / "out", "--model", tiny_dir)
+    assert r.returncode == 0, r.stderr
+    assert f"INPUT {tmp_path / 'in'}: its 1 Parquet file(s) are read, not its 4 file(s) of other formats" in r.stderr
+    assert len(vectors(tmp_path / "out")) == len(SENTENCES)
+
+
 def test_a_directory_reads_its_one_format_and_refuses_a_mix(tiny_dir, tmp_path):
     inputs = write_inputs(tmp_path / "in")
     for kind in ("parquet", "tsv", "txt", "jsonl"):
