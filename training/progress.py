@@ -88,9 +88,12 @@ class DeviceTotals:
 
 
 class MetricLogger:
+    """metrics.jsonl and TensorBoard's event files (opened at the first record: a run refused before
+    it records anything leaves no empty event file)."""
+
     def __init__(self, out: Path, enabled: bool, tensorboard: bool, log: Callable[[str], None]) -> None:
         self.path, self.enabled = out / "metrics.jsonl", enabled
-        self.writer = None
+        self.writer, self._open_writer = None, None
         if enabled and tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -98,7 +101,7 @@ class MetricLogger:
                 log("TensorBoard is not installed (pip install 'elmo-pipeline[tensorboard]'): the metrics go to "
                     "metrics.jsonl only")
             else:
-                self.writer = SummaryWriter(str(out / TENSORBOARD_DIR))
+                self._open_writer = lambda: SummaryWriter(str(out / TENSORBOARD_DIR))
 
     def record(self, group: str, step: int, scalars: dict[str, float], extra: dict | None = None) -> None:
         """One record: ``{"step": step, group_name: value, ..., **extra}`` in metrics.jsonl and each
@@ -108,6 +111,8 @@ class MetricLogger:
         row = {"step": step, **{f"{group}_{k}": v for k, v in scalars.items()}, **(extra or {})}
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
+        if self.writer is None and self._open_writer is not None:
+            self.writer = self._open_writer()
         if self.writer is not None:
             for name, value in scalars.items():
                 self.writer.add_scalar(f"{group}/{name}", float(value), step)

@@ -63,6 +63,8 @@ def test_a_resume_keeps_the_vocabulary_and_the_optimizer(corpus, tmp_path):
     (run / "vocab.txt").write_bytes(kept)
     with pytest.raises(CheckpointError, match="trained with --optimizer adam, this run has adagrad"):
         train(tiny_run(tmp_path, corpus, out="run", max_steps=3, optimizer="adagrad"), resume=True, log=QUIET)
+    events = sorted((run / "tensorboard").glob("events.*"))
+    assert len(events) == 1  # the first run's: a refused resume opens none (the logger opens at its first record)
     assert train(tiny_run(tmp_path, corpus, out="run", max_steps=3), resume=True, log=QUIET)["step"] == 3
 
 
