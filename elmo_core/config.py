@@ -294,6 +294,9 @@ def _parse_dictionaries(d: Any, where: str) -> DictionaryConfig:
     for k in ("chars", "words"):
         if k in d:
             kw[k] = _check_type(d[k], (str,), f"{where}.{k}")
+            if kw[k] in ("", ".", "..") or "/" in kw[k] or "\\" in kw[k] or "\0" in kw[k]:  # copied beside every export
+                raise ConfigError(f"{where}.{k}: {kw[k]!r} must be a file name beside options.json (no directory "
+                                  f"part): an export copies it under that name")
     for k in ("word_dim", "n_words"):
         if k in d:
             kw[k] = _check_type(d[k], (int,), f"{where}.{k}")

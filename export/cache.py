@@ -61,6 +61,8 @@ def export_key(model: str | Path, precision: str, weights: str | Path | None = N
     parts = {"options": file_sha256(files.options), "weights": file_sha256(files.weights),
              "precision": precision, "opset": opset, "format_version": FORMAT_VERSION,
              "onnxruntime": onnxruntime.__version__, "token_dedup": on_demand_dedup(precision, cuda)}
+    if dictionaries := files.dictionaries():  # token ids: the export's vectors depend on them too
+        parts["dictionaries"] = {p.name: file_sha256(p) if p.is_file() else None for p in dictionaries}
     if precision in ("int8", "auto"):
         parts["int8_weight_bits"] = weight_bits(cpu_flags() if flags is None else flags)
     if precision in ("int8", "auto") and sample is not None:

@@ -3,6 +3,7 @@
 model identity, compared with OUTPUT_DIR's job record before any model code loads)."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,19 @@ class ModelFiles:
     @property
     def format(self) -> str:
         return "safetensors" if self.weights.suffix == ".safetensors" else "hdf5"
+
+    def dictionaries(self) -> list[Path]:
+        """The dictionary files options.json names (``dictionaries``: a model that takes token ids from
+        them, ``elmo_core.dictionaries``), beside it; none for a byte-level model or options that do
+        not parse (loading the model names that problem). Its vectors depend on them as on its weights."""
+        try:
+            found = json.loads(self.options.read_text(encoding="utf-8")).get("dictionaries")
+        except (OSError, ValueError, AttributeError):
+            return []
+        names = [found.get(k) for k in ("chars", "words")] if isinstance(found, dict) else []
+        if isinstance(found, dict) and "chars" not in found:
+            names[0] = "char.dic"  # DictionaryConfig's default
+        return [self.options.parent / n for n in names if isinstance(n, str) and n and "/" not in n]
 
 
 def resolve_model(path: str | Path, weights: str | Path | None = None) -> ModelFiles:

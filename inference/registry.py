@@ -258,8 +258,11 @@ def model_identity(model: str | Path, backend: str = "torch", weights: str | Pat
         from formats.model_files import resolve_model
 
         files = resolve_model(model, weights)
-        return {"path": where, "format": files.format,
-                "sha256": file_sha256(files.weights), "options_sha256": file_sha256(files.options)}
+        found = files.dictionaries()  # only where there are: a byte-level model's identity is as it was
+        return {"path": where, "format": files.format, "sha256": file_sha256(files.weights),
+                "options_sha256": file_sha256(files.options),
+                **({"dictionaries_sha256": {p.name: file_sha256(p) if p.is_file() else None for p in found}}
+                   if found else {})}
     return {"path": where, "format": backend, "sha256": file_sha256(model_files(model, backend)[0])}
 
 
@@ -270,5 +273,5 @@ def model_files(model: str | Path, backend: str = "torch", weights: str | Path |
         from formats.model_files import resolve_model
 
         files = resolve_model(model, weights)
-        return [Path(files.weights), Path(files.options)]
+        return [Path(files.weights), Path(files.options), *(p for p in files.dictionaries() if p.is_file())]
     return [artifact_file(export_dir(model, backend), backend)]

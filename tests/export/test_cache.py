@@ -157,3 +157,50 @@ def test_serve_runs_the_int8_export_of_a_model_directory(tiny_dir, cache):
                                        reference(embedder, SENTENCES[0]), atol=1e-6, rtol=0)
     finally:
         server.stop()
+
+
+def _dictionary_model(out: Path, chars: str = "char.dic") -> Path:
+    """A tiny random model that takes its character ids from a dictionary file (ELMoForManyLangs')."""
+    import torch
+
+    from elmo_core import BiLM, ElmoConfig
+    from elmo_core.dictionaries import CHAR_SPECIALS, DictionaryTokenizer
+    from formats import save_model
+
+    ids = {c: i for i, c in enumerate([*CHAR_SPECIALS, *"abcdefghijklmnopqrstuvwxyz."])}
+    config = ElmoConfig.from_dict({
+        "lstm": {"dim": 16, "projection_dim": 8, "n_layers": 1, "cell_clip": 3.0, "proj_clip": 3.0,
+                 "use_skip_connections": True},
+        "char_cnn": {"embedding": {"dim": 4}, "filters": [[1, 4], [2, 4]], "n_highway": 1,
+                     "n_characters": len(ids) + 1, "max_characters_per_token": 20, "activation": "relu"},
+        "dictionaries": {"chars": chars}})
+    torch.manual_seed(0)
+    save_model(BiLM(config, DictionaryTokenizer(ids, None, 20)), out, "hdf5")
+    return out
+
+
+def test_a_dictionary_models_key_and_identity_follow_its_dictionary(tmp_path):
+    """Two ids swapped in char.dic reused the cached export (other vectors than torch's, exit 0) and
+    kept the job's model identity."""
+    from inference.registry import model_identity
+
+    model = _dictionary_model(tmp_path / "m")
+    key, identity = export_key(model, "fp32"), model_identity(model)
+    lines = (model / "char.dic").read_text().splitlines()
+    lines[-1], lines[-2] = lines[-2], lines[-1]
+    (model / "char.dic").write_text("\n".join(lines) + "\n")
+    assert export_key(model, "fp32") != key and model_identity(model) != identity
+    assert set(identity) == {"path", "format", "sha256", "options_sha256", "dictionaries_sha256"}
+
+
+def test_a_dictionary_named_outside_the_model_directory_is_refused(tmp_path):
+    """An export copies each dictionary under its name: '../victim/char.dic' overwrote a user's file."""
+    from elmo_core.config import ConfigError
+    from elmo_core import ElmoConfig
+
+    for name in ("../victim/char.dic", "/etc/passwd", "..", ""):
+        with pytest.raises(ConfigError, match="must be a file name beside options.json"):
+            ElmoConfig.from_dict({"lstm": {"dim": 16, "projection_dim": 8, "n_layers": 1},
+                                  "char_cnn": {"embedding": {"dim": 4}, "filters": [[1, 4]], "n_highway": 0,
+                                               "n_characters": 40, "max_characters_per_token": 20},
+                                  "dictionaries": {"chars": name}})
