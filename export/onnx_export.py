@@ -11,6 +11,7 @@ from elmo_core import BiLM
 from elmo_core.dictionaries import DictionaryTokenizer
 from elmo_core.errors import InputError
 from elmo_core.vectors import VectorRequest
+from storage.atomic import atomic_dir
 from storage.locations import file_sha256
 from formats import load_bilm, resolve_model
 from formats.errors import ExportError
@@ -74,10 +75,15 @@ def ort_run(path: Path, spec: ExportSpec, threads: int | None = None, providers:
 
 
 def check_export_dir(out_dir: Path) -> None:
-    """An export's ``--out`` is a folder (made where absent); InputError for a file."""
+    """An export's ``--out``: a new or empty folder, or an earlier export (its manifest.json), which
+    the new one replaces whole once it has passed. InputError for a file, and for a folder of other
+    files (a model's directory, a user's): never written into."""
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out {out_dir}: is a file; an export writes a folder (model.onnx, manifest.json): "
                          f"give a folder's path")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MANIFEST_NAME).is_file():
+        raise InputError(f"--out {out_dir}: holds files and is not an earlier export (no {MANIFEST_NAME}); an export "
+                         f"replaces its folder whole: give a new or empty folder")
 
 
 def export_onnx(model: str | Path, out_dir: str | Path, vectors: VectorRequest = VectorRequest("all"), precision: str = "fp32", opset: int = DEFAULT_OPSET, validate: bool = True,
@@ -99,8 +105,15 @@ def export_onnx(model: str | Path, out_dir: str | Path, vectors: VectorRequest =
     files = resolve_model(model, weights)
     bilm = load_bilm(files.options, files.weights)
     spec = ExportSpec.for_config(bilm.config, vectors, precision, opset, token_dedup)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # no manifest until this export has passed
+    with atomic_dir(out_dir, MANIFEST_NAME, replace=True) as tmp:  # an earlier export stays until this one passed
+        return _export_into(tmp, files, bilm, spec, validate, shapes, threads, sample, int8_bits)
+
+
+def _export_into(out_dir: Path, files: ModelFiles, bilm: BiLM, spec: ExportSpec, validate: bool,
+                 shapes: Sequence[tuple[int, int]] | None, threads: int | None,
+                 sample: tuple[Sequence[Sequence[str]], str] | None, int8_bits: int | None) -> dict[str, Any]:
+    """``export_onnx``'s files, written into the folder ``out_dir``; the manifest."""
+    precision = spec.precision
     t0 = time.perf_counter()
     proto = build_onnx(bilm, spec)
     onnx.checker.check_model(proto, full_check=True)

@@ -42,15 +42,17 @@ def reference(torch_backend: TorchBackend, spec: ExportSpec, ids: np.ndarray) ->
 
 
 def layer_cosines(out: np.ndarray, ref: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Cosine of each token's vectors per layer (the mix as one layer), 1.0 at padding.
+    """Cosine of each token's vectors per layer (the mix as one layer), 1.0 at padding and where both
+    vectors are zero (equal: a mix with gamma 0), 0.0 where only one is.
 
     Shape: out, ref (B, [L+1,] T, D), mask (B, T) -> (L+1 or 1, B, T).
     """
     if out.ndim == 3:
         out, ref = out[:, None], ref[:, None]
     a, b = np.moveaxis(out, 1, 0).astype(np.float64), np.moveaxis(ref, 1, 0).astype(np.float64)  # (L+1, B, T, D)
-    den = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
-    return np.where(mask[None], (a * b).sum(-1) / np.maximum(den, 1e-30), 1.0)
+    na, nb = np.linalg.norm(a, axis=-1), np.linalg.norm(b, axis=-1)  # (L+1, B, T)
+    cos = np.where((na == 0) & (nb == 0), 1.0, (a * b).sum(-1) / np.maximum(na * nb, 1e-30))
+    return np.where(mask[None], cos, 1.0)
 
 
 def worst_token(cos: np.ndarray) -> dict[str, int | float]:

@@ -140,7 +140,13 @@ class ExportSpec:
 
     @property
     def tolerance(self) -> Tolerance:
-        return TOLERANCES[self.precision]
+        """``TOLERANCES``' for the precision; the mix's max |diff| scaled by |gamma| (at least 1):
+        gamma * sum_j softmax(s)_j layer_j moves at most |gamma| times its layers' largest difference
+        (the softmax's weights sum to 1), which the all-layers export is held to."""
+        tol = TOLERANCES[self.precision]
+        if tol.max_abs is not None and self.vectors.mode.mixes:
+            return Tolerance(tol.max_abs * max(1.0, abs(self.vectors.gamma)), tol.min_cosine)
+        return tol
 
     @property
     def text_min_cosine(self) -> float:

@@ -40,3 +40,33 @@ def test_export_flags_out_of_range_exit_2_before_out_is_created(tiny_dir, tmp_pa
     assert r.returncode == 2 and named in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not out.exists()
 
+
+
+def test_export_out_is_new_empty_or_an_earlier_export_and_replaced_only_once_one_passed(tiny_dir, tmp_path):
+    """A user's folder, the model's own directory and the current directory (--out "") were written
+    into, exit 0; a re-export that failed deleted the earlier export's manifest and overwrote its
+    graph."""
+    import json
+    import shutil
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "model.onnx").write_text("my own graph")
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dir, model)
+    for out in (mine, model):
+        before = sorted((p.name, p.read_bytes()) for p in out.iterdir())
+        r = run_cli("export", "onnx", "--model", model, "--out", out, "--threads", "1")
+        assert r.returncode == 2 and "holds files and is not an earlier export (no manifest.json)" in r.stderr, r.stderr
+        assert sorted((p.name, p.read_bytes()) for p in out.iterdir()) == before
+    out = tmp_path / "export"
+    assert run_cli("export", "onnx", "--model", model, "--out", out, "--threads", "1").returncode == 0
+    earlier = {p.name: p.read_bytes() for p in out.iterdir()}
+    r = run_cli("export", "onnx", "--model", model, "--out", out, "--threads", "1", "--precision", "bf16")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr  # ONNX Runtime runs no bf16 graph on a CPU
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == earlier  # the earlier export, whole
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left
+    r = run_cli("export", "onnx", "--model", model, "--out", out, "--threads", "1", "--output", "mixed", "--gamma", "20")
+    assert r.returncode == 0, r.stderr  # replaced; its tolerance scaled by |gamma| (was refused at 1.5e-4)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["spec"]["gamma"] == 20 and manifest["parity"]["tolerance"]["max_abs"] == pytest.approx(2e-3)

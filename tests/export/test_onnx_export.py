@@ -69,22 +69,22 @@ def test_reductions_never_run_on_int64(tiny_dir):
 
 
 def test_fixture_parity_on_every_spec_shape(fixture_dir, tmp_path):
-    m = export_onnx(out_dir=tmp_path, threads=1, **fixture_model(fixture_dir))
+    m = export_onnx(out_dir=tmp_path / "x", threads=1, **fixture_model(fixture_dir))
     par = m["parity"]
     shapes = {(r["batch"], r["time"]) for r in par["shapes"]}
     assert shapes == {(b, t) for b in VALIDATION_BATCHES for t in VALIDATION_TIMES}
     # ORT's fp32 kernels vs torch's on the full graph: measured ~1e-5 (the export's own tolerance)
     assert par["passed"] and par["max_abs"] <= 1e-4, par
     assert all(r["max_abs"] <= 1e-4 for r in par["shapes"])
-    saved = json.loads((tmp_path / "manifest.json").read_text())
+    saved = json.loads((tmp_path / "x" / "manifest.json").read_text())
     assert saved["source"]["weights_sha256"] == file_sha256(fixture_dir / "lm_weights.hdf5")
-    assert saved["onnx"]["sha256"] == file_sha256(tmp_path / "model.onnx")
+    assert saved["onnx"]["sha256"] == file_sha256(tmp_path / "x" / "model.onnx")
     assert saved["onnx"]["opset"] == 17 and saved["precision"] == "fp32" and saved["onnx"]["tensorrt_parsable"]
     assert saved["inputs"] == [{"name": "char_ids", "dtype": "int32", "shape": ["batch", "time", 50],
                                 "dynamic_axes": {"0": "batch", "1": "time"}}]
     assert [o["name"] for o in saved["outputs"]] == ["layers", "mask"]
     assert saved["outputs"][0]["shape"] == ["batch", 3, "time", 32]
-    graph = onnx.load(str(tmp_path / "model.onnx"))
+    graph = onnx.load(str(tmp_path / "x" / "model.onnx"))
     dims = [d.dim_param or d.dim_value for d in graph.graph.input[0].type.tensor_type.shape.dim]
     assert dims == ["batch", "time", 50]
 
@@ -104,7 +104,7 @@ def test_parity_failure_raises_and_leaves_no_manifest(tiny_dir, tmp_path):
 
 @pytest.mark.parametrize("opset", [18, 20])
 def test_mixed_output_and_other_opsets(tiny_dir, tmp_path, opset):
-    m = export_onnx(tiny_dir, tmp_path, VectorRequest("mixed", (0.3, -1.0, 2.0), 0.5), opset=opset,
+    m = export_onnx(tiny_dir, tmp_path / "x", VectorRequest("mixed", (0.3, -1.0, 2.0), 0.5), opset=opset,
                     threads=1, shapes=QUICK)
     # as above: ORT vs torch fp32 kernels
     assert m["parity"]["max_abs"] <= 1e-4 and m["outputs"][0]["shape"] == ["batch", "time", 16]
@@ -113,25 +113,25 @@ def test_mixed_output_and_other_opsets(tiny_dir, tmp_path, opset):
 
 @pytest.mark.parametrize("precision,ops", [("fp16", {"Cast", "MatMul"}), ("int8", {"MatMulInteger"})])
 def test_reduced_precision_variants(tiny_dir, tmp_path, precision, ops):
-    m = export_onnx(tiny_dir, tmp_path, precision=precision, threads=1, shapes=QUICK)
+    m = export_onnx(tiny_dir, tmp_path / "x", precision=precision, threads=1, shapes=QUICK)
     assert m["parity"]["min_cosine"] >= ExportSpec.for_config(load_bilm(tiny_dir).config,
                                                              precision=precision).tolerance.min_cosine
     assert ops <= set(m["onnx"]["op_types"])
     assert m["onnx"]["tensorrt_parsable"] == (precision != "int8")
     if precision == "int8":  # the recurrent MatMuls inside the Scan bodies are quantized too
-        body_ops = {n.op_type for n in iter_nodes(onnx.load(str(tmp_path / "model.onnx")).graph)}
+        body_ops = {n.op_type for n in iter_nodes(onnx.load(str(tmp_path / "x" / "model.onnx")).graph)}
         assert "MatMul" not in body_ops
 
 
 def test_bad_export_options(tiny_dir, tmp_path):
     with pytest.raises(ExportError, match="expected 3 weights"):
-        export_onnx(tiny_dir, tmp_path, VectorRequest("mixed", (1.0, 2.0)))
+        export_onnx(tiny_dir, tmp_path / "x", VectorRequest("mixed", (1.0, 2.0)))
     with pytest.raises(InputError, match="gamma only applies to the mix"):
         VectorRequest("all", gamma=2.0)
     with pytest.raises(ExportError, match="an export's graph gives float32 layers"):
-        export_onnx(tiny_dir, tmp_path, VectorRequest("top"))
+        export_onnx(tiny_dir, tmp_path / "x", VectorRequest("top"))
     with pytest.raises(ExportError, match="opset 12 is not supported"):
-        export_onnx(tiny_dir, tmp_path, opset=12)
+        export_onnx(tiny_dir, tmp_path / "x", opset=12)
 
 
 FULL = {"lstm": {"dim": 4096, "projection_dim": 512, "n_layers": 2, "cell_clip": 3, "proj_clip": 3,
@@ -169,7 +169,7 @@ def test_bf16_graph_exports_for_tensorrt_but_cannot_validate_on_cpu(tiny_dir, tm
 
 def test_token_dedup_export_matches_torch_and_is_marked_onnxruntime_only(fixture_dir, tmp_path):
     """--token-dedup: the char-CNN runs once per distinct token (Unique); parity holds on every spec shape."""
-    m = export_onnx(out_dir=tmp_path, threads=1, token_dedup=True, **fixture_model(fixture_dir))
+    m = export_onnx(out_dir=tmp_path / "x", threads=1, token_dedup=True, **fixture_model(fixture_dir))
     # as above: ORT vs torch fp32 kernels
     assert m["parity"]["passed"] and m["parity"]["max_abs"] <= 1e-4
     assert len(m["parity"]["shapes"]) == len(VALIDATION_BATCHES) * len(VALIDATION_TIMES)
@@ -177,7 +177,7 @@ def test_token_dedup_export_matches_torch_and_is_marked_onnxruntime_only(fixture
     assert m["spec"]["token_dedup"] is True
     from inference.onnx_backend import OnnxBackend
 
-    with OnnxBackend(tmp_path, threads=1) as backend:
+    with OnnxBackend(tmp_path / "x", threads=1) as backend:
         assert backend.spec.token_dedup  # read back from the manifest
         ids = batch_to_ids([["the", "the", "cat"], ["cat", "the"]])  # (2, 3, 50): repeats and a padded slot
         layers, _ = backend.run(ids)
@@ -190,8 +190,8 @@ def test_token_dedup_export_matches_torch_and_is_marked_onnxruntime_only(fixture
 def test_rows_do_not_depend_on_their_batch(tiny_dir, tmp_path, dedup):
     """Padded steps do not hold the state: a row gives the same vectors alone and beside longer,
     shorter and empty rows, in either graph, and zeros at its padding."""
-    export_onnx(tiny_dir, tmp_path, threads=1, shapes=((1, 1),), token_dedup=dedup)
-    run = ort_run(tmp_path / "model.onnx", ExportSpec.for_config(load_bilm(tiny_dir).config), 1)
+    export_onnx(tiny_dir, tmp_path / "x", threads=1, shapes=((1, 1),), token_dedup=dedup)
+    run = ort_run(tmp_path / "x" / "model.onnx", ExportSpec.for_config(load_bilm(tiny_dir).config), 1)
     row = "The cat sat on the mat .".split()
     others = ["A much longer sentence , with punctuation and numbers like 1 , 2 in it .".split(), [], ["Hi"]]
     alone, _ = run(batch_to_ids([row]))  # (1, L+1, T, 2P)
