@@ -4,6 +4,9 @@ The export format's one home: `elmo export` writes it, the ONNX Runtime and Tens
 """
 from __future__ import annotations
 
+import hashlib
+import json
+
 import platform
 from pathlib import Path
 from typing import Any
@@ -35,9 +38,20 @@ def producer() -> dict[str, str]:
             "torch": torch.__version__, "python": platform.python_version()}
 
 
+DIGEST_KEY = "manifest_sha256"  # of the manifest's other keys: an edited manifest is found, not obeyed
+# the sections each kind's readers index (an older manifest may lack the digest: these are checked still)
+SECTIONS = {"onnx": ("source", "onnx", "spec"), "tensorrt": ("source",)}
+
+
+def _digest(manifest: dict[str, Any]) -> str:
+    body = {k: v for k, v in manifest.items() if k != DIGEST_KEY}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> Path:
+    """``manifest`` as OUT/manifest.json, with the digest of its contents (``DIGEST_KEY``)."""
     path = Path(out_dir) / MANIFEST_NAME
-    write_json_atomic(path, manifest, sort_keys=False)
+    write_json_atomic(path, {**manifest, DIGEST_KEY: _digest(manifest)}, sort_keys=False)
     return path
 
 
@@ -56,6 +70,11 @@ def read_manifest(export_dir: str | Path, kind: str = "onnx") -> dict[str, Any]:
     if manifest.get("format_version") != FORMAT_VERSION:
         raise ExportError(f"{path}: manifest format {manifest.get('format_version')}, this version reads "
                           f"{FORMAT_VERSION}; re-export")
+    if DIGEST_KEY in manifest and manifest[DIGEST_KEY] != _digest(manifest):
+        raise ExportError(f"{path}: edited after the export (its {DIGEST_KEY} is not its contents'): what it says "
+                          f"the graph computes may not be what it computes; re-export")
+    if bad := [k for k in SECTIONS.get(kind, ()) if not isinstance(manifest.get(k), dict)]:
+        raise ExportError(f"{path}: its {bad} section(s) missing or not objects; re-export")
     return manifest
 
 

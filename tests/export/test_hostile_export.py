@@ -70,3 +70,24 @@ def test_export_out_is_new_empty_or_an_earlier_export_and_replaced_only_once_one
     assert r.returncode == 0, r.stderr  # replaced; its tolerance scaled by |gamma| (was refused at 1.5e-4)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["spec"]["gamma"] == 20 and manifest["parity"]["tolerance"]["max_abs"] == pytest.approx(2e-3)
+
+
+def test_an_edited_export_manifest_is_refused_not_obeyed(tiny_dir, tmp_path):
+    """A mix weight edited in the manifest ran the graph as before and reported the edited mix (max
+    |diff| 5.4 against torch, exit 0); a section deleted was a KeyError traceback."""
+    import json
+
+    out = tmp_path / "mixed"
+    assert run_cli("export", "onnx", "--model", tiny_dir, "--out", out, "--output", "mixed", "--mix", "0,1,2",
+                   "--threads", "1").returncode == 0
+    path, text = out / "manifest.json", tmp_path / "in.txt"
+    text.write_text("The cat sat .\n")
+    kept = path.read_text()
+    for edit in (lambda m: m["spec"].update(mix_weights=[0, 0, 10]), lambda m: m.pop("source")):
+        manifest = json.loads(kept)
+        edit(manifest)
+        path.write_text(json.dumps(manifest))
+        r = run_cli("embed", "--text", text, "--out", tmp_path / "o", "--model", out,
+                    "--output", "mixed", "--mix", "0,0,10")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert "edited after the export" in r.stderr and "re-export" in r.stderr, r.stderr

@@ -88,8 +88,8 @@ def test_bad_inputs_and_tampered_exports(onnx_dir, tmp_path):
 
 
 def test_mixed_export_backend(tiny_dir, tmp_path):
-    export_onnx(tiny_dir, tmp_path, VectorRequest("mixed", (1.0, 0.0, -1.0), 2.0), threads=1, shapes=QUICK)
-    backend = OnnxBackend(tmp_path, threads=1)
+    export_onnx(tiny_dir, tmp_path / "x", VectorRequest("mixed", (1.0, 0.0, -1.0), 2.0), threads=1, shapes=QUICK)
+    backend = OnnxBackend(tmp_path / "x", threads=1)
     ids = batch_to_ids(SENTENCES)
     mixed, mask = backend.run_mixed(ids)
     with Embedder.from_files(tiny_dir) as ref:
