@@ -132,11 +132,30 @@ def register(sub: Subcommands) -> None:
     p.set_defaults(func=run)
 
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def check_png_target(png: Path) -> None:
+    """``--png``: a new file in a folder that exists, or a PNG file (an earlier picture, replaced);
+    InputError for a folder, a missing folder, or any other file (never overwritten)."""
+    if png.is_dir():
+        raise InputError(f"--png {png}: is a folder; give the picture's file name (e.g. {png / 'contexts.png'})")
+    if not png.parent.is_dir():
+        raise InputError(f"--png {png}: the folder {png.parent} does not exist; make it, or give another path")
+    if png.exists():
+        with open(png, "rb") as f:
+            if f.read(len(PNG_SIGNATURE)) != PNG_SIGNATURE:
+                raise InputError(f"--png {png}: exists and is not a PNG picture; it is replaced only if it is one: "
+                                 f"give another file name")
+
+
 def run(args: argparse.Namespace) -> int:
     check_count("contexts", args.contexts, 2)  # a probe needs two training contexts of each use
     check_count("neighbours", args.neighbours)
     if args.png and not can_draw():
         raise PictureUnavailable(f"--png {args.png}: the picture needs matplotlib: {PLOT_EXTRA}")
+    if args.png:
+        check_png_target(Path(args.png))
     from inference import Embedder
     from inference.model_run import resolve_run
 

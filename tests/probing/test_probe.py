@@ -135,3 +135,19 @@ def test_nearest_cosines_of_a_weak_model_print_distinct(capsys):
     cosines = [line.split()[0] for line in out[1:] if line.startswith("        ")]
     assert len(cosines) == 6 and len(set(cosines)) == 6, out
     assert out[0].startswith("nearest contexts of 'work' by the mix (cosine, ") and "1.000" not in cosines
+
+
+def test_cli_probe_never_overwrites_a_file_that_is_not_a_picture(tiny_dir, tmp_path, capsys):
+    """--png onto a user's text file replaced it with a PNG, exit 0; a missing folder was named by a
+    hidden temporary file's name."""
+    from elmo_cli.main import main
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    for png, says in ((notes, "exists and is not a PNG picture"),
+                      (tmp_path / "no" / "x.png", f"the folder {tmp_path / 'no'} does not exist"),
+                      (tmp_path, "is a folder")):
+        assert main(["probe", "--model", str(tiny_dir), "--png", str(png)]) == 2
+        err = capsys.readouterr().err
+        assert f"--png {png}: {says}" in err and "Traceback" not in err, err
+    assert notes.read_text() == "mine"
