@@ -24,6 +24,7 @@ from pathlib import Path
 from elmo_core.bounds import check_count
 from elmo_core.errors import InputError
 from elmo_core.config import ElmoConfig
+from storage.atomic import atomic_dir
 from inference.registry import BACKEND_NAMES, artifact_file, backend_kind, model_config
 from runtime import check_threads
 
@@ -101,8 +102,16 @@ def write_triton_repository(model: str | Path, out: str | Path, options: TritonO
     target = out / options.name
     if target.exists():
         raise InputError(f"{target} exists: choose another --out or --name, or remove it")
-    version = target / "1"
-    _copy_model(model, options.backend, weights, version / "model")
-    shutil.copy2(MODEL_CODE, version / "model.py")
-    (target / "config.pbtxt").write_text(config_pbtxt(options, dim), encoding="utf-8")
+    if backend_kind(options.backend).exported:
+        from formats.export_manifest import read_spec
+
+        _, spec = read_spec(model, options.backend)
+        if spec.vectors.mode.mixes:  # the repository's model mixes the layers of every request itself
+            raise InputError(f"{model}: a mixed export (--output mixed) gives one fixed mix, and a Triton model "
+                             f"mixes every layer by its request: export with --output all (the default) for Triton")
+    with atomic_dir(target, "config.pbtxt") as tmp:  # the model appears whole, or not at all
+        version = tmp / "1"
+        _copy_model(model, options.backend, weights, version / "model")
+        shutil.copy2(MODEL_CODE, version / "model.py")
+        (tmp / "config.pbtxt").write_text(config_pbtxt(options, dim), encoding="utf-8")
     return target

@@ -91,3 +91,18 @@ def test_an_edited_export_manifest_is_refused_not_obeyed(tiny_dir, tmp_path):
                     "--output", "mixed", "--mix", "0,0,10")
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert "edited after the export" in r.stderr and "re-export" in r.stderr, r.stderr
+
+
+def test_a_mixed_export_is_refused_for_triton_and_nothing_is_left(tiny_dir, tmp_path):
+    """The repository was written (exit 0), and its model refused every request (it asks for the
+    mix of every layer); a failure left a partial repository that a rerun found "exists"."""
+    mixed = tmp_path / "mixed"
+    assert run_cli("export", "onnx", "--model", tiny_dir, "--out", mixed, "--output", "mixed",
+                   "--threads", "1").returncode == 0
+    r = run_cli("export", "triton", "--model", mixed, "--backend", "onnx", "--out", tmp_path / "repo")
+    assert r.returncode == 2 and "a mixed export (--output mixed) gives one fixed mix" in r.stderr, r.stderr
+    assert not (tmp_path / "repo" / "elmo").exists()
+    r = run_cli("export", "triton", "--model", tmp_path / "nowhere", "--out", tmp_path / "repo")
+    assert r.returncode == 2 and not (tmp_path / "repo" / "elmo").exists(), r.stderr
+    assert run_cli("export", "triton", "--model", tiny_dir, "--out", tmp_path / "repo").returncode == 0
+    assert (tmp_path / "repo" / "elmo" / "config.pbtxt").is_file()
