@@ -59,10 +59,13 @@ def _parameters(module: "torch.nn.Module") -> int:
 
 
 def _export(path: Path) -> dict:
-    from formats.export_manifest import MANIFEST_NAME, read_manifest
+    from formats.export_manifest import MANIFEST_NAME, check_file, read_manifest
 
     kind = read_json_object(path / MANIFEST_NAME).get("kind")
     m = read_manifest(path, str(kind))
+    artifact = m.get("onnx") if kind == "onnx" else m.get("engine")
+    if isinstance(artifact, dict):  # the parity it reports is the file's it names: missing or changed, said so
+        check_file(path, artifact)
     source = {k: v for k, v in m.get("source", {}).items() if k != "architecture"}
     return {"kind": f"{kind} export", "path": str(path), "precision": m.get("precision"),
             "outputs": m.get("outputs"), "parity": m.get("parity"), "source": source,

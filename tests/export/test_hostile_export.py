@@ -106,3 +106,17 @@ def test_a_mixed_export_is_refused_for_triton_and_nothing_is_left(tiny_dir, tmp_
     assert r.returncode == 2 and not (tmp_path / "repo" / "elmo").exists(), r.stderr
     assert run_cli("export", "triton", "--model", tiny_dir, "--out", tmp_path / "repo").returncode == 0
     assert (tmp_path / "repo" / "elmo" / "config.pbtxt").is_file()
+
+
+def test_info_on_an_export_whose_graph_is_missing_or_changed_says_so(tiny_dir, tmp_path):
+    """It showed "parity passed" (exit 0) for a model.onnx truncated or removed."""
+    out = tmp_path / "export"
+    assert run_cli("export", "onnx", "--model", tiny_dir, "--out", out, "--threads", "1").returncode == 0
+    assert run_cli("info", "--model", out).returncode == 0
+    data = (out / "model.onnx").read_bytes()
+    (out / "model.onnx").write_bytes(data[: len(data) // 2])
+    r = run_cli("info", "--model", out)
+    assert r.returncode == 2 and "model.onnx: sha256" in r.stderr and "re-export" in r.stderr, r.stderr
+    (out / "model.onnx").unlink()
+    r = run_cli("info", "--model", out)
+    assert r.returncode == 2 and "model.onnx: missing (named in manifest.json)" in r.stderr, r.stderr
