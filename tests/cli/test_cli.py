@@ -79,6 +79,10 @@ def test_demo_with_another_model_in_the_same_work_dir(tiny_dir, tmp_path, capsys
         assert main(["demo", "--work-dir", str(tmp_path / "demo"), "--model", str(model), "--rows", "300"]) == 0
     assert len(list((tmp_path / "demo").glob("sentences-*"))) == 2
     out, err = capsys.readouterr()
+    # another --rows is another corpus (it printed the new count and embedded the 300 rows kept)
+    assert main(["demo", "--work-dir", str(tmp_path / "demo"), "--model", str(tiny_dir), "--rows", "200"]) == 0
+    assert len(list((tmp_path / "demo").glob("sentences-200-*"))) == 1
+    assert "200 rows" in capsys.readouterr().out
     assert "another job's output" not in err
     assert "layer 0" in out and "all words" in out and "nearest contexts of 'work'" in out  # elmo probe's report
     lines = out.strip().splitlines()
