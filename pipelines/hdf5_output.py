@@ -54,6 +54,7 @@ from .errors import NonFiniteError
 from .progress import note
 from .lock import OutputLock
 from .rows import row_values
+from .input_formats import text_lines
 from .source import input_batches, scan_inputs
 
 SENTENCE_TO_INDEX = "sentence_to_index"
@@ -66,16 +67,13 @@ def is_text_input(spec: str | Path) -> bool:
 
 def text_sentences(path: Path) -> Iterator[tuple[str, list[str], str]]:
     """(sentence, tokens, where) per line of a text file."""
-    with open(path, encoding="utf-8", errors="strict") as f:
-        try:
-            for n, line in enumerate(f):
-                sentence = line.strip()
-                if not sentence:
-                    raise InputError(f"{path}: line {n + 1} is empty; `allennlp elmo` files hold one sentence per "
-                                     f"line (dataset keys are line indexes): remove empty lines")
-                yield sentence, split_tokens(sentence), f"{path}: line {n + 1}"
-        except UnicodeDecodeError as e:
-            raise InputError(f"{path}: not UTF-8 text ({e}); a text INPUT holds one UTF-8 sentence per line") from None
+    with open(path, "rb") as f:
+        for n, line in enumerate(text_lines(f, path)):  # the lines the Parquet door reads (input_formats)
+            sentence = line.strip()
+            if not sentence:
+                raise InputError(f"{path}: line {n + 1} is empty; `allennlp elmo` files hold one sentence per "
+                                 f"line (dataset keys are line indexes): remove empty lines")
+            yield sentence, split_tokens(sentence), f"{path}: line {n + 1}"
 
 
 def parquet_sentences(spec: str | Path, opts: EmbedOptions, counts: dict) -> Iterator[tuple[str | None, list[str], str]]:

@@ -67,7 +67,8 @@ def _csv_reader(f, fmt: str, text_column: str, bad: list,
         return "skip"
 
     parse = pa_csv.ParseOptions(delimiter="\t" if fmt == "tsv" else ",", quote_char=False if fmt == "tsv" else '"',
-                                invalid_row_handler=invalid)
+                                invalid_row_handler=invalid,
+                                ignore_empty_lines=False)  # a blank line of a one-column file is an empty row
     return pa_csv.open_csv(f, read_options=pa_csv.ReadOptions(use_threads=False, block_size=BLOCK_BYTES),
                            parse_options=parse, convert_options=pa_csv.ConvertOptions(
                                column_types={c: pa.string() for c in (text_column, *strings)},
@@ -233,13 +234,29 @@ def _json_kind(v) -> str:
             else "string" if isinstance(v, str) else type(v).__name__)
 
 
+def text_lines(raw_lines: Iterator[bytes], path: Path | str) -> Iterator[str]:
+    """A text file's lines, as Python's text mode reads them (the one rule of both text doors: a line
+    ends at \\n, \\r\\n or \\r, its break not kept), from its raw lines (split at \\n); a byte-order mark
+    at the start is not text. InputError naming the line that is not UTF-8."""
+    n = 0
+    for k, raw in enumerate(raw_lines):
+        try:
+            text = raw.decode("utf-8-sig" if k == 0 else "utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"{path}: line {n + 1} is not UTF-8 ({e}); a text INPUT holds one UTF-8 sentence per "
+                             f"line") from None
+        pieces = re.sub(r"\r?\n\Z", "", text).split("\r")  # an old Mac file's lines end at a lone CR
+        if text.endswith("\r"):
+            pieces.pop()  # a CR that ends the file's last line: no line after it
+        for piece in pieces:
+            n += 1
+            yield piece
+
+
 def _text(f, path, fmt: str, text_column: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
     lines: list[str] = []
-    for n, raw in enumerate(f, 1):
-        try:
-            lines.append(re.sub(r"\r?\n\Z", "", raw.decode("utf-8")))
-        except UnicodeDecodeError as e:
-            raise InputError(f"{path}: line {n} is not UTF-8 ({e}); a text INPUT holds one UTF-8 sentence per line")
+    for line in text_lines(f, path):
+        lines.append(line)
         if len(lines) == batch_rows:
             yield pa.record_batch([pa.array(lines, pa.string())], names=[text_column])
             lines = []

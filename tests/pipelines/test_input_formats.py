@@ -130,6 +130,31 @@ def test_a_type_that_changes_after_the_first_block_is_read(tiny_dir, tmp_path, m
         assert {k: table.column(k)[-1].as_py() for k in kept} == last
 
 
+def test_every_line_is_a_row_in_every_door(tiny_dir, tmp_path):
+    """A blank line of a one-column CSV/TSV was dropped (pyarrow skips empty lines: every later row
+    moved, verify said OK); a lone CR ended a .txt line for --format hdf5 only; a byte-order mark
+    stayed in a .txt's first token."""
+    import h5py
+
+    cases = {"blank.tsv": ("text\nHello there\n\nWorld\n", [2, 0, 1]),
+             "blank.csv": ("text\nHello there\n\nWorld\n", [2, 0, 1]),
+             "cr.txt": ("Hello there\rGood bye\nThird line\n", [2, 2, 2]),
+             "bom.txt": ("\ufeffHello there\nmore\n", [2, 1])}
+    for name, (content, tokens) in cases.items():
+        (tmp_path / name).write_bytes(content.encode())
+        out = tmp_path / f"out-{name}"
+        r = elmo("embed", "--text", tmp_path / name, "--out", out, "--model", tiny_dir, "--quiet")
+        assert r.returncode == 0, r.stderr
+        assert [len(v or []) for v in ds.dataset(out).to_table().column("elmo").to_pylist()] == tokens, name
+        if name.endswith(".txt"):
+            r = elmo("embed", "--text", tmp_path / name, "--out", tmp_path / f"{name}.hdf5", "--format", "hdf5",
+                     "--model", tiny_dir, "--quiet")
+            assert r.returncode == 0, r.stderr
+            with h5py.File(tmp_path / f"{name}.hdf5") as f:
+                index = json.loads(f["sentence_to_index"][0])
+                assert [f[str(k)].shape[0] for k in range(len(tokens))] == tokens and "Hello there" in index, index
+
+
 @pytest.mark.parametrize("name", ["empty.csv", "empty.jsonl", "empty.txt"])
 def test_an_empty_file_of_any_format_is_zero_rows(tiny_dir, tmp_path, name):
     """An empty .jsonl was refused ("Empty JSON stream", pyarrow's newer words) where .csv and .txt gave 0 rows."""
