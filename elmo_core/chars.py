@@ -7,7 +7,7 @@ that 0 means an all-padding (masked) token.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence, Sized
 
 import numpy as np
 
@@ -79,6 +79,9 @@ def _apply_markers(tokens: Sequence[str], candidates: np.ndarray, out: np.ndarra
 def check_sentences(sentences: Sequence[Sequence[str]]) -> None:
     if isinstance(sentences, (str, bytes)):
         raise InputError("expected a list of sentences (lists of str tokens), got a single string")
+    if not isinstance(sentences, Sized) or isinstance(sentences, (set, frozenset, dict)):  # read twice, in order
+        raise InputError(f"expected a list of sentences (lists of str tokens), got {type(sentences).__name__}"
+                         + (": pass list(...) of it" if isinstance(sentences, Iterable) else ""))
     for i, s in enumerate(sentences):
         if isinstance(s, (str, bytes)) or not isinstance(s, (list, tuple)):
             raise InputError(

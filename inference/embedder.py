@@ -113,8 +113,8 @@ class Embedder:
         model batch's tokens, as bilm-tf's ``weight_layers`` does over its batch. ``normalize``:
         each vector (per token and layer, or pooled) scaled to unit L2 norm, last of all.
         """
-        request = VectorRequest(output, None if mix_weights is None else tuple(mix_weights), gamma, layer_norm,
-                                pool, normalize)
+        mix = mix_weights if mix_weights is None or isinstance(mix_weights, str) else tuple(mix_weights)  # "s0,s1,..."
+        request = VectorRequest(output, mix, gamma, layer_norm, pool, normalize)
         return self.vectors(sentences, request, batch_size)
 
     def vectors(self, sentences: Sequence[Sequence[str]], request: VectorRequest,

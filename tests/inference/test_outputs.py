@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from elmo_core import batch_to_ids
-from elmo_core.errors import SettingError
+from elmo_core.errors import InputError, SettingError
 from elmo_core.kinds import Dtype
 from elmo_core.vectors import layer_weights
 from inference import Embedder, reduce_layers
@@ -84,3 +84,17 @@ def test_finish_on_device_takes_the_tokens_in_the_request_dtype(dtype, normalize
     want = want.to(got.dtype)
     assert got.dtype == Dtype.of(dtype).torch and got.shape == (len(take), 3, 16)
     assert torch.equal(got, want)
+
+
+def test_the_library_refuses_what_it_cannot_read_twice_and_reads_a_mix_given_as_text(tiny_dir):
+    """A generator was a TypeError after it had been consumed, None a TypeError; mix_weights "123"
+    was read as the three weights 1, 2, 3 (the string's characters)."""
+    with Embedder.from_files(tiny_dir) as embedder:
+        for bad, says in (((s for s in SENTENCES), "got generator: pass list(...) of it"), (None, "got NoneType")):
+            with pytest.raises(InputError, match=re.escape(says)):
+                embedder.embed_sentences(bad)
+        with pytest.raises(InputError, match="expected 3 values .* got 1"):
+            embedder.embed_sentences(SENTENCES, output="mixed", mix_weights="123")
+        as_text = embedder.embed_sentences(SENTENCES, output="mixed", mix_weights="0,1,2")
+        as_numbers = embedder.embed_sentences(SENTENCES, output="mixed", mix_weights=(0.0, 1.0, 2.0))
+        assert all(np.array_equal(a, b) for a, b in zip(as_text, as_numbers))
