@@ -111,9 +111,11 @@ def _shard_problems(out: Output, manifest: dict, job: dict, good: set[str], job_
         if why:
             problems.append(f"{name}: {why}")
             continue
-        counted["tokens"] = counted.get("tokens", record.get("tokens"))  # pooled: the record's
+        if "tokens" not in counted and isinstance(record.get("tokens"), int):  # pooled: the record's, summed
+            counted["tokens"] = record["tokens"]
+        # a count an earlier version's records lack is not compared
         if differ := [f"{k} {v:,} in its vectors, {record.get(k)} in its commit record, {s.get(k, v)} in "
-                      f"{manifest_name}" for k, v in counted.items() if v != record.get(k) or v != s.get(k, v)]:
+                      f"{manifest_name}" for k, v in counted.items() if v != record.get(k, v) or v != s.get(k, v)]:
             problems.append(f"{name}: its counts differ: {'; '.join(differ)}")
             continue
         good.add(name)
