@@ -100,7 +100,7 @@ def export_onnx(model: str | Path, out_dir: str | Path, vectors: VectorRequest =
     sample (``export.quantize``). Returns the manifest.
     """
     check_threads(threads)
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).resolve()  # "." names its folder
     check_export_dir(out_dir)
     files = resolve_model(model, weights)
     bilm = load_bilm(files.options, files.weights)

@@ -11,6 +11,7 @@ bytes that are not UTF-8), found when the job scans its inputs, before anything 
 """
 from __future__ import annotations
 
+import csv
 import functools
 import json
 import re
@@ -60,19 +61,31 @@ def _empty_schema(path: Path | str, fmt: str, text_column: str) -> pa.Schema:
     return pa.schema([pa.field(text_column, pa.string())])
 
 
-def _csv_reader(f, fmt: str, text_column: str, bad: list,
-                strings: tuple[str, ...] = ()) -> pa_csv.CSVStreamingReader:
+def _csv_reader(f, fmt: str, text_column: str, bad: list, strings: tuple[str, ...] = (),
+                blank_rows: bool = False) -> pa_csv.CSVStreamingReader:
+    """pyarrow's streaming reader of a CSV/TSV file; ``blank_rows``: a blank line is a row (an empty
+    value: a one-column file's, ``_one_column``), else skipped, as every CSV reader does."""
     def invalid(row: pa_csv.InvalidRow) -> str:
         bad.append(row)
         return "skip"
 
     parse = pa_csv.ParseOptions(delimiter="\t" if fmt == "tsv" else ",", quote_char=False if fmt == "tsv" else '"',
-                                invalid_row_handler=invalid,
-                                ignore_empty_lines=False)  # a blank line of a one-column file is an empty row
+                                invalid_row_handler=invalid, ignore_empty_lines=not blank_rows)
     return pa_csv.open_csv(f, read_options=pa_csv.ReadOptions(use_threads=False, block_size=BLOCK_BYTES),
                            parse_options=parse, convert_options=pa_csv.ConvertOptions(
                                column_types={c: pa.string() for c in (text_column, *strings)},
                                strings_can_be_null=False))
+
+
+def _one_column(path: Path | str, fmt: str) -> bool:
+    """Whether a CSV/TSV file's header names one column: its blank lines are then empty rows (as a
+    text file's), which pyarrow would skip; in a file of several columns a blank line is no row."""
+    with open_input(path) as f:
+        first = f.read(1 << 16).split(b"\n", 1)[0]  # a header line of 64 KiB at most
+    header = first.decode("utf-8-sig", errors="replace").rstrip("\r\n")
+    if fmt == "tsv":
+        return "\t" not in header
+    return len(next(csv.reader([header]), [""])) == 1
 
 
 _CONVERSION = re.compile(r"In CSV column #(\d+): Row #\d+: CSV conversion error")
@@ -89,7 +102,7 @@ def _string_columns(path: Path | str, fmt: str, text_column: str, size_and_mtime
     while True:
         with open_input(path) as f:
             try:
-                reader = _csv_reader(f, fmt, text_column, [], strings)
+                reader = _csv_reader(f, fmt, text_column, [], strings, _one_column(path, fmt))
                 names = reader.schema.names
                 for _ in reader:
                     pass
@@ -107,7 +120,7 @@ def _csv(f, path, fmt: str, text_column: str, batch_rows: int) -> Iterator[pa.Re
     try:
         info = file_info(path)  # a file of one block has its types from every row already
         strings = _string_columns(path, fmt, text_column, info) if info and info[0] > BLOCK_BYTES else ()
-        reader = _csv_reader(f, fmt, text_column, bad, strings)
+        reader = _csv_reader(f, fmt, text_column, bad, strings, _one_column(path, fmt))
         for batch in reader:
             if bad:
                 break
@@ -175,7 +188,7 @@ def _json_schema(path: Path | str, size_and_mtime: object) -> pa.Schema | None:
             pass
     kinds: dict[str, set[type]] = {}
     with open_input(path) as f:
-        for line in f:
+        for line in raw_lines(f):
             try:
                 value = json.loads(line) if line.strip() else {}
             except ValueError:
@@ -213,7 +226,7 @@ def _bad_json_line(path: Path | str) -> str:
     """The first line that is not a JSON object, or whose value changes a key's type, in words."""
     types: dict[str, str] = {}
     with open_input(path) as f:
-        for n, line in enumerate(f, 1):
+        for n, line in enumerate(raw_lines(f), 1):
             if not line.strip():
                 continue
             try:
@@ -232,6 +245,17 @@ def _bad_json_line(path: Path | str) -> str:
 def _json_kind(v) -> str:
     return ("null" if v is None else "bool" if isinstance(v, bool) else "number" if isinstance(v, (int, float))
             else "string" if isinstance(v, str) else type(v).__name__)
+
+
+def raw_lines(f, chunk: int = 1 << 20) -> Iterator[bytes]:
+    """A binary file's lines, each with its \\n (the last one may lack it), read a chunk at a time: a
+    store's file (pyarrow's NativeFile) reads but does not iterate by lines."""
+    rest = b""
+    while data := f.read(chunk):
+        *lines, rest = (rest + data).split(b"\n")
+        yield from (line + b"\n" for line in lines)
+    if rest:
+        yield rest
 
 
 def text_lines(raw_lines: Iterator[bytes], path: Path | str) -> Iterator[str]:
@@ -255,7 +279,7 @@ def text_lines(raw_lines: Iterator[bytes], path: Path | str) -> Iterator[str]:
 
 def _text(f, path, fmt: str, text_column: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
     lines: list[str] = []
-    for line in text_lines(f, path):
+    for line in text_lines(raw_lines(f), path):
         lines.append(line)
         if len(lines) == batch_rows:
             yield pa.record_batch([pa.array(lines, pa.string())], names=[text_column])

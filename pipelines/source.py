@@ -136,7 +136,7 @@ def scan_inputs(spec: str | Path, opts: EmbedOptions) -> list[InputFile]:
         shown = ", ".join(Path(str(p)).name for p in unread[:3]) + (f" and {len(unread) - 3} more" if len(unread) > 3 else "")
         note(f"INPUT {spec}: its {len(files)} Parquet file(s) are read, not its {len(unread)} file(s) of other formats "
              f"({shown}); to embed those, give them as INPUT (a glob such as "
-             f"'{spec}/*{Path(str(unread[0])).suffix}')", opts.quiet)
+             f"'{str(spec).rstrip('/')}/*{Path(str(unread[0])).suffix}')", opts.quiet)
     return files
 
 

@@ -22,7 +22,7 @@ from inference import Embedder
 
 from .errors import TrainingError
 from .options import check_max_minutes
-from .run_dir import has_checkpoint
+from .run_dir import has_checkpoint, holds_run_files_only
 from .trainer import TrainOptions, train
 
 SHIPPED = Path(__file__).resolve().parents[1] / "models" / "default"
@@ -59,7 +59,7 @@ def train_default_model(work: str | Path, minutes: float, log: Callable[[str], N
     if not (corpus / "valid").is_dir():
         write_sotu_corpus(corpus)
     log(f"training the default model for {minutes:g} min ({opts.options}) into {run}")
-    if run.is_dir() and not has_checkpoint(run):  # its own run, stopped before its first checkpoint
+    if run.is_dir() and not has_checkpoint(run) and holds_run_files_only(run):  # its run, stopped before a checkpoint
         log(f"starting over: {run} holds no checkpoint")
         shutil.rmtree(run)
     train(opts, resume=has_checkpoint(run), log=log)

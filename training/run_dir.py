@@ -23,16 +23,25 @@ def has_checkpoint(run: str | Path) -> bool:
     return ckpts.is_dir() and any(_CHECKPOINT.match(p.name) for p in ckpts.iterdir())
 
 
+RUN_FILES = frozenset({"vocab.txt", "run.json", "metrics.jsonl", "summary.json", CHECKPOINTS_DIR, "tensorboard",
+                       "model"})  # what a run writes in RUN_DIR
+
+
+def holds_run_files_only(run: str | Path) -> bool:
+    """Whether every entry of RUN_DIR is one a run writes (a folder of a user's files is not one)."""
+    return all(p.name in RUN_FILES for p in Path(run).iterdir())
+
+
 def check_run_dir(out: str | Path, resume: bool, corpora: dict[str, str | None]) -> None:
     """``out`` fit for a run (the module's rule); ``corpora``: the corpus flags (``--text``,
     ``--valid``) and their values. CheckpointError naming the directory and what to do."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"--out {out} is a file; give a directory (new or empty) for the run")
-    for flag, spec in corpora.items():
-        if spec and Path(spec).is_dir() and out.resolve().is_relative_to(Path(spec).resolve()):
-            raise CheckpointError(f"--out {out} is inside the corpus directory {flag} {spec}: the run's files "
-                                  f"would be read as corpus; put the run elsewhere")
+    for flag, spec in corpora.items():  # a corpus directory's files are its shards (not its subfolders')
+        if spec and Path(spec).is_dir() and out.resolve() == Path(spec).resolve():
+            raise CheckpointError(f"--out {out} is the corpus directory {flag} {spec}: the run's files would be "
+                                  f"read as corpus; put the run elsewhere (a subfolder is fine)")
     held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     if resume:
         if not has_checkpoint(out):

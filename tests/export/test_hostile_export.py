@@ -120,3 +120,11 @@ def test_info_on_an_export_whose_graph_is_missing_or_changed_says_so(tiny_dir, t
     (out / "model.onnx").unlink()
     r = run_cli("info", "--model", out)
     assert r.returncode == 2 and "model.onnx: missing (named in manifest.json)" in r.stderr, r.stderr
+
+
+def test_export_out_dot_is_its_folder(tiny_dir, tmp_path, monkeypatch):
+    """`--out .` (an empty current folder) was a ValueError traceback."""
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    assert run_cli("export", "onnx", "--model", tiny_dir, "--out", ".", "--threads", "1").returncode == 0
+    assert (tmp_path / "here" / "manifest.json").is_file()

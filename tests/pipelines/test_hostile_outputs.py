@@ -268,3 +268,11 @@ def test_a_file_where_the_records_folder_was_is_named_on_resume(corpus, tiny_dir
              "--resume")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert f"{out / '_shards'}: a file where this job keeps its records (a directory); move it out" in r.stderr
+
+
+def test_verify_reads_a_pooled_shard_of_several_batches(tiny_dir, tmp_path):
+    """A pooled Arrow shard holds a record batch per sort window: verify raised a KeyError at the second."""
+    text = tmp_path / "in.txt"
+    text.write_text("".join(f"row {i} of the corpus\n" for i in range(300)))
+    embed_parquet(text, tmp_path / "out", tiny_dir, pool="mean", format="arrow", sort_window_rows=64, quiet=True)
+    assert verify_output(tmp_path / "out")["rows"] == 300

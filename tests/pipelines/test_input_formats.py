@@ -138,6 +138,7 @@ def test_every_line_is_a_row_in_every_door(tiny_dir, tmp_path):
 
     cases = {"blank.tsv": ("text\nHello there\n\nWorld\n", [2, 0, 1]),
              "blank.csv": ("text\nHello there\n\nWorld\n", [2, 0, 1]),
+             "two.csv": ("id,text\n1,Hello there\n\n2,World\n\n", [2, 1]),  # several columns: a blank line is no row
              "cr.txt": ("Hello there\rGood bye\nThird line\n", [2, 2, 2]),
              "bom.txt": ("\ufeffHello there\nmore\n", [2, 1])}
     for name, (content, tokens) in cases.items():

@@ -38,11 +38,14 @@ def test_a_fresh_run_never_takes_a_directory_that_holds_files(corpus, tmp_path):
         train(tiny_run(tmp_path, corpus, out="file", max_steps=1), log=QUIET)
 
 
-def test_a_run_inside_its_corpus_directory_is_refused(corpus, tmp_path):
-    """Its vocab.txt became a training shard, and every resume then found the corpus changed."""
-    with pytest.raises(CheckpointError, match="inside the corpus directory --text"):
-        train(tiny_run(tmp_path, corpus.parent, out="corpus/run", max_steps=1), log=QUIET)
-    assert not (corpus.parent / "run").exists()
+def test_a_run_in_its_corpus_directory_is_refused_and_one_below_it_is_not(corpus, tmp_path):
+    """Its vocab.txt became a training shard, and every resume then found the corpus changed. A
+    corpus directory's shards are its files, not its subfolders': a run below it is fine."""
+    before = sorted(p.name for p in corpus.parent.iterdir())
+    with pytest.raises(CheckpointError, match="is the corpus directory --text"):
+        train(tiny_run(tmp_path, corpus.parent, out="corpus", max_steps=1), log=QUIET)
+    assert sorted(p.name for p in corpus.parent.iterdir()) == before
+    assert train(tiny_run(tmp_path, corpus.parent, out="corpus/run", max_steps=1), log=QUIET)["step"] == 1
 
 
 def test_a_resume_keeps_the_vocabulary_and_the_optimizer(corpus, tmp_path):
@@ -173,3 +176,15 @@ def test_sigterm_says_which_checkpoint_was_kept_and_how_to_go_on(corpus, tmp_pat
     step = latest_step(run / "checkpoints", 1)
     assert proc.returncode == 143 and "elmo train: terminated" in err, (proc.returncode, err)
     assert f"kept: the checkpoint of step {step:,} in {run}; the same command with --resume continues" in err, err
+
+
+def test_default_model_starts_over_only_a_folder_of_run_files(tmp_path):
+    """It deleted WORK/train whenever it held no checkpoint, a user's files included."""
+    from training.run_dir import holds_run_files_only
+
+    run = tmp_path / "train"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "vocab.txt").write_text("<S>\n")
+    assert holds_run_files_only(run)
+    (run / "notes.txt").write_text("mine")
+    assert not holds_run_files_only(run)
