@@ -33,8 +33,8 @@ def auto_onnx_export(model: str | Path, weights: str | Path | None = None, threa
     root = root or cache_root()
     key = hashlib.sha256(f"{export_key(model, 'auto', weights, sample=sample)} {cpu_model()}".encode()).hexdigest()
     record_path = root / "onnx" / f"auto-{key[:20]}.json"
-    if record_path.is_file():
-        record = json.loads(record_path.read_text())
+    record = _record(record_path)
+    if record is not None:
         return Path(record["export"]), record["precision"], record["why"]
     exports, measured = {}, []
     for precision in ONNX_AUTO_CANDIDATES:
@@ -51,6 +51,17 @@ def auto_onnx_export(model: str | Path, weights: str | Path | None = None, threa
     write_json_atomic(record_path, {"precision": precision, "why": why, "export": str(exports[precision]),
                                     "cpu": cpu_model(), "candidates": [m.to_dict() for m in measured]})
     return exports[precision], precision, why
+
+
+def _record(path: Path) -> dict | None:
+    """The recorded choice, where it and the export it names are still there; else None (measured
+    again: removing any cache entry only costs a rebuild)."""
+    try:
+        record = json.loads(path.read_text())
+        export = Path(record["export"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return record if (export / MANIFEST_NAME).is_file() and (export / ONNX_NAME).is_file() else None
 
 
 def _time_in_turns(model: str | Path, weights: str | Path | None, exports: dict[str, Path], threads: int | None,

@@ -4,6 +4,7 @@ backend measuring the candidates and recording its choice (export/auto.py, infer
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -156,6 +157,9 @@ def test_embed_auto_on_onnx_measures_once_and_records_the_choice(tiny_dir, tmp_p
     capsys.readouterr()
     assert main(["embed", "--text", str(tmp_path / "corpus"), "--out", str(tmp_path / "b"), *args]) == 0
     assert "onnx: exporting" not in capsys.readouterr().err  # the record and the exports reused
+    shutil.rmtree(chosen["export"])  # a cache entry removed only costs a rebuild (it failed for good: "no manifest.json")
+    assert main(["embed", "--text", str(tmp_path / "corpus"), "--out", str(tmp_path / "c"), *args]) == 0
+    assert (Path(chosen["export"]) / "manifest.json").is_file()
 
 
 def test_the_calibration_sample_is_the_inputs_first_rows(tmp_path):
