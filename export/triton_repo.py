@@ -23,7 +23,6 @@ from pathlib import Path
 
 from elmo_core.bounds import check_count
 from elmo_core.errors import InputError
-from elmo_core.config import ElmoConfig
 from storage.atomic import atomic_dir
 from inference.registry import BACKEND_NAMES, artifact_file, backend_kind, model_config
 from runtime import check_threads
@@ -85,10 +84,8 @@ def _copy_model(model: Path, backend: str, weights: str | None, dest: Path) -> N
         dest.mkdir(parents=True)
         shutil.copy2(files.options, dest / OPTIONS_NAME)
         shutil.copy2(files.weights, dest / (NATIVE_NAME if files.format == "safetensors" else HDF5_NAME))
-        dictionaries = ElmoConfig.from_json(files.options).dictionaries
-        for name in (dictionaries.chars, dictionaries.words) if dictionaries is not None else ():
-            if name:
-                shutil.copy2(files.options.parent / name, dest / name)
+        for path in files.dictionaries():
+            shutil.copy2(path, dest / path.name)
     else:
         artifact_file(model, backend)  # a clear error for a directory that is not such an export
         shutil.copytree(model, dest)

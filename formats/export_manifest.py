@@ -4,14 +4,11 @@ The export format's one home: `elmo export` writes it, the ONNX Runtime and Tens
 """
 from __future__ import annotations
 
-import hashlib
-import json
-
 import platform
 from pathlib import Path
 from typing import Any
 
-from storage.atomic import read_json_object, write_json_atomic
+from storage.atomic import digest, read_json_object, write_json_atomic
 from elmo_core.errors import InputError
 from storage.locations import file_sha256
 
@@ -44,8 +41,7 @@ SECTIONS = {"onnx": ("source", "onnx", "spec"), "tensorrt": ("source",)}
 
 
 def _digest(manifest: dict[str, Any]) -> str:
-    body = {k: v for k, v in manifest.items() if k != DIGEST_KEY}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return digest({k: v for k, v in manifest.items() if k != DIGEST_KEY})
 
 
 def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> Path:

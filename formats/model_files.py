@@ -3,11 +3,11 @@
 model identity, compared with OUTPUT_DIR's job record before any model code loads)."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from elmo_core.errors import WeightsError
+from elmo_core.config import ElmoConfig
+from elmo_core.errors import ConfigError, WeightsError
 from storage.locations import is_uri, local_copy
 
 OPTIONS_NAME = "options.json"
@@ -31,13 +31,10 @@ class ModelFiles:
         them, ``elmo_core.dictionaries``), beside it; none for a byte-level model or options that do
         not parse (loading the model names that problem). Its vectors depend on them as on its weights."""
         try:
-            found = json.loads(self.options.read_text(encoding="utf-8")).get("dictionaries")
-        except (OSError, ValueError, AttributeError):
+            found = ElmoConfig.from_json(self.options).dictionaries
+        except (ConfigError, OSError, ValueError):
             return []
-        names = [found.get(k) for k in ("chars", "words")] if isinstance(found, dict) else []
-        if isinstance(found, dict) and "chars" not in found:
-            names[0] = "char.dic"  # DictionaryConfig's default
-        return [self.options.parent / n for n in names if isinstance(n, str) and n and "/" not in n]
+        return [] if found is None else [self.options.parent / n for n in (found.chars, found.words) if n]
 
 
 def resolve_model(path: str | Path, weights: str | Path | None = None) -> ModelFiles:

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from elmo_core.errors import ElmoError, InputError
+from storage.atomic import digest
 from storage.locations import is_uri
 from inference.registry import backend_kind, exported_backend, model_identity
 from inference.run_settings import RunSettings
 
-from .options import EmbedOptions, digest
+from .options import EmbedOptions
 from .shard_size import settle_rows_per_shard
 from .sink import Output, check_claim, job_record
 from .source import InputFile

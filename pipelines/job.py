@@ -22,12 +22,13 @@ import pyarrow as pa
 
 from corpora.files import would_read
 from elmo_core.errors import InputError
+from storage.atomic import digest
 from storage.locations import file_sha256, is_below
 from inference.errors import ModelChangedError
 from inference.run_settings import RunSettings
 
 from .claim_first import RunMaker, check_output_first, job_identity
-from .options import EmbedOptions, digest
+from .options import EmbedOptions
 from .errors import OutputDirError
 from .os_errors import os_errors
 from .output_dir import open_output

@@ -6,8 +6,6 @@ resumed job must use the same ones) and those that only change how fast it runs.
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import re
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Mapping
@@ -278,11 +276,6 @@ def _as_tuple(value: Any, kind: type, name: str) -> tuple:
         return tuple(kind(v) for v in value)
     except (TypeError, ValueError):
         raise InputError(f"expected a comma-separated list of {kind.__name__}, got {value!r}") from None
-
-
-def digest(obj: Any) -> str:
-    """sha256 of a JSON-able object in canonical form."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 VECTOR_FIELDS = tuple(f.name for f in fields(VectorRequest))

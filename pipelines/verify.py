@@ -26,9 +26,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from elmo_core.errors import ElmoError, InputError
+from storage.atomic import digest
 from storage.locations import dataset_source, file_info, is_hidden
 
-from .options import EmbedOptions, digest, output_options
+from .options import EmbedOptions, output_options
 
 from .errors import OutputDirError
 from .output_dir import open_output

@@ -13,6 +13,7 @@ removes those of one file. A temporary name is created exclusively, never throug
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -142,6 +143,12 @@ def atomic_dir(path: str | Path, complete: str, replace: bool = False) -> Iterat
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
+
+
+def digest(obj: Any) -> str:
+    """sha256 of a JSON-able object in canonical form (sorted keys, no spaces): a record's identity
+    (an embed job's, an export manifest's own contents)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from inference import Embedder
 from pipelines import embed_parquet
-from pipelines.options import digest
+from storage.atomic import digest
 from pipelines.verify import VerificationError, verify_output
 from corpora.sample import write_sample_corpus
 from tests.helpers import read_record, write_record
