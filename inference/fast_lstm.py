@@ -38,6 +38,9 @@ from .precision import cpu_bf16
 # where the whole batch at once (2, N, 4C) was 512 MiB for a 4096-token batch. GEMMs of 512 rows
 # run at full speed.
 INPUT_CHUNK_ROWS = 512
+# ... or more rows where their input pre-activations (2, rows, 4C) fit in twice this many floats (16 MiB): a small
+# model's input product in a few large GEMMs (one oneDNN primitive made for each new row count, ~0.4 ms)
+INPUT_CHUNK_FLOATS = 1 << 21
 # Pre-packed oneDNN products for the recurrent step only from this many weights per matrix (P x 4C)
 # up. Measured on a 2-core AMD EPYC, model alone: full size (512 x 16384) 570 vs 488 tokens/s with
 # and without; the shipped small config (128 x 4096) 7.0k vs 7.6k; a 512 x 32 one 35k vs 45k: on
@@ -105,14 +108,17 @@ def numpy_simd_tanh() -> bool:
 class FastLstm:
     """``run_layer(layer, xs, pack, h, c)`` as ``BiLstmStack.run_layer`` computes it, for inference.
 
-    ``dtype``: the type the products' inputs are rounded to (fp32: none); ``directions``: each
+    ``dtype``: the type the products' inputs are rounded to (fp32: none); ``chunk_rows``: the rows
+    of the input product computed at a time (default: ``INPUT_CHUNK_ROWS``, or more where
+    ``INPUT_CHUNK_FLOATS`` allows); ``directions``: each
     direction on a thread of its own where ``split_directions`` (False: never). Weight copies and
     packed weights are made on first use and remade when the stack's parameters change.
     """
 
-    def __init__(self, stack: BiLstmStack, dtype: torch.dtype = torch.float32, chunk_rows: int = INPUT_CHUNK_ROWS,
+    def __init__(self, stack: BiLstmStack, dtype: torch.dtype = torch.float32, chunk_rows: int | None = None,
                  packed_min_weights: int = PACKED_MIN_WEIGHTS, directions: bool = True) -> None:
-        self.stack, self.dtype, self.chunk_rows = stack, dtype, chunk_rows
+        self.stack, self.dtype = stack, dtype
+        self.chunk_rows = chunk_rows or max(INPUT_CHUNK_ROWS, INPUT_CHUNK_FLOATS // stack.w_input.shape[-1])
         self.directions = DirectionThreads() if directions else None
         self.packed_min_weights = packed_min_weights
         self._copies: tuple = (None, ())  # (key, (W_in, W_h, W_P) in dtype)
@@ -158,10 +164,9 @@ class FastLstm:
         if not self.split_directions():
             steps(BOTH)
             return
-        if self.per_direction_products():
+        if self.per_direction_products() or self._packed_input():
             self._packed_weights()
-        else:
-            self.weight_copies()
+        self.weight_copies()
         assert self.directions is not None
         self.directions.run(lambda d: steps(slice(d, d + 1)))
 
@@ -251,14 +256,27 @@ class FastLstm:
         w_input = self.weight_copies()[0][layer][dirs]  # (D, P, 4C)
         if w_input.dtype != torch.float32:
             return lambda x: torch.add(torch.bmm(x.to(w_input.dtype), w_input), bias)
+        packed = [w_in for _, _, w_in in self._packed_weights()[layer][dirs]] if self._packed_input() else []
         buffer: list[torch.Tensor] = []
 
         def project(x: torch.Tensor) -> torch.Tensor:
             size = x.shape[0] * x.shape[1] * w_input.shape[-1]
             if not buffer or buffer[0].numel() < size:
                 buffer[:] = [x.new_empty(size)]
-            return torch.baddbmm(bias, x, w_input, out=buffer[0][:size].view(x.shape[0], x.shape[1], -1))
+            gx = buffer[0][:size].view(x.shape[0], x.shape[1], -1)  # (D, rows, 4C)
+            if not packed:
+                return torch.baddbmm(bias, x, w_input, out=gx)
+            for d, w_in in enumerate(packed):
+                gx[d].copy_(w_in(x[d], bias[d, 0]))
+            return gx
         return project
+
+    def _packed_input(self) -> bool:
+        """The fp32 input product (chunks of ``chunk_rows`` rows) on packed oneDNN weights whatever
+        the model's size, where the recurrent products are too small for them: MKL's batched
+        product ran it at half the rate on a Zen 5 (one core, 2 x 512 rows of 512 @ 512 x 32:
+        353 against 177 us)."""
+        return self.dtype == torch.float32 and packed_gemm_available(self.stack.w_input.device)
 
     def _key(self, params: tuple[torch.Tensor, ...]) -> tuple:
         return (self.dtype,) + weights_key(params)

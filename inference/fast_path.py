@@ -36,7 +36,7 @@ from elmo_core.lstm import Packing, TokenRows, dense
 
 from .char_products import PackedCharProducts
 from .cuda_graphs import RowGraphs
-from .fast_lstm import INPUT_CHUNK_ROWS, PACKED_MIN_WEIGHTS, FastLstm
+from .fast_lstm import PACKED_MIN_WEIGHTS, FastLstm
 from .fused_lstm import FusedLstm
 from .host_batch import HostBatch, plan_batch
 from .precision import tf32_products, torch_precision
@@ -56,7 +56,7 @@ class FastInference:
     own (``inference.directions``; False: never)."""
 
     def __init__(self, model: BiLM, precision: str | Precision = "fp32", token_cache: TokenCache | None = None,
-                 cuda_graphs: bool = False, capture: bool = True, chunk_rows: int = INPUT_CHUNK_ROWS,
+                 cuda_graphs: bool = False, capture: bool = True, chunk_rows: int | None = None,
                  packed_min_weights: int = PACKED_MIN_WEIGHTS, fused: bool | None = None,
                  rows: RowShape = RowShape(), kernels: FusedCell | None = None, layout: str | None = None,
                  directions: bool = True) -> None:

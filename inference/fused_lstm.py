@@ -26,7 +26,7 @@ from elmo_core.fused_cell import FusedCell, clip_tensor
 from elmo_core.fused_sequence import last_positions
 from elmo_core.lstm import BiLstmStack, Packing
 
-from .fast_lstm import INPUT_CHUNK_ROWS, FastLstm, input_parts
+from .fast_lstm import FastLstm, input_parts
 from .packed_gemm import PackedLinear
 
 
@@ -36,7 +36,7 @@ class FusedLstm(FastLstm):
     ones). ``packed``: the products on packed oneDNN weights (a CPU; fp32, or bf16 where oneDNN
     runs it), else batched over the directions."""
 
-    def __init__(self, stack: BiLstmStack, dtype: torch.dtype = torch.float32, chunk_rows: int = INPUT_CHUNK_ROWS,
+    def __init__(self, stack: BiLstmStack, dtype: torch.dtype = torch.float32, chunk_rows: int | None = None,
                  kernels: FusedCell | None = None, packed: bool = False, directions: bool = True) -> None:
         super().__init__(stack, dtype, chunk_rows, packed_min_weights=0 if packed else 1 << 62, directions=directions)
         if kernels is None:

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from elmo_core.errors import InputError
+from runtime.collector import long_lived_frozen
 
 from .options import EmbedOptions
 
@@ -261,22 +262,23 @@ def embed_shards(predictor: ElmoPredictor, shards: list[Shard], out: Output, sch
     opts, clock = predictor.options, clock or StageClock()
     writer = _WriterPool(out, schema, job_digest, opts, predictor.model_sha256, clock)
     try:
-        for window, prepared in prefetch(_windows(shards, predictor, opts, clock, span), opts.prefetch):
-            try:
-                table = predictor.compute(prepared, clock)
-            except NonFiniteError as e:
-                row = window.start + e.row
-                raise NonFiniteError(f"{window.file.path}: row {row}: {e}", row) from None
-            held = writer.window(table, sum(p.shard is not None for p in window.pieces))
-            lengths, offset, rows, tokens = prepared.plan.lengths, 0, 0, 0  # (R,)
-            for piece, invalid in zip(window.pieces, _invalid_utf8(window, prepared.invalid_utf8, opts)):
-                if piece.shard is not None:  # else rows of a committed shard: dropped
-                    part = table if len(window.pieces) == 1 else table.slice(offset, piece.rows)
-                    counts = lengths[offset : offset + piece.rows]  # (rows,) -1: null
-                    writer.put(piece.shard, part, counts, invalid, piece.last, held)
-                    rows, tokens = rows + piece.rows, tokens + int(np.maximum(counts, 0).sum())
-                offset += piece.rows
-            on_batch(rows, tokens)
-        return writer.close()
+        with long_lived_frozen():  # the process's objects out of full collections (runtime/collector.py)
+            for window, prepared in prefetch(_windows(shards, predictor, opts, clock, span), opts.prefetch):
+                try:
+                    table = predictor.compute(prepared, clock)
+                except NonFiniteError as e:
+                    row = window.start + e.row
+                    raise NonFiniteError(f"{window.file.path}: row {row}: {e}", row) from None
+                held = writer.window(table, sum(p.shard is not None for p in window.pieces))
+                lengths, offset, rows, tokens = prepared.plan.lengths, 0, 0, 0  # (R,)
+                for piece, invalid in zip(window.pieces, _invalid_utf8(window, prepared.invalid_utf8, opts)):
+                    if piece.shard is not None:  # else rows of a committed shard: dropped
+                        part = table if len(window.pieces) == 1 else table.slice(offset, piece.rows)
+                        counts = lengths[offset : offset + piece.rows]  # (rows,) -1: null
+                        writer.put(piece.shard, part, counts, invalid, piece.last, held)
+                        rows, tokens = rows + piece.rows, tokens + int(np.maximum(counts, 0).sum())
+                    offset += piece.rows
+                on_batch(rows, tokens)
+            return writer.close()
     finally:
         writer.abort()

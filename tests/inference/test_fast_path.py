@@ -82,6 +82,27 @@ def test_input_projection_chunks_give_the_same_layers(tiny_dir, chunk_rows):
     torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-6)
 
 
+def test_a_small_models_input_product_is_one_gemm_a_layer(tiny_dir, monkeypatch):
+    """A count: with 4C small, a whole 4,096-token batch's input pre-activations fit in
+    ``INPUT_CHUNK_FLOATS``, so each layer's input product is one GEMM per direction (on packed oneDNN
+    weights in fp32 on a CPU: MKL's batched product of 512-row chunks ran at half its rate), not one
+    per 512 rows."""
+    from inference.fast_lstm import INPUT_CHUNK_FLOATS, INPUT_CHUNK_ROWS, FastLstm
+
+    model = load_bilm(tiny_dir)
+    gates = model.lstm.w_input.shape[-1]
+    assert INPUT_CHUNK_FLOATS // gates >= 4096 > INPUT_CHUNK_ROWS
+    words = [w for s in SENTENCES for w in s]
+    sentences = [[words[(7 * i + j) % len(words)] for j in range(30)] for i in range(136)]  # 4,080 tokens
+    ids = torch.from_numpy(batch_to_ids(sentences))
+    reference = _layers(model, ids)
+    products, layers, project = [], [], FastLstm.input_projection
+    monkeypatch.setattr(FastLstm, "input_projection", lambda self, layer, dirs: (
+        layers.append(layer), lambda x: products.append(x.shape) or project(self, layer, dirs)(x))[1])
+    torch.testing.assert_close(_layers(model.use_fast_path(FastInference(model)), ids), reference, atol=1e-6, rtol=0)
+    assert len(products) == len(layers) > 0 and all(rows > 4000 for _, rows, _ in products), products
+
+
 def test_perplexity_runs_the_fast_path_and_leaves_the_model_as_it_was(tmp_path):
     """``elmo perplexity`` and a run's evaluations score through the inference recurrence; the
     language model's own path (the reference) gives the same perplexities to rounding."""
