@@ -105,7 +105,7 @@ def pad_batch(sentences: Sequence[Sequence[str]], ids_of: Callable[[list[str]], 
     Shape: B sentences -> (B, T_max, width) int32.
     """
     check_sentences(sentences)
-    lengths = [len(s) for s in sentences]
+    lengths = np.array([len(s) for s in sentences], dtype=np.int64)  # (B,)
     out = np.zeros((len(sentences), max(lengths, default=0), width), dtype=np.int32)  # (B, T, W)
     flat = [t for s in sentences for t in s]
     rows = np.repeat(np.arange(len(sentences)), lengths)

@@ -31,7 +31,7 @@ for the processes this one starts (tests/core/test_process_env.py).
   over the dynamic mmap threshold are unmapped), so every batch faults and zeroes its tensors' pages
   again: on a 2-core VM ``clear_page_erms`` was 12-15 % of a job's samples (``perf``). One arena,
   a fixed mmap threshold of 32 MiB (blocks under it come from the heap) and a trim threshold of
-  1 GiB keep the pages mapped and reused: the host-side benchmark's model stage 1.2-1.6x, the same
+  1 GiB keep the pages mapped and reused: the host-side benchmark model's `embed_sentences` 1.4x, the same
   peak memory. It is a setting of this process's malloc (``mallopt``), not of its environment:
   each process that imports the library makes it for itself. Torch's huge pages are then not
   asked for (measured slower beside a reused heap: its 2 MiB-aligned blocks and ``madvise`` per

@@ -95,6 +95,8 @@ class Elmo(nn.Module):
     def forward(self, inputs: torch.Tensor | np.ndarray | Sequence[Sequence[str]]) -> dict:
         ids = self._char_ids(inputs)  # (..., T, C)
         lead, (T, C) = ids.shape[:-2], ids.shape[-2:]  # C: ids a token (its characters, +1 with words)
+        if ids.numel() == 0:  # no sentence, or no token in any: nothing to run
+            return self._empty(lead, T + 2 if self.keep_sentence_boundaries else T, ids.device)
         with torch.set_grad_enabled(self.requires_grad and torch.is_grad_enabled()):
             out = self._run(ids.reshape(-1, T, C))  # layers (B, L+1, T+2, D), mask (B, T+2)
         layers, full_mask = out.layers, out.mask
@@ -109,6 +111,12 @@ class Elmo(nn.Module):
         return {"elmo_representations": [r.reshape(*lead, width, -1) for r in representations],
                 "mask": mask.reshape(*lead, width)}
 
+    def _empty(self, lead: torch.Size, width: int, device: torch.device) -> dict:
+        """``forward``'s answer for a batch without tokens: K zero tensors (..., width, D), mask all False."""
+        D = self.get_output_dim()
+        return {"elmo_representations": [torch.zeros(*lead, width, D, device=device) for _ in self.mix.mixes],
+                "mask": torch.zeros(*lead, width, dtype=torch.bool, device=device)}
+
     def _run(self, ids: torch.Tensor):  # type: ignore[no-untyped-def]
         if self.stateful is not None:
             return self.stateful.run(ids, keep_boundaries=True)
@@ -121,6 +129,17 @@ class Elmo(nn.Module):
         """Start every row from a zero state again (stateful only)."""
         if self.stateful is not None:
             self.stateful.reset()
+
+    def _check_id_range(self, ids: torch.Tensor) -> None:
+        """Character ids index the char embedding's ``char_rows`` rows (0: padding); none negative."""
+        if ids.numel() == 0:
+            return
+        chars, rows = ids[..., : self.bilm.config.char_cnn.max_characters_per_token], self.bilm.config.char_rows
+        low, high = int(ids.min()), int(chars.max())
+        if low < 0 or high >= rows:
+            bad = low if low < 0 else high
+            raise InputError(f"inputs: character id {bad} is outside 0..{rows - 1} (this model's {rows} character "
+                             f"rows; 0 pads): make the ids with this model's batch_to_ids, or pass tokenized sentences")
 
     def _char_ids(self, inputs: torch.Tensor | np.ndarray | Sequence[Sequence[str]]) -> torch.Tensor:
         device = next(self.bilm.parameters()).device
@@ -135,6 +154,7 @@ class Elmo(nn.Module):
                                  f"got {tuple(inputs.shape)}")
             if inputs.is_floating_point() or inputs.is_complex() or inputs.dtype == torch.bool:
                 raise InputError(f"inputs: character ids are integers, got {inputs.dtype}")
+            self._check_id_range(inputs)
             return inputs.to(device)
         if isinstance(inputs, str) or any(isinstance(s, str) for s in inputs):
             raise InputError("inputs: a batch of tokenized sentences (a list of lists of str), got a list of str; "

@@ -133,3 +133,23 @@ def test_numpy_character_ids_are_accepted_and_other_inputs_named(tiny_dir):
         elmo(torch.from_numpy(ids).float())
     with pytest.raises(InputError, match="wrap one sentence as"):
         elmo(["The", "cat"])
+
+
+def test_a_batch_without_tokens_gives_empty_answers_and_ids_out_of_range_are_named(tiny_dir):
+    """An empty batch (or one of empty sentences) answers with zero-width tensors as the shapes say, not an
+    IndexError; a character id outside the model's rows is an InputError, not torch's 'index out of range'."""
+    elmo = Elmo(tiny_dir / "options.json", tiny_dir / "weights.hdf5", 2, dropout=0.0).eval()
+    D = elmo.get_output_dim()
+    assert batch_to_ids([]).shape == (0, 0, 50) and batch_to_ids([[], []]).shape == (2, 0, 50)
+    for inputs, shape in (([], (0, 0)), ([[], []], (2, 0)), (batch_to_ids([]), (0, 0))):
+        got = elmo(inputs)
+        assert [tuple(r.shape) for r in got["elmo_representations"]] == [(*shape, D)] * 2
+        assert tuple(got["mask"].shape) == shape and got["mask"].dtype == torch.bool
+    kept = Elmo(tiny_dir / "options.json", tiny_dir / "weights.hdf5", 1, dropout=0.0, keep_sentence_boundaries=True)
+    assert tuple(kept.eval()([[]])["elmo_representations"][0].shape) == (1, 2, D)
+    ids = batch_to_ids([["The", "cat"]])
+    for bad, value in ((300, "300"), (-1, "-1")):
+        wrong = ids.copy()
+        wrong[0, 1, 3] = bad
+        with pytest.raises(InputError, match=f"character id {value} is outside 0..261"):
+            elmo(wrong)

@@ -45,11 +45,17 @@ def test_a_jobs_collections_run_with_the_process_frozen_and_it_is_unfrozen_after
         if phase == "start":
             seen.append(gc.get_freeze_count())
 
+    thresholds, enabled = gc.get_threshold(), gc.isenabled()
+    gc.enable()
+    gc.set_threshold(50)  # collections every few allocations, whatever the suite left
     gc.callbacks.append(watch)
     try:
         embed_parquet(tmp_path / "corpus", tmp_path / "out", tiny_dir, quiet=True, max_tokens_per_batch=512)
     finally:
         gc.callbacks.remove(watch)
+        gc.set_threshold(*thresholds)
+        if not enabled:
+            gc.disable()
     assert max(seen) > 10_000, seen[:20]  # the modules torch and pyarrow loaded: frozen while batches ran
     assert gc.get_freeze_count() == 0
     table = ds.dataset(tmp_path / "out", format="parquet").to_table()
