@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from elmo_cli.vocabulary import Subcommands, add_flag
+from elmo_cli.vocabulary import Subcommands, add_flag, check_torch_model
 from elmo_core.bounds import check_count
 from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens
@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_count("rows", args.rows)
     check_max_minutes(args.max_minutes)  # also where a model is given: a bad time is a mistake either way
+    check_torch_model(args.model, "demo")
     work = Path(args.work_dir)
     corpus = work / f"corpus-{args.rows}"  # one per --rows: a corpus kept from another run is not this one
     if not corpus.is_dir():

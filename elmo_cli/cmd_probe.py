@@ -20,7 +20,7 @@ import numpy as np
 
 from corpora.sotu import sotu_sentences
 from elmo_cli.status import say_loading
-from elmo_cli.vocabulary import Subcommands, add_flag, add_model, need_model
+from elmo_cli.vocabulary import Subcommands, add_flag, add_model, check_torch_model, need_model
 from elmo_core.bounds import check_count
 from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens
@@ -159,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
     from inference import Embedder
     from inference.model_run import resolve_run
 
+    check_torch_model(need_model(args, "probe"), "probe")
     run = resolve_run(need_model(args, "probe"), backend="torch", weights=args.weights,
                       device=args.device, threads=args.threads)
     say_loading("probe", run)

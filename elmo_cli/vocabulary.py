@@ -102,6 +102,17 @@ def need_model(args: argparse.Namespace, command: str) -> str:
     return args.model
 
 
+def check_torch_model(model: str | None, command: str) -> None:
+    """Refuse an export directory for a command that runs the torch model only (it has no --backend)."""
+    from elmo_core.errors import InputError
+    from inference.registry import exported_backend
+
+    kind = None if model is None else exported_backend(model)
+    if kind is not None:
+        raise InputError(f"{model}: an {kind} export; elmo {command} runs a model directory (options.json and its "
+                         f"weights) on torch: give --model the directory the export was made from")
+
+
 def field_dest(f: Field) -> str:
     meaning = f.metadata.get("meaning")
     return MEANINGS[meaning].dest if meaning else f.name

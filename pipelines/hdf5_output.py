@@ -3,7 +3,8 @@
 Its conventions, each kept (allennlp/commands/elmo.py, 0.9.0):
 - a text INPUT holds one whitespace-tokenized sentence per line; the sentence is the stripped line
   (inner spaces kept) and its tokens ``split_tokens(line)`` (``elmo_core.whitespace``); an empty line is an error;
-- one float32 dataset per sentence, keyed by its line index as a string ('0', '1', ...), or by
+- one dataset per sentence in the vectors' dtype (float32 by default, as allennlp), keyed by its
+  line index as a string ('0', '1', ...), or by
   the sentence itself with ``use_sentence_keys`` (a repeated sentence is then an error);
 - shape (L+1, T, D) for output 'all', (T, D) for the others; 'average' is the plain mean of the
   layers; the boundary tokens are not included;
@@ -96,8 +97,10 @@ def _check_options(opts: EmbedOptions, out: Path) -> None:
     values, defaults = opts.to_dict(), EmbedOptions().to_dict()
     given = [k for k in PARQUET_ONLY if values[k] != defaults[k]]
     if given:
+        named = ["--pool (or --output default: TF-Hub's name for the mix pooled by mean)" if k == "pool" else
+                 "--" + k.replace("_", "-") for k in given]
         raise InputError(f"--format hdf5 writes allennlp elmo's layout, which has no place for "
-                         f"{', '.join('--' + k.replace('_', '-') for k in given)}; leave them out or use --format parquet")
+                         f"{', '.join(named)}; leave them out or use --format parquet")
     if out.is_dir():
         raise InputError(f"{out}: is a directory; --format hdf5 writes one file (e.g. OUT.hdf5)")
     if out.exists() and not _is_earlier_output(out):

@@ -183,6 +183,11 @@ def test_embed_reads_the_backend_from_an_export_directory(tiny_dir, tmp_path, ca
     assert f"{tmp_path / 'exp'}: an onnx export, which the torch backend cannot run; add --backend onnx" in \
         capsys.readouterr().err
     assert not (tmp_path / "out2").exists()
+    for command in (["probe"], ["demo", "--work-dir", str(tmp_path / "demo")]):  # no --backend to add there
+        assert main([*command, "--model", str(tmp_path / "exp")]) == 2
+        err = capsys.readouterr().err
+        assert f"an onnx export; elmo {command[0]} runs a model directory" in err and "--backend" not in err, err
+    assert not (tmp_path / "demo").exists()
 
 
 @pytest.mark.parametrize("argv, usage", [

@@ -105,6 +105,7 @@ def test_bad_input_is_named_and_leaves_no_file(tiny_dir, tmp_path, capsys):
         ("a b\nc d\na b\n", ["--use-sentence-keys"], "line 3 repeats"),
         ("a/b c\n", ["--use-sentence-keys"], "cannot be an hdf5 dataset name"),
         ("a b\n", ["--pool", "mean"], "no place for --pool"),
+        ("a b\n", ["--output", "default"], "no place for --pool (or --output default: TF-Hub's name"),
     ]
     for text, extra, message in cases:
         (tmp_path / "in.txt").write_text(text)
