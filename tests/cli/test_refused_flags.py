@@ -71,6 +71,13 @@ def test_embed_refuses_what_it_would_ignore_or_choke_on(tiny_dir, text, tmp_path
     assert not out.exists()
 
 
+def test_export_onnx_refuses_a_calibration_nothing_would_read(tiny_dir, text, tmp_path):
+    out = tmp_path / "export"
+    _refused(run_cli("export", "onnx", "--model", tiny_dir, "--out", out, "--calibration", text, "--no-validate"),
+             "--calibration", "--precision fp32 nothing reads it")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("device, words", [("bogus", "cpu, cuda or cuda:N"), ("cuda:-1", "cpu, cuda or cuda:N"),
                                            ("meta", "cpu, cuda or cuda:N")])
 def test_train_checks_its_device_first(text, tmp_path, device, words):
