@@ -78,10 +78,11 @@ def inspect(path_arg: str, weights: str | None = None) -> dict:
 
     path = Path(path_arg)
     if path.is_dir() and (path / MANIFEST_NAME).is_file():
-        return _export(path)
+        return _without_weights(_export(path), weights)
     if path.is_dir() and any(path.glob("_job.*")):
-        return _embed_output(path)
+        return _without_weights(_embed_output(path), weights)
     if path.is_dir() and (path / RUN_INFO).is_file():
+        _without_weights({"kind": "elmo train run", "path": str(path)}, weights)
         summary = read_json_object(path / RUN_SUMMARY) if (path / RUN_SUMMARY).is_file() else {}
         model = path / "model"
         return {"kind": "elmo train run", "path": str(path), "finished": bool(summary),
@@ -89,8 +90,17 @@ def inspect(path_arg: str, weights: str | None = None) -> dict:
                 "model": describe(str(model)) if (model / "options.json").is_file() else None}
     exports = [d for d in sorted(path.iterdir()) if (d / MANIFEST_NAME).is_file()] if path.is_dir() else []
     if exports and not (path / "options.json").is_file():
-        return {"kind": "elmo engine output", "path": str(path), "exports": [_export(d) for d in exports]}
+        return _without_weights({"kind": "elmo engine output", "path": str(path),
+                                 "exports": [_export(d) for d in exports]}, weights)
     return describe(path_arg, weights)
+
+
+def _without_weights(info: dict, weights: str | None) -> dict:
+    """``info``, where no --weights was given: it names a model's weights file, which this directory is not."""
+    if weights is not None:
+        raise InputError(f"--weights {weights}: {info['path']} is not a model directory ({info['kind']}), so there "
+                         f"are no weights to choose: leave --weights out")
+    return info
 
 
 def _embed_output(path: Path) -> dict:

@@ -95,6 +95,9 @@ def write_triton_repository(model: str | Path, out: str | Path, options: TritonO
                             weights: str | None = None) -> Path:
     """Write ``out/<name>/`` (``out`` may hold other models; ``<name>`` must not exist yet)."""
     model, out = Path(model), Path(out)
+    if weights is not None and backend_kind(options.backend).exported:
+        raise InputError(f"--weights {weights}: an {options.backend} model runs its export's own graph, so there are "
+                         f"no weights to choose: leave --weights out (or give them to elmo export onnx)")
     dim = model_config(model, options.backend, weights).output_dim
     target = out / options.name
     if target.exists():

@@ -138,6 +138,10 @@ def test_info_knows_every_directory_the_project_writes(tiny_dir, tmp_path, capsy
     assert json.loads(capsys.readouterr().out) == info
     assert main(["info", "--out", str(tmp_path / "vectors"), "--model", str(tiny_dir)]) == 2
     assert "give --model or --out, not both" in capsys.readouterr().err
+    for path, kind in [(tmp_path / "engine" / "onnx", "onnx export"), (tmp_path / "engine", "elmo engine output"),
+                       (tmp_path / "vectors", "elmo embed output")]:  # no weights to choose: --weights is refused
+        assert main(["info", "--model", str(path), "--weights", str(tiny_dir / "weights.hdf5")]) == 2
+        assert f"{path} is not a model directory ({kind}), so there are no weights to choose" in capsys.readouterr().err
 
 
 def test_info_in_a_pipe_that_closes_early(tiny_dir):

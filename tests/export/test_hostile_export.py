@@ -104,6 +104,10 @@ def test_a_mixed_export_is_refused_for_triton_and_nothing_is_left(tiny_dir, tmp_
     assert not (tmp_path / "repo" / "elmo").exists()
     r = run_cli("export", "triton", "--model", tmp_path / "nowhere", "--out", tmp_path / "repo")
     assert r.returncode == 2 and not (tmp_path / "repo" / "elmo").exists(), r.stderr
+    r = run_cli("export", "triton", "--model", mixed, "--backend", "onnx", "--weights", tiny_dir / "weights.hdf5",
+                "--out", tmp_path / "repo")  # an export has no weights to choose: refused, not ignored
+    assert r.returncode == 2 and "--weights" in r.stderr and "no weights to choose" in r.stderr, r.stderr
+    assert not (tmp_path / "repo" / "elmo").exists()
     assert run_cli("export", "triton", "--model", tiny_dir, "--out", tmp_path / "repo").returncode == 0
     assert (tmp_path / "repo" / "elmo" / "config.pbtxt").is_file()
 
