@@ -50,6 +50,9 @@ class VectorRequest:
             object.__setattr__(self, "mix", _mix(self.mix))
         check_mix_settings(self.mix, self.gamma, f"{asked} ({output})" if asked else output, self.mode.mixes,
                            self.vector_dtype.max, self.dtype)
+        if self.layer_norm and not self.mode.mixes:
+            raise SettingError(f"`layer_norm` only applies to the mix (`output` mixed: each layer normalised before "
+                               f"the weighted sum), not to `output` {asked or output}: leave it out")
 
     @property
     def mode(self) -> OutputMode:

@@ -3,6 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from elmo_core.errors import SettingError
+
 from elmo_core import InputError
 from inference import Embedder
 
@@ -66,6 +68,9 @@ def test_layer_norm_mix_is_the_originals(emb):
         want = sum(normed[j][k] for j in range(L1)) / L1
         # layer-normed values (unit scale) summed in fp32 vs float64 numpy: a few ulp of O(1) terms, x batch stats
         np.testing.assert_allclose(got[k], want, atol=1e-5)
+    for output in ("top", "average", "all", "layer:1"):  # no weighted sum to normalise before: refused, not ignored
+        with pytest.raises(SettingError, match=f"layer_norm only applies to the mix .*not to output {output}: leave it out"):
+            emb.embed_sentences(sents, output=output, layer_norm=True)
 
 
 def test_empty_sentences_give_empty_arrays(emb):
