@@ -38,8 +38,9 @@ from .precision import cpu_bf16
 # where the whole batch at once (2, N, 4C) was 512 MiB for a 4096-token batch. GEMMs of 512 rows
 # run at full speed.
 INPUT_CHUNK_ROWS = 512
-# ... or more rows where their input pre-activations (2, rows, 4C) fit in twice this many floats (16 MiB): a small
-# model's input product in a few large GEMMs (one oneDNN primitive made for each new row count, ~0.4 ms)
+# ... or more rows, as many as a direction's input pre-activations (rows x 4C) fit in this many floats (8 MiB,
+# 16 MiB both): a small model's input product in one or a few GEMMs a layer (oneDNN makes a primitive for each
+# new row count, ~0.4 ms, so many small chunks of changing row counts lose what its packed weights gain)
 INPUT_CHUNK_FLOATS = 1 << 21
 # Pre-packed oneDNN products for the recurrent step only from this many weights per matrix (P x 4C)
 # up. Measured on a 2-core AMD EPYC, model alone: full size (512 x 16384) 570 vs 488 tokens/s with
