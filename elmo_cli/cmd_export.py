@@ -10,7 +10,6 @@ from pathlib import Path
 from elmo_cli.status import say
 from elmo_cli.vocabulary import Subcommands, add_flag
 from elmo_core.bounds import check_count
-from elmo_core.errors import InputError
 from elmo_core.names import EXPORT_PRECISIONS, TENSORRT_PRECISIONS, VALIDATED_EXPORT_PRECISIONS
 from elmo_core.vectors import VectorRequest
 from formats.export_spec import DEFAULT_OPSET, OUTPUT_NAMES, SUPPORTED_OPSETS
@@ -113,9 +112,6 @@ def run_onnx(args: argparse.Namespace) -> int:
     from export.onnx_export import export_onnx
     from pipelines.calibration import user_calibration
 
-    if args.calibration and args.no_validate and args.precision != "int8":
-        raise InputError(f"--calibration is read to plan int8 and to validate the export; with --no-validate and "
-                         f"--precision {args.precision} nothing reads it: leave one of them out")
     sample = user_calibration(args.calibration) if args.calibration else None
     m = export_onnx(args.model, args.out, VectorRequest(args.output, args.mix, args.gamma), args.precision, args.opset,
                     validate=not args.no_validate, threads=args.threads, weights=args.weights,

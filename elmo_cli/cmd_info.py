@@ -73,16 +73,26 @@ def _export(path: Path) -> dict:
 
 
 def inspect(path_arg: str, weights: str | None = None) -> dict:
-    """What the directory at ``path_arg`` is and holds (see the module doc)."""
+    """What the directory at ``path_arg`` is and holds (see the module doc); ``weights`` only for a
+    model (another directory has no weights to choose)."""
+    info = _written_by_the_project(Path(path_arg))
+    if info is None:
+        return describe(path_arg, weights)
+    if weights is not None:
+        raise InputError(f"--weights {weights}: {info['path']} is not a model directory ({info['kind']}), so there "
+                         f"are no weights to choose: leave --weights out")
+    return info
+
+
+def _written_by_the_project(path: Path) -> dict | None:
+    """An export, an embed output, a training run or an engine output at ``path``; None for anything else."""
     from formats.export_manifest import MANIFEST_NAME
 
-    path = Path(path_arg)
     if path.is_dir() and (path / MANIFEST_NAME).is_file():
-        return _without_weights(_export(path), weights)
+        return _export(path)
     if path.is_dir() and any(path.glob("_job.*")):
-        return _without_weights(_embed_output(path), weights)
+        return _embed_output(path)
     if path.is_dir() and (path / RUN_INFO).is_file():
-        _without_weights({"kind": "elmo train run", "path": str(path)}, weights)
         summary = read_json_object(path / RUN_SUMMARY) if (path / RUN_SUMMARY).is_file() else {}
         model = path / "model"
         return {"kind": "elmo train run", "path": str(path), "finished": bool(summary),
@@ -90,17 +100,8 @@ def inspect(path_arg: str, weights: str | None = None) -> dict:
                 "model": describe(str(model)) if (model / "options.json").is_file() else None}
     exports = [d for d in sorted(path.iterdir()) if (d / MANIFEST_NAME).is_file()] if path.is_dir() else []
     if exports and not (path / "options.json").is_file():
-        return _without_weights({"kind": "elmo engine output", "path": str(path),
-                                 "exports": [_export(d) for d in exports]}, weights)
-    return describe(path_arg, weights)
-
-
-def _without_weights(info: dict, weights: str | None) -> dict:
-    """``info``, where no --weights was given: it names a model's weights file, which this directory is not."""
-    if weights is not None:
-        raise InputError(f"--weights {weights}: {info['path']} is not a model directory ({info['kind']}), so there "
-                         f"are no weights to choose: leave --weights out")
-    return info
+        return {"kind": "elmo engine output", "path": str(path), "exports": [_export(d) for d in exports]}
+    return None
 
 
 def _embed_output(path: Path) -> dict:

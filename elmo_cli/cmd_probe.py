@@ -159,8 +159,9 @@ def run(args: argparse.Namespace) -> int:
     from inference import Embedder
     from inference.model_run import resolve_run
 
-    check_torch_model(need_model(args, "probe"), "probe")
-    run = resolve_run(need_model(args, "probe"), backend="torch", weights=args.weights,
+    model = need_model(args, "probe")
+    check_torch_model(model, "probe")
+    run = resolve_run(model, backend="torch", weights=args.weights,
                       device=args.device, threads=args.threads)
     say_loading("probe", run)
     with Embedder(run.open()) as embedder:

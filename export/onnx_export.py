@@ -100,6 +100,9 @@ def export_onnx(model: str | Path, out_dir: str | Path, vectors: VectorRequest =
     sample (``export.quantize``). Returns the manifest.
     """
     check_threads(threads)
+    if sample is not None and not validate and precision != "int8":
+        raise InputError(f"--calibration (sample) is read to plan int8 and to validate the export; with --no-validate "
+                         f"and --precision {precision} nothing reads it: leave one of them out")
     out_dir = Path(out_dir).resolve()  # "." names its folder
     check_export_dir(out_dir)
     files = resolve_model(model, weights)
