@@ -4,7 +4,8 @@ A model directory given to the ONNX backend is exported once per precision into 
 what the export depends on: the model's options and weights (sha256), the precision, the opset,
 the export format and the ONNX Runtime version (its quantizer writes the int8 graph), the graph's
 char-CNN form (``on_demand_dedup``), and for int8 the calibration sample (its text decides which
-products stay fp32, ``export.quantize``) and this CPU's weight range (``quantize.weight_bits``). Changed
+products stay fp32, ``export.quantize``), how int8 is planned (``quantize.PLAN_VERSION``) and this
+CPU's weight range (``quantize.weight_bits``). Changed
 weights give a new key, so a stale export is never run. Each entry is a complete, validated
 `elmo export onnx` directory (parity checked against the torch backend at the precision's
 tolerance, ``formats.export_spec.TOLERANCES``); it is built in a temporary directory and renamed
@@ -36,7 +37,7 @@ from inference.precision import cpu_flags
 
 from .errors import ParityError
 from .onnx_export import export_onnx
-from .quantize import weight_bits
+from .quantize import PLAN_VERSION, weight_bits
 
 Sample = tuple[Sequence[Sequence[str]], str]  # (sentences, where they come from)
 
@@ -65,6 +66,7 @@ def export_key(model: str | Path, precision: str, weights: str | Path | None = N
         parts["dictionaries"] = {p.name: file_sha256(p) if p.is_file() else None for p in dictionaries}
     if precision in ("int8", "auto"):
         parts["int8_weight_bits"] = weight_bits(cpu_flags() if flags is None else flags)
+        parts["int8_plan"] = PLAN_VERSION
     if precision in ("int8", "auto") and sample is not None:
         parts["calibration"] = hashlib.sha256("\n".join(" ".join(s) for s in sample[0]).encode()).hexdigest()
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]

@@ -17,8 +17,10 @@ products, recurrent products and projections) and chosen on a sample of text (th
 sample): each group alone is measured, then the groups are added from the least error to the most
 while the whole graph keeps every layer's token cosine at or above the target, on the sample and,
 scaled to the same allowance, on the random-token shapes validation also holds it to (long random
-tokens drive the recurrence where text seldom does); the others stay in fp32. ``Int8Plan`` records
-which were quantized, which were kept and each one's own score.
+tokens drive the recurrence where text seldom does); the others stay in fp32. A group of the main
+graph (the char-CNN's, each layer's input products) is also measured alone with per-token scales
+(``export.row_scales``) and takes them where they at least halve its error. ``Int8Plan`` records
+which were quantized, which with per-token scales, which were kept and each one's own score.
 Static quantization calibrated on the same text (``quantize_static``, MinMax ranges, QOperator or
 QDQ) measured worse on ``models/default`` (min token cosine 0.9925 with only the char-CNN and input
 products quantized, against 0.9988 dynamic), so it is not used.
@@ -37,6 +39,7 @@ import onnx
 from inference.precision import INT8_CPU_FLAGS
 
 from .errors import ParityError
+from .row_scales import scale_rows, top_level_matmuls
 
 # A product's group, from its weight's initializer name (``onnx_char_cnn`` / ``onnx_lstm`` name them).
 _GROUPS = ((re.compile(r"conv_w_\d+"), "char_cnn.convolutions"), (re.compile(r"hw_w_\d+"), "char_cnn.highway"),
@@ -90,17 +93,36 @@ def _quiet_quantizer() -> Iterator[None]:
         root.setLevel(level)
 
 
-def quantize_int8(src: Path, dst: Path, keep_fp32: Sequence[str] = (), bits: int = 7) -> None:
+def row_scalable(proto: onnx.ModelProto) -> list[str]:
+    """The groups whose products may take per-token scales (``export.row_scales``): those of the main graph."""
+    top = top_level_matmuls(proto)
+    return [g for g, names in matmul_groups(proto).items() if set(names) <= top]
+
+
+def quantize_int8(src: Path, dst: Path, keep_fp32: Sequence[str] = (), bits: int = 7,
+                  row_scaled: Sequence[str] = ()) -> None:
     """``src`` (fp32) with every MatMul weight quantized to ``bits`` (``weight_bits``) as described
-    above, except the groups in ``keep_fp32``, written to ``dst``."""
+    above, except the groups in ``keep_fp32``, the groups in ``row_scaled`` with per-token scales,
+    written to ``dst``."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    groups = matmul_groups(onnx.load(str(src), load_external_data=False))
+    proto = onnx.load(str(src))
+    groups = matmul_groups(proto)
     exclude = [name for g in keep_fp32 for name in groups.get(g, [])]
+    scale_rows(proto, [name for g in row_scaled if g not in keep_fp32 for name in groups.get(g, [])])
     with _quiet_quantizer():
-        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
+        quantize_dynamic(proto, str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
                          reduce_range=bits == 7, per_channel=True, nodes_to_exclude=exclude,
                          extra_options={"EnableSubgraph": True})
+
+
+# What an int8 plan of the same model, sample and CPU gives; a new value re-plans on-demand exports
+# (``export.cache.export_key``).
+PLAN_VERSION = 2
+
+# Per-token scales cost a pass over a product's output: a group takes them where they at least halve
+# its error (1 - its min token cosine quantized alone).
+ROW_SCALE_GAIN = 0.5
 
 
 @dataclass
@@ -114,19 +136,37 @@ class Int8Plan:
     quantized: list[str] = field(default_factory=list)
     kept_fp32: list[str] = field(default_factory=list)
     alone: dict[str, float] = field(default_factory=dict)
+    alone_rows: dict[str, float] = field(default_factory=dict)
     all_quantized: float | None = None
     min_cosine: float | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {"target_min_cosine": self.target, "weight_bits": self.bits, "quantized": self.quantized,
-                "kept_fp32": self.kept_fp32, "alone_min_cosine": {g: round(c, 6) for g, c in self.alone.items()},
+                "kept_fp32": self.kept_fp32, "row_scaled": self.row_scaled,
+                "alone_min_cosine": {g: round(c, 6) for g, c in self.alone.items()},
+                "alone_row_scaled_min_cosine": {g: round(c, 6) for g, c in self.alone_rows.items()},
                 "all_quantized_min_cosine": self.all_quantized, "min_cosine": self.min_cosine, "describe": self.describe()}
+
+    def takes_rows(self, group: str) -> bool:
+        """Per-token scales were measured for ``group`` and at least halve its error alone."""
+        rows = self.alone_rows.get(group)
+        return rows is not None and 1.0 - rows <= ROW_SCALE_GAIN * (1.0 - self.alone[group])
+
+    @property
+    def row_scaled(self) -> list[str]:
+        """The int8 groups with per-token scales."""
+        return [g for g in self.quantized if self.takes_rows(g)]
+
+    def score(self, group: str) -> float:
+        """``group``'s score alone as the plan quantizes it (per-token scales where it takes them)."""
+        return self.alone_rows[group] if self.takes_rows(group) else self.alone[group]
 
     def describe(self) -> str:
         if not self.kept_fp32:
             return f"every product int8, {self.bits}-bit weights (min token cosine {self.min_cosine:.6f})"
-        kept = ", ".join(f"{g} ({self.alone[g]:.6f} alone)" for g in self.kept_fp32)
-        return (f"int8 ({self.bits}-bit weights) {', '.join(self.quantized)}; kept in fp32: {kept}, "
+        kept = ", ".join(f"{g} ({self.score(g):.6f} alone)" for g in self.kept_fp32)
+        rows = f" (per-token scales: {', '.join(self.row_scaled)})" if self.row_scaled else ""
+        return (f"int8 ({self.bits}-bit weights) {', '.join(self.quantized)}{rows}; kept in fp32: {kept}, "
                 f"as every product int8 gives {self.all_quantized:.6f} < {self.target}")
 
 
@@ -148,9 +188,11 @@ Measure = Callable[[Path], float]  # an int8 graph -> its score (export.onnx_exp
 
 def plan_int8(src: Path, dst: Path, target: float, measure: Measure, bits: int = 7) -> Int8Plan:
     """Quantize ``src`` into ``dst`` with ``bits`` weights: every group if that keeps ``measure`` >=
-    ``target``, else the groups added from the least error alone to the most while the whole stays
-    >= ``target``. Raises ParityError when no group can be quantized."""
-    groups = list(matmul_groups(onnx.load(str(src), load_external_data=False)))
+    ``target``, else each group measured alone (the main graph's also with per-token scales), then
+    added from the least error alone to the most while the whole stays >= ``target``. Raises
+    ParityError when no group can be quantized."""
+    proto = onnx.load(str(src), load_external_data=False)
+    groups, scalable = list(matmul_groups(proto)), row_scalable(proto)
     plan = Int8Plan(target, bits)
     quantize_int8(src, dst, bits=bits)
     plan.all_quantized = plan.min_cosine = measure(dst)
@@ -158,20 +200,28 @@ def plan_int8(src: Path, dst: Path, target: float, measure: Measure, bits: int =
         plan.quantized = groups
         return plan
     for g in groups:
-        quantize_int8(src, dst, [k for k in groups if k != g], bits)
-        plan.alone[g] = measure(dst)
-    for g in sorted(groups, key=lambda k: -plan.alone[k]):
-        if plan.alone[g] < target:
+        others = [k for k in groups if k != g]
+        plan.alone[g] = _quantized(src, dst, measure, bits, others)
+        if g in scalable:
+            plan.alone_rows[g] = _quantized(src, dst, measure, bits, others, [g])
+    rows = [g for g in groups if plan.takes_rows(g)]
+    for g in sorted(groups, key=lambda k: -plan.score(k)):
+        if plan.score(g) < target:
             break
-        quantize_int8(src, dst, [k for k in groups if k not in plan.quantized and k != g], bits)
-        cosine = measure(dst)
+        cosine = _quantized(src, dst, measure, bits, [k for k in groups if k not in plan.quantized and k != g], rows)
         if cosine >= target:
             plan.quantized.append(g)
             plan.min_cosine = cosine
     plan.kept_fp32 = [g for g in groups if g not in plan.quantized]
     if not plan.quantized:
-        worst = max(groups, key=lambda k: plan.alone[k])
+        worst = max(groups, key=plan.score)
         raise ParityError(f"int8 does not validate for this model: each product group quantized alone drops the min "
-                          f"token cosine below {target} (the best, {worst}, gives {plan.alone[worst]:.6f})")
-    quantize_int8(src, dst, plan.kept_fp32, bits)
+                          f"token cosine below {target} (the best, {worst}, gives {plan.score(worst):.6f})")
+    quantize_int8(src, dst, plan.kept_fp32, bits, plan.row_scaled)
     return plan
+
+
+def _quantized(src: Path, dst: Path, measure: Measure, bits: int, keep_fp32: Sequence[str],
+               row_scaled: Sequence[str] = ()) -> float:
+    quantize_int8(src, dst, keep_fp32, bits, row_scaled)
+    return measure(dst)

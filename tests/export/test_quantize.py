@@ -16,7 +16,6 @@ from elmo_cli.main import main
 from export.cache import cached_onnx_export
 from export.errors import ParityError
 from export.onnx_export import export_onnx, ort_run
-from export.onnx_graph import build_onnx
 from export.quantize import matmul_groups, plan_int8, quantize_int8, weight_bits
 from export.text_parity import TextSample, default_sample
 from formats import load_bilm
@@ -29,14 +28,6 @@ from tests.helpers import read_record
 
 GROUPS = {"char_cnn.highway", "char_cnn.projection", "bilstm1.input", "bilstm1.recurrent", "bilstm1.projection",
           "bilstm2.input", "bilstm2.recurrent", "bilstm2.projection"}
-
-
-@pytest.fixture
-def fp32_graph(tiny_dir, tmp_path) -> Path:
-    bilm = load_bilm(tiny_dir)
-    path = tmp_path / "fp32.onnx"
-    onnx.save(build_onnx(bilm, ExportSpec.for_config(bilm.config, precision="int8")), str(path))
-    return path
 
 
 def _walk(graph: onnx.GraphProto):  # type: ignore[no-untyped-def]
