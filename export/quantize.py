@@ -19,7 +19,7 @@ while the whole graph keeps every layer's token cosine at or above the target, o
 scaled to the same allowance, on the random-token shapes validation also holds it to (long random
 tokens drive the recurrence where text seldom does); the others stay in fp32. A group of the main
 graph (the char-CNN's, each layer's input products) is also measured alone with per-token scales
-(``export.row_scales``) and takes them where they at least halve its error. ``Int8Plan`` records
+(``export.row_scales``), and takes them where it only fits the plan with them. ``Int8Plan`` records
 which were quantized, which with per-token scales, which were kept and each one's own score.
 Static quantization calibrated on the same text (``quantize_static``, MinMax ranges, QOperator or
 QDQ) measured worse on ``models/default`` (min token cosine 0.9925 with only the char-CNN and input
@@ -120,10 +120,6 @@ def quantize_int8(src: Path, dst: Path, keep_fp32: Sequence[str] = (), bits: int
 # (``export.cache.export_key``).
 PLAN_VERSION = 2
 
-# Per-token scales cost a pass over a product's output: a group takes them where they at least halve
-# its error (1 - its min token cosine quantized alone).
-ROW_SCALE_GAIN = 0.5
-
 
 @dataclass
 class Int8Plan:
@@ -135,6 +131,7 @@ class Int8Plan:
     bits: int = 7
     quantized: list[str] = field(default_factory=list)
     kept_fp32: list[str] = field(default_factory=list)
+    row_scaled: list[str] = field(default_factory=list)
     alone: dict[str, float] = field(default_factory=dict)
     alone_rows: dict[str, float] = field(default_factory=dict)
     all_quantized: float | None = None
@@ -147,25 +144,18 @@ class Int8Plan:
                 "alone_row_scaled_min_cosine": {g: round(c, 6) for g, c in self.alone_rows.items()},
                 "all_quantized_min_cosine": self.all_quantized, "min_cosine": self.min_cosine, "describe": self.describe()}
 
-    def takes_rows(self, group: str) -> bool:
-        """Per-token scales were measured for ``group`` and at least halve its error alone."""
-        rows = self.alone_rows.get(group)
-        return rows is not None and 1.0 - rows <= ROW_SCALE_GAIN * (1.0 - self.alone[group])
-
-    @property
-    def row_scaled(self) -> list[str]:
-        """The int8 groups with per-token scales."""
-        return [g for g in self.quantized if self.takes_rows(g)]
-
     def score(self, group: str) -> float:
-        """``group``'s score alone as the plan quantizes it (per-token scales where it takes them)."""
-        return self.alone_rows[group] if self.takes_rows(group) else self.alone[group]
+        """``group``'s score alone as the plan first tries it: as it is where that holds the target,
+        else with per-token scales where it was measured with them."""
+        if self.alone[group] >= self.target:
+            return self.alone[group]
+        return max(self.alone[group], self.alone_rows.get(group, 0.0))
 
     def describe(self) -> str:
-        if not self.kept_fp32:
-            return f"every product int8, {self.bits}-bit weights (min token cosine {self.min_cosine:.6f})"
-        kept = ", ".join(f"{g} ({self.score(g):.6f} alone)" for g in self.kept_fp32)
         rows = f" (per-token scales: {', '.join(self.row_scaled)})" if self.row_scaled else ""
+        if not self.kept_fp32:
+            return f"every product int8{rows}, {self.bits}-bit weights (min token cosine {self.min_cosine:.6f})"
+        kept = ", ".join(f"{g} ({self.score(g):.6f} alone)" for g in self.kept_fp32)
         return (f"int8 ({self.bits}-bit weights) {', '.join(self.quantized)}{rows}; kept in fp32: {kept}, "
                 f"as every product int8 gives {self.all_quantized:.6f} < {self.target}")
 
@@ -189,7 +179,9 @@ Measure = Callable[[Path], float]  # an int8 graph -> its score (export.onnx_exp
 def plan_int8(src: Path, dst: Path, target: float, measure: Measure, bits: int = 7) -> Int8Plan:
     """Quantize ``src`` into ``dst`` with ``bits`` weights: every group if that keeps ``measure`` >=
     ``target``, else each group measured alone (the main graph's also with per-token scales), then
-    added from the least error alone to the most while the whole stays >= ``target``. Raises
+    added from the least error alone to the most (``Int8Plan.score``) while the whole stays >=
+    ``target``: as it is where that holds, else with per-token scales (they cost a pass over the
+    product's output). Raises
     ParityError when no group can be quantized."""
     proto = onnx.load(str(src), load_external_data=False)
     groups, scalable = list(matmul_groups(proto)), row_scalable(proto)
@@ -204,21 +196,31 @@ def plan_int8(src: Path, dst: Path, target: float, measure: Measure, bits: int =
         plan.alone[g] = _quantized(src, dst, measure, bits, others)
         if g in scalable:
             plan.alone_rows[g] = _quantized(src, dst, measure, bits, others, [g])
-    rows = [g for g in groups if plan.takes_rows(g)]
     for g in sorted(groups, key=lambda k: -plan.score(k)):
-        if plan.score(g) < target:
-            break
-        cosine = _quantized(src, dst, measure, bits, [k for k in groups if k not in plan.quantized and k != g], rows)
-        if cosine >= target:
-            plan.quantized.append(g)
-            plan.min_cosine = cosine
+        _add_group(plan, g, groups, lambda keep, rows: _quantized(src, dst, measure, bits, keep, rows))
     plan.kept_fp32 = [g for g in groups if g not in plan.quantized]
     if not plan.quantized:
-        worst = max(groups, key=plan.score)
+        best = max(groups, key=plan.score)
         raise ParityError(f"int8 does not validate for this model: each product group quantized alone drops the min "
-                          f"token cosine below {target} (the best, {worst}, gives {plan.score(worst):.6f})")
+                          f"token cosine below {target} (the best, {best}, gives {plan.score(best):.6f})")
     quantize_int8(src, dst, plan.kept_fp32, bits, plan.row_scaled)
     return plan
+
+
+def _add_group(plan: Int8Plan, group: str, groups: list[str], score: Callable[[list[str], list[str]], float]) -> None:
+    """Add ``group`` to ``plan``'s int8 groups where the whole (``score(keep_fp32, row_scaled)``) then
+    holds the target: as it is, else with per-token scales; a variant failing alone is not tried."""
+    keep = [k for k in groups if k not in plan.quantized and k != group]
+    for rows in ([], [group]):
+        alone = plan.alone_rows.get(group, 0.0) if rows else plan.alone[group]
+        if alone < plan.target:
+            continue
+        cosine = score(keep, plan.row_scaled + rows)
+        if cosine >= plan.target:
+            plan.quantized.append(group)
+            plan.row_scaled += rows
+            plan.min_cosine = cosine
+            return
 
 
 def _quantized(src: Path, dst: Path, measure: Measure, bits: int, keep_fp32: Sequence[str],
