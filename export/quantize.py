@@ -181,8 +181,7 @@ def plan_int8(src: Path, dst: Path, target: float, measure: Measure, bits: int =
     ``target``, else each group measured alone (the main graph's also with per-token scales), then
     added from the least error alone to the most (``Int8Plan.score``) while the whole stays >=
     ``target``: as it is where that holds, else with per-token scales (they cost a pass over the
-    product's output). Raises
-    ParityError when no group can be quantized."""
+    product's output). Raises ParityError when no group can be quantized."""
     proto = onnx.load(str(src), load_external_data=False)
     groups, scalable = list(matmul_groups(proto)), row_scalable(proto)
     plan = Int8Plan(target, bits)

@@ -5,10 +5,11 @@ batch's largest value. A token whose vector is small next to the batch's largest
 the 256 levels, and its cosine suffers most. Here a product ``Y = X W`` becomes
 
     r = max(|X|, last axis)          # (..., 1): each token's own range
-    Y = ((X / r) W) * r              # X / r in [-1, 1] for every token; exact in fp32
+    Y = ((X / r) W) * r              # X / r in [-1, 1] for every token
 
-so the quantizer (which sees ``(X / r) W``) spends its levels on each token's own range. On
-``models/default`` (8-bit weights, held-out text) this cut the error (1 - min token cosine) of the
+(in fp32 the same product but for two roundings a value), so the quantizer (which sees ``(X / r) W``)
+spends its levels on each token's own range. On ``models/default`` (8-bit weights, its calibration
+sample) this cut the error (1 - min token cosine) of the
 char-CNN projection quantized alone from 7.7e-3 to 2.6e-4, of the first layer's input products from
 9.8e-4 to 2.7e-4, of the second's from 4.3e-4 to 0.5e-4. It costs a pass over the product's output,
 so the plan (``quantize.plan_int8``) uses it only for the groups it measures it to help, and only
@@ -22,8 +23,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-# The smallest row range divided by: a padding token's zero row stays zero (0 / tiny), never NaN.
-TINY = "row_scale_tiny"
+# Initializer names: the smallest row range divided by (a padding token's zero row stays zero, 0 /
+# tiny, never NaN), and ReduceMax's axes from opset 18 on.
+TINY, AXES = "row_scale_tiny", "row_scale_axes"
 
 
 def top_level_matmuls(proto: onnx.ModelProto) -> set[str]:
@@ -38,7 +40,7 @@ def _opset(proto: onnx.ModelProto) -> int:
 def _row_max(x: str, out: str, name: str, opset: int) -> onnx.NodeProto:
     """ReduceMax over the last axis, kept: ``axes`` an attribute before opset 18, an input from 18 on."""
     if opset >= 18:
-        return helper.make_node("ReduceMax", [x, "row_scale_axes"], [out], name=name, keepdims=1)
+        return helper.make_node("ReduceMax", [x, AXES], [out], name=name, keepdims=1)
     return helper.make_node("ReduceMax", [x], [out], name=name, axes=[-1], keepdims=1)
 
 
@@ -53,7 +55,7 @@ def scale_rows(proto: onnx.ModelProto, names: Sequence[str]) -> None:
         raise ValueError(f"per-token scales apply to the main graph's MatMuls only, not {sorted(missing)}")
     graph.initializer.append(numpy_helper.from_array(np.array(np.finfo(np.float32).tiny, np.float32), TINY))
     if opset >= 18:
-        graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), "row_scale_axes"))
+        graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), AXES))
     for name in names:
         node = next(n for n in graph.node if n.name == name)
         x, y = node.input[0], node.output[0]
