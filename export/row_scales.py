@@ -7,13 +7,13 @@ the 256 levels, and its cosine suffers most. Here a product ``Y = X W`` becomes
     r = max(|X|, last axis)          # (..., 1): each token's own range
     Y = ((X / r) W) * r              # X / r in [-1, 1] for every token
 
-(in fp32 the same product but for two roundings a value), so the quantizer (which sees ``(X / r) W``)
-spends its levels on each token's own range. On ``models/default`` (8-bit weights, its calibration
-sample) this cut the error (1 - min token cosine) of the
-char-CNN projection quantized alone from 7.7e-3 to 2.6e-4, of the first layer's input products from
-9.8e-4 to 2.7e-4, of the second's from 4.3e-4 to 0.5e-4. It costs a pass over the product's output,
-so the plan (``quantize.plan_int8``) uses it only for the groups it measures it to help, and only
-outside the recurrence (the graph's own products: a Scan body's run once a time step).
+(in fp32 the same product but for two roundings a value), so the quantizer (which sees
+``(X / r) W``) spends its levels on each token's own range. On ``models/default`` (8-bit weights,
+its calibration sample) this cut the error (1 - min token cosine) of the char-CNN projection
+quantized alone from 7.7e-3 to 2.6e-4, of the first layer's input products from 9.8e-4 to 2.7e-4,
+of the second's from 4.3e-4 to 0.5e-4. It costs a pass over the product's output, so the plan
+(``quantize.plan_int8``) gives it only to a group that fits the plan only with it, and only outside
+the recurrence (the main graph's products; a Scan body's run once a time step).
 """
 from __future__ import annotations
 
