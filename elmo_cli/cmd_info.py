@@ -1,7 +1,7 @@
 """``elmo info --model PATH``: what a directory this project reads or writes holds.
 
 A model directory (or options.json + weights): architecture and parameter count. An `elmo export`
-directory: kind, precision, outputs, parity and source model. `elmo engine`'s OUT: the exports it
+directory: kind, precision, outputs, parity, int8 plan and source model. `elmo engine`'s OUT: the exports it
 holds. An `elmo embed` OUTPUT_DIR: rows, tokens, model and options. An `elmo train` RUN_DIR: the run's
 summary and its model.
 """
@@ -69,7 +69,8 @@ def _export(path: Path) -> dict:
     source = {k: v for k, v in m.get("source", {}).items() if k != "architecture"}
     return {"kind": f"{kind} export", "path": str(path), "precision": m.get("precision"),
             "outputs": m.get("outputs"), "parity": m.get("parity"), "source": source,
-            "architecture": m.get("source", {}).get("architecture")}
+            "architecture": m.get("source", {}).get("architecture"),
+            **({"int8_plan": m["int8"].get("describe")} if isinstance(m.get("int8"), dict) else {})}
 
 
 def inspect(path_arg: str, weights: str | None = None) -> dict:
@@ -178,13 +179,16 @@ def _print_other(info: dict[str, Any]) -> None:
 
 
 def _print_export(info: dict[str, Any], indent: str) -> None:
-    """An export's precision, outputs, parity, source model and architecture, one line each."""
+    """An export's precision, outputs, parity, int8 plan (which products are int8), source model and
+    architecture, one line each."""
     outputs = "; ".join(f"{o['name']} {o['dtype']} [{', '.join(map(str, o['shape']))}]" for o in info["outputs"] or [])
     src, arch = info.get("source") or {}, info.get("architecture") or {}
     lstm, cnn = arch.get("lstm", {}), arch.get("char_cnn", {})
     print(f"{indent}precision    {info['precision']}")
     print(f"{indent}outputs      {outputs}")
     print(f"{indent}parity       {parity_line(info.get('parity') or {})}")
+    if info.get("int8_plan"):
+        print(f"{indent}int8 plan    {info['int8_plan']}")
     print(f"{indent}source       {src.get('options')}  +  {src.get('weights')} ({src.get('format')}), weights sha256 "
           f"{src.get('weights_sha256')}")
     print(f"{indent}architecture biLSTM {lstm.get('n_layers')} layers, cell {lstm.get('dim')}, projection "

@@ -171,6 +171,9 @@ def test_export_onnx_plans_and_validates_on_its_calibration_input(tiny_dir, tmp_
     m = json.loads((out / "manifest.json").read_text())
     assert m["parity"]["text"]["source"] == f"the first {len(lines)} rows of {tmp_path / 'mine.txt'}"
     assert m["parity"]["text"]["sentences"] == len(lines) and m["parity"]["text"]["passed"]
+    capsys.readouterr()
+    assert main(["info", "--model", str(out)]) == 0  # which products are int8, as the plan said
+    assert f"int8 plan    {m['int8']['describe']}\n" in capsys.readouterr().out
     (tmp_path / "empty.txt").write_text("", encoding="utf-8")
     capsys.readouterr()
     assert main(["export", "onnx", "--model", str(tiny_dir), "--out", str(tmp_path / "f"), "--precision", "int8",
