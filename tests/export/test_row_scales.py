@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from elmo_core.chars import batch_to_ids
 from export.onnx_export import ort_run
+from export.onnx_graph import build_onnx
 from export.quantize import matmul_groups, plan_int8, quantize_int8, row_scalable
 from export.row_scales import scale_rows
 from export.text_parity import default_sample
@@ -104,3 +105,26 @@ def test_the_plan_gives_per_token_scales_only_to_the_groups_that_need_them(fp32_
     assert set(plan.alone_rows) == {"char_cnn.highway", "char_cnn.projection", "bilstm1.input", "bilstm2.input"}
     assert "(per-token scales: char_cnn.projection)" in plan.describe()
     assert "bilstm1.input (0.999400 alone)" in plan.describe() and plan.to_dict()["row_scaled"] == ["char_cnn.projection"]
+
+
+def test_the_plan_adds_per_token_products_first_by_error_a_multiply_add(tiny_dir):
+    """A group's value is what its products cost a token (K x N of its weights, both directions);
+    the char-CNN's run once per distinct token in a deduplicating graph, so they come last there."""
+    from export.quantize import Int8Plan, group_values
+    from elmo_core.vectors import VectorRequest
+
+    bilm = load_bilm(tiny_dir)
+    c = bilm.config.lstm  # P 8, cell 24: input and recurrent P x 4C, projection C x P, per direction
+    for dedup in (False, True):
+        spec = ExportSpec.for_config(bilm.config, VectorRequest("all"), "int8", token_dedup=dedup)
+        values = group_values(build_onnx(bilm, spec))
+        assert values["bilstm1.input"] == values["bilstm2.recurrent"] == 2 * c.projection_dim * 4 * c.dim
+        assert values["bilstm1.projection"] == 2 * c.dim * c.projection_dim
+        assert (values["char_cnn.highway"] == 0) == dedup and (values["char_cnn.projection"] == 0) == dedup
+    plan = Int8Plan(0.999, alone={"bilstm1.input": 0.9996, "bilstm1.projection": 0.9998, "char_cnn.highway": 0.99999,
+                                  "bilstm2.input": 0.9989},
+                    alone_rows={"bilstm2.input": 0.99995, "char_cnn.highway": 0.99999})
+    values = {"bilstm1.input": 4, "bilstm1.projection": 1, "char_cnn.highway": 0, "bilstm2.input": 4}
+    # errors a multiply-add: bilstm2.input 5e-5 / 4 (with scales: it fails alone without), bilstm1.input
+    # 4e-4 / 4, the projection 2e-4 / 1; the highway, however exact, after every per-token product
+    assert plan.order(values) == ["bilstm2.input", "bilstm1.input", "bilstm1.projection", "char_cnn.highway"]
