@@ -14,7 +14,7 @@ more than random weights do: on ``models/default`` every product quantized keeps
 cosine of only 0.994 against fp32 on held-out text (random full-size weights: 0.9998). So the
 products are grouped by component (char-CNN highway and projection, each biLSTM layer's input
 products, recurrent products and projections) and chosen on a sample of text (the calibration
-sample): each group alone is measured, then the groups are added from the least error a multiply-add
+sample): each group alone is measured, then the groups are added from the least error per multiply-add
 to the most (the products run per token before the char-CNN's, run once per distinct token) while
 the whole graph keeps every layer's token cosine at or above the target, on the sample and,
 scaled to the same allowance, on the random-token shapes validation also holds it to (long random
@@ -166,7 +166,7 @@ class Int8Plan:
                 "all_quantized_min_cosine": self.all_quantized, "min_cosine": self.min_cosine, "describe": self.describe()}
 
     def order(self, values: dict[str, int]) -> list[str]:
-        """The groups in the order the plan adds them: the least error a multiply-add first (the
+        """The groups in the order the plan adds them: the least error per multiply-add first (the
         per-token products before those run once per distinct token, value 0), by ``score``."""
         def key(g: str) -> tuple[bool, float]:
             error = 1.0 - self.score(g)
@@ -208,7 +208,7 @@ Measure = Callable[[Path], float]  # an int8 graph -> its score (export.onnx_exp
 def plan_int8(src: Path, dst: Path, target: float, measure: Measure, bits: int = 7) -> Int8Plan:
     """Quantize ``src`` into ``dst`` with ``bits`` weights: every group if that keeps ``measure`` >=
     ``target``, else each group measured alone (the main graph's also with per-token scales), then
-    added from the least error alone a multiply-add to the most (``Int8Plan.order``) while the whole
+    added from the least error alone per multiply-add to the most (``Int8Plan.order``) while the whole
     stays >= ``target``: as it is where that holds, else with per-token scales (they cost a pass over
     the product's output). Raises ParityError when no group can be quantized."""
     proto = onnx.load(str(src), load_external_data=False)

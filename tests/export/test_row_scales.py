@@ -107,7 +107,7 @@ def test_the_plan_gives_per_token_scales_only_to_the_groups_that_need_them(fp32_
     assert "bilstm1.input (0.999400 alone)" in plan.describe() and plan.to_dict()["row_scaled"] == ["char_cnn.projection"]
 
 
-def test_the_plan_adds_per_token_products_first_by_error_a_multiply_add(tiny_dir):
+def test_the_plan_adds_per_token_products_first_by_error_per_multiply_add(tiny_dir):
     """A group's value is what its products cost a token (K x N of its weights, both directions);
     the char-CNN's run once per distinct token in a deduplicating graph, so they come last there."""
     from export.quantize import Int8Plan, group_values
@@ -125,6 +125,6 @@ def test_the_plan_adds_per_token_products_first_by_error_a_multiply_add(tiny_dir
                                   "bilstm2.input": 0.9989},
                     alone_rows={"bilstm2.input": 0.99995, "char_cnn.highway": 0.99999})
     values = {"bilstm1.input": 4, "bilstm1.projection": 1, "char_cnn.highway": 0, "bilstm2.input": 4}
-    # errors a multiply-add: bilstm2.input 5e-5 / 4 (with scales: it fails alone without), bilstm1.input
+    # errors per multiply-add: bilstm2.input 5e-5 / 4 (with scales: it fails alone without), bilstm1.input
     # 4e-4 / 4, the projection 2e-4 / 1; the highway, however exact, after every per-token product
     assert plan.order(values) == ["bilstm2.input", "bilstm1.input", "bilstm1.projection", "char_cnn.highway"]

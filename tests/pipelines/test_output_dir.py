@@ -178,21 +178,24 @@ def test_verify_lists_every_damage_one_line_each_without_a_traceback(corpus, tin
         assert r.returncode == 2 and "Traceback" not in r.stderr and "_manifest.parquet: " in r.stderr, r.stderr
 
 
-def test_sigterm_stops_like_ctrl_c_and_resume_finishes(corpus, tiny_dir, tmp_path, spawn):
-    out = tmp_path / "out"
+def test_sigterm_stops_like_ctrl_c_and_resume_finishes(tiny_dir, tmp_path, spawn):
+    """150 shards of ~20 ms each: seconds of runway after the second, so the signal comes mid-job
+    even where the test process waits for a core (900 rows can end before it)."""
+    corpus, out = tmp_path / "corpus", tmp_path / "out"
+    write_sample_corpus(corpus, rows=4500, files=2, row_group_rows=100)
     proc = start_embed(spawn, corpus, out, tiny_dir)
     wait_for_commits(out, proc, 2)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=WAIT_S)
     assert proc.returncode == 143 and "elmo embed: terminated" in err and "Traceback" not in err, err
-    kept = re.search(rf"kept: (\d+) finished shards with ([\d,]+) of 900 rows in {re.escape(str(out))}; rerun the "
+    kept = re.search(rf"kept: (\d+) finished shards with ([\d,]+) of 4,500 rows in {re.escape(str(out))}; rerun the "
                      rf"same command with --resume", err)
     assert kept and int(kept[1]) >= 2 and int(kept[2].replace(",", "")) == 30 * int(kept[1]), err
     assert int(kept[1]) == len(list((out / "_shards").glob("part-*")))
     assert temporaries(out) == [] and not (out / "_SUCCESS").exists()
     r = elmo("embed", "--text", corpus, "--out", out, "--model", tiny_dir, "--id-column", "id", "--quiet", "--resume", *SLOW)
     assert r.returncode == 0, r.stderr
-    assert verify_output(out)["rows"] == 900
+    assert verify_output(out)["rows"] == 4500
 
 
 def test_output_dir_that_is_a_file_is_a_clear_error(corpus, tiny_dir, tmp_path):
