@@ -22,16 +22,29 @@ TENSORRT_SUPPORTED_OPS = frozenset({
 })
 
 
+def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    """A node's own subgraphs (a Scan or Loop body, an If's branches)."""
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
 def iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
     """Every node of a graph and, recursively, of its subgraphs (Scan/Loop/If bodies)."""
     for node in graph.node:
         yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from iter_nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from iter_nodes(g)
+        for g in subgraphs(node):
+            yield from iter_nodes(g)
+
+
+def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """A graph and, recursively, every subgraph in it."""
+    yield graph
+    for node in graph.node:
+        for g in subgraphs(node):
+            yield from iter_graphs(g)
 
 
 def op_types(model: onnx.ModelProto) -> set[str]:

@@ -17,6 +17,7 @@ from export.cache import cached_onnx_export
 from export.errors import ParityError
 from export.onnx_export import export_onnx, ort_run
 from export.quantize import matmul_groups, plan_int8, quantize_int8, weight_bits
+from export.tensorrt_ops import iter_graphs, iter_nodes
 from export.text_parity import TextSample, default_sample
 from formats import load_bilm
 from formats.export_spec import TEXT_MIN_COSINE, ExportSpec
@@ -30,25 +31,17 @@ GROUPS = {"char_cnn.highway", "char_cnn.projection", "bilstm1.input", "bilstm1.r
           "bilstm2.input", "bilstm2.recurrent", "bilstm2.projection"}
 
 
-def _walk(graph: onnx.GraphProto):  # type: ignore[no-untyped-def]
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _walk(attr.g)
-
-
 def test_every_product_has_a_group(fp32_graph):
     groups = matmul_groups(onnx.load(str(fp32_graph)))
     assert set(groups) == GROUPS
-    matmuls = [n.name for n in _walk(onnx.load(str(fp32_graph)).graph) if n.op_type == "MatMul"]
+    matmuls = [n.name for n in iter_nodes(onnx.load(str(fp32_graph)).graph) if n.op_type == "MatMul"]
     assert sorted(matmuls) == sorted(n for names in groups.values() for n in names)
     assert all(len(groups[f"bilstm{k}.{kind}"]) == 2 for k in (1, 2) for kind in ("input", "recurrent", "projection"))
 
 
 def _quantized_groups(path: Path, groups: dict[str, list[str]]) -> set[str]:
     """The groups none of whose MatMuls is left in ``path`` (the quantizer replaces them)."""
-    left = {n.name for n in _walk(onnx.load(str(path)).graph) if n.op_type == "MatMul"}
+    left = {n.name for n in iter_nodes(onnx.load(str(path)).graph) if n.op_type == "MatMul"}
     return {g for g, names in groups.items() if not left & set(names)}
 
 
@@ -65,17 +58,9 @@ def test_int8_weights_are_8_bit_where_the_cpu_sums_int8_exactly_else_7_bit(fp32_
         assert weight_bits(frozenset({"avx2", flag})) == 8
     for bits, widest in ((7, 64), (8, 127)):
         quantize_int8(fp32_graph, tmp_path / f"q{bits}.onnx", bits=bits)
-        weights = [onnx.numpy_helper.to_array(t) for n in _walk_graphs(onnx.load(str(tmp_path / f"q{bits}.onnx")).graph)
+        weights = [onnx.numpy_helper.to_array(t) for n in iter_graphs(onnx.load(str(tmp_path / f"q{bits}.onnx")).graph)
                    for t in n.initializer if t.data_type == onnx.TensorProto.INT8]
         assert weights and max(int(np.abs(w.astype(np.int32)).max()) for w in weights) == widest
-
-
-def _walk_graphs(graph: onnx.GraphProto):  # type: ignore[no-untyped-def]
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _walk_graphs(attr.g)
 
 
 def test_the_plan_adds_groups_from_least_error_while_the_whole_holds(fp32_graph, tmp_path):
