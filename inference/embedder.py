@@ -13,7 +13,8 @@ from elmo_core.errors import InputError
 from . import engine
 from .backends import Backend
 from .batching import BatchPolicy
-from .outputs import reduce_layers, unit_length
+from .errors import NonFiniteError
+from .outputs import first_non_finite, reduce_layers, unit_length
 from elmo_core.vectors import VectorRequest, check_output
 from .model_run import resolve_run
 from .run_settings import RUN_SETTINGS
@@ -118,8 +119,11 @@ class Embedder:
         return self.vectors(sentences, request, batch_size)
 
     def vectors(self, sentences: Sequence[Sequence[str]], request: VectorRequest,
-                batch_size: int | None = None) -> list[np.ndarray | None]:
-        """``embed_sentences`` in the engine's terms (``elmo_core.vectors.VectorRequest``)."""
+                batch_size: int | None = None, check_finite: bool = True) -> list[np.ndarray | None]:
+        """``embed_sentences`` in the engine's terms (``elmo_core.vectors.VectorRequest``).
+        NonFiniteError naming the first sentence whose vectors hold inf or NaN (a ``gamma`` that
+        scales them past the dtype's range, or a model that gives them); ``check_finite`` False: a
+        door that checks what it hands out itself (a server, each request of a batch)."""
         check_sentences(sentences)
         check_output(request.mode, self.config.n_output_layers, request.mix)
         batch_size = self.batch_size if batch_size is None else batch_size
@@ -135,6 +139,11 @@ class Embedder:
             out = out.astype(request.dtype, copy=False)
         else:
             out = engine.run(self.backend, engine.prepare(self.backend, sentences, self.policy, batch_size), request)
+        if check_finite and (row := first_non_finite(out, lengths, request.pool is not None)) is not None:
+            raise NonFiniteError(f"sentence {row}: its vectors hold inf or NaN ({request.dtype}, gamma {request.gamma:g}): "
+                                 f"the model's output times gamma overflows {request.dtype}, or the model's weights "
+                                 f"give non-finite values; use a smaller gamma or dtype float32, else check the model",
+                                 row)
         if request.pool is not None:
             return [None if n == 0 else row for n, row in zip(lengths, out)]  # ([L+1,] D) each
         offsets = np.concatenate([[0], np.cumsum(lengths)])  # (R+1,)

@@ -2,7 +2,7 @@
 The CLI maps every ElmoError to exit code 2."""
 from __future__ import annotations
 
-from elmo_core.errors import InputError, WeightsError
+from elmo_core.errors import ElmoError, InputError, WeightsError
 from formats.errors import ExportError
 
 
@@ -21,3 +21,12 @@ class BackendUnavailableError(InputError):
 class ModelChangedError(WeightsError):
     """A model's files are not the ones a run was pinned to (``ModelRun.pinned``): replaced or edited
     after a job recorded their sha256."""
+
+
+class NonFiniteError(ElmoError):
+    """Vectors that hold inf or NaN (a scale such as ``gamma`` past the dtype's range, or a model
+    whose weights give them); ``row`` is the sentence's (or row's) index in what was asked."""
+
+    def __init__(self, message: str, row: int) -> None:
+        super().__init__(message)
+        self.row = row

@@ -122,3 +122,36 @@ def unit_length(vectors: np.ndarray) -> np.ndarray:
     v = vectors.astype(np.float64)
     norm = np.linalg.norm(v, axis=-1, keepdims=True)  # (..., 1)
     return (v / np.where(norm > 0, norm, 1.0)).astype(vectors.dtype)
+
+
+# IEEE exponent bits all set: inf or NaN, whatever the mantissa (one integer pass, ~2x np.isfinite on float16)
+_EXPONENT = {np.dtype(np.float16): (np.uint16, 0x7C00), np.dtype(np.float32): (np.uint32, 0x7F800000),
+             np.dtype(np.float64): (np.uint64, 0x7FF0000000000000)}
+# Rows are tested a slice of about this many bytes at a time, so the pass's two temporaries stay in
+# the core's cache: 6-7 GB/s against 1.5 GB/s for one pass over a window (AMX Xeon, D = 1,024).
+_CHECK_BYTES = 256 << 10
+
+
+def non_finite_rows(values: np.ndarray) -> np.ndarray:
+    """Which leading rows of ``values`` hold inf or NaN. Shape: (N, ...) -> (N,) bool."""
+    flat = np.ascontiguousarray(values).reshape(len(values), int(np.prod(values.shape[1:])))
+    uint, exponent = _EXPONENT[flat.dtype]
+    bits, mark = flat.view(uint), uint(exponent)
+    step = max(1, _CHECK_BYTES // max(1, flat.itemsize * flat.shape[1]))
+    bad = np.empty(len(flat), dtype=bool)  # (N,)
+    for start in range(0, len(flat), step):
+        bad[start : start + step] = ((bits[start : start + step] & mark) == mark).any(axis=1)
+    return bad
+
+
+def first_non_finite(vectors: np.ndarray, lengths: np.ndarray, pooled: bool) -> int | None:
+    """The first sentence whose vectors hold inf or NaN, None where all are finite (a pooled
+    sentence without tokens is NaN by design: not counted). Shape: vectors (N tokens or R pooled,
+    [L+1,] D), the sentences' tokens one after another; lengths (R,) (<= 0: no token)."""
+    bad = non_finite_rows(vectors)  # (N,) tokens or (R,) sentences
+    if pooled:
+        bad &= lengths > 0
+    if not bad.any():
+        return None
+    first = int(np.argmax(bad))
+    return first if pooled else int(np.searchsorted(np.cumsum(np.maximum(lengths, 0)), first, "right"))

@@ -3,6 +3,9 @@ shard published by another writer, vectors that are not finite, a worker lost.""
 from __future__ import annotations
 
 from elmo_core.errors import ElmoError, SettingError
+from inference.errors import NonFiniteError
+
+__all__ = ["NonFiniteError", "OtherJobError", "OutputDirError", "ShardPublishedError", "WorkerLostError"]
 
 
 class OutputDirError(ElmoError):
@@ -17,14 +20,6 @@ class OtherJobError(OutputDirError, SettingError):
 class ShardPublishedError(OutputDirError):
     """Another writer published the shard first (a retried or speculative task of the same job, or
     the earlier attempt of a killed one); ``sink.ShardWriter.commit`` adopts what it published."""
-
-
-class NonFiniteError(ElmoError):
-    """A row's vectors hold inf or NaN; ``row`` is its index in the batch the predictor was given."""
-
-    def __init__(self, message: str, row: int) -> None:
-        super().__init__(message)
-        self.row = row
 
 
 class WorkerLostError(ElmoError):

@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import h5py
-import numpy as np
 
 from corpora.files import input_files, input_format
 from storage.atomic import WriteGuard, atomic_path, remove_stale_temporaries
@@ -188,13 +187,14 @@ def _write(f: h5py.File, embedder: Embedder, sentences: Iterator[tuple[str | Non
             for sentence, _, where in chunk:
                 _check_key(sentence, where, index.get(sentence or ""))
                 index[sentence] = where  # type: ignore[index]
-        vectors = embedder.vectors([t for _, t, _ in chunk], opts.vectors)  # the job's request, made once
+        try:
+            vectors = embedder.vectors([t for _, t, _ in chunk], opts.vectors)  # the job's request, made once
+        except NonFiniteError as e:
+            raise NonFiniteError(f"{chunk[e.row][2]}: its vectors hold inf or NaN ({opts.vectors.dtype}, --gamma "
+                                 f"{opts.vectors.gamma:g}): use a smaller --gamma or --dtype float32, else check the "
+                                 f"model", counts["sentences"] + e.row) from None
         for (sentence, toks, where), v in zip(chunk, vectors):
-            with np.errstate(over="ignore"):  # an overflow is found next, and named
-                n, v = counts["sentences"], v.astype(dtype, copy=False)
-            if not np.isfinite(v).all():
-                raise NonFiniteError(f"{where}: its vectors hold inf or NaN ({opts.vectors.dtype}, --gamma {opts.vectors.gamma:g}): "
-                                     f"use a smaller --gamma or --dtype float32, else check the model", n)
+            n, v = counts["sentences"], v.astype(dtype, copy=False)  # in the request's dtype already
             f.create_dataset(sentence if use_sentence_keys else str(n), data=v)
             if not use_sentence_keys:
                 index[sentence or ""] = str(n)

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from elmo_core.errors import ElmoError, InputError
+from inference.outputs import non_finite_rows
 from storage.atomic import digest
 from storage.locations import dataset_source, file_info, is_hidden
 
@@ -148,7 +149,7 @@ def _scan(out: Output, name: str) -> tuple[str, dict[str, int]]:
             per_row = pa.types.is_list(column.type)  # else pooled: one vector a row
             rows = np.repeat(np.arange(len(column)), pc.list_value_length(column).fill_null(0).to_numpy()) \
                 if per_row else np.flatnonzero(column.is_valid().to_numpy(zero_copy_only=False))
-            bad = np.flatnonzero(~np.isfinite(vectors.reshape(len(rows), -1)).all(axis=1)) if len(rows) else rows
+            bad = np.flatnonzero(non_finite_rows(vectors.reshape(len(rows), -1))) if len(rows) else rows
             if bad.size:
                 return (f"its row {row + int(rows[bad[0]])} holds inf or NaN ({bad.size} vectors of its next "
                         f"{len(column)} rows); rerun the job into a new OUTPUT_DIR with a smaller --gamma"), counted

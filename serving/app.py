@@ -39,6 +39,7 @@ from elmo_core import ElmoConfig
 from elmo_core.errors import InputError
 from elmo_core.whitespace import split_tokens, token_spans
 from elmo_core.vectors import VectorRequest
+from inference.outputs import non_finite_rows
 
 from .errors import InvalidRequest, LimitExceeded, Unavailable
 from .limits import AccessOptions, ServeLimits
@@ -112,7 +113,7 @@ def check_answer_size(sentences: Sequence[Sequence[str]], vectors: VectorRequest
 
 def check_finite(results: Sequence[np.ndarray | None]) -> None:
     """The model's vectors are finite; only a huge ``gamma`` can scale them past float32."""
-    if any(r is not None and not np.isfinite(r).all() for r in results):
+    if any(r is not None and non_finite_rows(r[None]).any() for r in results):
         raise InvalidRequest("gamma: the scaled vectors overflow float32; use a smaller gamma")
 
 

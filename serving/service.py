@@ -39,7 +39,7 @@ class SentencePredictor:
         self.embedder.backend.check_request(spec)
 
     def __call__(self, spec: VectorRequest, sentences: list[Sequence[str]]) -> list[np.ndarray | None]:
-        return self.embedder.vectors(sentences, spec)
+        return self.embedder.vectors(sentences, spec, check_finite=False)  # each request's own: ``app.check_finite``
 
     def warm_up(self) -> list[int]:
         """Each shape of work the routes ask for once, where this model computes it (a mixed

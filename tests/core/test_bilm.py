@@ -207,6 +207,20 @@ def test_a_tokens_vector_does_not_depend_on_how_many_share_its_pass(tiny_dir):
         assert torch.equal(encoder.boundary_embeddings(), encoder(torch.cat([encoder.boundary_ids, ids]))[:2])
 
 
+def test_a_small_pass_does_not_import_torch_onnx(tiny_dir):
+    """A pass of fewer than ``MIN_ROWS`` tokens asks whether an ONNX export traces it, without
+    importing ``torch.onnx`` for that (a job's later batches, mostly cached, import nothing new)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from elmo_core.chars import batch_to_ids; from formats import load_bilm; "
+            f"enc = load_bilm({str(tiny_dir)!r}).encoder.eval(); "
+            "ids = torch.from_numpy(batch_to_ids([['a', 'b']])).reshape(-1, 50); "
+            "torch.no_grad().__enter__(); enc(ids); print('torch.onnx' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.split()[-1] == "False", r.stdout + r.stderr[-2000:]
+
+
 def test_unique_rows_is_exact_even_on_a_hash_collision():
     from elmo_core.bilm import unique_rows
 

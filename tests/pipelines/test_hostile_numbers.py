@@ -16,6 +16,7 @@ import pytest
 
 from corpora.sample import write_sample_corpus
 from elmo_cli.main import main
+from elmo_core.vectors import VectorRequest
 from inference import Embedder
 from pipelines import embed_parquet
 from pipelines.predictor import ElmoPredictor
@@ -115,6 +116,31 @@ def test_a_vector_the_model_makes_non_finite_stops_the_job_naming_its_row(corpus
     assert not path.exists() and not list(tmp_path.glob(".x.hdf5.*.tmp"))
 
 
+def test_the_library_names_the_sentence_whose_vectors_overflow(corpus, tiny_dir):
+    """``Embedder.embed_sentences`` keeps the job's promise: vectors scaled past the dtype's range
+    are an error naming the first such sentence, never infs handed back (float16's largest is
+    65504: with gamma 60000, a mixed component over 1.09 overflows)."""
+    from inference.errors import NonFiniteError
+
+    texts = pq.read_table(next(corpus.glob("*.parquet")), columns=["text"]).column("text").to_pylist()
+    sentences = [[]] + [t.split() for t in texts]
+    with Embedder.open(tiny_dir) as emb:
+        peaks = [float(np.abs(v).max()) if v.size else 0.0 for v in emb.embed_sentences(sentences, output="mixed")]
+        first = next(i for i, p in enumerate(peaks) if p * 60000 > 65504)
+        assert first > 1  # a sentence after others that hold
+        request = VectorRequest(gamma=60000.0, dtype="float16")
+        with pytest.raises(NonFiniteError, match=rf"^sentence {first}: its vectors hold inf or NaN \(float16, gamma "
+                                                 rf"60000\).*use a smaller gamma or dtype float32") as e:
+            emb.vectors(sentences, request)
+        assert e.value.row == first
+        with pytest.raises(NonFiniteError, match=rf"^sentence {first}: "):  # the empty sentence's NaN row is not it
+            emb.vectors(sentences, VectorRequest(gamma=60000.0, dtype="float16", pool="max"))
+        pooled = emb.embed_sentences(sentences, output="mixed", pool="max")  # an empty sentence: None, no error
+        assert pooled[0] is None and all(np.isfinite(v).all() for v in pooled[1:])
+        unchecked = emb.vectors(sentences, request, check_finite=False)  # a server checks each request itself
+        assert not np.isfinite(unchecked[first]).all() and np.isfinite(unchecked[first - 1]).all()
+
+
 def test_verify_fails_on_a_shard_holding_inf(corpus, tiny_dir, tmp_path, monkeypatch):
     """A job written without the guard (as before it existed): its checksums match, and verify
     still fails, naming the shard and its row."""
@@ -161,7 +187,7 @@ def test_a_pooled_row_without_tokens_is_not_a_non_finite_vector(tiny_dir, tmp_pa
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
 def test_non_finite_rows_are_found_by_their_exponent_bits(dtype):
-    from pipelines.predictor import non_finite_rows
+    from inference.outputs import non_finite_rows
 
     v = np.ones((5, 3, 2), dtype)
     v[1, 2, 1], v[3, 0, 0], v[2, 1, 1] = np.inf, np.nan, -np.inf
@@ -172,7 +198,7 @@ def test_non_finite_rows_are_found_by_their_exponent_bits(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_non_finite_rows_are_found_across_the_slices_the_check_takes(dtype):
-    from pipelines.predictor import _CHECK_BYTES, non_finite_rows
+    from inference.outputs import _CHECK_BYTES, non_finite_rows
 
     per_slice = _CHECK_BYTES // (np.dtype(dtype).itemsize * 1024)
     v = np.zeros((3 * per_slice + 5, 1024), dtype)  # (N, D): three whole slices and a partial one
