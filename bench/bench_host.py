@@ -204,7 +204,10 @@ def main() -> None:
             host = sum(v for k, v in st["seconds"].items() if k != "model")
             print(f"    without the model stage (the tiny model's steps on this CPU; a GPU's device time and launches): "
                   f"read, prepare, assemble and write {host:.1f} thread-seconds = {r['tokens'] / host:,.0f} tokens/s "
-                  f"a core")
+                  f"a core" + (f"; their CPU (the process's less the model stage's thread's: the model on one thread) "
+                               f"{st['process_cpu_seconds'] - st['cpu_seconds']['model']:.1f} s = "
+                               f"{r['tokens'] / (st['process_cpu_seconds'] - st['cpu_seconds']['model']):,.0f} tokens/s a "
+                               f"core" if "cpu_seconds" in st else ""))
 
 
 if __name__ == "__main__":

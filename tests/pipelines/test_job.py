@@ -425,6 +425,11 @@ def test_several_writers_each_take_shards_of_every_window_and_the_vectors_are_on
     assert [s["rows"] for s in two["shards"]] == [1000] * 4 and len(one["shards"]) == 1
     assert sorted(two["stages"]["writers"]) == ["elmo-writer-0", "elmo-writer-1"]
     assert min(two["stages"]["writers"].values()) > 0
+    for job in (one, two):  # each stage's CPU on its own thread: some, and within the process's and its wall
+        st = job["stages"]
+        assert all(st["cpu_seconds"][k] > 0 for k in ("read", "prepare", "model", "write")), st
+        assert sum(st["cpu_seconds"].values()) <= st["process_cpu_seconds"] + 0.05, st
+        assert all(st["cpu_seconds"][k] <= st["seconds"][k] + 0.05 for k in st["seconds"]), st
     a, b = rows_of(tmp_path / "one"), rows_of(tmp_path / "two")
     assert a.column("elmo").equals(b.column("elmo"))
 

@@ -100,6 +100,7 @@ def test_spark_gives_the_local_runners_output_row_for_row(spark, tiny, tmp_path)
     for key in ("rows", "tokens", "windows", "windowed_rows", "null_rows", "empty_rows", "invalid_utf8"):
         assert local[key] == remote[key], key
     assert remote["windowed_rows"] == 6 and remote["null_rows"] == 6 and remote["invalid_utf8"] == 6
+    assert "cpu_seconds" in local["stages"] and "cpu_seconds" not in remote["stages"]  # workers' CPU is not the driver's
     engine = remote["engine"]
     assert engine["name"] == "spark" and engine["master"] == "local[2,3]"
     assert set(engine["model_loads"].values()) == {1}  # each Python worker loaded the model once
