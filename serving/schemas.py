@@ -29,7 +29,7 @@ class EmbedRequest(_Body):
     output: StrictStr = Field("mixed", json_schema_extra={"enum": list(OUTPUT_NAMES)})
     mix: list[StrictFloat] | None = None  # the scalar mix's s before softmax, one per layer (default equal)
     gamma: StrictFloat = 1.0  # numbers only: "1" and true are refused, as every field's wrong type is
-    pool: StrictStr = Field("none", json_schema_extra={"enum": ["none", *POOLS]})
+    pool: StrictStr | None = Field("none", json_schema_extra={"enum": ["none", None, *POOLS]})  # null: "none", as the library's None
     encoding: Encoding = "float"  # base64: each embedding's little-endian float32 bytes
     normalize: StrictBool = False  # each vector (per token, or pooled) scaled to unit L2 norm
     truncate: StrictBool | None = None  # cut sentences over max_sentence_tokens, not a 413 (None: --auto-truncate)
@@ -42,7 +42,7 @@ class EmbedRequest(_Body):
             raise ValueError("give exactly one of 'sentences' (lists of tokens) or 'texts' (strings)")
         try:
             self._vectors = VectorRequest(self.output, None if self.mix is None else tuple(self.mix), self.gamma,
-                                          pool=None if self.pool == "none" else self.pool, normalize=self.normalize)
+                                          pool=None if self.pool in ("none", None) else self.pool, normalize=self.normalize)
         except InputError as e:  # its message names the field: output, mix[i], gamma, pool
             raise PydanticCustomError("vectors", str(e)) from None
         return self
