@@ -282,8 +282,13 @@ def check_claim(out: Output, job: dict, job_digest: str, resume: bool) -> str:
     model, ours = theirs.get("model"), job.get("model") or {}
     if isinstance(model, dict) and model.get("path") == ours.get("path") and model != ours \
             and theirs.get("inputs") == job.get("inputs") and _output_options(theirs) == _output_options(job):
-        advice = (f"the files of the model {ours.get('path')} changed since the job started: restore them and rerun "
-                  f"with --resume, or {advice}")
+        unrecorded = sorted(set(ours) - set(model))
+        if unrecorded and all(ours.get(k) == v for k, v in model.items()):  # all it recorded still holds
+            advice = (f"an earlier version of elmo-pipeline started the job and did not record the model's "
+                      f"{', '.join(unrecorded)}: finish it with that version, or {advice}")
+        else:
+            advice = (f"the files of the model {ours.get('path')} changed since the job started: restore them and "
+                      f"rerun with --resume, or {advice}")
     raise OtherJobError(f"{out} holds another job's output ({_difference(theirs, job, found)}); {advice}")
 
 

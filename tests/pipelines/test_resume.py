@@ -17,6 +17,7 @@ import pytest
 
 from inference import Embedder
 from pipelines import embed_parquet
+from pipelines.errors import OtherJobError
 from storage.atomic import digest
 from pipelines.verify import VerificationError, verify_output
 from corpora.sample import write_sample_corpus
@@ -189,6 +190,28 @@ def test_a_job_recorded_with_its_engine_resumes_under_another(tiny_dir, tmp_path
     m = embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
     assert m["this_run"]["shards"] == 1 and m["this_run"]["shards_kept"] == 2 and m["job_digest"] == digest(old)
     assert verify_output(out)["rows"] == 60
+
+
+def test_a_job_an_earlier_version_recorded_with_less_of_the_model_is_refused_naming_that(tiny_dir, tmp_path):
+    """A job record that lacks a model field this version records (a dictionary model's
+    ``dictionaries_sha256`` did not exist before) is refused on --resume, saying so: not that the
+    model's files changed, when every field it recorded still holds."""
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=60, files=1)
+    out = tmp_path / "out"
+    opts = dict(id_column="id", rows_per_shard=20, quiet=True)
+    embed_parquet(corpus, out, tiny_dir, **opts)
+    record = read_record(out / "_job.parquet")
+    old = {k: record[k] for k in ("inputs", "model", "options")}
+    old["model"] = {k: v for k, v in old["model"].items() if k != "options_sha256"}  # as if not recorded then
+    write_record(out / "_job.parquet", {**old, "digest": digest(old)})
+    with pytest.raises(OtherJobError, match=r"an earlier version of elmo-pipeline started the job and did not record "
+                                            r"the model's options_sha256: finish it with that version, or use another"):
+        embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
+    old["model"] = {**old["model"], "sha256": "0" * 64}  # and a field it recorded differs: the files changed
+    write_record(out / "_job.parquet", {**old, "digest": digest(old)})
+    with pytest.raises(OtherJobError, match=r"the files of the model .* changed since the job started"):
+        embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
 
 
 def test_sigkill_of_a_ray_driver_takes_its_local_cluster_with_it(tiny_dir, tmp_path, spawn):
