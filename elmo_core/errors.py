@@ -45,3 +45,10 @@ class SettingError(InputError):
     def spelled(self, spell: Callable[[str], str]) -> str:
         """The message, each setting named as ``spell`` names its field."""
         return _SETTING.sub(lambda m: spell(m.group(1)), self.text)
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """``repr(value)`` for a message, its first ``limit`` characters where it is longer (a request
+    field of a megabyte is named, not sent back)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, shown
 
 if TYPE_CHECKING:
     import torch
@@ -94,9 +94,9 @@ class OutputMode:
         if name in cls.ALL:
             return cls.ALL[name]
         number = name[len(LAYER_OUTPUT):] if name.startswith(LAYER_OUTPUT) else ""
-        if number.isascii() and number.isdigit():  # ASCII digits only: int() would take any script's
+        if number.isascii() and number.isdigit() and len(number) <= 9:  # ASCII digits only: int() takes any script's
             return cls(name, layer=int(number))
-        raise InputError(f"output mode must be one of {tuple(cls.ALL)} or {LAYER_OUTPUT}N, got {name!r}")
+        raise InputError(f"output mode must be one of {tuple(cls.ALL)} or {LAYER_OUTPUT}N, got {shown(name)}")
 
     def shape(self, n_layers: int, dim: int) -> tuple[int, ...]:
         """One token's vectors. Shape: -> (L+1, 2P) with the layer axis, else (2P,)."""

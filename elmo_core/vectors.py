@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .bounds import setting
-from .errors import InputError, SettingError
+from .errors import InputError, SettingError, shown
 from .kinds import Dtype, OutputMode
 from .mix_settings import check_mix_settings
 from .names import DTYPES, HUB_OUTPUTS, OUTPUT_NAMES, POOLS, comma_separated, resolve_output
@@ -39,7 +39,7 @@ class VectorRequest:
 
     def __post_init__(self) -> None:
         if self.pool is not None and self.pool not in POOLS:
-            raise SettingError(f"`pool` must be None or one of {POOLS}, got {self.pool!r}")
+            raise SettingError(f"`pool` must be None or one of {POOLS}, got {shown(self.pool)}")
         asked = self.output if self.output in HUB_OUTPUTS else None  # named as given in errors (``word_emb``)
         output, pool = resolve_output(self.output, self.pool)  # TF-Hub's names: ours
         object.__setattr__(self, "output", output)
@@ -107,8 +107,8 @@ def check_output(output: str | OutputMode, n_layers: int, mix_weights: Sequence[
     if mode.layer is not None and mode.layer >= n_layers:
         raise InputError(f"output {mode.name}: the model has layers 0 to {n_layers - 1}")
     if mix_weights is not None and len(mix_weights) != n_layers:
-        raise InputError(f"mix weights (--mix): expected {n_layers} values (one per output layer of the model), got "
-                         f"{len(mix_weights)}")
+        raise SettingError(f"`mix`: expected {n_layers} values (one per output layer of the model), got "
+                           f"{len(mix_weights)}")
 
 
 def layer_weights(output: str | OutputMode, n_layers: int, mix_weights: Sequence[float] | None = None,

@@ -60,9 +60,21 @@ def finish_on_device(x: torch.Tensor, request: VectorRequest, keep: torch.Tensor
             return torch.where(k, x, 0).sum(dim=1)  # (B, [L+1,] D)
         return torch.where(k, x, float("-inf")).amax(dim=1)
     if request.normalize:
-        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # (B, T, [L+1,] 1)
-        x = x / torch.where(norm > 0, norm, 1.0)
+        x = unit_norm(x)
     return x.to(request.vector_dtype.torch)
+
+
+def unit_norm(x: torch.Tensor) -> torch.Tensor:
+    """Each vector over the last axis to unit L2 norm, at any scale float32 holds: divided by its
+    largest |value| first, so its squares neither overflow (a vector of 1e20s, a large ``gamma``)
+    nor all vanish (1e-30s); a zero vector stays zero, a non-finite one gives NaN (found after).
+    Shape: (..., D) float32 -> (..., D)."""
+    import torch
+
+    peak = x.abs().amax(dim=-1, keepdim=True)  # (..., 1)
+    x = x / torch.where(peak > 0, peak, 1.0)  # within [-1, 1]
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # (..., 1), at least 1 where peak > 0
+    return x / torch.where(norm > 0, norm, 1.0)
 
 
 def finish_pooled(partials: np.ndarray, lengths: np.ndarray, request: VectorRequest) -> np.ndarray:

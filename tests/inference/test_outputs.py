@@ -71,7 +71,7 @@ def test_a_mix_setting_an_output_would_ignore_is_refused_by_every_door(tiny_dir,
 def test_finish_on_device_takes_the_tokens_in_the_request_dtype(dtype, normalize, taken):
     """Only the taken tokens, in the order asked, each unit length if asked, in the dtype:
     casting first where most rows are taken gives the same values as taking first."""
-    from inference.outputs import finish_on_device
+    from inference.outputs import finish_on_device, unit_norm
 
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(6, 9, 3, 16, generator=gen)  # (B, T, L+1, D)
@@ -80,10 +80,51 @@ def test_finish_on_device_takes_the_tokens_in_the_request_dtype(dtype, normalize
     got = finish_on_device(x, request, take=take)
     want = x.reshape(54, 3, 16)[take]
     if normalize:
-        want = want / torch.linalg.vector_norm(want, dim=-1, keepdim=True)
+        want = unit_norm(want)
     want = want.to(got.dtype)
     assert got.dtype == Dtype.of(dtype).torch and got.shape == (len(take), 3, 16)
     assert torch.equal(got, want)
+
+
+def test_unit_norm_holds_at_every_scale_float32_holds():
+    """A vector's squares overflow float32 from |x| ~ 1.8e19 and all vanish below ~1e-23: a gamma
+    of 1e20 with normalize gave zero vectors, one of 1e-30 vectors of norm 1e-30. Each is unit
+    length within float32's rounding of the float64 answer; zero stays zero; inf gives NaN (the
+    finiteness check names it after)."""
+    from inference.outputs import unit_norm
+
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randn(5, 64, generator=gen, dtype=torch.float64)  # (N, D)
+    for scale in (1e-38, 1e-30, 1e-20, 1.0, 1e19, 1e20, 1e36):
+        x = (base * scale).float()
+        got = unit_norm(x).double()
+        want = x.double() / torch.linalg.vector_norm(x.double(), dim=-1, keepdim=True)
+        assert (got - want).abs().max() < 1e-6, scale
+        assert (torch.linalg.vector_norm(got, dim=-1) - 1).abs().max() < 1e-6, scale
+    assert torch.equal(unit_norm(torch.zeros(2, 8)), torch.zeros(2, 8))
+    assert unit_norm(torch.tensor([[1.0, float("inf")]])).isnan().any()
+
+
+def test_normalize_gives_the_same_unit_vectors_whatever_gamma(tiny_dir):
+    """``normalize`` divides gamma out: gamma 1e20 and 1e-30 give gamma 1's unit vectors (within
+    float32 rounding), per token and pooled, where the token path gave zeros and 1e-30s."""
+    with Embedder.from_files(tiny_dir) as embedder:
+        for pool in (None, "mean"):
+            want = embedder.embed_sentences(SENTENCES, output="mixed", pool=pool, normalize=True)
+            for gamma in (1e20, 1e-30):
+                got = embedder.embed_sentences(SENTENCES, output="mixed", gamma=gamma, pool=pool, normalize=True)
+                for g, w in zip(got, want):
+                    np.testing.assert_allclose(g, w, atol=1e-6, rtol=0, err_msg=f"{pool} {gamma}")
+
+
+def test_an_output_of_a_huge_layer_number_is_an_input_error_that_does_not_echo_it_whole():
+    from elmo_core.kinds import OutputMode
+
+    with pytest.raises(InputError, match=r"got 'layer:9999.*\.\.\. \(5,008 characters\)$"):
+        OutputMode.of("layer:" + "9" * 5000)  # int() would refuse over 4,300 digits with Python's own advice
+    with pytest.raises(SettingError, match=r"^pool must be None or one of .*\.\.\. \(1,000,002 characters\)$"):
+        VectorRequest(pool="x" * 1_000_000)
+    assert OutputMode.of("layer:123456789").layer == 123456789
 
 
 def test_the_library_refuses_what_it_cannot_read_twice_and_reads_a_mix_given_as_text(tiny_dir):
