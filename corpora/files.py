@@ -54,7 +54,25 @@ def input_files(spec: str | Path, unread: list | None = None) -> list[tuple[Path
     return [(p, input_format(p)) for p in found]
 
 
+def check_name(path: str | Path) -> None:
+    """InputError for a local path whose name is not UTF-8 (bytes the file system holds that
+    Python keeps as surrogates): pyarrow and the stores take UTF-8 names only."""
+    text = str(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(text).decode("utf-8", "backslashreplace")
+        raise InputError(f"{shown}: the name is not UTF-8 (bytes shown as \\x..); rename it to a UTF-8 name") from None
+
+
 def _local_files(spec: str | Path) -> list[Path]:
+    files = _found(spec)
+    for path in files:
+        check_name(path)
+    return files
+
+
+def _found(spec: str | Path) -> list[Path]:
     path = Path(spec)
     if path.is_file():
         return [path]

@@ -22,6 +22,10 @@ def _read(f: h5py.File, name: str, shape: tuple[int, ...]) -> np.ndarray:
     if name not in f:
         raise WeightsError(f"{f.filename}: dataset '{name}' is missing (expected shape {shape})")
     ds = f[name]
+    if not isinstance(ds, h5py.Dataset) or ds.dtype.kind not in "fiu":
+        what = "a group" if not isinstance(ds, h5py.Dataset) else f"a dataset of {ds.dtype} values"
+        raise WeightsError(f"{f.filename}: '{name}' is {what}, expected a dataset of numbers of shape {shape}; "
+                           f"is this a bilm-tf weight file?")
     if tuple(ds.shape) != tuple(shape):
         raise WeightsError(
             f"{f.filename}: dataset '{name}' has shape {tuple(ds.shape)}, expected {tuple(shape)} "

@@ -32,6 +32,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
+from corpora.files import check_name
 from storage.atomic import TMP_GLOB, atomic_path, fsync, parse_json_object
 from elmo_core.errors import InputError
 from storage.locations import file_sha256, is_uri, normalize_uri, open_input, redacted, s3_client, \
@@ -44,6 +45,7 @@ from .shard_files import shard_format
 
 def open_output(spec: str | Path) -> "LocalDir | StoreDir":
     if not is_uri(spec):
+        check_name(spec)  # pyarrow writes UTF-8 names only: refused before anything is written
         return LocalDir(Path(spec))
     if str(spec).startswith("file://"):
         return LocalDir(Path(str(spec)[len("file://"):]))

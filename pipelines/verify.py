@@ -245,7 +245,7 @@ def verify_output(out_dir: str | Path, check_inputs: bool = True) -> dict:
         if not check_inputs or not _unchanged(inp):
             skipped.append(inp["path"])
             continue
-        columns = [c for c in (opts.id_column, opts.tokens_column or opts.text_column) if c]
+        columns = list(dict.fromkeys(c for c in (opts.id_column, opts.tokens_column or opts.text_column) if c))  # an id may be the text
         inputs = _read_input(inp, columns, opts)
         for shard in (s for s in manifest["shards"] if s["input_file"] == i and s["file"] in good):
             problems += _row_problems(out, shard, inp, inputs, opts)

@@ -16,7 +16,7 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from corpora.files import decode_utf8, is_parquet
+from corpora.files import check_name, decode_utf8, input_format, is_parquet
 from elmo_core.whitespace import split_tokens
 
 from .errors import CorpusError
@@ -35,7 +35,19 @@ class CorpusStats:
 
 
 def list_shards(path: str | Path) -> list[Path]:
-    """The shard files of a corpus: a file, every non-hidden file of a directory, or a glob."""
+    """The shard files of a corpus: a file, every non-hidden file of a directory, or a glob; each
+    named in UTF-8 and none a table of another format (CSV, TSV, JSON lines: refused, not read as
+    lines of text)."""
+    shards = _shards(path)
+    for shard in shards:
+        check_name(shard)
+        if (kind := input_format(shard)) not in (None, "text", "parquet"):
+            raise CorpusError(f"{shard}: a {kind} file; a training corpus is text (one sentence a line, .txt or "
+                              f".gz) or Parquet (--text-column): convert it to one of them")
+    return shards
+
+
+def _shards(path: str | Path) -> list[Path]:
     text = str(path)
     if any(ch in text for ch in "*?["):
         shards = sorted(Path(p) for p in glob.glob(text) if Path(p).is_file())
@@ -99,7 +111,15 @@ def _iter_parquet(path: Path, skip: int, column: str | None) -> Iterator[tuple[l
         raise CorpusError(f"{path}: not a readable Parquet file ({e})") from None
     col = parquet_column(path, pf.schema_arrow, column)
     start = 0  # the batch's first row
-    for batch in pf.iter_batches(batch_size=4096, columns=[col]):
+    batches = pf.iter_batches(batch_size=4096, columns=[col])
+    while True:
+        try:
+            batch = next(batches, None)
+        except (OSError, pa.ArrowException) as e:  # a damaged page
+            raise CorpusError(f"{path}: rows from {start:,} on cannot be read ({' '.join(str(e).split())}); the file "
+                              f"is damaged: write it again") from None
+        if batch is None:
+            return
         first = max(skip - start, 0)  # the batch's rows before row ``skip``
         for row, value in enumerate(batch.column(0).slice(first).to_pylist(), start + first):
             yield _cell(value, path, row, col)

@@ -75,6 +75,22 @@ def test_missing_dataset(tiny_dir):
         load_bilm(tiny_dir)
 
 
+@pytest.mark.parametrize("replace, says", [
+    (lambda f, name: f.create_group(name), "is a group"),
+    (lambda f, name: f.create_dataset(name, data=np.array([b"x"] * 4, dtype="S3")), r"is a dataset of \|S3 values"),
+    (lambda f, name: f.create_dataset(name, data=np.zeros(4, dtype=[("a", "f4"), ("b", "i4")])), r"is a dataset of \[\('a'"),
+])
+def test_a_weight_that_is_not_an_array_of_numbers_is_a_weights_error(tiny_dir, replace, says):
+    """A group, strings or a compound type where a weight matrix belongs: named, not an
+    AttributeError / ValueError / TypeError from h5py or numpy."""
+    name = "RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0"
+    with h5py.File(tiny_dir / "weights.hdf5", "a") as f:
+        del f[name]
+        replace(f, name)
+    with pytest.raises(WeightsError, match=rf"'{name}' {says}.*expected a dataset of numbers"):
+        load_bilm(tiny_dir)
+
+
 def test_truncated_file(tiny_dir):
     path = tiny_dir / "weights.hdf5"
     data = path.read_bytes()

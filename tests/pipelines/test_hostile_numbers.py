@@ -154,6 +154,12 @@ def test_verify_fails_on_a_shard_holding_inf(corpus, tiny_dir, tmp_path, monkeyp
     assert verify_output(fine)["rows"] == 120  # pooled rows without tokens are null, not a problem
 
 
+def test_verify_takes_a_job_whose_id_column_is_its_text_column(corpus, tiny_dir, tmp_path):
+    """``--id-column text``: the input column read once (it was a KeyError: a field twice in the schema)."""
+    embed_parquet(corpus, tmp_path / "out", tiny_dir, id_column="text", quiet=True)
+    assert verify_output(tmp_path / "out")["rows"] == 120
+
+
 def test_serve_port_out_of_range_and_negative_threads_exit_2(tiny_dir, capsys):
     for flags, named in ((["--port", "99999"], "--port must be 0 (any free port) to 65535, got 99999"),
                          (["--port", "-1"], "--port must be 0"),

@@ -44,6 +44,23 @@ def test_columns_of_different_types_across_files_are_refused_before_anything_is_
     assert verify_output(out)["rows"] == 4
 
 
+def test_names_that_are_not_utf8_are_refused_before_anything_is_written(tiny_dir, tmp_path):
+    """An input file or an OUTPUT_DIR whose name is bytes that are not UTF-8 (a file system keeps
+    them; pyarrow cannot open them): exit 2 naming it, where it was a UnicodeEncodeError traceback
+    (the OUTPUT_DIR's after the model loaded, its lock and job record left behind)."""
+    write(tmp_path / "in" / "a.parquet", text=pa.array(TEXTS))
+    bad_in = os.fsdecode(os.fsencode(str(tmp_path / "in")) + b"/b\xffd.parquet")
+    shutil.copy(tmp_path / "in" / "a.parquet", bad_in)
+    r = elmo("embed", "--text", tmp_path / "in", "--out", tmp_path / "out", "--model", tiny_dir)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "b\\xffd.parquet: the name is not UTF-8" in r.stderr and not (tmp_path / "out").exists()
+    os.remove(bad_in)
+    bad_out = os.fsdecode(os.fsencode(str(tmp_path)) + b"/o\xff")
+    r = elmo("embed", "--text", tmp_path / "in", "--out", bad_out, "--model", tiny_dir)
+    assert r.returncode == 2 and "o\\xff: the name is not UTF-8 (bytes shown as \\x..); rename it" in r.stderr, r.stderr
+    assert not os.path.exists(bad_out)
+
+
 def test_a_column_name_twice_is_refused_naming_it(tiny_dir, tmp_path):
     """A KeyError or ArrowInvalid traceback (exit 1), for a CSV header or a Parquet file alike."""
     (tmp_path / "dup.csv").write_text("id,text,text\n1,a b,c\n")

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from elmo_core.chars import tokens_to_char_ids
+from elmo_core.errors import InputError
 from training.corpus import list_shards
 from training.data import BpttBatcher, SentenceBatcher, SentenceStream
 from training.errors import CorpusError
@@ -48,6 +49,8 @@ def test_gzip_parquet_directory_and_glob(tmp_path):
 @pytest.mark.parametrize("case, match", [
     ("missing", "no such file"), ("glob", "matches no file"), ("column", "no column 'body'"),
     ("nocolumn", "no text column"), ("empty", "no non-empty sentence"), ("emptydir", "holds no corpus file"),
+    ("jsonl", "a jsonl file; a training corpus is text"), ("csv", "a csv file; a training corpus is text"),
+    ("damaged", r"rows from 0 on cannot be read \(.*\); the file is damaged"),
 ])
 def test_bad_corpora_are_clear_errors(tmp_path, case, match):
     path, kw = tmp_path / "missing.txt", {}
@@ -63,9 +66,33 @@ def test_bad_corpora_are_clear_errors(tmp_path, case, match):
     elif case == "emptydir":
         path = tmp_path / "d"
         path.mkdir()
-    with pytest.raises(CorpusError, match=match) as e:
+    elif case in ("jsonl", "csv"):  # tables: not read as lines of text (their keys and header as words)
+        path = tmp_path / f"t.{case}"
+        path.write_text('{"text": "a b"}\n' if case == "jsonl" else "text\na b\n")
+    elif case == "damaged":  # a readable footer, pages of flipped bytes
+        path = tmp_path / "t.parquet"
+        pq.write_table(pa.table({"text": [f"w{i} x y" for i in range(20000)]}), path, compression="none",
+                       use_dictionary=False)
+        data = bytearray(path.read_bytes())
+        data[8:4000] = bytes(b ^ 0x5A for b in data[8:4000])  # the first page's header and values
+        assert len(data) > 100_000  # the footer, at the end, untouched
+        path.write_bytes(bytes(data))
+    with pytest.raises((CorpusError, InputError), match=match) as e:
         _read_all(path, **kw)
     assert str(path.name) in str(e.value) or case == "glob"
+
+
+def test_a_shard_whose_name_is_not_utf8_is_refused_naming_it(tmp_path):
+    import os
+
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a.txt").write_text("one two\n")
+    bad = os.fsdecode(os.fsencode(str(d)) + b"/b\xffd.txt")  # a name the file system holds, not UTF-8
+    with open(bad, "w") as f:
+        f.write("three\n")
+    with pytest.raises(InputError, match=r"b\\xffd.txt: the name is not UTF-8 .* rename it"):
+        list_shards(d)
 
 
 def test_vocab_specials_first_then_by_count(tmp_path):
