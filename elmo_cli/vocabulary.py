@@ -42,6 +42,8 @@ class Meaning:
     flag: str
     help: str
     switch: bool = False  # takes no value (store_true)
+    path: bool = False  # a file, directory, glob or URI: never empty
+
 
     @property
     def dest(self) -> str:
@@ -49,10 +51,10 @@ class Meaning:
 
 
 MEANINGS: dict[str, Meaning] = {m.dest: m for m in (
-    Meaning("--text", "the text to read: a text (.gz) or Parquet file, a directory or a glob"),
-    Meaning("--out", "what the command writes: a directory, or the file it names"),
-    Meaning("--model", "model directory (options.json + weights), or an export directory"),
-    Meaning("--weights", "the weights file, when --model's directory holds several (or --model is an options.json)"),
+    Meaning("--text", "the text to read: a text (.gz) or Parquet file, a directory or a glob", path=True),
+    Meaning("--out", "what the command writes: a directory, or the file it names", path=True),
+    Meaning("--model", "model directory (options.json + weights), or an export directory", path=True),
+    Meaning("--weights", "the weights file, when --model's directory holds several (or --model is an options.json)", path=True),
     Meaning("--backend", "what runs the model (default: the export's own for an export directory, its "
                          "manifest.json; else torch)"),
     Meaning("--device", "cpu, cuda or cuda:N: where the model runs"),
@@ -69,11 +71,11 @@ MEANINGS: dict[str, Meaning] = {m.dest: m for m in (
     Meaning("--num-gpus-per-replica", "GPUs Ray gives each replica (a fraction shares one)"),
     Meaning("--ray-address", "an existing Ray cluster (default: start a local one)"),
     Meaning("--max-minutes", "training time in minutes, the final evaluation included"),
-    Meaning("--work-dir", "where the command keeps its corpus, runs and outputs"),
+    Meaning("--work-dir", "where the command keeps its corpus, runs and outputs", path=True),
     Meaning("--token-embeddings", "a token-embedding file (elmo dump-tokens): its words skip the char-CNN (torch "
-                                  "backend; same vectors within 1e-5)"),
+                                  "backend; same vectors within 1e-5)", path=True),
     Meaning("--token-vocab", "the vocabulary of a --token-embeddings file that does not list its words (bilm-tf's "
-                             "own files)"),
+                             "own files)", path=True),
     Meaning("--json", "print the result as JSON on stdout", switch=True),
     Meaning("--quiet", "no progress lines", switch=True),
 )}
@@ -85,7 +87,18 @@ def add_flag(group: Flags, meaning: str, **kwargs: Any) -> argparse.Action:
     kwargs.setdefault("help", m.help)
     if m.switch:
         kwargs.setdefault("action", "store_true")
+    if m.path and kwargs.get("type", str) is str:
+        kwargs["type"] = path_value
     return group.add_argument(m.flag, dest=m.dest, **kwargs)
+
+
+def path_value(value: str) -> str:
+    """A path flag's value: never empty, which the file system would read as the current directory
+    (an unset shell variable: ``--text "$CORPUS"``)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an empty path (an unset shell variable?); give a file, a directory, a "
+                                         "glob or a URI")
+    return value
 
 
 def add_model(parser: argparse.ArgumentParser, help: str) -> None:  # noqa: A002

@@ -112,6 +112,18 @@ def remove_stale_temporaries(path: str | Path) -> list[Path]:
     return found
 
 
+def check_can_publish(path: str | Path) -> None:
+    """OSError (the system's, naming the place) where ``atomic_dir(path)`` could not make its
+    temporary directory beside ``path``: asked before a long run whose result is published there,
+    not after it. The directories above ``path`` are made as ``atomic_dir`` makes them; a probe
+    directory is made in the parent and removed."""
+    parent = Path(path).parent
+    parent.mkdir(parents=True, exist_ok=True)
+    probe = parent / f".{Path(path).name}.{os.getpid()}.probe.tmp"
+    probe.mkdir()
+    probe.rmdir()
+
+
 @contextmanager
 def atomic_dir(path: str | Path, complete: str, replace: bool = False) -> Iterator[Path]:
     """``with atomic_dir(d, "manifest.json") as tmp:`` fill the new directory ``tmp``; it becomes

@@ -16,7 +16,7 @@ import numpy as np
 
 from corpora.sotu import sotu_sentences
 from corpora.sotu_text import split_speeches, write_sotu_corpus
-from storage.atomic import atomic_dir, atomic_path, read_json_object, write_json_atomic
+from storage.atomic import atomic_dir, atomic_path, check_can_publish, read_json_object, write_json_atomic
 from elmo_core.bounds import MAX_SEED, check_count
 from inference import Embedder
 
@@ -128,6 +128,11 @@ def build_default_model(out: str | Path, work: str | Path, minutes: float, seed:
     if out.exists() and not (out / CARD).is_file():  # replaced whole below: only a directory this command wrote
         raise TrainingError(f"--out {out} exists and is not a model elmo default-model wrote (no {CARD}); it would "
                             f"be replaced whole: choose another --out")
+    try:
+        check_can_publish(out)  # before the run's minutes, not after them
+    except OSError as e:
+        raise TrainingError(f"--out {out}: the model cannot be written there ({e.strerror}: {e.filename}); choose "
+                            f"another --out") from None
     started = time.time()
     model = train_default_model(work, minutes, log, seed=seed, **overrides)
     summary = read_json_object(work / "train" / "summary.json")

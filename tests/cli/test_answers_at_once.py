@@ -26,7 +26,12 @@ CPU_TARGET_S = 1.0
 @pytest.mark.parametrize("argv,code,says", [
     (["--help"], 0, "embed"), (["--version"], 0, "elmo 0."), (["info", "--help"], 0, "--model"),
     (["embed", "--help"], 0, "--text-column"), (["train", "--help"], 0, "--max-minutes"),
-    (["info"], 2, "give a directory"), (["nope"], 2, "invalid choice: 'nope'")])
+    (["info"], 2, "give a directory"), (["nope"], 2, "invalid choice: 'nope'"),
+    # an empty path (an unset shell variable) is not the current directory
+    (["embed", "--text", "", "--out", "/proc/no/o", "--model", "m"], 2, "argument --text: an empty path"),
+    (["embed", "--text", "t", "--out", " ", "--model", "m"], 2, "argument --out: an empty path"),
+    (["train", "--text", "", "--out", "/proc/no/o"], 2, "argument --text: an empty path"),
+    (["info", "--model", ""], 2, "argument --model: an empty path")])
 def test_answers_within_the_bound(argv, code, says):
     r, best = _best_of_three(argv)
     assert r.returncode == code and says in r.stdout + r.stderr, (r.stdout, r.stderr)

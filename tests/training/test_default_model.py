@@ -68,6 +68,15 @@ KN_TRIGRAM = 106.0  # interpolated Kneser-Ney, the same split and vocabulary (be
 
 
 @pytest.mark.skipif(dm.shipped_model() is None, reason="this checkout has no models/default (make default-model)")
+def test_an_out_where_nothing_can_be_written_is_refused_before_training(tmp_path, monkeypatch):
+    """``--out`` below a file: refused at once, where the run trained for its minutes (120 by
+    default) and then failed to publish."""
+    monkeypatch.setattr(dm, "train_default_model", lambda *a, **k: pytest.fail("trained before checking --out"))
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(dm.TrainingError, match=r"--out .*afile/model: the model cannot be written there \(.*afile"):
+        dm.build_default_model(tmp_path / "afile" / "model", tmp_path / "work", 0.1)
+
+
 def test_the_shipped_model_beats_the_kn_trigram_and_tells_uses_apart():
     from elmo_cli.cmd_probe import sotu_texts
     from probing.probe import collect, layer_names
