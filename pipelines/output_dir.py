@@ -113,9 +113,20 @@ class LocalDir(_Readable):
         return str(self.root / name)
 
     def prepare(self) -> None:
+        """OutputDirError, before the model loads, for a path that cannot become OUTPUT_DIR: a file,
+        or a new directory below a file or below one this process may not write in."""
         if self.root.exists() and not self.root.is_dir():
             raise OutputDirError(f"{self.root}: exists and is not a directory; OUTPUT_DIR must be a directory "
                                  f"(new or empty)")
+        above = next(p for p in self.root.absolute().parents if p.exists())  # the nearest that exists (/ does)
+        if self.root.exists():
+            return
+        if not above.is_dir():
+            raise OutputDirError(f"{self.root}: {above} is a file, so no directory can be made below it; choose "
+                                 f"another OUTPUT_DIR")
+        if not os.access(above, os.W_OK | os.X_OK):
+            raise OutputDirError(f"{self.root}: {above} may not be written by this user, so OUTPUT_DIR cannot be "
+                                 f"made there; choose another OUTPUT_DIR")
 
     def create(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)

@@ -72,7 +72,9 @@ def test_input_and_output_errors_load_no_model_code(tmp_path):
     (tmp_path / "file").write_text("x")
     cases = {"columns ['nope'] not found": ["--text", str(corpus), "--out", str(tmp_path / "o1"), "--text-column", "nope"],
              "no such file": ["--text", str(tmp_path / "missing"), "--out", str(tmp_path / "o2")],
-             "exists and is not a directory": ["--text", str(corpus), "--out", str(tmp_path / "file")]}
+             "exists and is not a directory": ["--text", str(corpus), "--out", str(tmp_path / "file")],
+             "is a file, so no directory can be made below it": ["--text", str(corpus), "--out",
+                                                                  str(tmp_path / "file" / "sub")]}
     for says, argv in cases.items():
         code, torch_loaded, err = _modules_after(["embed", *argv, "--model", str(model)])
         assert (code, torch_loaded, says in err) == (2, False, True), err
