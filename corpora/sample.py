@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from storage.atomic import atomic_path
 from elmo_core.bounds import check_count
-from elmo_core.errors import SettingError
+from elmo_core.errors import InputError, SettingError
 
 from .sotu import sotu_sentences
 
@@ -29,7 +29,12 @@ def write_sample_corpus(out_dir: str | Path, rows: int = 2000, files: int = 2, r
     if len(picked) < rows:
         raise SettingError(f"`rows` {rows}: the sotu package has only {len(picked)} sentences")
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in (out_dir, *out_dir.parents) if p.exists() and not p.is_dir()), out_dir)
+        raise InputError(f"{out_dir}: {blocker} is a file, not a directory; give a directory (new, or one to add "
+                         f"the corpus files to)") from None
     per_file = -(-rows // files)
     paths = [out_dir / f"corpus-{k:05d}.parquet" for k in range(files)]
     for k, path in enumerate(paths):

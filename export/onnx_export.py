@@ -7,9 +7,11 @@ from typing import Any, Sequence
 
 import onnx
 
+from corpora.files import check_name
 from elmo_core import BiLM
 from elmo_core.dictionaries import DictionaryTokenizer
 from elmo_core.errors import InputError
+from elmo_core.names import VALIDATED_EXPORT_PRECISIONS
 from elmo_core.vectors import VectorRequest
 from storage.atomic import atomic_dir
 from storage.locations import file_sha256
@@ -78,6 +80,7 @@ def check_export_dir(out_dir: Path) -> None:
     """An export's ``--out``: a new or empty folder, or an earlier export (its manifest.json), which
     the new one replaces whole once it has passed. InputError for a file, and for a folder of other
     files (a model's directory, a user's): never written into."""
+    check_name(out_dir)  # ONNX Runtime opens UTF-8 names only
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out {out_dir}: is a file; an export writes a folder (model.onnx, manifest.json): "
                          f"give a folder's path")
@@ -100,6 +103,11 @@ def export_onnx(model: str | Path, out_dir: str | Path, vectors: VectorRequest =
     sample (``export.quantize``). Returns the manifest.
     """
     check_threads(threads)
+    if validate and precision not in VALIDATED_EXPORT_PRECISIONS:
+        raise InputError(f"--precision {precision}: ONNX Runtime's CPU provider cannot run {precision} products, so "
+                         f"the parity check cannot run here; export with --no-validate (a {precision} graph is for "
+                         f"TensorRT on a GPU: `elmo export tensorrt` checks the engine it builds), or use one of "
+                         f"{list(VALIDATED_EXPORT_PRECISIONS)} for ONNX Runtime")
     if sample is not None and not validate and precision != "int8":
         raise InputError(f"--calibration (sample) is read to plan int8 and to validate the export; with --no-validate "
                          f"and --precision {precision} nothing reads it: leave one of them out")

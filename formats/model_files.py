@@ -69,6 +69,10 @@ def _options_in(path: Path) -> Path:
         return path / OPTIONS_NAME
     if (path / "config.json").is_file() and (path / "encoder.pkl").is_file():
         raise WeightsError(f"{path}: an ELMoForManyLangs model; convert it first: elmo convert-efml --model {path} --out DIR")
+    if (path / "manifest.json").is_file():  # an export whose manifest its kind was not read from
+        raise WeightsError(f"{path}: holds a manifest.json that is not an export's (not a JSON object with its "
+                           f"\"kind\"; `elmo info --model {path}` says why) and no {OPTIONS_NAME}: export the model "
+                           f"again, or give its model directory")
     jsons = sorted(path.glob("*options*.json"))
     if len(jsons) != 1:
         raise WeightsError(f"{path}: no {OPTIONS_NAME} in this directory"

@@ -125,8 +125,9 @@ class LocalDir(_Readable):
             raise OutputDirError(f"{self.root}: {above} is a file, so no directory can be made below it; choose "
                                  f"another OUTPUT_DIR")
         if not os.access(above, os.W_OK | os.X_OK):
-            raise OutputDirError(f"{self.root}: {above} may not be written by this user, so OUTPUT_DIR cannot be "
-                                 f"made there; choose another OUTPUT_DIR")
+            why = os.strerror(errno.EROFS if os.statvfs(above).f_flag & os.ST_RDONLY else errno.EACCES)
+            raise OutputDirError(f"{self.root}: {above} cannot be written ({why}), so OUTPUT_DIR cannot be made "
+                                 f"there; choose another OUTPUT_DIR")
 
     def create(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)

@@ -209,7 +209,11 @@ def verify_output(out_dir: str | Path, check_inputs: bool = True) -> dict:
     """A report of a finished output; raises VerificationError listing every problem found."""
     out = open_output(out_dir)
     if not out.exists():
-        raise VerificationError(f"{out}: not a directory" + (" (no object under this prefix)" if out.is_store else ""))
+        if out.is_store:
+            raise VerificationError(f"{out}: no object under this prefix; give the OUTPUT_DIR elmo embed wrote")
+        what = "a file" if Path(str(out)).is_file() else "not found"
+        raise VerificationError(f"{out}: {what}; elmo verify reads the OUTPUT_DIR of an elmo embed job (Parquet or "
+                                f"Arrow shards: an hdf5 output is one file, published whole, with nothing to verify)")
     problems: list[str] = []
     try:  # its job record's format names its manifest; by default a Parquet output's, reported missing
         job_name, manifest_name = side_names(out) or (job_file(FORMATS["parquet"]), manifest_file(FORMATS["parquet"]))

@@ -100,8 +100,11 @@ def _cell(value: object, path: Path, row: int, column: str) -> tuple[list[str], 
         return split_tokens(text), bad
     if isinstance(value, list) and all(isinstance(t, str) for t in value):
         return [t for t in value if t and not t.isspace()], False
-    raise CorpusError(f"{path}: row {row}, column {column!r}: expected a string or a list of strings, "
-                      f"got {type(value).__name__}")
+    got = type(value).__name__
+    if isinstance(value, list):
+        k = next(i for i, t in enumerate(value) if not isinstance(t, str))
+        got = f"a list whose item {k} is {'null' if value[k] is None else type(value[k]).__name__}"
+    raise CorpusError(f"{path}: row {row}, column {column!r}: expected a string or a list of strings, got {got}")
 
 
 def _iter_parquet(path: Path, skip: int, column: str | None) -> Iterator[tuple[list[str], bool]]:

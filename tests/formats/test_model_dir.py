@@ -91,6 +91,16 @@ def test_a_weight_that_is_not_an_array_of_numbers_is_a_weights_error(tiny_dir, r
         load_bilm(tiny_dir)
 
 
+def test_a_directory_with_a_broken_export_manifest_says_so(tmp_path):
+    """Not "no options.json": the directory is an export whose manifest cannot be read."""
+    from formats.model_files import resolve_model
+
+    (tmp_path / "manifest.json").write_text("{")
+    (tmp_path / "model.onnx").write_bytes(b"")
+    with pytest.raises(WeightsError, match=r"holds a manifest.json that is not an export's .*elmo info --model"):
+        resolve_model(tmp_path)
+
+
 def test_truncated_file(tiny_dir):
     path = tiny_dir / "weights.hdf5"
     data = path.read_bytes()

@@ -96,6 +96,15 @@ def test_sample_corpus_refuses_bad_counts_before_writing(tmp_path, capsys, flags
     assert not out.exists()
 
 
+def test_sample_corpus_and_verify_name_a_file_given_for_a_directory(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):
+        code, err = run(capsys, "sample-corpus", "--out", out, "--rows", "10")
+        assert code == 2 and f"{tmp_path / 'afile'} is a file, not a directory; give a directory" in err, err
+    code, err = run(capsys, "verify", "--out", tmp_path / "afile")
+    assert code == 2 and "afile: a file; elmo verify reads the OUTPUT_DIR of an elmo embed job" in err, err
+
+
 def test_a_vector_the_model_makes_non_finite_stops_the_job_naming_its_row(corpus, tiny_dir, tmp_path, capsys):
     """float16's largest is 65504: with --gamma 60000 the first token whose mixed vector has a
     component over 65504 / 60000 overflows. That row is named; no shard holds it."""

@@ -51,6 +51,7 @@ def test_gzip_parquet_directory_and_glob(tmp_path):
     ("nocolumn", "no text column"), ("empty", "no non-empty sentence"), ("emptydir", "holds no corpus file"),
     ("jsonl", "a jsonl file; a training corpus is text"), ("csv", "a csv file; a training corpus is text"),
     ("damaged", r"rows from 0 on cannot be read \(.*\); the file is damaged"),
+    ("nulltoken", r"row 1, column 'tokens': expected a string or a list of strings, got a list whose item 1 is null"),
 ])
 def test_bad_corpora_are_clear_errors(tmp_path, case, match):
     path, kw = tmp_path / "missing.txt", {}
@@ -69,6 +70,10 @@ def test_bad_corpora_are_clear_errors(tmp_path, case, match):
     elif case in ("jsonl", "csv"):  # tables: not read as lines of text (their keys and header as words)
         path = tmp_path / f"t.{case}"
         path.write_text('{"text": "a b"}\n' if case == "jsonl" else "text\na b\n")
+    elif case == "nulltoken":
+        path = tmp_path / "t.parquet"
+        pq.write_table(pa.table({"tokens": [["a", "b"], ["c", None]]}), path)
+        kw = {"column": "tokens"}
     elif case == "damaged":  # a readable footer, pages of flipped bytes
         path = tmp_path / "t.parquet"
         pq.write_table(pa.table({"text": [f"w{i} x y" for i in range(20000)]}), path, compression="none",
