@@ -171,16 +171,22 @@ def test_an_output_whose_records_are_json_files_is_refused_with_the_reason(tiny_
         assert "Traceback" not in err and sorted(p.name for p in out.rglob("*")) == before
 
 
-def test_a_job_recorded_with_its_engine_resumes_under_another(tiny_dir, tmp_path):
-    """The engine does not change the output: a job whose record counted it (as jobs did) resumes
-    under another engine, its shards kept."""
+def _finished_job(tiny_dir: Path, tmp_path: Path) -> tuple[Path, Path, dict, dict]:
+    """A finished 60-row job in three shards: (corpus, OUTPUT_DIR, its options, its job record's
+    inputs, model and options), for a test to edit the record as an earlier version wrote it."""
     corpus = tmp_path / "corpus"
     write_sample_corpus(corpus, rows=60, files=1)
     out = tmp_path / "out"
     opts = dict(id_column="id", rows_per_shard=20, quiet=True)
     embed_parquet(corpus, out, tiny_dir, **opts)
     record = read_record(out / "_job.parquet")
-    old = {k: record[k] for k in ("inputs", "model", "options")}
+    return corpus, out, opts, {k: record[k] for k in ("inputs", "model", "options")}
+
+
+def test_a_job_recorded_with_its_engine_resumes_under_another(tiny_dir, tmp_path):
+    """The engine does not change the output: a job whose record counted it (as jobs did) resumes
+    under another engine, its shards kept."""
+    corpus, out, opts, old = _finished_job(tiny_dir, tmp_path)
     old["options"] = {**old["options"], "engine": "spark"}
     write_record(out / "_job.parquet", {**old, "digest": digest(old)})
     for shard in _shards(out):
@@ -196,13 +202,7 @@ def test_a_job_an_earlier_version_recorded_with_less_of_the_model_is_refused_nam
     """A job record that lacks a model field this version records (a dictionary model's
     ``dictionaries_sha256`` did not exist before) is refused on --resume, saying so: not that the
     model's files changed, when every field it recorded still holds."""
-    corpus = tmp_path / "corpus"
-    write_sample_corpus(corpus, rows=60, files=1)
-    out = tmp_path / "out"
-    opts = dict(id_column="id", rows_per_shard=20, quiet=True)
-    embed_parquet(corpus, out, tiny_dir, **opts)
-    record = read_record(out / "_job.parquet")
-    old = {k: record[k] for k in ("inputs", "model", "options")}
+    corpus, out, opts, old = _finished_job(tiny_dir, tmp_path)
     old["model"] = {k: v for k, v in old["model"].items() if k != "options_sha256"}  # as if not recorded then
     write_record(out / "_job.parquet", {**old, "digest": digest(old)})
     with pytest.raises(OtherJobError, match=r"an earlier version of elmo-pipeline started the job and did not record "
