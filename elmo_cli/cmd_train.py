@@ -80,6 +80,9 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_perplexity(args: argparse.Namespace) -> int:
+    from training.corpus import check_scoring
+
+    check_scoring(args.text, args.batch_size, args.max_sentences, args.text_column, args.stateful)  # before torch loads
     from inference.model_run import resolve_run
     from runtime import flushing_denormals
     from training.perplexity import load_language_model, perplexity

@@ -17,6 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from corpora.files import check_name, decode_utf8, input_format, is_parquet
+from elmo_core.bounds import check_count
+from elmo_core.errors import SettingError
 from elmo_core.whitespace import split_tokens
 
 from .errors import CorpusError
@@ -155,3 +157,15 @@ def iter_sentences(path: str | Path, column: str | None = None) -> Iterator[list
     """Every non-empty sentence of a corpus once, streamed (vocabularies, evaluation, n-gram baselines)."""
     for shard in list_shards(path):
         yield from (tokens for tokens, _ in iter_records(shard, 0, column) if tokens)
+
+
+def check_scoring(path: str | Path, batch_size: int = 32, max_sentences: int | None = None,
+                  column: str | None = None, stateful: bool = False) -> None:
+    """``training.perplexity.perplexity``'s settings and corpus, checked without the model or torch
+    (the CLI asks first, before either loads)."""
+    check_count("batch_size", batch_size)
+    check_count("max_sentences", max_sentences, optional="all of them")
+    if stateful and max_sentences is not None:
+        raise SettingError("`max_sentences` does not apply to `stateful` scoring (each row reads a stream of the whole "
+                           "corpus): leave one out")
+    check_corpus(path, column, "--text")

@@ -19,13 +19,12 @@ import torch
 
 from elmo_core import ElmoConfig
 from storage.atomic import atomic_path
-from elmo_core.bounds import check_count
-from elmo_core.errors import SettingError, WeightsError
+from elmo_core.errors import WeightsError
 from formats import resolve_model
 from formats.weights_hdf5 import load_hdf5_weights
 from inference.fast_path import FastInference
 
-from .corpus import check_corpus
+from .corpus import check_scoring
 from .data import BpttBatcher, SentenceBatcher, SentenceStream
 from .errors import CorpusError
 from .model import LanguageModel
@@ -64,12 +63,7 @@ def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: in
 
     Returns forward, backward, mean perplexity and the number of predictions per direction.
     """
-    check_count("batch_size", batch_size)
-    check_count("max_sentences", max_sentences, optional="all of them")
-    if stateful and max_sentences is not None:
-        raise SettingError("`max_sentences` does not apply to `stateful` scoring (each row reads a stream of the whole "
-                           "corpus): leave one out")
-    check_corpus(path, column, "--text")
+    check_scoring(path, batch_size, max_sentences, column, stateful)
     was_training = lm.training
     lm.eval()
     stream = SentenceStream(path, n_epochs=1, column=column)
