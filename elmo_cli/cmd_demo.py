@@ -24,7 +24,7 @@ from elmo_core.whitespace import split_tokens
 from training.options import check_max_minutes
 from probing.probe import DEFAULT_WORDS, cosine_decimals
 
-from .cmd_probe import report
+from .cmd_probe import report, texts
 
 if TYPE_CHECKING:  # the model code loads when the demo runs, not when its parser is built
     from inference import Embedder
@@ -66,6 +66,8 @@ def register(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.query is not None and not split_tokens(args.query):  # asked before the demo, not after it
+        raise InputError("--query: give a sentence with at least one token (or leave --query out)")
     from corpora.sample import write_sample_corpus
     from inference import Embedder
     from inference.model_run import resolve_run
@@ -91,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     print(summary_line(manifest, vectors))
     words = [args.word] + [w for w in DEFAULT_WORDS if w != args.word][:DEMO_WORDS - 1]
     with Embedder(run.open()) as embedder:
-        report(embedder, words, None, cap=100, neighbours=3, png=work / f"probe-{args.word}.png")
+        report(embedder, words, texts(None), cap=100, neighbours=3, png=work / f"probe-{args.word}.png")
         search(embedder, read_pooled(vectors), args.query, args.word, vectors)
     return 0
 

@@ -80,12 +80,12 @@ def print_neighbours(probe: WordProbe, k: int) -> None:
             print(f"        {cos:.{d}f} {contexts[i].use:<5} {contexts[i].snippet()}")
 
 
-def report(embedder: Embedder, words: Sequence[str], text: str | None, cap: int, neighbours: int,
-           png: Path | None, as_json: bool = False, run: ModelRun | None = None) -> Path | None:
-    """The probe table, the neighbours of ``words[0]`` and its picture (written, named in the last
-    line printed and returned, when ``png`` is given). ``as_json``: the accuracies (and ``run``) as
-    one JSON object on stdout instead (the other lines on stderr)."""
-    train, test, where = texts(text)
+def report(embedder: Embedder, words: Sequence[str], source: tuple[list[list[str]], list[list[str]], str], cap: int,
+           neighbours: int, png: Path | None, as_json: bool = False, run: ModelRun | None = None) -> Path | None:
+    """The probe table on ``source`` (``texts``), the neighbours of ``words[0]`` and its picture
+    (written, named in the last line printed and returned, when ``png`` is given). ``as_json``: the
+    accuracies (and ``run``) as one JSON object on stdout instead (the other lines on stderr)."""
+    train, test, where = source
     say = functools.partial(print, file=sys.stderr) if as_json else print
     say(f"probe   {where}; uses labelled by the token before the word ([the] work: noun, [we] work: verb), "
         f"that token removed from what the model sees")
@@ -156,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         raise PictureUnavailable(f"--png {args.png}: the picture needs matplotlib: {PLOT_EXTRA}")
     if args.png:
         check_png_target(Path(args.png))
+    source = texts(args.text)  # read before the model loads: a missing or unreadable --text is answered at once
     from inference import Embedder
     from inference.model_run import resolve_run
 
@@ -165,6 +166,6 @@ def run(args: argparse.Namespace) -> int:
                       device=args.device, threads=args.threads)
     say_loading("probe", run)
     with Embedder(run.open()) as embedder:
-        report(embedder, args.word or DEFAULT_WORDS, args.text, args.contexts, args.neighbours,
+        report(embedder, args.word or DEFAULT_WORDS, source, args.contexts, args.neighbours,
                Path(args.png) if args.png else None, args.json, run)
     return 0

@@ -82,6 +82,11 @@ def test_input_and_output_errors_load_no_model_code(tmp_path):
                        "--text " + str(tmp_path / "missing.txt") + ": no such file": ["--text", str(tmp_path / "missing.txt")]}.items():
         code, torch_loaded, err = _modules_after(["perplexity", *argv, "--model", str(model)])  # before the model
         assert (code, torch_loaded, says in err) == (2, False, True), err
+    for says, argv in {"--text " + str(tmp_path / "missing.txt") + ": cannot read it": ["probe", "--model", str(model), "--text", str(tmp_path / "missing.txt")],
+                       "--query: give a sentence with at least one token": ["demo", "--model", str(model), "--query", " ",
+                                                                            "--work-dir", str(tmp_path / "demo")]}.items():
+        code, torch_loaded, err = _modules_after(argv)
+        assert (code, torch_loaded, says in err) == (2, False, True), err
 
 
 def test_an_existing_output_is_refused_before_the_model_loads(tmp_path):
