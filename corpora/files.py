@@ -61,7 +61,10 @@ def check_name(path: str | Path) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        shown = os.fsencode(text).decode("utf-8", "backslashreplace")
+        try:
+            shown = os.fsencode(text).decode("utf-8", "backslashreplace")  # the file system's bytes
+        except UnicodeEncodeError:  # a lone surrogate that stands for no byte (a caller's string)
+            shown = text.encode("utf-8", "backslashreplace").decode("ascii")
         raise InputError(f"{shown}: the name is not UTF-8 (bytes shown as \\x..); rename it to a UTF-8 name") from None
 
 

@@ -16,7 +16,9 @@ import torch
 import triton_python_backend_utils as pb_utils  # provided by Triton's Python backend
 
 from elmo_core import pool_tokens
+from elmo_core.vectors import VectorRequest
 from inference import Embedder
+from inference.outputs import non_finite_rows
 
 
 def decode_tokens(tokens: np.ndarray) -> list[list[str]]:
@@ -54,15 +56,18 @@ class TritonPythonModel:
             except UnicodeDecodeError as e:
                 batches.append([])
                 errors.append(f"TOKENS: a token is not UTF-8 ({e})")
-        vectors = self.embedder.embed_sentences([s for b in batches for s in b], output="mixed")
+        vectors = self.embedder.vectors([s for b in batches for s in b], VectorRequest("mixed"),
+                                        check_finite=False)  # each request's own, below: one does not fail the batch
         responses, start = [], 0
         for sentences, error, request in zip(batches, errors, requests):
+            mine, start = vectors[start : start + len(sentences)], start + len(sentences)
+            if error is None and any(non_finite_rows(v).any() for v in mine):
+                error = "the model's vectors of this request hold inf or NaN: check the model"
             if error is not None:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)))
                 continue
             width = pb_utils.get_input_tensor_by_name(request, "TOKENS").as_numpy().shape[1]
-            emb, mask = padded(vectors[start : start + len(sentences)], width, self.dim)  # (B, T, D), (B, T)
-            start += len(sentences)
+            emb, mask = padded(mine, width, self.dim)  # (B, T, D), (B, T)
             pooled = np.nan_to_num(pool_tokens(torch.from_numpy(emb), torch.from_numpy(mask), "mean").numpy())  # (B, D)
             responses.append(pb_utils.InferenceResponse(output_tensors=[
                 pb_utils.Tensor("EMBEDDINGS", emb), pb_utils.Tensor("SENTENCE_EMBEDDINGS", pooled.astype(np.float32))]))

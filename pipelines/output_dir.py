@@ -33,7 +33,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from corpora.files import check_name
-from storage.atomic import TMP_GLOB, atomic_path, fsync, parse_json_object
+from storage.atomic import TMP_GLOB, atomic_path, check_can_make_in, fsync, parse_json_object
 from elmo_core.errors import InputError
 from storage.locations import file_sha256, is_uri, normalize_uri, open_input, redacted, s3_client, \
     s3_location
@@ -48,6 +48,7 @@ def open_output(spec: str | Path) -> "LocalDir | StoreDir":
         check_name(spec)  # pyarrow writes UTF-8 names only: refused before anything is written
         return LocalDir(Path(spec))
     if str(spec).startswith("file://"):
+        check_name(str(spec)[len("file://"):])
         return LocalDir(Path(str(spec)[len("file://"):]))
     if not str(spec).startswith("s3://"):
         raise OutputDirError(f"OUTPUT_DIR {spec}: elmo embed writes to a local or shared file system or to s3:// "
@@ -118,16 +119,17 @@ class LocalDir(_Readable):
         if self.root.exists() and not self.root.is_dir():
             raise OutputDirError(f"{self.root}: exists and is not a directory; OUTPUT_DIR must be a directory "
                                  f"(new or empty)")
-        above = next(p for p in self.root.absolute().parents if p.exists())  # the nearest that exists (/ does)
         if self.root.exists():
             return
+        above = next(p for p in self.root.absolute().parents if p.exists())  # the nearest that exists (/ does)
         if not above.is_dir():
             raise OutputDirError(f"{self.root}: {above} is a file, so no directory can be made below it; choose "
                                  f"another OUTPUT_DIR")
-        if not os.access(above, os.W_OK | os.X_OK):
-            why = os.strerror(errno.EROFS if os.statvfs(above).f_flag & os.ST_RDONLY else errno.EACCES)
-            raise OutputDirError(f"{self.root}: {above} cannot be written ({why}), so OUTPUT_DIR cannot be made "
-                                 f"there; choose another OUTPUT_DIR")
+        try:
+            check_can_make_in(above, self.root.name)
+        except OSError as e:
+            raise OutputDirError(f"{self.root}: {above} cannot be written ({e.strerror}), so OUTPUT_DIR cannot be "
+                                 f"made there; choose another OUTPUT_DIR") from None
 
     def create(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)

@@ -112,16 +112,22 @@ def remove_stale_temporaries(path: str | Path) -> list[Path]:
     return found
 
 
-def check_can_publish(path: str | Path) -> None:
-    """OSError (the system's, naming the place) where ``atomic_dir(path)`` could not make its
-    temporary directory beside ``path``: asked before a long run whose result is published there,
-    not after it. The directories above ``path`` are made as ``atomic_dir`` makes them; a probe
-    directory is made in the parent and removed."""
-    parent = Path(path).parent
-    parent.mkdir(parents=True, exist_ok=True)
-    probe = parent / f".{Path(path).name}.{os.getpid()}.probe.tmp"
+def check_can_make_in(directory: Path, name: str) -> None:
+    """OSError (the system's: read-only, permission, not a directory) where no directory can be
+    made in ``directory``: a hidden probe ``.NAME.PID.probe.tmp`` made and removed, as a real write
+    would be judged (``os.access`` reads the real uid and misses read-only mounts)."""
+    probe = directory / f".{name}.{os.getpid()}.probe.tmp"
     probe.mkdir()
     probe.rmdir()
+
+
+def check_can_publish(path: str | Path) -> None:
+    """OSError where ``atomic_dir(path)`` could not make its temporary directory beside ``path``:
+    asked before a long run whose result is published there, not after it. The directories above
+    ``path`` are made as ``atomic_dir`` makes them."""
+    parent = Path(path).parent
+    parent.mkdir(parents=True, exist_ok=True)
+    check_can_make_in(parent, Path(path).name)
 
 
 @contextmanager

@@ -43,7 +43,7 @@ def list_shards(path: str | Path) -> list[Path]:
     shards = _shards(path)
     for shard in shards:
         check_name(shard)
-        if (kind := input_format(shard)) not in (None, "text", "parquet"):
+        if (kind := input_format(shard.with_suffix("") if shard.suffix == ".gz" else shard)) not in (None, "text", "parquet"):
             raise CorpusError(f"{shard}: a {kind} file; a training corpus is text (one sentence a line, .txt or "
                               f".gz) or Parquet (--text-column): convert it to one of them")
     return shards
@@ -120,7 +120,7 @@ def _iter_parquet(path: Path, skip: int, column: str | None) -> Iterator[tuple[l
     while True:
         try:
             batch = next(batches, None)
-        except (OSError, pa.ArrowException) as e:  # a damaged page
+        except (OSError, pa.ArrowInvalid) as e:  # a damaged page
             raise CorpusError(f"{path}: rows from {start:,} on cannot be read ({' '.join(str(e).split())}); the file "
                               f"is damaged: write it again") from None
         if batch is None:

@@ -5,6 +5,7 @@ command that rebuilds it: ``build_default_model``).
 """
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from importlib import resources
@@ -19,6 +20,8 @@ from corpora.sotu_text import split_speeches, write_sotu_corpus
 from storage.atomic import atomic_dir, atomic_path, check_can_publish, read_json_object, write_json_atomic
 from elmo_core.bounds import MAX_SEED, check_count
 from inference import Embedder
+
+from inference.errors import NonFiniteError
 
 from .errors import TrainingError
 from .options import check_max_minutes
@@ -103,11 +106,16 @@ def write_half(src: Path, dst: Path) -> None:
 
 
 def min_cosine(a_dir: Path, b_dir: Path, sentences: list[list[str]]) -> float:
-    """The smallest cosine between the two models' vectors of the same token and layer."""
+    """The smallest cosine between the two models' vectors of the same token and layer; -inf where
+    either gives a vector that is not finite (a float16 copy that overflows: the float32 one is kept)."""
     outs = []
     for d in (a_dir, b_dir):
         with Embedder.from_files(d) as e:
-            outs.append(np.concatenate([v.transpose(1, 0, 2) for v in e.embed_sentences(sentences, output="all")]))
+            try:
+                vectors = e.embed_sentences(sentences, output="all")
+            except NonFiniteError:
+                return -math.inf
+            outs.append(np.concatenate([v.transpose(1, 0, 2) for v in vectors]))
     a, b = (o.astype(np.float64) for o in outs)  # (N, L+1, D) each
     cos = (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-30)  # (N, L+1)
     return float(cos.min())

@@ -64,10 +64,6 @@ def test_build_writes_a_half_precision_model_with_its_card_and_the_demo_finds_it
     assert (mine / "thesis" / "chapter1.txt").read_text() == "mine"
 
 
-KN_TRIGRAM = 106.0  # interpolated Kneser-Ney, the same split and vocabulary (bench/bench_train.py, docs/training.md)
-
-
-@pytest.mark.skipif(dm.shipped_model() is None, reason="this checkout has no models/default (make default-model)")
 def test_an_out_where_nothing_can_be_written_is_refused_before_training(tmp_path, monkeypatch):
     """``--out`` below a file: refused at once, where the run trained for its minutes (120 by
     default) and then failed to publish."""
@@ -77,6 +73,10 @@ def test_an_out_where_nothing_can_be_written_is_refused_before_training(tmp_path
         dm.build_default_model(tmp_path / "afile" / "model", tmp_path / "work", 0.1)
 
 
+KN_TRIGRAM = 106.0  # interpolated Kneser-Ney, the same split and vocabulary (bench/bench_train.py, docs/training.md)
+
+
+@pytest.mark.skipif(dm.shipped_model() is None, reason="this checkout has no models/default (make default-model)")
 def test_the_shipped_model_beats_the_kn_trigram_and_tells_uses_apart():
     from elmo_cli.cmd_probe import sotu_texts
     from probing.probe import collect, layer_names
