@@ -28,7 +28,6 @@ import numpy as np
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
@@ -44,7 +43,7 @@ from inference.outputs import non_finite_rows
 from .errors import InvalidRequest, LimitExceeded, Unavailable
 from .limits import AccessOptions, ServeLimits
 from .metrics import CONTENT_TYPE
-from .middleware import CLIENT_CLOSED, AccessLog, Admission, ApiKey, BodyLimit, error_response, json_response
+from .middleware import CLIENT_CLOSED, AccessLog, Admission, ApiKey, BodyLimit, Cors, error_response, json_response
 from .schemas import EmbedRequest, OpenAIEmbeddingRequest, TokenizeRequest
 from .service import ServingState
 
@@ -203,7 +202,7 @@ def create_app(state: ServingState, access: AccessOptions = AccessOptions()) -> 
     if access.api_key:
         app.add_middleware(ApiKey, key=access.api_key, open_paths=access.open_paths(), docs_prefix=DOCS_STATIC)
     if access.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(access.cors_origins), allow_methods=["GET", "POST"],
+        app.add_middleware(Cors, allow_origins=list(access.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["authorization", "content-type"], max_age=600)
     app.add_middleware(AccessLog, metrics=state.metrics, routes=ROUTES)
     return app

@@ -11,6 +11,7 @@ import time
 from typing import Any, Callable
 
 import orjson
+from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -50,6 +51,19 @@ def exposure_warning(host: str, access: AccessOptions) -> str | None:
         return None
     return (f"listening on {host} with no API key: anyone who can reach this port can use the model; "
             f"set --api-key (or ELMO_API_KEY), or bind 127.0.0.1 behind a proxy")
+
+
+class Cors(CORSMiddleware):
+    """Starlette's CORS, its refused preflight answered as every refusal is (``error_response``):
+    a 400 whose JSON names what the origin may not do, where Starlette answers plain text."""
+
+    def preflight_response(self, request_headers: Any) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code != 400:
+            return response
+        what = bytes(response.body).decode("utf-8", "replace").removeprefix("Disallowed CORS ")
+        return error_response(400, "cors", f"this server's CORS settings refuse this request's {what} "
+                              f"(elmo serve --cors-allow-origin names the origins it answers)")
 
 
 class ApiKey:

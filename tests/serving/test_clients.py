@@ -154,6 +154,8 @@ def test_cors_preflight_and_answers_carry_the_allowed_origin(server: ServerProce
     other = httpx.options(f"{server.url}/embed", headers={"origin": "https://evil.example",
                                                           "access-control-request-method": "POST"})
     assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+    assert other.json()["error"] == {"type": "cors", "message": "this server's CORS settings refuse this request's "
+                                     "origin (elmo serve --cors-allow-origin names the origins it answers)"}
 
 
 def test_truncation_on_request_and_the_413_without_it(server: ServerProcess, embedder: Embedder):
