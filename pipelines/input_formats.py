@@ -42,6 +42,9 @@ def schema_and_rows(path: Path | str, fmt: str, text_column: str) -> tuple[pa.Sc
     rows, schema = 0, None
     for batch in batches(path, fmt, text_column, 1 << 16):
         rows, schema = rows + batch.num_rows, schema or batch.schema
+    if fmt == "jsonl" and not _one_object_a_line(path, rows):
+        raise InputError(f"{path}: {_bad_json_line(path) or f'{rows:,} rows read from fewer lines'}; every line "
+                         f"holds one JSON object whose keys are the columns (a row a line)")
     # no rows: the schema the reader saw (a CSV header), else the text column's
     return (schema if schema is not None else _empty_schema(path, fmt, text_column)), rows
 
@@ -240,6 +243,22 @@ def _bad_json_line(path: Path | str) -> str:
                 if kind != "null" and types.setdefault(key, kind) != kind:
                     return f"line {n}: column '{key}' holds a {kind} where earlier lines hold a {types[key]}"
     return ""
+
+
+def _one_object_a_line(path: Path | str, rows: int) -> bool:
+    """Whether ``rows`` (what pyarrow read: two objects on one line are two rows to it) is the count
+    of the file's lines that hold something (a blank line is no row), counted by a regex a chunk at
+    a time."""
+    count, rest = 0, b""
+    with open_input(path) as f:
+        while data := f.read(1 << 20):
+            buf = rest + data
+            cut = buf.rfind(b"\n") + 1  # whole lines only; the rest waits for the next chunk
+            count, rest = count + len(_NON_BLANK_LINE.findall(buf, 0, cut)), buf[cut:]
+    return count + bool(rest.strip()) == rows
+
+
+_NON_BLANK_LINE = re.compile(rb"[^\s][^\n]*")  # a line's first non-space byte to its end: once a line that holds any
 
 
 def _json_kind(v) -> str:

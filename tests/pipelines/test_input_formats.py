@@ -84,6 +84,9 @@ def test_a_csv_job_resumes_its_damaged_shard_and_is_pinned_to_the_csv(tiny_dir, 
     ("open.csv", 'id,text\n1,"a b\n2,c d\n', 'open.csv: row 1: a quote opens its last field and never closes'),
     ("cols.csv", "id,sentence\n1,a b\n", "cols.csv: columns ['text'] not found; the columns are ['id', 'sentence']"),
     ("cols.jsonl", '{"id": 1, "sentence": "a"}\n', "cols.jsonl: columns ['text'] not found"),
+    # pyarrow reads two objects on one line as two rows: row numbers would stop being line numbers
+    ("two.jsonl", '{"text": "a b"}\n{"text": "c"} {"text": "d"}\n\n{"text": "e"}', "two.jsonl: line 2 is not JSON "
+                                                                                   "(Extra data"),
     ("corpus.dat", "a b\n", "corpus.dat: cannot tell its input format from its name; elmo embed reads parquet "
                             "(.parquet, .parq, .pq); csv (.csv); tsv (.tsv); jsonl (.jsonl, .ndjson); text (.txt)"),
 ])
