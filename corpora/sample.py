@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.atomic import atomic_path
+from storage.atomic import atomic_path, nearest_existing
 from elmo_core.bounds import check_count
 from elmo_core.errors import InputError, SettingError
 
@@ -32,8 +32,7 @@ def write_sample_corpus(out_dir: str | Path, rows: int = 2000, files: int = 2, r
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        blocker = next((p for p in (out_dir, *out_dir.parents) if p.exists() and not p.is_dir()), out_dir)
-        raise InputError(f"{out_dir}: {blocker} is a file, not a directory; give a directory (new, or one to add "
+        raise InputError(f"{out_dir}: {nearest_existing(out_dir)} is a file, not a directory; give a directory (new, or one to add "
                          f"the corpus files to)") from None
     per_file = -(-rows // files)
     paths = [out_dir / f"corpus-{k:05d}.parquet" for k in range(files)]

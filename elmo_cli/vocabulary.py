@@ -44,7 +44,6 @@ class Meaning:
     switch: bool = False  # takes no value (store_true)
     path: bool = False  # a file, directory, glob or URI: never empty
 
-
     @property
     def dest(self) -> str:
         return self.flag[2:].replace("-", "_")

@@ -140,10 +140,7 @@ class Embedder:
         else:
             out = engine.run(self.backend, engine.prepare(self.backend, sentences, self.policy, batch_size), request)
         if check_finite and (row := first_non_finite(out, lengths, request.pool is not None)) is not None:
-            raise NonFiniteError(f"sentence {row}: its vectors hold inf or NaN ({request.dtype}, gamma {request.gamma:g}): "
-                                 f"the model's output times gamma overflows {request.dtype}, or the model's weights "
-                                 f"give non-finite values; use a smaller gamma or dtype float32, else check the model",
-                                 row)
+            raise NonFiniteError(f"sentence {row}: {NonFiniteError.advice(request.dtype, request.gamma)}", row)
         if request.pool is not None:
             return [None if n == 0 else row for n, row in zip(lengths, out)]  # ([L+1,] D) each
         offsets = np.concatenate([[0], np.cumsum(lengths)])  # (R+1,)

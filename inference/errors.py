@@ -30,3 +30,12 @@ class NonFiniteError(ElmoError):
     def __init__(self, message: str, row: int) -> None:
         super().__init__(message)
         self.row = row
+
+    @staticmethod
+    def advice(dtype: str, gamma: float, flags: bool = False) -> str:
+        """What the message says of the vectors and what to do: the settings named as the library
+        names them, or (``flags``) as the CLI's flags."""
+        g, d = ("--gamma", "--dtype") if flags else ("gamma", "dtype")
+        return (f"its vectors hold inf or NaN ({dtype}, {g} {gamma:g}): the model's output times {g} overflows "
+                f"{dtype}, or the model's weights give non-finite values; use a smaller {g} or {d} float32, else "
+                f"check the model")

@@ -180,7 +180,6 @@ def write_hdf5(input: str | Path, out: str | Path, maker: RunMaker, opts: EmbedO
 def _write(f: h5py.File, embedder: Embedder, sentences: Iterator[tuple[str | None, list[str], str]],
            opts: EmbedOptions, use_sentence_keys: bool, counts: dict, guard: WriteGuard) -> None:
     index: dict[str, str] = {}
-    dtype = opts.vectors.vector_dtype.numpy
     f.attrs[WRITER_ATTR] = json.dumps({"request": opts.vectors.to_dict()})
     for chunk in iter(lambda: list(itertools.islice(sentences, opts.sort_window_rows)), []):  # until none is left
         if use_sentence_keys:
@@ -190,11 +189,10 @@ def _write(f: h5py.File, embedder: Embedder, sentences: Iterator[tuple[str | Non
         try:
             vectors = embedder.vectors([t for _, t, _ in chunk], opts.vectors)  # the job's request, made once
         except NonFiniteError as e:
-            raise NonFiniteError(f"{chunk[e.row][2]}: its vectors hold inf or NaN ({opts.vectors.dtype}, --gamma "
-                                 f"{opts.vectors.gamma:g}): use a smaller --gamma or --dtype float32, else check the "
-                                 f"model", counts["sentences"] + e.row) from None
+            advice = NonFiniteError.advice(opts.vectors.dtype, opts.vectors.gamma, flags=True)
+            raise NonFiniteError(f"{chunk[e.row][2]}: {advice}", counts["sentences"] + e.row) from None
         for (sentence, toks, where), v in zip(chunk, vectors):
-            n, v = counts["sentences"], v.astype(dtype, copy=False)  # in the request's dtype already
+            n = counts["sentences"]  # v in the request's dtype (``Embedder.vectors``)
             f.create_dataset(sentence if use_sentence_keys else str(n), data=v)
             if not use_sentence_keys:
                 index[sentence or ""] = str(n)

@@ -33,7 +33,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from corpora.files import check_name
-from storage.atomic import TMP_GLOB, atomic_path, check_can_make_in, fsync, parse_json_object
+from storage.atomic import TMP_GLOB, atomic_path, check_can_make_in, fsync, nearest_existing, parse_json_object
 from elmo_core.errors import InputError
 from storage.locations import file_sha256, is_uri, normalize_uri, open_input, redacted, s3_client, \
     s3_location
@@ -121,7 +121,7 @@ class LocalDir(_Readable):
                                  f"(new or empty)")
         if self.root.exists():
             return
-        above = next(p for p in self.root.absolute().parents if p.exists())  # the nearest that exists (/ does)
+        above = nearest_existing(self.root)  # not the root itself: it does not exist
         if not above.is_dir():
             raise OutputDirError(f"{self.root}: {above} is a file, so no directory can be made below it; choose "
                                  f"another OUTPUT_DIR")

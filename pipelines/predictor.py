@@ -140,10 +140,7 @@ class ElmoPredictor:
         row = first_non_finite(vectors, lengths, self.request.pool is not None)
         if row is None:
             return
-        o = self.request
-        raise NonFiniteError(f"its vectors hold inf or NaN ({o.dtype}, --gamma {o.gamma:g}): the model's output "
-                             f"times --gamma overflows {o.dtype}, or the model's weights give non-finite values; "
-                             f"use a smaller --gamma or --dtype float32, else check the model", row)
+        raise NonFiniteError(NonFiniteError.advice(self.request.dtype, self.request.gamma, flags=True), row)
 
     def _column(self, out: np.ndarray, lengths: np.ndarray) -> pa.Array:
         """Shape: out (N, [L+1,] D) in the output dtype, lengths (R,) (-1: null) -> R list values."""

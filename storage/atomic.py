@@ -112,6 +112,13 @@ def remove_stale_temporaries(path: str | Path) -> list[Path]:
     return found
 
 
+def nearest_existing(path: str | Path) -> Path:
+    """``path`` itself or the nearest directory above it that exists (``/`` does): where making it
+    would start, or a file that stands in its way."""
+    path = Path(path).absolute()
+    return next(p for p in (path, *path.parents) if p.exists())
+
+
 def check_can_make_in(directory: Path, name: str) -> None:
     """OSError (the system's: read-only, permission, not a directory) where no directory can be
     made in ``directory``: a hidden probe ``.NAME.PID.probe.tmp`` made and removed, as a real write

@@ -20,7 +20,6 @@ from corpora.sotu_text import split_speeches, write_sotu_corpus
 from storage.atomic import atomic_dir, atomic_path, check_can_publish, read_json_object, write_json_atomic
 from elmo_core.bounds import MAX_SEED, check_count
 from inference import Embedder
-
 from inference.errors import NonFiniteError
 
 from .errors import TrainingError
