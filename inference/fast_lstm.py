@@ -33,6 +33,7 @@ from elmo_core.lstm_cell import low_bmm
 from .directions import DirectionThreads, split
 from .packed_gemm import PackedLinear, packed_gemm_available, weights_key
 from .precision import cpu_bf16
+from .scripted_steps import WHOLE_SIGMOID_MAX_CELL, scripted_chunk
 
 # Rows of the input projection computed at a time: (2, 512, 4C) floats is 64 MiB at full size,
 # where the whole batch at once (2, N, 4C) was 512 MiB for a 4096-token batch. GEMMs of 512 rows
@@ -141,6 +142,9 @@ class FastLstm:
                    out: torch.Tensor) -> None:
         """``run_layer``'s steps of the directions ``dirs``, into their rows of ``out`` and ``c``."""
         xs, h, c, out = xs[dirs], h[dirs], c[dirs], out[dirs]  # (D, N, P), (D, B, P), (D, B, C), (D, N, P)
+        if self.scripted():
+            self._run_scripted(layer, dirs, xs, pack, h, c, out)
+            return
         step, prev = self._step(layer, dirs), h  # prev (D, >= n, P): the recurrent input of the next step
         parts = input_parts(xs, pack.steps, self.chunk_rows, self.input_projection(layer, dirs))
         for (start, n), gx_t in zip(pack.steps, parts):
@@ -150,6 +154,24 @@ class FastLstm:
                 prev, c[:] = dest.expand(-1, h.shape[1], -1), c[:, :1].clone()
             else:
                 prev = dest
+
+    def scripted(self) -> bool:
+        """Whether the steps run as one TorchScript loop a chunk (``inference.scripted_steps``): fp32
+        on a CPU with plain products (a model below ``packed_min_weights``), where this torch scripts it."""
+        return (self.dtype == torch.float32 and self.stack.w_state.device.type == "cpu" and not self._use_packed()
+                and scripted_chunk() is not None)
+
+    def _run_scripted(self, layer: int, dirs: slice, xs: torch.Tensor, pack: Packing, h: torch.Tensor,
+                      c: torch.Tensor, out: torch.Tensor) -> None:
+        """``_run_steps`` as ``scripted_steps`` runs it: a chunk of steps a call, the input part of the
+        gates computed a chunk at a time as on the other paths. Shape: as ``_run_steps``'s, sliced."""
+        run, (cell_clip, proj_clip) = scripted_chunk(), self.stack.clips
+        w_state, w_proj = self.stack.w_state[layer][dirs].detach(), self.stack.w_proj[layer][dirs].detach()
+        clips = (None if cell_clip is None else float(cell_clip), None if proj_clip is None else float(proj_clip))
+        whole, prev = c.shape[-1] <= WHOLE_SIGMOID_MAX_CELL, h  # prev (D, >= n, P): the next step's recurrent input
+        for i, j, gx in input_chunks(xs, pack.steps, self.chunk_rows, self.input_projection(layer, dirs)):
+            starts, rows = [s for s, _ in pack.steps[i:j]], [n for _, n in pack.steps[i:j]]
+            prev = run(gx, starts[0], prev, c, w_state, w_proj, out, starts, rows, pack.shared_first, *clips, whole)
 
     def split_directions(self) -> bool:
         """Whether the directions run on threads of their own: on a CPU, ``directions`` on, an even
@@ -308,12 +330,12 @@ class FastLstm:
         return self._packed[1]
 
 
-def input_parts(xs: torch.Tensor, steps: list[tuple[int, int]], chunk_rows: int,
+def input_chunks(xs: torch.Tensor, steps: list[tuple[int, int]], chunk_rows: int,
                  project: Callable[[torch.Tensor], torch.Tensor | tuple[torch.Tensor, ...]]) -> Iterator:
-    """Each step's input pre-activations, computed a chunk of whole steps at a time.
-
-    ``project`` may reuse its buffer: each part must be consumed before the next is drawn.
-    Shape: xs (2, N, P) -> per step (2, n_t, 4C), or a pair of (n_t, 4C) where ``project`` gives pairs.
+    """``(i, j, gx)``: the input pre-activations of ``steps[i:j]``, whole steps, as many as
+    ``chunk_rows`` rows hold (at least one step). ``project`` may reuse its buffer: each chunk must
+    be consumed before the next is drawn.
+    Shape: xs (2, N, P) -> gx (2, rows, 4C), or a pair of (rows, 4C) where ``project`` gives pairs.
     """
     i = 0
     while i < len(steps):
@@ -321,13 +343,21 @@ def input_parts(xs: torch.Tensor, steps: list[tuple[int, int]], chunk_rows: int,
         while j < len(steps) and (rows == 0 or rows + steps[j][1] <= chunk_rows):
             rows += steps[j][1]
             j += 1
-        start, sizes = steps[i][0], [n for _, n in steps[i:j]]
-        gx = project(xs[:, start:start + rows])  # (2, rows, 4C), or a pair of (rows, 4C)
+        yield i, j, project(xs[:, steps[i][0]:steps[i][0] + rows])
+        i = j
+
+
+def input_parts(xs: torch.Tensor, steps: list[tuple[int, int]], chunk_rows: int,
+                project: Callable[[torch.Tensor], torch.Tensor | tuple[torch.Tensor, ...]]) -> Iterator:
+    """Each step's input pre-activations, computed a chunk of whole steps at a time (``input_chunks``).
+    Shape: xs (2, N, P) -> per step (2, n_t, 4C), or a pair of (n_t, 4C) where ``project`` gives pairs.
+    """
+    for i, j, gx in input_chunks(xs, steps, chunk_rows, project):
+        sizes = [n for _, n in steps[i:j]]
         if isinstance(gx, tuple):
             yield from zip(*(g.split(sizes, dim=0) for g in gx))
         else:
             yield from gx.split(sizes, dim=1)
-        i = j
 
 
 def final_h(out: torch.Tensor, pack: Packing, h: torch.Tensor) -> torch.Tensor:
