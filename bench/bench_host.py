@@ -43,7 +43,8 @@ JOB = ("import json, sys; from pipelines import embed_parquet; "
        "threads=threads, **json.loads(sys.argv[6])); "
        "requests = getattr(sys.modules.get('storage.locations'), 'S3_REQUESTS', {}).get('count', 0); "
        "print(json.dumps({'tokens_per_s': m['this_run']['tokens_per_second'], 'tokens': m['tokens'], "
-       "'stages': m.get('stages'), 'shards': len(m['shards']), 'requests': requests}))")
+       "'stages': m.get('stages'), 'shards': len(m['shards']), 'requests': requests, "
+       "'threads': m.get('run', {}).get('threads')}))")
 
 
 def prepare(work: Path, rows: int, files: int = 4) -> tuple[Path, Path]:
@@ -204,10 +205,20 @@ def main() -> None:
             host = sum(v for k, v in st["seconds"].items() if k != "model")
             print(f"    without the model stage (the tiny model's steps on this CPU; a GPU's device time and launches): "
                   f"read, prepare, assemble and write {host:.1f} thread-seconds = {r['tokens'] / host:,.0f} tokens/s "
-                  f"a core" + (f"; their CPU (the process's less the model stage's thread's: the model on one thread) "
-                               f"{st['process_cpu_seconds'] - st['cpu_seconds']['model']:.1f} s = "
-                               f"{r['tokens'] / (st['process_cpu_seconds'] - st['cpu_seconds']['model']):,.0f} tokens/s a "
-                               f"core" if "cpu_seconds" in st else ""))
+                  f"a core" + _their_cpu(r))
+
+
+def _their_cpu(r: dict) -> str:
+    """The job's other work's CPU: the process's less the model stage's thread's, where the model ran
+    on that one thread (with more, its direction threads' CPU is not told apart)."""
+    st = r["stages"]
+    if "cpu_seconds" not in st:
+        return ""
+    if r.get("threads") != 1:
+        return f"; their CPU not told apart (the model on {r.get('threads')} threads)"
+    other = st["process_cpu_seconds"] - st["cpu_seconds"]["model"]
+    return f"; their CPU (the process's less the model stage's thread's: the model on one thread) {other:.1f} s = " \
+           f"{r['tokens'] / other:,.0f} tokens/s a core"
 
 
 if __name__ == "__main__":

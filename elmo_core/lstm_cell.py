@@ -9,6 +9,9 @@ here and in each variant below; each is tested against ``lstm_step``:
 - ``inference.fast_lstm.lstm_step_inplace``: inference on a CPU (torch backend). Same maths,
   computed in place in the gate buffer, the projection injected (pre-packed oneDNN weights on x86
   CPUs). Tested in ``tests/core/test_lstm_cell.py``.
+- ``inference.scripted_steps._run_chunk``: a small fp32 model's steps on a CPU, a chunk of them as
+  one TorchScript loop (no GIL between the direction threads). Tested against the model and the
+  Python loop in ``tests/inference/test_scripted_steps.py``.
 - ``elmo_core.fused_cell``: the element-wise part of a step (``cell``, ``store``; training's
   ``train_forward``, ``train_store``, ``train_backward_h``, ``train_backward_cell``) as one compiled
   kernel each, for CUDA (``inference.fused_lstm``, ``inference.row_lstm``,

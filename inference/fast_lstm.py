@@ -10,6 +10,9 @@ What it does that the reference (``elmo_core.lstm``) does not:
   (``inference.packed_gemm``), per direction, for matrices of ``packed_min_weights`` weights and
   up (MKL's fp32 kernels on AMD CPUs with AVX-512 are its AVX2 ones); else the input part goes
   into one reused buffer by a batched product;
+- a small model's fp32 steps on a CPU (plain products) run a chunk at a time as one TorchScript loop
+  (``inference.scripted_steps``): Python's dispatch of their small kernels, serialised by the GIL
+  across the direction threads, would be most of a step;
 - bf16 / fp16 products (``inference.precision``): weight copies made once, inputs rounded, results
   fp32; bf16 on a CPU with bf16 instructions through packed oneDNN weights.
 
