@@ -112,11 +112,13 @@ def _as_cuda_runs_it(lstm: FastLstm) -> None:
 def eager_step_costs(lstm: FastLstm, rows: int) -> tuple[float, float]:
     """(kernels, gate passes) per step of ``FastLstm.run_layer`` (one layer, both directions), with
     ATen's tanh as on CUDA (on a CPU ``fast_lstm.tanh_`` may run numpy's, which neither torch's
-    profiler nor a dispatch mode sees)."""
+    profiler nor a dispatch mode sees), and the Python loop of steps as on CUDA (a CPU runs a small
+    fp32 model's as one TorchScript loop, ``inference.scripted_steps``)."""
     _as_cuda_runs_it(lstm)
     cfg = lstm.stack.cfg
     h, c = torch.zeros(2, rows, cfg.projection_dim), torch.zeros(2, rows, cfg.dim)
-    with mock.patch.object(fast_lstm, "numpy_simd_tanh", lambda: False):
+    with mock.patch.object(fast_lstm, "numpy_simd_tanh", lambda: False), \
+            mock.patch.object(lstm, "scripted", lambda: False):
         return _eager_costs(lstm, rows, h, c)
 
 

@@ -17,7 +17,8 @@ What it does that the reference (``elmo_core.lstm``) does not:
   fp32; bf16 on a CPU with bf16 instructions through packed oneDNN weights.
 
 Tested against the reference: tests/core/test_bilm.py (every option, both GEMM paths),
-tests/inference/test_fast_path.py, tests/inference/test_precision.py.
+tests/inference/test_fast_path.py, tests/inference/test_precision.py,
+tests/inference/test_scripted_steps.py.
 """
 from __future__ import annotations
 
@@ -193,6 +194,7 @@ class FastLstm:
         if self.per_direction_products() or self._packed_input():
             self._packed_weights()
         self.weight_copies()
+        self.scripted()  # its loop compiled here, once, not by both threads at once
         assert self.directions is not None
         self.directions.run(lambda d: steps(slice(d, d + 1)))
 

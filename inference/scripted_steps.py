@@ -18,6 +18,7 @@ strided slices (1.48x the element-wise part at C = 8, 1.05x at 128, 0.98x at 1,0
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
 from typing import Callable, List, Optional
 
@@ -64,11 +65,21 @@ def _run_chunk(gx: torch.Tensor, first: int, prev: torch.Tensor, c: torch.Tensor
     return prev
 
 
-@functools.cache
+_SCRIPTING = threading.Lock()  # one compilation a process, whichever thread asks first
+
+
 def scripted_chunk() -> Callable[..., torch.Tensor] | None:
     """``_run_chunk`` compiled by TorchScript once a process; None where this torch cannot script
-    it (the caller then runs its Python loop). TorchScript is deprecated in favour of
-    ``torch.compile``, which unrolls a loop of data-dependent length: its warning is not the user's."""
+    it (the caller then runs its Python loop)."""
+    with _SCRIPTING:
+        return _script()
+
+
+@functools.cache
+def _script() -> Callable[..., torch.Tensor] | None:
+    """TorchScript is deprecated in favour of ``torch.compile``, which unrolls a loop of
+    data-dependent length: its warning is not the user's (silenced under ``_SCRIPTING``: the
+    warnings filters are the process's)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         try:
