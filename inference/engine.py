@@ -61,8 +61,10 @@ def prepare(backend: Backend, rows: Sequence[Sequence[str] | None], policy: Batc
     return Prepared(plan, [backend.tokenizer.batch(b.tokens) for b in plan.batches])  # type: ignore[attr-defined]
 
 
-def run(backend: Backend, prepared: Prepared, request: VectorRequest, clock: Clock | None = None) -> np.ndarray:
-    """Every batch through the backend, the results in input order.
+def run(backend: Backend, prepared: Prepared, request: VectorRequest, clock: Clock | None = None,
+        empty: Callable[..., np.ndarray] = np.empty) -> np.ndarray:
+    """Every batch through the backend, the results in input order; token vectors in an array from
+    ``empty`` (``np.empty``'s signature: a job's ``runtime.buffers.Lease.empty``), every row written.
 
     Shape: -> (N tokens, [L+1,] D) in the request's dtype, the sentences' tokens one after
     another; pooled: (R, [L+1,] D), NaN rows for sentences without a token.
@@ -72,7 +74,7 @@ def run(backend: Backend, prepared: Prepared, request: VectorRequest, clock: Clo
     config, plan = backend.config, prepared.plan
     trailing = request.mode.shape(config.n_output_layers, config.output_dim)
     if request.pool is None:
-        out = np.empty((plan.tokens, *trailing), dtype=request.dtype)  # (N, [L+1,] D)
+        out = empty((plan.tokens, *trailing), request.dtype)  # (N, [L+1,] D)
         place: Callable[[np.ndarray, np.ndarray], None] = out.__setitem__  # (n,) output rows, (n, [L+1,] D)
     else:
         fill = 0.0 if request.pool == "mean" else -np.inf

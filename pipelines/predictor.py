@@ -24,6 +24,7 @@ from inference.outputs import first_non_finite
 from inference.model_run import ModelRun, resolve_run
 
 from inference.run_settings import RunSettings
+from runtime.buffers import BufferPool
 
 from .options import EmbedOptions
 
@@ -97,6 +98,7 @@ class ElmoPredictor:
         self.type = self.field.type
         self.request = self.options.vectors
         self.backend.check_request(self.request)  # before any row is read
+        self.buffers = BufferPool()  # the output windows' memory, leased by ``embed_shards``
 
     @property
     def model_sha256(self) -> str | None:
@@ -121,10 +123,12 @@ class ElmoPredictor:
         return Prepared(table.select(opts.passthrough_columns), engine.prepare(self.backend, rows, self.policy),
                         invalid_utf8)
 
-    def compute(self, prepared: Prepared, clock: StageClock | None = None) -> pa.Table:
+    def compute(self, prepared: Prepared, clock: StageClock | None = None,
+                empty: Callable[..., np.ndarray] = np.empty) -> pa.Table:
         """Run the engine on every model batch (``inference.engine.run``: the output mode, pooling,
-        normalisation and dtype on the backend's device) and make the ``elmo`` column in row order."""
-        vectors = engine.run(self.backend, prepared.prepared, self.request, clock)  # (N or R, [L+1,] D)
+        normalisation and dtype on the backend's device) and make the ``elmo`` column in row order,
+        on the memory of an array from ``empty`` (a leased buffer: the table must not outlive it)."""
+        vectors = engine.run(self.backend, prepared.prepared, self.request, clock, empty)  # (N or R, [L+1,] D)
         with (clock or StageClock()).stage("assemble"):
             lengths = prepared.plan.lengths
             self._check_finite(vectors, lengths)

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from elmo_core.errors import InputError
+from runtime.buffers import Lease
 from runtime.collector import long_lived_frozen
 
 from .options import EmbedOptions
@@ -106,17 +107,24 @@ class _Room:
 
 
 class _Held:
-    """A window in the room: given back when the last of its ``pieces`` is written."""
+    """A window in the room: given back, and its buffers to their pool (``lease``), when the last
+    of its ``pieces`` is written (at once where it has none)."""
 
-    def __init__(self, room: _Room, size: int, pieces: int) -> None:
-        self.room, self.size, self.left, self.lock = room, size, pieces, threading.Lock()
+    def __init__(self, room: _Room, size: int, pieces: int, lease: Lease) -> None:
+        self.room, self.size, self.left, self.lease, self.lock = room, size, pieces, lease, threading.Lock()
+        if pieces == 0:
+            self._done()
 
     def written(self) -> None:
         with self.lock:
             self.left -= 1
             done = self.left == 0
         if done:
-            self.room.give(self.size)
+            self._done()
+
+    def _done(self) -> None:
+        self.lease.release()
+        self.room.give(self.size)
 
 
 class _WriterThread:
@@ -209,14 +217,14 @@ class _WriterPool:
                         for i in range(n)]
         self.assigned: dict[str, _WriterThread] = {}
 
-    def window(self, table: pa.Table, pieces: int) -> _Held:
-        """Room for a window's vectors (``table``), waited for, to queue its ``pieces`` by ``put``:
-        the bound on bytes follows the largest window yet."""
+    def window(self, table: pa.Table, pieces: int, lease: Lease) -> _Held:
+        """Room for a window's vectors (``table``, on ``lease``'s buffers), waited for, to queue its
+        ``pieces`` by ``put``: the bound on bytes follows the largest window yet."""
         size = table.nbytes
         self.room.allow(self.WINDOWS_HELD * size)
         while not self.room.take(size, timeout=0.1):
             self._raise_errors()
-        return _Held(self.room, size, pieces)
+        return _Held(self.room, size, pieces, lease)
 
     def put(self, shard: Shard, table: pa.Table, lengths: np.ndarray, invalid_utf8: int, last: bool,
             held: _Held) -> None:
@@ -264,12 +272,13 @@ def embed_shards(predictor: ElmoPredictor, shards: list[Shard], out: Output, sch
     try:
         with long_lived_frozen():  # the process's objects out of full collections (runtime/collector.py)
             for window, prepared in prefetch(_windows(shards, predictor, opts, clock, span), opts.prefetch):
+                lease = predictor.buffers.lease()  # the window's vectors, in memory an earlier window's held
                 try:
-                    table = predictor.compute(prepared, clock)
+                    table = predictor.compute(prepared, clock, lease.empty)
                 except NonFiniteError as e:
                     row = window.start + e.row
                     raise NonFiniteError(f"{window.file.path}: row {row}: {e}", row) from None
-                held = writer.window(table, sum(p.shard is not None for p in window.pieces))
+                held = writer.window(table, sum(p.shard is not None for p in window.pieces), lease)
                 lengths, offset, rows, tokens = prepared.plan.lengths, 0, 0, 0  # (R,)
                 for piece, invalid in zip(window.pieces, _invalid_utf8(window, prepared.invalid_utf8, opts)):
                     if piece.shard is not None:  # else rows of a committed shard: dropped

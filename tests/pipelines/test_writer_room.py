@@ -5,6 +5,7 @@ import threading
 import time
 
 from pipelines.shard_loop import _Held, _Room
+from runtime.buffers import BufferPool
 
 
 def test_the_room_holds_at_most_its_tables_and_bytes_and_one_table_alone_whatever_its_size():
@@ -43,8 +44,23 @@ def test_a_window_is_held_until_the_last_of_its_pieces_is_written():
     room = _Room(windows=16)
     room.limit = 100
     assert room.take(90, timeout=0)
-    held = _Held(room, 90, pieces=3)
+    pool = BufferPool()
+    lease = pool.lease()
+    lease.empty((9, 10), "uint8")
+    held = _Held(room, 90, pieces=3, lease=lease)
     held.written(), held.written()
     assert room.held == 1 and room.bytes == 90 and not room.take(20, timeout=0.05)
+    assert pool.free == []  # the buffer is still read
     held.written()
     assert room.held == 0 and room.bytes == 0 and room.take(20, timeout=0)
+    assert len(pool.free) == 1
+
+
+def test_a_window_with_no_piece_to_write_is_given_back_at_once():
+    """Every row of it belonged to committed shards: nothing will call ``written``."""
+    room, pool = _Room(windows=3), BufferPool()
+    assert room.take(90, timeout=0)
+    lease = pool.lease()
+    lease.empty((90,), "uint8")
+    _Held(room, 90, pieces=0, lease=lease)
+    assert room.held == 0 and len(pool.free) == 1
