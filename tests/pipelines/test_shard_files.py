@@ -161,3 +161,34 @@ def test_the_busiest_writer_bounds_the_writing():
     report = clock.report(1.0, "cpu")
     assert report["bound_by"] == "write"  # 0.5 s on one writer against the model thread's 0.4 s
     assert sorted(report["writers"]) == ["elmo-writer-0", "elmo-writer-1"] and report["writers"]["elmo-writer-0"] >= 0.5
+
+def test_a_parquet_shard_is_written_in_row_groups_of_at_most_row_group_bytes(tmp_path, monkeypatch):
+    """pyarrow builds a row group's levels for all its values at once (~10 bytes of memory a byte of
+    float16 vectors): a window's piece is cut into groups of ``ROW_GROUP_BYTES`` (a larger row
+    alone), and reads back whole and in order."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from pipelines import shard_files
+
+    monkeypatch.setattr(shard_files, "ROW_GROUP_BYTES", 64 << 10)
+    rows, dim = 100, 512  # 2 KB of float32 a token, 1..19 tokens a row: ~40 KB a row on average
+    lengths = np.arange(rows) % 19 + 1
+    vectors = np.arange(lengths.sum() * dim, dtype=np.float32).reshape(-1, dim)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+    elmo = pa.ListArray.from_arrays(offsets, pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), dim))
+    table = pa.table({"id": np.arange(rows), "elmo": elmo})
+    huge = pa.table({"id": [rows], "elmo": pa.ListArray.from_arrays(pa.array([0, 40], pa.int32()),
+                                                                  pa.FixedSizeListArray.from_arrays(
+                                                                      pa.array(np.ones(40 * dim, np.float32)), dim))})
+    file = io.BytesIO()
+    writer = shard_files.FORMATS["parquet"].writer(file, table.schema, "snappy", {})
+    writer.write(table), writer.write(huge)  # a window's piece, then one row of 80 KB
+    writer.close({"rows": rows + 1})
+    meta = pq.ParquetFile(io.BytesIO(file.getvalue())).metadata
+    groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    per_group = (64 << 10) * rows // table.nbytes
+    assert groups[-1] == 1 and sum(groups) == rows + 1 and len(groups) >= table.nbytes // (64 << 10)
+    assert max(groups[:-1]) == per_group
+    assert pq.read_table(io.BytesIO(file.getvalue())).equals(pa.concat_tables([table, huge]))
