@@ -1,4 +1,4 @@
-"""Process plumbing: the CPUs this process is given (cpus.py), thread counts and deterministic kernels (settings.py), a local Ray cluster that ends with its driver (ray_local.py).
+"""Process plumbing: the CPUs this process is given (cpus.py), thread counts and deterministic kernels (settings.py), a local Ray cluster that ends with its driver (ray_local.py), a job's reused output buffers (buffers.py).
 May import: elmo_core, storage (tests/test_layers.py)."""
 from elmo_core.process_env import settle
 
