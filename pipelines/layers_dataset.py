@@ -2,7 +2,7 @@
 scalar mixes (``inference.ElmoMix``) from precomputed layers without rerunning the biLM.
 
 Rows come in the manifest's order (input files in order, each file's rows in input order). A
-null text gives a row with zero tokens. Random access reads one row group (at most 16 MiB of
+null text gives a row with zero tokens. Random access reads one row group (about 16 MiB of
 rows: ``shard_files.ROW_GROUP_BYTES``) and keeps the last ``cached_row_groups`` of them: iterate
 in order, or shuffle within row groups, for speed.
 """

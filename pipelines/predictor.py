@@ -24,7 +24,6 @@ from inference.outputs import first_non_finite
 from inference.model_run import ModelRun, resolve_run
 
 from inference.run_settings import RunSettings
-from runtime.buffers import BufferPool
 
 from .options import EmbedOptions
 
@@ -98,7 +97,6 @@ class ElmoPredictor:
         self.type = self.field.type
         self.request = self.options.vectors
         self.backend.check_request(self.request)  # before any row is read
-        self.buffers = BufferPool()  # the output windows' memory, leased by ``embed_shards``
 
     @property
     def model_sha256(self) -> str | None:

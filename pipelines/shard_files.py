@@ -111,11 +111,11 @@ class ShardFormat:
         return ipc.open_file(file).read_all().select(columns)
 
 
-ROW_GROUP_BYTES = 16 << 20  # a Parquet row group's bytes of Arrow data, at most (one row alone whatever its size)
+ROW_GROUP_BYTES = 16 << 20  # a Parquet row group's bytes of Arrow data, at the piece's average row (at least one row)
 
 
 class _ParquetWriter:
-    """Row groups of at most ``ROW_GROUP_BYTES``: pyarrow builds a row group's repetition and
+    """Row groups of about ``ROW_GROUP_BYTES`` (as many rows as the piece's average row fits): pyarrow builds a row group's repetition and
     definition levels for all of its values at once, ~10 bytes of memory a byte of float16 vectors
     (a window's 205 MB piece in one group: 2.0 GB, fresh pages each window, 1.0 s where groups of
     16 MB take 0.68 s; docs/performance.md)."""

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from elmo_core.errors import InputError
-from runtime.buffers import Lease
+from runtime.buffers import BufferPool, Lease
 from runtime.collector import long_lived_frozen
 
 from .options import EmbedOptions
@@ -220,7 +220,7 @@ class _WriterPool:
     def window(self, table: pa.Table, pieces: int, lease: Lease) -> _Held:
         """Room for a window's vectors (``table``, on ``lease``'s buffers), waited for, to queue its
         ``pieces`` by ``put``: the bound on bytes follows the largest window yet."""
-        size = table.nbytes
+        size = max(table.nbytes, lease.nbytes)  # a reused buffer may be larger than the vectors
         self.room.allow(self.WINDOWS_HELD * size)
         while not self.room.take(size, timeout=0.1):
             self._raise_errors()
@@ -269,10 +269,11 @@ def embed_shards(predictor: ElmoPredictor, shards: list[Shard], out: Output, sch
     (``read_windows``; the local runner's, whose writer threads take the shards of a window at once)."""
     opts, clock = predictor.options, clock or StageClock()
     writer = _WriterPool(out, schema, job_digest, opts, predictor.model_sha256, clock)
+    buffers = BufferPool()  # this call's windows' memory, dropped with it (a Ray actor's between tasks)
     try:
         with long_lived_frozen():  # the process's objects out of full collections (runtime/collector.py)
             for window, prepared in prefetch(_windows(shards, predictor, opts, clock, span), opts.prefetch):
-                lease = predictor.buffers.lease()  # the window's vectors, in memory an earlier window's held
+                lease = buffers.lease()  # the window's vectors, in memory an earlier window's held
                 try:
                     table = predictor.compute(prepared, clock, lease.empty)
                 except NonFiniteError as e:

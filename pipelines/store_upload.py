@@ -39,7 +39,7 @@ class StoreUpload(io.RawIOBase):
         return True
 
     def write(self, data: Any) -> int:
-        self.buffer += data
+        self.buffer += data  # copied: ``data`` may be a job window's leased buffer (runtime/buffers.py)
         self.hash.update(data)
         self.bytes += len(data)
         if len(self.buffer) >= PART_BYTES:

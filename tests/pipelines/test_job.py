@@ -491,10 +491,10 @@ def test_a_gpu_jobs_writer_threads_follow_its_cpus():
 def test_a_jobs_windows_reuse_the_buffers_of_windows_written_before(corpus, tiny_dir, tmp_path, monkeypatch):
     """Each window's vectors go to memory an earlier window held once it is written: a new buffer
     only where the windows held at once (the writer's room, 3, and the one being computed) hold
-    every one that fits, or the window is larger than every buffer yet (here 6 of 59 windows; 59
+    every one that fits, or every free one is under its size or over twice it (here 11 of 59 windows; 59
     without the pool); the vectors are those of a job with one window."""
     import time
-    import pipelines.predictor as predictor_module
+    import pipelines.shard_loop as shard_loop
     from pipelines.sink import ShardWriter
     from runtime.buffers import BufferPool
     pools: list[BufferPool] = []
@@ -509,13 +509,13 @@ def test_a_jobs_windows_reuse_the_buffers_of_windows_written_before(corpus, tiny
             self.asked += 1
             return super()._take(nbytes)
 
-    monkeypatch.setattr(predictor_module, "BufferPool", Counted)
+    monkeypatch.setattr(shard_loop, "BufferPool", Counted)
     write = ShardWriter.write
     monkeypatch.setattr(ShardWriter, "write", lambda *a: time.sleep(0.01) or write(*a))  # windows wait in the room
     many, one = tmp_path / "many", tmp_path / "one"
     embed_parquet(corpus, many, tiny_dir, id_column="id", sort_window_tokens=50, **FAST)
     (pool,) = pools
-    assert pool.asked >= 40 and 1 <= pool.made <= pool.asked // 4
+    assert pool.asked >= 40 and 1 <= pool.made <= pool.asked // 3
     embed_parquet(corpus, one, tiny_dir, id_column="id", sort_window_tokens=100_000, **FAST)
     a, b = rows_of(many), rows_of(one)
     assert a.column("id").equals(b.column("id"))

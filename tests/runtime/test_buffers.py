@@ -38,3 +38,18 @@ def test_the_pool_keeps_its_largest_buffers_and_a_release_gives_each_back_once()
     assert [f.nbytes for f in pool.free] == [300 + 300 // HEADROOM, 400 + 400 // HEADROOM]
     empty = pool.lease().empty((0, 1024), np.float16)
     assert empty.shape == (0, 1024)
+
+
+def test_a_small_window_does_not_take_a_buffer_over_twice_its_size():
+    """The writer's room counts a lease's buffers (``Lease.nbytes``); a file's last, small window
+    gets a small buffer of its own rather than a full window's."""
+    pool = BufferPool()
+    big = pool.lease()
+    big.empty((1 << 20,), np.uint8)
+    big.release()
+    small = pool.lease()
+    small.empty((1000,), np.uint8)
+    assert pool.made == 2 and small.nbytes == 1000 + 1000 // HEADROOM
+    half = pool.lease()
+    half.empty((600_000,), np.uint8)  # 1 MiB + 1/16 is under twice 600,000
+    assert pool.made == 2 and half.nbytes == (1 << 20) + (1 << 20) // HEADROOM
