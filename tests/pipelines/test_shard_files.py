@@ -192,3 +192,43 @@ def test_a_parquet_shard_is_written_in_row_groups_of_at_most_row_group_bytes(tmp
     assert groups[-1] == 1 and sum(groups) == rows + 1 and len(groups) >= table.nbytes // (64 << 10)
     assert max(groups[:-1]) == per_group
     assert pq.read_table(io.BytesIO(file.getvalue())).equals(pa.concat_tables([table, huge]))
+
+
+LEVELS_PROBE = """
+import io, json, sys
+import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+from pipelines.shard_files import FORMATS
+lengths = np.random.default_rng(0).integers(1, 40, 1600)  # a window's piece: 32k tokens, float16, D = 1024: 66 MB
+vectors = np.random.default_rng(1).standard_normal((lengths.sum(), 1024)).astype(np.float16)
+offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+flat = pa.Array.from_buffers(pa.float16(), vectors.size, [None, pa.py_buffer(vectors)])
+table = pa.table({"id": np.arange(len(lengths)), "elmo": pa.ListArray.from_arrays(offsets, pa.FixedSizeListArray.from_arrays(flat, 1024))})
+pool, file = pa.default_memory_pool(), io.BytesIO()
+before = pool.max_memory()
+writer = FORMATS["parquet"].writer(file, table.schema, "snappy", {})
+writer.write(table)
+writer.close({"rows": table.num_rows})
+peak = pool.max_memory() - before
+same = pq.read_table(io.BytesIO(file.getvalue())).equals(table)
+print(json.dumps({"piece": table.nbytes, "peak": peak, "same": same, "pool": pool.backend_name}))
+"""
+
+
+def test_a_parquet_shards_levels_are_built_a_chunk_at_a_time():
+    """pyarrow builds the levels of the Arrow array it is handed at once (~10 bytes of its memory pool
+    a byte of float16 vectors: a 66 MB piece written as 16 MiB row groups took the pool to 188 MB,
+    fresh pages each window); handed ``LEVEL_CHUNK_BYTES`` at a time, the pool's peak is a chunk's
+    levels and a page's buffers (19 MB measured), whatever the piece's or the row group's size.
+    A process of its own, so that no earlier test's peak hides this one's."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", LEVELS_PROBE], capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"}, cwd=repo)
+    assert done.returncode == 0, done.stderr
+    probe = json.loads(done.stdout)
+    assert probe["same"] and probe["piece"] > 60e6
+    assert probe["peak"] <= 32 << 20, probe  # whole 16 MiB row groups: 188 MB
