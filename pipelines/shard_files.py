@@ -119,7 +119,7 @@ class _ParquetWriter:
     """Row groups of about ``ROW_GROUP_BYTES`` (as many rows as the piece's average row fits), each
     handed to pyarrow in chunks of about ``LEVEL_CHUNK_BYTES``: pyarrow builds the repetition and
     definition levels of a column chunk's Arrow array at once, ~10 bytes of memory a byte of float16
-    vectors (a 66 MB piece written whole: 188 MB of its pool at the peak, fresh pages a window,
+    vectors (a 66 MB piece in 16 MiB groups: 188 MB of its pool at the peak, fresh pages a group,
     zeroed by the kernel; in 1 MiB chunks: 19 MB, reused). The file is the same either way."""
 
     def __init__(self, writer: pq.ParquetWriter) -> None:
