@@ -126,16 +126,20 @@ class _ParquetWriter:
         self.writer = writer
 
     def write(self, table: pa.Table) -> None:
-        rows = lambda size: max(1, size * table.num_rows // max(1, table.nbytes))  # noqa: E731
-        chunks = table.to_batches(max_chunksize=rows(LEVEL_CHUNK_BYTES))
+        chunks = table.to_batches(max_chunksize=_rows_of(table, LEVEL_CHUNK_BYTES))
         if chunks:
             table = pa.Table.from_batches(chunks, table.schema)
-        self.writer.write_table(table, row_group_size=rows(ROW_GROUP_BYTES))
+        self.writer.write_table(table, row_group_size=_rows_of(table, ROW_GROUP_BYTES))
 
     def close(self, record: dict | None = None) -> None:
         if record is not None:
             self.writer.add_key_value_metadata({SHARD_KEY: json.dumps(record, sort_keys=True)})
         self.writer.close()
+
+
+def _rows_of(table: pa.Table, size: int) -> int:
+    """As many of ``table``'s rows as ``size`` bytes hold at its average row (at least one)."""
+    return max(1, size * table.num_rows // max(1, table.nbytes))
 
 
 class _ArrowWriter:
