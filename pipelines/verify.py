@@ -82,50 +82,69 @@ def _shape_problem(obj: object, keys: dict[str, type]) -> str:
 def _shard_problems(out: Output, manifest: dict, job: dict, good: set[str], job_name: str,
                     manifest_name: str) -> list[str]:
     """The shards' problems; ``good`` receives the names of the shards that passed."""
-    problems: list[str] = []
-    totals: dict[str, int] = {}
     model = job.get("model")
     model_sha256 = model.get("sha256") if isinstance(model, dict) and isinstance(model.get("sha256"), str) else None
     listed = {s["file"]: s for s in manifest["shards"]}
-    entries = out.entries()
-    side = {job_name, manifest_name, SUCCESS_FILE, COMMITS_DIR}
-    problems += [f"{n}{'/' if is_dir else ''}: not a file of this job; polars and DuckDB read every file under "
-                 f"OUTPUT_DIR (pyarrow, pandas and Spark skip '_' names): move it out" for n, is_dir in
-                 sorted(entries.items()) if n.startswith("_") and n not in side]
-    problems += [f"{n}: not the commit record of a shard of this job; polars reads every file under OUTPUT_DIR: "
-                 f"move it out" for n in out.commit_names(COMMITS_DIR) if n.split("/", 1)[1] not in listed]
-    visible = {n: is_dir for n, is_dir in entries.items() if not is_hidden(n)}  # what readers read
-    problems += [f"{n}: a directory where a shard should be" for n, is_dir in sorted(visible.items())
-                 if is_dir and n in listed]
-    on_disk = {n for n, is_dir in visible.items() if not is_dir}
-    problems += [f"{n}: listed in {manifest_name} but missing" for n in sorted(set(listed) - set(visible))]
-    problems += [f"{n}{'/' if visible[n] else ''}: not a shard of this job, and readers of OUTPUT_DIR would read "
-                 f"it as one: move it out of OUTPUT_DIR" for n in sorted(set(visible) - set(listed))]
+    problems, on_disk = _layout_problems(out, listed, job_name, manifest_name)
+    totals: dict[str, int] = {}
     for name, s in sorted(listed.items()):
         if name not in on_disk:
             continue
-        record, why = check_shard(out, name, job["digest"], s["input_file"], s["row_start"], s["rows"],
-                                  model_sha256=model_sha256)
-        if record is None or record.get("sha256") != s.get("sha256"):
-            problems.append(f"{name}: {why or 'its commit record differs from ' + manifest_name}")
-            continue
-        why, counted = _scan(out, name)
+        why, counted = _shard_counts(out, name, s, job["digest"], model_sha256, manifest_name)
         if why:
             problems.append(f"{name}: {why}")
-            continue
-        if "tokens" not in counted and isinstance(record.get("tokens"), int):  # pooled: the record's, summed
-            counted["tokens"] = record["tokens"]
-        # a count an earlier version's records lack is not compared
-        if differ := [f"{k} {v:,} in its vectors, {record.get(k)} in its commit record, {s.get(k, v)} in "
-                      f"{manifest_name}" for k, v in counted.items() if v != record.get(k, v) or v != s.get(k, v)]:
-            problems.append(f"{name}: its counts differ: {'; '.join(differ)}")
             continue
         good.add(name)
         totals.update({k: totals.get(k, 0) + v for k, v in counted.items()})
     for k in ("rows", "tokens"):
         if len(good) == len(listed) and totals.get(k, 0) != manifest[k]:
             problems.append(f"{manifest_name}: {k} {manifest[k]:,}, and its shards hold {totals.get(k, 0):,}")
-    for i, inp in enumerate(job["inputs"]):
+    return problems + _coverage_problems(job["inputs"], listed)
+
+
+def _layout_problems(out: Output, listed: dict[str, dict], job_name: str,
+                     manifest_name: str) -> tuple[list[str], set[str]]:
+    """What is in OUTPUT_DIR that should not be, or missing from it; and the shard files on disk."""
+    entries = out.entries()
+    side = {job_name, manifest_name, SUCCESS_FILE, COMMITS_DIR}
+    problems = [f"{n}{'/' if is_dir else ''}: not a file of this job; polars and DuckDB read every file under "
+                f"OUTPUT_DIR (pyarrow, pandas and Spark skip '_' names): move it out" for n, is_dir in
+                sorted(entries.items()) if n.startswith("_") and n not in side]
+    problems += [f"{n}: not the commit record of a shard of this job; polars reads every file under OUTPUT_DIR: "
+                 f"move it out" for n in out.commit_names(COMMITS_DIR) if n.split("/", 1)[1] not in listed]
+    visible = {n: is_dir for n, is_dir in entries.items() if not is_hidden(n)}  # what readers read
+    problems += [f"{n}: a directory where a shard should be" for n, is_dir in sorted(visible.items())
+                 if is_dir and n in listed]
+    problems += [f"{n}: listed in {manifest_name} but missing" for n in sorted(set(listed) - set(visible))]
+    problems += [f"{n}{'/' if visible[n] else ''}: not a shard of this job, and readers of OUTPUT_DIR would read "
+                 f"it as one: move it out of OUTPUT_DIR" for n in sorted(set(visible) - set(listed))]
+    return problems, {n for n, is_dir in visible.items() if not is_dir}
+
+
+def _shard_counts(out: Output, name: str, s: dict, digest: str, model_sha256: str | None,
+                  manifest_name: str) -> tuple[str, dict[str, int]]:
+    """One listed shard checked against its commit record and the manifest's entry ``s``: (what is
+    wrong, "" where nothing; its counts)."""
+    record, why = check_shard(out, name, digest, s["input_file"], s["row_start"], s["rows"],
+                              model_sha256=model_sha256)
+    if record is None or record.get("sha256") != s.get("sha256"):
+        return why or f"its commit record differs from {manifest_name}", {}
+    why, counted = _scan(out, name)
+    if why:
+        return why, counted
+    if "tokens" not in counted and isinstance(record.get("tokens"), int):  # pooled: the record's, summed
+        counted["tokens"] = record["tokens"]
+    # a count an earlier version's records lack is not compared
+    if differ := [f"{k} {v:,} in its vectors, {record.get(k)} in its commit record, {s.get(k, v)} in "
+                  f"{manifest_name}" for k, v in counted.items() if v != record.get(k, v) or v != s.get(k, v)]:
+        return f"its counts differ: {'; '.join(differ)}", counted
+    return "", counted
+
+
+def _coverage_problems(inputs: list[dict], listed: dict[str, dict]) -> list[str]:
+    """Each input's rows in exactly one shard."""
+    problems = []
+    for i, inp in enumerate(inputs):
         starts = sorted((s["row_start"], s["rows"]) for s in listed.values() if s["input_file"] == i)
         covered = 0
         for start, rows in starts:
@@ -228,16 +247,7 @@ def verify_output(out_dir: str | Path, check_inputs: bool = True) -> dict:
                  + _entry_problems(job["inputs"], INPUT_KEYS, f"{job_name}: input"))
     if malformed:
         _raise(out, problems + malformed)
-    if manifest["job_digest"] != job["digest"]:
-        problems.append(f"{manifest_name} is another job's than {job_name}")
-    if digest({k: v for k, v in job.items() if k not in ADDED_AFTER_CLAIM}) != job["digest"]:
-        problems.append(f"{job_name}: its digest is not its contents' (the record was edited)")
-    for key, mine, theirs in (("inputs", manifest.get("inputs"), job["inputs"]), ("model", manifest.get("model"), job.get("model"))):
-        if mine != theirs:
-            problems.append(f"{manifest_name}: its {key} are not {job_name}'s")
-    ours, theirs = output_options(manifest["options"]), job.get("options")  # the job's: also the run's settled values
-    if isinstance(theirs, dict) and (edited := sorted(k for k, v in output_options(theirs).items() if ours.get(k, v) != v)):
-        problems.append(f"{manifest_name}: its options {edited} are not {job_name}'s")
+    problems += _record_problems(job, manifest, job_name, manifest_name)
     good: set[str] = set()
     problems += _shard_problems(out, manifest, job, good, job_name, manifest_name)
     try:
@@ -249,15 +259,36 @@ def verify_output(out_dir: str | Path, check_inputs: bool = True) -> dict:
         if not check_inputs or not _unchanged(inp):
             skipped.append(inp["path"])
             continue
-        columns = list(dict.fromkeys(c for c in (opts.id_column, opts.tokens_column or opts.text_column) if c))  # an id may be the text
-        inputs = _read_input(inp, columns, opts)
-        for shard in (s for s in manifest["shards"] if s["input_file"] == i and s["file"] in good):
-            problems += _row_problems(out, shard, inp, inputs, opts)
+        problems += _input_problems(out, i, inp, [s for s in manifest["shards"] if s["file"] in good], opts)
         checked += 1
     if problems:
         _raise(out, problems)
     return {"ok": True, "shards": len(manifest["shards"]), "rows": manifest["rows"], "tokens": manifest["tokens"],
             "inputs_checked": checked, "inputs_not_checked": skipped}
+
+
+def _record_problems(job: dict, manifest: dict, job_name: str, manifest_name: str) -> list[str]:
+    """The job record and the manifest against each other: the same job, inputs, model and options,
+    the job record unedited."""
+    problems = []
+    if manifest["job_digest"] != job["digest"]:
+        problems.append(f"{manifest_name} is another job's than {job_name}")
+    if digest({k: v for k, v in job.items() if k not in ADDED_AFTER_CLAIM}) != job["digest"]:
+        problems.append(f"{job_name}: its digest is not its contents' (the record was edited)")
+    for key, mine, theirs in (("inputs", manifest.get("inputs"), job["inputs"]), ("model", manifest.get("model"), job.get("model"))):
+        if mine != theirs:
+            problems.append(f"{manifest_name}: its {key} are not {job_name}'s")
+    ours, theirs = output_options(manifest["options"]), job.get("options")  # the job's: also the run's settled values
+    if isinstance(theirs, dict) and (edited := sorted(k for k, v in output_options(theirs).items() if ours.get(k, v) != v)):
+        problems.append(f"{manifest_name}: its options {edited} are not {job_name}'s")
+    return problems
+
+
+def _input_problems(out: Output, i: int, inp: dict, shards: list[dict], opts: EmbedOptions) -> list[str]:
+    """Input ``i``'s rows against those of ``shards`` (the good ones) that hold them."""
+    columns = list(dict.fromkeys(c for c in (opts.id_column, opts.tokens_column or opts.text_column) if c))  # an id may be the text
+    inputs = _read_input(inp, columns, opts)
+    return [p for shard in shards if shard["input_file"] == i for p in _row_problems(out, shard, inp, inputs, opts)]
 
 
 def _entry_problems(entries: list, keys: dict[str, type], what: str) -> list[str]:
