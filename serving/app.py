@@ -225,6 +225,7 @@ def _install_docs(app: FastAPI) -> None:
 
 
 def _install_routes(app: FastAPI, state: ServingState) -> None:
+    """The vector and token routes, then the probes."""
     limits = state.limits
 
     @app.post("/embed", summary="ELMo vectors of tokenized sentences or whitespace-split texts")
@@ -266,6 +267,12 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
         tokens, cut = fit([[t[a:b] for a, b in s] for t, s in zip(body.texts, spans)], limits, "texts", body.truncate)
         return json_response({"tokens": tokens, "offsets": [s[:len(t)] for s, t in zip(spans, tokens)],
                               "usage": {"texts": len(tokens), "tokens": sum(map(len, tokens)), "truncated": cut}})
+
+    _install_probes(app, state)
+
+
+def _install_probes(app: FastAPI, state: ServingState) -> None:
+    """The routes a load balancer or a scraper asks: alive, ready, what is served, metrics."""
 
     @app.api_route("/health", methods=PROBE_METHODS, summary="alive")
     async def health() -> Response:
