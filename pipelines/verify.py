@@ -254,12 +254,12 @@ def verify_output(out_dir: str | Path, check_inputs: bool = True) -> dict:
         opts = EmbedOptions.coerce(manifest["options"], resume=False)
     except (ElmoError, TypeError, ValueError) as e:
         _raise(out, problems + [f"{manifest_name}: options are not elmo embed's ({e})"])
-    checked, skipped = 0, []
+    checked, skipped, passed = 0, [], [s for s in manifest["shards"] if s["file"] in good]
     for i, inp in enumerate(job["inputs"]):
         if not check_inputs or not _unchanged(inp):
             skipped.append(inp["path"])
             continue
-        problems += _input_problems(out, i, inp, [s for s in manifest["shards"] if s["file"] in good], opts)
+        problems += _input_problems(out, i, inp, passed, opts)
         checked += 1
     if problems:
         _raise(out, problems)

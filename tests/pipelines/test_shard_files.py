@@ -195,7 +195,7 @@ def test_a_parquet_shard_is_written_in_row_groups_of_at_most_row_group_bytes(tmp
 
 
 LEVELS_PROBE = """
-import io, json, sys
+import io, json
 import numpy as np, pyarrow as pa, pyarrow.parquet as pq
 from pipelines.shard_files import FORMATS
 lengths = np.random.default_rng(0).integers(1, 40, 1600)  # a window's piece: 32k tokens, float16, D = 1024: 66 MB
