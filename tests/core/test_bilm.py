@@ -192,6 +192,31 @@ def test_char_encoder_chunks_give_the_same_tokens_and_gradients(tiny_dir, chunk_
         torch.testing.assert_close(chunked_grads[k], whole_grads[k], rtol=1e-10, atol=1e-12, msg=lambda m: f"{k}: {m}")
 
 
+def test_the_inference_max_pool_takes_no_indices(tiny_dir):
+    """Without autograd the encoder's max-pool is ``amax`` (8-16x faster on a CPU than ``max`` with
+    its indices, the same values: the test above); with it, ``max``, whose gradient goes to one
+    window as TF's does. A count of the ops each pass dispatches."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if isinstance(args[0], torch.Tensor) and args[0].is_floating_point():  # the scores' (the ids' lengths are reduced too)
+                self.seen.add(str(func))  # e.g. aten.max.dim: values and indices
+            return func(*args, **(kwargs or {}))
+
+    encoder = load_bilm(tiny_dir).encoder
+    ids = torch.from_numpy(batch_to_ids(SENTENCES)).reshape(-1, 50)  # (N, C)
+    for grad, wanted, unwanted in [(False, "aten.amax.default", "aten.max.dim"),
+                                   (True, "aten.max.dim", "aten.amax.default")]:
+        with torch.set_grad_enabled(grad), Ops() as ops:
+            encoder(ids)
+        assert wanted in ops.seen and unwanted not in ops.seen, (grad, sorted(ops.seen))
+
+
 def test_a_tokens_vector_does_not_depend_on_how_many_share_its_pass(tiny_dir):
     """fp32, bit for bit: a token encoded alone, with one or two others, or among many (a token
     cache's misses, the two boundaries) gets the same vector; MKL multiplies 1-3 rows in other
