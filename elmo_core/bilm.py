@@ -199,16 +199,19 @@ class BiLM(nn.Module):
         shortcut = state is None and not keep_boundaries  # the boundary outputs are dropped anyway
         lstm_layers, new_state = self.lstm(x, lengths + 2, state, boundary_shortcut=shortcut,
                                            run_layer=fast.run_layer if fast is not None else None)  # L x (B, T+2, 2P)
-        m = full_mask[:, :, None].to(x.dtype)  # (B, T+2, 1)
-        layers = torch.stack([torch.cat([x, x], dim=-1) * m] + [h * m for h in lstm_layers], dim=1)  # (B, L+1, T+2, 2P)
-        if keep_boundaries:
-            return BiLMOutput(layers, full_mask, new_state)
-        layers = layers[:, :, 1 : T + 1] * mask[:, None, :, None].to(x.dtype)  # (B, L+1, T, 2P)
-        return BiLMOutput(layers, mask, new_state)
+        kept, positions = (full_mask, slice(None)) if keep_boundaries else (mask, slice(1, T + 1))
+        return BiLMOutput(_stacked_layers(x[:, positions], [h[:, positions] for h in lstm_layers], kept), kept, new_state)
 
     def forward(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.run(char_ids)
         return out.layers, out.mask
+
+
+def _stacked_layers(x: torch.Tensor, lstm_layers: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+    """Layer 0 (each token twice) and the LSTM's layers in one tensor, zero where ``mask`` is False:
+    one copy and one multiply in place. Shape: x (B, T, P), L x (B, T, 2P), mask (B, T) -> (B, L+1, T, 2P)."""
+    layers = torch.stack([torch.cat([x, x], dim=-1), *lstm_layers], dim=1)  # (B, L+1, T, 2P)
+    return layers.mul_(mask[:, None, :, None].to(x.dtype))
 
 
 class StatefulBiLM:
