@@ -140,13 +140,16 @@ class BiLM(nn.Module):
         out[flat_mask] = emb
         return out.view(B, T, -1)
 
-    def _with_boundaries(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Put <S> first and </S> after each row's last token.
+    def _with_boundaries(self, tokens: torch.Tensor, lengths: torch.Tensor,
+                         fast: FastPath | None = None) -> torch.Tensor:
+        """Put <S> first and </S> after each row's last token: encoded by ``fast`` where given (as the
+        batch's tokens are, through its token cache: not again each batch), else by the encoder.
 
         Shape: tokens (B, T, P), lengths (B,) -> (B, T+2, P).
         """
         B, T, P = tokens.shape
-        bos, eos = self.encoder.boundary_embeddings()  # (P,), (P,)
+        encoder = self.encoder
+        bos, eos = fast.encode(encoder.boundary_ids) if fast is not None else encoder.boundary_embeddings()  # (P,), (P,)
         pos = torch.arange(T + 2, device=tokens.device)  # (T+2,)
         is_eos = (pos[None, :] == (lengths + 1)[:, None]).to(tokens.dtype)  # (B, T+2)
         x = torch.cat([bos.expand(B, 1, P), tokens, tokens.new_zeros(B, 1, P)], dim=1)  # (B, T+2, P)
@@ -160,7 +163,7 @@ class BiLM(nn.Module):
         if got is not None:
             return got
         mask, lengths = self._mask(char_ids)
-        return self._with_boundaries(self.embed_tokens(char_ids, mask, dedup), lengths), mask, lengths
+        return self._with_boundaries(self.embed_tokens(char_ids, mask, dedup), lengths, fast), mask, lengths
 
     @staticmethod
     def _mask(char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,7 +203,8 @@ class BiLM(nn.Module):
         lstm_layers, new_state = self.lstm(x, lengths + 2, state, boundary_shortcut=shortcut,
                                            run_layer=fast.run_layer if fast is not None else None)  # L x (B, T+2, 2P)
         kept, positions = (full_mask, slice(None)) if keep_boundaries else (mask, slice(1, T + 1))
-        return BiLMOutput(_stacked_layers(x[:, positions], [h[:, positions] for h in lstm_layers], kept), kept, new_state)
+        layers = _stacked_layers(x[:, positions], [h[:, positions] for h in lstm_layers], kept)  # (B, L+1, T', 2P)
+        return BiLMOutput(layers, kept, new_state)
 
     def forward(self, char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.run(char_ids)

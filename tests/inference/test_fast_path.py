@@ -66,6 +66,22 @@ def test_token_cache_gives_the_same_vectors_and_follows_weight_changes(tiny_dir)
     torch.testing.assert_close(changed, _layers(model.use_fast_path(None), ids), atol=1e-6, rtol=0)
 
 
+def test_a_batch_whose_tokens_are_cached_runs_no_char_cnn(tiny_dir):
+    """A fast path with a token cache encodes a batch's tokens and both boundaries once: run again,
+    the batch reaches the char-CNN no more (the boundaries too come from the cache, not from the
+    encoder again each batch). A count of the encoder's passes."""
+    model = load_bilm(tiny_dir)
+    model.use_fast_path(FastInference(model, token_cache=TokenCache(max_tokens=1000)))
+    passes, forward = [], model.encoder.forward
+    model.encoder.forward = lambda *a, **k: passes.append(1) or forward(*a, **k)  # every pass, called or not
+    ids = torch.from_numpy(batch_to_ids(SENTENCES))
+    first = _layers(model, ids)
+    assert len(passes) >= 1
+    passes.clear()
+    torch.testing.assert_close(_layers(model, ids), first, atol=0, rtol=0)
+    assert passes == []
+
+
 @pytest.mark.parametrize("chunk_rows", [1, 3, 7])
 def test_input_projection_chunks_give_the_same_layers(tiny_dir, chunk_rows):
     """The fast path computes W_x x a few whole steps at a time into a reused buffer: same numbers.
