@@ -66,6 +66,23 @@ def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: in
     check_scoring(path, batch_size, max_sentences, column, stateful)
     was_training = lm.training
     lm.eval()
+    try:
+        sums, count, sentences, cut = _score(lm, path, vocab, batch_size, max_sentences, column, device, stateful,
+                                             progress, deadline)
+    finally:
+        lm.train(was_training)
+    if count == 0:
+        raise CorpusError(f"{path}: no sentence to evaluate on")
+    fwd, bwd = (sums / count).tolist()
+    return {"forward": math.exp(fwd), "backward": math.exp(bwd), "mean": math.exp(0.5 * (fwd + bwd)),
+            "predictions": count, "sentences": sentences, **({"cut_by_deadline": True} if cut else {})}
+
+
+def _score(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: int, max_sentences: int | None,
+           column: str | None, device: str, stateful: bool, progress: Callable[[int, int], None] | None,
+           deadline: float | None) -> tuple[torch.Tensor, int, int, bool]:
+    """``perplexity``'s batches, the model in eval mode: (the summed NLL of each direction (2,)
+    float64, predictions, sentences scored, whether the deadline cut the run)."""
     stream = SentenceStream(path, n_epochs=1, column=column)
     chars = lm.config.char_cnn.max_characters_per_token
     if stateful:
@@ -73,12 +90,11 @@ def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: in
         state = lm.zero_state(batch_size)  # on the model's device, where the batches go
     else:
         batcher, state = SentenceBatcher(stream, vocab, batch_size, chars), None
-    sums, count, sentences, longest, cut = torch.zeros(2, dtype=torch.float64), 0, 0, 0.0, False
+    sums, count, sentences, longest = torch.zeros(2, dtype=torch.float64), 0, 0, 0.0
     while stateful or max_sentences is None or sentences < max_sentences:
         started = time.perf_counter()
         if deadline is not None and count and started + longest > deadline:
-            cut = True
-            break
+            return sums, count, sentences, True
         if (batch := batcher.next_batch()) is None:
             break
         if not stateful and max_sentences is not None and sentences + batch.mask.shape[0] > max_sentences:
@@ -91,12 +107,7 @@ def perplexity(lm: LanguageModel, path: str | Path, vocab: Vocab, batch_size: in
         if progress is not None:
             progress(sentences, count)
         longest = max(longest, time.perf_counter() - started)
-    lm.train(was_training)
-    if count == 0:
-        raise CorpusError(f"{path}: no sentence to evaluate on")
-    fwd, bwd = (sums / count).tolist()
-    return {"forward": math.exp(fwd), "backward": math.exp(bwd), "mean": math.exp(0.5 * (fwd + bwd)),
-            "predictions": count, "sentences": sentences, **({"cut_by_deadline": True} if cut else {})}
+    return sums, count, sentences, False
 
 
 def save_softmax(lm: LanguageModel, path: Path) -> None:

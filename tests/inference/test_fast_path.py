@@ -146,6 +146,14 @@ def test_perplexity_runs_the_fast_path_and_leaves_the_model_as_it_was(tmp_path):
     assert fast["predictions"] == reference["predictions"] > 0
     for k in ("forward", "backward", "mean"):
         assert fast[k] == pytest.approx(reference[k], rel=1e-5), k  # fp32 sums grouped differently
+    lm.train()
+
+    def fail(sentences, predictions):
+        raise KeyboardInterrupt  # a run stopped between batches
+
+    with pytest.raises(KeyboardInterrupt):
+        perplexity(lm, corpus, vocab, batch_size=2, progress=fail)
+    assert lm.training and lm.bilm.fast_path is None  # as it was: training mode, no fast path
 
 
 @pytest.mark.parametrize("path", ["plain", "prepacked", "fp16"])
