@@ -202,12 +202,8 @@ def resolve_run(model: str | Path, settings: RunSettings | None = None, *, job: 
     model = _where(model, "model")
     backend = backend or exported_backend(model) or "torch"
     kind = backend_kind(backend)
-    if kind.exported and weights:
-        raise InputError(f"--weights names a published-format weights file (--backend torch); --backend {backend} "
-                         f"takes an export directory as --model")
-    if kind.exported and layout not in (None, "auto"):  # refused before an export is built on demand
-        raise InputError(f"--layout {layout} is how the torch backend runs the recurrence; an export runs "
-                         f"its own graph (leave --layout out)")
+    if kind.exported:
+        _refuse_torch_settings(backend, weights, layout)  # before an export is built on demand
     refuse_token_files(backend, s.token_embeddings, s.token_vocab)
     if not remote:
         check_device(device, backend)
@@ -223,11 +219,7 @@ def resolve_run(model: str | Path, settings: RunSettings | None = None, *, job: 
             model, source, weights = exported, model, None
             config = model_config(model, backend)
     else:
-        name, why = resolve_precision(precision or _default_precision(device), device, flags, packed_products(config))
-        if precision is None:
-            why = f"the default{' on CUDA, ' + why if device.startswith('cuda') else ''}"
-        elif remote and flags is not None and precision == "auto":
-            why = f"judged by a worker's CPU: {why}"
+        name, why = _torch_precision(precision, device, flags, config, remote)
     checked = named if named is not None and named.name == name else check_precision_for(backend, name, device)
     warning = None if kind.exported else bf16_cpu_warning(checked.name, device, flags)
     settled = _layout(layout, kind.exported, device, checked.name, config, budget, remote)
@@ -235,6 +227,27 @@ def resolve_run(model: str | Path, settings: RunSettings | None = None, *, job: 
                     _where(s.token_embeddings, "token_embeddings"), _where(s.token_vocab, "token_vocab"), config, source,
                     warning, settled, _batch_budget(device, config, remote, settled),
                     device_checked=not remote)
+
+
+def _refuse_torch_settings(backend: str, weights: str | Path | None, layout: str | None) -> None:
+    """InputError for the torch backend's own settings given to an exported one."""
+    if weights:
+        raise InputError(f"--weights names a published-format weights file (--backend torch); --backend {backend} "
+                         f"takes an export directory as --model")
+    if layout not in (None, "auto"):
+        raise InputError(f"--layout {layout} is how the torch backend runs the recurrence; an export runs "
+                         f"its own graph (leave --layout out)")
+
+
+def _torch_precision(precision: str | None, device: str, flags: frozenset[str] | None, config: ElmoConfig,
+                     remote: bool) -> tuple[str, str]:
+    """The torch backend's precision and the reason given for it (``resolve_precision``)."""
+    name, why = resolve_precision(precision or _default_precision(device), device, flags, packed_products(config))
+    if precision is None:
+        why = f"the default{' on CUDA, ' + why if device.startswith('cuda') else ''}"
+    elif remote and flags is not None and precision == "auto":
+        why = f"judged by a worker's CPU: {why}"
+    return name, why
 
 
 def _layout(layout: str | None, exported: bool, device: str, precision: str, config: ElmoConfig,
