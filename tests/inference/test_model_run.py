@@ -28,11 +28,27 @@ def test_a_model_directory_resolves_to_torch_fp32_on_this_process_cpus(tiny_dir)
                               f"packed layout: small matrices: eager steps (nothing to measure); {run.batch})")
     record = json.loads(json.dumps(run.to_dict()))  # what --json and the manifest record
     assert record["threads"] == run.threads.count and record["threads_reason"] == run.threads.reason
-    assert record["batch"] == {"tokens": 4096, "window_tokens": 16384, "window_rows": 1024,
+    assert record["batch"] == {"tokens": 4096, "window_tokens": 65536, "window_rows": 4096,  # P = 8: 48 B a token
                                "reason": run.batch.reason, "rows": None} and str(run.batch).startswith("batches of 4,096 tokens: ")
     assert "config" not in record and record["warning"] is None
     assert resolve_run(tiny_dir, precision="fp32").precision_reason == "asked for"
     assert resolve_run(tiny_dir, threads=3).threads.count == 3
+
+
+def test_a_cpus_sort_windows_hold_the_most_tokens_whose_vectors_fit_its_bound():
+    """A CPU's sort windows: the most tokens (a power of two from 16,384 to 65,536) whose vectors,
+    every layer in float32, fit 256 MiB; rows a sixteenth. Full size (12 KiB a token) keeps 16,384
+    (192 MiB); the shipped model's widths (3 KiB) take 65,536 (its job 1.23x faster than at
+    16,384: docs/performance.md); the batches stay 4,096 tokens."""
+    from inference.batching import cpu_budget
+
+    got = {(P, L): (b.tokens, b.window_tokens, b.window_rows)
+           for P, L in [(512, 2), (256, 2), (128, 2), (8, 2), (1024, 2), (512, 1)] for b in [cpu_budget(P, L)]}
+    assert got == {(512, 2): (4096, 16384, 1024), (256, 2): (4096, 32768, 2048), (128, 2): (4096, 65536, 4096),
+                   (8, 2): (4096, 65536, 4096), (1024, 2): (4096, 16384, 1024), (512, 1): (4096, 32768, 2048)}
+    shipped = resolve_run(ROOT / "models" / "default").batch
+    assert (shipped.window_tokens, shipped.window_rows) == (65536, 4096) and "65,536 tokens / 4,096 rows" in str(shipped)
+    assert (cpu_budget().window_tokens, cpu_budget().window_rows) == (16384, 1024)  # without a model: the least
 
 
 def test_a_gpu_runs_batches_sized_to_its_memory():
