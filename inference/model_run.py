@@ -274,7 +274,7 @@ def _batch_budget(device: str, config: ElmoConfig, remote: bool,
     data-centre card's budget, 40 GB); batches planned for the static rows where ``layout`` is rows."""
     ls = config.lstm
     if not device.startswith("cuda"):
-        return cpu_budget(ls.projection_dim, ls.n_layers)
+        return cpu_budget(ls.dim, ls.projection_dim, ls.n_layers)
     rows = RowShape().rows if layout is not None and layout.name == "rows" else None
     if remote:
         budget = gpu_budget(40 << 30, ls.dim, ls.projection_dim, ls.n_layers, "", rows)

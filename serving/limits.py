@@ -16,10 +16,11 @@ if TYPE_CHECKING:
     from inference.model_run import ModelRun
 
 
-# A model batch's padded tokens by default: the run's (``ModelRun.batch``). A CPU's 4,096 run ~100 ms
-# and more (requests arriving meanwhile batch anyway); a GPU's batch costs about the same from a few
-# sentences to ~1,000 (docs/gpu.md), so whatever waits in the queue joins the next batch.
-DEFAULT_BATCH = "the run's: 4096 on a CPU, sized to the GPU's memory on CUDA"
+# A model batch's padded tokens by default: the run's (``ModelRun.batch``). A CPU's (4,096 at full
+# size, up to 16,384 for narrower models) run ~100-400 ms (requests arriving meanwhile batch anyway);
+# a GPU's batch costs about the same from a few sentences to ~1,000 (docs/gpu.md), so whatever waits
+# in the queue joins the next batch.
+DEFAULT_BATCH = "the run's: on a CPU 4096 to 16384 by the model's width, sized to the GPU's memory on CUDA"
 
 
 @dataclass(frozen=True)

@@ -28,27 +28,29 @@ def test_a_model_directory_resolves_to_torch_fp32_on_this_process_cpus(tiny_dir)
                               f"packed layout: small matrices: eager steps (nothing to measure); {run.batch})")
     record = json.loads(json.dumps(run.to_dict()))  # what --json and the manifest record
     assert record["threads"] == run.threads.count and record["threads_reason"] == run.threads.reason
-    assert record["batch"] == {"tokens": 4096, "window_tokens": 65536, "window_rows": 4096,  # P = 8: 48 B a token
-                               "reason": run.batch.reason, "rows": None} and str(run.batch).startswith("batches of 4,096 tokens: ")
+    assert record["batch"] == {"tokens": 16384, "window_tokens": 65536, "window_rows": 4096,  # narrow: the most
+                               "reason": run.batch.reason, "rows": None} and str(run.batch).startswith("batches of 16,384 tokens: ")
     assert "config" not in record and record["warning"] is None
     assert resolve_run(tiny_dir, precision="fp32").precision_reason == "asked for"
     assert resolve_run(tiny_dir, threads=3).threads.count == 3
 
 
-def test_a_cpus_sort_windows_hold_the_most_tokens_whose_vectors_fit_its_bound():
-    """A CPU's sort windows: the most tokens (a power of two from 16,384 to 65,536) whose vectors,
-    every layer in float32, fit 256 MiB; rows a sixteenth. Full size (12 KiB a token) keeps 16,384
-    (192 MiB); the shipped model's widths (3 KiB) take 65,536 (its job 1.23x faster than at
-    16,384: docs/performance.md); the batches stay 4,096 tokens."""
+def test_a_cpus_batches_and_sort_windows_follow_the_models_widths():
+    """A CPU's batches: the most tokens (a power of two from 4,096 to 16,384) whose activations fit
+    512 MiB; its sort windows: the most (16,384 to 65,536) whose vectors, every layer in float32, fit
+    256 MiB, rows a sixteenth. Full size and the medium published size keep 4,096-token batches;
+    the shipped model's widths take 16,384 in windows of 65,536 (its job 1.29x faster than at 4,096
+    and 16,384: docs/performance.md)."""
     from inference.batching import cpu_budget
 
-    got = {(P, L): (b.tokens, b.window_tokens, b.window_rows)
-           for P, L in [(512, 2), (256, 2), (128, 2), (8, 2), (1024, 2), (512, 1)] for b in [cpu_budget(P, L)]}
-    assert got == {(512, 2): (4096, 16384, 1024), (256, 2): (4096, 32768, 2048), (128, 2): (4096, 65536, 4096),
-                   (8, 2): (4096, 65536, 4096), (1024, 2): (4096, 16384, 1024), (512, 1): (4096, 32768, 2048)}
+    got = {(C, P): (b.tokens, b.window_tokens, b.window_rows)
+           for C, P in [(4096, 512), (2048, 256), (1024, 128), (512, 128), (8, 512)] for b in [cpu_budget(C, P, 2)]}
+    assert got == {(4096, 512): (4096, 16384, 1024), (2048, 256): (4096, 32768, 2048),
+                   (1024, 128): (8192, 65536, 4096), (512, 128): (16384, 65536, 4096), (8, 512): (16384, 16384, 1024)}
     shipped = resolve_run(ROOT / "models" / "default").batch
-    assert (shipped.window_tokens, shipped.window_rows) == (65536, 4096) and "65,536 tokens / 4,096 rows" in str(shipped)
-    assert (cpu_budget().window_tokens, cpu_budget().window_rows) == (16384, 1024)  # without a model: the least
+    assert (shipped.tokens, shipped.window_tokens, shipped.window_rows) == (16384, 65536, 4096)
+    assert str(shipped).startswith("batches of 16,384 tokens: ") and "sort windows of 65,536 tokens / 4,096 rows" in str(shipped)
+    assert (cpu_budget().tokens, cpu_budget().window_tokens, cpu_budget().window_rows) == (4096, 16384, 1024)  # the least
 
 
 def test_a_gpu_runs_batches_sized_to_its_memory():

@@ -464,17 +464,16 @@ def test_the_run_line_and_manifest_report_the_batch_budget_asked_not_the_devices
     """--max-batch-tokens and the sort windows asked replace the device's in the run record the job
     reports (its line, the manifest's ``run.batch``), with the device's kept in the reason; the
     library's predictor reports the same; asking the device's own changes nothing."""
-    from inference.batching import CPU_BATCH_TOKENS
-
+    own = 16_384  # the tiny model's batches on a CPU (inference.batching.cpu_budget), in windows of 65,536 tokens
     assert main(["embed", "--text", str(corpus), "--out", str(tmp_path / "out"), "--model", str(tiny_dir),
                  "--max-batch-tokens", "300", "--sort-window-rows", "40"]) == 0
     line = capsys.readouterr().err
     assert "batches of 300 tokens: asked: 300 tokens a batch, 40 rows a sort window (the run's own: batches of " \
-           f"{CPU_BATCH_TOKENS:,} tokens: " in line
+           f"{own:,} tokens: " in line
     batch = read_record(tmp_path / "out" / "_manifest.parquet")["run"]["batch"]
-    assert (batch["tokens"], batch["window_tokens"], batch["window_rows"]) == (300, 65536, 40)  # the tiny model's own
-    predictor = ElmoPredictor(tiny_dir, {"max_tokens_per_batch": CPU_BATCH_TOKENS})
-    assert predictor.run.batch.tokens == CPU_BATCH_TOKENS and "asked" not in predictor.run.batch.reason
+    assert (batch["tokens"], batch["window_tokens"], batch["window_rows"]) == (300, 65536, 40)
+    predictor = ElmoPredictor(tiny_dir, {"max_tokens_per_batch": own})
+    assert predictor.run.batch.tokens == own and "asked" not in predictor.run.batch.reason
     assert ElmoPredictor(tiny_dir, {"max_tokens_per_batch": 512}).run.batch.tokens == 512
 
 

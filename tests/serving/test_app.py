@@ -158,7 +158,7 @@ def test_health_ready_info_and_metrics(server: ServerProcess):
     assert (info["dim"], info["layers"], info["backend"], info["device"]) == (D, L1, "torch", "cpu")
     assert info["limits"]["max_request_sentences"] == 8 and info["limits"]["max_wait_ms"] == 20
     assert info["limits"]["max_batch_tokens"] == info["run"]["batch"]["tokens"] == 400  # the budget asked, both
-    assert info["run"]["batch"]["reason"].startswith("asked: 400 tokens a batch (the run's own: batches of 4,096")
+    assert info["run"]["batch"]["reason"].startswith("asked: 400 tokens a batch (the run's own: batches of 16,384")
     _request(server.url, {"texts": ["one two three"]})
     text = httpx.get(f"{server.url}/metrics").text
     for name in ("elmo_requests_total", "elmo_queue_depth", "elmo_batch_sentences", "elmo_batch_tokens",

@@ -21,7 +21,8 @@ NO_KEY = "to serve without authentication on purpose, leave --api-key out (and E
     (["--replicas", "0"], "--replicas must be a positive integer (at most 2147483647), got 0"),
     (["--num-gpus-per-replica", "1e308"], "--num-gpus-per-replica must be a finite number in [0, 256] GPUs"),
     (["--max-batch-tokens", str(2**31)], "--max-batch-tokens must be a positive integer (at most 2147483647; "
-                                         "left out: the run's: 4096 on a CPU, sized to the GPU's memory on CUDA), "
+                                         "left out: the run's: on a CPU 4096 to 16384 by the model's width, sized "
+                                         "to the GPU's memory on CUDA), "
                                          "got 2147483648"),
     (["--max-batch-tokens", str(2**63)], "--max-batch-tokens must be a positive integer (at most 2147483647"),
     (["--max-connections", str(2**40)], "--max-connections must be an integer from 0 to 2147483647"),
