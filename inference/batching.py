@@ -89,7 +89,10 @@ GPU_BATCH_TOKENS = (4096, 1 << 18)  # the budget's bounds on a GPU
 # vectors (every layer, float32: the most a window holds) fit CPU_WINDOW_BYTES; rows a sixteenth of
 # that. Sorting more rows together gives batches of closer lengths, so more rows in each sequential
 # step: the shipped model's job ran 1.23x faster in windows of 65,536 tokens than of 16,384; full
-# size, whose window of 16,384 tokens already holds 192 MiB, 1.02x (docs/performance.md).
+# size, whose window of 16,384 tokens already holds 192 MiB, 1.02x (docs/performance.md). A window
+# holds at least CPU_WINDOW_BATCHES batches, so that sorting gives each batch close lengths (the tiny
+# host-benchmark model, narrow but full-width, in one batch a window: 0.91x).
+CPU_WINDOW_BATCHES = 4
 CPU_BATCH_TOKENS = (4096, 16_384)
 CPU_BATCH_BYTES = 512 << 20
 CPU_WINDOW_TOKENS = (16_384, 65_536)
@@ -138,13 +141,13 @@ def cpu_budget(lstm_dim: int | None = None, projection_dim: int | None = None, n
     (low, high), (w_low, w_high) = CPU_BATCH_TOKENS, CPU_WINDOW_TOKENS
     if lstm_dim is None or projection_dim is None:
         return BatchBudget(low, w_low, w_low // 16, "a CPU's")
-    per_token = activation_bytes(lstm_dim, projection_dim, n_layers)
-    tokens = _power_of_two_within(CPU_BATCH_BYTES // per_token, low, high)
     vectors = 4 * (n_layers + 1) * 2 * projection_dim  # bytes a token: every layer's vector in float32
     window = _power_of_two_within(CPU_WINDOW_BYTES // vectors, w_low, w_high)
+    per_token = activation_bytes(lstm_dim, projection_dim, n_layers)
+    tokens = _power_of_two_within(min(CPU_BATCH_BYTES // per_token, window // CPU_WINDOW_BATCHES), low, high)
     return BatchBudget(tokens, window, window // 16,
                        f"a CPU's: the most up to {high:,} tokens whose activations fit {CPU_BATCH_BYTES >> 20} MiB "
-                       f"({_size(per_token)} a token), in sort windows of {window:,} tokens / {window // 16:,} rows, "
+                       f"({_size(per_token)} a token), {CPU_WINDOW_BATCHES} or more to a window; sort windows of {window:,} tokens / {window // 16:,} rows, "
                        f"the most up to {w_high:,} whose vectors fit {CPU_WINDOW_BYTES >> 20} MiB ({_size(vectors)} "
                        f"a token, every layer in float32)")
 
