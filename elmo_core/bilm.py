@@ -149,7 +149,8 @@ class BiLM(nn.Module):
         """
         B, T, P = tokens.shape
         encoder = self.encoder
-        bos, eos = fast.encode(encoder.boundary_ids) if fast is not None else encoder.boundary_embeddings()  # (P,), (P,)
+        # (P,), (P,)
+        bos, eos = fast.encode(encoder.boundary_ids) if fast is not None else encoder.boundary_embeddings()
         pos = torch.arange(T + 2, device=tokens.device)  # (T+2,)
         is_eos = (pos[None, :] == (lengths + 1)[:, None]).to(tokens.dtype)  # (B, T+2)
         x = torch.cat([bos.expand(B, 1, P), tokens, tokens.new_zeros(B, 1, P)], dim=1)  # (B, T+2, P)
@@ -213,7 +214,8 @@ class BiLM(nn.Module):
 
 def _stacked_layers(x: torch.Tensor, lstm_layers: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
     """Layer 0 (each token twice) and the LSTM's layers in one tensor, zero where ``mask`` is False:
-    one stack and one multiply in place (layer 0 also its one concatenation). Shape: x (B, T, P), L x (B, T, 2P), mask (B, T) -> (B, L+1, T, 2P)."""
+    one stack and one multiply in place (layer 0 also its one concatenation).
+    Shape: x (B, T, P), L x (B, T, 2P), mask (B, T) -> (B, L+1, T, 2P)."""
     layers = torch.stack([torch.cat([x, x], dim=-1), *lstm_layers], dim=1)  # (B, L+1, T, 2P)
     return layers.mul_(mask[:, None, :, None].to(x.dtype))
 

@@ -93,6 +93,7 @@ GPU_BATCH_TOKENS = (4096, 1 << 18)  # the budget's bounds on a GPU
 # holds at least CPU_WINDOW_BATCHES batches, so that sorting gives each batch close lengths (the tiny
 # host-benchmark model, narrow but full-width, in one batch a window: 0.91x).
 CPU_WINDOW_BATCHES = 4
+WINDOW_TOKENS_A_ROW = 16  # a sort window's rows: its tokens over this, on every device
 CPU_BATCH_TOKENS = (4096, 16_384)
 CPU_BATCH_BYTES = 512 << 20
 CPU_WINDOW_TOKENS = (16_384, 65_536)
@@ -140,19 +141,21 @@ def cpu_budget(lstm_dim: int | None = None, projection_dim: int | None = None, n
     without them, its least."""
     (low, high), (w_low, w_high) = CPU_BATCH_TOKENS, CPU_WINDOW_TOKENS
     if lstm_dim is None or projection_dim is None:
-        return BatchBudget(low, w_low, w_low // 16, "a CPU's")
+        return BatchBudget(low, w_low, w_low // WINDOW_TOKENS_A_ROW, "a CPU's")
     vectors = 4 * (n_layers + 1) * 2 * projection_dim  # bytes a token: every layer's vector in float32
     window = _power_of_two_within(CPU_WINDOW_BYTES // vectors, w_low, w_high)
     per_token = activation_bytes(lstm_dim, projection_dim, n_layers)
     tokens = _power_of_two_within(min(CPU_BATCH_BYTES // per_token, window // CPU_WINDOW_BATCHES), low, high)
-    return BatchBudget(tokens, window, window // 16,
+    rows = window // WINDOW_TOKENS_A_ROW
+    return BatchBudget(tokens, window, rows,
                        f"a CPU's: the most up to {high:,} tokens whose activations fit {CPU_BATCH_BYTES >> 20} MiB "
-                       f"({_size(per_token)} a token), {CPU_WINDOW_BATCHES} or more to a window; sort windows of {window:,} tokens / {window // 16:,} rows, "
-                       f"the most up to {w_high:,} whose vectors fit {CPU_WINDOW_BYTES >> 20} MiB ({_size(vectors)} "
-                       f"a token, every layer in float32)")
+                       f"({_size(per_token)} a token), {CPU_WINDOW_BATCHES} or more to a window; sort windows of "
+                       f"{window:,} tokens / {rows:,} rows, the most up to {w_high:,} whose vectors fit "
+                       f"{CPU_WINDOW_BYTES >> 20} MiB ({_size(vectors)} a token, every layer in float32)")
 
 
 def _size(n: int) -> str:
+    """Bytes as the run line writes them: KiB from 1,024 up."""
     return f"{n / 1024:.0f} KiB" if n >= 1024 else f"{n} B"
 
 
@@ -176,7 +179,7 @@ def gpu_budget(memory_bytes: int, lstm_dim: int, projection_dim: int, n_layers: 
     tokens = _power_of_two_within(memory_bytes // GPU_MEMORY_SHARE // per_token, *GPU_BATCH_TOKENS)
     why = (f"{name}'s {memory_bytes / 2**30:.0f} GiB, a quarter for a batch's activations "
            f"({per_token / 1024:.0f} KiB a token)")
-    return BatchBudget(tokens, 8 * tokens, 8 * tokens // 16, why, rows)
+    return BatchBudget(tokens, 8 * tokens, 8 * tokens // WINDOW_TOKENS_A_ROW, why, rows)
 
 
 @dataclass(frozen=True)

@@ -59,10 +59,12 @@ class EmbedOptions:
     max_tokens_per_batch: int | None = setting(None, None, "running", meaning="max_batch_tokens",
                                                runtime_only=True)  # None: the run's (``ModelRun.batch``)
     sort_window_rows: int | None = setting(None, "rows sorted by length together before batching (then restored to "
-                                           "input order; default: the run's, a sixteenth of its sort window tokens)", "running",
+                                           "input order; default: the run's, a sixteenth of its sort window "
+                                           "tokens)", "running",
                                            runtime_only=True)
     sort_window_tokens: int | None = setting(None, "at most this many tokens in one sort window (bounds memory; local "
-                                             "engine; default: the run's, on a CPU 16384 to 65536 by the model's width, 8 batches on a GPU)",
+                                             "engine; default: the run's, on a CPU 16384 to 65536 by the model's "
+                                             "width, 8 batches on a GPU)",
                                              "running", runtime_only=True, parquet_only=True)
     workers: int = setting(1, "--engine ray: copies of the model, each an actor taking shards", "running",
                            meaning="replicas", runtime_only=True)
