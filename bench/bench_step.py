@@ -17,6 +17,7 @@ Full-size published widths by default (``--model``: another model directory's).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -92,7 +93,7 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--model", type=Path, help="a model directory whose widths are timed (default: full size)")
     a = ap.parse_args()
-    config = ElmoConfig.from_json((a.model / "options.json").read_text()) if a.model else ElmoConfig.from_dict(FULL_SIZE)
+    config = ElmoConfig.from_dict(json.loads((a.model / "options.json").read_text()) if a.model else FULL_SIZE)
     P, C = config.lstm.projection_dim, config.lstm.dim
     torch.set_num_threads(1)
     flags = sorted(f for f in cpu_flags() if f.startswith(("amx", "avx512_bf16", "avx512f")))
