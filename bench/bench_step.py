@@ -59,9 +59,12 @@ def floor_cell(gx: torch.Tensor, r: torch.Tensor, c: torch.Tensor, keep: None, c
     return (o * c_new).to(m_dtype)
 
 
-def step_parts(precision: str, rows: int, P: int, C: int, turns: int) -> dict[str, float]:
-    """Milliseconds of each part of one direction's step at ``rows`` rows."""
-    low, kernels, clip = Precision.of(precision).torch, FusedCell.compiled(), clip_tensor(3.0, "cpu")
+def step_parts(precision: str, rows: int, config: ElmoConfig, turns: int) -> tuple[dict[str, float], float]:
+    """Milliseconds of each part of one direction's step at ``rows`` rows, and of the cell kernel's
+    memory floor (``floor_cell``) on the same tensors."""
+    P, C = config.lstm.projection_dim, config.lstm.dim
+    low, kernels = Precision.of(precision).torch, FusedCell.compiled()
+    cell_clip, proj_clip = clip_tensor(config.lstm.cell_clip, "cpu"), clip_tensor(config.lstm.proj_clip, "cpu")
     w_s = PackedLinear((torch.randn(P, 4 * C) / P ** 0.5).to(low), rows)
     w_p = PackedLinear((torch.randn(C, P) / C ** 0.5).to(low), rows)
     w_in = PackedLinear((torch.randn(P, 4 * C) / P ** 0.5).to(low), INPUT_CHUNK_ROWS)
@@ -69,26 +72,20 @@ def step_parts(precision: str, rows: int, P: int, C: int, turns: int) -> dict[st
     gx, r = torch.randn(1, rows, 4 * C).to(low), torch.randn(1, rows, 4 * C).to(low)  # (1, n, 4C)
     c, m = torch.zeros(1, rows, C), torch.randn(rows, C).to(low)  # (1, n, C), (n, C)
     h_raw, out, h_next = torch.randn(1, rows, P).to(low), torch.empty(1, rows, P), torch.empty(1, rows, P, dtype=low)
-    return {
+    parts = {
         "input part": best_ms(lambda: w_in(x, bias), turns) * rows / INPUT_CHUNK_ROWS,
         "recurrent product": best_ms(lambda: w_s(h), turns),
-        "cell": best_ms(lambda: kernels.cell(gx, r, c, None, clip, low), turns),
+        "cell": best_ms(lambda: kernels.cell(gx, r, c, None, cell_clip, low), turns),
         "projection": best_ms(lambda: w_p(m), turns),
-        "store": best_ms(lambda: kernels.store(h_raw, out, h_next, None, clip), turns),
+        "store": best_ms(lambda: kernels.store(h_raw, out, h_next, None, proj_clip), turns),
     }
+    return parts, best_ms(lambda: compiled_floor()(gx, r, c, None, cell_clip, low), turns)
 
 
 @functools.cache
 def compiled_floor() -> Callable[..., torch.Tensor]:
     """``floor_cell`` compiled as the engine's kernels are (``compile_kernel``), once."""
     return compile_kernel(floor_cell)
-
-
-def cell_floor(precision: str, rows: int, C: int, turns: int) -> float:
-    """The cell kernel's memory floor (``floor_cell``) in milliseconds at ``rows`` rows."""
-    low, clip = Precision.of(precision).torch, clip_tensor(3.0, "cpu")
-    gx, r, c = torch.randn(1, rows, 4 * C).to(low), torch.randn(1, rows, 4 * C).to(low), torch.zeros(1, rows, C)
-    return best_ms(lambda: compiled_floor()(gx, r, c, None, clip, low), turns)
 
 
 def main() -> None:
@@ -99,23 +96,23 @@ def main() -> None:
     ap.add_argument("--model", type=Path, help="a model directory whose widths are timed (default: full size)")
     a = ap.parse_args()
     config = ElmoConfig.from_dict(json.loads((a.model / "options.json").read_text()) if a.model else FULL_SIZE)
-    P, C = config.lstm.projection_dim, config.lstm.dim
     torch.set_num_threads(1)
     flags = sorted(f for f in cpu_flags() if f.startswith(("amx", "avx512_bf16", "avx512f")))
-    print(f"one direction's step, P={P}, C={C}, one thread; CPU flags: {' '.join(flags)}")
+    print(f"one direction's step, P={config.lstm.projection_dim}, C={config.lstm.dim}, one thread; "
+          f"CPU flags: {' '.join(flags)}")
     precisions = [p for p in a.precisions.split(",") if p]
     for rows in (int(n) for n in a.rows.split(",")):
         totals, cells = {}, {}
         for p in precisions:
-            parts = step_parts(p, rows, P, C, a.turns)
-            totals[p], cells[p] = sum(parts.values()), parts["cell"]
+            parts, floor = step_parts(p, rows, config, a.turns)
+            totals[p], cells[p] = sum(parts.values()), (parts["cell"], floor)
             shares = ", ".join(f"{k} {v:.2f} ms ({v / totals[p]:.0%})" for k, v in parts.items())
             print(f"{p} {rows} rows: {totals[p]:.2f} ms a step = {totals[p] / rows * 1e3:.1f} us a row; {shares}")
         for p in precisions[1:]:
             print(f"{p} {rows} rows: {totals[precisions[0]] / totals[p]:.2f}x {precisions[0]}'s step")
-        for p in precisions:
-            floor = cell_floor(p, rows, C, a.turns)
-            print(f"{p} {rows} rows: cell kernel {cells[p]:.2f} ms, its memory floor {floor:.2f} ms ({cells[p] / floor:.1f}x)")
+        for p, (kernel, floor) in cells.items():
+            print(f"{p} {rows} rows: cell kernel {kernel:.2f} ms, its memory floor {floor:.2f} ms ({kernel / floor:.1f}x)")
+
 
 if __name__ == "__main__":
     main()
