@@ -34,7 +34,7 @@ from elmo_core.fused_cell import FusedCell
 from elmo_core.init import init_bilm
 from elmo_core.lstm import Packing
 from corpora.sample import write_sample_corpus
-from inference.batching import BatchBudget, cpu_budget, gpu_budget, plan_batches
+from inference.batching import BatchBudget, cpu_batch_budget, gpu_budget, plan_batches
 from inference import fast_lstm
 from inference.fast_lstm import FastLstm, lstm_step_inplace
 from inference.fused_lstm import FusedLstm
@@ -233,7 +233,7 @@ def report(options: dict, rows: int = 20_000, before_tree: Path | None = None) -
     with tempfile.TemporaryDirectory(prefix="gpu_proxy_") as work:
         corpus = Path(work) / "corpus"
         write_sample_corpus(corpus, rows=rows, files=1, row_group_rows=5000)
-        pads = padded_fractions(corpus, cpu_budget(), cuda_defaults(options), step_rows=128)
+        pads = padded_fractions(corpus, cpu_batch_budget(), cuda_defaults(options), step_rows=128)
     old, new = pads["before"], pads["after"]
     waits = {"after": count_in_tree(ROOT, options)}
     if before_tree is not None:

@@ -104,7 +104,7 @@ ASKED = {"tokens": "tokens a batch", "window_tokens": "tokens a sort window", "w
 @dataclass(frozen=True)
 class BatchBudget:
     """How many tokens a run's model batches and sort windows hold, and why: settled once per run
-    from its device (``inference.model_run.resolve_run``; ``gpu_budget``, ``cpu_budget``).
+    from its device (``inference.model_run.resolve_run``; ``gpu_budget``, ``cpu_batch_budget``).
     ``tokens``: padded tokens (rows x longest row) per backend call; ``window_tokens`` and
     ``window_rows``: what ``elmo embed`` sorts by length together (each window several batches, so
     that sorting leaves little padding)."""
@@ -136,7 +136,7 @@ class BatchBudget:
         return f"batches of {self.tokens:,} tokens{rows}: {self.reason}"
 
 
-def cpu_budget(lstm_dim: int | None = None, projection_dim: int | None = None, n_layers: int = 2) -> BatchBudget:
+def cpu_batch_budget(lstm_dim: int | None = None, projection_dim: int | None = None, n_layers: int = 2) -> BatchBudget:
     """A CPU's budget for a model of these widths (``CPU_BATCH_TOKENS``, ``CPU_WINDOW_TOKENS``);
     without them, its least."""
     (low, high), (w_low, w_high) = CPU_BATCH_TOKENS, CPU_WINDOW_TOKENS

@@ -24,7 +24,7 @@ from storage.locations import is_uri
 from runtime import CpuBudget, process_cpu_budget, threads_for
 
 from .backends import Backend
-from .batching import BatchBudget, cpu_budget, gpu_budget
+from .batching import BatchBudget, cpu_batch_budget, gpu_budget
 from .errors import ModelChangedError
 from .fast_lstm import packed_products
 from .layout import Layout, layout_record, resolve_layout
@@ -69,7 +69,7 @@ class ModelRun:
     source: str | None = None
     warning: SlowPrecision | None = None  # a command prints it once (and refuses a scalar one)
     layout: Layout | None = None  # how torch runs the recurrence (``inference.layout``); None for an export
-    batch: BatchBudget = field(default_factory=cpu_budget)  # its batches' and sort windows' tokens, and why
+    batch: BatchBudget = field(default_factory=cpu_batch_budget)  # its batches' and sort windows' tokens, and why
     pin: dict | None = field(default=None, repr=False)  # the identity its files must have where it opens (a job's)
     device_checked: bool = field(default=True, repr=False)  # False: a cluster's replica checks it as it opens
 
@@ -274,7 +274,7 @@ def _batch_budget(device: str, config: ElmoConfig, remote: bool,
     data-centre card's budget, 40 GB); batches planned for the static rows where ``layout`` is rows."""
     ls = config.lstm
     if not device.startswith("cuda"):
-        return cpu_budget(ls.dim, ls.projection_dim, ls.n_layers)
+        return cpu_batch_budget(ls.dim, ls.projection_dim, ls.n_layers)
     rows = RowShape().rows if layout is not None and layout.name == "rows" else None
     if remote:
         budget = gpu_budget(40 << 30, ls.dim, ls.projection_dim, ls.n_layers, "", rows)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from elmo_core.errors import InputError
 from export.text_parity import SAMPLE_SENTENCES
-from inference.batching import cpu_budget
+from inference.batching import cpu_batch_budget
 
 from .hdf5_output import is_text_input, parquet_sentences, text_sentences
 from .options import EmbedOptions
@@ -22,7 +22,7 @@ def calibration_sample(spec: str | Path, text_column: str = "text", tokens_colum
         found = (tokens for _, tokens, _ in text_sentences(Path(spec)))
     else:
         opts = EmbedOptions(text_column=text_column, tokens_column=tokens_column,
-                            sort_window_rows=cpu_budget().window_rows)  # read as a CPU job reads
+                            sort_window_rows=cpu_batch_budget().window_rows)  # read as a CPU job reads
         found = (tokens for _, tokens, _ in parquet_sentences(spec, opts, {"invalid_utf8": 0}))
     sentences = list(itertools.islice((t for t in found if t), rows))
     return sentences, f"the first {len(sentences)} rows of {spec}"

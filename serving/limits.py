@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from elmo_core.bounds import check_count, check_gpus, check_number, setting
 from elmo_core.errors import SettingError
-from inference.batching import BatchPolicy, cpu_budget
+from inference.batching import BatchPolicy, cpu_batch_budget
 
 if TYPE_CHECKING:
     from inference.model_run import ModelRun
@@ -63,7 +63,7 @@ class ServeLimits:
     @property
     def batch_tokens(self) -> int:
         """``max_batch_tokens``, a CPU's where no run filled it in."""
-        return self.max_batch_tokens if self.max_batch_tokens is not None else cpu_budget().tokens
+        return self.max_batch_tokens if self.max_batch_tokens is not None else cpu_batch_budget().tokens
 
     @property
     def batch_policy(self) -> BatchPolicy:

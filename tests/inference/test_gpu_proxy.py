@@ -62,12 +62,12 @@ def test_padding_at_the_cuda_defaults_is_the_engines_own(tmp_path):
     sys.path.insert(0, str(ROOT / "bench"))
     from gpu_proxy import cuda_defaults, padded_fractions
     from corpora.sample import write_sample_corpus
-    from inference.batching import cpu_budget
+    from inference.batching import cpu_batch_budget
 
     write_sample_corpus(tmp_path, rows=20_000, files=1, row_group_rows=5000)
     after = cuda_defaults({"lstm": {"dim": 4096, "projection_dim": 512, "n_layers": 2}})
     assert after.tokens == 131072 and after.window_tokens == 8 * 131072
-    pads = padded_fractions(tmp_path, cpu_budget(), after, step_rows=128)
+    pads = padded_fractions(tmp_path, cpu_batch_budget(), after, step_rows=128)
     assert pads["before"]["padded"] > 0.3, pads
     assert pads["after"]["padded"] <= 0.05, pads
     assert pads["after"]["steps_per_1M"] < pads["before"]["steps_per_1M"] / 8, pads

@@ -42,16 +42,16 @@ def test_a_cpus_batches_and_sort_windows_follow_the_models_widths():
     model of full-width output (the host benchmark's) keep 4,096-token batches;
     the shipped model's widths take 16,384 in windows of 65,536 (its job 1.29x faster than at 4,096
     and 16,384: docs/performance.md)."""
-    from inference.batching import cpu_budget
+    from inference.batching import cpu_batch_budget
 
     got = {(C, P): (b.tokens, b.window_tokens, b.window_rows)
-           for C, P in [(4096, 512), (2048, 256), (1024, 128), (512, 128), (8, 512)] for b in [cpu_budget(C, P, 2)]}
+           for C, P in [(4096, 512), (2048, 256), (1024, 128), (512, 128), (8, 512)] for b in [cpu_batch_budget(C, P, 2)]}
     assert got == {(4096, 512): (4096, 16384, 1024), (2048, 256): (4096, 32768, 2048),
                    (1024, 128): (8192, 65536, 4096), (512, 128): (16384, 65536, 4096), (8, 512): (4096, 16384, 1024)}
     shipped = resolve_run(ROOT / "models" / "default").batch
     assert (shipped.tokens, shipped.window_tokens, shipped.window_rows) == (16384, 65536, 4096)
     assert str(shipped).startswith("batches of 16,384 tokens: ") and "sort windows of 65,536 tokens / 4,096 rows" in str(shipped)
-    assert (cpu_budget().tokens, cpu_budget().window_tokens, cpu_budget().window_rows) == (4096, 16384, 1024)  # the least
+    assert (cpu_batch_budget().tokens, cpu_batch_budget().window_tokens, cpu_batch_budget().window_rows) == (4096, 16384, 1024)  # the least
 
 
 def test_a_gpu_runs_batches_sized_to_its_memory():

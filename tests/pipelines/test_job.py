@@ -464,7 +464,7 @@ def test_the_run_line_and_manifest_report_the_batch_budget_asked_not_the_devices
     """--max-batch-tokens and the sort windows asked replace the device's in the run record the job
     reports (its line, the manifest's ``run.batch``), with the device's kept in the reason; the
     library's predictor reports the same; asking the device's own changes nothing."""
-    own = 16_384  # the tiny model's batches on a CPU (inference.batching.cpu_budget), in windows of 65,536 tokens
+    own = 16_384  # the tiny model's batches on a CPU (inference.batching.cpu_batch_budget), in windows of 65,536 tokens
     assert main(["embed", "--text", str(corpus), "--out", str(tmp_path / "out"), "--model", str(tiny_dir),
                  "--max-batch-tokens", "300", "--sort-window-rows", "40"]) == 0
     line = capsys.readouterr().err

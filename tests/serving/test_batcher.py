@@ -203,7 +203,7 @@ def test_a_gpu_server_batches_as_a_gpu_job_does(tiny_dir):
     run = resolve_run(tiny_dir)
     gpu = replace(run, device="cuda:1", batch=gpu_budget(80 << 30, 4096, 512, 2, "an 80 GB card"))
     assert ServeLimits().batch_policy.max_tokens_per_batch == 4096  # no run: a CPU's least
-    assert run.batch.tokens == 16384  # the tiny model's on a CPU: narrow (inference.batching.cpu_budget)
+    assert run.batch.tokens == 16384  # the tiny model's on a CPU: narrow (inference.batching.cpu_batch_budget)
     assert ServeLimits().on_run(gpu).batch_policy.max_tokens_per_batch == 131072
     assert ServeLimits().on_run(run).as_dict()["max_batch_tokens"] == 16384
     assert ServeLimits(max_batch_tokens=8192).on_run(gpu).max_batch_tokens == 8192  # given: kept
