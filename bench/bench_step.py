@@ -20,14 +20,13 @@ import argparse
 import functools
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_bilm import FULL_SIZE  # noqa: E402
+from bench_bilm import FULL_SIZE, best_seconds  # noqa: E402
 import torch  # noqa: E402
 from elmo_core import ElmoConfig  # noqa: E402
 from elmo_core.fused_cell import FusedCell, clip_tensor, compile_kernel  # noqa: E402
@@ -38,14 +37,8 @@ from inference.precision import cpu_flags  # noqa: E402
 
 
 def best_ms(fn: Callable[[], object], turns: int, reps: int = 5) -> float:
-    fn()  # warm-up: oneDNN's primitive, the kernel's compiled variant
-    best = float("inf")
-    for _ in range(turns):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / reps)
-    return best * 1e3
+    """Milliseconds a call of ``fn`` takes (``bench_bilm.best_seconds``)."""
+    return best_seconds(fn, turns, reps) * 1e3
 
 
 def floor_cell(gx: torch.Tensor, r: torch.Tensor, c: torch.Tensor, keep: None, cell_clip: torch.Tensor,

@@ -51,7 +51,8 @@ def test_a_cpus_batches_and_sort_windows_follow_the_models_widths():
     shipped = resolve_run(ROOT / "models" / "default").batch
     assert (shipped.tokens, shipped.window_tokens, shipped.window_rows) == (16384, 65536, 4096)
     assert str(shipped).startswith("batches of 16,384 tokens: ") and "sort windows of 65,536 tokens / 4,096 rows" in str(shipped)
-    assert (cpu_batch_budget().tokens, cpu_batch_budget().window_tokens, cpu_batch_budget().window_rows) == (4096, 16384, 1024)  # the least
+    least = cpu_batch_budget()
+    assert (least.tokens, least.window_tokens, least.window_rows) == (4096, 16384, 1024)
 
 
 def test_a_gpu_runs_batches_sized_to_its_memory():
