@@ -39,12 +39,12 @@ def main() -> None:
     layout.SAMPLE_SENTENCES, layout.SAMPLE_LENGTHS, layout.SAMPLE_TURNS = a.sentences, (low, high), a.turns
     config = ElmoConfig.from_dict(json.loads((a.model / "options.json").read_text()) if a.model else FULL_SIZE)
     found = {p: layout.measure_layouts(config, p, a.threads) for p in a.precisions.split(",") if p}
-    base = found.get("fp32", {}).get("packed")
-    for p, tps in found.items():
+    base = found.get("fp32", ({}, 0.0))[0].get("packed")
+    for p, (tps, warmup) in found.items():
         cells = [f"{name} {v:,.0f} ({v / tps['packed']:.2f}x packed"
                  + (f", {v / base:.2f}x fp32 packed)" if base else ")") for name, v in tps.items()]
-        chosen = layout.choose(tps)
-        print(f"{p}: {'; '.join(cells)} -> auto takes {chosen.name}"
+        chosen = layout.choose(tps, warmup)
+        print(f"{p}: {'; '.join(cells)}; a compiled layout's warm-up {warmup:.1f} s -> auto takes {chosen.name}"
               + (f" (at most {chosen.rows} rows a step)" if chosen.rows else "")
               + (" (every product on packed oneDNN weights)" if chosen.onednn else ""), flush=True)
 

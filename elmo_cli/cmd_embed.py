@@ -57,11 +57,11 @@ def run_embed(args: argparse.Namespace) -> int:
     settings = RunSettings(**field_values(RunSettings, args), precision=args.precision, layout=args.layout)
     from pipelines.claim_first import RunMaker
 
-    def resolve(flags):  # backend, precision (auto; on-demand export), threads: once OUTPUT_DIR and the inputs are checked
-        from inference.model_run import resolve_run  # the model code: loaded once the inputs are checked
+    def resolve(flags, tokens):  # backend, precision (auto; on-demand export), threads, layout: once OUTPUT_DIR
+        from inference.model_run import resolve_run  # and the inputs are checked; the model code loads then
 
         return checked(args, resolve_run(args.model, settings, job=True, remote=opts.engine != "local",
-                                         exporter=exporter(args), flags=flags))
+                                         exporter=exporter(args), flags=flags, expected_tokens=tokens))
 
     maker = RunMaker(args.model, settings, resolve)  # an existing OUTPUT_DIR is judged before the model loads
     if args.format == "hdf5":

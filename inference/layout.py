@@ -23,17 +23,21 @@ the time) and kept in the cache (``layouts.json`` under ``storage.locations.cach
 ``LAYOUTS_CODE`` too: figures of another version of this code are measured again). The faster
 of the two eager ones (``packed``, ``packed`` on oneDNN) is the base; a compiled layout (``fused``,
 ``rows``) is taken only when it is ``FUSED_MARGIN`` faster than that base: never slower than
-``packed`` (the fixed default it replaces) by more than noise, and worth the warm-up every process
-pays for its compiled kernels (4-5 s for the shipped model on a Zen 5: docs/performance.md). A
-model whose recurrent matrices are below ``MEASURED_MIN_WEIGHTS`` takes ``packed`` unmeasured (its
-steps are too small for any to matter, and compiling would cost more than it saves).
+``packed`` (the fixed default it replaces) by more than noise. Every process that runs a compiled
+layout first pays its kernels' warm-up (importing the compiler, tracing and loading each kernel's
+variants: 8-13 s for the full-size model on an AMX Xeon, docs/performance.md), measured with the
+layouts (``warmup_s``): a job whose expected tokens (``pipelines``: its inputs' text) the saving
+per token would not repay it on keeps the eager base (``choose``); a run with no end in sight (a
+server, an ``Embedder``) takes the faster. A model whose recurrent matrices are below
+``MEASURED_MIN_WEIGHTS`` takes ``packed`` unmeasured (its steps are too small for any to matter,
+and compiling would cost more than it saves).
 """
 from __future__ import annotations
 
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -71,7 +75,7 @@ SAMPLE_SENTENCES, SAMPLE_LENGTHS, SAMPLE_TURNS = 128, (10, 14), 3
 # The layouts' figures depend on this code as much as on the CPU (how a step splits its work, which
 # products run where): part of the cache's key, raised with any change that moves them, so figures
 # measured by another version of the code are measured again.
-LAYOUTS_CODE = 5
+LAYOUTS_CODE = 6
 
 
 @dataclass(frozen=True)
@@ -106,8 +110,10 @@ def check_layout(layout: str) -> str:
 
 
 def resolve_layout(layout: str | None, device: str, precision: str, config: ElmoConfig, threads: int,
-                   measure: Callable[[ElmoConfig, str, int], dict[str, float]] | None = None) -> Layout:
-    """The layout that runs and why (``layout`` None or ``auto``: the module doc's rule)."""
+                   measure: Callable[[ElmoConfig, str, int], tuple[dict[str, float], float]] | None = None,
+                   tokens: int | None = None) -> Layout:
+    """The layout that runs and why (``layout`` None or ``auto``: the module doc's rule); ``tokens``:
+    a job's expected tokens, which a compiled layout's warm-up must repay (None: no end in sight)."""
     if layout not in (None, "auto"):
         return Layout(check_layout(layout), "asked for")
     if device.startswith("cuda"):
@@ -120,17 +126,26 @@ def resolve_layout(layout: str | None, device: str, precision: str, config: Elmo
           f"{', directions on threads of their own' if split(threads) else ''}"
     cache = cache_root() / "layouts.json"
     known = _read(cache).get(key)
-    if not (isinstance(known, dict) and set(known) == set(candidates(config))
-            and all(isinstance(v, (int, float)) for v in known.values())):
+    if not _complete(known, candidates(config)):
         print(f"measuring the recurrence's layouts ({', '.join(candidates(config))}) once for {key} ...",
               file=sys.stderr, flush=True)
-        known = (measure or measure_layouts)(config, precision, threads)
+        rates, warmup = (measure or measure_layouts)(config, precision, threads)
+        known = {"tokens_per_s": rates, "warmup_s": warmup}
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(cache, {**_read(cache), key: known}, indent=1)
         except OSError as e:  # a read-only or full cache: the figures hold for this process only
             print(f"layouts: not kept in {cache} ({e.strerror or e})", file=sys.stderr, flush=True)
-    return choose(known)
+    return choose(known["tokens_per_s"], known["warmup_s"], tokens)
+
+
+def _complete(known: object, names: list[str]) -> bool:
+    """A cache entry with a figure for each of ``names`` and the warm-up: else measured again."""
+    if not (isinstance(known, dict) and isinstance(known.get("tokens_per_s"), dict)
+            and isinstance(known.get("warmup_s"), (int, float))):
+        return False
+    rates = known["tokens_per_s"]
+    return set(rates) == set(names) and all(isinstance(v, (int, float)) for v in rates.values())
 
 
 ONEDNN = "packed onednn"  # the measured name of ``packed`` with every product on packed oneDNN weights
@@ -144,10 +159,10 @@ def candidates(config: ElmoConfig) -> list[str]:
     return ["packed", *onednn, "fused", *(f"rows {r}" for r in CPU_ROW_COUNTS)]
 
 
-def choose(tokens_per_s: dict[str, float]) -> Layout:
+def choose(tokens_per_s: dict[str, float], warmup_s: float = 0.0, tokens: int | None = None) -> Layout:
     """The faster eager layout (``packed``, or on oneDNN products where it measured faster), unless a
-    compiled one measured ``FUSED_MARGIN`` faster than it: a key ``rows N`` is the ``rows`` layout at
-    most N rows a step."""
+    compiled one measured ``FUSED_MARGIN`` faster than it and, for a job of ``tokens``, saves more
+    than its ``warmup_s`` over them: a key ``rows N`` is the ``rows`` layout at most N rows a step."""
     figures = ", ".join(f"{name} {tps:,.0f}" for name, tps in tokens_per_s.items())
     figures = f"{figures} tokens/s of the recurrence, measured on this CPU"
     # the faster eager one; a tie keeps plain packed (listed first in EAGER: max takes the first)
@@ -157,6 +172,11 @@ def choose(tokens_per_s: dict[str, float]) -> Layout:
     if best in EAGER or not tokens_per_s[best] > 0 or tokens_per_s[best] < FUSED_MARGIN * floor:
         return eager
     name, _, rows = best.partition(" ")
+    repaid = warmup_s / (1 / floor - 1 / tokens_per_s[best]) if floor > 0 else 0.0  # tokens whose saved time repays it
+    if tokens is not None and tokens < repaid:
+        why = f"; {best}'s warm-up (~{warmup_s:.0f} s a process) is repaid after ~{repaid:,.0f} tokens, this job " \
+              f"has ~{tokens:,}"
+        return replace(eager, reason=figures + why)
     return Layout(name, figures, int(rows) if rows else None)
 
 
@@ -183,10 +203,12 @@ def recurrence_sample(config: ElmoConfig, sentences: int, tokens: tuple[int, int
     return x, lengths, weights, float((lengths - 2).sum())
 
 
-def measure_layouts(config: ElmoConfig, precision: str, threads: int) -> dict[str, float]:
+def measure_layouts(config: ElmoConfig, precision: str, threads: int) -> tuple[dict[str, float], float]:
     """Tokens/s of the recurrence (every layer, both directions, mixed) under each of ``candidates``,
     in turns, best of ``SAMPLE_TURNS``; a layout that fails to build (no C++ compiler for the
-    compiled kernels) measures 0."""
+    compiled kernels) measures 0. And a compiled layout's warm-up in seconds: the most a compiled
+    one's first run took beyond its best (the first of them imports the compiler and compiles the
+    kernels the others share: what a process running any one of them pays)."""
     from elmo_core import BiLM
     from elmo_core.init import init_bilm
 
@@ -196,15 +218,14 @@ def measure_layouts(config: ElmoConfig, precision: str, threads: int) -> dict[st
     model = init_bilm(BiLM(config), seed=0).eval()
     x, lengths, weights, tokens = recurrence_sample(config, SAMPLE_SENTENCES, SAMPLE_LENGTHS)
     use_threads(threads)  # the run's own count, which its backend sets again when it opens
-    runs, best = {}, {}
+    runs, best, first = {}, {}, {}
     for name in candidates(config):
         layout, _, rows = name.partition(" ")
         onednn = {"packed_min_weights": 0} if name == ONEDNN else {}
         fast = FastInference(model, precision, layout=layout, capture=False,
                              rows=RowShape(int(rows) if rows.isdigit() else 1024), **onednn)
         try:
-            with fast.running():
-                fast.combine(x, lengths, weights)  # warm-up: packs the weights, compiles the kernels
+            first[name] = _seconds(fast, x, lengths, weights)  # packs the weights, compiles the kernels
         except (RuntimeError, OSError) as e:  # inductor without a C++ compiler, a failed build
             print(f"layout {name}: cannot run here ({str(e).splitlines()[0][:200]})", file=sys.stderr, flush=True)
             best[name] = 0.0
@@ -212,8 +233,14 @@ def measure_layouts(config: ElmoConfig, precision: str, threads: int) -> dict[st
         runs[name] = fast
     for _ in range(SAMPLE_TURNS):
         for name, fast in runs.items():
-            t0 = time.perf_counter()
-            with fast.running():
-                fast.combine(x, lengths, weights)
-            best[name] = max(best.get(name, 0.0), tokens / (time.perf_counter() - t0))
-    return best
+            best[name] = max(best.get(name, 0.0), tokens / _seconds(fast, x, lengths, weights))
+    warmup = max((first[name] - tokens / best[name] for name in runs if name not in EAGER), default=0.0)
+    return best, max(warmup, 0.0)
+
+
+def _seconds(fast, x: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor) -> float:  # type: ignore[no-untyped-def]
+    """Seconds ``fast`` takes to run the recurrence on the sample once."""
+    t0 = time.perf_counter()
+    with fast.running():
+        fast.combine(x, lengths, weights)
+    return time.perf_counter() - t0

@@ -70,6 +70,7 @@ class ModelRun:
     warning: SlowPrecision | None = None  # a command prints it once (and refuses a scalar one)
     layout: Layout | None = None  # how torch runs the recurrence (``inference.layout``); None for an export
     batch: BatchBudget = field(default_factory=cpu_batch_budget)  # its batches' and sort windows' tokens, and why
+    expected_tokens: int | None = None  # a job's, which a compiled layout's warm-up must repay; None: no end in sight
     pin: dict | None = field(default=None, repr=False)  # the identity its files must have where it opens (a job's)
     device_checked: bool = field(default=True, repr=False)  # False: a cluster's replica checks it as it opens
 
@@ -123,7 +124,8 @@ class ModelRun:
         measured here, where the model runs."""
         if self.layout is None or self.layout.name != "auto":
             return self.layout or Layout("packed", "")
-        return resolve_layout("auto", self.device, self.precision, self.config, self.threads.count)
+        return resolve_layout("auto", self.device, self.precision, self.config, self.threads.count,
+                             tokens=self.expected_tokens)
 
     def open(self, **options: Any) -> Backend:
         """The backend, ready on ``device`` (``options``: the backend's own, e.g. torch's ``stateful``
@@ -187,15 +189,16 @@ class ModelRun:
 
 def resolve_run(model: str | Path, settings: RunSettings | None = None, *, job: bool = False,
                 remote: bool = False, exporter: Exporter | None = None, flags: frozenset[str] | None = None,
-                **asked: Any) -> ModelRun:
+                expected_tokens: int | None = None, **asked: Any) -> ModelRun:
     """The one decision of a run, from ``settings`` (or ``asked``: ``RunSettings``' fields as keywords).
     ``backend``: None reads it from an export directory (else torch); ``precision``: None is the
     backend's default (an export's own), ``auto`` the fastest that holds parity on the CPU whose
     ``flags`` are given (default: this one's); ``job``: an ``elmo embed`` job, whose own readers and
     writers share the CPUs (``default_threads``); ``remote``: the model runs in replicas on a cluster
     (Ray, Spark), whose devices this process may not see, on ``threads`` each (default one; the runner
-    may give each its share, ``ModelRun.on_replica``). InputError (or BackendUnavailableError) for what
-    cannot run."""
+    may give each its share, ``ModelRun.on_replica``); ``expected_tokens``: a job's (its inputs' text,
+    ``pipelines.source.expected_tokens``), which a compiled layout's warm-up must repay (None: a run
+    with no end in sight, a server's). InputError (or BackendUnavailableError) for what cannot run."""
     s = settings if settings is not None else RunSettings(**asked)
     backend, device, threads, precision, weights, layout = s.backend, s.device, s.threads, s.precision, s.weights, \
         s.layout
@@ -222,11 +225,11 @@ def resolve_run(model: str | Path, settings: RunSettings | None = None, *, job: 
         name, why = _torch_precision(precision, device, flags, config, remote)
     checked = named if named is not None and named.name == name else check_precision_for(backend, name, device)
     warning = None if kind.exported else bf16_cpu_warning(checked.name, device, flags)
-    settled = _layout(layout, kind.exported, device, checked.name, config, budget, remote)
+    settled = _layout(layout, kind.exported, device, checked.name, config, budget, remote, expected_tokens)
     return ModelRun(model, backend, device, checked.name, why, budget, _where(weights, "weights"),
                     _where(s.token_embeddings, "token_embeddings"), _where(s.token_vocab, "token_vocab"), config, source,
                     warning, settled, _batch_budget(device, config, remote, settled),
-                    device_checked=not remote)
+                    expected_tokens=expected_tokens, device_checked=not remote)
 
 
 def _refuse_torch_settings(backend: str, weights: str | Path | None, layout: str | None) -> None:
@@ -251,14 +254,14 @@ def _torch_precision(precision: str | None, device: str, flags: frozenset[str] |
 
 
 def _layout(layout: str | None, exported: bool, device: str, precision: str, config: ElmoConfig,
-            budget: CpuBudget, remote: bool) -> Layout | None:
+            budget: CpuBudget, remote: bool, tokens: int | None) -> Layout | None:
     """The torch backend's layout and why (None for an export, whose graph is its own); ``auto`` on a
     cluster's CPUs is left to each replica (``ModelRun.settled_layout``), measured where it runs."""
     if exported:
         return None  # an asked layout was refused by resolve_run
     if remote and layout in (None, "auto") and not device.startswith("cuda"):
         return Layout("auto", "measured where each replica runs")
-    return resolve_layout(layout, device, precision, config, budget.count)
+    return resolve_layout(layout, device, precision, config, budget.count, tokens=tokens)
 
 
 def _default_precision(device: str) -> str:

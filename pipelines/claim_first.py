@@ -84,15 +84,16 @@ def _settled_model(maker: "RunMaker") -> tuple[str, str, dict] | None:
 class RunMaker:
     """What makes the job's ``ModelRun`` once the checks that need no model pass (the CLI's resolves
     it with its exporter and prints its warnings): the model path and the run's settings, which
-    ``check_output_first`` reads, and ``make(flags)``, ``flags``: the CPU flags of the machine the
-    model runs on where it is not this one (a cluster's workers; None: this one)."""
+    ``check_output_first`` reads, and ``make(flags, tokens)``, ``flags``: the CPU flags of the machine
+    the model runs on where it is not this one (a cluster's workers; None: this one), ``tokens``: the
+    job's expected tokens (``source.expected_tokens``; None: unknown)."""
 
     model_path: str
     settings: RunSettings
-    make: Callable[[frozenset[str] | None], "ModelRun"]
+    make: Callable[[frozenset[str] | None, int | None], "ModelRun"]
 
-    def __call__(self, flags: frozenset[str] | None = None) -> "ModelRun":
-        return self.make(flags)
+    def __call__(self, flags: frozenset[str] | None = None, tokens: int | None = None) -> "ModelRun":
+        return self.make(flags, tokens)
 
     @classmethod
     def of(cls, model: "ModelRun | RunMaker | str | Path", settings: RunSettings, remote: bool) -> "RunMaker":
@@ -102,7 +103,8 @@ class RunMaker:
             from inference.model_run import resolve_run
 
             return cls(str(model), settings,
-                       lambda flags: resolve_run(model, settings, job=True, remote=remote, flags=flags))
+                       lambda flags, tokens: resolve_run(model, settings, job=True, remote=remote, flags=flags,
+                                                         expected_tokens=tokens))
         given = sorted(k for k, v in settings.to_dict().items() if v != getattr(DEFAULT_SETTINGS, k))
         if given:
             raise InputError(f"{given}: the run's settings; a ModelRun (or RunMaker) carries its own: give them to "
@@ -110,4 +112,4 @@ class RunMaker:
         if isinstance(model, RunMaker):
             return model
         settled = RunSettings(model.backend, model.device, precision=model.precision, weights=model.weights)
-        return cls(model.model, settled, lambda flags: model)
+        return cls(model.model, settled, lambda flags, tokens: model)

@@ -55,7 +55,7 @@ from .progress import note
 from .lock import OutputLock
 from .rows import row_values
 from .input_formats import text_lines
-from .source import input_batches, scan_inputs
+from .source import expected_tokens, input_batches, scan_inputs, text_bytes
 
 SENTENCE_TO_INDEX = "sentence_to_index"
 
@@ -150,10 +150,11 @@ def write_hdf5(input: str | Path, out: str | Path, maker: RunMaker, opts: EmbedO
     out = Path(out)
     _check_options(opts, out)
     text_input = is_text_input(input)
-    if not text_input:
-        input_files(input)  # a missing INPUT, or one of no format it reads, is named before the model loads
+    files = input_files(input)  # a missing INPUT, or one of no format it reads, is named before the model loads
+    column = opts.tokens_column or opts.text_column
     counts = {"sentences": 0, "tokens": 0, "invalid_utf8": 0}
-    run, opts = opts.settle(maker())  # the budget asked where asked, the run's where not
+    tokens = expected_tokens(text_bytes(path, fmt, column) for path, fmt in files)
+    run, opts = opts.settle(maker(None, tokens))  # the budget asked where asked, the run's where not
     sentences = text_sentences(Path(input)) if text_input else parquet_sentences(input, opts, counts)
     note(f"loading the model {run.describe()}", opts.quiet)
     start = time.perf_counter()

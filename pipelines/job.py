@@ -39,7 +39,7 @@ from .schema import output_schema
 from .shard_files import FORMATS
 from .sink import COMMITS_DIR, COUNTS, SUCCESS_FILE, Output, check_claim, claim_output_dir, clean_strays, \
     commit_name, discard_shard, job_file, manifest_file, mark_stopped, remove_temporaries, verify_shard
-from .source import InputFile, Shard, passthrough_schema, scan_inputs, shards_of
+from .source import InputFile, Shard, expected_tokens, passthrough_schema, scan_inputs, shards_of
 
 if TYPE_CHECKING:  # loaded once the inputs are checked: an input or output error answers without the model code
     from inference.model_run import ModelRun
@@ -85,7 +85,7 @@ def plan_job(input: str | Path, output: str | Path, maker: RunMaker, opts: Embed
     _check_apart(input, out, files)
     passthrough = passthrough_schema(files, opts)
     check_output_first(out, maker, opts, files)
-    run = maker(_worker_flags(opts, maker.settings))
+    run = maker(_worker_flags(opts, maker.settings), expected_tokens(f.text_bytes for f in files))
     from .predictor import ElmoPredictor
 
     run, opts = opts.settle(run)  # the budget asked where asked, the writer threads, which the shard size follows

@@ -44,8 +44,8 @@ def test_the_shipped_models_size_is_measured(tmp_path, monkeypatch):
 
     monkeypatch.setenv("ELMO_CACHE_DIR", str(tmp_path))
     calls = []
-    measure = lambda config, precision, threads: calls.append(precision) or {  # noqa: E731
-        name: (3.0 if name == "fused" else 1.0) for name in candidates(config)}
+    measure = lambda config, precision, threads: calls.append(precision) or ({  # noqa: E731
+        name: (3.0 if name == "fused" else 1.0) for name in candidates(config)}, 0.0)
     assert 128 * 4 * 512 == MEASURED_MIN_WEIGHTS > 64 * 4 * 256
     assert resolve_layout(None, "cpu", "fp32", _config(512, 128), 2, measure).name == "fused" and calls == ["fp32"]
     assert resolve_layout(None, "cpu", "fp32", _config(256, 64), 2, measure).name == "packed" and calls == ["fp32"]
@@ -57,7 +57,7 @@ def test_a_cpu_measures_once_per_precision_and_threads_and_keeps_the_figures(tmp
 
     def measure(config, precision, threads):
         calls.append((precision, threads))
-        return {"packed": 100.0, "fused": 200.0 if precision == "bf16" else 101.0, "rows 64": 99.0, "rows 1024": 50.0}
+        return {"packed": 100.0, "fused": 200.0 if precision == "bf16" else 101.0, "rows 64": 99.0, "rows 1024": 50.0}, 1.0
     assert resolve_layout(None, "cpu", "bf16", big, 2, measure).name == "fused"
     assert resolve_layout(None, "cpu", "bf16", big, 2, measure).name == "fused"  # from the cache
     assert resolve_layout(None, "cpu", "fp32", big, 2, measure).name == "packed"  # within the margin
@@ -68,9 +68,11 @@ def test_a_cpu_measures_once_per_precision_and_threads_and_keeps_the_figures(tmp
     (tmp_path / "layouts.json").write_text(json.dumps({key: [1, 2] for key in kept}))  # damaged entries
     assert resolve_layout(None, "cpu", "bf16", big, 2, measure).name == "fused" and len(calls) == 4  # measured again
     key = next(key for key in kept if "bf16" in key and "2 threads" in key)
-    (tmp_path / "layouts.json").write_text(json.dumps({key: {"packed": 1.0, "fused": 2.0}}))  # without the rows
+    partial = {"tokens_per_s": {"packed": 1.0, "fused": 2.0}, "warmup_s": 1.0}
+    (tmp_path / "layouts.json").write_text(json.dumps({key: partial}))  # without the rows
     assert resolve_layout(None, "cpu", "bf16", big, 2, measure).name == "fused" and len(calls) == 5  # measured again
-    figures = {"packed": 300.0, "fused": 1.0, "rows 64": 1.0, "rows 1024": 1.0}  # the big model's candidates
+    figures = {"tokens_per_s": {"packed": 300.0, "fused": 1.0, "rows 64": 1.0, "rows 1024": 1.0},  # the big model's
+               "warmup_s": 1.0}
     older = key.replace(f"layouts v{LAYOUTS_CODE}", f"layouts v{LAYOUTS_CODE - 1}")
     assert older != key
     (tmp_path / "layouts.json").write_text(json.dumps({older: figures}))  # another version of the layouts' code
@@ -85,7 +87,7 @@ def test_the_measured_rows_and_their_count_are_kept_and_reused(tmp_path, monkeyp
 
     def measure(config, precision, threads):
         calls.append(precision)
-        return {"packed": 100.0, "fused": 120.0, "rows 64": 180.0, "rows 1024": 170.0}
+        return {"packed": 100.0, "fused": 120.0, "rows 64": 180.0, "rows 1024": 170.0}, 2.0
     for _ in range(3):
         chosen = resolve_layout("auto", "cpu", "bf16", big, 2, measure)
         assert (chosen.name, chosen.rows) == ("rows", 64) and "rows 64 180" in chosen.reason
@@ -128,8 +130,8 @@ def test_a_measured_onednn_pick_is_recorded_and_runs_every_product_on_packed_wei
 
     monkeypatch.setenv("ELMO_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(layout, "MEASURED_MIN_WEIGHTS", 1)  # the tiny model measured (its figures given here)
-    monkeypatch.setattr(layout, "measure_layouts", lambda config, precision, threads: {
-        name: (2.0 if name == ONEDNN else 1.0) for name in candidates(config)})
+    monkeypatch.setattr(layout, "measure_layouts", lambda config, precision, threads: ({
+        name: (2.0 if name == ONEDNN else 1.0) for name in candidates(config)}, 0.0))
     run = resolve_run(tiny_dir, threads=2)
     assert (run.layout.name, run.layout.onednn) == ("packed", True) and run.to_dict()["layout_onednn"] is True
     assert "packed layout (every product on packed oneDNN weights)" in run.describe()
@@ -202,3 +204,69 @@ def test_an_unknown_layout_exits_2_naming_the_flag(tmp_path):
     result = run_cli("embed", tmp_path / "in", tmp_path / "out", "--model", tmp_path, "--layout", "row")
     assert result.returncode == 2 and "--layout" in result.stderr and "rows" in result.stderr, result.stderr
     assert not (tmp_path / "out").exists()
+
+
+# bf16 on an AMX Xeon (full size, layouts.json): fused 1.23x packed on the recurrence
+XEON_BF16 = {"packed": 2281.0, "fused": 2796.0, "rows 1024": 2539.0, "rows 64": 2199.0}
+
+
+def test_a_compiled_layout_is_taken_only_by_a_job_that_repays_its_warm_up():
+    """A job of 3,000 sentences (~43k tokens) ran fused 0.74x packed end to end on that Xeon: the
+    compiled kernels' warm-up (~10 s a process) is repaid after 10 / (1/2,281 - 1/2,796) tokens."""
+    repaid = 10.0 / (1 / 2281.0 - 1 / 2796.0)
+    assert 123_000 < repaid < 125_000
+    short = choose(XEON_BF16, 10.0, 43_000)
+    assert (short.name, short.rows, short.onednn) == ("packed", None, False)
+    assert "fused's warm-up (~10 s a process) is repaid after ~123," in short.reason and "this job has ~43,000" in short.reason
+    assert choose(XEON_BF16, 10.0, int(repaid) - 1).name == "packed"
+    assert choose(XEON_BF16, 10.0, int(repaid) + 1).name == "fused"
+    assert choose(XEON_BF16, 10.0, None).name == "fused"  # a server, an Embedder: no end in sight
+    assert choose(XEON_BF16, 0.0, 1).name == "fused"  # nothing to repay
+    onednn = choose({"packed": 100.0, ONEDNN: 131.0, "fused": 200.0}, 5.0, 100)  # the eager base it keeps
+    assert (onednn.name, onednn.onednn) == ("packed", True)
+    assert choose({"packed": 0.0, "fused": 100.0}, 5.0, 1).name == "fused"  # no eager figure: nothing to keep
+
+
+def test_the_warm_up_is_measured_kept_and_weighed_against_the_job(tmp_path, monkeypatch):
+    monkeypatch.setenv("ELMO_CACHE_DIR", str(tmp_path))
+    big, calls = _config(4096, 512), []
+
+    def measure(config, precision, threads):
+        calls.append(precision)
+        return XEON_BF16, 10.0
+    assert resolve_layout(None, "cpu", "bf16", big, 2, measure, tokens=43_000).name == "packed"
+    assert resolve_layout(None, "cpu", "bf16", big, 2, measure, tokens=10**6).name == "fused"
+    assert resolve_layout(None, "cpu", "bf16", big, 2, measure).name == "fused" and calls == ["bf16"]
+    kept = next(iter(json.loads((tmp_path / "layouts.json").read_text()).values()))
+    assert kept == {"tokens_per_s": XEON_BF16, "warmup_s": 10.0}
+    (tmp_path / "layouts.json").write_text(json.dumps({key: XEON_BF16 for key in
+                                                       json.loads((tmp_path / "layouts.json").read_text())}))
+    assert resolve_layout(None, "cpu", "bf16", big, 2, measure).name == "fused" and len(calls) == 2  # no warm-up: again
+
+
+def test_a_job_and_its_replicas_weigh_the_warm_up_against_its_inputs(tiny_dir, tmp_path, monkeypatch):
+    """The job's expected tokens (its inputs' text bytes, ``pipelines.source.expected_tokens``) reach
+    the run: a short job keeps the eager layout a long-lived run would not; a cluster's replicas,
+    which settle ``auto`` where they run, weigh it against the same tokens."""
+    from corpora.sample import write_sample_corpus
+    from inference import layout
+    from inference.run_settings import RunSettings
+    from pipelines.claim_first import RunMaker
+    from pipelines.job import plan_job
+    from pipelines.options import EmbedOptions
+
+    monkeypatch.setenv("ELMO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(layout, "MEASURED_MIN_WEIGHTS", 1)  # the tiny model measured (its figures given here)
+    monkeypatch.setattr(layout, "measure_layouts", lambda config, precision, threads: (XEON_BF16, 10.0))
+    write_sample_corpus(tmp_path / "corpus", rows=200, files=2)
+    job = plan_job(tmp_path / "corpus", tmp_path / "out", RunMaker.of(tiny_dir, RunSettings(), remote=False),
+                   EmbedOptions(quiet=True))
+    try:
+        assert 2_000 < job.run.expected_tokens < 200 * 40 and job.run.layout.name == "packed"
+        assert f"this job has ~{job.run.expected_tokens:,}" in job.run.describe()
+    finally:
+        job.predictor.close()
+    assert resolve_run(tiny_dir).layout.name == "fused"  # no job: no end in sight
+    remote = resolve_run(tiny_dir, remote=True, expected_tokens=43_000)
+    assert remote.layout.name == "auto" and remote.settled_layout().name == "packed"
+    assert resolve_run(tiny_dir, remote=True, expected_tokens=10**6).settled_layout().name == "fused"

@@ -188,3 +188,31 @@ def test_a_directory_reads_its_one_format_and_refuses_a_mix(tiny_dir, tmp_path):
     (tmp_path / "in" / "more.jsonl").write_text('{"text": "a b"}\n')
     r = elmo("embed", "--text", tmp_path / "in", "--out", tmp_path / "out2", "--model", tiny_dir)
     assert r.returncode == 2 and "files of several input formats (csv, jsonl)" in r.stderr, r.stderr
+
+
+def test_a_jobs_expected_tokens_come_from_its_inputs_text_bytes(tmp_path):
+    """``expected_tokens`` (what a compiled layout's warm-up is weighed against) from the bytes of the
+    inputs' text, read before the model loads: a Parquet file's text (or tokens) column's from its
+    footer, another format's whole file; within a factor of the tokens there are on real English."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from corpora.sample import write_sample_corpus
+    from elmo_core.whitespace import split_tokens
+    from pipelines.options import EmbedOptions
+    from pipelines.source import BYTES_PER_TOKEN, expected_tokens, scan_inputs, text_bytes
+
+    paths = write_sample_corpus(tmp_path / "corpus", rows=500, files=2, row_group_rows=100)
+    texts = [t for p in paths for t in pq.read_table(p, columns=["text"])["text"].to_pylist()]
+    tokens = sum(len(split_tokens(t)) for t in texts)
+    files = scan_inputs(tmp_path / "corpus", EmbedOptions())
+    assert [f.text_bytes for f in files] == [text_bytes(p, "parquet", "text") for p in paths]
+    assert sum(len(t.encode()) for t in texts) < sum(f.text_bytes for f in files) < 1.1 * sum(len(t.encode()) for t in texts)
+    assert 0.7 * tokens < expected_tokens(f.text_bytes for f in files) < 1.1 * tokens
+    (tmp_path / "lines.txt").write_text("".join(t + "\n" for t in texts))
+    [txt] = scan_inputs(tmp_path / "lines.txt", EmbedOptions())
+    assert txt.text_bytes == (tmp_path / "lines.txt").stat().st_size
+    pq.write_table(pa.table({"toks": [t.split() for t in texts]}), tmp_path / "toks.parquet")
+    listed = text_bytes(tmp_path / "toks.parquet", "parquet", "toks")
+    assert listed > 0 and text_bytes(tmp_path / "toks.parquet", "parquet", "text") == 0
+    assert expected_tokens([listed]) == listed // BYTES_PER_TOKEN
