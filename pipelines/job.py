@@ -246,17 +246,10 @@ def _run(job: Job, lock: Any) -> dict:
         _final_check(job, job.kept + new)
     except BaseException as e:
         remove_temporaries(job.out)  # a runner's writers may have died with it (Ray workers)
-        if isinstance(e, KeyboardInterrupt):  # Ctrl-C, SIGTERM: say what is kept and how to go on
-            e.add_note(_kept(job))
-        if isinstance(e, ModelChangedError):  # a replica's: it computed nothing
-            raise ModelChangedError(f"{e}\n  the shards committed were computed with the job's model (its sha256 is "
-                                    f"in {job_file(opts.shard_format)}) and are kept: restore its files, then rerun with --resume; or "
-                                    f"embed with this model into a new OUTPUT_DIR") from None
-        if isinstance(e, InputError):  # a bad row, a changed input: fixed, the same command starts over
-            mark_stopped(job.out, e, opts.shard_format, job.schema)
-            raise InputError(f"{e}\n  fix the input, then rerun the same command: this OUTPUT_DIR's shards are "
-                             f"then redone from the fixed input") from None
-        raise
+        told = _told(job, e)
+        if told is None:
+            raise
+        raise told from None
     finally:
         progress.close()
     seconds = time.perf_counter() - t0
@@ -270,6 +263,22 @@ def _run(job: Job, lock: Any) -> dict:
     job.out.write_bytes(SUCCESS_FILE, b"")  # empty: readers that open every file skip it
     lock.finished()  # a finished output keeps no lock file
     return result
+
+
+def _told(job: Job, e: BaseException) -> BaseException | None:
+    """A runner's failure with what to do next, where the job knows (None: raised as it is)."""
+    fmt = job.opts.shard_format
+    if isinstance(e, KeyboardInterrupt):  # Ctrl-C, SIGTERM: say what is kept and how to go on
+        e.add_note(_kept(job))
+    if isinstance(e, ModelChangedError):  # a replica's: it computed nothing
+        return ModelChangedError(f"{e}\n  the shards committed were computed with the job's model (its sha256 is "
+                                 f"in {job_file(fmt)}) and are kept: restore its files, then rerun with --resume; or "
+                                 f"embed with this model into a new OUTPUT_DIR")
+    if isinstance(e, InputError):  # a bad row, a changed input: fixed, the same command starts over
+        mark_stopped(job.out, e, fmt, job.schema)
+        return InputError(f"{e}\n  fix the input, then rerun the same command: this OUTPUT_DIR's shards are "
+                          f"then redone from the fixed input")
+    return None
 
 
 def _kept(job: Job) -> str:

@@ -261,14 +261,19 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
         return json_response({"object": "list", "data": data, "model": body.model or state.run.name,
                               "usage": {"prompt_tokens": n, "total_tokens": n, "truncated": cut}})
 
+    _install_tokenize(app, limits)
+    _install_probes(app, state)
+
+
+def _install_tokenize(app: FastAPI, limits: ServeLimits) -> None:
+    """The route that answers what the model would see, without running it."""
+
     @app.post("/tokenize", summary="the tokens the model sees for each text, with their character offsets")
     async def tokenize(body: TokenizeRequest) -> Response:
         spans = [token_spans(t) for t in body.texts]
         tokens, cut = fit([[t[a:b] for a, b in s] for t, s in zip(body.texts, spans)], limits, "texts", body.truncate)
         return json_response({"tokens": tokens, "offsets": [s[:len(t)] for s, t in zip(spans, tokens)],
                               "usage": {"texts": len(tokens), "tokens": sum(map(len, tokens)), "truncated": cut}})
-
-    _install_probes(app, state)
 
 
 def _install_probes(app: FastAPI, state: ServingState) -> None:
