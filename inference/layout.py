@@ -173,11 +173,11 @@ def choose(tokens_per_s: dict[str, float], warmup_s: float = 0.0, tokens: int | 
         return eager
     name, _, rows = best.partition(" ")
     repaid = warmup_s / (1 / floor - 1 / tokens_per_s[best]) if floor > 0 else 0.0  # tokens whose saved time repays it
-    if tokens is not None and tokens < repaid:
-        why = f"; {best}'s warm-up (~{warmup_s:.0f} s a process) is repaid after ~{repaid:,.0f} tokens, this job " \
-              f"has ~{tokens:,}"
-        return replace(eager, reason=figures + why)
-    return Layout(name, figures, int(rows) if rows else None)
+    if tokens is None:
+        return Layout(name, figures, int(rows) if rows else None)
+    weighed = f"{figures}; {best}'s warm-up (~{warmup_s:.0f} s a process) is repaid after ~{repaid:,.0f} tokens, " \
+              f"this job has ~{tokens:,}"
+    return replace(eager, reason=weighed) if tokens < repaid else Layout(name, weighed, int(rows) if rows else None)
 
 
 def _read(path) -> dict:  # type: ignore[no-untyped-def]
