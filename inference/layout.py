@@ -35,6 +35,7 @@ and compiling would cost more than it saves).
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -162,7 +163,8 @@ def candidates(config: ElmoConfig) -> list[str]:
 def choose(tokens_per_s: dict[str, float], warmup_s: float = 0.0, tokens: int | None = None) -> Layout:
     """The faster eager layout (``packed``, or on oneDNN products where it measured faster), unless a
     compiled one measured ``FUSED_MARGIN`` faster than it and, for a job of ``tokens``, saves more
-    than its ``warmup_s`` over them: a key ``rows N`` is the ``rows`` layout at most N rows a step."""
+    than its ``warmup_s`` over them, counting only its gain beyond the margin: a key ``rows N`` is
+    the ``rows`` layout at most N rows a step."""
     figures = ", ".join(f"{name} {tps:,.0f}" for name, tps in tokens_per_s.items())
     figures = f"{figures} tokens/s of the recurrence, measured on this CPU"
     # the faster eager one; a tie keeps plain packed (listed first in EAGER: max takes the first)
@@ -172,11 +174,14 @@ def choose(tokens_per_s: dict[str, float], warmup_s: float = 0.0, tokens: int | 
     if best in EAGER or not tokens_per_s[best] > 0 or tokens_per_s[best] < FUSED_MARGIN * floor:
         return eager
     name, _, rows = best.partition(" ")
-    repaid = warmup_s / (1 / floor - 1 / tokens_per_s[best]) if floor > 0 else 0.0  # tokens whose saved time repays it
+    # what a token saves, trusted only beyond the margin (the sample's turns spread +-10 %): a job's saving
+    # ran below the sample's (bf16 full size on an AMX Xeon, docs/performance.md)
+    saved = 1 / floor - FUSED_MARGIN / tokens_per_s[best] if floor > 0 else math.inf
+    repaid = warmup_s / saved if saved > 0 else math.inf if warmup_s > 0 else 0.0  # tokens that repay the warm-up
     if tokens is None:
         return Layout(name, figures, int(rows) if rows else None)
-    weighed = f"{figures}; {best}'s warm-up (~{warmup_s:.0f} s a process) is repaid after ~{repaid:,.0f} tokens, " \
-              f"this job has ~{tokens:,}"
+    after = f"after ~{repaid:,.0f} tokens" if math.isfinite(repaid) else "by no job (no gain beyond the margin)"
+    weighed = f"{figures}; {best}'s warm-up (~{warmup_s:.0f} s a process) is repaid {after}, this job has ~{tokens:,}"
     return replace(eager, reason=weighed) if tokens < repaid else Layout(name, weighed, int(rows) if rows else None)
 
 
