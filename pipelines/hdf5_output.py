@@ -38,7 +38,7 @@ from typing import Any, Iterator
 
 import h5py
 
-from corpora.files import input_files, input_format
+from corpora.files import input_format
 from storage.atomic import WriteGuard, atomic_path, remove_stale_temporaries
 from elmo_core.errors import InputError
 from storage.locations import is_uri
@@ -55,7 +55,7 @@ from .progress import note
 from .lock import OutputLock
 from .rows import row_values
 from .input_formats import text_lines
-from .source import expected_tokens, input_batches, scan_inputs, text_bytes
+from .source import InputFile, file_tokens, input_batches, scan_inputs
 
 SENTENCE_TO_INDEX = "sentence_to_index"
 
@@ -76,11 +76,13 @@ def text_sentences(path: Path) -> Iterator[tuple[str, list[str], str]]:
             yield sentence, split_tokens(sentence), f"{path}: line {n + 1}"
 
 
-def parquet_sentences(spec: str | Path, opts: EmbedOptions, counts: dict) -> Iterator[tuple[str | None, list[str], str]]:
-    """(sentence or None for a null row, tokens, where) per row of the Parquet inputs, files in
-    order; ``counts['invalid_utf8']`` counts the strings whose invalid bytes were dropped."""
+def parquet_sentences(files: list[InputFile], opts: EmbedOptions,
+                      counts: dict) -> Iterator[tuple[str | None, list[str], str]]:
+    """(sentence or None for a null row, tokens, where) per row of the inputs' ``files``
+    (``scan_inputs``), in order; ``counts['invalid_utf8']`` counts the strings whose invalid bytes
+    were dropped."""
     column = opts.tokens_column or opts.text_column
-    for file in scan_inputs(spec, opts):
+    for file in files:
         row = 0
         for batch in input_batches(file, opts):
             values, bad = row_values(batch.column(column), opts.tokens_column is not None, column)
@@ -150,12 +152,11 @@ def write_hdf5(input: str | Path, out: str | Path, maker: RunMaker, opts: EmbedO
     out = Path(out)
     _check_options(opts, out)
     text_input = is_text_input(input)
-    files = input_files(input)  # a missing INPUT, or one of no format it reads, is named before the model loads
-    column = opts.tokens_column or opts.text_column
+    files = [] if text_input else scan_inputs(input, opts)  # a missing or bad INPUT is named before the model loads
+    tokens = file_tokens(Path(input).stat().st_size, 0) if text_input else sum(f.expected_tokens for f in files)
     counts = {"sentences": 0, "tokens": 0, "invalid_utf8": 0}
-    tokens = expected_tokens(text_bytes(path, fmt, column) for path, fmt in files)
     run, opts = opts.settle(maker(None, tokens))  # the budget asked where asked, the run's where not
-    sentences = text_sentences(Path(input)) if text_input else parquet_sentences(input, opts, counts)
+    sentences = text_sentences(Path(input)) if text_input else parquet_sentences(files, opts, counts)
     note(f"loading the model {run.describe()}", opts.quiet)
     start = time.perf_counter()
     with os_errors(out.parent, "rerun the same command"):

@@ -39,7 +39,7 @@ from .schema import output_schema
 from .shard_files import FORMATS
 from .sink import COMMITS_DIR, COUNTS, SUCCESS_FILE, Output, check_claim, claim_output_dir, clean_strays, \
     commit_name, discard_shard, job_file, manifest_file, mark_stopped, remove_temporaries, verify_shard
-from .source import InputFile, Shard, expected_tokens, passthrough_schema, scan_inputs, shards_of
+from .source import InputFile, Shard, passthrough_schema, scan_inputs, shards_of
 
 if TYPE_CHECKING:  # loaded once the inputs are checked: an input or output error answers without the model code
     from inference.model_run import ModelRun
@@ -85,7 +85,7 @@ def plan_job(input: str | Path, output: str | Path, maker: RunMaker, opts: Embed
     _check_apart(input, out, files)
     passthrough = passthrough_schema(files, opts)
     check_output_first(out, maker, opts, files)
-    run = maker(_worker_flags(opts, maker.settings), expected_tokens(f.text_bytes for f in files))
+    run = maker(_worker_flags(opts, maker.settings), sum(f.expected_tokens for f in files))  # all, kept or not
     from .predictor import ElmoPredictor
 
     run, opts = opts.settle(run)  # the budget asked where asked, the writer threads, which the shard size follows
@@ -297,7 +297,8 @@ def _kept(job: Job) -> str:
 def embed_parquet(input: str | Path, output_dir: str | Path, /, model: Model, **options: Any) -> dict:
     """Embed a Parquet corpus into OUTPUT_DIR (see docs/pipelines.md); return the manifest.
 
-    ``model``: a model path, the ``ModelRun`` the caller resolved, or a ``RunMaker`` (the CLI's);
+    ``model``: a model path, the ``ModelRun`` the caller resolved (its layout settled without this
+    job's size: ``resolve_run(..., expected_tokens=)`` weighs it), or a ``RunMaker`` (the CLI's);
     ``options``: the fields of :class:`pipelines.options.EmbedOptions` and, with a model path, of
     :class:`inference.run_settings.RunSettings` (the CLI flags, snake_case; ``output`` is the output
     mode, hence INPUT and OUTPUT_DIR are positional-only).

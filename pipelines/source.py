@@ -12,7 +12,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -47,7 +47,7 @@ class InputFile:
     schema: pa.Schema
     etag: str | None = None  # on S3, the object's version (any rewrite changes it); not in the identity
     format: str = "parquet"  # corpora.files.INPUT_FORMATS
-    text_bytes: int = 0  # what ``expected_tokens`` counts (``text_bytes``)
+    expected_tokens: int = 0  # about how many it holds, from its footer or size (``parquet_tokens``, ``file_tokens``)
 
     def identity(self) -> dict:
         identity = {"path": str(self.path), "rows": self.rows, "bytes": self.size, "mtime_ns": self.mtime_ns,
@@ -125,16 +125,16 @@ def scan_inputs(spec: str | Path, opts: EmbedOptions) -> list[InputFile]:
     files, unread = [], []  # type: ignore[var-annotated]
     for i, (path, fmt) in enumerate(input_files(spec, unread)):
         size, mtime_ns = file_info(path) or (0, 0)
-        metadata = None
         if fmt == "parquet":
             pf = _open(path)
-            schema, rows, metadata = pf.schema_arrow, pf.metadata.num_rows, pf.metadata
+            schema, rows = pf.schema_arrow, pf.metadata.num_rows
+            tokens = parquet_tokens(pf.metadata, opts.tokens_column or opts.text_column)
         else:
             schema, rows = input_formats.schema_and_rows(path, fmt, opts.text_column)
+            tokens = file_tokens(size, rows)
         check_schema(schema, opts, str(path))
         files.append(InputFile(i, path if is_uri(path) else Path(path).resolve(), rows, size, mtime_ns,
-                               input_sha256(path, fmt), schema, file_etag(path), fmt,
-                               text_bytes(path, fmt, opts.tokens_column or opts.text_column, metadata)))
+                               input_sha256(path, fmt), schema, file_etag(path), fmt, tokens))
     if unread:
         shown = ", ".join(Path(str(p)).name for p in unread[:3]) + (f" and {len(unread) - 3} more" if len(unread) > 3 else "")
         note(f"INPUT {spec}: its {len(files)} Parquet file(s) are read, not its {len(unread)} file(s) of other formats "
@@ -144,29 +144,29 @@ def scan_inputs(spec: str | Path, opts: EmbedOptions) -> list[InputFile]:
 
 
 # Bytes of text a token: State of the Union's sentences hold 5.5 (tokens joined by single spaces,
-# punctuation split off: corpora.sotu), English with its punctuation attached about 6. The larger
-# estimates fewer tokens than a text holds, which leans a job to the eager layout: a wrong guess
-# costs it at most a compiled layout's margin (inference.layout.choose).
+# punctuation split off: corpora.sotu), English with its punctuation attached about 6. Too few
+# tokens estimated lean a job to the eager layout, which forgoes a compiled layout's gain (3-6 % of
+# a whole full-size job where measured); too many (CSV's other columns) to the compiled one, whose
+# warm-up cost a 43k-token job 1.7x (inference.layout.choose, docs/performance.md).
 BYTES_PER_TOKEN = 6
 
 
-def expected_tokens(text_bytes: Iterable[int]) -> int:
-    """About how many tokens inputs of ``text_bytes`` (each file's) hold, known before the model
-    loads: what ``inference.layout.choose`` weighs a compiled layout's warm-up against."""
-    return sum(text_bytes) // BYTES_PER_TOKEN
+def parquet_tokens(metadata: pq.FileMetaData, column: str) -> int:
+    """About how many tokens a Parquet file's text or tokens ``column`` holds, from its footer: a
+    tokens column's (a list) values; a text column's bytes / ``BYTES_PER_TOKEN``, at least one a
+    row (a dictionary-encoded column's bytes are its encoding's, fewer than its text's)."""
+    chunks = [chunk for group in (metadata.row_group(i) for i in range(metadata.num_row_groups))
+              for chunk in (group.column(j) for j in range(group.num_columns))
+              if chunk.path_in_schema in (column, f"{column}.list.element", f"{column}.list.item")]
+    if any(chunk.path_in_schema != column for chunk in chunks):
+        return sum(chunk.num_values for chunk in chunks)
+    return max(sum(chunk.total_uncompressed_size for chunk in chunks) // BYTES_PER_TOKEN, metadata.num_rows)
 
 
-def text_bytes(path: Path | str, fmt: str, column: str, metadata: pq.FileMetaData | None = None) -> int:
-    """An input file's text bytes: a Parquet file's ``column``'s (its text or tokens), uncompressed
-    (its footer's ``metadata``, read where not given); another format's whole file (a text file is
-    its text; CSV's and JSON Lines' other columns count too)."""
-    if fmt != "parquet":
-        return (file_info(path) or (0, 0))[0]
-    meta = metadata if metadata is not None else _open(path).metadata
-    groups = (meta.row_group(i) for i in range(meta.num_row_groups))
-    return sum(chunk.total_uncompressed_size for group in groups
-               for chunk in (group.column(j) for j in range(group.num_columns))
-               if chunk.path_in_schema in (column, f"{column}.list.element", f"{column}.list.item"))
+def file_tokens(size: int, rows: int) -> int:
+    """About how many tokens a file of another format holds: its bytes / ``BYTES_PER_TOKEN``, at
+    least one a row (a text file is its text; CSV's and JSON Lines' other columns count too)."""
+    return max(size // BYTES_PER_TOKEN, rows)
 
 
 def passthrough_schema(files: list[InputFile], opts: EmbedOptions) -> pa.Schema:

@@ -199,7 +199,9 @@ def run_spark(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dic
         return [], info
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    task = embed_task(job.run, opts.to_dict(), shards, job.out, job.schema, job.digest)
+    replicas = min(spark.sparkContext.defaultParallelism, len(shards))  # a Python worker each, loading its model
+    run = job.run.shared(sum(s.rows for s in shards), job.total_rows, replicas)
+    task = embed_task(run, opts.to_dict(), shards, job.out, job.schema, job.digest)
     with _shard_progress(job.out, shards, progress) as shown:
         frame = spark.range(len(shards), numPartitions=len(shards)).mapInArrow(task, from_arrow_schema(RESULT))
         rows = _collect(spark, frame)

@@ -143,3 +143,13 @@ def test_no_library_module_opens_a_backend_but_the_run():
                                                                               "inference/registry.py"):
                     callers.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert callers == [], callers
+
+
+def test_a_jobs_replicas_each_weigh_the_warm_up_against_their_share(tiny_dir):
+    """``ModelRun.shared``: Ray's actors and Spark's Python workers each pay their own warm-up over
+    their share of the pending rows' expected tokens."""
+    run = resolve_run(tiny_dir, remote=True, expected_tokens=800_000)
+    share = run.shared(rows=600, total_rows=1_000, replicas=4)
+    assert share.expected_tokens == 120_000 and share.layout == run.layout and share.pin == run.pin
+    assert run.shared(rows=0, total_rows=1_000, replicas=1).expected_tokens == 0  # resumed: nothing left
+    assert resolve_run(tiny_dir, remote=True).shared(600, 1_000, 4).expected_tokens is None  # no end in sight

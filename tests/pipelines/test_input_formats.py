@@ -190,29 +190,35 @@ def test_a_directory_reads_its_one_format_and_refuses_a_mix(tiny_dir, tmp_path):
     assert r.returncode == 2 and "files of several input formats (csv, jsonl)" in r.stderr, r.stderr
 
 
-def test_a_jobs_expected_tokens_come_from_its_inputs_text_bytes(tmp_path):
-    """``expected_tokens`` (what a compiled layout's warm-up is weighed against) from the bytes of the
-    inputs' text, read before the model loads: a Parquet file's text (or tokens) column's from its
-    footer, another format's whole file; within a factor of the tokens there are on real English."""
+def test_a_jobs_expected_tokens_come_from_its_inputs_footers_and_sizes(tmp_path):
+    """Each input file's ``expected_tokens`` (what a compiled layout's warm-up is weighed against),
+    read before the model loads: a Parquet text column's bytes / 6 from its footer, a tokens
+    column's values, another format's whole file's bytes / 6, at least one a row; within a factor
+    of the tokens there are on real English."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from corpora.sample import write_sample_corpus
     from elmo_core.whitespace import split_tokens
     from pipelines.options import EmbedOptions
-    from pipelines.source import BYTES_PER_TOKEN, expected_tokens, scan_inputs, text_bytes
+    from pipelines.source import BYTES_PER_TOKEN, file_tokens, parquet_tokens, scan_inputs
 
     paths = write_sample_corpus(tmp_path / "corpus", rows=500, files=2, row_group_rows=100)
     texts = [t for p in paths for t in pq.read_table(p, columns=["text"])["text"].to_pylist()]
     tokens = sum(len(split_tokens(t)) for t in texts)
     files = scan_inputs(tmp_path / "corpus", EmbedOptions())
-    assert [f.text_bytes for f in files] == [text_bytes(p, "parquet", "text") for p in paths]
-    assert sum(len(t.encode()) for t in texts) < sum(f.text_bytes for f in files) < 1.1 * sum(len(t.encode()) for t in texts)
-    assert 0.7 * tokens < expected_tokens(f.text_bytes for f in files) < 1.1 * tokens
+    assert [f.expected_tokens for f in files] == [parquet_tokens(pq.ParquetFile(p).metadata, "text") for p in paths]
+    assert 0.7 * tokens < sum(f.expected_tokens for f in files) < 1.1 * tokens
     (tmp_path / "lines.txt").write_text("".join(t + "\n" for t in texts))
     [txt] = scan_inputs(tmp_path / "lines.txt", EmbedOptions())
-    assert txt.text_bytes == (tmp_path / "lines.txt").stat().st_size
-    pq.write_table(pa.table({"toks": [t.split() for t in texts]}), tmp_path / "toks.parquet")
-    listed = text_bytes(tmp_path / "toks.parquet", "parquet", "toks")
-    assert listed > 0 and text_bytes(tmp_path / "toks.parquet", "parquet", "text") == 0
-    assert expected_tokens([listed]) == listed // BYTES_PER_TOKEN
+    assert txt.expected_tokens == (tmp_path / "lines.txt").stat().st_size // BYTES_PER_TOKEN
+    assert 0.7 * tokens < txt.expected_tokens < 1.1 * tokens
+    assert file_tokens(size=60, rows=20) == 20  # at least one a row
+    pq.write_table(pa.table({"toks": [t.split() for t in texts]}), tmp_path / "toks.parquet")  # words repeat: a dictionary
+    listed = pq.ParquetFile(tmp_path / "toks.parquet").metadata
+    assert parquet_tokens(listed, "toks") == tokens
+    [toks] = scan_inputs(tmp_path / "toks.parquet", EmbedOptions(tokens_column="toks"))
+    assert toks.expected_tokens == tokens
+    pq.write_table(pa.table({"text": ["the same thirty bytes of text."] * 20_000}), tmp_path / "same.parquet")
+    same = pq.ParquetFile(tmp_path / "same.parquet").metadata  # one dictionary entry: a few bytes of encoding
+    assert parquet_tokens(same, "text") == 20_000  # at least one a row
