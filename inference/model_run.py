@@ -203,9 +203,9 @@ def resolve_run(model: str | Path, settings: RunSettings | None = None, *, job: 
     ``flags`` are given (default: this one's); ``job``: an ``elmo embed`` job, whose own readers and
     writers share the CPUs (``default_threads``); ``remote``: the model runs in replicas on a cluster
     (Ray, Spark), whose devices this process may not see, on ``threads`` each (default one; the runner
-    may give each its share, ``ModelRun.on_replica``); ``expected_tokens``: a job's (its inputs' text,
-    ``pipelines.source.expected_tokens``), which a compiled layout's warm-up must repay (None: a run
-    with no end in sight, a server's). InputError (or BackendUnavailableError) for what cannot run."""
+    may give each its share, ``ModelRun.on_replica``); ``expected_tokens``: a job's (its input files'
+    ``pipelines.source.InputFile.expected_tokens``), which a compiled layout's warm-up must repay
+    (None: a run with no end in sight, a server's). InputError (or BackendUnavailableError) for what cannot run."""
     s = settings if settings is not None else RunSettings(**asked)
     backend, device, threads, precision, weights, layout = s.backend, s.device, s.threads, s.precision, s.weights, \
         s.layout

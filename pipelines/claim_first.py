@@ -86,7 +86,7 @@ class RunMaker:
     it with its exporter and prints its warnings): the model path and the run's settings, which
     ``check_output_first`` reads, and ``make(flags, tokens)``, ``flags``: the CPU flags of the machine
     the model runs on where it is not this one (a cluster's workers; None: this one), ``tokens``: the
-    job's expected tokens (``source.expected_tokens``; None: unknown)."""
+    job's expected tokens (its files' ``source.InputFile.expected_tokens``; None: unknown)."""
 
     model_path: str
     settings: RunSettings
