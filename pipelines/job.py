@@ -67,6 +67,11 @@ class Job:
     def total_rows(self) -> int:
         return sum(f.rows for f in self.files)
 
+    def replica_run(self, shards: list[Shard], replicas: int) -> "ModelRun":
+        """The record each of a cluster's ``replicas`` runs over ``shards`` (the pending ones): the
+        job's run with its share of the expected tokens, which its own warm-up must repay."""
+        return self.run.shared(sum(s.rows for s in shards), self.total_rows, replicas)
+
 
 def plan_job(input: str | Path, output: str | Path, maker: RunMaker, opts: EmbedOptions) -> Job:
     """Every check that writes nothing: OUTPUT_DIR, the inputs and their one schema, the claim on an

@@ -138,8 +138,7 @@ def run_ray(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dict]
     cpus = _worker_cpus(ray, job.run.threads.count, opts.workers)
     actor = ray.remote(num_cpus=cpus, num_gpus=opts.num_gpus_per_worker or None)(ShardWorker)
     replicas = min(opts.workers, len(shards))
-    run = job.run.shared(sum(s.rows for s in shards), job.total_rows, replicas)  # each actor's share of the tokens
-    actors = [actor.remote(run, opts.to_dict()) for _ in range(replicas)]
+    actors = [actor.remote(job.replica_run(shards, replicas), opts.to_dict()) for _ in range(replicas)]
     records = []
     try:
         pool = ActorPool(actors)

@@ -200,8 +200,7 @@ def run_spark(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dic
     from pyspark.sql.pandas.types import from_arrow_schema
 
     replicas = min(spark.sparkContext.defaultParallelism, len(shards))  # a Python worker each, loading its model
-    run = job.run.shared(sum(s.rows for s in shards), job.total_rows, replicas)
-    task = embed_task(run, opts.to_dict(), shards, job.out, job.schema, job.digest)
+    task = embed_task(job.replica_run(shards, replicas), opts.to_dict(), shards, job.out, job.schema, job.digest)
     with _shard_progress(job.out, shards, progress) as shown:
         frame = spark.range(len(shards), numPartitions=len(shards)).mapInArrow(task, from_arrow_schema(RESULT))
         rows = _collect(spark, frame)
