@@ -54,6 +54,14 @@ def texts(path: str | None) -> tuple[list[list[str]], list[list[str]], str]:
     return train, test, f"{path}: probes trained on {len(train)} lines, scored on the other {len(test)} (every 5th)"
 
 
+def probe_tokens(source: tuple[list[list[str]], list[list[str]], str], words: int, cap: int) -> int:
+    """At most how many tokens a probe of ``words`` embeds (``cap`` contexts of each, in each split, of
+    the text's mean length), which a compiled layout's warm-up must repay (``resolve_run``)."""
+    sentences = source[0] + source[1]
+    total = sum(map(len, sentences))
+    return min(total, words * 2 * cap * -(-total // max(len(sentences), 1)))
+
+
 def print_table(probes: Sequence[WordProbe], names: list[str]) -> None:
     results = [r for p in probes for r in p.results(names)]
     rows = results + pooled(results)
@@ -162,10 +170,11 @@ def run(args: argparse.Namespace) -> int:
 
     model = need_model(args, "probe")
     check_torch_model(model, "probe")
-    run = resolve_run(model, backend="torch", weights=args.weights,
-                      device=args.device, threads=args.threads)
+    words = args.word or DEFAULT_WORDS
+    run = resolve_run(model, backend="torch", weights=args.weights, device=args.device, threads=args.threads,
+                      expected_tokens=probe_tokens(source, len(words), args.contexts))
     say_loading("probe", run)
     with Embedder(run.open()) as embedder:
-        report(embedder, args.word or DEFAULT_WORDS, source, args.contexts, args.neighbours,
+        report(embedder, words, source, args.contexts, args.neighbours,
                Path(args.png) if args.png else None, args.json, run)
     return 0

@@ -32,7 +32,7 @@ from .options import EmbedOptions
 from .errors import OutputDirError
 from .os_errors import os_errors
 from .output_dir import open_output
-from .shard_size import settle_rows_per_shard
+from .shard_size import recorded_rows_per_shard, settle_rows_per_shard
 from .stages import StageClock
 from .progress import ProgressBar, note
 from .schema import output_schema
@@ -90,7 +90,7 @@ def plan_job(input: str | Path, output: str | Path, maker: RunMaker, opts: Embed
     _check_apart(input, out, files)
     passthrough = passthrough_schema(files, opts)
     check_output_first(out, maker, opts, files)
-    run = maker(_worker_flags(opts, maker.settings), sum(f.expected_tokens for f in files))  # all, kept or not
+    run = maker(_worker_flags(opts, maker.settings), _tokens_left(out, opts, files))
     from .predictor import ElmoPredictor
 
     run, opts = opts.settle(run)  # the budget asked where asked, the writer threads, which the shard size follows
@@ -118,6 +118,22 @@ def plan_job(input: str | Path, output: str | Path, maker: RunMaker, opts: Embed
             predictor.close()
         raise
     return Job(str(input), out, run, opts, files, schema, identity, digest(identity), predictor)
+
+
+def _tokens_left(out: Output, opts: EmbedOptions, files: list[InputFile]) -> int:
+    """The job's expected tokens (its files'), which a compiled layout's warm-up must repay; a local
+    job resumed: less those of the shards its OUTPUT_DIR holds. Those are verified only once the model
+    loaded and one that fails is embedded again, so this errs toward fewer tokens: the eager layout.
+    A cluster's replicas each weigh their share of the shards left to them (``Job.replica_run``)."""
+    tokens = sum(f.expected_tokens for f in files)
+    if not (opts.resume and opts.engine == "local" and out.exists()):
+        return tokens
+    rows, total = opts.rows_per_shard or recorded_rows_per_shard(out), sum(f.rows for f in files)
+    if rows is None or total == 0:
+        return tokens
+    present = out.entries()
+    done = sum(s.rows for s in shards_of(files, rows, opts.shard_format.suffix) if s.name in present)
+    return tokens * (total - done) // total
 
 
 def _check_scale_out(opts: EmbedOptions, settings: RunSettings) -> None:

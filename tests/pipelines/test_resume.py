@@ -112,6 +112,20 @@ def test_resume_redoes_a_damaged_shard(tiny_dir, tmp_path):
         embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
 
 
+def test_a_resumed_job_weighs_a_compiled_layouts_warm_up_against_the_tokens_left(tiny_dir, tmp_path):
+    """The run's expected tokens (``ModelRun.expected_tokens``, which ``--layout auto`` weighs) are
+    the job's on its first run, those of the shards not yet written on a resumed one."""
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=60, files=1)
+    out = tmp_path / "out"
+    opts = dict(id_column="id", rows_per_shard=20, quiet=True)
+    whole = embed_parquet(corpus, out, tiny_dir, **opts)["run"]["expected_tokens"]
+    (out / "part-00000-00001.parquet").unlink()  # its commit record stays: as a kill between the two leaves it
+    m = embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
+    assert m["this_run"]["shards"] == 1 and whole > 300
+    assert m["run"]["expected_tokens"] == whole * 20 // 60
+
+
 def _rewrite_shard(out: Path, name: str, **footer: object) -> None:
     """Shard ``name`` rewritten with these values in its footer record, and its commit record and
     the manifest's entry made to match: what a writer holding those values would have committed."""

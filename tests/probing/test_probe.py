@@ -113,9 +113,19 @@ def test_cli_probe_on_a_users_text_and_a_word_it_cannot_probe(tiny_dir, tmp_path
                  "--json"]) == 0
     report = json.loads(capsys.readouterr().out)  # --json: the accuracies alone on stdout
     assert report["layers"][0] == "layer 0" and {r["word"] for r in report["results"]} == {"work", "all words"}
+    assert report["run"]["expected_tokens"] == 80 * 5  # the whole text: fewer tokens than 2 x 200 contexts
     assert main(["probe", "--model", str(tiny_dir), "--text", str(tmp_path / "text.txt"), "--word", "zebra"]) == 2
     err = capsys.readouterr().err
     assert "--word zebra: too few framed uses" in err and "Traceback" not in err
+
+
+def test_a_probe_expects_at_most_its_contexts_tokens():
+    from elmo_cli.cmd_probe import probe_tokens
+
+    source = ([["a"] * 10] * 900, [["b"] * 20] * 100, "")  # 11,000 tokens, a sentence 11 on average
+    assert probe_tokens(source, words=3, cap=50) == 3 * 2 * 50 * 11  # 3 words, 50 contexts a split
+    assert probe_tokens(source, words=3, cap=5000) == 11_000  # no more than the text holds
+    assert probe_tokens(([], [], ""), words=1, cap=1) == 0
 
 
 def test_nearest_cosines_of_a_weak_model_print_distinct(capsys):
