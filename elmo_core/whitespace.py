@@ -10,6 +10,7 @@ separators U+001C..U+001F, U+0085, NBSP, U+3000, the U+2000 spaces, ...). Zero-w
 """
 from __future__ import annotations
 
+import itertools
 import re
 
 # every character ``str.isspace()`` accepts, listed (a scan of all code points at import took ~0.2 s;
@@ -25,6 +26,7 @@ def split_tokens(text: str) -> list[str]:
     return text.split()
 
 
-def token_spans(text: str) -> list[tuple[int, int]]:
-    """Each token's [start, stop) character offsets in ``text``: ``text[a:b]`` are split_tokens(text)."""
-    return [m.span() for m in _TOKEN.finditer(text)]
+def token_spans(text: str, limit: int | None = None) -> list[tuple[int, int]]:
+    """Each token's [start, stop) character offsets in ``text``: ``text[a:b]`` are split_tokens(text);
+    ``limit``: the first that many only (the rest of the text not scanned)."""
+    return [m.span() for m in itertools.islice(_TOKEN.finditer(text), limit)]

@@ -40,7 +40,7 @@ from elmo_core.whitespace import split_tokens, token_spans
 from elmo_core.vectors import VectorRequest
 from inference.outputs import non_finite_rows
 
-from .errors import InvalidRequest, LimitExceeded, Unavailable
+from .errors import InvalidRequest, LimitExceeded, NotReady, Unavailable
 from .limits import AccessOptions, ServeLimits
 from .metrics import CONTENT_TYPE
 from .middleware import CLIENT_CLOSED, AccessLog, Admission, ApiKey, BodyLimit, Cors, error_response, json_response
@@ -117,7 +117,8 @@ def check_finite(results: Sequence[np.ndarray | None]) -> None:
 
 
 async def unless_disconnected(request: Request, work: Awaitable[list]) -> list | None:
-    """``work``'s result, or None (``work`` cancelled: its sentences leave the queue) once the client disconnects."""
+    """``work``'s result, or None (``work`` cancelled: its sentences leave the queue) once the client disconnects;
+    NotReady (``work`` cancelled too) once the server's shutdown deadline cuts the request."""
     task = asyncio.ensure_future(work)
 
     async def disconnected() -> None:
@@ -127,6 +128,11 @@ async def unless_disconnected(request: Request, work: Awaitable[list]) -> list |
     watcher = asyncio.ensure_future(disconnected())
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # uvicorn's, at the shutdown deadline: answered here, not with its plain 500
+        task.cancel()
+        await asyncio.wait({task})  # its sentences out of the queue before the answer
+        raise NotReady("the server is shutting down and its deadline (--shutdown-timeout-s) passed before this "
+                       "request's vectors were ready: retry elsewhere") from None
     finally:
         watcher.cancel()
     if task.done():
@@ -141,9 +147,13 @@ def _validation_message(exc: RequestValidationError) -> str:
     for err in errors[:5]:
         if err.get("type") == "json_invalid":
             why = str(err.get("ctx", {}).get("error"))
-            what = "not UTF-8 text (bytes of another encoding, or a lone surrogate)" if "UTF-8" in why else \
+            what = "begins with a byte-order mark" if "BOM" in why else \
+                "not UTF-8 text (bytes of another encoding, or a lone surrogate)" if "UTF-8" in why else \
                 f"not valid JSON at character {err['loc'][-1]} ({why})"
-            parts.append(f"body: {what}: send UTF-8 JSON")
+            parts.append(f"body: {what}: send UTF-8 JSON" + (" without it" if "BOM" in why else ""))
+            continue
+        if err.get("type") == "missing" and tuple(err.get("loc", ())) == ("body",):
+            parts.append("the request has no body: send a JSON object (with its Content-Length, or chunked)")
             continue
         loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.get("loc", ())).lstrip(".")
         parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
@@ -173,7 +183,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error_response(exc.status_code, kind, f"{request.method} {request.url.path}: {exc.detail}")
+        return error_response(exc.status_code, kind, f"{request.method} {request.url.path}: {exc.detail}",
+                              headers=exc.headers)  # a 405's Allow
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> Response:
@@ -270,9 +281,9 @@ def _install_tokenize(app: FastAPI, limits: ServeLimits) -> None:
 
     @app.post("/tokenize", summary="the tokens the model sees for each text, with their character offsets")
     async def tokenize(body: TokenizeRequest) -> Response:
-        spans = [token_spans(t) for t in body.texts]
-        tokens, cut = fit([[t[a:b] for a, b in s] for t, s in zip(body.texts, spans)], limits, "texts", body.truncate)
-        return json_response({"tokens": tokens, "offsets": [s[:len(t)] for s, t in zip(spans, tokens)],
+        tokens, cut = fit([split_tokens(t) for t in body.texts], limits, "texts", body.truncate)  # refused at once
+        offsets = [token_spans(text, len(t)) for text, t in zip(body.texts, tokens)]  # (what is kept only)
+        return json_response({"tokens": tokens, "offsets": offsets,
                               "usage": {"texts": len(tokens), "tokens": sum(map(len, tokens)), "truncated": cut}})
 
 

@@ -104,7 +104,8 @@ class Admission:
 
 
 class BodyLimit:
-    """Reads a request's whole body before the app, refusing one over ``max_body_bytes`` (413), declared or streamed."""
+    """Reads a request's whole body before the app, refusing one over ``max_body_bytes`` (413), declared or
+    streamed, and a compressed one (415)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
@@ -112,7 +113,13 @@ class BodyLimit:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
             return await self.app(scope, receive, send)
-        declared = dict(scope["headers"]).get(b"content-length")
+        headers = dict(scope["headers"])
+        encoding = headers.get(b"content-encoding", b"identity").strip().lower()
+        if encoding not in (b"", b"identity"):
+            return await error_response(415, "unsupported_encoding", f"Content-Encoding {encoding.decode('latin-1')}: "
+                                        f"bodies are read as sent; send the JSON uncompressed",
+                                        headers={"connection": "close"})(scope, receive, send)
+        declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             return await self._refused(int(declared))(scope, receive, send)
         chunks, size = [], 0
@@ -135,7 +142,7 @@ class BodyLimit:
 
     def _refused(self, size: int) -> Response:
         return error_response(413, "limit_exceeded", f"request body of {size} bytes or more is over max_body_bytes "
-                              f"({self.max_bytes}): send fewer sentences a request", headers={"connection": "close"})
+                              f"({self.max_bytes}): send fewer sentences per request", headers={"connection": "close"})
 
 
 class AccessLog:

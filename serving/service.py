@@ -61,7 +61,10 @@ class SentencePredictor:
 class ServingState:
     """The model's life cycle in a server: ``start`` loads and warms it on a thread (the server
     answers /health meanwhile, and /ready 503), then starts the batcher and calls ``on_ready``; a
-    load failure is kept in ``error`` and reported through ``on_failure``."""
+    load failure is kept in ``error`` and reported through ``on_failure``. ``predictor_class`` makes its
+    predictor (a ``SentencePredictor``)."""
+
+    predictor_class: type[SentencePredictor] = SentencePredictor
 
     def __init__(self, run: ModelRun, limits: ServeLimits, metrics: ServeMetrics | None = None) -> None:
         self.run = run.batched(limits.max_batch_tokens, None, None)  # the budget asked, where asked: what /info says
@@ -87,7 +90,7 @@ class ServingState:
 
     def _load(self) -> None:
         try:
-            predictor = SentencePredictor(self.run, self.limits)
+            predictor = self.predictor_class(self.run, self.limits)
             predictor.warm_up()
         except Exception as e:  # reported to the server, which stops and shows it
             self.error = e

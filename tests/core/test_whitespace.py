@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from elmo_core.whitespace import TOKEN_PATTERN, WHITESPACE, split_tokens
+from elmo_core.whitespace import TOKEN_PATTERN, WHITESPACE, split_tokens, token_spans
 from pipelines import embed_parquet
 from pipelines.options import EmbedOptions
 from pipelines.rows import row_tokens
@@ -22,6 +22,13 @@ from training.corpus import iter_sentences
 NOT_SPACE = "\u200b\u2060\ufeff\x00"
 TEXTS = [f"a{w}b c" for w in WHITESPACE] + [f"a{z}b c" for z in NOT_SPACE] + [
     "", " ", "\u3000\u00a0", "x", "  two\u2003words \n", None]
+
+
+def test_token_spans_are_the_split_tokens_offsets_and_stop_at_a_limit():
+    for text in TEXTS[:-1]:
+        assert [text[a:b] for a, b in token_spans(text)] == split_tokens(text)
+    text = "  one\u3000two\tthree "
+    assert token_spans(text, 2) == token_spans(text)[:2] == [(2, 5), (6, 9)] and token_spans(text, 0) == []
 
 
 def test_split_and_count_agree_on_every_whitespace_class():

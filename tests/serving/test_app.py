@@ -137,7 +137,18 @@ def test_malformed_bodies_and_unknown_routes(server: ServerProcess):
     missing = httpx.get(f"{server.url}/nowhere")
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found"
     wrong_method = httpx.get(f"{server.url}/embed")
-    assert wrong_method.status_code == 405
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"  # RFC 9110: the methods it takes
+
+
+@pytest.mark.parametrize("body, headers, status, says", [
+    (b"", {}, 422, "the request has no body"),
+    (b'\xef\xbb\xbf{"texts": ["a"]}', {}, 422, "begins with a byte-order mark: send UTF-8 JSON without it"),
+    (b"\x1f\x8b\x08\x00 gzip", {"content-encoding": "gzip"}, 415, "Content-Encoding gzip"),
+])
+def test_a_body_the_server_cannot_read_is_named_for_what_it_is(server: ServerProcess, body, headers, status, says):
+    answer = httpx.post(f"{server.url}/embed", content=body, timeout=10,
+                        headers={"content-type": "application/json", **headers})
+    assert answer.status_code == status and says in answer.json()["error"]["message"], answer.text
 
 
 def test_garbage_on_the_socket_does_not_kill_the_server(server: ServerProcess):

@@ -19,10 +19,10 @@ import psutil
 import pytest
 
 from inference import Embedder
-from serving.limits import ServeLimits
+from serving.limits import ConnectionLimits, ServeLimits
 from serving.server import make_server
 from inference.model_run import resolve_run
-from serving.service import ServingState
+from serving.service import SentencePredictor, ServingState
 from tests.helpers import SENTENCES, TINY_OPTIONS, make_model_dir
 from tests.processes import WAIT_S, wait_until
 
@@ -143,6 +143,56 @@ class GatedState(ServingState):
     def _load(self) -> None:
         self.gate.wait(WAIT_S)
         super()._load()
+
+
+class HeldPredictor(SentencePredictor):
+    """A real predictor whose batches, once ``hold`` is set, wait for ``release`` (after the warm-up)."""
+
+    def __init__(self, *args, **kw) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kw)
+        self.hold, self.running, self.release = threading.Event(), threading.Event(), threading.Event()
+
+    def __call__(self, spec, sentences):  # type: ignore[no-untyped-def]
+        if self.hold.is_set():
+            self.running.set()
+            self.release.wait(WAIT_S)
+        return super().__call__(spec, sentences)
+
+
+class HeldState(ServingState):
+    predictor_class = HeldPredictor
+
+
+def test_requests_past_the_shutdown_deadline_get_a_503_and_leave_the_queue(model: Path):
+    """At ``--shutdown-timeout-s`` uvicorn cancels what is still running: a request whose batch is in
+    the model and one queued behind it are answered 503 (JSON, counted as such), not uvicorn's plain
+    500, and the queued one's sentences leave the queue at once instead of running at close."""
+    state = HeldState(resolve_run(model), ServeLimits())
+    server, sock, url = make_server(state, quiet=True, connections=ConnectionLimits(shutdown_timeout_s=0.3))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait_until(state.wait_ready, "the model is ready")
+        state.predictor.hold.set()
+        with ThreadPoolExecutor(2) as pool:
+            running = pool.submit(httpx.post, f"{url}/embed", json={"texts": ["in the model"]}, timeout=WAIT_S)
+            wait_until(state.predictor.running.is_set, "a batch is in the model")
+            queued = pool.submit(httpx.post, f"{url}/embed", json={"texts": ["a", "b c"], "pool": "mean"},
+                                 timeout=WAIT_S)
+            wait_until(lambda: state.batcher.depth == 2, "the second request is queued")
+            server.should_exit = True  # what SIGTERM does
+            answers = [running.result(), queued.result()]
+        for answer in answers:
+            assert answer.status_code == 503 and answer.headers["content-type"] == "application/json", answer.text
+            assert answer.json()["error"]["type"] == "not_ready" and "--shutdown-timeout-s" in answer.text
+        assert state.batcher.depth == 0 and 'elmo_requests_total{route="/embed",status="503"} 2.0' in \
+            state.metrics.render().decode()
+    finally:
+        state.predictor.release.set()
+        server.should_exit = True
+        thread.join(WAIT_S)
+        sock.close()
+    assert not thread.is_alive()
 
 
 def test_ready_is_503_until_the_model_is_loaded_and_warm(model: Path):
