@@ -32,6 +32,9 @@ def input_format(path: str | Path) -> str | None:
     return next((name for name, suffixes in INPUT_FORMATS.items() if suffix in suffixes), None)
 
 
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zip", ".lz4", ".7z")
+
+
 def input_files(spec: str | Path, unread: list | None = None) -> list[tuple[Path | str, str]]:
     """(file, format) of elmo embed's INPUT: a file, a glob, a directory or a prefix on a store.
     A directory gives its Parquet files where it holds any (what else is there is not input), else
@@ -49,8 +52,11 @@ def input_files(spec: str | Path, unread: list | None = None) -> list[tuple[Path
             raise InputError(f"{spec}: files of several input formats ({', '.join(sorted(kinds))}); a directory "
                              f"INPUT holds one format: give one file or a glob (e.g. '{spec}/*.csv')")
     if unknown := [p for p in found if input_format(p) is None]:
+        packed = str(unknown[0]).lower().endswith(COMPRESSED_SUFFIXES)
         raise InputError(f"{unknown[0]}: cannot tell its input format from its name; elmo embed reads "
-                         f"{formats_in_words()}: rename the file to the suffix of its format")
+                         f"{formats_in_words()}: " + ("a compressed file is not read: decompress it (or write it as "
+                                                      "Parquet, compressed inside)" if packed else
+                                                      "rename the file to the suffix of its format"))
     return [(p, input_format(p)) for p in found]
 
 

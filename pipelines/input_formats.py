@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import io
 import json
 import re
 from pathlib import Path
@@ -80,15 +81,24 @@ def _csv_reader(f, fmt: str, text_column: str, bad: list, strings: tuple[str, ..
                                strings_can_be_null=False))
 
 
+def _head(path: Path | str) -> str:
+    """A CSV/TSV file's first 64 KiB as text (its header record, of 64 KiB at most)."""
+    with open_input(path) as f:
+        return f.read(1 << 16).decode("utf-8-sig", errors="replace")
+
+
 def _one_column(path: Path | str, fmt: str) -> bool:
     """Whether a CSV/TSV file's header names one column: its blank lines are then empty rows (as a
-    text file's), which pyarrow would skip; in a file of several columns a blank line is no row."""
-    with open_input(path) as f:
-        first = f.read(1 << 16).split(b"\n", 1)[0]  # a header line of 64 KiB at most
-    header = first.decode("utf-8-sig", errors="replace").rstrip("\r\n")
+    text file's), which pyarrow would skip; in a file of several columns a blank line is no row. The
+    header ends at \\n, \\r\\n or a lone \\r, as pyarrow's records do, and a CSV header's quoted name
+    may hold a line break."""
+    head = _head(path)
     if fmt == "tsv":
-        return "\t" not in header
-    return len(next(csv.reader([header]), [""])) == 1
+        return "\t" not in re.split(r"\r\n|\r|\n", head, maxsplit=1)[0]
+    try:
+        return len(next(csv.reader(io.StringIO(head, newline="")), [""])) == 1
+    except csv.Error:  # a NUL byte: pyarrow names what is wrong
+        return False
 
 
 _CONVERSION = re.compile(r"In CSV column #(\d+): Row #\d+: CSV conversion error")
@@ -130,16 +140,20 @@ def _csv(f, path, fmt: str, text_column: str, batch_rows: int) -> Iterator[pa.Re
             rows, last = rows + batch.num_rows, batch
             yield batch
     except pa.ArrowInvalid as e:
-        if "Empty CSV file" in str(e):
+        if "Empty CSV file" in str(e) and not _head(path).strip():
             return
+        if "Empty CSV file" in str(e):  # pyarrow's words where no record ends: a quote never closed
+            raise InputError(f"{path}: no record of it ends: a quote opens in its header and never closes; close the "
+                             f"quote (a quote inside a quoted name is written twice, \"\")") from None
         raise InputError(f"{path}: not readable as {fmt.upper()} ({e}); fix the file or convert it to Parquet") from None
     if not bad and fmt == "csv":
         _check_closed(path, last, rows)
     if bad:
         row = bad[0]
-        raise InputError(f"{path}: line {row.number}: {row.actual_columns} fields where the header has "
-                         f"{row.expected_columns} ({row.text[:80]!r}); quote a field that holds the delimiter"
-                         + (" (TSV fields are not quoted: a tab inside a field cannot be read)" if fmt == "tsv" else ""))
+        raise InputError(f"{path}: record {row.number} (the header is record 1): {row.actual_columns} fields where "
+                         f"the header has {row.expected_columns} ({row.text[:80]!r}); " +
+                         ("a TSV field cannot hold a tab (TSV fields are not quoted): remove it, or write the file as "
+                          "CSV" if fmt == "tsv" else "quote a field that holds the delimiter"))
 
 
 def _check_closed(path: Path | str, batch: pa.RecordBatch | None, rows: int) -> None:
@@ -233,32 +247,54 @@ def _bad_json_line(path: Path | str) -> str:
             if not line.strip():
                 continue
             try:
-                value = json.loads(line)
+                value = json.loads(line, object_pairs_hook=_unique_keys)
+            except _DuplicateKey as e:
+                return f"line {n}: {e}"
             except ValueError as e:
                 return f"line {n} is not JSON ({e})"
             if not isinstance(value, dict):
-                return f"line {n} is a JSON {type(value).__name__}, not an object"
+                return f"line {n} is a JSON {_json_kind(value)}, not an object"
             for key, v in value.items():
+                if isinstance(v, str) and not v.isascii() and _SURROGATE.search(v):
+                    return f"line {n}: column '{key}' holds a lone surrogate (\\ud800-\\udfff), which is no character"
                 kind = _json_kind(v)
                 if kind != "null" and types.setdefault(key, kind) != kind:
                     return f"line {n}: column '{key}' holds a {kind} where earlier lines hold a {types[key]}"
     return ""
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's pairs as a dict; _DuplicateKey for a key given twice (pyarrow refuses it)."""
+    value = dict(pairs)
+    if len(value) < len(pairs):
+        key = next(k for i, (k, _) in enumerate(pairs) if k in (p for p, _ in pairs[:i]))
+        raise _DuplicateKey(f"key '{key}' appears twice in one object")
+    return value
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _one_object_a_line(path: Path | str, rows: int) -> bool:
     """Whether ``rows`` (what pyarrow read: two objects on one line are two rows to it) is the count
-    of the file's lines that hold something (a blank line is no row), counted by a regex a chunk at
-    a time."""
-    count, rest = 0, b""
+    of the file's lines that hold something (a blank line is no row), each beginning as an object
+    does (pyarrow reads a line ``null`` as a row of nulls), counted by a regex a chunk at a time."""
+    count, rest, objects = 0, b"", True
     with open_input(path) as f:
         while data := f.read(1 << 20):
-            buf = rest + data
+            buf = (rest + data).removeprefix(b"\xef\xbb\xbf" if not count and not rest else b"")  # a byte-order mark
             cut = buf.rfind(b"\n") + 1  # whole lines only; the rest waits for the next chunk
             count, rest = count + len(_NON_BLANK_LINE.findall(buf, 0, cut)), buf[cut:]
-    return count + bool(rest.strip()) == rows
+            objects = objects and _NOT_AN_OBJECT.search(buf, 0, cut) is None
+    return objects and not _NOT_AN_OBJECT.search(rest) and count + bool(rest.strip()) == rows
 
 
 _NON_BLANK_LINE = re.compile(rb"[^\s][^\n]*")  # a line's first non-space byte to its end: once a line that holds any
+_NOT_AN_OBJECT = re.compile(rb"^[ \t\r\f\v]*[^\s{]", re.MULTILINE)  # a line whose first non-space byte is no {
 
 
 def _json_kind(v) -> str:

@@ -76,8 +76,8 @@ def test_a_csv_job_resumes_its_damaged_shard_and_is_pinned_to_the_csv(tiny_dir, 
 
 
 @pytest.mark.parametrize("name, content, message", [
-    ("bad.csv", "id,text\n1,a b\n2,c,d\n3,e\n", "bad.csv: line 3: 3 fields where the header has 2"),
-    ("bad.tsv", "id\ttext\n1\ta b\n2\tc\td\n", "bad.tsv: line 3: 3 fields where the header has 2"),
+    ("bad.csv", "id,text\n1,a b\n2,c,d\n3,e\n", "bad.csv: record 3 (the header is record 1): 3 fields where the header has 2"),
+    ("bad.tsv", "id\ttext\n1\ta b\n2\tc\td\n", "bad.tsv: record 3 (the header is record 1): 3 fields where the header has 2"),
     ("bad.jsonl", '{"text": "a b"}\n{"text": "c"}\n{text: 1}\n', "bad.jsonl: line 3 is not JSON"),
     ("typed.jsonl", '{"text": "a b"}\n{"text": 3}\n', "typed.jsonl: line 2: column 'text' holds a number where "
                                                       "earlier lines hold a string"),
@@ -87,6 +87,11 @@ def test_a_csv_job_resumes_its_damaged_shard_and_is_pinned_to_the_csv(tiny_dir, 
     # pyarrow reads two objects on one line as two rows: row numbers would stop being line numbers
     ("two.jsonl", '{"text": "a b"}\n{"text": "c"} {"text": "d"}\n\n{"text": "e"}', "two.jsonl: line 2 is not JSON "
                                                                                    "(Extra data"),
+    ("header.csv", 'text,"unclosed\nx,y\n', "header.csv: no record of it ends: a quote opens in its header"),
+    ("null.jsonl", '{"text": "a"}\nnull\n', "null.jsonl: line 2 is a JSON null, not an object"),  # not a row of nulls
+    ("twice.jsonl", '{"text": "x"}\n\n{"text": "y"}\n{"text": "a", "text": "b"}\n',
+     "twice.jsonl: line 4: key 'text' appears twice"),  # pyarrow's own row counts from its block, blank lines not
+    ("corpus.txt.gz", "a b\n", "a compressed file is not read: decompress it"),
     ("corpus.dat", "a b\n", "corpus.dat: cannot tell its input format from its name; elmo embed reads parquet "
                             "(.parquet, .parq, .pq); csv (.csv); tsv (.tsv); jsonl (.jsonl, .ndjson); text (.txt)"),
 ])
@@ -98,6 +103,20 @@ def test_a_file_that_cannot_be_read_or_told_is_refused_before_anything_is_writte
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert message in r.stderr
     assert not out.exists()
+
+
+def test_csv_headers_ended_by_a_lone_cr_or_holding_a_quoted_line_break_are_read(tiny_dir, tmp_path):
+    """The header decides whether blank lines are rows (one column): it ends where pyarrow's first
+    record does, at a lone CR too, and a quoted name may hold a line break."""
+    for name, content, texts in (("cr.csv", "text\ra b\r\rc\r", ["a b", "", "c"]),
+                                 ("crs.csv", "id,text\r1,a b\r2,c\r", ["a b", "c"]),
+                                 ("quoted.csv", '"i\nd",text\n1,a\n\n2,b\n', ["a", "b"])):
+        (tmp_path / name).write_bytes(content.encode())
+        out = tmp_path / f"out-{name}"
+        r = elmo("embed", "--text", tmp_path / name, "--out", out, "--model", tiny_dir, "--quiet",
+                 "--keep-columns", "text")
+        assert r.returncode == 0, r.stderr
+        assert pq.read_table(out, columns=["text"]).column("text").to_pylist() == texts
 
 
 def test_a_last_field_whose_closed_quote_holds_a_line_break_is_read(tiny_dir, tmp_path):
