@@ -86,8 +86,7 @@ def _found(spec: str | Path) -> list[Path]:
     if path.is_file():
         return [path]
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if input_format(p) and p.is_file()
-                       and not is_hidden(str(p.relative_to(path))))
+        files = sorted(p for p in _walk(path) if input_format(p) and not is_hidden(str(p.relative_to(path))))
         if not files:
             raise InputError(f"{path}: no input files in this directory; elmo embed reads {formats_in_words()}")
         return files
@@ -95,6 +94,21 @@ def _found(spec: str | Path) -> list[Path]:
     if not matches:
         raise InputError(f"{spec}: no such file, directory, or files matching this pattern")
     return matches
+
+
+def _walk(root: Path) -> list[Path]:
+    """The files under ``root``, through links to folders too (each real folder once: a link that
+    loops back is not followed again)."""
+    seen, files = set(), []
+    for folder, dirs, names in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        dirs.sort()  # the first link to a folder, by name, is the one read: the same in every run
+        files += [p for p in (Path(folder, n) for n in names) if p.is_file()]
+    return files
 
 
 def is_parquet(path: str | Path) -> bool:

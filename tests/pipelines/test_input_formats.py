@@ -209,6 +209,21 @@ def test_a_directory_reads_its_one_format_and_refuses_a_mix(tiny_dir, tmp_path):
     assert r.returncode == 2 and "files of several input formats (csv, jsonl)" in r.stderr, r.stderr
 
 
+def test_a_directory_reads_through_links_to_folders_once_each(tmp_path):
+    """A linked folder was skipped without a word; a link that loops back is not read again."""
+    from corpora.files import input_files
+
+    (tmp_path / "in" / "own").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    for path in (tmp_path / "in" / "own" / "a.txt", tmp_path / "elsewhere" / "b.txt"):
+        path.write_text("a b\n")
+    (tmp_path / "in" / "linked").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "in" / "again").symlink_to(tmp_path / "elsewhere")  # the same folder: read once
+    (tmp_path / "in" / "own" / "loop").symlink_to(tmp_path / "in")
+    found = [str(Path(p).relative_to(tmp_path / "in")) for p, _ in input_files(tmp_path / "in")]
+    assert found == ["again/b.txt", "own/a.txt"]  # the first link by name
+
+
 def test_a_jobs_expected_tokens_come_from_its_inputs_footers_and_sizes(tmp_path):
     """Each input file's ``expected_tokens`` (what a compiled layout's warm-up is weighed against),
     read before the model loads: a Parquet text column's bytes / 6 from its footer, a tokens
