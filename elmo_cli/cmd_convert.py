@@ -21,18 +21,27 @@ def register(sub: Subcommands) -> None:
 
 
 def run_convert(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from elmo_core.errors import InputError
     from formats import save_model
     from formats.efml import load_efml
+    from storage.atomic import atomic_dir
 
+    out = Path(args.out)
+    if out.is_file() or (out.is_dir() and any(out.iterdir())):
+        raise InputError(f"--out {out}: {'is a file' if out.is_file() else 'is not empty'}; give a new directory "
+                         f"(the converted model's files are never written beside another model's)")
     model = load_efml(args.model)
-    files = save_model(model, args.out, "safetensors")
+    with atomic_dir(out, "options.json", replace=True) as tmp:  # the model appears whole, or not at all
+        save_model(model, tmp, "safetensors")
     cfg = model.config
     if args.json:
-        print(json.dumps({"out": str(files.options.parent), "characters": cfg.char_cnn.n_characters - 1,
+        print(json.dumps({"out": str(out), "characters": cfg.char_cnn.n_characters - 1,
                           "words": cfg.dictionaries.n_words if cfg.dictionaries.words else 0,
                           "layers": cfg.n_output_layers, "dim": cfg.output_dim}))
         return 0
     words = f", words {cfg.dictionaries.n_words:,} x {cfg.dictionaries.word_dim}" if cfg.dictionaries.words else ""
-    print(f"wrote {files.options.parent}: characters {cfg.char_cnn.n_characters - 1:,}{words}, "
+    print(f"wrote {out}: characters {cfg.char_cnn.n_characters - 1:,}{words}, "
           f"{cfg.n_output_layers} layers of {cfg.output_dim}")
     return 0

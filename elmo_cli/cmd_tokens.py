@@ -28,15 +28,19 @@ def register(sub: Subcommands) -> None:
 def run_dump_tokens(args: argparse.Namespace) -> int:
     from formats import load_bilm, resolve_model
     from formats.token_embeddings import TokenEmbeddings, read_vocab_lines, write_token_embeddings
+    from inference.registry import check_device
+    from inference.run_settings import check_device_name
     from inference.token_cache import compute_token_embeddings
 
     from runtime import use_threads
 
     start = time.perf_counter()
+    check_device_name(args.device)
+    check_device(args.device)  # a GPU this process cannot reach: named before the model loads
     use_threads(args.threads)
+    tokens = read_vocab_lines(args.vocab)
     files = resolve_model(args.model, args.weights)
     model = load_bilm(files.options, files.weights).eval().to(args.device)
-    tokens = read_vocab_lines(args.vocab)
     vectors = compute_token_embeddings(model, tokens)  # (V, P)
     write_token_embeddings(args.out, TokenEmbeddings(tokens, vectors))
     seconds = time.perf_counter() - start

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import warnings
 from pathlib import Path
 
 import torch
@@ -126,10 +127,16 @@ def _load_state(path: Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise WeightsError(f"{path}: not found")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
-        raise WeightsError(f"{path}: refused: not a plain state dict of tensors, and it is never unpickled "
-                           f"beyond that ({str(e).splitlines()[0]})") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's own, about loading: this message says what matters
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise WeightsError(f"{path}: refused: not a plain state dict of tensors (other Python objects, or no "
+                           f"pickle at all); a file given here is never unpickled beyond that") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        why = (str(e).splitlines() or [""])[0] or type(e).__name__
+        raise WeightsError(f"{path}: truncated, or not a torch state dict ({why}); copy the model's files "
+                           f"again") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise WeightsError(f"{path}: expected a state dict of tensors, got {type(state).__name__}")
     return state

@@ -40,8 +40,11 @@ def read_vocab_lines(path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise TokenEmbeddingsError(f"{path}: vocabulary file not found")
-    with open(path, encoding="utf-8") as f:
-        tokens = [line.strip() for line in f]
+    try:
+        with open(path, encoding="utf-8") as f:
+            tokens = [line.strip() for line in f]
+    except UnicodeDecodeError as e:
+        raise TokenEmbeddingsError(f"{path}: not UTF-8 text ({e}); a vocabulary holds one UTF-8 token a line") from None
     if not tokens:
         raise TokenEmbeddingsError(f"{path}: the vocabulary file is empty")
     return tokens

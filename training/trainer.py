@@ -14,7 +14,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from elmo_core import ElmoConfig, LstmState
-from storage.atomic import write_json_atomic
+from elmo_core.bounds import MAX_COUNT, check_count
+from elmo_core.errors import SettingError
+from storage.atomic import atomic_dir, write_json_atomic
 from elmo_core.host_to_device import to_device
 from elmo_core.kinds import Precision
 from formats import save_model
@@ -32,7 +34,7 @@ from .init_from import extend_vocabulary, init_source, load_initial_weights
 from .model import LanguageModel
 from .objective import Candidates, LogUniformSampler
 from .optim import Recipe, resolve
-from .options import PRECISION_REASONS, SOFTMAX_UPDATES, TrainOptions, default_precision
+from .options import MAX_UNROLL, PRECISION_REASONS, SOFTMAX_UPDATES, TrainOptions, default_precision
 from .progress import DeviceTotals, Limits, MetricLogger, Progress, log_line
 from .run_dir import CHECKPOINTS_DIR, check_run_dir
 from .segments import StepPlan
@@ -59,8 +61,9 @@ class Trainer:
         self.say(f"precision {PRECISION_REASONS[opts.precision] if default else opts.precision + ' (--precision)'}")
         self.recipe = self.setup_recipe()
         self.source = init_source(opts.init_from, opts.vocab, opts.softmax) if opts.init_from else None
+        architecture = self.setup_architecture()
         self.vocab = self.setup_vocab()
-        self.config = self.setup_config()
+        self.config = architecture.with_training(n_tokens_vocab=len(self.vocab))
         self.lm, self.net = self.setup_model()
         self.sampler, self.sparse = self.setup_softmax()
         self.optimizer = self.recipe.build([p for p in self.lm.parameters() if p.requires_grad])
@@ -111,14 +114,23 @@ class Trainer:
         barrier(self.dist)  # the main rank's vocab.txt is there for the others
         return vocab or Vocab.load(path)
 
-    def setup_config(self) -> ElmoConfig:
+    def setup_architecture(self) -> ElmoConfig:
+        """The architecture (``--options`` or ``--init-from``'s) with the flags' training values,
+        checked before anything is written."""
         o = self.opts
         if self.source is not None and o.options:
             raise TrainingError("--options and --init-from both name an architecture; leave --options out")
         base = ElmoConfig.from_json(self.source.files.options if self.source is not None else o.options)
         tr = base.training
-        return base.with_training(n_tokens_vocab=len(self.vocab), batch_size=o.batch_size or tr.batch_size,
-                                  unroll_steps=o.unroll or tr.unroll_steps, n_epochs=o.epochs or tr.n_epochs)
+        settled = {"batch_size": o.batch_size or tr.batch_size, "unroll_steps": o.unroll or tr.unroll_steps,
+                   "n_epochs": o.epochs or tr.n_epochs}  # a flag's value was checked; an options.json one is here
+        for name, value in settled.items():
+            try:
+                check_count(name, value, high=MAX_UNROLL if name == "unroll_steps" else MAX_COUNT)
+            except SettingError as e:
+                where = self.source.files.options if self.source is not None else o.options
+                raise TrainingError(f"{where}: training {e}; fix it there, or give its flag") from None
+        return base.with_training(**settled)
 
     def setup_model(self) -> tuple[LanguageModel, torch.nn.Module]:
         lm = LanguageModel(self.config, len(self.vocab)).initialise(self.opts.seed)
@@ -378,12 +390,14 @@ class Trainer:
         return summary
 
     def export(self, model_dir: Path) -> Path:
-        """options.json + weights.hdf5 (published layout), softmax.hdf5 and vocab.txt."""
+        """options.json + weights.hdf5 (published layout), softmax.hdf5 and vocab.txt, published as one
+        directory (``atomic_dir``: an earlier run's stays whole until this one is, never a mix)."""
         if self.dist.is_main:
-            save_model(self.lm.bilm.cpu(), model_dir, "hdf5")
-            self.lm.to(self.device)
-            save_softmax(self.lm, model_dir / SOFTMAX_NAME)
-            self.vocab.save(model_dir / "vocab.txt")
+            with atomic_dir(model_dir, "vocab.txt", replace=True) as tmp:
+                save_model(self.lm.bilm.cpu(), tmp, "hdf5")
+                self.lm.to(self.device)
+                save_softmax(self.lm, tmp / SOFTMAX_NAME)
+                self.vocab.save(tmp / "vocab.txt")
         barrier(self.dist)
         return model_dir
 

@@ -192,6 +192,43 @@ def test_convert_efml_with_missing_keys_exits_2_naming_them(tmp_path, capsys, ar
     assert code == 2 and named in err and "Traceback" not in err, err
 
 
+def test_convert_efml_names_an_empty_pickle_and_never_writes_into_another_models_directory(tiny_dir, tmp_path,
+                                                                                           capsys):
+    src = tmp_path / "efml"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"config_path": "arch.json"}))
+    (src / "arch.json").write_text(json.dumps({"encoder": {"name": "elmo"}, "token_embedder": {"name": "cnn"}}))
+    (src / "encoder.pkl").write_bytes(b"")
+    code, err = run(capsys, "convert-efml", "--model", src, "--out", tmp_path / "new")
+    assert code == 2 and "Traceback" not in err and not (tmp_path / "new").exists(), err
+    before = sorted(p.name for p in tiny_dir.iterdir())
+    code, err = run(capsys, "convert-efml", "--model", src, "--out", tiny_dir)
+    assert code == 2 and f"--out {tiny_dir}: is not empty" in err and sorted(p.name for p in tiny_dir.iterdir()) == before
+
+
+def test_dump_tokens_names_a_device_it_cannot_reach_and_a_vocabulary_that_is_not_text(tiny_dir, tmp_path, capsys):
+    (tmp_path / "vocab.bin").write_bytes(bytes(range(128, 256)))
+    code, err = run(capsys, "dump-tokens", "--model", tiny_dir, "--vocab", tmp_path / "vocab.bin", "--out",
+                    tmp_path / "t.hdf5")
+    assert code == 2 and "vocab.bin: not UTF-8 text" in err and "Traceback" not in err, err
+    code, err = run(capsys, "dump-tokens", "--model", tiny_dir, "--vocab", tmp_path / "vocab.bin", "--out",
+                    tmp_path / "t.hdf5", "--device", "gpu")
+    assert code == 2 and "--device must be cpu, cuda or cuda:N" in err and not (tmp_path / "t.hdf5").exists()
+
+
+@pytest.mark.parametrize("key, value", [("batch_size", -4), ("unroll_steps", 0), ("n_epochs", 0)])
+def test_an_options_files_bad_training_value_exits_2_before_the_run_directory_is_made(tmp_path, capsys, key,
+                                                                                      value):
+    from tests.helpers import TINY_OPTIONS
+
+    (tmp_path / "options.json").write_text(json.dumps({**TINY_OPTIONS, key: value}))
+    (tmp_path / "corpus.txt").write_text("a b c .\nd e f .\n" * 20)
+    code, err = run(capsys, "train", "--text", tmp_path / "corpus.txt", "--options", tmp_path / "options.json",
+                    "--min-count", "1", "--out", tmp_path / "run", "--max-steps", "1")
+    assert code == 2 and f"options.json: training {key} must be a positive integer" in err, err
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_pooled_row_without_tokens_is_not_a_non_finite_vector(tiny_dir, tmp_path):
     path = tmp_path / "in" / "a.parquet"
     path.parent.mkdir()
