@@ -19,7 +19,8 @@ from .sotu import sotu_sentences
 
 
 def write_sample_corpus(out_dir: str | Path, rows: int = 2000, files: int = 2, row_group_rows: int = 1000) -> list[Path]:
-    """Write ``rows`` sentences into ``files`` Parquet files; return their paths."""
+    """Write ``rows`` sentences into ``files`` Parquet files (an earlier sample's in ``out_dir`` replaced,
+    other files kept); return their paths."""
     check_count("rows", rows)
     check_count("files", files)
     if files > rows:
@@ -42,4 +43,6 @@ def write_sample_corpus(out_dir: str | Path, rows: int = 2000, files: int = 2, r
                           "speech": [p[1] for p in part], "text": [p[2] for p in part]})
         with atomic_path(path) as tmp:
             pq.write_table(table, tmp, row_group_size=row_group_rows)
+    for stale in set(out_dir.glob("corpus-[0-9][0-9][0-9][0-9][0-9].parquet")) - set(paths):
+        stale.unlink()  # an earlier sample's files past this one's: the folder reads as this sample alone
     return paths

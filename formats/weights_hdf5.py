@@ -89,16 +89,20 @@ def _load_lstm(f: h5py.File, model: BiLM) -> None:
             _copy(lstm.w_proj[layer, d], _read(f, f"{cell}/W_P_0", (C, P)))
 
 
+def open_weights_hdf5(path: Path) -> h5py.File:
+    """``path`` open for reading; WeightsError naming it where it is no readable HDF5 file."""
+    try:
+        return h5py.File(path, "r")
+    except OSError as e:
+        raise WeightsError(f"{path}: not a readable HDF5 file ({e}); is it truncated or of another format?") from None
+
+
 def load_hdf5_weights(model: BiLM, path: str | Path) -> None:
     """Fill ``model`` from a published ELMo weights file; errors name the dataset and shapes."""
     path = Path(path)
     if not path.is_file():
         raise WeightsError(f"{path}: weights file not found")
-    try:
-        f = h5py.File(path, "r")
-    except OSError as e:
-        raise WeightsError(f"{path}: not a readable HDF5 file ({e}); is it truncated or of another format?") from None
-    with f:
+    with open_weights_hdf5(path) as f:
         for load in (_load_char_embed, _load_cnn, _load_highway, _load_projection, _load_lstm):
             load(f, model)
         _check_all_used(f, model)

@@ -21,7 +21,7 @@ from elmo_core import ElmoConfig
 from storage.atomic import atomic_path
 from elmo_core.errors import WeightsError
 from formats import resolve_model
-from formats.weights_hdf5 import load_hdf5_weights
+from formats.weights_hdf5 import load_hdf5_weights, open_weights_hdf5
 from inference.fast_path import FastInference
 
 from .corpus import check_scoring
@@ -127,7 +127,7 @@ def load_language_model(model_dir: str | Path) -> tuple[LanguageModel, Vocab]:
     sm = model_dir / SOFTMAX_NAME
     if not sm.is_file():
         raise WeightsError(f"{sm}: softmax weights not found; perplexity needs a model written by `elmo train`")
-    with h5py.File(sm, "r") as f:
+    with open_weights_hdf5(sm) as f:
         for name, param in (("softmax/W", lm.softmax_w), ("softmax/b", lm.softmax_b)):
             if name not in f or tuple(f[name].shape) != tuple(param.shape):
                 raise WeightsError(f"{sm}: dataset {name} missing or not of shape {tuple(param.shape)} "

@@ -96,6 +96,14 @@ def test_sample_corpus_refuses_bad_counts_before_writing(tmp_path, capsys, flags
     assert not out.exists()
 
 
+def test_a_smaller_sample_replaces_an_earlier_one_and_keeps_other_files(tmp_path):
+    write_sample_corpus(tmp_path, rows=50, files=5)
+    (tmp_path / "notes.txt").write_text("mine")
+    paths = write_sample_corpus(tmp_path, rows=20, files=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus-00000.parquet", "corpus-00001.parquet", "notes.txt"]
+    assert sum(pq.read_metadata(p).num_rows for p in paths) == 20
+
+
 def test_sample_corpus_and_verify_name_a_file_given_for_a_directory(tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):
