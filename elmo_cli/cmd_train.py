@@ -6,7 +6,7 @@ import json
 import sys
 
 from elmo_cli.status import say_loading
-from elmo_cli.vocabulary import Subcommands, add_fields, add_flag, field_values
+from elmo_cli.vocabulary import Subcommands, add_fields, add_flag, check_torch_model, field_values
 from runtime import process_started, use_threads
 from training.options import TrainOptions
 
@@ -83,6 +83,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
     from training.corpus import check_scoring
 
     check_scoring(args.text, args.batch_size, args.max_sentences, args.text_column, args.stateful)  # before torch loads
+    check_torch_model(args.model, "perplexity")
     from inference.model_run import resolve_run
     from runtime import flushing_denormals
     from training.perplexity import load_language_model, perplexity

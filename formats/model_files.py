@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elmo_core.config import ElmoConfig
-from elmo_core.errors import ConfigError, WeightsError
+from elmo_core.errors import ConfigError, InputError, WeightsError
+from storage.atomic import read_json_object
 from storage.locations import is_uri, local_copy
 
 OPTIONS_NAME = "options.json"
@@ -69,6 +70,9 @@ def _options_in(path: Path) -> Path:
         return path / OPTIONS_NAME
     if (path / "config.json").is_file() and (path / "encoder.pkl").is_file():
         raise WeightsError(f"{path}: an ELMoForManyLangs model; convert it first: elmo convert-efml --model {path} --out DIR")
+    if kind := _export_kind(path):
+        raise WeightsError(f"{path}: an {kind} export, not a model directory; this loads the model itself (options.json "
+                           f"and its weights): give the directory the export was made from")
     if (path / "manifest.json").is_file():  # an export whose manifest its kind was not read from
         raise WeightsError(f"{path}: holds a manifest.json that is not an export's (not a JSON object with its "
                            f"\"kind\"; `elmo info --model {path}` says why) and no {OPTIONS_NAME}: export the model "
@@ -78,6 +82,15 @@ def _options_in(path: Path) -> Path:
         raise WeightsError(f"{path}: no {OPTIONS_NAME} in this directory"
                            + (f" and several *options*.json {[p.name for p in jsons]}" if jsons else ""))
     return jsons[0]
+
+
+def _export_kind(path: Path) -> str | None:
+    """The kind an export directory's manifest.json names (``export.manifest``), None for anything else."""
+    try:
+        kind = read_json_object(path / "manifest.json").get("kind")
+    except (OSError, InputError):
+        return None
+    return kind if isinstance(kind, str) else None
 
 
 def _weights_in(path: Path) -> Path:

@@ -180,8 +180,12 @@ def passthrough_schema(files: list[InputFile], opts: EmbedOptions) -> pa.Schema:
         if len(types) > 1:
             found = "; ".join(f"{t} in {', '.join(paths[:3])}{' ...' if len(paths) > 3 else ''}"
                               for t, paths in types.items())
+            inferred = any(f.format != "parquet" for f in files)
+            how = ("pyarrow infers a CSV, TSV or JSON Lines column's type from its values: make them alike in every "
+                   "file (all integers, say), convert the files to Parquet with one type" if inferred else
+                   "rewrite the odd files with that type")
             raise InputError(f"column '{name}' has different types in the input files ({found}); every file "
-                             f"must give it one type: rewrite the odd files with that type, or leave the column out")
+                             f"must give it one type: {how}, or leave the column out")
         fields.append(pa.field(name, next(iter(types))))
     return pa.schema(fields)
 

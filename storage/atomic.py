@@ -39,6 +39,7 @@ def fsync(path: str | Path) -> None:
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """``with atomic_path(p) as tmp:`` write ``tmp``; it becomes ``p`` when the block succeeds."""
     path = Path(path)
+    make_parent(path, directory=False)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)  # a leftover of an earlier process with this pid, or a planted link: never followed
     try:
@@ -119,6 +120,18 @@ def nearest_existing(path: str | Path) -> Path:
     return next(p for p in (path, *path.parents) if p.exists())
 
 
+def make_parent(path: Path, directory: bool) -> None:
+    """The folders above ``path``, made where missing; InputError where a file stands in their way or
+    where ``path`` is of the other kind (a folder where a file is written: ``directory`` False)."""
+    above = nearest_existing(path.parent)
+    if not above.is_dir():
+        raise InputError(f"{path}: {above} is a file, not a directory; give a path whose folders are folders")
+    if path.is_dir() != directory and path.exists():
+        raise InputError(f"{path}: is {'a file' if directory else 'a directory'}; give "
+                         f"{'a directory' if directory else 'a file name'} (new, or one written here before)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+
 def check_can_make_in(directory: Path, name: str) -> None:
     """OSError (the system's: read-only, permission, not a directory) where no directory can be
     made in ``directory``: a hidden probe ``.NAME.PID.probe.tmp`` made and removed, as a real write
@@ -132,9 +145,8 @@ def check_can_publish(path: str | Path) -> None:
     """OSError where ``atomic_dir(path)`` could not make its temporary directory beside ``path``:
     asked before a long run whose result is published there, not after it. The directories above
     ``path`` are made as ``atomic_dir`` makes them."""
-    parent = Path(path).parent
-    parent.mkdir(parents=True, exist_ok=True)
-    check_can_make_in(parent, Path(path).name)
+    make_parent(Path(path), directory=True)
+    check_can_make_in(Path(path).parent, Path(path).name)
 
 
 @contextmanager
@@ -145,7 +157,7 @@ def atomic_dir(path: str | Path, complete: str, replace: bool = False) -> Iterat
     moved aside and removed instead (readers see the old directory or the new one, never a mix).
     On an error ``tmp`` is removed and ``d`` is as it was."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_parent(path, directory=True)
     tmp, old = (path.with_name(f".{path.name}.{os.getpid()}{k}.tmp") for k in ("", ".old"))
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()

@@ -50,3 +50,20 @@ def test_replace_swaps_a_directory_whole_and_a_failed_build_keeps_the_old_one(tm
         assert (target / "old-only").exists()  # the old one is served while the new one is built
     assert sorted(p.name for p in target.iterdir()) == ["card.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # nothing left aside
+
+
+def test_a_path_a_file_stands_in_the_way_of_is_named_and_folders_above_are_made(tmp_path):
+    from elmo_core.errors import InputError
+    from storage.atomic import atomic_path
+
+    (tmp_path / "afile").write_text("x")
+    for target, says in ((tmp_path / "afile" / "sub" / "x.json", f"{tmp_path / 'afile'} is a file, not a directory"),
+                         (tmp_path, "is a directory; give a file name")):
+        with pytest.raises(InputError, match=says):
+            write_json_atomic(target, {})
+    with pytest.raises(InputError, match="is a file; give a directory"):
+        with atomic_dir(tmp_path / "afile", "done"):
+            pass
+    with atomic_path(tmp_path / "new" / "deeper" / "x.txt") as tmp:  # its folders made, as atomic_dir makes them
+        tmp.write_text("y")
+    assert (tmp_path / "new" / "deeper" / "x.txt").read_text() == "y" and (tmp_path / "afile").read_text() == "x"

@@ -101,6 +101,16 @@ def test_a_directory_with_a_broken_export_manifest_says_so(tmp_path):
         resolve_model(tmp_path)
 
 
+def test_an_export_given_where_its_model_directory_is_loaded_is_named_an_export(tmp_path):
+    """It was called a directory whose manifest is not an export's (`elmo info` says it is one)."""
+    from formats.model_files import resolve_model
+
+    (tmp_path / "manifest.json").write_text('{"kind": "onnx"}')
+    (tmp_path / "model.onnx").write_bytes(b"")
+    with pytest.raises(WeightsError, match=r"an onnx export, not a model directory; .* the directory the export was"):
+        resolve_model(tmp_path)
+
+
 def test_truncated_file(tiny_dir):
     path = tiny_dir / "weights.hdf5"
     data = path.read_bytes()

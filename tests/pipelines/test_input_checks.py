@@ -42,6 +42,11 @@ def test_columns_of_different_types_across_files_are_refused_before_anything_is_
     r = elmo("embed", "--text", tmp_path / "in", "--out", out, "--model", tiny_dir)  # without the column: fine
     assert r.returncode == 0, r.stderr
     assert verify_output(out)["rows"] == 4
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "a.csv").write_text("id,text\n1,a b\n")
+    (tmp_path / "csv" / "b.csv").write_text("id,text\nx1,c\n")
+    r = elmo("embed", "--text", tmp_path / "csv", "--out", tmp_path / "out2", "--model", tiny_dir, "--id-column", "id")
+    assert r.returncode == 2 and "pyarrow infers a CSV, TSV or JSON Lines column's type from its values" in r.stderr
 
 
 def test_names_that_are_not_utf8_are_refused_before_anything_is_written(tiny_dir, tmp_path):
