@@ -108,7 +108,7 @@ def _written_by_the_project(path: Path) -> dict | None:
 def _embed_output(path: Path) -> dict:
     """An `elmo embed` OUTPUT_DIR: its job record and manifest (``pipelines.sink``)."""
     from pipelines.output_dir import LocalDir
-    from pipelines.sink import SUCCESS_FILE, side_names
+    from pipelines.sink import COUNTS, SUCCESS_FILE, side_names
 
     out = LocalDir(path)
     names = side_names(out)
@@ -117,7 +117,7 @@ def _embed_output(path: Path) -> dict:
     job_name, manifest_name = names
     m = out.read_record(manifest_name) if out.size(manifest_name) is not None else {}
     job = out.read_record(job_name)
-    counts = {k: v if isinstance(v := m.get(k), int) and not isinstance(v, bool) else None for k in ("rows", "tokens")}
+    counts = {k: v if isinstance(v := m.get(k), int) and not isinstance(v, bool) else None for k in COUNTS}
     shards = m.get("shards")  # a damaged record's fields of another type are shown as unknown: `elmo verify` names them
     return {"kind": "elmo embed output", "path": str(path), "finished": out.size(SUCCESS_FILE) is not None,
             **counts, "shards": len(shards) if isinstance(shards, list) else None,

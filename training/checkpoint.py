@@ -53,7 +53,8 @@ def read(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
             meta = json.loads((f.metadata() or {}).get(META_KEY, "null"))
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except (FileNotFoundError, SafetensorError, OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not a readable checkpoint ({e})") from None
+        raise CheckpointError(f"{path}: not a readable checkpoint ({e}); it is damaged: delete it and the files of "
+                              f"its step beside it to resume from the checkpoint before") from None
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path}: no '{META_KEY}' metadata; not an elmo training checkpoint")
     return tensors, meta

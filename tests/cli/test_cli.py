@@ -121,7 +121,7 @@ def test_info_knows_every_directory_the_project_writes(tiny_dir, tmp_path, capsy
         assert main(["info", "--model", str(path), "--json"]) == 0
         info = json.loads(capsys.readouterr().out)
         assert info["kind"] == kind, (path, info)
-    assert info["rows"] == 50 and info["finished"]
+    assert info["rows"] == 50 and info["finished"] and info["null_rows"] == info["invalid_utf8"] == 0
     assert main(["info", "--model", str(tmp_path / "engine" / "onnx")]) == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line for line in out.splitlines()[1:]}
