@@ -11,9 +11,10 @@ import fnmatch
 import glob
 import os
 from pathlib import Path
+from typing import Iterator
 
 from elmo_core.errors import InputError
-from storage.locations import is_below, is_hidden, is_uri, list_files, normalize_uri
+from storage.locations import HIDDEN_PREFIXES, is_below, is_hidden, is_uri, list_files, normalize_uri
 
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 # elmo embed's input formats, told by a file's suffix (case-insensitive); one format per file, never guessed.
@@ -32,7 +33,7 @@ def input_format(path: str | Path) -> str | None:
     return next((name for name, suffixes in INPUT_FORMATS.items() if suffix in suffixes), None)
 
 
-COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zip", ".lz4", ".7z")
+COMPRESSED_SUFFIXES = (".gz", ".tgz", ".tar", ".bz2", ".xz", ".zst", ".zip", ".lz4", ".7z")
 
 
 def input_files(spec: str | Path, unread: list | None = None) -> list[tuple[Path | str, str]]:
@@ -97,18 +98,26 @@ def _found(spec: str | Path) -> list[Path]:
 
 
 def _walk(root: Path) -> list[Path]:
-    """The files under ``root``, through links to folders too (each real folder once: a link that
-    loops back is not followed again)."""
+    """The files under ``root``, through links to folders too: each real folder once, as itself where
+    it lies under ``root`` (else through its first link by name); hidden folders (``_``, ``.``) not
+    entered, their links neither."""
+    own = {os.path.realpath(folder) for folder, _, _ in _visible(os.walk(root))}
     seen, files = set(), []
-    for folder, dirs, names in os.walk(root, followlinks=True):
+    for folder, dirs, names in _visible(os.walk(root, followlinks=True)):
         real = os.path.realpath(folder)
-        if real in seen:
-            dirs[:] = []
+        if real in seen or (os.path.islink(folder) and real in own):
+            dirs[:] = []  # read once, as itself: a link that loops back or leads to a folder of root's
             continue
         seen.add(real)
-        dirs.sort()  # the first link to a folder, by name, is the one read: the same in every run
         files += [p for p in (Path(folder, n) for n in names) if p.is_file()]
     return files
+
+
+def _visible(walk: Iterator[tuple[str, list[str], list[str]]]) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``os.walk``'s steps, hidden folders pruned before they are entered, the rest in name order."""
+    for folder, dirs, names in walk:
+        dirs[:] = sorted(d for d in dirs if not d.startswith(HIDDEN_PREFIXES))
+        yield folder, dirs, names
 
 
 def is_parquet(path: str | Path) -> bool:

@@ -33,8 +33,8 @@ def write_sample_corpus(out_dir: str | Path, rows: int = 2000, files: int = 2, r
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        raise InputError(f"{out_dir}: {nearest_existing(out_dir)} is a file, not a directory; give a directory (new, or one to add "
-                         f"the corpus files to)") from None
+        raise InputError(f"{out_dir}: {nearest_existing(out_dir)} is a file, not a directory; give a directory (new, or one to write "
+                         f"the sample into: an earlier sample's corpus-NNNNN.parquet files there are replaced)") from None
     per_file = -(-rows // files)
     paths = [out_dir / f"corpus-{k:05d}.parquet" for k in range(files)]
     for k, path in enumerate(paths):

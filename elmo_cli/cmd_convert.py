@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from elmo_cli.vocabulary import Subcommands, add_flag
 
@@ -21,8 +22,6 @@ def register(sub: Subcommands) -> None:
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from elmo_core.errors import InputError
     from formats import save_model
     from formats.efml import load_efml
@@ -33,8 +32,11 @@ def run_convert(args: argparse.Namespace) -> int:
         raise InputError(f"--out {out}: {'is a file' if out.is_file() else 'is not empty'}; give a new directory "
                          f"(the converted model's files are never written beside another model's)")
     model = load_efml(args.model)
-    with atomic_dir(out, "options.json", replace=True) as tmp:  # the model appears whole, or not at all
-        save_model(model, tmp, "safetensors")
+    if out.is_dir():  # empty (a mount point, say): its files each written whole
+        save_model(model, out, "safetensors")
+    else:
+        with atomic_dir(out, "options.json") as tmp:  # the model appears whole, or not at all; never over another's
+            save_model(model, tmp, "safetensors")
     cfg = model.config
     if args.json:
         print(json.dumps({"out": str(out), "characters": cfg.char_cnn.n_characters - 1,

@@ -55,8 +55,9 @@ def texts(path: str | None) -> tuple[list[list[str]], list[list[str]], str]:
 
 
 def probe_tokens(source: tuple[list[list[str]], list[list[str]], str], words: int, cap: int) -> int:
-    """At most how many tokens a probe of ``words`` embeds (``cap`` contexts of each, in each split, of
-    the text's mean length), which a compiled layout's warm-up must repay (``resolve_run``)."""
+    """About how many tokens a probe of ``words`` embeds (``cap`` contexts of each, in each split, of
+    the text's mean length; the whole text at most), which a compiled layout's warm-up must repay
+    (``resolve_run``)."""
     sentences = source[0] + source[1]
     total = sum(map(len, sentences))
     return min(total, words * 2 * cap * -(-total // max(len(sentences), 1)))

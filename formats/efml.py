@@ -133,6 +133,8 @@ def _load_state(path: Path) -> dict[str, torch.Tensor]:
     except pickle.UnpicklingError:
         raise WeightsError(f"{path}: refused: not a plain state dict of tensors (other Python objects, or no "
                            f"pickle at all); a file given here is never unpickled beyond that") from None
+    except (PermissionError, FileNotFoundError, IsADirectoryError):
+        raise  # the system's own words name them
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         why = (str(e).splitlines() or [""])[0] or type(e).__name__
         raise WeightsError(f"{path}: truncated, or not a torch state dict ({why}); copy the model's files "

@@ -87,6 +87,17 @@ def _head(path: Path | str) -> str:
         return f.read(1 << 16).decode("utf-8-sig", errors="replace")
 
 
+def _blank(path: Path | str) -> bool:
+    """Whether the file holds nothing but whitespace (and a byte-order mark), read until it does not."""
+    with open_input(path) as f:
+        first = True
+        while data := f.read(1 << 20):
+            if (data.removeprefix(b"\xef\xbb\xbf") if first else data).strip():
+                return False
+            first = False
+    return True
+
+
 def _one_column(path: Path | str, fmt: str) -> bool:
     """Whether a CSV/TSV file's header names one column: its blank lines are then empty rows (as a
     text file's), which pyarrow would skip; in a file of several columns a blank line is no row. The
@@ -95,10 +106,7 @@ def _one_column(path: Path | str, fmt: str) -> bool:
     head = _head(path)
     if fmt == "tsv":
         return "\t" not in re.split(r"\r\n|\r|\n", head, maxsplit=1)[0]
-    try:
-        return len(next(csv.reader(io.StringIO(head, newline="")), [""])) == 1
-    except csv.Error:  # a NUL byte: pyarrow names what is wrong
-        return False
+    return len(next(csv.reader(io.StringIO(head, newline="")), [""])) == 1
 
 
 _CONVERSION = re.compile(r"In CSV column #(\d+): Row #\d+: CSV conversion error")
@@ -140,7 +148,7 @@ def _csv(f, path, fmt: str, text_column: str, batch_rows: int) -> Iterator[pa.Re
             rows, last = rows + batch.num_rows, batch
             yield batch
     except pa.ArrowInvalid as e:
-        if "Empty CSV file" in str(e) and not _head(path).strip():
+        if "Empty CSV file" in str(e) and _blank(path):
             return
         if "Empty CSV file" in str(e):  # pyarrow's words where no record ends: a quote never closed
             raise InputError(f"{path}: no record of it ends: a quote opens in its header and never closes; close the "
@@ -254,9 +262,9 @@ def _bad_json_line(path: Path | str) -> str:
                 return f"line {n} is not JSON ({e})"
             if not isinstance(value, dict):
                 return f"line {n} is a JSON {_json_kind(value)}, not an object"
+            if _lone_surrogate(line, value):
+                return f"line {n} holds a lone surrogate (\\ud800-\\udfff, in a key or a value), which is no character"
             for key, v in value.items():
-                if isinstance(v, str) and not v.isascii() and _SURROGATE.search(v):
-                    return f"line {n}: column '{key}' holds a lone surrogate (\\ud800-\\udfff), which is no character"
                 kind = _json_kind(v)
                 if kind != "null" and types.setdefault(key, kind) != kind:
                     return f"line {n}: column '{key}' holds a {kind} where earlier lines hold a {types[key]}"
@@ -276,17 +284,27 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
     return value
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+def _lone_surrogate(line: bytes, value: object) -> bool:
+    """Whether the parsed ``value`` of ``line`` holds a lone surrogate anywhere (only an escape
+    ``\\uD8..`` can write one)."""
+    if b"\\u" not in line:
+        return False
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _one_object_a_line(path: Path | str, rows: int) -> bool:
     """Whether ``rows`` (what pyarrow read: two objects on one line are two rows to it) is the count
     of the file's lines that hold something (a blank line is no row), each beginning as an object
     does (pyarrow reads a line ``null`` as a row of nulls), counted by a regex a chunk at a time."""
-    count, rest, objects = 0, b"", True
+    count, rest, objects, first = 0, b"", True, True
     with open_input(path) as f:
         while data := f.read(1 << 20):
-            buf = (rest + data).removeprefix(b"\xef\xbb\xbf" if not count and not rest else b"")  # a byte-order mark
+            buf = (rest + data).removeprefix(b"\xef\xbb\xbf" if first else b"")  # the file's byte-order mark
+            first = False
             cut = buf.rfind(b"\n") + 1  # whole lines only; the rest waits for the next chunk
             count, rest = count + len(_NON_BLANK_LINE.findall(buf, 0, cut)), buf[cut:]
             objects = objects and _NOT_AN_OBJECT.search(buf, 0, cut) is None

@@ -32,7 +32,7 @@ from .options import EmbedOptions
 from .errors import OutputDirError
 from .os_errors import os_errors
 from .output_dir import open_output
-from .shard_size import recorded_rows_per_shard, settle_rows_per_shard
+from .shard_size import settle_rows_per_shard
 from .stages import StageClock
 from .progress import ProgressBar, note
 from .schema import output_schema
@@ -128,8 +128,8 @@ def _tokens_left(out: Output, opts: EmbedOptions, files: list[InputFile]) -> int
     tokens = sum(f.expected_tokens for f in files)
     if not (opts.resume and opts.engine == "local" and out.exists()):
         return tokens
-    rows, total = opts.rows_per_shard or recorded_rows_per_shard(out), sum(f.rows for f in files)
-    if rows is None or total == 0:
+    (rows, _), total = settle_rows_per_shard(opts, files, out), sum(f.rows for f in files)
+    if total == 0:
         return tokens
     present = out.entries()
     done = sum(s.rows for s in shards_of(files, rows, opts.shard_format.suffix) if s.name in present)

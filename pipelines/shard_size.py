@@ -36,7 +36,7 @@ def settle_rows_per_shard(opts: EmbedOptions, files: list[InputFile], out: Outpu
     """(the job's rows per shard, why)."""
     if opts.rows_per_shard is not None:
         return opts.rows_per_shard, "--rows-per-shard"
-    recorded = recorded_rows_per_shard(out)
+    recorded = _recorded(out)
     if recorded is not None:
         return recorded, "as this OUTPUT_DIR's job recorded"
     slots, which = engine_slots(opts)
@@ -65,8 +65,7 @@ def engine_slots(opts: EmbedOptions) -> tuple[int, str]:
     return writers, f"{writers} writer threads"
 
 
-def recorded_rows_per_shard(out: Output) -> int | None:
-    """The rows per shard the job record in ``out`` holds; None: none (or not a record of this version)."""
+def _recorded(out: Output) -> int | None:
     try:
         names = side_names(out) if out.exists() else None
         rows = out.read_record(names[0]).get("options", {}).get("rows_per_shard") if names else None

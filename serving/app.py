@@ -129,6 +129,9 @@ async def unless_disconnected(request: Request, work: Awaitable[list]) -> list |
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:  # uvicorn's, at the shutdown deadline: answered here, not with its plain 500
+        asyncio.current_task().uncancel()  # handled: the answer is still sent
+        if task.done() and not task.cancelled():
+            return task.result()  # done in time: its vectors, not a refusal
         task.cancel()
         await asyncio.wait({task})  # its sentences out of the queue before the answer
         raise NotReady("the server is shutting down and its deadline (--shutdown-timeout-s) passed before this "

@@ -124,12 +124,12 @@ class Trainer:
         tr = base.training
         settled = {"batch_size": o.batch_size or tr.batch_size, "unroll_steps": o.unroll or tr.unroll_steps,
                    "n_epochs": o.epochs or tr.n_epochs}  # a flag's value was checked; an options.json one is here
-        for name, value in settled.items():
+        for (name, value), flag in zip(settled.items(), ("--batch-size", "--unroll", "--epochs")):
             try:
                 check_count(name, value, high=MAX_UNROLL if name == "unroll_steps" else MAX_COUNT)
             except SettingError as e:
                 where = self.source.files.options if self.source is not None else o.options
-                raise TrainingError(f"{where}: training {e}; fix it there, or give its flag") from None
+                raise TrainingError(f"{where}: training {e}; fix it there, or give {flag}") from None
         return base.with_training(**settled)
 
     def setup_model(self) -> tuple[LanguageModel, torch.nn.Module]:

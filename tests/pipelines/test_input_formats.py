@@ -220,8 +220,10 @@ def test_a_directory_reads_through_links_to_folders_once_each(tmp_path):
     (tmp_path / "in" / "linked").symlink_to(tmp_path / "elsewhere")
     (tmp_path / "in" / "again").symlink_to(tmp_path / "elsewhere")  # the same folder: read once
     (tmp_path / "in" / "own" / "loop").symlink_to(tmp_path / "in")
+    (tmp_path / "in" / ".snapshot").symlink_to(tmp_path / "in" / "own")  # hidden: neither entered nor claiming own
+    (tmp_path / "in" / "alias").symlink_to(tmp_path / "in" / "own")  # sorts before own: own is read as itself
     found = [str(Path(p).relative_to(tmp_path / "in")) for p, _ in input_files(tmp_path / "in")]
-    assert found == ["again/b.txt", "own/a.txt"]  # the first link by name
+    assert found == ["again/b.txt", "own/a.txt"]  # a folder outside through the first link by name
 
 
 def test_a_jobs_expected_tokens_come_from_its_inputs_footers_and_sizes(tmp_path):
