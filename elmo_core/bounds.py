@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import field
+from dataclasses import field, fields
 from typing import Any
 
 from .errors import SettingError
@@ -17,6 +17,15 @@ from .errors import SettingError
 MAX_COUNT = 2**31 - 1  # rows, tokens, sentences, replicas: what a 32-bit offset indexes
 MAX_SEED = 2**31 - 1  # a seed every generator takes (torch, numpy, random) with room for per-rank offsets
 MAX_GPUS = 256  # GPUs one replica may ask for: beyond any machine's, so a larger number is a mistake
+
+
+def check_flags(record: object) -> None:
+    """Each ``bool`` field of the dataclass ``record`` True or False: a string ("no", "false") would
+    read as true, so any other value is a SettingError naming the field."""
+    for f in fields(record):  # type: ignore[arg-type]
+        value = getattr(record, f.name)
+        if f.type in ("bool", bool) and not isinstance(value, bool):
+            raise SettingError(f"`{f.name}` must be true or false, got {type(value).__name__} {value!r}")
 
 
 def is_int(value: object) -> bool:

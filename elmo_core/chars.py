@@ -11,7 +11,7 @@ from typing import Callable, Iterable, Sequence, Sized
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, TokenTypeError
 
 BOS_CHAR, EOS_CHAR, BOW_CHAR, EOW_CHAR, PAD_CHAR = 256, 257, 258, 259, 260
 BOS_TOKEN, EOS_TOKEN = "<S>", "</S>"
@@ -39,7 +39,14 @@ def _encode(tokens: Sequence[str]) -> list[bytes]:
         return [t.encode("utf-8", "ignore") for t in tokens]
     except AttributeError:
         bad = next(i for i, t in enumerate(tokens) if not isinstance(t, str))
-        raise InputError(f"token {bad} is {type(tokens[bad]).__name__} {tokens[bad]!r}, expected str") from None
+        raise TokenTypeError(f"token {bad} is {type(tokens[bad]).__name__} {tokens[bad]!r}, expected str") from None
+
+
+def token_type_error(sentences: Sequence[Sequence[object]]) -> TokenTypeError:
+    """The error naming the first token of ``sentences`` that is not a str by its sentence and place
+    (what the batch a model saw, windowed and sorted, cannot name)."""
+    i, j, token = next((i, j, t) for i, s in enumerate(sentences) for j, t in enumerate(s) if not isinstance(t, str))
+    return TokenTypeError(f"sentence {i}, token {j} is {type(token).__name__} {token!r}, expected str")
 
 
 def tokens_to_char_ids(tokens: Sequence[str], max_chars: int = 50) -> np.ndarray:
@@ -110,7 +117,10 @@ def pad_batch(sentences: Sequence[Sequence[str]], ids_of: Callable[[list[str]], 
     flat = [t for s in sentences for t in s]
     rows = np.repeat(np.arange(len(sentences)), lengths)
     cols = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    out[rows, cols] = ids_of(flat)
+    try:
+        out[rows, cols] = ids_of(flat)
+    except TokenTypeError:
+        raise token_type_error(sentences) from None
     return out
 
 

@@ -21,6 +21,10 @@ class InputError(ElmoError, ValueError):
     """Sentences or tokens of the wrong type or shape."""
 
 
+class TokenTypeError(InputError):
+    """A token that is not a ``str``."""
+
+
 _SETTING = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
 
 

@@ -34,6 +34,8 @@ ENCODINGS = ("float", "base64")  # how elmo serve answers vectors
 def resolve_output(output: str, pool: str | None) -> tuple[str, str | None]:
     """(output mode, pool) for an output name (``OUTPUT_NAMES``): TF-Hub's names made ours, ``layer:N``
     checked for form (N against the model where the layers are known); InputError otherwise."""
+    if not isinstance(output, str):
+        raise InputError(f"output must be one of {OUTPUT_NAMES}, got {type(output).__name__} {output!r}")
     if output in HUB_OUTPUTS:
         mode, implied = HUB_OUTPUTS[output]
         if implied is not None and pool not in (None, implied):

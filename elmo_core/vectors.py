@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .bounds import setting
+from .bounds import check_flags, setting
 from .errors import InputError, SettingError, shown
 from .kinds import Dtype, OutputMode
 from .mix_settings import check_mix_settings
@@ -38,6 +38,7 @@ class VectorRequest:
     dtype: str = setting("float32", "the vectors' type", "vectors", choices=DTYPES)
 
     def __post_init__(self) -> None:
+        check_flags(self)
         if self.pool is not None and self.pool not in POOLS:
             raise SettingError(f"`pool` must be None or one of {POOLS}, got {shown(self.pool)}")
         asked = self.output if self.output in HUB_OUTPUTS else None  # named as given in errors (``word_emb``)
@@ -81,6 +82,8 @@ def _mix(given: Sequence[float] | str) -> tuple[float, ...]:
     """The mix's weights s as floats, from numbers or a flag's text (``s0,s1,...``)."""
     values = comma_separated(given, "mix") if isinstance(given, str) else given
     try:
+        if any(isinstance(m, bool) for m in values):
+            raise TypeError("a bool is no weight")
         return tuple(float(m) for m in values)
     except (TypeError, ValueError):
         raise SettingError(f"`mix` must be numbers (s0,s1,...), got {given!r}") from None

@@ -19,9 +19,11 @@ import torch
 from elmo_core import BiLM, ElmoConfig, StatefulBiLM
 from elmo_core.bilm import Tokenizer
 from elmo_core.chars import ByteTokenizer
+from elmo_core.bounds import check_count
 from elmo_core.errors import ElmoError, InputError
 from elmo_core.host_to_device import to_device
 from elmo_core.kinds import Dtype, Precision
+from elmo_core.names import LAYOUTS
 from formats import load_bilm
 from formats.model_dir import load_tokenizer
 from formats.token_embeddings import read_token_embeddings
@@ -35,6 +37,8 @@ from .host_copy import PinnedCopies
 from .outputs import combine_layers, finish_on_device, reduce_on_device
 from elmo_core.vectors import VectorRequest
 from .precision import check_precision
+from .registry import check_device
+from .run_settings import check_device_name
 from .row_lstm import RowShape
 from .token_cache import TokenCache, preload_token_cache
 
@@ -176,6 +180,12 @@ class TorchBackend(BackendBase):
                  token_vocab: str | Path | None = None, precision: str | Precision = "fp32",
                  cuda_graphs: bool | None = None, layout: str | None = None, rows: int | None = None,
                  onednn: bool = False) -> None:
+        check_device_name(device)
+        check_device(device)  # a GPU this process cannot reach: named, not torch's assertion
+        if layout is not None and layout not in LAYOUTS:
+            raise InputError(f"layout must be None (the device's default) or one of {LAYOUTS}, got {layout!r}")
+        check_count("token_cache", token_cache, 0, zero="none kept")
+        check_count("rows", rows, optional="RowShape()'s")
         precision = precision if isinstance(precision, Precision) else check_precision(precision, device)
         is_cuda = torch.device(device).type == "cuda"
         if cuda_graphs and not is_cuda:

@@ -6,9 +6,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from elmo_core.bounds import check_count
 from elmo_core.pooling import pool_ragged
-from elmo_core.chars import check_sentences
-from elmo_core.errors import InputError
+from elmo_core.chars import check_sentences, token_type_error
+from elmo_core.errors import InputError, TokenTypeError
 
 from . import engine
 from .backends import Backend
@@ -31,10 +32,14 @@ class Embedder:
     """
 
     def __init__(self, backend: Backend, batch_size: int | None = None, policy: BatchPolicy = BatchPolicy()) -> None:
+        check_count("batch_size", batch_size, optional="the token budget alone")
+        if not isinstance(policy, BatchPolicy):
+            raise InputError(f"policy must be an inference.batching.BatchPolicy, got {type(policy).__name__}")
         self.backend = backend
         self.batch_size = batch_size
         self.policy = policy
         self.config = backend.config
+        self.closed = False
 
     @classmethod
     def open(cls, model: str | Path, backend: str | None = None, batch_size: int | None = None,
@@ -42,7 +47,9 @@ class Embedder:
         """Any backend of the registry, through the one ``ModelRun``: ``options`` are ``resolve_run``'s
         (device, threads, precision, weights, token_embeddings, token_vocab), the rest the backend's own
         (``inference.registry.open_backend``: torch's ``stateful``, onnx's ``providers``, ...).
-        ``policy``: None batches under the run's token budget (``ModelRun.batch``: the device's)."""
+        ``policy``: None batches under the run's token budget (``ModelRun.batch``: the device's).
+        ``threads`` (the torch backend's) sets the process's torch threads: torch has one pool a
+        process, so the Embedder opened last decides them for every Embedder of the process."""
         asked = {k: options.pop(k) for k in RUN_SETTINGS if k in options and k != "backend"}
         run = resolve_run(model, backend=backend, **asked)
         return cls(run.open(**options), batch_size, policy or run.batch.policy())
@@ -75,7 +82,10 @@ class Embedder:
         return cls.open(engine_dir, "tensorrt", batch_size)
 
     def close(self) -> None:
-        self.backend.close()
+        """Release the backend; a closed Embedder refuses to embed (closing again does nothing)."""
+        if not self.closed:
+            self.closed = True
+            self.backend.close()
 
     def __enter__(self) -> "Embedder":
         return self
@@ -114,8 +124,7 @@ class Embedder:
         model batch's tokens, as bilm-tf's ``weight_layers`` does over its batch. ``normalize``:
         each vector (per token and layer, or pooled) scaled to unit L2 norm, last of all.
         """
-        mix = mix_weights if mix_weights is None or isinstance(mix_weights, str) else tuple(mix_weights)  # "s0,s1,..."
-        request = VectorRequest(output, mix, gamma, layer_norm, pool, normalize)
+        request = VectorRequest(output, mix_weights, gamma, layer_norm, pool, normalize)  # numbers, or "s0,s1,..."
         return self.vectors(sentences, request, batch_size)
 
     def vectors(self, sentences: Sequence[Sequence[str]], request: VectorRequest,
@@ -124,21 +133,17 @@ class Embedder:
         NonFiniteError naming the first sentence whose vectors hold inf or NaN (a ``gamma`` that
         scales them past the dtype's range, or a model that gives them); ``check_finite`` False: a
         door that checks what it hands out itself (a server, each request of a batch)."""
+        if self.closed:
+            raise InputError("this Embedder is closed: open another (Embedder.open)")
         check_sentences(sentences)
         check_output(request.mode, self.config.n_output_layers, request.mix)
+        check_count("batch_size", batch_size, optional="the Embedder's")
         batch_size = self.batch_size if batch_size is None else batch_size
-        if batch_size is not None and batch_size <= 0:
-            raise InputError(f"batch_size must be positive, got {batch_size}")
         lengths = np.array([len(s) for s in sentences], dtype=np.int64)  # (R,)
-        if self.stateful:
-            out = self._in_order(sentences, batch_size or 64, request)  # (N, [L+1,] D)
-            if request.pool is not None:
-                out = pool_ragged(out, lengths, request.pool)  # (R, [L+1,] D)
-            if request.normalize:
-                out = unit_length(out)  # NaN rows stay NaN
-            out = out.astype(request.dtype, copy=False)
-        else:
-            out = engine.run(self.backend, engine.prepare(self.backend, sentences, self.policy, batch_size), request)
+        try:
+            out = self._computed(sentences, lengths, request, batch_size)  # (N or R, [L+1,] D)
+        except TokenTypeError:
+            raise token_type_error(sentences) from None  # named in the caller's sentences, not the model's batch
         if check_finite and (row := first_non_finite(out, lengths, request.pool is not None)) is not None:
             raise NonFiniteError(f"sentence {row}: {NonFiniteError.advice(request.dtype, request.gamma)}", row)
         if request.pool is not None:
@@ -148,6 +153,18 @@ class Embedder:
         if request.mode.layer_axis:
             results = [np.ascontiguousarray(r.transpose(1, 0, 2)) for r in results]  # (L+1, T_i, D)
         return results
+
+    def _computed(self, sentences: Sequence[Sequence[str]], lengths: np.ndarray, request: VectorRequest,
+                  batch_size: int | None) -> np.ndarray:
+        """Every token's vectors, or each sentence's pooled. Shape: -> (N, [L+1,] D) or (R, [L+1,] D)."""
+        if not self.stateful:
+            return engine.run(self.backend, engine.prepare(self.backend, sentences, self.policy, batch_size), request)
+        out = self._in_order(sentences, batch_size or 64, request)  # (N, [L+1,] D)
+        if request.pool is not None:
+            out = pool_ragged(out, lengths, request.pool)  # (R, [L+1,] D)
+        if request.normalize:
+            out = unit_length(out)  # NaN rows stay NaN
+        return out.astype(request.dtype, copy=False)
 
     def _in_order(self, sentences: Sequence[Sequence[str]], batch_size: int, request: VectorRequest) -> np.ndarray:
         """A stateful backend: the sentences in the order given, ``batch_size`` rows a call.

@@ -206,7 +206,13 @@ def resolve_run(model: str | Path, settings: RunSettings | None = None, *, job: 
     may give each its share, ``ModelRun.on_replica``); ``expected_tokens``: a job's (its input files'
     ``pipelines.source.InputFile.expected_tokens``), which a compiled layout's warm-up must repay
     (None: a run with no end in sight, a server's). InputError (or BackendUnavailableError) for what cannot run."""
+    if settings is not None and (asked or not isinstance(settings, RunSettings)):
+        given = "both" if asked else type(settings).__name__
+        raise InputError(f"resolve_run takes a RunSettings or its fields as keywords, not {given}: give one")
     s = settings if settings is not None else RunSettings(**asked)
+    if not isinstance(model, (str, Path)):
+        raise InputError(f"model must be a path (a model or export directory, options.json) or a URI, got "
+                         f"{type(model).__name__} {model!r}")
     backend, device, threads, precision, weights, layout = s.backend, s.device, s.threads, s.precision, s.weights, \
         s.layout
     model = _where(model, "model")

@@ -29,7 +29,7 @@ DEVICE_PATTERN = r"cpu|cuda(:\d+)?"
 def check_device_name(device: object) -> None:
     """``--device``'s form (cpu, cuda or cuda:N; whether this machine has it: ``registry.check_device``)."""
     if not isinstance(device, str) or not re.fullmatch(DEVICE_PATTERN, device):
-        raise InputError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
+        raise SettingError(f"`device` must be cpu, cuda or cuda:N, got {device!r}")
 
 
 @dataclass(frozen=True)

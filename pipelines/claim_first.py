@@ -111,5 +111,9 @@ class RunMaker:
                              f"resolve_run, or pass the model's path")
         if isinstance(model, RunMaker):
             return model
+        from inference.model_run import ModelRun
+
+        if not isinstance(model, ModelRun):
+            raise InputError(f"model must be a path, a ModelRun or a RunMaker, got {type(model).__name__} {model!r}")
         settled = RunSettings(model.backend, model.device, precision=model.precision, weights=model.weights)
         return cls(model.model, settled, lambda flags, tokens: model)

@@ -325,6 +325,9 @@ def embed_parquet(input: str | Path, output_dir: str | Path, /, model: Model, **
     mode, hence INPUT and OUTPUT_DIR are positional-only).
     Shape: each input row -> one output row with ``elmo`` (T, D) or, for output 'all', (T, L+1, D).
     """
+    for name, value in (("input", input), ("output_dir", output_dir)):
+        if not isinstance(value, (str, Path)):
+            raise InputError(f"{name} must be a path or a URI, got {type(value).__name__} {value!r}")
     settings, rest = RunSettings.split(options)
     opts = EmbedOptions.coerce(rest)
     return run_job(input, output_dir, RunMaker.of(model, settings, remote=opts.engine != "local"), opts)

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Mapping
 
-from elmo_core.bounds import MAX_COUNT, check_count, check_gpus, setting
+from elmo_core.bounds import MAX_COUNT, check_count, check_flags, check_gpus, setting
 from elmo_core.errors import InputError, SettingError
 from elmo_core.names import ENGINES, VECTOR_LAYOUTS, comma_separated
 from inference.batching import BatchPolicy
@@ -98,6 +98,7 @@ class EmbedOptions:
     rows_per_shard_reason: str = setting("", cli=False, runtime_only=True)  # why this size (pipelines.shard_size)
 
     def __post_init__(self) -> None:
+        check_flags(self)
         _check_choice("engine", self.engine, ENGINES)
         _check_choice("format", self.format, tuple(FORMATS))
         _check_choice("vector_layout", self.vector_layout, VECTOR_LAYOUTS)

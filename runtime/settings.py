@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 from elmo_core.bounds import is_int
-from elmo_core.errors import InputError
+from elmo_core.errors import SettingError
 
 from .cpus import CpuBudget, threads_for
 
@@ -21,10 +21,10 @@ MAX_THREADS = 4096
 
 
 def check_threads(threads: int | None) -> None:
-    """A thread count a user gave: None or 0 (torch's choice), else 1..MAX_THREADS; InputError otherwise."""
+    """A thread count a user gave: None or 0 (torch's choice), else 1..MAX_THREADS; SettingError otherwise."""
     if threads is not None and not (is_int(threads) and 0 <= threads <= MAX_THREADS):
-        raise InputError(f"--threads must be a positive integer (at most {MAX_THREADS}; 0 or absent: the "
-                         f"default), got {threads!r}")
+        raise SettingError(f"`threads` must be a positive integer (at most {MAX_THREADS}; 0 or absent: the "
+                           f"default), got {threads!r}")
 
 
 def use_threads(threads: int | None) -> CpuBudget:

@@ -46,12 +46,19 @@ def test_batch_is_left_aligned_and_zero_padded():
 @pytest.mark.parametrize("bad, message", [
     ("a sentence", "single string"),
     (["not", "tokens"], "sentence 0 is str"),
-    ([["ok"], ["fine", 3]], "token 2 is int"),
+    ([["ok"], ["fine", 3]], "sentence 1, token 1 is int 3, expected str"),  # not its place in the flat batch
     ([["ok"], None], "sentence 1 is NoneType"),
 ])
 def test_bad_input_is_a_clear_error(bad, message):
     with pytest.raises(InputError, match=message):
         batch_to_ids(bad)
+
+
+def test_a_token_that_is_not_str_is_named_by_its_sentence_and_place_in_a_windowed_batch(tiny_dir):
+    from inference import Embedder
+
+    with pytest.raises(InputError, match=r"sentence 1, token 300 is NoneType None, expected str"):
+        Embedder.open(tiny_dir).embed_sentences([["a"], ["w"] * 300 + [None]])  # windowed (256), then sorted
 
 
 def test_other_max_characters():

@@ -83,7 +83,13 @@ def test_empty_sentences_give_empty_arrays(emb):
 @pytest.mark.parametrize("kwargs, message", [
     ({"output": "bogus"}, "output must be one of"),
     ({"output": "mixed", "mix_weights": [1.0, 2.0]}, "expected 3 values"),
-    ({"batch_size": 0}, "batch_size must be positive"),
+    ({"batch_size": 0}, "batch_size must be a positive integer"),
+    ({"batch_size": "2"}, "batch_size must be a positive integer"),  # was a TypeError from a comparison
+    ({"output": None}, "output must be one of .* got NoneType None"),  # was an AttributeError
+    ({"output": "top", "normalize": "no"}, "normalize must be true or false"),  # "no" read as true
+    ({"output": "mixed", "mix_weights": 5}, "mix must be numbers"),  # was a TypeError
+    ({"output": "mixed", "mix_weights": [True, False, True]}, "mix must be numbers"),
+    ({"output": "mixed", "gamma": True}, "gamma must be a finite number"),
 ])
 def test_bad_arguments(emb, kwargs, message):
     with pytest.raises(InputError, match=message):
@@ -95,6 +101,27 @@ def test_bad_sentences(emb):
         emb.embed_sentences([["ok"], "not tokenized"])
     with pytest.raises(InputError, match="token 1 is float"):
         emb.embed_sentences([["ok", 1.5]])
+
+
+def test_a_closed_embedder_refuses_and_library_arguments_of_the_wrong_type_are_named(tiny_dir):
+    from inference import TorchBackend
+    from inference.model_run import resolve_run
+    from inference.run_settings import RunSettings
+    from pipelines import embed_parquet
+
+    with Embedder.open(tiny_dir) as emb:
+        assert len(emb.embed_sentences(SENTENCES)) == len(SENTENCES)
+    emb.close()  # twice: nothing more
+    with pytest.raises(InputError, match="this Embedder is closed"):
+        emb.embed_sentences(SENTENCES)
+    for call, says in ((lambda: resolve_run(tiny_dir, RunSettings(threads=1), threads=2), "not both"),
+                       (lambda: resolve_run(None), "model must be a path"),
+                       (lambda: embed_parquet(5, "out", model=tiny_dir), "input must be a path"),
+                       (lambda: embed_parquet("in", "out", model=None), "model must be a path, a ModelRun"),
+                       (lambda: TorchBackend.from_files(tiny_dir, layout="bogus"), "layout must be None"),
+                       (lambda: TorchBackend.from_files(tiny_dir, device="gpu"), "device must be cpu, cuda")):
+        with pytest.raises(InputError, match=says):
+            call()
 
 
 def test_from_files_rejects_other_backends(tiny_dir):
