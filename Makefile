@@ -40,7 +40,7 @@ info: install
 
 # make engine [MODEL=dir] [OUT=engine] [PRECISION=fp32|fp16|int8] [MAX_MINUTES=10]: export ONNX, validate
 # against torch, then build a TensorRT engine (TensorRT + GPU present) or the optimized ONNX Runtime model;
-# without MODEL it trains the default model first (for MAX_MINUTES).
+# without MODEL it takes the shipped models/default, or trains the default model where that is absent (MAX_MINUTES).
 ENGINE_OUT ?= engine
 engine: install
 	$(BIN)/elmo engine $(if $(MODEL),--model $(MODEL)) --out $(if $(OUT),$(OUT),$(ENGINE_OUT)) $(if $(PRECISION),--precision $(PRECISION)) $(if $(MAX_MINUTES),--max-minutes $(MAX_MINUTES))

@@ -51,7 +51,7 @@ def input_files(spec: str | Path, unread: list | None = None) -> list[tuple[Path
             found = [p for p in found if is_parquet(p)]
         elif len(kinds) > 1:
             raise InputError(f"{spec}: files of several input formats ({', '.join(sorted(kinds))}); a directory "
-                             f"INPUT holds one format: give one file or a glob (e.g. '{spec}/*.csv')")
+                             f"INPUT holds one format: give one file or a glob (e.g. '{str(spec).rstrip('/')}/*.csv')")
     if unknown := [p for p in found if input_format(p) is None]:
         packed = str(unknown[0]).lower().endswith(COMPRESSED_SUFFIXES)
         raise InputError(f"{unknown[0]}: cannot tell its input format from its name; elmo embed reads "

@@ -20,8 +20,9 @@ def register(sub: Subcommands) -> None:
     _register_sample_corpus(sub)
     _register_verify(sub)
     p = sub.add_parser("embed", help="embed a corpus (Parquet, CSV, TSV, JSON Lines, text) into Parquet ELMo vectors",
-                       description="Stream Parquet rows through a biLM; write one Parquet shard per input "
-                                   "file chunk into OUTPUT_DIR (see docs/pipelines.md).")
+                       description="Stream the rows of INPUT (Parquet, CSV, TSV, JSON Lines or text) through a biLM; "
+                                   "write a shard per input file chunk (Parquet, Arrow) or one hdf5 file into "
+                                   "OUTPUT_DIR, exactly once (see docs/pipelines.md).")
     add_flag(p, "text", required=True, metavar="INPUT",
              help="a file (.parquet, .csv, .tsv, .jsonl/.ndjson, or .txt: one sentence per line), a directory of "
                   "them, or a glob, or a file or prefix on an object store (s3://bucket/corpus); the format is told "

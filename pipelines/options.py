@@ -186,7 +186,10 @@ class EmbedOptions:
         known = {f.name for f in fields(cls)} | set(VECTOR_FIELDS)
         unknown = sorted(set(base) - known)
         if unknown:
-            raise InputError(f"unknown embed options {unknown}; known: {sorted(known)}")
+            from inference.run_settings import RUN_SETTINGS
+
+            raise InputError(f"unknown embed options {unknown}; known: {sorted(known)}, and the run's "
+                             f"{sorted(RUN_SETTINGS)} with a model path")
         base["vectors"] = _vectors(base, base.pop("vectors", None))
         for name in ("keep_columns", "spark_conf"):
             if base.get(name) is not None:

@@ -23,8 +23,8 @@ MAX_THREADS = 4096
 def check_threads(threads: int | None) -> None:
     """A thread count a user gave: None or 0 (torch's choice), else 1..MAX_THREADS; SettingError otherwise."""
     if threads is not None and not (is_int(threads) and 0 <= threads <= MAX_THREADS):
-        raise SettingError(f"`threads` must be a positive integer (at most {MAX_THREADS}; 0 or absent: the "
-                           f"default), got {threads!r}")
+        raise SettingError(f"`threads` must be an integer from 0 to {MAX_THREADS} (0 or absent: the default), got "
+                           f"{threads!r}")
 
 
 def use_threads(threads: int | None) -> CpuBudget:

@@ -26,12 +26,12 @@ def test_export_onnx_refuses_a_non_finite_mix_before_out_is_created(tiny_dir, tm
 
 @pytest.mark.parametrize("args, named", [
     (["export", "onnx", "--gamma", "2"], "--gamma only applies to the mix (--output mixed), not to --output all"),
-    (["export", "onnx", "--threads", "-1"], "--threads must be a positive integer"),
-    (["export", "triton", "--threads", "-1"], "--threads must be a positive integer"),
+    (["export", "onnx", "--threads", "-1"], "--threads must be an integer from 0 to 4096"),
+    (["export", "triton", "--threads", "-1"], "--threads must be an integer from 0 to 4096"),
     (["export", "triton", "--max-batch-size", str(2**40)], "--max-batch-size must be a positive integer (at most "
                                                            "2147483647)"),
     (["export", "triton", "--max-queue-delay-us", "-1"], "--max-queue-delay-us must be an integer from 0"),
-    (["engine", "--threads", "-1"], "--threads must be a positive integer"),
+    (["engine", "--threads", "-1"], "--threads must be an integer from 0 to 4096"),
     (["engine", "--max-minutes", "nan"], "--max-minutes must be a finite number in (0, 10000000], got nan"),
 ])
 def test_export_flags_out_of_range_exit_2_before_out_is_created(tiny_dir, tmp_path, args, named):

@@ -41,7 +41,7 @@ def run(capsys, *args: object) -> tuple[int, str]:
     (["--mix", "nan,0,0"], "--mix[0] must be a finite number"),
     (["--mix", "0,1e39,0"], "--mix[1] must be a finite number"),
     (["--dtype", "float16", "--gamma", "1e6"], "|gamma| <= 65504 (the largest float16)"),
-    (["--threads", "-1"], "--threads must be a positive integer"),
+    (["--threads", "-1"], "--threads must be an integer from 0 to 4096"),
     (["--keep-columns", "text,text"], "--keep-columns / --id-column name ['text'] more than once"),
     (["--id-column", "id", "--keep-columns", "speech,id"], "name ['id'] more than once"),
     (["--rows-per-shard", str(2**40)], "--rows-per-shard must be a positive integer (at most 2147483647)"),
@@ -180,7 +180,7 @@ def test_verify_takes_a_job_whose_id_column_is_its_text_column(corpus, tiny_dir,
 def test_serve_port_out_of_range_and_negative_threads_exit_2(tiny_dir, capsys):
     for flags, named in ((["--port", "99999"], "--port must be 0 (any free port) to 65535, got 99999"),
                          (["--port", "-1"], "--port must be 0"),
-                         (["--threads", "-1", "--port", "0"], "--threads must be a positive integer")):
+                         (["--threads", "-1", "--port", "0"], "--threads must be an integer from 0 to 4096")):
         code, err = run(capsys, "serve", "--model", tiny_dir, *flags)
         assert code == 2 and named in err and "Traceback" not in err, err
 
