@@ -37,8 +37,6 @@ from .host_copy import PinnedCopies
 from .outputs import combine_layers, finish_on_device, reduce_on_device
 from elmo_core.vectors import VectorRequest
 from .precision import check_precision
-from .registry import check_device
-from .run_settings import check_device_name
 from .row_lstm import RowShape
 from .token_cache import TokenCache, preload_token_cache
 
@@ -180,8 +178,6 @@ class TorchBackend(BackendBase):
                  token_vocab: str | Path | None = None, precision: str | Precision = "fp32",
                  cuda_graphs: bool | None = None, layout: str | None = None, rows: int | None = None,
                  onednn: bool = False) -> None:
-        check_device_name(device)
-        check_device(device)  # a GPU this process cannot reach: named, not torch's assertion
         if layout is not None and layout not in LAYOUTS:
             raise InputError(f"layout must be None (the device's default) or one of {LAYOUTS}, got {layout!r}")
         check_count("token_cache", token_cache, 0, zero="none kept")

@@ -48,6 +48,7 @@ def test_one_embed_checks_each_setting_once(tiny_dir, tmp_path):
     from corpora.sample import write_sample_corpus
 
     write_sample_corpus(tmp_path / "corpus", rows=30, files=1)
-    counts = _counted(["embed", "--text", str(tmp_path / "corpus"), "--out", str(tmp_path / "out"), "--model",
-                       str(tiny_dir), "--threads", "1", "--quiet"])
+    argv = ["embed", "--text", str(tmp_path / "corpus"), "--model", str(tiny_dir), "--threads", "1", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "first")]) == 0  # the modules' own defaults made at import, not counted
+    counts = _counted([*argv, "--out", str(tmp_path / "out")])
     assert counts == {what: 1 for what in CHECKS.values()}, counts
