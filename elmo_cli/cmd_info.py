@@ -16,10 +16,12 @@ from elmo_cli.human import labelled_lines, value_text
 from elmo_cli.vocabulary import Subcommands, add_flag, add_model
 from storage.atomic import read_json_object
 from elmo_core.errors import InputError
-from storage.locations import file_sha256
+from storage.locations import file_sha256, is_uri
 
 if TYPE_CHECKING:
     import torch
+
+    from pipelines.sink import Output
 
 RUN_SUMMARY, RUN_INFO = "summary.json", "run.json"
 
@@ -76,7 +78,7 @@ def _export(path: Path) -> dict:
 def inspect(path_arg: str, weights: str | None = None) -> dict:
     """What the directory at ``path_arg`` is and holds (see the module doc); ``weights`` only for a
     model (another directory has no weights to choose)."""
-    info = _written_by_the_project(Path(path_arg))
+    info = _embed_output_on_a_store(path_arg) if is_uri(path_arg) else _written_by_the_project(Path(path_arg))
     if info is None:
         return describe(path_arg, weights)
     if weights is not None:
@@ -92,7 +94,9 @@ def _written_by_the_project(path: Path) -> dict | None:
     if path.is_dir() and (path / MANIFEST_NAME).is_file():
         return _export(path)
     if path.is_dir() and any(path.glob("_job.*")):
-        return _embed_output(path)
+        from pipelines.output_dir import LocalDir
+
+        return _embed_output(LocalDir(path), str(path))
     if path.is_dir() and (path / RUN_INFO).is_file():
         summary = read_json_object(path / RUN_SUMMARY) if (path / RUN_SUMMARY).is_file() else {}
         model = path / "model"
@@ -105,12 +109,21 @@ def _written_by_the_project(path: Path) -> dict | None:
     return None
 
 
-def _embed_output(path: Path) -> dict:
-    """An `elmo embed` OUTPUT_DIR: its job record and manifest (``pipelines.sink``)."""
-    from pipelines.output_dir import LocalDir
+def _embed_output_on_a_store(uri: str) -> dict | None:
+    """An `elmo embed` OUTPUT_DIR on an object store, read by its records alone (its shards are not
+    fetched); None where the prefix holds no job record (a model there is described as a model)."""
+    from pipelines.output_dir import open_output
+    from pipelines.sink import side_names
+
+    out = open_output(uri)
+    return _embed_output(out, uri) if out.exists() and side_names(out) is not None else None
+
+
+def _embed_output(out: "Output", path: str) -> dict:
+    """An `elmo embed` OUTPUT_DIR (local or on a store) at ``path``: its job record and manifest
+    (``pipelines.sink``)."""
     from pipelines.sink import COUNTS, SUCCESS_FILE, side_names
 
-    out = LocalDir(path)
     names = side_names(out)
     if names is None:
         raise InputError(f"{path}: holds _job.* files but no job record of elmo embed (_job.parquet or _job.arrow)")

@@ -31,7 +31,7 @@ from .os_errors import lasting_os_error
 from .options import EmbedOptions
 from .errors import WorkerLostError
 from .predictor import ElmoPredictor
-from .progress import ProgressBar
+from .progress import ProgressBar, note
 from .shard_loop import embed_shards
 from .sink import Output
 from .source import Shard
@@ -123,7 +123,37 @@ def worker_cpu_flags(opts: EmbedOptions) -> frozenset[str]:
 def _worker_cpus(ray, threads: int, workers: int) -> float:  # type: ignore[no-untyped-def]
     """CPUs each actor reserves: its model's threads, within what the cluster has for all workers."""
     total = float(ray.cluster_resources().get("CPU", 1.0))
-    return max(0.25, min(float(threads), total / workers))
+    return max(MIN_ACTOR_CPUS, min(float(threads), total / workers))
+
+
+MIN_ACTOR_CPUS = 0.25
+
+
+def schedulable_replicas(asked: int, shards: int, cpus_each: float, cpus: float, gpus_each: float = 0.0,
+                         gpus: float = 0.0) -> int:
+    """The replicas a job starts: those asked, no more than its shards, and no more than the cluster's
+    ``cpus`` (and ``gpus``) hold at ``cpus_each`` (``gpus_each``) a replica: an actor Ray cannot place
+    would hold the shard the pool gave it for ever."""
+    fit = int(cpus // cpus_each + 1e-9) if cpus_each > 0 else asked
+    if gpus_each > 0:
+        fit = min(fit, int(gpus // gpus_each + 1e-9))
+    return max(0, min(asked, shards, fit))  # 0: not one fits
+
+
+def _replicas(resources: dict, opts: EmbedOptions, shards: int, cpus: float) -> int:
+    """``schedulable_replicas`` on the cluster's ``resources``, said where fewer than asked; InputError
+    where not one fits."""
+    replicas = schedulable_replicas(opts.workers, shards, cpus, float(resources.get("CPU", 1.0)),
+                                    opts.num_gpus_per_worker, float(resources.get("GPU", 0.0)))
+    if replicas == 0:
+        raise InputError(f"the Ray cluster has no room for one replica: {resources.get('CPU', 0):g} CPUs and "
+                         f"{resources.get('GPU', 0):g} GPUs, a replica asks {cpus:g} CPUs and "
+                         f"{opts.num_gpus_per_worker:g} GPUs (--num-gpus-per-replica); give the cluster GPUs, or "
+                         f"leave --num-gpus-per-replica out")
+    if replicas < min(opts.workers, shards):
+        note(f"{replicas} Ray replicas of the {opts.workers} asked: what the cluster's {resources.get('CPU', 1.0):g} "
+             f"CPUs hold at {cpus:g} each", opts.quiet)
+    return replicas
 
 
 def run_ray(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dict], dict]:  # type: ignore[no-untyped-def]
@@ -137,7 +167,7 @@ def run_ray(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dict]
         return [], info
     cpus = _worker_cpus(ray, job.run.threads.count, opts.workers)
     actor = ray.remote(num_cpus=cpus, num_gpus=opts.num_gpus_per_worker or None)(ShardWorker)
-    replicas = min(opts.workers, len(shards))
+    replicas = info["workers"] = _replicas(ray.cluster_resources(), opts, len(shards), cpus)
     actors = [actor.remote(job.replica_run(shards, replicas), opts.to_dict()) for _ in range(replicas)]
     records = []
     try:

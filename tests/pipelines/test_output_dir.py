@@ -7,6 +7,7 @@ once after SIGKILL of the driver and ``--resume``, strays of a killed attempt ne
 Ray workers writing to it: test_object_store.py). Every wait is bounded."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -273,6 +274,9 @@ def test_store_to_store_equals_the_local_job_and_verifies(s3, store_corpus, stor
     capsys.readouterr()
     assert main(["verify", "--out", "s3://jobs/vectors"]) == 0
     assert "against 2 input file(s)" in capsys.readouterr().out
+    assert main(["info", "--out", "s3://jobs/vectors", "--json"]) == 0  # its records read, not its shards fetched
+    info = json.loads(capsys.readouterr().out)
+    assert info["kind"] == "elmo embed output" and info["rows"] == 300 and info["shards"] == 10 and info["finished"]
 
 
 def test_a_shard_changed_on_the_store_is_found_by_verify_and_redone_by_resume(s3, store_corpus, store_model):

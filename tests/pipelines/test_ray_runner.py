@@ -112,3 +112,14 @@ def test_a_ray_address_that_does_not_answer_leaves_output_dir_as_it_was(tiny_dir
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and f"--ray-address 127.0.0.1:{closed}: nothing answered there" in r.stderr, r.stderr
     assert time.monotonic() - t0 < 60 and not out.exists() and "Traceback" not in r.stderr
+
+
+def test_a_job_starts_no_more_replicas_than_the_cluster_can_place():
+    """12 asked on 2 CPUs at the least share (0.25) started 12 actors; Ray placed 8, and the shards
+    the pool had handed the other 4 waited for ever: the job hung after 8 shards."""
+    from pipelines.ray_runner import MIN_ACTOR_CPUS, schedulable_replicas
+
+    assert schedulable_replicas(12, 12, MIN_ACTOR_CPUS, 2.0) == 8
+    assert schedulable_replicas(2, 12, 1.0, 2.0) == 2 and schedulable_replicas(4, 3, 0.5, 2.0) == 3
+    assert schedulable_replicas(4, 12, 0.5, 16.0, gpus_each=1.0, gpus=2.0) == 2  # a GPU each, 2 GPUs
+    assert schedulable_replicas(4, 12, 0.5, 16.0, gpus_each=1.0, gpus=0.0) == 0  # refused: none fits
