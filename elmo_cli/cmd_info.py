@@ -112,11 +112,15 @@ def _written_by_the_project(path: Path) -> dict | None:
 def _embed_output_on_a_store(uri: str) -> dict | None:
     """An `elmo embed` OUTPUT_DIR on an object store, read by its records alone (its shards are not
     fetched); None where the prefix holds no job record (a model there is described as a model)."""
+    from pipelines.errors import OutputDirError
     from pipelines.output_dir import open_output
     from pipelines.sink import side_names
 
-    out = open_output(uri)
-    return _embed_output(out, uri) if out.exists() and side_names(out) is not None else None
+    try:
+        out = open_output(uri)
+    except OutputDirError:  # a store elmo embed does not write to (gs://, hdfs://): a model's, perhaps
+        return None
+    return _embed_output(out, uri) if side_names(out) is not None else None
 
 
 def _embed_output(out: "Output", path: str) -> dict:

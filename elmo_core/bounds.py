@@ -12,6 +12,8 @@ import numbers
 from dataclasses import field, fields
 from typing import Any
 
+import numpy as np
+
 from .errors import SettingError
 
 MAX_COUNT = 2**31 - 1  # rows, tokens, sentences, replicas: what a 32-bit offset indexes
@@ -24,8 +26,11 @@ def check_flags(record: object) -> None:
     read as true, so any other value is a SettingError naming the field."""
     for f in fields(record):  # type: ignore[arg-type]
         value = getattr(record, f.name)
-        if f.type in ("bool", bool) and not isinstance(value, bool):
+        if f.type not in ("bool", bool) or isinstance(value, bool):
+            continue
+        if not isinstance(value, np.bool_):
             raise SettingError(f"`{f.name}` must be true or false, got {type(value).__name__} {value!r}")
+        object.__setattr__(record, f.name, bool(value))  # NumPy's: kept as Python's
 
 
 def is_int(value: object) -> bool:

@@ -20,7 +20,7 @@ from elmo_core import BiLM, ElmoConfig, StatefulBiLM
 from elmo_core.bilm import Tokenizer
 from elmo_core.chars import ByteTokenizer
 from elmo_core.bounds import check_count
-from elmo_core.errors import ElmoError, InputError
+from elmo_core.errors import ElmoError, InputError, SettingError
 from elmo_core.host_to_device import to_device
 from elmo_core.kinds import Dtype, Precision
 from elmo_core.names import LAYOUTS
@@ -179,7 +179,7 @@ class TorchBackend(BackendBase):
                  cuda_graphs: bool | None = None, layout: str | None = None, rows: int | None = None,
                  onednn: bool = False) -> None:
         if layout is not None and layout not in LAYOUTS:
-            raise InputError(f"layout must be None (the device's default) or one of {LAYOUTS}, got {layout!r}")
+            raise SettingError(f"`layout` must be None (the device's default) or one of {LAYOUTS}, got {layout!r}")
         check_count("token_cache", token_cache, 0, zero="none kept")
         check_count("rows", rows, optional="RowShape()'s")
         precision = precision if isinstance(precision, Precision) else check_precision(precision, device)

@@ -22,6 +22,13 @@ from .run_settings import RUN_SETTINGS
 from .registry import backend_kind
 
 
+def _check_batching(batch_size: object, policy: object) -> None:
+    """An Embedder's ``batch_size`` (None: the token budget alone) and ``policy`` (None: the run's)."""
+    check_count("batch_size", batch_size, optional="the token budget alone")
+    if policy is not None and not isinstance(policy, BatchPolicy):
+        raise InputError(f"policy must be an inference.batching.BatchPolicy, got {type(policy).__name__}")
+
+
 class Embedder:
     """Embeds tokenized sentences with a backend: the one engine behind every door.
 
@@ -32,9 +39,7 @@ class Embedder:
     """
 
     def __init__(self, backend: Backend, batch_size: int | None = None, policy: BatchPolicy = BatchPolicy()) -> None:
-        check_count("batch_size", batch_size, optional="the token budget alone")
-        if not isinstance(policy, BatchPolicy):
-            raise InputError(f"policy must be an inference.batching.BatchPolicy, got {type(policy).__name__}")
+        _check_batching(batch_size, policy)
         self.backend = backend
         self.batch_size = batch_size
         self.policy = policy
@@ -50,6 +55,7 @@ class Embedder:
         ``policy``: None batches under the run's token budget (``ModelRun.batch``: the device's).
         ``threads`` (the torch backend's) sets the process's torch threads: torch has one pool a
         process, so the Embedder opened last decides them for every Embedder of the process."""
+        _check_batching(batch_size, policy)  # before the model loads
         asked = {k: options.pop(k) for k in RUN_SETTINGS if k in options and k != "backend"}
         run = resolve_run(model, backend=backend, **asked)
         return cls(run.open(**options), batch_size, policy or run.batch.policy())
@@ -81,6 +87,10 @@ class Embedder:
         """An `elmo export tensorrt` directory (needs the tensorrt extra and the GPU it was built for)."""
         return cls.open(engine_dir, "tensorrt", batch_size)
 
+    def _check_open(self) -> None:
+        if self.closed:
+            raise InputError("this Embedder is closed: open another (Embedder.open)")
+
     def close(self) -> None:
         """Release the backend; a closed Embedder refuses to embed (closing again does nothing)."""
         if not self.closed:
@@ -103,6 +113,7 @@ class Embedder:
 
     def embed_batch(self, sentences: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
         """One backend call. Shape: B sentences -> layers (B, L+1, T, 2P), mask (B, T)."""
+        self._check_open()
         ids = self._char_ids(sentences)
         if ids.shape[1] == 0:
             L1, D = self.config.n_output_layers, self.config.output_dim
@@ -133,8 +144,7 @@ class Embedder:
         NonFiniteError naming the first sentence whose vectors hold inf or NaN (a ``gamma`` that
         scales them past the dtype's range, or a model that gives them); ``check_finite`` False: a
         door that checks what it hands out itself (a server, each request of a batch)."""
-        if self.closed:
-            raise InputError("this Embedder is closed: open another (Embedder.open)")
+        self._check_open()
         check_sentences(sentences)
         check_output(request.mode, self.config.n_output_layers, request.mix)
         check_count("batch_size", batch_size, optional="the Embedder's")

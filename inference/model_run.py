@@ -206,16 +206,10 @@ def resolve_run(model: str | Path, settings: RunSettings | None = None, *, job: 
     may give each its share, ``ModelRun.on_replica``); ``expected_tokens``: a job's (its input files'
     ``pipelines.source.InputFile.expected_tokens``), which a compiled layout's warm-up must repay
     (None: a run with no end in sight, a server's). InputError (or BackendUnavailableError) for what cannot run."""
-    if settings is not None and (asked or not isinstance(settings, RunSettings)):
-        given = "both" if asked else type(settings).__name__
-        raise InputError(f"resolve_run takes a RunSettings or its fields as keywords, not {given}: give one")
-    s = settings if settings is not None else RunSettings(**asked)
-    if not isinstance(model, (str, Path)):
-        raise InputError(f"model must be a path (a model or export directory, options.json) or a URI, got "
-                         f"{type(model).__name__} {model!r}")
+    s = _settings(model, settings, asked)
     backend, device, threads, precision, weights, layout = s.backend, s.device, s.threads, s.precision, s.weights, \
         s.layout
-    model = _where(model, "model")
+    model = _where(os.fspath(model), "model")
     backend = backend or exported_backend(model) or "torch"
     kind = backend_kind(backend)
     if kind.exported:
@@ -243,6 +237,18 @@ def resolve_run(model: str | Path, settings: RunSettings | None = None, *, job: 
                     _where(s.token_embeddings, "token_embeddings"), _where(s.token_vocab, "token_vocab"), config, source,
                     warning, settled, _batch_budget(device, config, remote, settled),
                     expected_tokens=expected_tokens, device_checked=not remote)
+
+
+def _settings(model: object, settings: object, asked: dict) -> RunSettings:
+    """``resolve_run``'s settings, from a RunSettings or its fields as keywords (not both); InputError
+    for either of another type, and for a model that is no path."""
+    if settings is not None and (asked or not isinstance(settings, RunSettings)):
+        given = "both" if asked else type(settings).__name__
+        raise InputError(f"resolve_run takes a RunSettings or its fields as keywords, not {given}: give one")
+    if not isinstance(model, (str, os.PathLike)):
+        raise InputError(f"model must be a path (a model or export directory, options.json) or a URI, got "
+                         f"{type(model).__name__} {model!r}")
+    return settings if settings is not None else RunSettings(**asked)
 
 
 def _refuse_torch_settings(backend: str, weights: str | Path | None, layout: str | None) -> None:

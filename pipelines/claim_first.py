@@ -12,6 +12,7 @@ resolved, where it is made in every case.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -99,21 +100,19 @@ class RunMaker:
     def of(cls, model: "ModelRun | RunMaker | str | Path", settings: RunSettings, remote: bool) -> "RunMaker":
         """The job's maker from what a library caller gave: a model path (resolved with ``settings``),
         a ``ModelRun`` (used as it is: ``settings`` must then be the defaults) or a maker."""
-        if isinstance(model, (str, Path)):
-            from inference.model_run import resolve_run
+        from inference.model_run import ModelRun, resolve_run
 
-            return cls(str(model), settings,
-                       lambda flags, tokens: resolve_run(model, settings, job=True, remote=remote, flags=flags,
-                                                         expected_tokens=tokens))
+        if isinstance(model, (str, os.PathLike)):
+            path = os.fspath(model)
+            return cls(path, settings, lambda flags, tokens: resolve_run(path, settings, job=True, remote=remote,
+                                                                         flags=flags, expected_tokens=tokens))
+        if not isinstance(model, (ModelRun, RunMaker)):
+            raise InputError(f"model must be a path, a ModelRun or a RunMaker, got {type(model).__name__} {model!r}")
         given = sorted(k for k, v in settings.to_dict().items() if v != getattr(DEFAULT_SETTINGS, k))
         if given:
             raise InputError(f"{given}: the run's settings; a ModelRun (or RunMaker) carries its own: give them to "
                              f"resolve_run, or pass the model's path")
         if isinstance(model, RunMaker):
             return model
-        from inference.model_run import ModelRun
-
-        if not isinstance(model, ModelRun):
-            raise InputError(f"model must be a path, a ModelRun or a RunMaker, got {type(model).__name__} {model!r}")
         settled = RunSettings(model.backend, model.device, precision=model.precision, weights=model.weights)
         return cls(model.model, settled, lambda flags, tokens: model)

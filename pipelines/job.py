@@ -12,6 +12,7 @@ temporaries that the next ``--resume`` deletes; any failure removes its temporar
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -326,7 +327,7 @@ def embed_parquet(input: str | Path, output_dir: str | Path, /, model: Model, **
     Shape: each input row -> one output row with ``elmo`` (T, D) or, for output 'all', (T, L+1, D).
     """
     for name, value in (("input", input), ("output_dir", output_dir)):
-        if not isinstance(value, (str, Path)):
+        if not isinstance(value, (str, os.PathLike)):
             raise InputError(f"{name} must be a path or a URI, got {type(value).__name__} {value!r}")
     settings, rest = RunSettings.split(options)
     opts = EmbedOptions.coerce(rest)

@@ -17,12 +17,13 @@ local one started) before OUTPUT_DIR is claimed (``job.plan_job``).
 """
 from __future__ import annotations
 
+import math
 import os
 import socket
 
 import pyarrow as pa
 
-from elmo_core.errors import ElmoError, InputError
+from elmo_core.errors import ElmoError, InputError, SettingError
 from storage.locations import LOCATION_VARIABLES
 from inference.model_run import ModelRun
 from runtime.ray_local import init_local_ray
@@ -121,38 +122,37 @@ def worker_cpu_flags(opts: EmbedOptions) -> frozenset[str]:
 
 
 def _worker_cpus(ray, threads: int, workers: int) -> float:  # type: ignore[no-untyped-def]
-    """CPUs each actor reserves: its model's threads, within what the cluster has for all workers."""
+    """CPUs each actor reserves: its model's threads, within what the cluster has for all workers
+    (in Ray's units of 1e-4, rounded down, so that N shares fit the CPUs they were cut from)."""
     total = float(ray.cluster_resources().get("CPU", 1.0))
-    return max(MIN_ACTOR_CPUS, min(float(threads), total / workers))
+    return max(MIN_ACTOR_CPUS, math.floor(min(float(threads), total / workers) * 1e4) / 1e4)
 
 
 MIN_ACTOR_CPUS = 0.25
 
 
-def schedulable_replicas(asked: int, shards: int, cpus_each: float, cpus: float, gpus_each: float = 0.0,
-                         gpus: float = 0.0) -> int:
+def schedulable_replicas(asked: int, shards: int, cpus_each: float, nodes: list[dict], gpus_each: float = 0.0) -> int:
     """The replicas a job starts: those asked, no more than its shards, and no more than the cluster's
-    ``cpus`` (and ``gpus``) hold at ``cpus_each`` (``gpus_each``) a replica: an actor Ray cannot place
-    would hold the shard the pool gave it for ever."""
-    fit = int(cpus // cpus_each + 1e-9) if cpus_each > 0 else asked
-    if gpus_each > 0:
-        fit = min(fit, int(gpus // gpus_each + 1e-9))
-    return max(0, min(asked, shards, fit))  # 0: not one fits
+    ``nodes`` (each one's resources: an actor fits on one node) hold at ``cpus_each`` (``gpus_each``)
+    a replica: an actor Ray cannot place would hold the shard the pool gave it for ever. 0: none fits."""
+    def fits(node: dict) -> int:
+        n = math.floor(float(node.get("CPU", 0.0)) / cpus_each + 1e-9)
+        return min(n, math.floor(float(node.get("GPU", 0.0)) / gpus_each + 1e-9)) if gpus_each > 0 else n
+
+    return max(0, min(asked, shards, sum(fits(node) for node in nodes)))
 
 
-def _replicas(resources: dict, opts: EmbedOptions, shards: int, cpus: float) -> int:
-    """``schedulable_replicas`` on the cluster's ``resources``, said where fewer than asked; InputError
+def _replicas(nodes: list[dict], opts: EmbedOptions, shards: int, cpus: float) -> int:
+    """``schedulable_replicas`` on the cluster's ``nodes``, said where fewer than asked; InputError
     where not one fits."""
-    replicas = schedulable_replicas(opts.workers, shards, cpus, float(resources.get("CPU", 1.0)),
-                                    opts.num_gpus_per_worker, float(resources.get("GPU", 0.0)))
+    replicas = schedulable_replicas(opts.workers, shards, cpus, nodes, opts.num_gpus_per_worker)
+    held = (f"the cluster's {sum(float(n.get('CPU', 0.0)) for n in nodes):g} CPUs and "
+            f"{sum(float(n.get('GPU', 0.0)) for n in nodes):g} GPUs on {len(nodes)} node(s) hold at {cpus:g} CPUs and "
+            f"{opts.num_gpus_per_worker:g} GPUs (`num_gpus_per_worker`) a replica")
     if replicas == 0:
-        raise InputError(f"the Ray cluster has no room for one replica: {resources.get('CPU', 0):g} CPUs and "
-                         f"{resources.get('GPU', 0):g} GPUs, a replica asks {cpus:g} CPUs and "
-                         f"{opts.num_gpus_per_worker:g} GPUs (--num-gpus-per-replica); give the cluster GPUs, or "
-                         f"leave --num-gpus-per-replica out")
+        raise SettingError(f"not one replica is what {held}: give the cluster what a replica asks, or ask less")
     if replicas < min(opts.workers, shards):
-        note(f"{replicas} Ray replicas of the {opts.workers} asked: what the cluster's {resources.get('CPU', 1.0):g} "
-             f"CPUs hold at {cpus:g} each", opts.quiet)
+        note(f"{replicas} Ray replicas of the {opts.workers} asked: what {held}", opts.quiet)
     return replicas
 
 
@@ -167,7 +167,8 @@ def run_ray(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dict]
         return [], info
     cpus = _worker_cpus(ray, job.run.threads.count, opts.workers)
     actor = ray.remote(num_cpus=cpus, num_gpus=opts.num_gpus_per_worker or None)(ShardWorker)
-    replicas = info["workers"] = _replicas(ray.cluster_resources(), opts, len(shards), cpus)
+    nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    replicas = info["workers"] = _replicas(nodes, opts, len(shards), cpus)
     actors = [actor.remote(job.replica_run(shards, replicas), opts.to_dict()) for _ in range(replicas)]
     records = []
     try:

@@ -142,7 +142,8 @@ def check_can_make_in(directory: Path, name: str) -> None:
 
 
 def check_can_publish(path: str | Path) -> None:
-    """OSError where ``atomic_dir(path)`` could not make its temporary directory beside ``path``:
+    """OSError where ``atomic_dir(path)`` could not make its temporary directory beside ``path`` (InputError
+    where a file stands where a folder above it would be: ``make_parent``):
     asked before a long run whose result is published there, not after it. The directories above
     ``path`` are made as ``atomic_dir`` makes them."""
     make_parent(Path(path), directory=True)

@@ -119,7 +119,9 @@ def test_a_job_starts_no_more_replicas_than_the_cluster_can_place():
     the pool had handed the other 4 waited for ever: the job hung after 8 shards."""
     from pipelines.ray_runner import MIN_ACTOR_CPUS, schedulable_replicas
 
-    assert schedulable_replicas(12, 12, MIN_ACTOR_CPUS, 2.0) == 8
-    assert schedulable_replicas(2, 12, 1.0, 2.0) == 2 and schedulable_replicas(4, 3, 0.5, 2.0) == 3
-    assert schedulable_replicas(4, 12, 0.5, 16.0, gpus_each=1.0, gpus=2.0) == 2  # a GPU each, 2 GPUs
-    assert schedulable_replicas(4, 12, 0.5, 16.0, gpus_each=1.0, gpus=0.0) == 0  # refused: none fits
+    assert schedulable_replicas(12, 12, MIN_ACTOR_CPUS, [{"CPU": 2.0}]) == 8
+    assert schedulable_replicas(2, 12, 1.0, [{"CPU": 2.0}]) == 2 and schedulable_replicas(4, 3, 0.5, [{"CPU": 2.0}]) == 3
+    assert schedulable_replicas(7, 7, 0.1, [{"CPU": 0.7}]) == 7  # 0.7 / 0.1 is 6.999...: seven fit
+    assert schedulable_replicas(4, 12, 2.0, [{"CPU": 3.0}, {"CPU": 3.0}]) == 2  # one a node: an actor fits on one
+    assert schedulable_replicas(5, 12, 0.5, [{"CPU": 16.0, "GPU": 1.0}], gpus_each=0.2) == 5
+    assert schedulable_replicas(4, 12, 0.5, [{"CPU": 16.0}], gpus_each=1.0) == 0  # refused: none fits
