@@ -148,9 +148,10 @@ def _replicas(nodes: list[dict], opts: EmbedOptions, shards: int, cpus: float) -
     replicas = schedulable_replicas(opts.workers, shards, cpus, nodes, opts.num_gpus_per_worker)
     held = (f"the cluster's {sum(float(n.get('CPU', 0.0)) for n in nodes):g} CPUs and "
             f"{sum(float(n.get('GPU', 0.0)) for n in nodes):g} GPUs on {len(nodes)} node(s) hold at {cpus:g} CPUs and "
-            f"{opts.num_gpus_per_worker:g} GPUs (`num_gpus_per_worker`) a replica")
+            f"{opts.num_gpus_per_worker:g} GPUs a replica")
     if replicas == 0:
-        raise SettingError(f"not one replica is what {held}: give the cluster what a replica asks, or ask less")
+        raise SettingError(f"not one replica is what {held} (`num_gpus_per_worker`): give the cluster what a "
+                           f"replica asks, or ask less")
     if replicas < min(opts.workers, shards):
         note(f"{replicas} Ray replicas of the {opts.workers} asked: what {held}", opts.quiet)
     return replicas
