@@ -80,8 +80,9 @@ class VectorRequest:
 
 def _mix(given: Sequence[float] | str) -> tuple[float, ...]:
     """The mix's weights s as floats, from numbers or a flag's text (``s0,s1,...``)."""
+    items = comma_separated(given, "mix") if isinstance(given, str) else given  # an empty item named by its place
     try:
-        values = comma_separated(given, "mix") if isinstance(given, str) else tuple(given)  # read once
+        values = tuple(items)  # read once: a generator too
         if any(isinstance(m, bool) for m in values):
             raise TypeError("a bool is no weight")
         return tuple(float(m) for m in values)
