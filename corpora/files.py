@@ -101,11 +101,10 @@ def _walk(root: Path) -> list[Path]:
     """The files under ``root``, through links to folders too: each real folder once, as itself where
     it lies under ``root`` (else through its first link by name); hidden folders (``_``, ``.``) not
     entered, their links neither."""
-    own = {os.path.realpath(folder) for folder, _, _ in _visible(os.walk(root))}
-    seen, files = set(), []
+    top, seen, files = Path(os.path.realpath(root)), set(), []
     for folder, dirs, names in _visible(os.walk(root, followlinks=True)):
         real = os.path.realpath(folder)
-        if real in seen or (os.path.islink(folder) and real in own):
+        if real in seen or (os.path.islink(folder) and Path(real).is_relative_to(top)):
             dirs[:] = []  # read once, as itself: a link that loops back or leads to a folder of root's
             continue
         seen.add(real)

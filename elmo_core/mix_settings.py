@@ -19,7 +19,7 @@ def check_mix_settings(weights: Sequence[float] | None, gamma: float, output: st
     makes every vector infinite); and neither given (gamma 1) for an ``output`` that does not mix
     (``mixes`` False), which would ignore them. SettingError naming the setting."""
     for i, s in enumerate(weights or ()):
-        if not (isinstance(s, numbers.Real) and not isinstance(s, bool) and abs(s) <= FLOAT32_MAX):  # inf, nan too
+        if not (isinstance(s, numbers.Real) and abs(s) <= FLOAT32_MAX):  # also refuses inf and nan
             raise SettingError(f"`mix`[{i}] must be a finite number within float32's range (|s| <= 3.4e38), "
                                f"got {s}")
     if not (isinstance(gamma, numbers.Real) and not isinstance(gamma, bool) and abs(gamma) <= largest):

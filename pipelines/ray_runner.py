@@ -121,10 +121,10 @@ def worker_cpu_flags(opts: EmbedOptions) -> frozenset[str]:
     return ray.get(task.remote(), timeout=WORKER_FLAGS_S)
 
 
-def _worker_cpus(ray, threads: int, workers: int) -> float:  # type: ignore[no-untyped-def]
-    """CPUs each actor reserves: its model's threads, within what the cluster has for all workers
-    (in Ray's units of 1e-4, rounded down, so that N shares fit the CPUs they were cut from)."""
-    total = float(ray.cluster_resources().get("CPU", 1.0))
+def _worker_cpus(nodes: list[dict], threads: int, workers: int) -> float:
+    """CPUs each actor reserves: its model's threads, within what the cluster's ``nodes`` have for all
+    workers (in Ray's units of 1e-4, rounded down, so that N shares fit the CPUs they were cut from)."""
+    total = sum(float(node.get("CPU", 0.0)) for node in nodes) or 1.0
     return max(MIN_ACTOR_CPUS, math.floor(min(float(threads), total / workers) * 1e4) / 1e4)
 
 
@@ -166,9 +166,9 @@ def run_ray(job, shards: list[Shard], progress: ProgressBar) -> tuple[list[dict]
             "num_gpus_per_worker": opts.num_gpus_per_worker}
     if not shards:
         return [], info
-    cpus = _worker_cpus(ray, job.run.threads.count, opts.workers)
+    nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]  # the cluster, asked once
+    cpus = _worker_cpus(nodes, job.run.threads.count, opts.workers)
     actor = ray.remote(num_cpus=cpus, num_gpus=opts.num_gpus_per_worker or None)(ShardWorker)
-    nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
     replicas = info["workers"] = _replicas(nodes, opts, len(shards), cpus)
     actors = [actor.remote(job.replica_run(shards, replicas), opts.to_dict()) for _ in range(replicas)]
     records = []
