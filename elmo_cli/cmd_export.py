@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from elmo_cli.status import say
-from elmo_cli.vocabulary import Subcommands, add_flag
+from elmo_cli.vocabulary import MEANINGS, Subcommands, add_flag
 from elmo_core.bounds import check_count
 from elmo_core.names import EXPORT_PRECISIONS, TENSORRT_PRECISIONS, VALIDATED_EXPORT_PRECISIONS
 from elmo_core.vectors import VectorRequest
@@ -45,7 +45,8 @@ def _register_onnx(kinds: Subcommands) -> None:
     o.add_argument("--token-dedup", action="store_true",
                    help="char-CNN once per distinct token of a batch (faster on ONNX Runtime; not TensorRT-parsable)")
     o.add_argument("--no-validate", action="store_true", help="skip the parity check (bf16 on CPU cannot run it)")
-    add_flag(o, "threads", type=int, help="threads for validation (torch and ONNX Runtime)")
+    add_flag(o, "threads", type=int, help="threads for validation (torch and ONNX Runtime, on the CPU: the "
+                                          "reference every export is held to, so no --device; docs/export.md)")
     add_flag(o, "json", help="print the manifest as JSON on stdout")
     o.set_defaults(func=run_onnx)
 
@@ -73,7 +74,8 @@ def _register_engine(sub: Subcommands) -> None:
     add_flag(e, "weights")
     add_flag(e, "max_minutes", type=float, default=10.0, help="the default model's training time, when no --model "
                                                               "is given and there is no models/default (default 10)")
-    add_flag(e, "threads", type=int, help="threads for the export's validation and the build")
+    add_flag(e, "threads", type=int, help="threads for the export's validation (on the CPU, the reference every "
+                                          "export is held to, so no --device; docs/export.md) and the build")
     add_flag(e, "json", help="progress on stderr; the build's report as JSON on stdout")
     e.set_defaults(func=run_engine)
 
@@ -85,11 +87,13 @@ def _register_triton(kinds: Subcommands) -> None:
     add_flag(r, "weights")
     add_flag(r, "out", required=True, help="the model repository (created; may hold other models)")
     r.add_argument("--name", default="elmo", help="the model's name in the repository")
-    add_flag(r, "backend", choices=BACKEND_NAMES, default="torch", help="what runs the model (default torch)")
+    add_flag(r, "backend", choices=BACKEND_NAMES)
     r.add_argument("--kind", choices=tuple(KINDS), default="cpu", help="instance kind")
     r.add_argument("--instances", type=int, default=1, help="model instances (each loads the model)")
-    r.add_argument("--max-batch-size", type=int, default=64, help="sentences per request and per batch")
-    r.add_argument("--max-queue-delay-us", type=int, default=2000, help="the dynamic batcher's wait")
+    r.add_argument("--max-batch-size", type=int, default=64, help="sentences per request and per batch (Triton's "
+                                                                  "max_batch_size; default 64)")
+    add_flag(r, "max_wait_ms", type=float, default=2.0, help=f"{MEANINGS['max_wait_ms'].help}: Triton's dynamic "
+                                                             f"batcher's max_queue_delay_microseconds, in ms (default 2)")
     add_flag(r, "threads", type=int, help="the backend's threads per instance")
     add_flag(r, "json")
     r.set_defaults(func=run_triton)
@@ -99,7 +103,7 @@ def run_triton(args: argparse.Namespace) -> int:
     from export.triton_repo import TritonOptions, write_triton_repository
 
     options = TritonOptions(args.name, args.backend, args.kind, args.instances, args.max_batch_size,
-                            args.max_queue_delay_us, args.threads)
+                            args.max_wait_ms, args.threads)
     target = write_triton_repository(args.model, args.out, options, args.weights)
     if args.json:
         print(json.dumps({"repository": str(args.out), "model": str(target)}))

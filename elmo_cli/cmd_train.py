@@ -6,7 +6,7 @@ import json
 import sys
 
 from elmo_cli.status import say_loading
-from elmo_cli.vocabulary import Subcommands, add_fields, add_flag, check_torch_model, field_values
+from elmo_cli.vocabulary import MEANINGS, Subcommands, add_fields, add_flag, check_torch_model, field_values
 from runtime import process_started, use_threads
 from training.options import TrainOptions
 
@@ -14,12 +14,15 @@ from training.options import TrainOptions
 def register(sub: Subcommands) -> None:
     _register_train(sub)
     p = sub.add_parser("perplexity", help="forward, backward and mean perplexity (full softmax) of a trained model")
-    add_flag(p, "model", required=True, help="model directory written by `elmo train` (RUN_DIR/model)")
+    add_flag(p, "model", required=True, help="model directory written by `elmo train` (RUN_DIR/model: options.json, "
+                                             "its weights, softmax.hdf5 and vocab.txt), or its options.json")
+    add_flag(p, "weights")
     add_flag(p, "text", required=True)
     add_flag(p, "text_column", help="the Parquet column (default: tokens, text or sentence)")
-    p.add_argument("--batch-size", type=int, default=32, help="sentences scored a batch (default 32)")
+    add_flag(p, "eval_batch_size", type=int, default=32, help=f"{MEANINGS['eval_batch_size'].help} (default 32)")
+    p.set_defaults(field_dests={"batch_size": "eval_batch_size"})  # the library's name for it
     p.add_argument("--max-sentences", type=int, help="score at most this many sentences (default: all)")
-    p.add_argument("--stateful", action="store_true", help="bilm-tf's evaluation: --batch-size rows each read a "
+    p.add_argument("--stateful", action="store_true", help="bilm-tf's evaluation: --eval-batch-size rows each read a "
                    "continuous stream of sentences, the state carried across them (default: each sentence from a "
                    "zero state, as the model is used)")
     add_flag(p, "device", default="cpu")
@@ -82,18 +85,19 @@ def run_train(args: argparse.Namespace) -> int:
 def run_perplexity(args: argparse.Namespace) -> int:
     from training.corpus import check_scoring
 
-    check_scoring(args.text, args.batch_size, args.max_sentences, args.text_column, args.stateful)  # before torch loads
+    check_scoring(args.text, args.eval_batch_size, args.max_sentences, args.text_column, args.stateful)  # before torch
     check_torch_model(args.model, "perplexity")
     from inference.model_run import resolve_run
     from runtime import flushing_denormals
     from training.perplexity import load_language_model, perplexity
 
-    run = resolve_run(args.model, backend="torch", device=args.device, threads=args.threads)  # the softmax too: the LM, not a backend
+    run = resolve_run(args.model, backend="torch", device=args.device, threads=args.threads,
+                      weights=args.weights)  # the softmax too: the LM, not a backend
     say_loading("perplexity", run)
     use_threads(run.threads.count)
-    lm, vocab = load_language_model(run.model)
+    lm, vocab = load_language_model(run.model, run.weights)
     with flushing_denormals():  # saturated gates' denormals slow CPU kernels ~10x
-        result = perplexity(lm.to(run.device), args.text, vocab, args.batch_size, args.max_sentences,
+        result = perplexity(lm.to(run.device), args.text, vocab, args.eval_batch_size, args.max_sentences,
                             args.text_column, run.device, stateful=args.stateful)
     if args.json:
         print(json.dumps({**result, "run": run.to_dict()}))

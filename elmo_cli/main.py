@@ -135,7 +135,10 @@ def _run(argv: list[str] | None) -> int:
         parser = build_parser([named] if named in COMMANDS else [])
         args, unknown = parser.parse_known_args(argv)
         if unknown:  # refused with the command's own usage (``elmo train: error: ...``), not the top level's
-            _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+            from elmo_cli.vocabulary import unrecognized
+
+            own = _command_parser(parser, args)
+            own.error(unrecognized(own.prog.removeprefix(f"{parser.prog} "), unknown))
         from elmo_core.errors import ElmoError
 
         command = f"elmo {args.command}"

@@ -12,7 +12,13 @@ are tied here once. ``field_values`` reads the fields back from the parsed argum
 
 Scale-out: ``--replicas`` is the number of copies of the model Ray runs (embed: actors taking
 shards; serve: Ray Serve replicas behind one address), each given ``--num-gpus-per-replica`` GPUs.
-Triton's ``--instances`` stays Triton's own term (instances inside one server's process).
+Triton's ``--instances``, ``--kind`` and ``--max-batch-size`` stay Triton's own terms (instances
+inside one server's process, their kind, config.pbtxt's batch bound); its batcher's wait is
+``--max-wait-ms``, as ``elmo serve``'s.
+
+A flag a command does not take is refused (exit 2) with a note where one helps (``unrecognized``):
+an older spelling names its flag now (``RENAMED``; pre-1.0: no aliases), and ``REFUSED`` says why a
+command lacks a flag others take, or took one that now means something else.
 """
 from __future__ import annotations
 
@@ -70,6 +76,9 @@ MEANINGS: dict[str, Meaning] = {m.dest: m for m in (
     Meaning("--num-gpus-per-replica", "GPUs Ray gives each replica (a fraction shares one)"),
     Meaning("--ray-address", "an existing Ray cluster (default: start a local one)"),
     Meaning("--max-minutes", "training time in minutes, the final evaluation included"),
+    Meaning("--eval-batch-size", "sentences scored a batch when perplexity is measured (elmo train's evaluations, "
+                                 "elmo perplexity)"),
+    Meaning("--max-wait-ms", "how long the oldest queued sentence waits for others to join its batch"),
     Meaning("--work-dir", "where the command keeps its corpus, runs and outputs", path=True),
     Meaning("--token-embeddings", "a token-embedding file (elmo dump-tokens): its words skip the char-CNN (torch "
                                   "backend; same vectors within 1e-5)", path=True),
@@ -78,6 +87,41 @@ MEANINGS: dict[str, Meaning] = {m.dest: m for m in (
     Meaning("--json", "print the result as JSON on stdout", switch=True),
     Meaning("--quiet", "no progress lines", switch=True),
 )}
+
+
+RENAMED: dict[str, str] = {  # an older spelling -> its flag now, in every command
+    "--max-tokens-per-batch": "--max-batch-tokens", "--max-sentence-length": "--max-sentence-tokens",
+    "--column": "--text-column", "--workers": "--replicas", "--num-gpus-per-worker": "--num-gpus-per-replica",
+    "--minutes": "--max-minutes", "--train-minutes": "--max-minutes", "--work": "--work-dir",
+    "--bf16": "--precision", "--no-bf16": "--precision", "--fp16": "--precision",
+    "--train": "--text", "--data": "--text", "--input": "--text", "--corpus": "--text",
+    "--output-dir": "--out", "--out-dir": "--out", "--dest": "--out", "--onnx": "--model",
+    "--max-queue-delay-us": "--max-wait-ms",
+}
+_ON_THE_CPU = ("against the torch backend in fp32 on the CPU, the reference every export's parity is held to "
+               "(docs/export.md)")
+REFUSED: dict[str, dict[str, str]] = {  # command -> {a flag it does not take: why, and what to type}
+    "perplexity": {"--batch-size": "elmo train's global batch (rows); the sentences perplexity scores a batch are "
+                                   "--eval-batch-size, as in elmo train's evaluations"},
+    "engine": {"--device": f"none here: elmo engine validates its export {_ON_THE_CPU}, and builds for this "
+                           f"machine's GPU by itself where there is one (TensorRT, else ONNX Runtime CUDA)"},
+    "export onnx": {"--device": f"none here: elmo export onnx validates the graph on ONNX Runtime's CPU provider "
+                                f"{_ON_THE_CPU}; elmo export tensorrt builds a GPU engine from the export"},
+}
+
+
+def unrecognized(command: str, words: list[str]) -> str:
+    """The error for ``words`` that ``command`` (``perplexity``, ``export onnx``) did not parse, with
+    each refused or older flag's note."""
+    flags = dict.fromkeys(w.split("=", 1)[0] for w in words if w.startswith("--"))
+    notes = [f"{flag}: {why}" for flag in flags if (why := _refusal(command, flag))]
+    return "; ".join([f"unrecognized arguments: {' '.join(words)}", *notes])
+
+
+def _refusal(command: str, flag: str) -> str | None:
+    if flag in REFUSED.get(command, {}):
+        return REFUSED[command][flag]
+    return f"now {RENAMED[flag]}" if flag in RENAMED else None
 
 
 def add_flag(group: Flags, meaning: str, **kwargs: Any) -> argparse.Action:

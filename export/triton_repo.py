@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from elmo_core.bounds import check_count
+from elmo_core.bounds import check_count, check_number
 from elmo_core.errors import InputError
 from storage.atomic import atomic_dir
-from inference.registry import BACKEND_NAMES, artifact_file, backend_kind, model_config
+from inference.registry import BACKEND_NAMES, artifact_file, backend_kind, exported_backend, model_config
 from runtime import check_threads
 
 MODEL_CODE = Path(__file__).with_name("triton_model.py")
@@ -34,21 +34,21 @@ KINDS = {"cpu": "KIND_CPU", "gpu": "KIND_GPU"}
 @dataclass(frozen=True)
 class TritonOptions:
     name: str = "elmo"
-    backend: str = "torch"
+    backend: str | None = None  # None: an export directory's own, else torch (``write_triton_repository``)
     kind: str = "cpu"
     instances: int = 1
     max_batch_size: int = 64
-    max_queue_delay_us: int = 2000
+    max_wait_ms: float = 2.0  # the dynamic batcher's max_queue_delay_microseconds, in ms
     threads: int | None = None  # the backend's threads per instance (default: its own)
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKEND_NAMES:
+        if self.backend is not None and self.backend not in BACKEND_NAMES:
             raise InputError(f"--backend must be one of {BACKEND_NAMES}, got {self.backend!r}")
         if self.kind not in KINDS:
             raise InputError(f"--kind must be one of {tuple(KINDS)}, got {self.kind!r}")
         for name in ("instances", "max_batch_size"):
             check_count(name, getattr(self, name))
-        check_count("max_queue_delay_us", self.max_queue_delay_us, 0, zero="no wait")
+        check_number("max_wait_ms", self.max_wait_ms, 0, 60_000, unit=" ms")
         check_threads(self.threads)
         if not self.name.replace("_", "").replace("-", "").isalnum():
             raise InputError(f"--name must be letters, digits, '-' or '_', got {self.name!r}")
@@ -69,7 +69,7 @@ output [
   {{ name: "SENTENCE_EMBEDDINGS" data_type: TYPE_FP32 dims: [ {dim} ] }}
 ]
 instance_group [ {{ count: {options.instances} kind: {KINDS[options.kind]} }} ]
-dynamic_batching {{ max_queue_delay_microseconds: {options.max_queue_delay_us} }}
+dynamic_batching {{ max_queue_delay_microseconds: {round(options.max_wait_ms * 1000)} }}
 parameters [
 {params}
 ]
@@ -93,8 +93,10 @@ def _copy_model(model: Path, backend: str, weights: str | None, dest: Path) -> N
 
 def write_triton_repository(model: str | Path, out: str | Path, options: TritonOptions,
                             weights: str | None = None) -> Path:
-    """Write ``out/<name>/`` (``out`` may hold other models; ``<name>`` must not exist yet)."""
+    """Write ``out/<name>/`` (``out`` may hold other models; ``<name>`` must not exist yet); ``options.backend``
+    None: the export's own for an export directory, else torch."""
     model, out = Path(model), Path(out)
+    options = replace(options, backend=options.backend or exported_backend(model) or "torch")
     if weights is not None and backend_kind(options.backend).exported:
         raise InputError(f"--weights {weights}: an {options.backend} model runs its export's own graph, so there are "
                          f"no weights to choose: leave --weights out (or give them to elmo export onnx)")

@@ -22,11 +22,16 @@ def load_bilm(path: str | Path, weights: str | Path | None = None) -> BiLM:
     files = resolve_model(path, weights)
     config = ElmoConfig.from_json(files.options)
     model = BiLM(config, load_tokenizer(config, files.options.parent) if config.dictionaries is not None else None)
+    load_weights(model, files)
+    return model.eval()
+
+
+def load_weights(model: BiLM, files: ModelFiles) -> None:
+    """Fill ``model`` from ``files``' weights, safetensors or published hdf5."""
     if files.format == "safetensors":
         load_native_weights(model, files.weights)
     else:
         load_hdf5_weights(model, files.weights)
-    return model.eval()
 
 
 def load_native_weights(model: BiLM, path: str | Path) -> None:

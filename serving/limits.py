@@ -29,7 +29,7 @@ class ServeLimits:
 
     max_batch_tokens: int | None = setting(None, f"padded tokens (sentences x longest) per model batch (default: "
                                                   f"{DEFAULT_BATCH})", meaning="max_batch_tokens")
-    max_wait_ms: float = setting(0.0, "how long the oldest queued sentence waits for others to join its batch")
+    max_wait_ms: float = setting(0.0, None, meaning="max_wait_ms")
     max_queue: int = setting(1024, "sentences waiting for the model; a request that does not fit gets 503 + "
                                    "Retry-After")
     max_request_sentences: int = setting(256, "sentences (or texts, or inputs) one request may hold (else 413)")

@@ -82,7 +82,7 @@ class TrainOptions:
                                                 "metrics")
     train_eval_sentences: int = setting(500, "training sentences scored stateless with each evaluation (0: none): the "
                                         "training perplexity held-out perplexity is compared with", "metrics")
-    eval_batch_size: int = setting(32, "sentences a batch in evaluations", "metrics")
+    eval_batch_size: int = setting(32, None, "metrics", meaning="eval_batch_size")
     tensorboard: bool = setting(True, "TensorBoard event files in RUN_DIR/tensorboard (the tensorboard extra)",
                                 "metrics")
     compile: bool = setting(False, "fused, compiled LSTM steps (elmo_core.fused_sequence): fewer kernels a step, more host "

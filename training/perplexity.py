@@ -21,7 +21,8 @@ from elmo_core import ElmoConfig
 from storage.atomic import atomic_path
 from elmo_core.errors import WeightsError
 from formats import resolve_model
-from formats.weights_hdf5 import load_hdf5_weights, open_weights_hdf5
+from formats.model_dir import load_weights
+from formats.weights_hdf5 import open_weights_hdf5
 from inference.fast_path import FastInference
 
 from .corpus import check_scoring
@@ -117,13 +118,14 @@ def save_softmax(lm: LanguageModel, path: Path) -> None:
         f.create_dataset("softmax/b", data=lm.softmax_b.detach().cpu().numpy().astype(np.float32))
 
 
-def load_language_model(model_dir: str | Path) -> tuple[LanguageModel, Vocab]:
-    """A trained model directory: options.json, weights.hdf5, softmax.hdf5 and vocab.txt."""
-    model_dir = Path(model_dir)
-    files = resolve_model(model_dir)
+def load_language_model(model: str | Path, weights: str | Path | None = None) -> tuple[LanguageModel, Vocab]:
+    """A trained model: a directory (or its options.json) holding options.json, the weights (``weights``:
+    the file to take, as ``formats.resolve_model``), softmax.hdf5 and vocab.txt."""
+    files = resolve_model(model, weights)
+    model_dir = files.options.parent
     vocab = Vocab.load(model_dir / "vocab.txt")
     lm = LanguageModel(ElmoConfig.from_json(files.options), len(vocab))
-    load_hdf5_weights(lm.bilm, files.weights)
+    load_weights(lm.bilm, files)
     sm = model_dir / SOFTMAX_NAME
     if not sm.is_file():
         raise WeightsError(f"{sm}: softmax weights not found; perplexity needs a model written by `elmo train`")

@@ -78,7 +78,7 @@ def test_input_and_output_errors_load_no_model_code(tmp_path):
     for says, argv in cases.items():
         code, torch_loaded, err = _modules_after(["embed", *argv, "--model", str(model)])
         assert (code, torch_loaded, says in err) == (2, False, True), err
-    for says, argv in {"--batch-size must be a positive integer": ["--text", str(corpus), "--batch-size", "0"],
+    for says, argv in {"--eval-batch-size must be a positive integer": ["--text", str(corpus), "--eval-batch-size", "0"],
                        "--text " + str(tmp_path / "missing.txt") + ": no such file": ["--text", str(tmp_path / "missing.txt")]}.items():
         code, torch_loaded, err = _modules_after(["perplexity", *argv, "--model", str(model)])  # before the model
         assert (code, torch_loaded, says in err) == (2, False, True), err

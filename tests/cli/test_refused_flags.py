@@ -94,6 +94,23 @@ def test_train_on_a_gpu_this_machine_lacks_is_refused_first(text, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["perplexity", "--model", "TINY", "--text", "TEXT", "--batch-size", "8"],
+     ["--batch-size: elmo train's global batch (rows)", "--eval-batch-size"]),
+    (["engine", "--model", "TINY", "--device", "cuda"],
+     ["--device: none here", "torch backend in fp32 on the CPU", "docs/export.md"]),
+    (["export", "onnx", "--model", "TINY", "--device=cuda:0"], ["--device: none here", "ONNX Runtime's CPU provider"]),
+    (["export", "triton", "--model", "TINY", "--max-queue-delay-us", "500"], ["--max-queue-delay-us: now --max-wait-ms"]),
+    (["embed", "--model", "TINY", "--text", "TEXT", "--max-tokens-per-batch", "300"],
+     ["--max-tokens-per-batch: now --max-batch-tokens"]),
+])
+def test_a_flag_renamed_or_not_taken_is_refused_naming_what_to_type(tiny_dir, text, tmp_path, argv, words):
+    out = tmp_path / "out"
+    argv = [str(tiny_dir) if a == "TINY" else str(text) if a == "TEXT" else a for a in argv]
+    _refused(run_cli(*argv, *([] if argv[0] == "perplexity" else ["--out", out])), "unrecognized arguments", *words)
+    assert not out.exists()
+
+
 def test_export_onnx_refuses_a_file_for_its_folder(tiny_dir, tmp_path, text):
     before = text.read_bytes()
     _refused(run_cli("export", "onnx", "--model", tiny_dir, "--out", text), str(text), "is a file")

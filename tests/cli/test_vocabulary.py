@@ -12,24 +12,19 @@ from pathlib import Path
 import pytest
 
 from elmo_cli.main import build_parser
-from elmo_cli.vocabulary import MEANINGS, add_flag, flag_spelling
+from elmo_cli.vocabulary import MEANINGS, REFUSED, RENAMED, add_flag, flag_spelling
 from elmo_core.errors import SettingError
 
 ROOT = Path(__file__).resolve().parents[2]
-OLD = {"--max-tokens-per-batch": "--max-batch-tokens", "--max-sentence-length": "--max-sentence-tokens",
-       "--column": "--text-column", "--workers": "--replicas", "--num-gpus-per-worker": "--num-gpus-per-replica",
-       "--minutes": "--max-minutes", "--train-minutes": "--max-minutes", "--work": "--work-dir",
-       "--bf16": "--precision", "--no-bf16": "--precision", "--fp16": "--precision",
-       # the text a command reads is --text; what it writes, --out
-       "--train": "--text", "--data": "--text", "--input": "--text", "--corpus": "--text",
-       "--output-dir": "--out", "--out-dir": "--out", "--dest": "--out", "--onnx": "--model"}
+OLD = RENAMED  # the text a command reads is --text; what it writes, --out; ...
 # Every command is classified here, twice; a command that is not fails the walk (``shape_problems``).
 # What it prints: a result (then --json, the result alone on stdout) or not.
 REPORTING = ("info", "verify", "embed", "perplexity", "train", "probe", "engine", "export onnx", "export tensorrt",
              "export triton", "default-model", "sample-corpus", "sotu-corpus", "dump-tokens", "convert-efml")
 NOT_REPORTING = ("serve", "demo")  # a server (its results are HTTP answers); a walk-through for people
 # Whether it runs a model: then --threads and --device. engine and export onnx run it only to validate
-# an export against the torch backend on the CPU (formats/export_spec.py): --threads.
+# an export against the torch backend on the CPU (formats/export_spec.py): --threads, and --device
+# refused with why (``REFUSED``).
 MODEL_RUNNERS = ("embed", "serve", "train", "perplexity", "probe", "demo", "dump-tokens", "default-model")
 CPU_VALIDATORS = ("engine", "export onnx")
 MODEL_FREE = ("info", "verify", "export tensorrt", "export triton", "sample-corpus", "sotu-corpus", "convert-efml")
@@ -108,12 +103,16 @@ def shape_problems(parser: argparse.ArgumentParser) -> list[str]:
         wanted = (["--json"] if command in REPORTING else []) + \
             (["--threads", "--device"] if command in MODEL_RUNNERS else ["--threads"] if command in CPU_VALIDATORS else [])
         found += [f"elmo {command}: no {f}" for f in wanted if f not in flags]
+        if command in CPU_VALIDATORS and "--device" not in REFUSED.get(command, {}):
+            found.append(f"elmo {command}: --device neither taken nor refused with why")
+        found += [f"elmo {command}: takes {f}, which it refuses" for f in REFUSED.get(command, {}) if f in flags]
     return found
 
 
 def test_every_command_is_shaped_alike():
     parser = build_parser()
     assert shape_problems(parser) == []
+    assert set(REFUSED) <= set(leaves(parser))  # each refusal is a command's
     assert sorted(leaves(parser)) == sorted(REPORTING + NOT_REPORTING) == sorted(MODEL_RUNNERS + CPU_VALIDATORS + MODEL_FREE)
 
 

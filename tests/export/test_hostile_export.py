@@ -30,7 +30,7 @@ def test_export_onnx_refuses_a_non_finite_mix_before_out_is_created(tiny_dir, tm
     (["export", "triton", "--threads", "-1"], "--threads must be an integer from 0 to 4096"),
     (["export", "triton", "--max-batch-size", str(2**40)], "--max-batch-size must be a positive integer (at most "
                                                            "2147483647)"),
-    (["export", "triton", "--max-queue-delay-us", "-1"], "--max-queue-delay-us must be an integer from 0"),
+    (["export", "triton", "--max-wait-ms", "-1"], "--max-wait-ms must be a finite number in [0, 60000] ms"),
     (["engine", "--threads", "-1"], "--threads must be an integer from 0 to 4096"),
     (["engine", "--max-minutes", "nan"], "--max-minutes must be a finite number in (0, 10000000], got nan"),
 ])

@@ -33,7 +33,7 @@ def export_triton(model: Path, out: Path, *args: str) -> subprocess.CompletedPro
 def test_the_repository_holds_config_code_and_model(tmp_path: Path):
     model = make_model_dir(tmp_path / "tiny", TINY_OPTIONS)
     done = export_triton(model, tmp_path / "repo", "--instances", "2", "--max-batch-size", "16",
-                         "--max-queue-delay-us", "500", "--kind", "gpu")
+                         "--max-wait-ms", "0.5", "--kind", "gpu")
     assert done.returncode == 0, done.stderr
     target = tmp_path / "repo" / "elmo"
     config = (target / "config.pbtxt").read_text()
@@ -46,6 +46,21 @@ def test_the_repository_holds_config_code_and_model(tmp_path: Path):
     assert again.returncode == 2 and "exists" in again.stderr
     not_export = export_triton(model, tmp_path / "repo2", "--backend", "onnx")
     assert not_export.returncode == 2 and "elmo export onnx" in not_export.stderr
+
+
+def test_an_export_directory_is_served_by_its_own_backend_unless_told(tmp_path: Path):
+    """--backend, as in elmo embed and elmo serve: left out, an export directory's own (its manifest.json)."""
+    model = make_model_dir(tmp_path / "tiny", TINY_OPTIONS)
+    onnx = tmp_path / "onnx"
+    done = subprocess.run([sys.executable, "-m", "elmo_cli", "export", "onnx", "--model", str(model), "--out", str(onnx),
+                           "--no-validate"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert export_triton(onnx, tmp_path / "repo").returncode == 0
+    config = (tmp_path / "repo" / "elmo" / "config.pbtxt").read_text()
+    assert 'key: "backend" value: { string_value: "onnx" }' in config
+    assert (tmp_path / "repo" / "elmo" / "1" / "model" / "model.onnx").is_file()
+    told = export_triton(onnx, tmp_path / "repo2", "--backend", "torch")
+    assert told.returncode == 2 and "add --backend onnx" in told.stderr, told.stderr
 
 
 def _free_ports(n: int) -> list[int]:
@@ -107,7 +122,7 @@ def test_tritonserver_answers_what_the_local_server_answers(tmp_path: Path):
     if not (SITE / "pytriton" / "tritonserver" / "bin" / "tritonserver").is_file():
         pytest.skip(f"no Triton side environment at {TRITON_VENV}: run scripts/setup_triton.sh")
     model = make_model_dir(tmp_path / "tiny", TINY_OPTIONS)
-    assert export_triton(model, tmp_path / "repo", "--max-queue-delay-us", "20000").returncode == 0
+    assert export_triton(model, tmp_path / "repo", "--max-wait-ms", "20").returncode == 0
     rng = random.Random(0)
     requests = [rng.sample(SENTENCES, rng.randint(1, 5)) for _ in range(16)]
     local = ServerProcess(model, "--quiet")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 
 from elmo_cli.main import main as cli
 from elmo_core import batch_to_ids
+from formats.weights_hdf5 import save_hdf5_weights
 from inference import Embedder
 from inference.fast_path import FastInference
 from training.perplexity import load_language_model, perplexity
@@ -78,6 +80,35 @@ def test_perplexity_cli(trained, capsys):
     assert result["forward"] == pytest.approx(summary["valid"]["forward"], rel=1e-9)
     assert cli(["perplexity", "--model", str(tmp), "--text", str(tmp / "valid.txt")]) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_perplexity_cli_scores_the_weights_file_it_is_given(trained, tmp_path, capsys):
+    """--weights, as in every command that takes --model: the file of a directory holding several, or of an
+    options.json; --eval-batch-size, elmo train's name for the sentences scored a batch."""
+    _, model_dir, tmp, _ = trained
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    (model / "weights.hdf5").rename(model / "step8_weights.hdf5")
+    lm, vocab = load_language_model(model, model / "step8_weights.hdf5")
+    with torch.no_grad():
+        lm.bilm.lstm.w_proj.mul_(0.5)  # another weights file of the same model
+    save_hdf5_weights(lm.bilm, model / "other_weights.hdf5")
+    valid = str(tmp / "valid.txt")
+
+    def scored(*args: str) -> dict:
+        assert cli(["perplexity", "--text", valid, "--json", *args]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    assert cli(["perplexity", "--model", str(model), "--text", valid]) == 2
+    assert "name the file with --weights" in capsys.readouterr().err
+    first = scored("--model", str(model), "--weights", str(model / "step8_weights.hdf5"))
+    other = scored("--model", str(model), "--weights", str(model / "other_weights.hdf5"))
+    assert other["mean"] == pytest.approx(perplexity(lm, valid, vocab)["mean"], rel=1e-9)
+    assert other["mean"] != pytest.approx(first["mean"], rel=1e-3)
+    assert other["run"]["weights"] == str(model / "other_weights.hdf5")
+    by_options = scored("--model", str(model / "options.json"), "--weights", str(model / "other_weights.hdf5"),
+                        "--eval-batch-size", "2")
+    assert by_options["mean"] == pytest.approx(other["mean"], rel=1e-6)
 
 
 @pytest.mark.parametrize("args, message", [
