@@ -54,7 +54,7 @@ from .errors import NonFiniteError
 from .progress import note
 from .lock import OutputLock
 from .rows import row_values
-from .input_formats import text_lines
+from .input_bytes import text_lines
 from .source import InputFile, file_tokens, input_batches, scan_inputs
 
 SENTENCE_TO_INDEX = "sentence_to_index"
@@ -68,7 +68,7 @@ def is_text_input(spec: str | Path) -> bool:
 def text_sentences(path: Path) -> Iterator[tuple[str, list[str], str]]:
     """(sentence, tokens, where) per line of a text file."""
     with open(path, "rb") as f:
-        for n, line in enumerate(text_lines(f, path)):  # the lines the Parquet door reads (input_formats)
+        for n, line in enumerate(text_lines(f, path)):  # the lines the Parquet door reads (input_bytes)
             sentence = line.strip()
             if not sentence:
                 raise InputError(f"{path}: line {n + 1} is empty; `allennlp elmo` files hold one sentence per "

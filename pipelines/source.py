@@ -180,14 +180,20 @@ def passthrough_schema(files: list[InputFile], opts: EmbedOptions) -> pa.Schema:
         if len(types) > 1:
             found = "; ".join(f"{t} in {', '.join(paths[:3])}{' ...' if len(paths) > 3 else ''}"
                               for t, paths in types.items())
-            inferred = any(f.format != "parquet" for f in files)
-            how = ("pyarrow infers a CSV, TSV or JSON Lines column's type from its values: make them alike in every "
-                   "file (all integers, say), convert the files to Parquet with one type" if inferred else
-                   "rewrite the odd files with that type")
             raise InputError(f"column '{name}' has different types in the input files ({found}); every file "
-                             f"must give it one type: {how}, or leave the column out")
+                             f"must give it one type: {_one_type({f.format for f in files})}, or leave the column out")
         fields.append(pa.field(name, next(iter(types))))
     return pa.schema(fields)
+
+
+def _one_type(formats: set[str]) -> str:
+    """How files of these formats give a column one type."""
+    if "jsonl" in formats:
+        return ("a JSON Lines key keeps JSON's types: write its values alike in every file (all integers, all "
+                "numbers with a fraction, or all strings)")
+    if formats & {"csv", "tsv"}:
+        return "a CSV or TSV column is read as strings (the characters of its fields): give it as strings in every file"
+    return "rewrite the odd files with that type"
 
 
 def shards_of(files: list[InputFile], rows_per_shard: int, suffix: str = ".parquet") -> list[Shard]:

@@ -42,11 +42,18 @@ def test_columns_of_different_types_across_files_are_refused_before_anything_is_
     r = elmo("embed", "--text", tmp_path / "in", "--out", out, "--model", tiny_dir)  # without the column: fine
     assert r.returncode == 0, r.stderr
     assert verify_output(out)["rows"] == 4
-    (tmp_path / "csv").mkdir()
-    (tmp_path / "csv" / "a.csv").write_text("id,text\n1,a b\n")
-    (tmp_path / "csv" / "b.csv").write_text("id,text\nx1,c\n")
-    r = elmo("embed", "--text", tmp_path / "csv", "--out", tmp_path / "out2", "--model", tiny_dir, "--id-column", "id")
-    assert r.returncode == 2 and "pyarrow infers a CSV, TSV or JSON Lines column's type from its values" in r.stderr
+    (tmp_path / "jsonl").mkdir()  # JSON Lines keeps JSON's types (CSV's are strings: test_input_formats.py)
+    (tmp_path / "jsonl" / "a.jsonl").write_text('{"id": 1, "text": "a b"}\n')
+    (tmp_path / "jsonl" / "b.jsonl").write_text('{"id": "x1", "text": "c"}\n')
+    r = elmo("embed", "--text", tmp_path / "jsonl", "--out", tmp_path / "out2", "--model", tiny_dir,
+             "--id-column", "id")
+    assert r.returncode == 2 and "(int64 in a.jsonl; string in b.jsonl)" in r.stderr, r.stderr
+    assert "a JSON Lines key keeps JSON's types: write its values alike in every file" in r.stderr
+    (tmp_path / "in" / "c.csv").write_text("id,text\n3,d e\n")  # a glob may mix formats: a CSV id is a string
+    r = elmo("embed", "--text", f"{tmp_path / 'in'}/[ac].*", "--out", tmp_path / "out3", "--model", tiny_dir,
+             "--id-column", "id")
+    assert r.returncode == 2 and "(int64 in a.parquet; string in c.csv)" in r.stderr, r.stderr
+    assert "a CSV or TSV column is read as strings (the characters of its fields)" in r.stderr
 
 
 def test_names_that_are_not_utf8_are_refused_before_anything_is_written(tiny_dir, tmp_path):

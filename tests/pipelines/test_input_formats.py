@@ -48,14 +48,98 @@ def test_csv_tsv_jsonl_and_text_give_the_vectors_of_the_same_rows_from_parquet(t
         assert r.returncode == 0, (kind, r.stderr)
         table = ds.dataset(out, format="parquet").to_table()
         assert table.num_rows == len(SENTENCES) and len(list(out.glob("part-*.parquet"))) == 3
-        if ids:
-            assert table.column("id").to_pylist() == IDS
+        if ids:  # a CSV/TSV field is the text it holds
+            assert table.column("id").to_pylist() == ([str(i) for i in IDS] if kind in ("csv", "tsv") else IDS)
         got = table.column("elmo").to_pylist()
         expected = expected or got
         assert [len(v) for v in got] == [len(v) for v in expected]
         for a, b in zip(got, expected):
             np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
         assert verify_output(out)["inputs_checked"] == 1
+
+
+def test_csv_and_tsv_columns_hold_the_characters_of_their_fields(tiny_dir, tmp_path):
+    """pyarrow inferred a CSV column's type: the id 007 became 7 (the same as the id 7), an id past
+    int64 made the column float64 (20 digits rounded), and files whose columns it typed apart were
+    refused. Every column is now a string: the file's characters, an empty field "" (as the text
+    column's), whatever the other rows or files hold."""
+    ids = ["007", "7", "12345678901234567890", "9223372036854775809", "-0", "1e3"]
+    kept = ["1", "", "2.5", "NA", "true", "null"]
+    for name, sep in (("in.csv", ","), ("in.tsv", "\t")):
+        path = tmp_path / name
+        path.write_text(f"id{sep}n{sep}text\n" + "".join(f"{i}{sep}{k}{sep}row {i}\n" for i, k in zip(ids, kept)))
+        out = tmp_path / f"out-{name}"
+        r = elmo("embed", "--text", path, "--out", out, "--model", tiny_dir, "--quiet", "--id-column", "id",
+                 "--keep-columns", "n")
+        assert r.returncode == 0, r.stderr
+        table = pq.read_table(out)
+        assert table.schema.field("id").type == pa.string() and table.schema.field("n").type == pa.string()
+        assert table.column("id").to_pylist() == ids and table.column("n").to_pylist() == kept
+        assert verify_output(out)["rows"] == len(ids)
+    (tmp_path / "two").mkdir()  # ints in one file, text in the other; an empty column beside floats
+    (tmp_path / "two" / "a.csv").write_text("id,n,text\n1,,a b\n2,,c\n")
+    (tmp_path / "two" / "b.csv").write_text("id,n,text\nx1,0.5,d e\n")
+    r = elmo("embed", "--text", tmp_path / "two", "--out", tmp_path / "out-two", "--model", tiny_dir, "--quiet",
+             "--id-column", "id", "--keep-columns", "n")
+    assert r.returncode == 0, r.stderr
+    table = ds.dataset(tmp_path / "out-two").to_table()
+    assert table.column("id").to_pylist() == ["1", "2", "x1"] and table.column("n").to_pylist() == ["", "", "0.5"]
+
+
+def test_a_json_lines_integer_pyarrow_would_round_is_refused_naming_its_line_and_key(tiny_dir, tmp_path,
+                                                                                     monkeypatch):
+    """pyarrow read an integer past int64 as a double (123456789012345678901 became
+    1.2345678901234568e+20) and one past 2**53 in a key that also holds floats rounded, silently;
+    the largest int64 is kept exact."""
+    exact = tmp_path / "exact.jsonl"
+    exact.write_text('{"id": 9223372036854775807, "text": "a b 12345678901234567890"}\n{"id": -5, "text": "c"}\n')
+    r = elmo("embed", "--text", exact, "--out", tmp_path / "out", "--model", tiny_dir, "--quiet", "--id-column", "id")
+    assert r.returncode == 0, r.stderr
+    assert pq.read_table(tmp_path / "out").column("id").to_pylist() == [9223372036854775807, -5]
+    for name, content, message in (
+            ("big.jsonl", '{"id": 1, "text": "a"}\n\n{"id": 123456789012345678901, "text": "b"}\n',
+             "big.jsonl: line 3: key 'id' holds the integer 123456789012345678901, beyond a 64-bit integer"),
+            ("nested.jsonl", '{"id": 1, "v": [1, 2], "text": "a"}\n'
+                             '{"id": 2, "v": [18446744073709551616], "text": "b"}\n',
+             "nested.jsonl: line 2: key 'v' holds the integer 18446744073709551616"),
+            ("mixed.jsonl", '{"id": 0.5, "text": "a"}\n{"id": 9007199254740993, "text": "b"}\n',
+             "mixed.jsonl: line 2: key 'id' holds the integer 9007199254740993, in a key that holds numbers with a "
+             "fraction too")):
+        (tmp_path / name).write_text(content)
+        out = tmp_path / f"out-{name}"
+        r = elmo("embed", "--text", tmp_path / name, "--out", out, "--model", tiny_dir, "--id-column", "id")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert message in r.stderr and 'write it as a JSON string ("' in r.stderr, r.stderr
+        assert not out.exists()
+    import pipelines.input_bytes as input_bytes
+    from elmo_core.errors import InputError
+
+    monkeypatch.setattr(input_bytes, "BLOCK_BYTES", 2048)  # a file of several blocks: typed from every line
+    big = tmp_path / "blocks.jsonl"
+    big.write_text("".join(json.dumps({"id": i, "text": f"row {i}"}) + "\n" for i in range(200))
+                   + '{"id": 99999999999999999999, "text": "last"}\n')
+    with pytest.raises(InputError, match=r"blocks.jsonl: line 201: key 'id' holds the integer 99999999999999999999"):
+        embed_parquet(big, tmp_path / "out-blocks", tiny_dir, id_column="id", quiet=True)
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("bad.txt", b"fine\nnot \xff here\n", "bad.txt: line 2 is not UTF-8"),
+    ("text.csv", b"id,text\n1,a b\n2,not \xff here\n", "text.csv: record 3 (the header is record 1), column 'text' "
+                                                        "is not UTF-8"),
+    ("kept.csv", b"id,text\n1\xff,a b\n", "kept.csv: record 2 (the header is record 1), column 'id' is not UTF-8"),
+    ("header.tsv", b"id\tte\xffxt\n1\ta b\n", "header.tsv: record 1 (the header), a column name is not UTF-8"),
+    # pyarrow kept the bytes in its strings: the text's dropped and counted, a kept column's written as they were
+    ("value.jsonl", b'{"text": "a b"}\n\n{"text": "not \xff here"}\n', "value.jsonl: line 3 is not UTF-8"),
+    ("key.jsonl", b'{"text": "a b", "i\xffd": 1}\n', "key.jsonl: line 1 is not UTF-8"),
+])
+def test_bytes_that_are_not_utf8_are_refused_alike_in_text_csv_tsv_and_json_lines(tiny_dir, tmp_path, name, content,
+                                                                                 message):
+    (tmp_path / name).write_bytes(content)
+    out = tmp_path / "out"
+    r = elmo("embed", "--text", tmp_path / name, "--out", out, "--model", tiny_dir)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert message in r.stderr and "INPUT is UTF-8 text: convert the file" in r.stderr, r.stderr
+    assert not out.exists()
 
 
 def test_a_csv_job_resumes_its_damaged_shard_and_is_pinned_to_the_csv(tiny_dir, tmp_path):
@@ -134,21 +218,24 @@ def test_a_last_field_whose_closed_quote_holds_a_line_break_is_read(tiny_dir, tm
 def test_a_type_that_changes_after_the_first_block_is_read(tiny_dir, tmp_path, monkeypatch):
     """Valid files of several blocks were refused where a later block did not fit the types the
     first one gave (a column empty, then text; a key that appears late; null, then a string; ints,
-    then floats): such a column is read as strings (CSV) or typed from every line (JSON Lines)."""
-    import pipelines.input_formats as formats
+    then floats): a CSV column is strings throughout, a JSON Lines key typed from every line."""
+    import pipelines.input_bytes as input_bytes
 
-    monkeypatch.setattr(formats, "BLOCK_BYTES", 2048)  # blocks of a few dozen rows (4 MiB in a job)
+    monkeypatch.setattr(input_bytes, "BLOCK_BYTES", 2048)  # blocks of a few dozen rows (4 MiB in a job)
     n = 300
     csv = tmp_path / "in.csv"
     csv.write_text("id,a,n,text\n" + "".join(f"{i},,{i},row {i}\n" for i in range(n)) + f"{n},late,1.5,last row\n")
     jsonl = tmp_path / "in.jsonl"
     jsonl.write_text("".join(json.dumps({"id": i, "text": f"row {i}", "x": None}) + "\n" for i in range(n))
                      + json.dumps({"id": n, "text": "last row", "x": "late", "new": 2.5}) + "\n")
-    for path, kept, last in ((csv, ["a", "n"], {"a": "late", "n": "1.5"}), (jsonl, ["x", "new"], {"x": "late", "new": 2.5})):
+    for path, kept, ids, first, last in (
+            (csv, ["a", "n"], [str(i) for i in range(n + 1)], {"a": "", "n": "0"}, {"a": "late", "n": "1.5"}),
+            (jsonl, ["x", "new"], list(range(n + 1)), {"x": None, "new": None}, {"x": "late", "new": 2.5})):
         out = tmp_path / f"out-{path.suffix[1:]}"
         m = embed_parquet(path, out, tiny_dir, id_column="id", keep_columns=kept, quiet=True)
         table = ds.dataset(out).to_table()
-        assert m["rows"] == n + 1 and table.column("id").to_pylist() == list(range(n + 1))
+        assert m["rows"] == n + 1 and table.column("id").to_pylist() == ids
+        assert {k: table.column(k)[0].as_py() for k in kept} == first
         assert {k: table.column(k)[-1].as_py() for k in kept} == last
 
 
