@@ -300,9 +300,24 @@ def claim_output_dir(out: Output, job: dict, job_digest: str, resume: bool, fmt:
     if how == "restart":
         drop_shards(out)
     if how == "resume":
+        _check_columns(out, fmt, schema)
         return out.read_record(job_file(fmt))["digest"]
     out.write_record(job_file(fmt), {**job, "digest": job_digest}, schema)
     return job_digest
+
+
+def _check_columns(out: Output, fmt: ShardFormat, schema: pa.Schema) -> None:
+    """OtherJobError where the shards of the job resumed hold other columns than this run would write
+    (an earlier version that read the inputs with other types: a CSV's ids as integers)."""
+    name = job_file(fmt)
+    theirs = fmt.schema(pa.BufferReader(out.read_bytes(name)))
+    kinds = {f.name: f.type for f in theirs}
+    differ = [f"'{f.name}' {kinds.get(f.name, 'missing')} there, {f.type} now" for f in schema
+              if f.name not in kinds or not kinds[f.name].equals(f.type)]  # a list's item named alike or not
+    if differ or len(kinds) != len(schema):
+        raise OtherJobError(f"{out.where(name)}: the job's shards hold other columns than this run would write "
+                            f"({'; '.join(differ) or 'other names'}): an earlier version of elmo-pipeline started it; "
+                            f"finish it with that version, or use another OUTPUT_DIR")
 
 
 def same_job(theirs: dict, ours: dict) -> bool:

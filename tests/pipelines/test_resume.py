@@ -228,6 +228,25 @@ def test_a_job_an_earlier_version_recorded_with_less_of_the_model_is_refused_nam
         embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
 
 
+def test_a_job_whose_shards_hold_other_column_types_is_refused_on_resume(tiny_dir, tmp_path):
+    """An earlier version read a CSV's ids as integers; this one reads them as the strings they are:
+    resuming its job would mix int64 and string shards, so it is refused naming the column."""
+    import pyarrow as pa
+    from pipelines.output_dir import LocalDir
+
+    corpus, out, opts, _ = _finished_job(tiny_dir, tmp_path)
+    record = read_record(out / "_job.parquet")
+    schema = pq.read_schema(out / "_job.parquet")
+    older = schema.set(schema.get_field_index("id"), pa.field("id", pa.string()))  # the sample's ids are int64
+    LocalDir(out).write_record("_job.parquet", record, older)
+    (out / "_SUCCESS").unlink()
+    with pytest.raises(OtherJobError, match=r"_job.parquet: the job's shards hold other columns than this run would "
+                                            r"write \('id' string there, int64 now\): an earlier version"):
+        embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
+    LocalDir(out).write_record("_job.parquet", record, schema)
+    assert embed_parquet(corpus, out, tiny_dir, resume=True, **opts)["this_run"]["shards_kept"] == 3
+
+
 def test_sigkill_of_a_ray_driver_takes_its_local_cluster_with_it(tiny_dir, tmp_path, spawn):
     pytest.importorskip("ray", reason="Ray is the optional 'ray' extra")
     from runtime.ray_local import descendants
