@@ -8,7 +8,6 @@ IOBinding.
 from __future__ import annotations
 
 import hashlib
-import os
 import platform
 from pathlib import Path
 from typing import Sequence
@@ -25,6 +24,7 @@ from elmo_core.vectors import VectorRequest
 from .precision import cpu_model
 from .errors import ExportError
 from formats.export_manifest import check_file, read_spec
+from storage.atomic import new_temporary
 
 GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "ROCMExecutionProvider")
 PROVIDER_HINTS = {
@@ -166,7 +166,7 @@ class OnnxBackend(BackendBase):
             cached.parent.mkdir(exist_ok=True)
         except OSError:  # read-only export directory: optimize in memory every time
             return None, level
-        self._cache_pending = (cached.with_name(f".{cached.name}.{os.getpid()}.tmp"), cached)
+        self._cache_pending = (new_temporary(cached), cached)
         so.optimized_model_filepath = str(self._cache_pending[0])  # renamed once the session exists
         return None, level
 

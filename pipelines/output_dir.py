@@ -5,9 +5,9 @@ an object store (``s3://bucket/prefix``). One interface over both, so that the c
 Names are relative to OUTPUT_DIR (``part-00000-00000.parquet``, ``_shards/part-00000-00000.parquet``).
 What differs is how a shard's bytes become visible under their name:
 
-- local: written to ``.NAME.ATTEMPT.tmp`` (each writer its own), fsynced, then linked under its
-  name only if no file has it yet (``os.link``, atomic and exclusive), like the store's conditional
-  completion below;
+- local: written to ``.NAME.HOST.PID.wRANDOM.tmp`` (each writer its own: ``storage.atomic``), fsynced,
+  then linked under its name only if no file has it yet (``os.link``, atomic and exclusive), like the
+  store's conditional completion below;
 - store: streamed as a multipart upload, which the store shows whole or not at all when it is
   completed; the completion is conditional (``If-None-Match: *``), so an object, once there, is
   never replaced: a late writer of a dead attempt cannot overwrite a committed shard. Its commit
@@ -33,7 +33,8 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from corpora.files import check_name
-from storage.atomic import TMP_GLOB, atomic_path, check_can_make_in, fsync, nearest_existing, parse_json_object
+from storage.atomic import TMP_GLOB, atomic_path, check_can_make_in, fsync, nearest_existing, new_temporary, \
+    parse_json_object
 from elmo_core.errors import InputError
 from storage.locations import file_sha256, is_uri, normalize_uri, open_input, redacted, s3_client, \
     s3_location
@@ -192,7 +193,7 @@ class LocalSink:
 
     def __init__(self, root: Path, name: str) -> None:
         self.root, self.final = root, root / name
-        self.tmp = root / f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"  # its own: attempts may overlap
+        self.tmp = new_temporary(self.final, f"w{secrets.token_hex(4)}")  # its own: attempts may overlap
         self.file: Any = self.tmp
 
     def finish(self) -> dict:

@@ -20,6 +20,7 @@ from elmo_core.lstm import BiLstmStack
 from formats import save_model
 
 FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "elmo_tf_reference"
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY_OPTIONS = {
     "lstm": {"dim": 24, "projection_dim": 8, "n_layers": 2, "cell_clip": 3, "proj_clip": 3,
@@ -174,3 +175,36 @@ def write_record(path: Path, record: dict) -> None:
     if path.is_file():
         schema = pq.read_schema(path) if path.suffix == ".parquet" else ipc.open_file(path).schema
     LocalDir(path.parent).write_record(path.name, record, schema)
+
+
+_WRITER = """
+import sys
+from storage.atomic import atomic_dir, atomic_path
+kind, path = sys.argv[1:]
+with (atomic_path(path) if kind == "file" else atomic_dir(path, "done")) as tmp:
+    (tmp / "done" if kind == "dir" else tmp).write_text("theirs")
+    print(tmp, flush=True)
+    sys.stdin.read()  # until the test closes its stdin, or kills it
+"""
+
+
+def writer_inside(spawn, kind: str, path: Path,  # type: ignore[no-untyped-def]
+                  prefix: tuple = ()) -> tuple[subprocess.Popen, Path]:
+    """A real process writing ``path`` through ``storage.atomic`` (``kind`` "file": ``atomic_path``,
+    "dir": ``atomic_dir`` with its ``done`` file), stopped inside the block with its temporary made
+    and written, until its stdin is closed: (the process, its temporary). ``prefix``: a command
+    that runs it (``unshare ...``)."""
+    proc = spawn([*prefix, sys.executable, "-c", _WRITER, kind, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                 text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    line = proc.stdout.readline()
+    assert line, f"the writer of {path} exited ({proc.wait()}) before its temporary was made"
+    return proc, Path(line.strip())
+
+
+def killed_inside(spawn, kind: str, path: Path) -> Path:  # type: ignore[no-untyped-def]
+    """The temporary a writer of ``path`` (``writer_inside``) leaves when SIGKILL ends it inside the
+    block; the process is reaped (its pid is free)."""
+    proc, tmp = writer_inside(spawn, kind, path)
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL and tmp.exists()
+    return tmp

