@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from elmo_core import ElmoConfig
+from elmo_core.bounds import check_flags
 from elmo_core.kinds import OutputMode
 from elmo_core.names import EXPORT_PRECISIONS
 from elmo_core.vectors import VectorRequest
@@ -101,6 +102,7 @@ class ExportSpec:
     token_dedup: bool = False
 
     def __post_init__(self) -> None:
+        check_flags(self)
         v = self.vectors
         if v.output not in OUTPUT_NAMES or v.layer_norm or v.pool or v.normalize or v.dtype != "float32":
             raise ExportError(f"an export's graph gives float32 layers: --output {' or '.join(OUTPUT_NAMES)} with "
@@ -188,7 +190,7 @@ class ExportSpec:
             vectors = VectorRequest(d["output"], d.get("mix_weights"), float(d["gamma"]))
             spec = cls(int(d["n_layers"]), int(d["dim"]), int(d["max_chars"]), vectors, d["precision"], int(d["opset"]),
                        tuple((int(b), int(t)) for b, t in d["validation_shapes"]),
-                       bool(d.get("token_dedup", False)))
+                       d.get("token_dedup", False))
         except (KeyError, TypeError, ValueError) as e:  # InputError too: a request's checks
             raise ExportError(f"{source}: invalid export spec ({type(e).__name__}: {e}); re-export the model") from None
         if [t.to_dict() for t in spec.outputs] != d.get("outputs"):

@@ -8,7 +8,7 @@ import resource
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
-from elmo_core.bounds import check_count, check_gpus, check_number, setting
+from elmo_core.bounds import check_count, check_flags, check_gpus, check_number, setting
 from elmo_core.errors import SettingError
 from inference.batching import BatchPolicy, cpu_batch_budget
 
@@ -43,12 +43,11 @@ class ServeLimits:
                                          "(a request's \"truncate\" overrides it)")
 
     def __post_init__(self) -> None:
+        check_flags(self)
         check_count("max_batch_tokens", self.max_batch_tokens, optional=DEFAULT_BATCH)
         check_number("max_wait_ms", self.max_wait_ms, 0, 60_000, unit=" ms")
         for name in ("max_queue", "max_request_sentences", "max_sentence_tokens", "max_body_bytes", "max_answer_values"):
             check_count(name, getattr(self, name))
-        if not isinstance(self.auto_truncate, bool):
-            raise SettingError(f"`auto_truncate` must be true or false, got {self.auto_truncate!r}")
         if self.max_sentence_tokens > self.batch_tokens:
             raise SettingError(f"`max_sentence_tokens` ({self.max_sentence_tokens}) must be at most "
                                f"`max_batch_tokens` ({self.batch_tokens}) so one sentence fits a batch")
@@ -138,6 +137,7 @@ class AccessOptions:
     cors_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        check_flags(self)
         key = self.api_key  # never printed, not even in these messages
         if key is not None and not key.strip():
             raise SettingError("`api_key` is empty (is the variable in `api_key` \"$KEY\" unset?): give the key; to "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from elmo_core.bounds import MAX_SEED, check_count, check_number, setting
+from elmo_core.bounds import MAX_SEED, check_count, check_flags, check_number, setting
 from elmo_core.errors import InputError, SettingError
 from elmo_core.names import TRAIN_PRECISIONS
 from elmo_core.mix_settings import FLOAT32_MAX
@@ -103,6 +103,7 @@ class TrainOptions:
     def __post_init__(self) -> None:
         if self.train is None or self.out is None:
             raise TypeError("TrainOptions needs train and out")
+        check_flags(self)
         check_device_name(self.device)
         if self.precision is None:
             self.precision = default_precision(self.device)

