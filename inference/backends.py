@@ -40,6 +40,8 @@ from .precision import check_precision
 from .row_lstm import RowShape
 from .token_cache import TokenCache, preload_token_cache
 
+RUN_LAYOUTS = tuple(name for name in LAYOUTS if name != "auto")  # what a backend runs
+
 
 class Backend(Protocol):
     config: ElmoConfig
@@ -165,10 +167,11 @@ class TorchBackend(BackendBase):
     ``cuda_graphs``: the stateless recurrence of ``run_combined`` over rows of one static shape,
     replayed as one CUDA graph (``inference.cuda_graphs``); default on for a CUDA device.
     ``layout``: how the recurrence runs (``inference.layout``: ``packed``, ``fused``, ``rows``, as a
-    run resolved it); None: the device's default, as ``cuda_graphs`` says. ``rows``: the ``rows``
-    layout's most rows a step (None: ``RowShape()``'s); on a CPU its windows run eagerly. ``onednn``:
-    the ``packed`` layout's products all on packed oneDNN weights (else from
-    ``fast_lstm.PACKED_MIN_WEIGHTS`` up), as a CPU's measurement chose (``inference.layout.Layout``).
+    run resolved it; ``auto`` is the run's to settle, refused here); None: the device's default, as
+    ``cuda_graphs`` says. ``rows``: the ``rows`` layout's most rows a step (None: ``RowShape()``'s);
+    on a CPU its windows run eagerly. ``onednn``: the ``packed`` layout's products all on packed
+    oneDNN weights (else from ``fast_lstm.PACKED_MIN_WEIGHTS`` up), as a CPU's measurement chose
+    (``inference.layout.Layout``).
     """
 
     name = "torch"
@@ -178,8 +181,7 @@ class TorchBackend(BackendBase):
                  token_vocab: str | Path | None = None, precision: str | Precision = "fp32",
                  cuda_graphs: bool | None = None, layout: str | None = None, rows: int | None = None,
                  onednn: bool = False) -> None:
-        if layout is not None and layout not in LAYOUTS:
-            raise SettingError(f"`layout` must be None (the device's default) or one of {LAYOUTS}, got {layout!r}")
+        _check_layout(layout)
         check_count("token_cache", token_cache, 0, zero="none kept")
         check_count("rows", rows, optional="RowShape()'s")
         precision = precision if isinstance(precision, Precision) else check_precision(precision, device)
@@ -304,3 +306,14 @@ class TorchBackend(BackendBase):
         if self.stateful is None:
             raise ElmoError("reset_state: this backend is stateless")
         self.stateful.reset()
+
+
+def _check_layout(layout: str | None) -> None:
+    """A layout the backend runs: ``auto`` is a run's choice (``inference.layout``: measured once per
+    CPU, ``rows`` on CUDA), settled before a backend opens; unsettled here it would run ``fused``."""
+    if layout == "auto":
+        raise SettingError("`layout` auto is settled by the run (measured once per CPU, rows on CUDA): open "
+                           "the model with Embedder.open(model, layout=\"auto\") or resolve_run(model, "
+                           f"layout=\"auto\").open(), or pass one of {RUN_LAYOUTS} (None: the device's default)")
+    if layout is not None and layout not in RUN_LAYOUTS:
+        raise SettingError(f"`layout` must be None (the device's default) or one of {RUN_LAYOUTS}, got {layout!r}")

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from elmo_core import ElmoConfig
-from elmo_core.errors import InputError
+from elmo_core.errors import InputError, SettingError
+from inference.backends import TorchBackend
+from inference.embedder import Embedder
 from inference.layout import (CPU_ROW_COUNTS, FUSED_MARGIN, LAYOUTS_CODE, ONEDNN, Layout, candidates, choose,
                               resolve_layout)
 from inference.model_run import resolve_run
@@ -35,6 +37,20 @@ def test_asked_for_cuda_and_small_models_are_not_measured(tmp_path, monkeypatch)
     with pytest.raises(InputError, match="--layout must be one of"):
         resolve_layout("fast", "cpu", "fp32", big, 1, never)
     assert not (tmp_path / "layouts.json").exists()
+
+
+def test_the_backend_refuses_auto_which_the_run_settles(tiny_dir, tmp_path, monkeypatch):
+    """``auto`` given to the backend itself ran the compiled fused layout, measured by nothing: refused,
+    naming what settles it; the run settles it (the tiny model: packed, unmeasured)."""
+    monkeypatch.setenv("ELMO_CACHE_DIR", str(tmp_path))
+    with pytest.raises(SettingError) as e:
+        TorchBackend.from_files(tiny_dir, layout="auto")
+    assert e.value.text == ("`layout` auto is settled by the run (measured once per CPU, rows on CUDA): open the "
+                            "model with Embedder.open(model, layout=\"auto\") or resolve_run(model, "
+                            "layout=\"auto\").open(), or pass one of ('packed', 'fused', 'rows') (None: the "
+                            "device's default)")
+    with Embedder.open(tiny_dir, layout="auto") as emb:
+        assert emb.backend.fast.layout == "packed"
 
 
 def test_the_shipped_models_size_is_measured(tmp_path, monkeypatch):
