@@ -38,8 +38,14 @@ def _encode(tokens: Sequence[str]) -> list[bytes]:
         # "ignore" drops what cannot be encoded (lone surrogates), as the original does.
         return [t.encode("utf-8", "ignore") for t in tokens]
     except AttributeError:
-        bad = next(i for i, t in enumerate(tokens) if not isinstance(t, str))
-        raise TokenTypeError(f"token {bad} is {type(tokens[bad]).__name__} {tokens[bad]!r}, expected str") from None
+        raise tokens_type_error(tokens) from None
+
+
+def tokens_type_error(tokens: Sequence[object]) -> TokenTypeError:
+    """The error naming the first of a flat list of tokens that is not a str by its place (a batch's
+    ``pad_batch`` names it again by its sentence: ``token_type_error``)."""
+    bad = next(i for i, t in enumerate(tokens) if not isinstance(t, str))
+    return TokenTypeError(f"token {bad} is {type(tokens[bad]).__name__} {tokens[bad]!r}, expected str")
 
 
 def token_type_error(sentences: Sequence[Sequence[object]]) -> TokenTypeError:

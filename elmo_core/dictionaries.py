@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .chars import pad_batch
+from .chars import pad_batch, tokens_type_error
 
 CHAR_SPECIALS = ("<bos>", "<eos>", "<oov>", "<pad>", "<bow>", "<eow>")
 WORD_SPECIALS = ("<oov>", "<bos>", "<eos>", "<pad>")
@@ -44,6 +44,8 @@ class DictionaryTokenizer:
         return self.words.get(token, self.words["<oov>"]) + 1
 
     def token_ids(self, tokens: Sequence[str]) -> np.ndarray:
+        if not all(isinstance(t, str) for t in tokens):  # a list or bytes would be read as its items
+            raise tokens_type_error(tokens)
         out = np.empty((len(tokens), self.width), dtype=np.int32)  # (N, W)
         get, oov, keep = self.chars.get, self.oov, self.max_chars - 2
         for i, token in enumerate(tokens):

@@ -116,3 +116,28 @@ def test_a_pickle_that_needs_more_than_tensors_is_refused(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(WeightsError, match="convert it first: elmo convert-efml"):
         Embedder.open(tmp_path)
+
+
+@pytest.mark.parametrize("sentences, named", [
+    ([["ab", 5]], "sentence 0, token 1 is int 5, expected str"),
+    ([["ab"], ["a", b"ab"]], "sentence 1, token 1 is bytes b'ab', expected str"),  # its items were read as chars
+    ([["a", ["a", "b"]]], "sentence 0, token 1 is list ['a', 'b'], expected str"),
+    ([["ab", None]], "sentence 0, token 1 is NoneType None, expected str"),
+])
+def test_a_dictionary_models_tokens_that_are_not_str_are_named_as_the_byte_tokenizers(sentences, named):
+    """The dictionary tokenizer (ELMoForManyLangs' ids) refuses what the byte tokenizer refuses, in its
+    words (``elmo_core.chars.token_type_error``): a bytes or list token was read as its items, an int
+    or None ended in a TypeError."""
+    from elmo_core.chars import ByteTokenizer
+    from elmo_core.dictionaries import CHAR_SPECIALS, WORD_SPECIALS, DictionaryTokenizer
+    from elmo_core.errors import TokenTypeError
+
+    chars = {c: i for i, c in enumerate([*CHAR_SPECIALS, "a", "b"])}
+    words = {w: i for i, w in enumerate([*WORD_SPECIALS, "ab"])}
+    for tokenizer in (DictionaryTokenizer(chars, words, 10), DictionaryTokenizer(chars, None, 10), ByteTokenizer(10)):
+        with pytest.raises(TokenTypeError) as e:
+            tokenizer.batch(sentences)
+        assert str(e.value) == named
+    with pytest.raises(TokenTypeError) as e:
+        DictionaryTokenizer(chars, words, 10).token_ids(["ab", 3])
+    assert str(e.value) == "token 1 is int 3, expected str"
