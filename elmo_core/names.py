@@ -33,18 +33,18 @@ ENCODINGS = ("float", "base64")  # how elmo serve answers vectors
 
 def resolve_output(output: str, pool: str | None) -> tuple[str, str | None]:
     """(output mode, pool) for an output name (``OUTPUT_NAMES``): TF-Hub's names made ours, ``layer:N``
-    checked for form (N against the model where the layers are known); InputError otherwise."""
+    checked for form (N against the model where the layers are known); SettingError otherwise."""
     if not isinstance(output, str):
-        raise InputError(f"output must be one of {OUTPUT_NAMES}, got {type(output).__name__} {output!r}")
+        raise SettingError(f"`output` must be one of {OUTPUT_NAMES}, got {type(output).__name__} {output!r}")
     if output in HUB_OUTPUTS:
         mode, implied = HUB_OUTPUTS[output]
         if implied is not None and pool not in (None, implied):
-            raise InputError(f"output {output!r} is the {implied} pool of the mix; give pool {implied} or none")
+            raise SettingError(f"`output` {output!r} is the {implied} pool of the mix; give `pool` {implied} or none")
         return mode, pool if implied is None else implied
     try:
         OutputMode.of(output)
     except InputError:
-        raise InputError(f"output must be one of {OUTPUT_NAMES}, got {output!r}") from None
+        raise SettingError(f"`output` must be one of {OUTPUT_NAMES}, got {output!r}") from None
     return output, pool
 
 

@@ -9,7 +9,7 @@ import numpy as np
 from elmo_core.bounds import check_count
 from elmo_core.pooling import pool_ragged
 from elmo_core.chars import check_sentences, token_type_error
-from elmo_core.errors import InputError, TokenTypeError
+from elmo_core.errors import InputError, SettingError, TokenTypeError
 
 from . import engine
 from .backends import Backend
@@ -26,7 +26,7 @@ def _check_batching(batch_size: object, policy: object) -> None:
     """An Embedder's ``batch_size`` (None: the token budget alone) and ``policy`` (None: the run's)."""
     check_count("batch_size", batch_size, optional="the token budget alone")
     if policy is not None and not isinstance(policy, BatchPolicy):
-        raise InputError(f"policy must be an inference.batching.BatchPolicy, got {type(policy).__name__}")
+        raise SettingError(f"`policy` must be an inference.batching.BatchPolicy, got {type(policy).__name__}")
 
 
 class Embedder:

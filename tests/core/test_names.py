@@ -9,8 +9,8 @@ import pytest
 
 from corpora.sample import write_sample_corpus
 from elmo_cli.main import main
-from elmo_core.errors import InputError
-from elmo_core.names import resolve_output
+from elmo_core.errors import InputError, SettingError
+from elmo_core.names import OUTPUT_NAMES, resolve_output
 from inference import Embedder
 from elmo_core.vectors import VectorRequest
 from pipelines.options import EmbedOptions
@@ -55,3 +55,17 @@ def test_elmo_embed_takes_them_as_its_output(tiny_dir, tmp_path):
         np.testing.assert_array_equal(np.asarray(b, np.float32).reshape(len(b), -1),
                                       np.asarray(a, np.float32)[:, 1] if a else np.zeros((0, 16), np.float32))
     assert main(["embed", "--text", str(corpus), "--out", str(tmp_path / "bad"), "--model", str(tiny_dir), "--output", "layer:7"]) == 2
+
+
+@pytest.mark.parametrize("output, pool, text", [
+    ("bottom", None, f"`output` must be one of {OUTPUT_NAMES}, got 'bottom'"),
+    (None, None, f"`output` must be one of {OUTPUT_NAMES}, got NoneType None"),
+    ("default", "max", "`output` 'default' is the mean pool of the mix; give `pool` mean or none"),
+])
+def test_an_output_name_refused_names_its_settings_as_every_setting_check_does(output, pool, text):
+    """Quoted as `threads` and `device` are (a SettingError: each door spells the names as its users
+    type them, the CLI as --output and --pool)."""
+    with pytest.raises(SettingError) as e:
+        resolve_output(output, pool)
+    assert e.value.text == text
+    assert e.value.spelled(lambda name: f"--{name}").startswith("--output ")

@@ -96,6 +96,13 @@ def test_bad_arguments(emb, kwargs, message):
         emb.embed_sentences(SENTENCES, **kwargs)
 
 
+def test_a_policy_that_is_not_a_batch_policy_is_named_as_a_setting(tiny_dir):
+    """Quoted as `batch_size` is (a SettingError naming the keyword), before the model loads."""
+    with pytest.raises(SettingError) as e:
+        Embedder.open(tiny_dir, policy={"max_tokens_per_batch": 64})
+    assert e.value.text == "`policy` must be an inference.batching.BatchPolicy, got dict"
+
+
 def test_bad_sentences(emb):
     with pytest.raises(InputError, match="sentence 1 is str"):
         emb.embed_sentences([["ok"], "not tokenized"])
