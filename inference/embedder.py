@@ -40,6 +40,10 @@ class Embedder:
 
     def __init__(self, backend: Backend, batch_size: int | None = None, policy: BatchPolicy = BatchPolicy()) -> None:
         _check_batching(batch_size, policy)
+        self._hold(backend, batch_size, policy)
+
+    def _hold(self, backend: Backend, batch_size: int | None, policy: BatchPolicy) -> None:
+        """The Embedder's state, its batching checked (``__init__``, or ``open`` before the model loads)."""
         self.backend = backend
         self.batch_size = batch_size
         self.policy = policy
@@ -58,7 +62,9 @@ class Embedder:
         _check_batching(batch_size, policy)  # before the model loads
         asked = {k: options.pop(k) for k in RUN_SETTINGS if k in options and k != "backend"}
         run = resolve_run(model, backend=backend, **asked)
-        return cls(run.open(**options), batch_size, policy or run.batch.policy())
+        embedder = cls.__new__(cls)
+        embedder._hold(run.open(**options), batch_size, policy or run.batch.policy())
+        return embedder
 
     @classmethod
     def from_files(cls, options: str | Path, weights: str | Path | None = None, backend: str = "torch",

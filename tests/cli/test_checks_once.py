@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import sys
 import threading
+from typing import Callable
 
 from elmo_cli.main import main
 
@@ -24,24 +25,30 @@ CHECKS = {
 }
 
 
-def _counted(argv: list[str]) -> collections.Counter:
+def _counted(call: Callable[[], object], checks: dict[tuple[str, str], str] = CHECKS) -> collections.Counter:
     counts: collections.Counter = collections.Counter()
 
     def profile(frame, event, arg):  # noqa: ANN001
         if event == "call":
             code = frame.f_code
-            for (path, name), what in CHECKS.items():
+            for (path, name), what in checks.items():
                 if code.co_name == name and code.co_filename.endswith(path):
                     counts[what] += 1
 
     threading.setprofile(profile)
     sys.setprofile(profile)
     try:
-        assert main(argv) == 0
+        call()
     finally:
         sys.setprofile(None)
         threading.setprofile(None)
     return counts
+
+
+def _embed(argv: list[str]) -> Callable[[], None]:
+    def call() -> None:
+        assert main(argv) == 0
+    return call
 
 
 def test_one_embed_checks_each_setting_once(tiny_dir, tmp_path):
@@ -50,5 +57,20 @@ def test_one_embed_checks_each_setting_once(tiny_dir, tmp_path):
     write_sample_corpus(tmp_path / "corpus", rows=30, files=1)
     argv = ["embed", "--text", str(tmp_path / "corpus"), "--model", str(tiny_dir), "--threads", "1", "--quiet"]
     assert main([*argv, "--out", str(tmp_path / "first")]) == 0  # the modules' own defaults made at import, not counted
-    counts = _counted([*argv, "--out", str(tmp_path / "out")])
+    counts = _counted(_embed([*argv, "--out", str(tmp_path / "out")]))
     assert counts == {what: 1 for what in CHECKS.values()}, counts
+
+
+def test_an_embedder_opened_checks_its_batching_once(tiny_dir):
+    """``Embedder.open`` checks ``batch_size`` and ``policy`` before the model loads; the Embedder it
+    makes does not check them again (a caller's ``Embedder(backend, ...)`` checks them itself)."""
+    from inference import Embedder
+
+    embedders: list = []
+    checks = {("inference/embedder.py", "_check_batching"): "the batching checked"}
+    counts = _counted(lambda: embedders.append(Embedder.open(tiny_dir, batch_size=4)), checks)
+    assert counts == {"the batching checked": 1}, counts
+    with embedders[0] as emb:
+        assert emb.batch_size == 4 and emb.policy.max_tokens_per_batch >= 4096
+        assert len(emb.embed_sentences([["a", "b"], ["c"]])) == 2
+        assert _counted(lambda: Embedder(emb.backend, 2), checks) == {"the batching checked": 1}
