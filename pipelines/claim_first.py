@@ -34,27 +34,30 @@ if TYPE_CHECKING:
 DEFAULT_SETTINGS = RunSettings()
 
 
-def check_output_first(out: Output, maker: "RunMaker", opts: EmbedOptions, files: list[InputFile]) -> None:
+def check_output_first(out: Output, maker: "RunMaker", opts: EmbedOptions, files: list[InputFile],
+                       kept: tuple[int, str] | None) -> None:
     """OutputDirError (or the lock's error) for an existing OUTPUT_DIR this job may not claim, as far
-    as it is decided without the model; ``plan_job`` checks the claim again once the model loaded."""
+    as it is decided without the model; ``plan_job`` checks the claim again once the model loaded.
+    ``kept``: the rows per shard no engine chooses (``shard_size.kept_rows_per_shard``)."""
     if not out.exists():
         return
     out.lock().check_free()  # a running job's first: what it holds is its own business
     if job_record(out)[1] is None or opts.resume:
         return  # new or empty: nothing to compare; --resume: compared once the model loaded, its files hashed once
-    identity = foreseen_identity(out, maker, opts, files)
+    identity = foreseen_identity(maker, opts, files, kept)
     if identity is not None:
         check_claim(out, identity, digest(identity), opts.resume)
 
 
-def foreseen_identity(out: Output, maker: "RunMaker", opts: EmbedOptions, files: list[InputFile]) -> dict | None:
+def foreseen_identity(maker: "RunMaker", opts: EmbedOptions, files: list[InputFile],
+                      kept: tuple[int, str] | None) -> dict | None:
     """The identity ``plan_job`` gives the job once its run is resolved and its model loaded, where
     it is known without them; else None."""
     settled = _settled_model(maker)
     if settled is None or (opts.engine != "local" and opts.rows_per_shard is None):  # a cluster's slots decide
         return None
     backend, precision, model_id = settled
-    rows, _ = settle_rows_per_shard(opts, files, out)
+    rows, _ = settle_rows_per_shard(opts, files, kept)
     return job_identity(files, model_id, opts.identity(backend, precision, rows_per_shard=rows))
 
 

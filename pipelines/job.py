@@ -33,7 +33,7 @@ from .options import EmbedOptions
 from .errors import OutputDirError
 from .os_errors import os_errors
 from .output_dir import open_output
-from .shard_size import settle_rows_per_shard
+from .shard_size import kept_rows_per_shard, settle_rows_per_shard
 from .stages import StageClock
 from .progress import ProgressBar, note
 from .schema import output_schema
@@ -90,12 +90,13 @@ def plan_job(input: str | Path, output: str | Path, maker: RunMaker, opts: Embed
     files = scan_inputs(input, opts)
     _check_apart(input, out, files)
     passthrough = passthrough_schema(files, opts)
-    check_output_first(out, maker, opts, files)
-    run = maker(_worker_flags(opts, maker.settings), _tokens_left(out, opts, files))
+    kept = kept_rows_per_shard(opts, out)
+    check_output_first(out, maker, opts, files, kept)
+    run = maker(_worker_flags(opts, maker.settings), _tokens_left(out, opts, files, kept))
     from .predictor import ElmoPredictor
 
     run, opts = opts.settle(run)  # the budget asked where asked, the writer threads, which the shard size follows
-    opts = opts.sized_for(run, settle_rows_per_shard(opts, files, out))  # Spark's session starts where its slots decide
+    opts = opts.sized_for(run, settle_rows_per_shard(opts, files, kept))  # Spark's session starts where its slots decide
     if opts.engine != "local":
         note(f"shards of {opts.rows_per_shard:,} rows ({opts.rows_per_shard_reason})", opts.quiet)
         note(f"checking the model {run.describe()}; each replica loads its own", opts.quiet)
@@ -121,15 +122,16 @@ def plan_job(input: str | Path, output: str | Path, maker: RunMaker, opts: Embed
     return Job(str(input), out, run, opts, files, schema, identity, digest(identity), predictor)
 
 
-def _tokens_left(out: Output, opts: EmbedOptions, files: list[InputFile]) -> int:
+def _tokens_left(out: Output, opts: EmbedOptions, files: list[InputFile], kept: tuple[int, str] | None) -> int:
     """The job's expected tokens (its files'), which a compiled layout's warm-up must repay; a local
-    job resumed: less those of the shards its OUTPUT_DIR holds. Those are verified only once the model
-    loaded and one that fails is embedded again, so this errs toward fewer tokens: the eager layout.
-    A cluster's replicas each weigh their share of the shards left to them (``Job.replica_run``)."""
+    job resumed: less those of the shards its OUTPUT_DIR holds, cut at the size it keeps (``kept``;
+    none recorded: no shard kept). Those are verified only once the model loaded and one that fails
+    is embedded again, so this errs toward fewer tokens: the eager layout. A cluster's replicas each
+    weigh their share of the shards left to them (``Job.replica_run``)."""
     tokens = sum(f.expected_tokens for f in files)
-    if not (opts.resume and opts.engine == "local" and out.exists()):
+    if kept is None or not (opts.resume and opts.engine == "local" and out.exists()):
         return tokens
-    (rows, _), total = settle_rows_per_shard(opts, files, out), sum(f.rows for f in files)
+    rows, total = kept[0], sum(f.rows for f in files)
     if total == 0:
         return tokens
     present = out.entries()

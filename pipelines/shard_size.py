@@ -32,13 +32,21 @@ WINDOW_MIN_ROWS = 10_000
 TASKS_PER_SLOT = 2
 
 
-def settle_rows_per_shard(opts: EmbedOptions, files: list[InputFile], out: Output) -> tuple[int, str]:
-    """(the job's rows per shard, why)."""
+def kept_rows_per_shard(opts: EmbedOptions, out: Output) -> tuple[int, str] | None:
+    """(the rows per shard no engine chooses, why): ``--rows-per-shard``, or the size OUTPUT_DIR's job
+    recorded (a resumed job keeps it); None: the engine's slots choose (``settle_rows_per_shard``).
+    Read once a job, before its run: the claim, the tokens left and the shard size read it."""
     if opts.rows_per_shard is not None:
         return opts.rows_per_shard, "--rows-per-shard"
     recorded = _recorded(out)
-    if recorded is not None:
-        return recorded, "as this OUTPUT_DIR's job recorded"
+    return None if recorded is None else (recorded, "as this OUTPUT_DIR's job recorded")
+
+
+def settle_rows_per_shard(opts: EmbedOptions, files: list[InputFile],
+                          kept: tuple[int, str] | None) -> tuple[int, str]:
+    """(the job's rows per shard, why): ``kept`` (``kept_rows_per_shard``), else by the engine's slots."""
+    if kept is not None:
+        return kept
     slots, which = engine_slots(opts)
     if slots <= 1:
         return DEFAULT_ROWS, f"{which}: the default"

@@ -74,3 +74,21 @@ def test_an_embedder_opened_checks_its_batching_once(tiny_dir):
         assert emb.batch_size == 4 and emb.policy.max_tokens_per_batch >= 4096
         assert len(emb.embed_sentences([["a", "b"], ["c"]])) == 2
         assert _counted(lambda: Embedder(emb.backend, 2), checks) == {"the batching checked": 1}
+
+
+def test_a_resumed_embed_reads_and_settles_its_shard_size_once(tiny_dir, tmp_path):
+    """A local job resumed weighs the tokens left (``job._tokens_left``) by the shards its OUTPUT_DIR
+    holds, cut at the size the job records: that record is read once and the size settled once."""
+    from corpora.sample import write_sample_corpus
+
+    write_sample_corpus(tmp_path / "corpus", rows=30, files=1)
+    argv = ["embed", "--text", str(tmp_path / "corpus"), "--model", str(tiny_dir), "--threads", "1", "--quiet",
+            "--out", str(tmp_path / "out"), "--rows-per-shard", "10"]
+    assert main(argv) == 0
+    shards = sorted(p.name for p in (tmp_path / "out").glob("*.parquet") if not p.name.startswith("_"))
+    (tmp_path / "out" / shards[-1]).unlink()  # one shard of three to redo
+    checks = {("pipelines/shard_size.py", "_recorded"): "the recorded size read",
+              ("pipelines/shard_size.py", "settle_rows_per_shard"): "the size settled"}
+    counts = _counted(_embed([*argv[:-2], "--resume"]), checks)
+    assert counts == {"the recorded size read": 1, "the size settled": 1}, counts
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.parquet") if not p.name.startswith("_")) == shards

@@ -440,14 +440,12 @@ def test_a_local_job_cuts_its_shards_for_its_writer_threads(tmp_path):
     from types import SimpleNamespace
 
     from pipelines.options import EmbedOptions
-    from pipelines.output_dir import open_output
     from pipelines.shard_size import settle_rows_per_shard
 
-    out = open_output(tmp_path / "out")
     big, small = [SimpleNamespace(rows=10**7)], [SimpleNamespace(rows=3000)]
 
     def size(files, **options):  # type: ignore[no-untyped-def]
-        return settle_rows_per_shard(EmbedOptions.coerce(quiet=True, **options), files, out)
+        return settle_rows_per_shard(EmbedOptions.coerce(quiet=True, **options), files, None)
 
     assert size(big, writer_threads=1, sort_window_rows=1024) == (100_000, "the local runner writes one shard at a "
                                                                   "time: the default")
