@@ -11,9 +11,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.atomic import atomic_path, nearest_existing
+from storage.atomic import atomic_path, make_parent
 from elmo_core.bounds import check_count
-from elmo_core.errors import InputError, SettingError
+from elmo_core.errors import SettingError
 
 from .sotu import sotu_sentences
 
@@ -30,11 +30,8 @@ def write_sample_corpus(out_dir: str | Path, rows: int = 2000, files: int = 2, r
     if len(picked) < rows:
         raise SettingError(f"`rows` {rows}: the sotu package has only {len(picked)} sentences")
     out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise InputError(f"{out_dir}: {nearest_existing(out_dir)} is a file, not a directory; give a directory (new, or one to write "
-                         f"the sample into: an earlier sample's corpus-NNNNN.parquet files there are replaced)") from None
+    make_parent(out_dir, directory=True)  # a file in the way: InputError naming it
+    out_dir.mkdir(exist_ok=True)
     per_file = -(-rows // files)
     paths = [out_dir / f"corpus-{k:05d}.parquet" for k in range(files)]
     for k, path in enumerate(paths):
