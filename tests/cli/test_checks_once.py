@@ -92,3 +92,16 @@ def test_a_resumed_embed_reads_and_settles_its_shard_size_once(tiny_dir, tmp_pat
     counts = _counted(_embed([*argv[:-2], "--resume"]), checks)
     assert counts == {"the recorded size read": 1, "the size settled": 1}, counts
     assert sorted(p.name for p in (tmp_path / "out").glob("*.parquet") if not p.name.startswith("_")) == shards
+
+
+def test_elmo_demo_scans_its_corpus_once(tiny_dir, tmp_path, capsys):
+    """The demo's embed weighs its run's layout by the corpus's tokens as ``elmo embed`` does: the job
+    scans the corpus (its footers) once and makes the run from them, which the probe opens too; the
+    demo scanned it first itself. Its --weights reach the run (they were refused by the embed)."""
+    argv = ["demo", "--work-dir", str(tmp_path / "demo"), "--model", str(tiny_dir), "--rows", "100",
+            "--weights", str(tiny_dir / "weights.hdf5"), "--query", "We must work together ."]
+    counts = _counted(_embed(argv), {("pipelines/source.py", "scan_inputs"): "the corpus scanned"})
+    assert counts == {"the corpus scanned": 1}, counts
+    out = capsys.readouterr().out
+    assert "nearest contexts of 'work'" in out and "to: We must work together ." in out
+    assert len(list((tmp_path / "demo").glob("sentences-100-*/_SUCCESS"))) == 1
