@@ -13,12 +13,14 @@ Its conventions, each kept (allennlp/commands/elmo.py, 0.9.0):
   index).
 A Parquet INPUT gives its rows in order (files in name order), the text column's (or the tokens
 column's joined) text as the sentence; a null or empty row gives a (.., 0, D) dataset, as
-allennlp's ``embed_batch`` does for an empty sentence; invalid UTF-8 bytes are dropped and counted
-(``invalid_utf8``), as the Parquet output does. With ``use_sentence_keys`` a sentence must be a
-dataset name: a null, empty, repeated sentence or one holding '/' or NUL is an error naming its
-row. One difference: our biLM is stateless, so a sentence's vectors do not depend on the sentences
-before it (allennlp carries each batch row's LSTM state into the next batch of 64 lines; its first
-batch is what we compute).
+allennlp's ``embed_batch`` does for an empty sentence, a null row's marked by the dataset attribute
+``null`` (``NULL_ATTR``, True; an empty row's has none), as the Parquet output's null vectors
+differ from an empty list; both counted (``null_rows``, ``empty_rows``). Invalid UTF-8 bytes are
+dropped and counted (``invalid_utf8``), as the Parquet output does. With ``use_sentence_keys`` a
+sentence must be a dataset name: a null, empty, repeated sentence or one holding '/' or NUL is an
+error naming its row. One difference: our biLM is stateless, so a sentence's vectors do not
+depend on the sentences before it (allennlp carries each batch row's LSTM state into the next
+batch of 64 lines; its first batch is what we compute).
 
 The one engine computes the vectors (``inference.Embedder``: windows of long sentences, batches
 under ``--max-batch-tokens``), ``sort_window_rows`` sentences at a time. The output protocol
@@ -58,6 +60,7 @@ from .input_bytes import text_lines
 from .source import InputFile, file_tokens, input_batches, scan_inputs
 
 SENTENCE_TO_INDEX = "sentence_to_index"
+NULL_ATTR = "null"  # a null row's dataset attribute: its (.., 0, D) vectors are no empty sentence's
 
 
 def is_text_input(spec: str | Path) -> bool:
@@ -154,7 +157,7 @@ def write_hdf5(input: str | Path, out: str | Path, maker: RunMaker, opts: EmbedO
     text_input = is_text_input(input)
     files = [] if text_input else scan_inputs(input, opts)  # a missing or bad INPUT is named before the model loads
     tokens = file_tokens(Path(input).stat().st_size, 0) if text_input else sum(f.expected_tokens for f in files)
-    counts = {"sentences": 0, "tokens": 0, "invalid_utf8": 0}
+    counts = {"sentences": 0, "tokens": 0, "null_rows": 0, "empty_rows": 0, "invalid_utf8": 0}
     run, opts = opts.settle(maker(None, tokens))  # the budget asked where asked, the run's where not
     sentences = text_sentences(Path(input)) if text_input else parquet_sentences(files, opts, counts)
     note(f"loading the model {run.describe()}", opts.quiet)
@@ -173,9 +176,10 @@ def write_hdf5(input: str | Path, out: str | Path, maker: RunMaker, opts: EmbedO
                 lock.finished()  # one file, whole or untouched: nothing to resume, so no lock file is left
     result = {**counts, "output": str(out), "seconds": round(time.perf_counter() - start, 3), "run": run.to_dict()}
     if not opts.quiet:
-        print(f"wrote {out}: {counts['sentences']:,} sentences, {counts['tokens']:,} tokens in "
-              f"{result['seconds']:.1f} s" + (f"; {counts['invalid_utf8']:,} strings had invalid UTF-8 bytes, "
-                                               f"dropped" if counts["invalid_utf8"] else ""), file=sys.stderr)
+        print(f"wrote {out}: {counts['sentences']:,} sentences, {counts['tokens']:,} tokens ({counts['null_rows']:,} "
+              f"null, {counts['empty_rows']:,} empty) in {result['seconds']:.1f} s"
+              + (f"; {counts['invalid_utf8']:,} strings had invalid UTF-8 bytes, dropped" if counts["invalid_utf8"]
+                 else ""), file=sys.stderr)
     return result
 
 
@@ -195,13 +199,24 @@ def _write(f: h5py.File, embedder: Embedder, sentences: Iterator[tuple[str | Non
             raise NonFiniteError(f"{chunk[e.row][2]}: {advice}", counts["sentences"] + e.row) from None
         for (sentence, toks, where), v in zip(chunk, vectors):
             n = counts["sentences"]  # v in the request's dtype (``Embedder.vectors``)
-            f.create_dataset(sentence if use_sentence_keys else str(n), data=v)
+            _put(f, sentence if use_sentence_keys else str(n), v, None if sentence is None else len(toks), counts)
             if not use_sentence_keys:
                 index[sentence or ""] = str(n)
             counts["sentences"], counts["tokens"] = n + 1, counts["tokens"] + len(toks)
         guard.check()  # a full disk stops the job here; libhdf5 never saw the failed write
     if not use_sentence_keys:
         f.create_dataset(SENTENCE_TO_INDEX, (1,), dtype=h5py.string_dtype(), data=[json.dumps(index)])
+
+
+def _put(f: h5py.File, key: str, vectors: Any, tokens: int | None, counts: dict) -> None:
+    """One row's dataset (``tokens``: None for a null row, marked by ``NULL_ATTR``); a null or empty
+    row counted."""
+    dataset = f.create_dataset(key, data=vectors)
+    if tokens is None:
+        dataset.attrs[NULL_ATTR] = True
+    name = "null_rows" if tokens is None else "empty_rows" if tokens == 0 else None
+    if name is not None:
+        counts[name] += 1
 
 
 def _check_key(key: str | None, where: str, earlier: str | None) -> None:

@@ -94,6 +94,28 @@ def test_parquet_input_and_sentence_keys(tiny_dir, tmp_path):
     assert sorted(read(keyed)) == ["a b c", "d e"]
 
 
+def test_a_null_row_is_marked_apart_from_an_empty_one_and_both_are_counted(tiny_dir, tmp_path, capsys):
+    """Both are (T=0, D) datasets, as allennlp's empty sentence; a null row's carries the attribute
+    ``null`` (as the Parquet output's null vectors differ from an empty list), an empty row's none."""
+    pq.write_table(pa.table({"text": ["a b c", None, "  ", "", None]}), tmp_path / "in.parquet")
+    out = tmp_path / "out.hdf5"
+    assert main(["embed", "--text", str(tmp_path / "in.parquet"), "--out", str(out), "--format", "hdf5", "--output",
+                 "all", "--model", str(tiny_dir), "--json"]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert (result["sentences"], result["null_rows"], result["empty_rows"], result["tokens"]) == (5, 2, 2, 3)
+    assert "5 sentences, 3 tokens (2 null, 2 empty)" in captured.err
+    with h5py.File(out) as f:
+        assert [f[str(i)].shape[1] for i in range(5)] == [3, 0, 0, 0, 0]
+        assert [dict(f[str(i)].attrs) for i in range(5)] == [{}, {"null": True}, {}, {}, {"null": True}]
+    tokens = tmp_path / "tokens.parquet"
+    pq.write_table(pa.table({"tokens": [["a"], None, []]}), tokens)
+    result = embed_to_hdf5(tokens, out, tiny_dir, tokens_column="tokens", quiet=True)
+    assert (result["null_rows"], result["empty_rows"]) == (1, 1)
+    with h5py.File(out) as f:
+        assert [bool(f[str(i)].attrs.get("null", False)) for i in range(3)] == [False, True, False]
+
+
 def test_bad_input_is_named_and_leaves_no_file(tiny_dir, tmp_path, capsys):
     out = tmp_path / "out.hdf5"
     with h5py.File(out, "w") as f:  # an earlier result (marked as one: only such a file is replaced)
