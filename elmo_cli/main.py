@@ -81,6 +81,16 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: object, **kwargs: object) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.words: list[str] = []  # what it parses: an error notes the refused or older flags among them
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def,override]
+        self.words = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str):  # type: ignore[no-untyped-def,override]
+        from elmo_cli.vocabulary import refusal_notes
+
+        super().error("; ".join([message, *refusal_notes(self.prog.removeprefix("elmo "), self.words)]))
 
 
 def _top_parser() -> tuple[argparse.ArgumentParser, Subcommands]:
@@ -135,10 +145,9 @@ def _run(argv: list[str] | None) -> int:
         parser = build_parser([named] if named in COMMANDS else [])
         args, unknown = parser.parse_known_args(argv)
         if unknown:  # refused with the command's own usage (``elmo train: error: ...``), not the top level's
-            from elmo_cli.vocabulary import unrecognized
-
             own = _command_parser(parser, args)
-            own.error(unrecognized(own.prog.removeprefix(f"{parser.prog} "), unknown))
+            own.words = unknown
+            own.error(f"unrecognized arguments: {' '.join(unknown)}")
         from elmo_core.errors import ElmoError
 
         command = f"elmo {args.command}"

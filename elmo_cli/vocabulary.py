@@ -16,7 +16,7 @@ Triton's ``--instances``, ``--kind`` and ``--max-batch-size`` stay Triton's own 
 inside one server's process, their kind, config.pbtxt's batch bound); its batcher's wait is
 ``--max-wait-ms``, as ``elmo serve``'s.
 
-A flag a command does not take is refused (exit 2) with a note where one helps (``unrecognized``):
+A flag a command does not take is refused (exit 2) with a note where one helps (``refusal_notes``):
 an older spelling names its flag now (``RENAMED``; pre-1.0: no aliases), and ``REFUSED`` says why a
 command lacks a flag others take, or took one that now means something else.
 """
@@ -96,7 +96,6 @@ RENAMED: dict[str, str] = {  # an older spelling -> its flag now, in every comma
     "--bf16": "--precision", "--no-bf16": "--precision", "--fp16": "--precision",
     "--train": "--text", "--data": "--text", "--input": "--text", "--corpus": "--text",
     "--output-dir": "--out", "--out-dir": "--out", "--dest": "--out", "--onnx": "--model",
-    "--max-queue-delay-us": "--max-wait-ms",
 }
 _ON_THE_CPU = ("against the torch backend in fp32 on the CPU, the reference every export's parity is held to "
                "(docs/export.md)")
@@ -105,17 +104,18 @@ REFUSED: dict[str, dict[str, str]] = {  # command -> {a flag it does not take: w
                                    "--eval-batch-size, as in elmo train's evaluations"},
     "engine": {"--device": f"none here: elmo engine validates its export {_ON_THE_CPU}, and builds for this "
                            f"machine's GPU by itself where there is one (TensorRT, else ONNX Runtime CUDA)"},
+    "export triton": {"--max-queue-delay-us": "now --max-wait-ms, in milliseconds (2000 us is --max-wait-ms 2)"},
     "export onnx": {"--device": f"none here: elmo export onnx validates the graph on ONNX Runtime's CPU provider "
                                 f"{_ON_THE_CPU}; elmo export tensorrt builds a GPU engine from the export"},
 }
 
 
-def unrecognized(command: str, words: list[str]) -> str:
-    """The error for ``words`` that ``command`` (``perplexity``, ``export onnx``) did not parse, with
-    each refused or older flag's note."""
+def refusal_notes(command: str, words: list[str]) -> list[str]:
+    """A note for each refused or older flag among the ``words`` given to ``command`` (``perplexity``,
+    ``export onnx``): what to type instead, added to any error of its parser (the flag it does not
+    take, or the one it needs, ``--text``, where ``--train`` was given)."""
     flags = dict.fromkeys(w.split("=", 1)[0] for w in words if w.startswith("--"))
-    notes = [f"{flag}: {why}" for flag in flags if (why := _refusal(command, flag))]
-    return "; ".join([f"unrecognized arguments: {' '.join(words)}", *notes])
+    return [f"{flag}: {why}" for flag in flags if (why := _refusal(command, flag))]
 
 
 def _refusal(command: str, flag: str) -> str | None:

@@ -41,19 +41,21 @@ def batches(path: Path | str, fmt: str, text_column: str, batch_rows: int) -> It
                 yield batch.slice(start, batch_rows)
 
 
-def schema_and_rows(path: Path | str, fmt: str, text_column: str) -> tuple[pa.Schema, int]:
-    """The file's schema and row count, every row read (and so checked)."""
+def schema_and_rows(path: Path | str, fmt: str, text_column: str,
+                    kept: tuple[str, ...] = ()) -> tuple[pa.Schema, int]:
+    """The file's schema and row count, every row read (and so checked; ``kept``: the columns a job
+    copies, whose values must be read exactly)."""
     rows, schema = 0, None
     for batch in batches(path, fmt, text_column, 1 << 16):
         rows, schema = rows + batch.num_rows, schema or batch.schema
     if fmt == "jsonl":
-        json_lines.check(path, rows, schema)
+        json_lines.check(path, rows, schema, kept)
     # no rows: the schema the reader saw (a CSV header), else the text column's
     return (schema if schema is not None else _empty_schema(path, fmt, text_column)), rows
 
 
 def read_table(path: Path | str, fmt: str, text_column: str, columns: list[str]) -> pa.Table:
-    schema, _ = schema_and_rows(path, fmt, text_column)
+    schema, _ = schema_and_rows(path, fmt, text_column, tuple(columns))
     return pa.Table.from_batches(list(batches(path, fmt, text_column, 1 << 16)), schema=schema).select(columns)
 
 
@@ -80,9 +82,17 @@ def _csv_parse(fmt: str, bad: list, blank_rows: bool) -> pa_csv.ParseOptions:
 
 
 def _csv_names(f, fmt: str) -> list[str]:
-    """The columns the file's header names, as pyarrow reads them (it reads the first block), the
-    file then read again from its start."""
+    """The columns the file's header names, as pyarrow reads them, from the file's first block (its
+    lines that end in it; the whole file as pyarrow opens it where they do not parse: pyarrow reads
+    several blocks ahead of a file), the file then read again from its start."""
     read = pa_csv.ReadOptions(use_threads=False, block_size=input_bytes.BLOCK_BYTES)
+    head = f.read(input_bytes.BLOCK_BYTES)
+    f.seek(0)
+    try:
+        lines = pa.BufferReader(head[: head.rfind(b"\n") + 1] or head)
+        return pa_csv.open_csv(lines, read_options=read, parse_options=_csv_parse(fmt, [], False)).schema.names
+    except pa.ArrowInvalid:
+        pass
     names = pa_csv.open_csv(f, read_options=read, parse_options=_csv_parse(fmt, [], False)).schema.names
     f.seek(0)
     return names

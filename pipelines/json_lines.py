@@ -129,28 +129,48 @@ def _lone_surrogate(line: bytes, value: object) -> bool:
     return False
 
 
-def check(path: Path | str, rows: int, schema: pa.Schema | None) -> None:
+def check(path: Path | str, rows: int, schema: pa.Schema | None, kept: tuple[str, ...] = ()) -> None:
     """InputError naming the line of what pyarrow let by in a JSON Lines file it read as
     ``rows`` rows of ``schema``: bytes that are not UTF-8 (kept in its strings), an integer it
-    rounded (``_inexact``), a line that is not one object (two objects on a line are two rows to it,
-    a line ``null`` a row of nulls): ``rows`` is then not the count of the lines that hold
-    something (a blank line is no row), each beginning as an object does. A chunk at a time."""
+    rounded in a key the job keeps (``kept``; ``_inexact``: only a key read as doubles, nested too,
+    can hold one), a line that is not one object (two objects on a line are two rows to it, a line
+    ``null`` a row of nulls): ``rows`` is then not the count of the lines that hold something (a
+    blank line is no row), each beginning as an object does. A chunk at a time."""
     count, objects = 0, True
+    doubles = _with_doubles(schema, kept)
     for chunk, first in line_chunks(path):
         try:
             chunk.decode("utf-8")
         except UnicodeDecodeError as e:
             start, end = chunk.rfind(b"\n", 0, e.start) + 1, chunk.find(b"\n", e.start)
             decoded(chunk[start:end if end >= 0 else None], path, first + chunk.count(b"\n", 0, start))
-        if _LONG_DIGITS.search(chunk):  # an integer past 2**53 may be in it (a double holds every one below)
+        if doubles and _LONG_DIGITS.search(chunk):  # an integer past 2**53 may be in it (a double holds every one below)
             for n, line in enumerate(chunk.split(b"\n"), first):
                 if _LONG_DIGITS.search(line) and isinstance(value := _loads(line), dict):
-                    _check_numbers(path, n, value, schema)
+                    _check_numbers(path, n, {k: v for k, v in value.items() if k in doubles}, schema)
         count += len(_NON_BLANK_LINE.findall(chunk))
         objects = objects and _NOT_AN_OBJECT.search(chunk) is None
     if not objects or count != rows:
         raise InputError(f"{path}: {_bad_json_line(path) or f'{rows:,} rows read from fewer lines'}; every line "
                          f"holds one JSON object whose keys are the columns (a row a line)")
+
+
+def _with_doubles(schema: pa.Schema | None, kept: tuple[str, ...]) -> set[str]:
+    """The keys of ``kept`` that ``schema`` types with a double somewhere (nested too): where pyarrow
+    puts an integer no int64 holds, and where a double rounds one past 2**53."""
+    def has_double(t: pa.DataType) -> bool:
+        return pa.types.is_floating(t) or any(has_double(t.field(i).type) for i in range(t.num_fields))
+
+    found = set()
+    for i in range(len(schema) if schema is not None else 0):
+        field = schema.field(i)
+        try:
+            name = field.name
+        except UnicodeDecodeError:  # a key that is not UTF-8: no kept column's (``check`` names its line)
+            continue
+        if name in kept and has_double(field.type):
+            found.add(name)
+    return found
 
 
 _NON_BLANK_LINE = re.compile(rb"[^\s][^\n]*")  # a line's first non-space byte to its end: once a line that holds any

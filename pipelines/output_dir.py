@@ -33,8 +33,8 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from corpora.files import check_name
-from storage.atomic import TMP_GLOB, atomic_path, check_can_make_in, fsync, nearest_existing, new_temporary, \
-    parse_json_object
+from storage.atomic import TMP_GLOB, atomic_path, check_can_make_in, fsync, nearest_existing, parse_json_object, \
+    temporary_name
 from elmo_core.errors import InputError
 from storage.locations import file_sha256, is_uri, normalize_uri, open_input, redacted, s3_client, \
     s3_location
@@ -166,7 +166,7 @@ class LocalDir(_Readable):
             raise OutputDirError(f"{folder}: a file where this job keeps its records (a directory); move it out of "
                                  f"OUTPUT_DIR, then rerun with --resume")
         folder.mkdir(exist_ok=True)
-        with atomic_path(self.root / name) as tmp:
+        with atomic_path(self.root / name, tidied=True) as tmp:  # the job removes OUTPUT_DIR's (``remove_temporaries``)
             tmp.write_bytes(data)
 
     def delete(self, name: str) -> None:
@@ -193,7 +193,7 @@ class LocalSink:
 
     def __init__(self, root: Path, name: str) -> None:
         self.root, self.final = root, root / name
-        self.tmp = new_temporary(self.final, f"w{secrets.token_hex(4)}")  # its own: attempts may overlap
+        self.tmp = temporary_name(self.final, f"w{secrets.token_hex(4)}")  # its own: attempts may overlap; the job tidies
         self.file: Any = self.tmp
 
     def finish(self) -> dict:

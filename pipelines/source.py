@@ -130,7 +130,7 @@ def scan_inputs(spec: str | Path, opts: EmbedOptions) -> list[InputFile]:
             schema, rows = pf.schema_arrow, pf.metadata.num_rows
             tokens = parquet_tokens(pf.metadata, opts.tokens_column or opts.text_column)
         else:
-            schema, rows = input_formats.schema_and_rows(path, fmt, opts.text_column)
+            schema, rows = input_formats.schema_and_rows(path, fmt, opts.text_column, tuple(opts.passthrough_columns))
             tokens = file_tokens(size, rows)
         check_schema(schema, opts, str(path))
         files.append(InputFile(i, path if is_uri(path) else Path(path).resolve(), rows, size, mtime_ns,

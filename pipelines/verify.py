@@ -201,7 +201,8 @@ def _row_problems(out: Output, shard: dict, inp: dict, inputs: pa.Table, opts: E
     source = inputs.slice(shard["row_start"], shard["rows"])
     got = out.read_table(shard["file"], [c for c in (opts.id_column, ELMO_COLUMN) if c])
     problems = []
-    if opts.id_column and not _same_values(got.column(opts.id_column).to_pylist(), source.column(opts.id_column).to_pylist()):
+    if opts.id_column and not _same_values(got.column(opts.id_column).to_pylist(),
+                                           _as_written(source.column(opts.id_column), got.column(opts.id_column).type)):
         problems.append(f"{shard['file']}: its {opts.id_column} column is not the input's rows "
                         f"{shard['row_start']}.. in order")
     tokens, _ = row_tokens(source.column(text), opts.tokens_column is not None, text)
@@ -217,6 +218,17 @@ def _row_problems(out: Output, shard: dict, inp: dict, inputs: pa.Table, opts: E
         problems.append(f"{shard['file']}: row {shard['row_start'] + int(bad[0])} of {inp['path']} has "
                         f"{want[bad[0]]} tokens but {have[bad[0]]} vectors ({bad.size} rows differ)")
     return problems
+
+
+def _as_written(column: pa.ChunkedArray, written: pa.DataType) -> list:
+    """An input column's values as a shard of ``written``'s type holds them: an earlier version typed
+    a CSV's columns by inference (its ids 1, 2 where they are read now as "1", "2")."""
+    if not column.type.equals(written):
+        try:
+            column = column.cast(written)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass  # not that version's typing: the values differ
+    return column.to_pylist()
 
 
 def _same_values(a: list, b: list) -> bool:

@@ -19,7 +19,8 @@ namespace other than the host's (a container sharing the host's name) adds ``+N`
 inode, as its pids are not the host's. Another host's temporary is left: its writer may be alive.
 A pid reused since its writer died keeps the temporary until that process exits. The cost: one
 listing of the path's directory per write (about 5 ms with 10,000 names in it, less than a small
-file's fsyncs; an ``elmo embed`` shard lists OUTPUT_DIR and ``_shards/`` once each).
+file's fsyncs), none where the caller removes the directory's temporaries itself (an ``elmo embed``
+job's shards and records: it does under its lock on a resume and after a failure).
 ``remove_stale_temporaries`` removes every writer's, for a caller that holds the path's lock (no
 writer of it is alive); it also takes the ``.NAME.PID.tmp`` of earlier versions, which name no
 host. Cleaners of a whole directory recognise temporaries by the ``.*.tmp`` pattern (``TMP_GLOB``).
@@ -55,11 +56,13 @@ def fsync(path: str | Path) -> None:
 
 
 @contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
-    """``with atomic_path(p) as tmp:`` write ``tmp``; it becomes ``p`` when the block succeeds."""
+def atomic_path(path: str | Path, tidied: bool = False) -> Iterator[Path]:
+    """``with atomic_path(p) as tmp:`` write ``tmp``; it becomes ``p`` when the block succeeds.
+    ``tidied``: the caller removes its directory's temporaries itself, under its lock (an embed
+    job's OUTPUT_DIR): no listing of the directory a write (``new_temporary``)."""
     path = Path(path)
     make_parent(path, directory=False)
-    tmp = new_temporary(path)
+    tmp = temporary_name(path) if tidied else new_temporary(path)
     tmp.unlink(missing_ok=True)  # a leftover of an earlier process with this pid, or a planted link: never followed
     try:
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666))

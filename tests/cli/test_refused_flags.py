@@ -100,7 +100,8 @@ def test_train_on_a_gpu_this_machine_lacks_is_refused_first(text, tmp_path):
     (["engine", "--model", "TINY", "--device", "cuda"],
      ["--device: none here", "torch backend in fp32 on the CPU", "docs/export.md"]),
     (["export", "onnx", "--model", "TINY", "--device=cuda:0"], ["--device: none here", "ONNX Runtime's CPU provider"]),
-    (["export", "triton", "--model", "TINY", "--max-queue-delay-us", "500"], ["--max-queue-delay-us: now --max-wait-ms"]),
+    (["export", "triton", "--model", "TINY", "--max-queue-delay-us", "500"],
+     ["--max-queue-delay-us: now --max-wait-ms, in milliseconds (2000 us is --max-wait-ms 2)"]),
     (["embed", "--model", "TINY", "--text", "TEXT", "--max-tokens-per-batch", "300"],
      ["--max-tokens-per-batch: now --max-batch-tokens"]),
 ])
@@ -108,6 +109,20 @@ def test_a_flag_renamed_or_not_taken_is_refused_naming_what_to_type(tiny_dir, te
     out = tmp_path / "out"
     argv = [str(tiny_dir) if a == "TINY" else str(text) if a == "TEXT" else a for a in argv]
     _refused(run_cli(*argv, *([] if argv[0] == "perplexity" else ["--out", out])), "unrecognized arguments", *words)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["train", "--train", "TEXT", "--out", "OUT"], ["the following arguments are required: --text", "--train: now --text"]),
+    (["embed", "--model", "TINY", "--input", "TEXT", "--output-dir", "OUT"],
+     ["required: --text, --out", "--input: now --text", "--output-dir: now --out"]),
+    (["export", "onnx", "--onnx", "TINY", "--out", "OUT"], ["required: --model", "--onnx: now --model"]),
+])
+def test_an_older_spelling_of_a_required_flag_is_named_with_the_missing_one(tiny_dir, text, tmp_path, argv, words):
+    """argparse's "required" error comes before the unknown flags are looked at: it carries their notes too."""
+    out = tmp_path / "out"
+    argv = [str(tiny_dir) if a == "TINY" else str(text) if a == "TEXT" else str(out) if a == "OUT" else a for a in argv]
+    _refused(run_cli(*argv), *words)
     assert not out.exists()
 
 

@@ -96,21 +96,24 @@ def test_a_json_lines_integer_pyarrow_would_round_is_refused_naming_its_line_and
     r = elmo("embed", "--text", exact, "--out", tmp_path / "out", "--model", tiny_dir, "--quiet", "--id-column", "id")
     assert r.returncode == 0, r.stderr
     assert pq.read_table(tmp_path / "out").column("id").to_pylist() == [9223372036854775807, -5]
-    for name, content, message in (
+    for name, content, message, *flags in (
             ("big.jsonl", '{"id": 1, "text": "a"}\n\n{"id": 123456789012345678901, "text": "b"}\n',
              "big.jsonl: line 3: key 'id' holds the integer 123456789012345678901, beyond a 64-bit integer"),
             ("nested.jsonl", '{"id": 1, "v": [1, 2], "text": "a"}\n'
                              '{"id": 2, "v": [18446744073709551616], "text": "b"}\n',
-             "nested.jsonl: line 2: key 'v' holds the integer 18446744073709551616"),
+             "nested.jsonl: line 2: key 'v' holds the integer 18446744073709551616", "--keep-columns", "v"),
             ("mixed.jsonl", '{"id": 0.5, "text": "a"}\n{"id": 9007199254740993, "text": "b"}\n',
              "mixed.jsonl: line 2: key 'id' holds the integer 9007199254740993, in a key that holds numbers with a "
              "fraction too")):
         (tmp_path / name).write_text(content)
         out = tmp_path / f"out-{name}"
-        r = elmo("embed", "--text", tmp_path / name, "--out", out, "--model", tiny_dir, "--id-column", "id")
+        r = elmo("embed", "--text", tmp_path / name, "--out", out, "--model", tiny_dir, "--id-column", "id", *flags)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert message in r.stderr and 'write it as a JSON string ("' in r.stderr, r.stderr
         assert not out.exists()
+    r = elmo("embed", "--text", tmp_path / "nested.jsonl", "--out", tmp_path / "out-not-kept", "--model", tiny_dir,
+             "--quiet", "--id-column", "id")  # a key the job does not copy is not read for its values
+    assert r.returncode == 0 and pq.read_table(tmp_path / "out-not-kept").column_names == ["id", "elmo"], r.stderr
     import pipelines.input_bytes as input_bytes
     from elmo_core.errors import InputError
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
@@ -126,11 +127,14 @@ def test_a_resumed_job_weighs_a_compiled_layouts_warm_up_against_the_tokens_left
     assert m["run"]["expected_tokens"] == whole * 20 // 60
 
 
-def _rewrite_shard(out: Path, name: str, **footer: object) -> None:
-    """Shard ``name`` rewritten with these values in its footer record, and its commit record and
-    the manifest's entry made to match: what a writer holding those values would have committed."""
+def _rewrite_shard(out: Path, name: str, ids: list | None = None, **footer: object) -> None:
+    """Shard ``name`` rewritten with these values in its footer record (and these ``ids`` in its id
+    column), and its commit record and the manifest's entry made to match: what a writer holding
+    those values would have committed."""
     path = out / name
     table, record = pq.read_table(path), json.loads(pq.read_metadata(path).metadata[b"elmo.shard"])
+    if ids is not None:
+        table = table.set_column(table.schema.get_field_index("id"), "id", pa.array(ids))
     with pq.ParquetWriter(path, table.schema) as writer:
         writer.write_table(table)
         writer.add_key_value_metadata({b"elmo.shard": json.dumps({**record, **footer}, sort_keys=True)})
@@ -231,7 +235,6 @@ def test_a_job_an_earlier_version_recorded_with_less_of_the_model_is_refused_nam
 def test_a_job_whose_shards_hold_other_column_types_is_refused_on_resume(tiny_dir, tmp_path):
     """An earlier version read a CSV's ids as integers; this one reads them as the strings they are:
     resuming its job would mix int64 and string shards, so it is refused naming the column."""
-    import pyarrow as pa
     from pipelines.output_dir import LocalDir
 
     corpus, out, opts, _ = _finished_job(tiny_dir, tmp_path)
@@ -245,6 +248,21 @@ def test_a_job_whose_shards_hold_other_column_types_is_refused_on_resume(tiny_di
         embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
     LocalDir(out).write_record("_job.parquet", record, schema)
     assert embed_parquet(corpus, out, tiny_dir, resume=True, **opts)["this_run"]["shards_kept"] == 3
+
+
+def test_verify_reads_a_csv_output_an_earlier_version_typed_by_inference(tiny_dir, tmp_path):
+    """An earlier version wrote a CSV's ids 1, 2, ... as int64; they are read now as the strings
+    "1", "2", ...: verify compares them as written, and still finds an id that is not the input's."""
+    corpus = tmp_path / "ids.csv"
+    corpus.write_text("id,text\n" + "".join(f"{i},row number {i}\n" for i in range(1, 7)))
+    out = tmp_path / "out"
+    embed_parquet(corpus, out, tiny_dir, id_column="id", rows_per_shard=3, quiet=True)
+    for k, shard in enumerate(_shards(out)):
+        _rewrite_shard(out, shard.name, ids=list(range(1 + 3 * k, 4 + 3 * k)))
+    assert verify_output(out)["rows"] == 6
+    _rewrite_shard(out, _shards(out)[1].name, ids=[4, 5, 7])
+    with pytest.raises(VerificationError, match=r"part-00000-00001.parquet: its id column is not the input's rows 3"):
+        verify_output(out)
 
 
 def test_sigkill_of_a_ray_driver_takes_its_local_cluster_with_it(tiny_dir, tmp_path, spawn):
