@@ -52,7 +52,7 @@ class ShardFormat:
             return _ParquetWriter(pq.ParquetWriter(file, schema, **parquet_options(schema, compression)))
         meta = {**(schema.metadata or {}), SHARD_KEY: json.dumps(record, sort_keys=True)}
         options = ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
-        return _ArrowWriter(ipc.new_file(file, schema.with_metadata(meta), options=options))
+        return _ArrowWriter(ipc.new_file(file, schema.with_metadata(meta), options=options), schema)
 
     def footer(self, file: BinaryIO) -> tuple[dict | None, int]:
         """(the ``elmo.shard`` record or None, the rows the file holds); pyarrow's errors where the
@@ -60,9 +60,11 @@ class ShardFormat:
         if self.name == "parquet":
             meta = pq.read_metadata(file)
             raw, rows = (meta.metadata or {}).get(SHARD_KEY), meta.num_rows
-        else:
+        else:  # the record with the counts in the last batch's metadata (``_ArrowWriter.close``), else the identity
             reader = ipc.open_file(file)
-            raw = (reader.schema.metadata or {}).get(SHARD_KEY)
+            last = reader.get_batch_with_custom_metadata(reader.num_record_batches - 1)[1] \
+                if reader.num_record_batches else None
+            raw = (last or {}).get(SHARD_KEY) or (reader.schema.metadata or {}).get(SHARD_KEY)
             rows = sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
         try:
             record = json.loads(raw) if raw is not None else None
@@ -143,13 +145,20 @@ def _rows_of(table: pa.Table, size: int) -> int:
 
 
 class _ArrowWriter:
-    def __init__(self, writer: Any) -> None:
-        self.writer = writer
+    """An Arrow IPC file whose schema's metadata holds the shard's identity (written first) and whose
+    last record batch, of no rows, holds in its own metadata the whole record (the counts known at
+    its close, as a Parquet footer's): what a shard published without its commit record is adopted by."""
+
+    def __init__(self, writer: Any, schema: pa.Schema) -> None:
+        self.writer, self.schema = writer, schema
 
     def write(self, table: pa.Table) -> None:
         self.writer.write_table(table, max_chunksize=max(1, table.num_rows))
 
     def close(self, record: dict | None = None) -> None:
+        if record is not None:
+            empty = pa.RecordBatch.from_pylist([], schema=self.schema)
+            self.writer.write_batch(empty, custom_metadata={SHARD_KEY: json.dumps(record, sort_keys=True)})
         self.writer.close()
 
 

@@ -165,6 +165,9 @@ def adopt_published(out: Output, shard: Shard, job_digest: str, model_sha256: st
             or other_model(footer, model_sha256):
         raise OutputDirError(f"{out.where(shard.name)}: holds a file that is not this job's shard; move it away and "
                              f"rerun with --resume")
+    if any(k not in footer for k in COUNTS):  # an earlier version's Arrow shard: its identity only
+        raise OutputDirError(f"{out.where(shard.name)}: its footer lacks the shard's counts (an earlier version's); "
+                             f"delete it and rerun with --resume")
     record = {k: v for k, v in footer.items() if k != "footer_rows"}
     record.update(sha256=out.sha256(shard.name), bytes=out.size(shard.name), writer="adopted")
     if out.is_store:

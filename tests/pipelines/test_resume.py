@@ -265,6 +265,39 @@ def test_verify_reads_a_csv_output_an_earlier_version_typed_by_inference(tiny_di
         verify_output(out)
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_a_shard_published_without_its_commit_record_is_adopted_with_its_counts(tiny_dir, tmp_path, fmt):
+    """A writer killed between publishing its shard and writing its commit record: the resume adopts
+    the shard from its footer, which holds the counts as well as the identity (an Arrow shard's held
+    the identity only: the resume then failed on the manifest's tokens, every time)."""
+    corpus = tmp_path / "corpus"
+    write_sample_corpus(corpus, rows=60, files=1)
+    out = tmp_path / "out"
+    opts = dict(id_column="id", rows_per_shard=20, quiet=True, format=fmt)
+    embed_parquet(corpus, out, tiny_dir, **opts)
+    name = f"part-00000-00001.{fmt}"
+    before = read_record(out / "_shards" / name)
+    for gone in ("_SUCCESS", f"_manifest.{fmt}", f"_shards/{name}"):
+        (out / gone).unlink()
+    m = embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
+    assert (m["this_run"]["shards"], m["this_run"]["shards_kept"]) == (0, 3)
+    after = read_record(out / "_shards" / name)
+    assert after["writer"] == "adopted" and after["tokens"] == before["tokens"] > 0
+    assert {k: v for k, v in after.items() if k != "writer"} == {k: v for k, v in before.items() if k != "writer"}
+    assert verify_output(out)["rows"] == 60
+    if fmt == "arrow":  # an earlier version's shard, its identity alone in its footer: written again
+        import pyarrow.ipc as ipc
+
+        table = ipc.open_file(out / name).read_all()
+        with ipc.new_file(out / name, table.schema) as writer:
+            writer.write_table(table)
+        for gone in ("_SUCCESS", f"_manifest.{fmt}", f"_shards/{name}"):
+            (out / gone).unlink()
+        m = embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
+        assert (m["this_run"]["shards"], m["this_run"]["shards_kept"]) == (1, 2)
+        assert read_record(out / "_shards" / name)["tokens"] == before["tokens"] and verify_output(out)["rows"] == 60
+
+
 def test_sigkill_of_a_ray_driver_takes_its_local_cluster_with_it(tiny_dir, tmp_path, spawn):
     pytest.importorskip("ray", reason="Ray is the optional 'ray' extra")
     from runtime.ray_local import descendants
