@@ -25,6 +25,7 @@ from .distributed import DistInfo, barrier
 from .errors import CheckpointError
 
 _MAIN = re.compile(r"^ckpt-(\d+)\.safetensors$")
+_RANK = re.compile(r"^ckpt-(\d+)\.rank\d+\.safetensors$")
 META_KEY = "elmo_checkpoint"
 
 
@@ -74,11 +75,18 @@ def latest_step(ckpt_dir: Path, world: int) -> int | None:
 
 
 def prune(ckpt_dir: Path, keep: int) -> None:
-    """Delete all but the ``keep`` newest checkpoints."""
-    for step in _steps(ckpt_dir)[:-keep] if keep > 0 else []:
-        main_path(ckpt_dir, step).unlink(missing_ok=True)
-        for p in ckpt_dir.glob(f"ckpt-{step:08d}.rank*.safetensors"):
+    """Delete all but the ``keep`` newest checkpoints (called once the newest main file is written),
+    and rank files older than it without their main file (a kill while pruning). Rank files go
+    first: a kill between leaves a main file without them, which no resume takes and the next
+    prune deletes."""
+    steps = _steps(ckpt_dir)
+    old = set(steps[:-keep]) if keep > 0 else set()
+    for p in ckpt_dir.iterdir():
+        m = _RANK.match(p.name)
+        if m and (int(m.group(1)) in old or steps and int(m.group(1)) < steps[-1] and int(m.group(1)) not in steps):
             p.unlink(missing_ok=True)
+    for step in sorted(old):
+        main_path(ckpt_dir, step).unlink(missing_ok=True)
 
 
 def json_tensor(obj: object) -> torch.Tensor:

@@ -83,3 +83,23 @@ def test_resume_refusals(tmp_path):
     (tmp_path / "r" / "checkpoints" / "ckpt-00000002.safetensors").write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="not a readable checkpoint"):
         train(tiny_run(tmp_path, p, out="r", max_steps=3), resume=True, log=lambda s: None)
+
+
+def test_prune_keeps_the_newest_and_leaves_no_rank_file_without_its_main(tmp_path):
+    """A kill between the unlinks of a pruned checkpoint left its rank file for good (the main file
+    went first, and rank files were found through main files): rank files go first now, and one older
+    than the newest checkpoint without its main file is deleted by the next prune."""
+    from training.checkpoint import latest_step, main_path, prune, rank_path
+
+    for step in (10, 20, 30, 40):
+        main_path(tmp_path, step).write_bytes(b"m")
+        rank_path(tmp_path, step, 0).write_bytes(b"r")
+    rank_path(tmp_path, 5, 0).write_bytes(b"r")  # an earlier prune killed after its main file went
+    main_path(tmp_path, 10).unlink()
+    prune(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt-00000030.rank0.safetensors", "ckpt-00000030.safetensors",
+        "ckpt-00000040.rank0.safetensors", "ckpt-00000040.safetensors"]
+    rank_path(tmp_path, 50, 0).write_bytes(b"r")  # the next checkpoint's rank file, its main not yet written
+    prune(tmp_path, keep=2)
+    assert rank_path(tmp_path, 50, 0).is_file() and latest_step(tmp_path, 1) == 40
