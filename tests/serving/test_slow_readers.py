@@ -84,6 +84,25 @@ def test_an_answer_nobody_reads_is_cut_after_the_send_timeout(server: ServerProc
     assert httpx.post(f"{server.url}/embed", json={"texts": ["still served"]}, timeout=30).status_code == 200
 
 
+def test_a_client_reading_steadily_is_not_cut(server: ServerProcess):
+    """A client taking its answer at ~1.5 MB/s, never pausing a whole --send-timeout-s: the kernel
+    frees room in its send queue in large steps (seconds apart at that rate), so progress is read
+    from what the client acknowledged, not from the transport's buffer alone (which cut it)."""
+    body = {"sentences": [[f"w{j}" for j in range(256)]] * 64, "output": "all"}  # ~9 MB of JSON back
+    before = _cut_for_send(server.url)
+    with socket.create_connection(_address(server.url), timeout=WAIT_S) as s:
+        s.sendall(_request("/embed", body))
+        got = b""
+        while chunk := s.recv(64 << 10):
+            got += chunk
+            head, _, rest = got.partition(b"\r\n\r\n")
+            if rest and len(rest) >= int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]):
+                break
+            time.sleep(0.04)
+    assert len(rest) > 8_000_000 and json.loads(rest)["dim"] == 16
+    assert _cut_for_send(server.url) == before
+
+
 def test_a_413_reaches_a_client_that_reads_once_its_body_is_sent(server: ServerProcess):
     host, port = _address(server.url)
     big = json.dumps({"texts": ["word " * 1_200_000]}).encode()  # 6 MB, over the default 4 MiB
