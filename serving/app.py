@@ -76,6 +76,13 @@ class OrjsonRoute(APIRoute):
         return orjson_handler
 
 
+async def answered(build: Callable[[], Any]) -> Response:
+    """The vectors' answer, built and encoded to JSON on a thread: the largest one an answer may
+    hold (``--max-answer-values``, ~17M numbers at full size) takes about a second, during which the
+    event loop would answer nothing (``/health`` either)."""
+    return await asyncio.to_thread(lambda: json_response(build()))
+
+
 def encode(vectors: np.ndarray | None, encoding: str) -> Any:
     """One sentence's vectors as JSON: nested lists, or base64 of little-endian float32 (C order)."""
     if vectors is None or encoding == "float":
@@ -254,8 +261,8 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
             return Response(status_code=CLIENT_CLOSED)
         check_finite(results)
         usage = {"sentences": len(sentences), "tokens": sum(map(len, sentences)), "truncated": cut}
-        return json_response({"embeddings": [encode(r, body.encoding) for r in results],
-                              "dim": predictor.config.output_dim, "usage": usage})
+        return await answered(lambda: {"embeddings": [encode(r, body.encoding) for r in results],
+                                       "dim": predictor.config.output_dim, "usage": usage})
 
     @app.post("/v1/embeddings", summary="OpenAI-compatible: the mean-pooled mixed vector of each input, unit length")
     async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> Response:
@@ -270,10 +277,11 @@ def _install_routes(app: FastAPI, state: ServingState) -> None:
         if results is None:
             return Response(status_code=CLIENT_CLOSED)
         n = sum(map(len, tokens))
-        data = [{"object": "embedding", "index": i, "embedding": encode(r, body.encoding_format)}
-                for i, r in enumerate(results)]
-        return json_response({"object": "list", "data": data, "model": body.model or state.run.name,
-                              "usage": {"prompt_tokens": n, "total_tokens": n, "truncated": cut}})
+        return await answered(lambda: {
+            "object": "list", "model": body.model or state.run.name,
+            "data": [{"object": "embedding", "index": i, "embedding": encode(r, body.encoding_format)}
+                     for i, r in enumerate(results)],
+            "usage": {"prompt_tokens": n, "total_tokens": n, "truncated": cut}})
 
     _install_tokenize(app, limits)
     _install_probes(app, state)

@@ -221,3 +221,21 @@ def test_openai_route_with_the_openai_client(server: ServerProcess, embedder: Em
                         ({"input": [1, 2]}, "input")):
         bad = httpx.post(f"{server.url}/v1/embeddings", json=body)
         assert bad.status_code == 422 and names in bad.json()["error"]["message"], bad.text
+
+
+def test_an_answer_is_built_off_the_event_loop():
+    """An answer of millions of numbers takes its encoder about a second: built on the loop, it held
+    every other connection (``/health`` too) that long. ``answered`` builds it on a thread."""
+    import asyncio
+    import json
+    import threading
+
+    from serving.app import answered
+
+    async def main() -> tuple[threading.Thread, threading.Thread, bytes]:
+        seen = []
+        response = await answered(lambda: seen.append(threading.current_thread()) or {"v": np.arange(3)})
+        return threading.current_thread(), seen[0], response.body
+
+    loop_thread, built_on, body = asyncio.run(main())
+    assert built_on is not loop_thread and json.loads(body) == {"v": [0, 1, 2]}
