@@ -71,7 +71,8 @@ def run_serve(args: argparse.Namespace) -> int:
         auto = RunSettings(args.backend, args.device, precision=args.precision).auto_on_cpu  # judged by a replica's CPU
         return run_ray_serve(run, limits, args.host, args.port, args.replicas, args.num_gpus_per_replica,
                              args.ray_address, args.quiet, access, share=args.threads is None,
-                             judge=(lambda flags: model_run(args, remote=True, flags=flags)) if auto else None)
+                             judge=(lambda flags: model_run(args, remote=True, flags=flags)) if auto else None,
+                             connections=connections)
     say_loading("serve", run)
     say("serve", "warming up; `listening on URL` follows once the model answers")
     previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGTERM, signal.SIGINT)}

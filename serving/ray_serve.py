@@ -15,7 +15,7 @@ from inference.precision import worker_cpu_flags
 from runtime.ray_local import init_local_ray
 
 from .app import create_app
-from .limits import AccessOptions, ServeLimits
+from .limits import AccessOptions, ConnectionLimits, ServeLimits
 from .middleware import exposure_warning
 from .server import bind, url
 from .service import ServingState
@@ -50,11 +50,13 @@ class ElmoReplica:
 
 
 def deployment(serve: Any, run: ModelRun, limits: ServeLimits, access: AccessOptions, replicas: int,
-               num_gpus: float) -> Any:
-    """The bound Ray Serve application of ``replicas`` ElmoReplicas, each reserving ``run``'s threads in CPUs."""
+               num_gpus: float, shutdown_timeout_s: float = ConnectionLimits().shutdown_timeout_s) -> Any:
+    """The bound Ray Serve application of ``replicas`` ElmoReplicas, each reserving ``run``'s threads in
+    CPUs and finishing the requests it holds, for up to ``shutdown_timeout_s``, when it is deleted."""
     resources = {"num_cpus": run.threads.count, "num_gpus": num_gpus}
     return serve.deployment(serve.ingress()(ElmoReplica), name="elmo", num_replicas=replicas,
                             max_ongoing_requests=limits.max_queue, max_queued_requests=limits.max_queue,
+                            graceful_shutdown_timeout_s=shutdown_timeout_s,
                             ray_actor_options=resources).bind(run, limits, access)
 
 
@@ -66,11 +68,13 @@ def _free_port(host: str) -> int:
 def run_ray_serve(run: ModelRun, limits: ServeLimits, host: str = "127.0.0.1", port: int = 0,
                   replicas: int = 1, num_gpus: float = 0.0, ray_address: str | None = None,
                   quiet: bool = False, access: AccessOptions = AccessOptions(), share: bool = False,
-                  judge: Callable[[frozenset[str]], ModelRun] | None = None) -> int:
+                  judge: Callable[[frozenset[str]], ModelRun] | None = None,
+                  connections: ConnectionLimits = ConnectionLimits()) -> int:
     """Deploy on a Ray cluster (a local one of our own without ``ray_address``), print ``listening on
     URL`` once every replica is ready, serve until SIGTERM / SIGINT, then tear it all down. ``share``:
     each replica takes the cluster's CPUs / replicas, not ``run``'s threads; ``judge``: the run that
-    deploys, from a replica's machine's CPU flags (``--precision auto`` is settled where it runs)."""
+    deploys, from a replica's machine's CPU flags (``--precision auto`` is settled where it runs);
+    ``connections``: its ``shutdown_timeout_s`` only (Ray Serve's proxy keeps the connections)."""
     ray, serve = _ray()
     if warning := exposure_warning(host, access):
         print(f"elmo serve: warning: {warning}", file=sys.stderr, flush=True)
@@ -92,11 +96,14 @@ def run_ray_serve(run: ModelRun, limits: ServeLimits, host: str = "127.0.0.1", p
         print(f"elmo serve: deploying the model {run.describe()} on Ray Serve, {replicas} replica(s)",
               file=sys.stderr, flush=True)
         serve.start(http_options={"host": host, "port": port})
-        serve.run(deployment(serve, run, limits, access, replicas, num_gpus), name="elmo", route_prefix="/")
+        serve.run(deployment(serve, run, limits, access, replicas, num_gpus, connections.shutdown_timeout_s),
+                  name="elmo", route_prefix="/")
         print(f"listening on {url(host, port)}", flush=True)
         while not stop.wait(0.5):
             pass
     finally:
+        if stop.is_set():  # SIGTERM: the replicas finish what they hold (up to --shutdown-timeout-s), then go
+            serve.delete("elmo")
         serve.shutdown()
         ray.shutdown()
         for sig, handler in previous.items():

@@ -56,7 +56,12 @@ def test_two_replicas_answer_what_the_local_server_answers(tmp_path: Path):
         assert info["precision"] == "fp32"  # the tiny model's products: too small for bf16
         cluster = psutil.Process(ray_server.proc.pid).children(recursive=True)
         assert cluster, "the local Ray cluster runs below the server"
-        ray_server.terminate()
+        long = {"sentences": [[f"w{j}" for j in range(200)]] * 200, "output": "all"}  # seconds each on 2 cores
+        with ThreadPoolExecutor(4) as pool:  # in flight at SIGTERM: each answered whole (they were dropped)
+            flying = [pool.submit(httpx.post, f"{ray_server.url}/embed", json=long, timeout=120) for _ in range(4)]
+            time.sleep(1.0)
+            ray_server.terminate()
+            assert [f.result().status_code for f in flying] == [200] * 4
         assert ray_server.wait(120) == 0, "\n".join(ray_server.stderr[-20:])
         gone, alive = psutil.wait_procs(cluster, timeout=WAIT_S)
         assert not alive, f"left running after SIGTERM: {[p.pid for p in alive]}"
