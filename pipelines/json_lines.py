@@ -79,7 +79,17 @@ def read(f, path, fmt: str, text_column: str, batch_rows: int) -> Iterator[pa.Re
 
 def _bad_json_line(path: Path | str) -> str:
     """The first line that is not a JSON object, or whose value changes a key's type, in words;
-    InputError for a line that is not UTF-8 or holds an integer no int64 holds."""
+    InputError for a line that is not UTF-8, else for the first integer no int64 holds (pyarrow
+    refuses such a file where it reads it with the types of every line), in any key."""
+    rounded: list[InputError] = []
+    found = _first_bad_line(path, rounded)
+    if not found and rounded:
+        raise rounded[0]
+    return found
+
+
+def _first_bad_line(path: Path | str, rounded: list[InputError]) -> str:
+    """``_bad_json_line``'s line in words, the integers no int64 holds added to ``rounded``."""
     types: dict[str, str] = {}
     with open_input(path) as f:
         for n, line in enumerate(raw_lines(f), 1):
@@ -96,7 +106,10 @@ def _bad_json_line(path: Path | str) -> str:
                 return f"line {n} is a JSON {_json_kind(value)}, not an object"
             if _lone_surrogate(line, value):
                 return f"line {n} holds a lone surrogate (\\ud800-\\udfff, in a key or a value), which is no character"
-            _check_numbers(path, n, value, None)
+            try:
+                _check_numbers(path, n, value, None)
+            except InputError as e:
+                rounded.append(e)
             for key, v in value.items():
                 kind = _json_kind(v)
                 if kind != "null" and types.setdefault(key, kind) != kind:

@@ -6,9 +6,10 @@ its batches back; the protocol itself (commit records, verification, resume) is 
 needs no option.
 
 The record: Parquet writes it in the footer's key-value metadata as the shard is closed, with the
-shard's counts; Arrow IPC in the schema's metadata as the file is opened (an IPC file's schema is
-written first), with the rows the shard must hold. Either way ``footer`` returns it with the rows
-the file actually holds (``footer_rows``), which every check compares.
+shard's counts; Arrow IPC its identity (the rows the shard must hold) in the schema's metadata as
+the file is opened (an IPC file's schema is written first) and the whole record, counts too, in the
+metadata of a last record batch of no rows as it is closed. Either way ``footer`` returns it with
+the rows the file actually holds (``footer_rows``), which every check compares.
 
 A job's side records (``pipelines.sink``: the job, each shard's commit, the manifest) are files of
 the shard format too, with the job's schema and no rows, the record in the schema's metadata

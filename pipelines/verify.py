@@ -224,6 +224,8 @@ def _as_written(column: pa.ChunkedArray, written: pa.DataType) -> list:
     """An input column's values as a shard of ``written``'s type holds them: an earlier version typed
     a CSV's columns by inference (its ids 1, 2 where they are read now as "1", "2")."""
     if not column.type.equals(written):
+        if pa.types.is_string(column.type) and not pa.types.is_string(written):  # it read an empty field as null
+            column = pc.if_else(pc.equal(column, ""), pa.scalar(None, pa.string()), column)
         try:
             column = column.cast(written)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):

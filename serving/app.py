@@ -43,7 +43,8 @@ from inference.outputs import non_finite_rows
 from .errors import InvalidRequest, LimitExceeded, NotReady, Unavailable
 from .limits import AccessOptions, ServeLimits
 from .metrics import CONTENT_TYPE
-from .middleware import CLIENT_CLOSED, AccessLog, Admission, ApiKey, BodyLimit, Cors, error_response, json_response
+from .middleware import CLIENT_CLOSED, AccessLog, Admission, ApiKey, BodyLimit, Cors, error_response, json_in_pieces, \
+    json_response
 from .schemas import EmbedRequest, OpenAIEmbeddingRequest, TokenizeRequest
 from .service import ServingState
 
@@ -77,10 +78,11 @@ class OrjsonRoute(APIRoute):
 
 
 async def answered(build: Callable[[], Any]) -> Response:
-    """The vectors' answer, built and encoded to JSON on a thread: the largest one an answer may
-    hold (``--max-answer-values``, ~17M numbers at full size) takes about a second, during which the
-    event loop would answer nothing (``/health`` either)."""
-    return await asyncio.to_thread(lambda: json_response(build()))
+    """The vectors' answer, built and encoded to JSON on a thread, in pieces (``json_in_pieces``):
+    the largest one an answer may hold (``--max-answer-values``, ~17M numbers at full size) takes
+    about a second, during which the event loop would answer nothing (``/health`` either)."""
+    body = await asyncio.to_thread(lambda: json_in_pieces(build()))
+    return Response(body, media_type="application/json")
 
 
 def encode(vectors: np.ndarray | None, encoding: str) -> Any:

@@ -10,6 +10,7 @@ import logging
 import time
 from typing import Any, Callable
 
+import numpy as np
 import orjson
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
@@ -27,6 +28,23 @@ CUT_STATUS = "elmo.cut_status"  # scope key: the status the connection answered 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), status, headers,
                     media_type="application/json")
+
+
+CHUNK_NUMBERS = 1 << 16  # the most numbers one call of orjson encodes in ``json_in_pieces`` (~10 ms)
+
+
+def json_in_pieces(body: Any) -> bytes:
+    """``orjson.dumps(body)``'s bytes, made by calls of at most ``CHUNK_NUMBERS`` numbers each: one
+    call holds the GIL throughout (an answer of millions of numbers: most of a second), so the event
+    loop, on another thread, runs between the calls. Dicts and lists are joined here, an array
+    larger than a piece a row at a time."""
+    if isinstance(body, dict):
+        return b"{" + b",".join(orjson.dumps(k) + b":" + json_in_pieces(v) for k, v in body.items()) + b"}"
+    if isinstance(body, list):
+        return b"[" + b",".join(json_in_pieces(v) for v in body) + b"]"
+    if isinstance(body, np.ndarray) and body.ndim > 1 and body.size > CHUNK_NUMBERS:
+        return b"[" + b",".join(json_in_pieces(row) for row in body) + b"]"
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def error_response(status: int, kind: str, message: str, retry_after: int | None = None,

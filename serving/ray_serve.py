@@ -101,9 +101,8 @@ def run_ray_serve(run: ModelRun, limits: ServeLimits, host: str = "127.0.0.1", p
         print(f"listening on {url(host, port)}", flush=True)
         while not stop.wait(0.5):
             pass
+        serve.delete("elmo")  # SIGTERM: the replicas finish what they hold (up to --shutdown-timeout-s), then go
     finally:
-        if stop.is_set():  # SIGTERM: the replicas finish what they hold (up to --shutdown-timeout-s), then go
-            serve.delete("elmo")
         serve.shutdown()
         ray.shutdown()
         for sig, handler in previous.items():

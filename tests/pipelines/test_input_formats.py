@@ -114,6 +114,12 @@ def test_a_json_lines_integer_pyarrow_would_round_is_refused_naming_its_line_and
     r = elmo("embed", "--text", tmp_path / "nested.jsonl", "--out", tmp_path / "out-not-kept", "--model", tiny_dir,
              "--quiet", "--id-column", "id")  # a key the job does not copy is not read for its values
     assert r.returncode == 0 and pq.read_table(tmp_path / "out-not-kept").column_names == ["id", "elmo"], r.stderr
+    (tmp_path / "retyped.jsonl").write_text('{"id": 1, "v": 123456789012345678901, "text": "a"}\n'
+                                           '{"id": 2, "v": 1, "text": 5}\n')  # the file's fault is line 2's
+    r = elmo("embed", "--text", tmp_path / "retyped.jsonl", "--out", tmp_path / "out-retyped", "--model", tiny_dir,
+             "--id-column", "id")
+    assert r.returncode == 2 and "line 2: column 'text' holds a number where earlier lines hold a string" in r.stderr, \
+        r.stderr
     import pipelines.input_bytes as input_bytes
     from elmo_core.errors import InputError
 

@@ -239,3 +239,26 @@ def test_an_answer_is_built_off_the_event_loop():
 
     loop_thread, built_on, body = asyncio.run(main())
     assert built_on is not loop_thread and json.loads(body) == {"v": [0, 1, 2]}
+
+
+def test_an_answer_is_encoded_in_pieces_that_let_the_event_loop_run(monkeypatch):
+    """orjson holds the GIL through one call: an answer of millions of numbers in one call stalled the
+    loop as long on a thread as on the loop. The pieces: the same bytes, none over CHUNK_NUMBERS."""
+    import orjson
+
+    import serving.middleware as middleware
+
+    rng = np.random.default_rng(0)
+    body = {"embeddings": [rng.standard_normal((3, 200, 256), dtype=np.float32), "c2FtcGxl", None,
+                           rng.standard_normal((5, 16), dtype=np.float32)], "dim": 256, "usage": {"tokens": 205}}
+    calls, real = [], orjson.dumps
+
+    def dumps(value, option=None):  # orjson's own, each call's numbers counted
+        calls.append(value.size if isinstance(value, np.ndarray) else 0)
+        return real(value, option=option) if option is not None else real(value)
+
+    monkeypatch.setattr(middleware.orjson, "dumps", dumps)
+    got = middleware.json_in_pieces(body)
+    monkeypatch.undo()
+    assert got == orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+    assert max(calls) <= middleware.CHUNK_NUMBERS < 3 * 200 * 256
