@@ -255,10 +255,14 @@ def manifest(job: Job, records: list[dict], seconds: float, runner_info: dict) -
 def _run(job: Job, lock: Any) -> dict:
     """The job's part that writes, under OUTPUT_DIR's ``lock``."""
     opts = job.opts
-    job.digest = claim_output_dir(job.out, job.identity, job.digest, opts.resume, opts.shard_format, job.schema)
-    if opts.verify_inputs:
-        _check_input_contents(job)
-    shards = pending_shards(job)
+    try:
+        job.digest = claim_output_dir(job.out, job.identity, job.digest, opts.resume, opts.shard_format, job.schema)
+        if opts.verify_inputs:
+            _check_input_contents(job)
+        shards = pending_shards(job)
+    except OutputDirError:
+        lock.finished()  # refused before anything is written: OUTPUT_DIR as it was, without a lock file
+        raise
     progress = ProgressBar(job.total_rows, sum(r["rows"] for r in job.kept), quiet=opts.quiet,
                         done_tokens=sum(r.get("tokens", 0) for r in job.kept))
     note(f"embedding {job.total_rows - progress.rows:,} rows into {job.out} (the first batches warm up)", opts.quiet)

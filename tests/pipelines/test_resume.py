@@ -298,6 +298,19 @@ def test_a_shard_published_without_its_commit_record_is_adopted_with_its_counts(
         assert read_record(out / "_shards" / name)["tokens"] == before["tokens"] and verify_output(out)["rows"] == 60
 
 
+def test_a_refused_resume_leaves_the_output_as_it_was_without_a_lock_file(tiny_dir, tmp_path):
+    """A resume refused under the lock (a shard renamed, not this job's) writes nothing: the lock file
+    it made goes too."""
+    from pipelines.errors import OutputDirError
+
+    corpus, out, opts, _ = _finished_job(tiny_dir, tmp_path)
+    (out / "part-00000-00001.parquet").rename(out / "part-00000-00007.parquet")
+    before = sorted(p.name for p in out.rglob("*"))
+    with pytest.raises(OutputDirError, match="part-00000-00007.parquet is not a shard of this job"):
+        embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
+    assert sorted(p.name for p in out.rglob("*")) == before and not (out / ".elmo.lock").exists()
+
+
 def test_sigkill_of_a_ray_driver_takes_its_local_cluster_with_it(tiny_dir, tmp_path, spawn):
     pytest.importorskip("ray", reason="Ray is the optional 'ray' extra")
     from runtime.ray_local import descendants
