@@ -167,7 +167,7 @@ def write_hdf5(input: str | Path, out: str | Path, maker: RunMaker, opts: EmbedO
         with OutputLock.for_file(out) as lock:
             try:
                 remove_stale_temporaries(out)  # of a killed job on this OUT: none is alive while the lock is ours
-                with atomic_path(out) as tmp, closing(WriteGuard(tmp)) as guard:
+                with atomic_path(out, tidied=True) as tmp, closing(WriteGuard(tmp)) as guard:
                     with Embedder(run.open(), policy=opts.policy(run.batch.rows)) as embedder, \
                             h5py.File(guard, "w") as f:
                         _write(f, embedder, sentences, opts, use_sentence_keys, counts, guard)
