@@ -4,10 +4,11 @@ On a GPU box the model's steps run on the device; the host prepares each batch (
 token cache's plan, the rows: ``TorchBackend.prepare``, kept here as it is), launches it and copies
 its output back. ``install()`` replaces ``TorchBackend.submit`` in this process by that host part
 alone: the batch's plan made a batch ahead on a thread (``stages_ahead``, as on CUDA) or here if not
-given, then its token vectors copied out of a "device" array of
-random full-width values (the device-to-host copy: fresh memory written, values that compress as a
-model's do), so every stage after the model (placing, encoding, writing) does the work of a real
-job. Token vectors only (``elmo embed``'s default request); a pooled request is refused.
+given, then its token vectors read from a host array of random
+full-width values (values that compress as a model's do), so every stage after the model (placing,
+encoding, writing) does the work of a real job. The device-to-host copy costs the host nothing
+here, as on CUDA: ``TorchBackend`` copies a batch's result by DMA into page-locked buffers it reuses
+(``inference.host_copy.PinnedCopies``), and the host reads them in place. Token vectors only (``elmo embed``'s default request); a pooled request is refused.
 """
 from __future__ import annotations
 
@@ -20,14 +21,20 @@ from inference.backends import TorchBackend
 _DEVICE: dict[tuple, np.ndarray] = {}
 
 
+_RANDOM_ROWS = 4096  # rows drawn at random; more are these repeated (a copy, not the generator's time)
+
+
 def _device_values(rows: int, trailing: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """At least ``rows`` rows of random values of one output shape and dtype, made once and grown."""
+    """At least ``rows`` rows of random values of one output shape and dtype, made once and grown
+    (to twice what is asked, so a job of growing batches grows it a few times, not every batch)."""
     key = (trailing, np.dtype(dtype).str)
     have = _DEVICE.get(key)
-    if have is None or len(have) < rows:
+    if have is None:
         rng = np.random.default_rng(0)
-        have = rng.standard_normal((max(rows, 4096), *trailing), dtype=np.float32).astype(dtype)
-        _DEVICE[key] = have
+        have = rng.standard_normal((_RANDOM_ROWS, *trailing), dtype=np.float32).astype(dtype)
+    if len(have) < rows:
+        have = np.resize(have[:_RANDOM_ROWS], (2 * rows, *trailing))  # the random rows, repeated
+    _DEVICE[key] = have
     return have
 
 
@@ -38,8 +45,7 @@ def _submit(self: TorchBackend, char_ids: np.ndarray, request, keep: np.ndarray 
     if prepared is None:
         self.prepare(char_ids)
     trailing = request.mode.shape(self.config.n_output_layers, self.config.output_dim)
-    host = np.empty((len(take), *trailing), request.dtype)  # (n, [L+1,] D)
-    host[...] = _device_values(len(take), trailing, request.dtype)[:len(take)]
+    host = _device_values(len(take), trailing, request.dtype)[:len(take)]  # (n, [L+1,] D): the pinned buffer, read in place
     return lambda: host
 
 

@@ -36,8 +36,8 @@ from corpora.files import check_name
 from storage.atomic import TMP_GLOB, atomic_path, check_can_make_in, fsync, nearest_existing, parse_json_object, \
     temporary_name
 from elmo_core.errors import InputError
-from storage.locations import file_sha256, is_uri, normalize_uri, open_input, redacted, s3_client, \
-    s3_location
+from storage.locations import GrowingFileDigest, file_sha256, is_uri, normalize_uri, open_input, redacted, \
+    s3_client, s3_location
 
 from .lock import OutputLock
 from .errors import OutputDirError, ShardPublishedError
@@ -187,18 +187,24 @@ class LocalDir(_Readable):
 
 
 class LocalSink:
-    """A shard's bytes in a temporary file of this writer's own; ``finish`` makes them durable and
-    links them under the shard's name unless another writer did first; ``publish`` drops the
-    temporary name."""
+    """A shard's bytes in a temporary file of this writer's own, hashed as they are written
+    (``written``, after each of the writer's tables); ``finish`` makes them durable and links them
+    under the shard's name unless another writer did first; ``publish`` drops the temporary name."""
 
     def __init__(self, root: Path, name: str) -> None:
         self.root, self.final = root, root / name
         self.tmp = temporary_name(self.final, f"w{secrets.token_hex(4)}")  # its own: attempts may overlap; the job tidies
         self.file: Any = self.tmp
+        self.digest = GrowingFileDigest(self.tmp)
+
+    def written(self) -> None:
+        """Hash what the writer has added to the file so far (``storage.locations.GrowingFileDigest``)."""
+        self.digest.advance()
 
     def finish(self) -> dict:
         fsync(self.tmp)
-        record = {"sha256": file_sha256(self.tmp), "bytes": self.tmp.stat().st_size}
+        self.digest.advance()  # the footer, and anything a writer's buffer held
+        record = {"sha256": self.digest.hexdigest(), "bytes": self.digest.hashed}
         try:
             os.link(self.tmp, self.final)  # atomic, and refused where the name exists
         except FileExistsError:

@@ -105,6 +105,7 @@ class ShardWriter:
         each row's tokens (-1: null text)."""
         table = conform(table, self.schema)
         self.writer.write(table)
+        self.sink.written()
         windows, windowed = window_counts(lengths, self.opts.max_sentence_length, self.opts.context)
         for key, n in (("rows", table.num_rows), ("tokens", int(np.maximum(lengths, 0).sum())), ("windows", windows),
                        ("windowed_rows", windowed), ("null_rows", int((lengths < 0).sum())),

@@ -49,6 +49,9 @@ class StoreUpload(io.RawIOBase):
     def tell(self) -> int:
         return self.bytes
 
+    def written(self) -> None:
+        """Nothing to do: the bytes were hashed as they came (``write``), as a local shard's are after each table."""
+
     def _send_part(self) -> None:
         """Hand the buffer to the upload thread; wait while ``IN_FLIGHT`` parts travel; raise a failed one's error."""
         if self.upload_id is None:

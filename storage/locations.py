@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import mmap
 import os
 import shutil
 from pathlib import Path
@@ -246,8 +247,35 @@ def local_copy(uri: str, root: Path | None = None) -> Path:
 
 def file_sha256(path: str | Path) -> str:
     """sha256 of a file's bytes, at a local path or a URI."""
+    if not is_uri(path):
+        digest = GrowingFileDigest(path)
+        digest.advance()
+        return digest.hexdigest()
     h = hashlib.sha256()
     with open_input(path) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+class GrowingFileDigest:
+    """The sha256 of a local file that is written front to back and never rewritten (a shard, as
+    pyarrow writes Parquet and Arrow IPC files), hashed as it grows: ``advance()`` hashes the bytes
+    added since the last call, read in place from the page cache (``mmap``: no copy, the GIL
+    released), so the digest is ready when the last byte is written instead of costing a second
+    pass over the file at its commit. What it hashes is what the file holds, as a re-read would."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path, self.hash, self.hashed = Path(path), hashlib.sha256(), 0
+
+    def advance(self) -> None:
+        with open(self.path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size <= self.hashed:
+                return
+            with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as m, memoryview(m) as view:
+                self.hash.update(view[self.hashed : size])
+        self.hashed = size
+
+    def hexdigest(self) -> str:
+        return self.hash.hexdigest()

@@ -1,6 +1,7 @@
 """``elmo embed`` with the local engine: vectors against the Embedder, schema, order, readers, bad input."""
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from elmo_cli.main import main
 from elmo_core.errors import InputError
-from storage.locations import file_sha256
+from storage.locations import GrowingFileDigest, file_sha256
 from inference import Embedder
 from pipelines import ElmoPredictor, OutputDirError, embed_parquet
 from corpora.sample import write_sample_corpus
@@ -359,6 +360,40 @@ def test_several_writer_threads_write_the_same_shards(corpus, tiny_dir, tmp_path
         [(s["file"], s["sha256"]) for s in one["shards"]]  # the same bytes, listed in input order
     with pytest.raises(InputError, match="writer_threads must be a positive integer"):
         embed_parquet(corpus, tmp_path / "bad", tiny_dir, writer_threads=0, **FAST)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_each_shard_is_hashed_as_written_never_read_back(corpus, tiny_dir, tmp_path, monkeypatch, fmt):
+    """A shard's sha256 is computed while its windows are written (``GrowingFileDigest``), not by a
+    second pass over the file at its commit: reading a shard back during the job fails it here, and
+    the recorded sha256 and size are those of the bytes on disk."""
+    import pipelines.output_dir as output_dir
+
+    def read_back(path):
+        raise AssertionError(f"{path} read back to hash it")
+    monkeypatch.setattr(output_dir, "file_sha256", read_back)
+    m = embed_parquet(corpus, tmp_path / "out", tiny_dir, format=fmt, rows_per_shard=40, **FAST)  # 64-row windows: several a shard
+    assert len(m["shards"]) == 4
+    for shard in m["shards"]:
+        data = (tmp_path / "out" / shard["file"]).read_bytes()
+        assert (shard["sha256"], shard["bytes"]) == (hashlib.sha256(data).hexdigest(), len(data))
+    monkeypatch.undo()
+    assert verify_output(tmp_path / "out")["shards"] == 4
+
+
+def test_a_growing_files_digest_is_its_whole_files(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"")
+    digest = GrowingFileDigest(path)
+    digest.advance()  # an empty file: nothing to map
+    written = b""
+    for piece in (b"x" * 5, b"", bytes(range(256)) * 4099, b"tail"):  # across pages, one empty append
+        with open(path, "ab") as f:
+            f.write(piece)
+        written += piece
+        digest.advance()
+    assert (digest.hexdigest(), digest.hashed) == (hashlib.sha256(written).hexdigest(), len(written))
+    assert file_sha256(path) == hashlib.sha256(written).hexdigest() == file_sha256(str(path))
 
 
 def test_compression_of_the_vector_column(corpus, tiny_dir, tmp_path):
