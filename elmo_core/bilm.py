@@ -16,6 +16,7 @@ import functools
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -70,11 +71,15 @@ def unique_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     Each row is hashed to int64 by a fixed random linear map (wrapping), the hashes are deduplicated
     in 1-D, and the result is checked against every row: a hash collision falls back to
-    ``torch.unique(dim=0)``, so the result is always exact.
+    ``torch.unique(dim=0)``, so the result is always exact. A numpy array (a batch's host plan,
+    ``inference.host_batch``) is done in numpy, whose calls cost a small host array less than
+    torch's, with the same map: the same rows in the same order.
 
     Shape: x (N, C) -> (U, C), (N,).
     """
     N, C = x.shape
+    if isinstance(x, np.ndarray):
+        return _unique_rows_numpy(x)
     keys = (x.long() * _hash_coefficients(C, x.device)).sum(dim=1)  # (N,) mod 2^64
     ukeys, inverse = torch.unique(keys, return_inverse=True)  # (U,), (N,)
     first = torch.full_like(ukeys, N).scatter_reduce_(0, inverse, torch.arange(N, device=x.device), "amin")  # (U,)
@@ -82,6 +87,16 @@ def unique_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if not torch.equal(uniq[inverse], x):  # a collision
         return torch.unique(x, dim=0, return_inverse=True)
     return uniq, inverse
+
+
+def _unique_rows_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``unique_rows`` of a host array. Shape: x (N, C) -> (U, C), (N,) int64."""
+    keys = x @ _hash_coefficients(x.shape[1], torch.device("cpu")).numpy()  # (N,) int64 mod 2^64
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)  # (U,), (N,)
+    uniq = x[first]  # (U, C)
+    if not np.array_equal(uniq[inverse], x):  # a collision
+        uniq, inverse = np.unique(x, axis=0, return_inverse=True)
+    return uniq, inverse.reshape(-1)
 
 
 @functools.lru_cache(maxsize=16)
@@ -168,11 +183,16 @@ class BiLM(nn.Module):
 
     @staticmethod
     def _mask(char_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Shape: (B, T, C) -> mask (B, T) bool, lengths (B,); rows must be left-aligned."""
-        mask = (char_ids > 0).any(dim=-1)  # (B, T)
-        lengths = mask.sum(dim=1)  # (B,)
+        """Shape: (B, T, C) -> mask (B, T) bool, lengths (B,); rows must be left-aligned. A numpy
+        array (a host plan) gives numpy arrays."""
+        mask = (char_ids > 0).any(-1)  # (B, T)
+        lengths = mask.sum(1)  # (B,)
         T = char_ids.shape[1]
-        if not torch.equal(mask, torch.arange(T, device=mask.device)[None, :] < lengths[:, None]):
+        if isinstance(char_ids, np.ndarray):
+            aligned = np.array_equal(mask, np.arange(T)[None, :] < lengths[:, None])
+        else:
+            aligned = torch.equal(mask, torch.arange(T, device=mask.device)[None, :] < lengths[:, None])
+        if not aligned:
             raise InputError("character ids must be left-aligned: padding tokens only after a row's last token")
         return mask, lengths
 

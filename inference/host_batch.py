@@ -59,16 +59,16 @@ def plan_batch(char_ids: np.ndarray, boundary_ids: np.ndarray, encoder: CharEnco
                rows_of: Callable[[list[int], int], RowPlan] | None = None) -> HostBatch:
     """Everything the host can say of a batch (module doc). ``rows_of(lengths, t_in)``: the rows
     layout's planner, or None. Shape: char_ids (B, T, W), boundary_ids (2, W)."""
-    ids = torch.from_numpy(np.ascontiguousarray(char_ids))
+    ids = np.ascontiguousarray(char_ids)  # planned in numpy: its calls cost a batch's small arrays less than torch's
     B, T, W = ids.shape
     mask, lengths = BiLM._mask(ids)  # (B, T), (B,); refuses rows that are not left-aligned
     real = ids.reshape(B * T, W)[mask.reshape(-1)]  # (N, W)
-    uniq, inverse = unique_rows(torch.cat([real, torch.from_numpy(boundary_ids).to(ids.dtype)]))  # (U, W), (N+2,)
-    U = uniq.shape[0]
-    index = torch.full((B, T + 2), U, dtype=torch.long)  # (B, T+2): the zero row, then the tokens placed
+    uniq_np, inverse = unique_rows(np.concatenate([real, boundary_ids.astype(ids.dtype)]))  # (U, W), (N+2,)
+    U, uniq = uniq_np.shape[0], torch.from_numpy(uniq_np)
+    index = np.full((B, T + 2), U, dtype=np.int64)  # (B, T+2): the zero row, then the tokens placed
     index[:, 0] = inverse[-2]
     index[:, 1 : T + 1][mask] = inverse[:-2]
-    index[torch.arange(B), lengths + 1] = inverse[-1]
+    index[np.arange(B), lengths + 1] = inverse[-1]
     miss, planned, mark = torch.arange(U), None, None
     if cache is not None:
         mark = cache.filled
@@ -79,4 +79,5 @@ def plan_batch(char_ids: np.ndarray, boundary_ids: np.ndarray, encoder: CharEnco
         kept = torch.nonzero(slots >= 0).squeeze(1)  # (K,) the misses the cache keeps, in the char-CNN's order
         planned = (where, kept, slots[kept])
     rows = None if rows_of is None else rows_of((lengths + 2).tolist(), T + 2)
-    return HostBatch(lengths, index, U, uniq[miss][order], widths, miss[order], planned, rows, mark)
+    return HostBatch(torch.from_numpy(lengths.astype(np.int64)), torch.from_numpy(index), U, uniq[miss][order], widths,
+                     miss[order], planned, rows, mark)

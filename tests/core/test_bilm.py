@@ -253,6 +253,8 @@ def test_unique_rows_is_exact_even_on_a_hash_collision():
         uniq, inverse = unique_rows(x)
         assert torch.equal(uniq[inverse], x)
         assert sorted(map(tuple, uniq.tolist())) == sorted(map(tuple, torch.unique(x, dim=0).tolist()))
+        host, host_inverse = unique_rows(x.numpy())  # a host plan's, in numpy: the same map or fallback, so the same order
+        assert np.array_equal(host, uniq.numpy()) and np.array_equal(host_inverse, inverse.numpy())
 
     g = torch.Generator().manual_seed(0)
     check(torch.randint(0, 4, (500, 3), generator=g))  # many repeats
