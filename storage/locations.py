@@ -273,8 +273,13 @@ class GrowingFileDigest:
             size = os.fstat(f.fileno()).st_size
             if size <= self.hashed:
                 return
-            with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as m, memoryview(m) as view:
-                self.hash.update(view[self.hashed : size])
+            try:
+                with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as m, memoryview(m) as view:
+                    self.hash.update(view[self.hashed : size])
+            except OSError:  # a file system that cannot map files (some FUSE mounts): read them
+                f.seek(self.hashed)
+                for chunk in iter(lambda: f.read(min(1 << 20, size - f.tell())), b""):
+                    self.hash.update(chunk)
         self.hashed = size
 
     def hexdigest(self) -> str:

@@ -381,7 +381,14 @@ def test_each_shard_is_hashed_as_written_never_read_back(corpus, tiny_dir, tmp_p
     assert verify_output(tmp_path / "out")["shards"] == 4
 
 
-def test_a_growing_files_digest_is_its_whole_files(tmp_path):
+@pytest.mark.parametrize("maps", [True, False])
+def test_a_growing_files_digest_is_its_whole_files(tmp_path, monkeypatch, maps):
+    if not maps:  # a file system that cannot map files: the bytes are read instead
+        import storage.locations as locations
+
+        def refused(*args, **kwargs):
+            raise OSError("mmap: operation not supported")
+        monkeypatch.setattr(locations.mmap, "mmap", refused)
     path = tmp_path / "f"
     path.write_bytes(b"")
     digest = GrowingFileDigest(path)
