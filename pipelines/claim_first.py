@@ -1,6 +1,6 @@
 """An existing OUTPUT_DIR judged before any model code loads: a running job's lock, files that are
 no job's, a damaged job record, and, where the job's identity is known without the model, the
-whole claim (``sink.check_claim``): this job's output without ``--resume``, another job's output.
+whole claim (``claim.check_claim``): this job's output without ``--resume``, another job's output.
 
 The job's identity is its inputs, its model (the sha256 of the model's files,
 ``inference.registry.model_identity``, which hashes without loading) and its output options, of
@@ -23,9 +23,10 @@ from storage.locations import is_uri
 from inference.registry import backend_kind, exported_backend, model_identity
 from inference.run_settings import RunSettings
 
+from .claim import check_claim, job_record
 from .options import EmbedOptions
 from .shard_size import settle_rows_per_shard
-from .sink import Output, check_claim, job_record
+from .sink import Output
 from .source import InputFile
 
 if TYPE_CHECKING:

@@ -28,6 +28,7 @@ from storage.locations import file_sha256, is_below
 from inference.errors import ModelChangedError
 from inference.run_settings import RunSettings
 
+from .claim import check_claim, claim_output_dir, clean_strays, mark_stopped
 from .claim_first import RunMaker, check_output_first, job_identity
 from .options import EmbedOptions
 from .errors import OutputDirError
@@ -38,8 +39,8 @@ from .stages import StageClock
 from .progress import ProgressBar, note
 from .schema import output_schema
 from .shard_files import FORMATS
-from .sink import COMMITS_DIR, COUNTS, SUCCESS_FILE, Output, check_claim, claim_output_dir, clean_strays, \
-    commit_name, discard_shard, job_file, manifest_file, mark_stopped, remove_temporaries, verify_shard
+from .sink import COMMITS_DIR, COUNTS, SUCCESS_FILE, Output, commit_name, discard_shard, job_file, manifest_file, \
+    remove_temporaries, verify_shard
 from .source import InputFile, Shard, passthrough_schema, scan_inputs, shards_of
 
 if TYPE_CHECKING:  # loaded once the inputs are checked: an input or output error answers without the model code

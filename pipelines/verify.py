@@ -51,7 +51,7 @@ class VerificationError(OutputDirError):
 
 
 JOB_KEYS = {"digest": str, "inputs": list}
-# keys a job adds to its record once it holds OUTPUT_DIR (``pipelines.job``, ``sink.mark_stopped``): not in its digest
+# keys a job adds to its record once it holds OUTPUT_DIR (``pipelines.job``, ``claim.mark_stopped``): not in its digest
 ADDED_AFTER_CLAIM = ("digest", "stopped", "input_sha256")
 MANIFEST_KEYS = {"job_digest": str, "shards": list, "options": dict, "rows": int, "tokens": int}
 SHARD_KEYS = {"file": str, "input_file": int, "row_start": int, "rows": int}

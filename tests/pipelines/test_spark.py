@@ -171,10 +171,11 @@ def test_two_attempts_of_one_task_at_once_leave_one_shard_and_a_record_of_its_by
     another host than the running attempt's). Both write the shard, one publishes it, the other
     adopts it; one file, and its commit record describes its bytes."""
     from inference.run_settings import RunSettings
+    from pipelines.claim import claim_output_dir
     from pipelines.claim_first import RunMaker
     from pipelines.job import pending_shards, plan_job
     from pipelines.options import EmbedOptions
-    from pipelines.sink import check_shard, claim_output_dir
+    from pipelines.sink import check_shard
     from pipelines.spark_worker import embed_task
 
     corpus = tmp_path / "corpus"
