@@ -10,18 +10,36 @@ from typing import Iterator
 from elmo_core.errors import InputError
 from storage.locations import open_input
 
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark
 BLOCK_BYTES = 1 << 22  # pyarrow's CSV and JSON readers' block; the first gives a JSON Lines file's types
 
 
-def raw_lines(f, chunk: int = 1 << 20) -> Iterator[bytes]:
-    """A binary file's lines, each with its \\n (the last one may lack it), read a chunk at a time: a
-    store's file (pyarrow's NativeFile) reads but does not iterate by lines."""
-    rest = b""
+def _line_blocks(f, chunk: int = 1 << 20, drop_bom: bool = False) -> Iterator[bytes]:
+    """A binary file's whole lines a chunk (``chunk`` bytes or so) at a time, each block ending at a
+    \\n but the file's last, which may lack it; ``drop_bom``: a byte-order mark at the file's start
+    left out. The one splitter of both readers: a store's file (pyarrow's NativeFile) reads but does
+    not iterate by lines."""
+    rest, first = b"", True
     while data := f.read(chunk):
-        *lines, rest = (rest + data).split(b"\n")
-        yield from (line + b"\n" for line in lines)
+        buf = rest + data
+        if first and drop_bom:
+            buf = buf.removeprefix(BOM)
+        first = False
+        cut = buf.rfind(b"\n") + 1  # whole lines only; the rest waits for the next chunk
+        if cut:
+            yield buf[:cut]
+        rest = buf[cut:]
     if rest:
         yield rest
+
+
+def raw_lines(f, chunk: int = 1 << 20) -> Iterator[bytes]:
+    """A binary file's lines, each with its \\n (the last one may lack it), a byte-order mark kept."""
+    for block in _line_blocks(f, chunk):
+        *lines, last = block.split(b"\n")
+        yield from (line + b"\n" for line in lines)
+        if last:
+            yield last
 
 
 def not_utf8(path: Path | str, where: str, error: UnicodeDecodeError | None = None) -> InputError:
@@ -57,15 +75,8 @@ def text_lines(raw_lines: Iterator[bytes], path: Path | str) -> Iterator[str]:
 def line_chunks(path: Path | str) -> Iterator[tuple[bytes, int]]:
     """A file's whole lines a chunk (1 MiB or so) at a time, each with the number of its first line;
     a byte-order mark at the file's start left out."""
-    rest, line, first = b"", 1, True
+    line = 1
     with open_input(path) as f:
-        while data := f.read(1 << 20):
-            buf = (rest + data).removeprefix(b"\xef\xbb\xbf" if first else b"")
-            first = False
-            cut = buf.rfind(b"\n") + 1  # whole lines only; the rest waits for the next chunk
-            if cut:
-                yield buf[:cut], line
-                line += buf.count(b"\n", 0, cut)
-            rest = buf[cut:]
-    if rest:
-        yield rest, line
+        for block in _line_blocks(f, drop_bom=True):
+            yield block, line
+            line += block.count(b"\n")

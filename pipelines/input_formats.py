@@ -29,7 +29,7 @@ from elmo_core.errors import InputError
 from storage.locations import open_input
 
 from . import input_bytes, json_lines
-from .input_bytes import not_utf8, raw_lines, text_lines
+from .input_bytes import BOM, not_utf8, raw_lines, text_lines
 
 
 def batches(path: Path | str, fmt: str, text_column: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
@@ -117,7 +117,7 @@ def _blank(path: Path | str) -> bool:
     with open_input(path) as f:
         first = True
         while data := f.read(1 << 20):
-            if (data.removeprefix(b"\xef\xbb\xbf") if first else data).strip():
+            if (data.removeprefix(BOM) if first else data).strip():
                 return False
             first = False
     return True
