@@ -174,26 +174,37 @@ def passthrough_schema(files: list[InputFile], opts: EmbedOptions) -> pa.Schema:
     the files, the column and the types): every shard is then written with one schema."""
     fields = []
     for name in opts.passthrough_columns:
-        types: dict[pa.DataType, list[str]] = {}
+        types: dict[pa.DataType, list[InputFile]] = {}
         for f in files:
-            types.setdefault(f.schema.field(name).type, []).append(str(f.path).rsplit("/", 1)[-1])
+            types.setdefault(f.schema.field(name).type, []).append(f)
         if len(types) > 1:
+            names = {t: [str(f.path).rsplit("/", 1)[-1] for f in group] for t, group in types.items()}
             found = "; ".join(f"{t} in {', '.join(paths[:3])}{' ...' if len(paths) > 3 else ''}"
-                              for t, paths in types.items())
+                              for t, paths in names.items())
             raise InputError(f"column '{name}' has different types in the input files ({found}); every file "
-                             f"must give it one type: {_one_type({f.format for f in files})}, or leave the column out")
+                             f"must give it one type: {_one_type(types)}, or leave the column out")
         fields.append(pa.field(name, next(iter(types))))
     return pa.schema(fields)
 
 
-def _one_type(formats: set[str]) -> str:
-    """How files of these formats give a column one type."""
-    if "jsonl" in formats:
+def _one_type(types: dict[pa.DataType, list[InputFile]]) -> str:
+    """How the files give a column one type, where they give it ``types`` (each type's files): a CSV
+    or TSV file gives only strings, so where one is among them every other file follows it; else
+    the advice follows the files that differ (``_odd_files``)."""
+    if any(f.format in ("csv", "tsv") for group in types.values() for f in group):
+        return "a CSV or TSV column is read as strings (the characters of its fields): give it as strings in every file"
+    if any(f.format == "jsonl" for f in _odd_files(types)):
         return ("a JSON Lines key keeps JSON's types: write its values alike in every file (all integers, all "
                 "numbers with a fraction, or all strings)")
-    if formats & {"csv", "tsv"}:
-        return "a CSV or TSV column is read as strings (the characters of its fields): give it as strings in every file"
     return "rewrite the odd files with that type"
+
+
+def _odd_files(types: dict[pa.DataType, list[InputFile]]) -> list[InputFile]:
+    """The files whose type differs from the one most files give the column; every file where no type
+    is given by more files than each other type."""
+    sizes = sorted((len(group) for group in types.values()), reverse=True)
+    most = max(types.values(), key=len) if sizes[0] > sizes[1] else None
+    return [f for group in types.values() if group is not most for f in group]
 
 
 def shards_of(files: list[InputFile], rows_per_shard: int, suffix: str = ".parquet") -> list[Shard]:

@@ -14,6 +14,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+from elmo_core.errors import InputError
 from inference import Embedder
 from pipelines import embed_parquet
 from pipelines.verify import verify_output
@@ -54,6 +55,33 @@ def test_columns_of_different_types_across_files_are_refused_before_anything_is_
              "--id-column", "id")
     assert r.returncode == 2 and "(int64 in a.parquet; string in c.csv)" in r.stderr, r.stderr
     assert "a CSV or TSV column is read as strings (the characters of its fields)" in r.stderr
+
+
+def test_the_advice_for_a_column_of_different_types_follows_the_files_that_differ(tmp_path):
+    """Two JSON Lines files give 'id' as integers, a Parquet file as strings: the Parquet file is the
+    odd one, so the advice is to rewrite it, not JSON's (which named a format whose files agree). A
+    CSV file gives only strings, so where one is in the job, the others follow it (JSON's "all
+    integers" could not)."""
+    from pipelines.options import EmbedOptions
+    from pipelines.source import passthrough_schema, scan_inputs
+
+    write(tmp_path / "in" / "c.parquet", id=pa.array(["x"]), text=pa.array(TEXTS[:1]))
+    for name, n in (("a", 1), ("b", 2)):
+        (tmp_path / "in" / f"{name}.jsonl").write_text(json.dumps({"id": n, "text": TEXTS[n]}) + "\n")
+    opts = EmbedOptions(id_column="id")
+
+    def refusal(pattern: str) -> str:
+        with pytest.raises(InputError) as e:
+            passthrough_schema(scan_inputs(f"{tmp_path / 'in'}/{pattern}", opts), opts)
+        return str(e.value)
+
+    message = refusal("[abc].*")
+    assert "(int64 in a.jsonl, b.jsonl; string in c.parquet)" in message, message
+    assert "every file must give it one type: rewrite the odd files with that type, or leave" in message
+    (tmp_path / "in" / "d.csv").write_text("id,text\n7,d e\n")
+    message = refusal("[abd].*")
+    assert "(int64 in a.jsonl, b.jsonl; string in d.csv)" in message, message
+    assert "a CSV or TSV column is read as strings (the characters of its fields): give it as strings" in message
 
 
 def test_names_that_are_not_utf8_are_refused_before_anything_is_written(tiny_dir, tmp_path):
