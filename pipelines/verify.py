@@ -241,12 +241,7 @@ def _same_values(a: list, b: list) -> bool:
 def verify_output(out_dir: str | Path, check_inputs: bool = True) -> dict:
     """A report of a finished output; raises VerificationError listing every problem found."""
     out = open_output(out_dir)
-    if not out.exists():
-        if out.is_store:
-            raise VerificationError(f"{out}: no object under this prefix; give the OUTPUT_DIR elmo embed wrote")
-        what = "a file" if Path(str(out)).is_file() else "not found"
-        raise VerificationError(f"{out}: {what}; elmo verify reads the OUTPUT_DIR of an elmo embed job (Parquet or "
-                                f"Arrow shards: an hdf5 output is one file, published whole, with nothing to verify)")
+    _check_found(out)
     problems: list[str] = []
     try:  # its job record's format names its manifest; by default a Parquet output's, reported missing
         job_name, manifest_name = side_names(out) or (job_file(FORMATS["parquet"]), manifest_file(FORMATS["parquet"]))
@@ -279,6 +274,17 @@ def verify_output(out_dir: str | Path, check_inputs: bool = True) -> dict:
         _raise(out, problems)
     return {"ok": True, "shards": len(manifest["shards"]), "rows": manifest["rows"], "tokens": manifest["tokens"],
             "inputs_checked": checked, "inputs_not_checked": skipped}
+
+
+def _check_found(out: Output) -> None:
+    """VerificationError where OUTPUT_DIR is not there (or is a file: an hdf5 output's)."""
+    if out.exists():
+        return
+    if out.is_store:
+        raise VerificationError(f"{out}: no object under this prefix; give the OUTPUT_DIR elmo embed wrote")
+    what = "a file" if Path(str(out)).is_file() else "not found"
+    raise VerificationError(f"{out}: {what}; elmo verify reads the OUTPUT_DIR of an elmo embed job (Parquet or "
+                            f"Arrow shards: an hdf5 output is one file, published whole, with nothing to verify)")
 
 
 def _record_problems(job: dict, manifest: dict, job_name: str, manifest_name: str) -> list[str]:
