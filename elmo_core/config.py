@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .bounds import check_flags
+from .errors import ConfigError, SettingError
 
 ACTIVATIONS = ("relu", "tanh")
 
@@ -43,6 +44,9 @@ class LstmConfig:
     proj_clip: float | None = 3.0
     use_skip_connections: bool = True
 
+    def __post_init__(self) -> None:
+        _check_flags(self, "lstm.")
+
     @property
     def recurrent_weights(self) -> int:
         """Weights of one direction's recurrent matrix W_h (P x 4C): what the CPU's choices of
@@ -63,6 +67,9 @@ class TrainingConfig:
     n_tokens_vocab: int | None = None
     unroll_steps: int = 20
     n_negative_samples_batch: int = 8192
+
+    def __post_init__(self) -> None:
+        _check_flags(self, "")  # its keys sit at options.json's top level
 
 
 @dataclass(frozen=True)
@@ -193,6 +200,23 @@ def _check_type(value: Any, types: tuple[type, ...], where: str) -> Any:
     return value
 
 
+def _check_flags(record: object, section: str) -> None:
+    """Each bool field of ``record`` true or false (``bounds.check_flags``), else a ConfigError naming
+    it as options.json does (``section`` before its name) with the value."""
+    try:
+        check_flags(record)
+    except SettingError as e:
+        raise ConfigError(e.spelled(lambda name: f"{section}{name}")) from None
+
+
+def _made(cls: type, kw: dict[str, Any], source: str) -> Any:
+    """``cls(**kw)``, its own refusal named with the file the values came from."""
+    try:
+        return cls(**kw)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
 def _unknown(keys: set[str], allowed: set[str], where: str) -> None:
     extra = sorted(keys - allowed)
     if extra:
@@ -208,7 +232,8 @@ def _clip(value: Any, where: str) -> float | None:
     return float(value) if value > 0 else None
 
 
-def _parse_lstm(d: Any, where: str) -> LstmConfig:
+def _parse_lstm(d: Any, source: str) -> LstmConfig:
+    where = f"{source}: lstm"
     _check_type(d, (dict,), where)
     _unknown(set(d), _LSTM_KEYS, where)
     kw: dict[str, Any] = {}
@@ -219,10 +244,10 @@ def _parse_lstm(d: Any, where: str) -> LstmConfig:
         if k in d:
             kw[k] = _clip(d[k], f"{where}.{k}")
     if "use_skip_connections" in d:
-        kw["use_skip_connections"] = _check_type(d["use_skip_connections"], (bool,), f"{where}.use_skip_connections")
+        kw["use_skip_connections"] = d["use_skip_connections"]  # checked as the record is made
     if "projection_dim" not in kw and "dim" in kw:
         kw["projection_dim"] = kw["dim"]  # bilm-tf: no projection when projection_dim is absent
-    return LstmConfig(**kw)
+    return _made(LstmConfig, kw, source)
 
 
 def _parse_filters(value: Any, where: str) -> tuple[tuple[int, int], ...]:
@@ -254,20 +279,20 @@ def _parse_char_cnn(d: Any, where: str) -> CharCnnConfig:
     return CharCnnConfig(**kw)
 
 
-def _parse_training(d: dict[str, Any], where: str) -> TrainingConfig:
+def _parse_training(d: dict[str, Any], source: str) -> TrainingConfig:
     kw: dict[str, Any] = {}
     types: dict[str, tuple[type, ...]] = {
-        "bidirectional": (bool,), "dropout": (int, float), "all_clip_norm_val": (int, float),
+        "dropout": (int, float), "all_clip_norm_val": (int, float),
         "n_epochs": (int,), "n_train_tokens": (int, type(None)), "batch_size": (int,),
         "n_tokens_vocab": (int, type(None)), "unroll_steps": (int,), "n_negative_samples_batch": (int,),
-    }
+    }  # bidirectional's, a bool's, is checked as the record is made
     for k in _TRAIN_KEYS & set(d):
-        kw[k] = _check_type(d[k], types[k], f"{where}.{k}")
+        kw[k] = _check_type(d[k], types[k], f"{source}.{k}") if k in types else d[k]
         if k in ("dropout", "all_clip_norm_val"):
             if not math.isfinite(kw[k]):
-                raise ConfigError(f"{where}.{k}: must be a finite number, got {kw[k]!r}")
+                raise ConfigError(f"{source}.{k}: must be a finite number, got {kw[k]!r}")
             kw[k] = float(kw[k])
-    return TrainingConfig(**kw)
+    return _made(TrainingConfig, kw, source)
 
 
 def _from_options(options: Any, source: str) -> ElmoConfig:
@@ -278,13 +303,10 @@ def _from_options(options: Any, source: str) -> ElmoConfig:
     if "lstm" not in options:
         raise ConfigError(f"{source}: no 'lstm' section")
     parts = dict(char_cnn=_parse_char_cnn(options["char_cnn"], f"{source}: char_cnn"),
-                 lstm=_parse_lstm(options["lstm"], f"{source}: lstm"), training=_parse_training(options, source),
+                 lstm=_parse_lstm(options["lstm"], source), training=_parse_training(options, source),
                  dictionaries=_parse_dictionaries(options["dictionaries"], f"{source}: dictionaries")
                  if "dictionaries" in options else None)
-    try:
-        return ElmoConfig(**parts)
-    except ConfigError as e:  # a value out of range: named with the file it came from
-        raise ConfigError(f"{source}: {e}") from None
+    return _made(ElmoConfig, parts, source)  # a value out of range: named with the file it came from
 
 
 def _parse_dictionaries(d: Any, where: str) -> DictionaryConfig:

@@ -10,13 +10,14 @@ import math
 import shutil
 import time
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from elmo_cli.main import main
 from elmo_core import ConfigError, ElmoConfig
-from elmo_core.config import MAX_PARAMETERS, parameter_count
+from elmo_core.config import MAX_PARAMETERS, LstmConfig, TrainingConfig, parameter_count
 from tests.helpers import TINY_OPTIONS, tiny_options
 
 
@@ -51,7 +52,7 @@ def test_training_keys_are_accepted_and_written(tmp_path):
     ({"lstm": {"dim": 8, "bogus": 1}}, r"unknown key\(s\) \['bogus'\]"),
     ({"typo_key": 1}, r"unknown key\(s\) \['typo_key'\]"),
     ({"lstm": {"dim": "8"}}, "lstm.dim: expected int"),
-    ({"lstm": {"use_skip_connections": "yes"}}, "use_skip_connections: expected bool"),
+    ({"lstm": {"use_skip_connections": "yes"}}, "lstm.use_skip_connections must be true or false, got str 'yes'"),
     ({"char_cnn": {"activation": "gelu"}}, "activation must be one of"),
     ({"char_cnn": {"filters": [[1]]}}, r"filters\[0\]"),
     ({"char_cnn": {"filters": [[60, 4]]}}, "exceeds max_characters_per_token"),
@@ -67,6 +68,30 @@ def test_invalid_options_are_clear_errors(patch, message):
             opts[k] = v
     with pytest.raises(ConfigError, match=message):
         ElmoConfig.from_dict(opts)
+
+
+BOOLS = [("lstm", "use_skip_connections", "false", "str 'false'"), ("lstm", "use_skip_connections", 1, "int 1"),
+         (None, "bidirectional", "true", "str 'true'"), (None, "bidirectional", None, "NoneType None")]
+
+
+@pytest.mark.parametrize("section, key, value, shown", BOOLS)
+def test_a_bool_that_is_not_true_or_false_is_refused_naming_the_field_and_value(section, key, value, shown):
+    """Read from options.json ("false" would read as true) and made directly, as efml's converter and
+    a library caller make the records: the records' own check (``bounds.check_flags``) refuses both."""
+    name = f"{section}.{key}" if section else key
+    opts = copy.deepcopy(TINY_OPTIONS)
+    (opts[section] if section else opts)[key] = value
+    with pytest.raises(ConfigError) as e:
+        ElmoConfig.from_dict(opts, "m/options.json")
+    assert str(e.value) == f"m/options.json: {name} must be true or false, got {shown}"
+    record = LstmConfig if section == "lstm" else TrainingConfig
+    with pytest.raises(ConfigError) as e:
+        ElmoConfig(**{section or "training": record(**{key: value})})
+    assert str(e.value) == f"{name} must be true or false, got {shown}"
+
+
+def test_a_numpy_bool_is_kept_as_pythons():
+    assert LstmConfig(use_skip_connections=np.bool_(False)).use_skip_connections is False
 
 
 def test_missing_and_broken_files(tmp_path):
