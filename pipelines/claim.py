@@ -78,15 +78,16 @@ def claim_output_dir(out: Output, job: dict, job_digest: str, resume: bool, fmt:
     if how == "restart":
         drop_shards(out)
     if how == "resume":
-        _check_columns(out, fmt, schema)
+        check_columns(out, fmt, schema)
         return out.read_record(job_file(fmt))["digest"]
     out.write_record(job_file(fmt), {**job, "digest": job_digest}, schema)
     return job_digest
 
 
-def _check_columns(out: Output, fmt: ShardFormat, schema: pa.Schema) -> None:
+def check_columns(out: Output, fmt: ShardFormat, schema: pa.Schema) -> None:
     """OtherJobError where the shards of the job resumed hold other columns than this run would write
-    (an earlier version that read the inputs with other types: a CSV's ids as integers)."""
+    (an earlier version that read the inputs with other types: a CSV's ids as integers); judged
+    before the model loads where the columns are known without it (``pipelines.claim_first``)."""
     name = job_file(fmt)
     theirs = fmt.schema(pa.BufferReader(out.read_bytes(name)))
     kinds = {f.name: f.type for f in theirs}

@@ -9,6 +9,11 @@ backend on a model directory in fp32 (the default on a CPU); a URI, an export or
 export (their precision is the export's), ``--precision auto`` or another precision (checked
 against the device by the model code) leave the comparison to ``plan_job``, after the run is
 resolved, where it is made in every case.
+
+With ``--resume`` the claim is compared once the model loaded (its files hashed once, as they
+load); what is judged here is the columns of the shards resumed (``sink.check_columns``), where
+their types are known without the model: a local model directory's options.json gives the vectors'
+width and layers.
 """
 from __future__ import annotations
 
@@ -17,14 +22,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+import pyarrow as pa
+
+from elmo_core.config import ElmoConfig
 from elmo_core.errors import ElmoError, InputError
+from formats.model_files import resolve_model
 from storage.atomic import digest
-from storage.locations import is_uri
+from storage.locations import file_sha256, is_uri
 from inference.registry import backend_kind, exported_backend, model_identity
 from inference.run_settings import RunSettings
 
-from .claim import check_claim, job_record
-from .options import EmbedOptions
+from .claim import check_claim, check_columns, job_record
+from .options import EmbedOptions, output_options
+from .schema import output_schema
 from .shard_size import settle_rows_per_shard
 from .sink import Output
 from .source import InputFile
@@ -36,18 +46,64 @@ DEFAULT_SETTINGS = RunSettings()
 
 
 def check_output_first(out: Output, maker: "RunMaker", opts: EmbedOptions, files: list[InputFile],
-                       kept: tuple[int, str] | None) -> None:
+                       kept: tuple[int, str] | None, passthrough: pa.Schema) -> None:
     """OutputDirError (or the lock's error) for an existing OUTPUT_DIR this job may not claim, as far
     as it is decided without the model; ``plan_job`` checks the claim again once the model loaded.
-    ``kept``: the rows per shard no engine chooses (``shard_size.kept_rows_per_shard``)."""
+    ``kept``: the rows per shard no engine chooses (``shard_size.kept_rows_per_shard``);
+    ``passthrough``: the input columns the shards keep (``source.passthrough_schema``)."""
     if not out.exists():
         return
     out.lock().check_free()  # a running job's first: what it holds is its own business
-    if job_record(out)[1] is None or opts.resume:
-        return  # new or empty: nothing to compare; --resume: compared once the model loaded, its files hashed once
+    _, found, theirs = job_record(out)
+    if found is None:
+        return  # new or empty: nothing to compare
+    if opts.resume:
+        _check_resumed_columns(out, theirs, maker, opts, files, passthrough)
+        return
     identity = foreseen_identity(maker, opts, files, kept)
     if identity is not None:
         check_claim(out, identity, digest(identity), opts.resume)
+
+
+# the options that change no column type (the run's two, the shard size): a job that differs only in
+# them holds this job's columns, and is this job or another's by its model, compared once it loaded
+_NOT_COLUMNS = ("backend", "precision", "rows_per_shard")
+
+
+def _check_resumed_columns(out: Output, theirs: dict, maker: "RunMaker", opts: EmbedOptions,
+                           files: list[InputFile], passthrough: pa.Schema) -> None:
+    """--resume: OtherJobError where the shards hold other columns than this run would write, judged
+    where the claim can only resume or refuse and a column differs because an earlier version wrote
+    it: a job record whose inputs, options and model options.json are this job's (not one stopped on
+    an input error whose inputs were fixed since, which restarts, its shards dropped)."""
+    foreseen = _foreseen_architecture(maker)
+    model = theirs.get("model")
+    if foreseen is None or not isinstance(model, dict) or model.get("options_sha256") != foreseen[1]:
+        return
+    recorded = theirs.get("options")
+    if not isinstance(recorded, dict) or theirs.get("inputs") != [f.identity() for f in files] \
+            or _column_options(recorded) != _column_options(opts.to_dict()):
+        return
+    config = foreseen[0]
+    schema = output_schema(passthrough, config.output_dim, config.n_output_layers, opts.vectors, opts.vector_layout)
+    check_columns(out, opts.shard_format, schema)
+
+
+def _column_options(options: dict) -> dict:
+    return {k: v for k, v in output_options(options).items() if k not in _NOT_COLUMNS}
+
+
+def _foreseen_architecture(maker: "RunMaker") -> tuple[ElmoConfig, str] | None:
+    """(the architecture, its options.json's sha256) of a local model directory the torch backend
+    runs, read without loading the weights; None where only the run knows (a URI, an export)."""
+    path, settings = maker.model_path, maker.settings
+    if is_uri(path) or backend_kind(settings.backend or exported_backend(path) or "torch").exported:
+        return None
+    try:
+        options = resolve_model(path, settings.weights).options
+        return ElmoConfig.from_json(options), file_sha256(options)
+    except (ElmoError, OSError):
+        return None  # the run reports what is wrong with the model
 
 
 def foreseen_identity(maker: "RunMaker", opts: EmbedOptions, files: list[InputFile],

@@ -92,7 +92,7 @@ def plan_job(input: str | Path, output: str | Path, maker: RunMaker, opts: Embed
     _check_apart(input, out, files)
     passthrough = passthrough_schema(files, opts)
     kept = kept_rows_per_shard(opts, out)
-    check_output_first(out, maker, opts, files, kept)
+    check_output_first(out, maker, opts, files, kept, passthrough)
     run = maker(_worker_flags(opts, maker.settings), _tokens_left(out, opts, files, kept))
     from .predictor import ElmoPredictor
 

@@ -232,9 +232,12 @@ def test_a_job_an_earlier_version_recorded_with_less_of_the_model_is_refused_nam
         embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
 
 
-def test_a_job_whose_shards_hold_other_column_types_is_refused_on_resume(tiny_dir, tmp_path):
+def test_a_job_whose_shards_hold_other_column_types_is_refused_on_resume_before_the_model_loads(tiny_dir, tmp_path,
+                                                                                               monkeypatch):
     """An earlier version read a CSV's ids as integers; this one reads them as the strings they are:
-    resuming its job would mix int64 and string shards, so it is refused naming the column."""
+    resuming its job would mix int64 and string shards, so it is refused naming the column, before
+    the model's weights are read (the vectors' type is options.json's: ``claim_first``)."""
+    import formats.model_dir
     from pipelines.output_dir import LocalDir
 
     corpus, out, opts, _ = _finished_job(tiny_dir, tmp_path)
@@ -243,11 +246,15 @@ def test_a_job_whose_shards_hold_other_column_types_is_refused_on_resume(tiny_di
     older = schema.set(schema.get_field_index("id"), pa.field("id", pa.string()))  # the sample's ids are int64
     LocalDir(out).write_record("_job.parquet", record, older)
     (out / "_SUCCESS").unlink()
+    loads, load_weights = [], formats.model_dir.load_weights
+    monkeypatch.setattr(formats.model_dir, "load_weights", lambda *a: (loads.append(a), load_weights(*a)))
     with pytest.raises(OtherJobError, match=r"_job.parquet: the job's shards hold other columns than this run would "
                                             r"write \('id' string there, int64 now\): an earlier version"):
         embed_parquet(corpus, out, tiny_dir, resume=True, **opts)
+    assert loads == [] and not (out / ".elmo.lock").exists()  # nothing loaded, OUTPUT_DIR as it was
     LocalDir(out).write_record("_job.parquet", record, schema)
     assert embed_parquet(corpus, out, tiny_dir, resume=True, **opts)["this_run"]["shards_kept"] == 3
+    assert len(loads) == 1  # the job's one load, counted where it happens
 
 
 def test_verify_reads_a_csv_output_an_earlier_version_typed_by_inference(tiny_dir, tmp_path):
