@@ -1,9 +1,10 @@
-"""``elmo info --model PATH``: what a directory this project reads or writes holds.
+"""``elmo info --model PATH``: what a directory or file this project reads or writes holds.
 
 A model directory (or options.json + weights): architecture and parameter count. An `elmo export`
 directory: kind, precision, outputs, parity, int8 plan and source model. `elmo engine`'s OUT: the exports it
-holds. An `elmo embed` OUTPUT_DIR: rows, tokens, model and options. An `elmo train` RUN_DIR: the run's
-summary and its model.
+holds. An `elmo embed` OUTPUT_DIR: rows, tokens, vectors, model and options; one of its shards: its input rows,
+counts, vectors and model sha256 (its footer); `elmo embed --format hdf5`'s file: sentences, vectors and
+request (its metadata). An `elmo train` RUN_DIR: the run's summary and its model.
 """
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ RUN_SUMMARY, RUN_INFO = "summary.json", "run.json"
 def register(sub: Subcommands) -> None:
     p = sub.add_parser("info", help="what a model, export, engine, embed output or training run directory holds")
     add_model(p, "a model directory (or options.json, then give --weights), an export directory, `elmo engine`'s "
-                 "OUT, an `elmo embed` OUTPUT_DIR or a RUN_DIR")
-    add_flag(p, "out", help="what a command wrote: an `elmo embed` OUTPUT_DIR, `elmo engine`'s OUT or an `elmo "
-                           "train` RUN_DIR (read as --model reads it)")
+                 "OUT, an `elmo embed` OUTPUT_DIR (or one of its shards, or its --format hdf5 file) or a RUN_DIR")
+    add_flag(p, "out", help="what a command wrote: an `elmo embed` OUTPUT_DIR (or one of its shards, or its "
+                           "--format hdf5 file), `elmo engine`'s OUT or an `elmo train` RUN_DIR (read as --model "
+                           "reads it)")
     add_flag(p, "json", help="print JSON")
     p.set_defaults(func=run)
 
@@ -91,6 +93,8 @@ def _written_by_the_project(path: Path) -> dict | None:
     """An export, an embed output, a training run or an engine output at ``path``; None for anything else."""
     from formats.export_manifest import MANIFEST_NAME
 
+    if path.is_file():
+        return _embed_file(path)
     if path.is_dir() and (path / MANIFEST_NAME).is_file():
         return _export(path)
     if path.is_dir() and any(path.glob("_job.*")):
@@ -107,6 +111,45 @@ def _written_by_the_project(path: Path) -> dict | None:
     if exports and not (path / "options.json").is_file():
         return {"kind": "elmo engine output", "path": str(path), "exports": [_export(d) for d in exports]}
     return None
+
+
+def _embed_file(path: Path) -> dict | None:
+    """`elmo embed --format hdf5`'s file, or a file of an `elmo embed` OUTPUT_DIR: a shard (described
+    from its footer) or a side record (InputError naming the directory, which is what is described);
+    None for any other file."""
+    from pipelines.hdf5_output import output_info
+    from pipelines.output_dir import LocalDir
+    from pipelines.sink import side_names
+
+    info = output_info(path)
+    if info is not None or not path.name.startswith(("part-", "_")):  # an output's names: shards, side records
+        return info
+    out = LocalDir(path.parent)
+    if side_names(out) is None:
+        return None
+    if path.name.startswith("part-"):
+        return _embed_shard(out, path)
+    raise InputError(f"{path}: a record of the elmo embed OUTPUT_DIR {out}, not an output of its own: elmo info "
+                     f"--out {out} describes the output (elmo verify --out {out} checks it)")
+
+
+def _embed_shard(out: "Output", path: Path) -> dict:
+    """A shard of an `elmo embed` OUTPUT_DIR, from its footer (``pipelines.sink``): the input rows it
+    holds, its counts, the sha256 of the model its writer loaded and its vectors."""
+    from pipelines.schema import ELMO_COLUMN, vectors_of
+    from pipelines.shard_files import shard_format
+    from pipelines.sink import COUNTS, footer_record
+
+    record = footer_record(out, path.name)
+    if record is None:
+        raise InputError(f"{path}: named as a shard of the elmo embed OUTPUT_DIR {out}, but its footer holds no shard "
+                         f"record (damaged, or not elmo embed's): elmo verify --out {out} checks every shard")
+    with open(path, "rb") as f:
+        schema = shard_format(path.name).schema(f)
+    return {"kind": "elmo embed shard", "path": str(path), "output_dir": str(out), "input": record.get("input_path"),
+            "row_start": record.get("row_start"), **{k: record.get(k) for k in COUNTS},
+            "vectors": vectors_of(schema.field(ELMO_COLUMN)) if ELMO_COLUMN in schema.names else None,
+            "model_sha256": record.get("model_sha256")}
 
 
 def _embed_output_on_a_store(uri: str) -> dict | None:
@@ -126,6 +169,7 @@ def _embed_output_on_a_store(uri: str) -> dict | None:
 def _embed_output(out: "Output", path: str) -> dict:
     """An `elmo embed` OUTPUT_DIR (local or on a store) at ``path``: its job record and manifest
     (``pipelines.sink``)."""
+    from pipelines.schema import ELMO_COLUMN, vectors_of
     from pipelines.sink import COUNTS, SUCCESS_FILE, side_names
 
     names = side_names(out)
@@ -136,8 +180,10 @@ def _embed_output(out: "Output", path: str) -> dict:
     job = out.read_record(job_name)
     counts = {k: v if isinstance(v := m.get(k), int) and not isinstance(v, bool) else None for k in COUNTS}
     shards = m.get("shards")  # a damaged record's fields of another type are shown as unknown: `elmo verify` names them
+    schema = out.read_schema(job_name)  # the job's, its shards'
     return {"kind": "elmo embed output", "path": str(path), "finished": out.size(SUCCESS_FILE) is not None,
             **counts, "shards": len(shards) if isinstance(shards, list) else None,
+            "vectors": vectors_of(schema.field(ELMO_COLUMN)) if ELMO_COLUMN in schema.names else None,
             "model": job.get("model"), "options": job.get("options")}
 
 
@@ -187,12 +233,20 @@ def _print_other(info: dict[str, Any]) -> None:
         if key == "model" and isinstance(value, dict) and value.get("kind") == "model":
             print("model:")
             _print_model(value)
+        elif key == "vectors" and isinstance(value, dict):
+            print(*labelled_lines({key: _vectors_text(value)}), sep="\n")
         elif key == "exports":
             for e in value:
                 print(f"{e['kind']}: {e['path']}")
                 _print_export(e, "  ")
         else:
             print(*labelled_lines({key: value}), sep="\n")
+
+
+def _vectors_text(v: dict[str, Any]) -> str:
+    """An output's vectors (``pipelines.schema.vectors_of``) on one line: one per token, 3 layers x 1,024 float16."""
+    shape = f"{v['layers']} layers x {v['dim']:,}" if v.get("layers") else f"{v['dim']:,}"
+    return f"one per {'row (pooled)' if v.get('pooled') else 'token'}, {shape} {v.get('dtype')}"
 
 
 def _print_export(info: dict[str, Any], indent: str) -> None:

@@ -89,7 +89,7 @@ def check_columns(out: Output, fmt: ShardFormat, schema: pa.Schema) -> None:
     (an earlier version that read the inputs with other types: a CSV's ids as integers); judged
     before the model loads where the columns are known without it (``pipelines.claim_first``)."""
     name = job_file(fmt)
-    theirs = fmt.schema(pa.BufferReader(out.read_bytes(name)))
+    theirs = out.read_schema(name)
     kinds = {f.name: f.type for f in theirs}
     differ = [f"'{f.name}' {kinds.get(f.name, 'missing')} there, {f.type} now" for f in schema
               if f.name not in kinds or not kinds[f.name].equals(f.type)]  # a list's item named alike or not

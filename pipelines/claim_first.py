@@ -11,7 +11,7 @@ against the device by the model code) leave the comparison to ``plan_job``, afte
 resolved, where it is made in every case.
 
 With ``--resume`` the claim is compared once the model loaded (its files hashed once, as they
-load); what is judged here is the columns of the shards resumed (``sink.check_columns``), where
+load); what is judged here is the columns of the shards resumed (``claim.check_columns``), where
 their types are known without the model: a local model directory's options.json gives the vectors'
 width and layers.
 """

@@ -36,7 +36,7 @@ import sys
 import time
 from contextlib import closing
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import h5py
 
@@ -45,8 +45,6 @@ from storage.atomic import WriteGuard, atomic_path, remove_stale_temporaries
 from elmo_core.errors import InputError
 from storage.locations import is_uri
 from elmo_core.whitespace import split_tokens
-from inference import Embedder
-from inference.model_run import ModelRun
 from inference.run_settings import RunSettings
 
 from .claim_first import RunMaker
@@ -58,6 +56,10 @@ from .lock import OutputLock
 from .rows import row_values
 from .input_bytes import text_lines
 from .source import InputFile, file_tokens, input_batches, scan_inputs
+
+if TYPE_CHECKING:  # loaded once the inputs are checked (and never by `elmo info`, which reads a file's metadata)
+    from inference import Embedder
+    from inference.model_run import ModelRun
 
 SENTENCE_TO_INDEX = "sentence_to_index"
 NULL_ATTR = "null"  # a null row's dataset attribute: its (.., 0, D) vectors are no empty sentence's
@@ -134,6 +136,28 @@ def _is_earlier_output(path: Path) -> bool:
         return False
 
 
+def output_info(path: Path) -> dict | None:
+    """What a file this module wrote holds, read from its metadata (no vectors): its sentences, how
+    they are keyed, the request it recorded (None: written before the record), and the vectors' as
+    one dataset has them (``schema.vectors_of``'s keys; a file of no sentences: None); None for any
+    other file. No model is recorded: the file holds allennlp's datasets and the request alone."""
+    if not _is_earlier_output(path):
+        return None
+    with h5py.File(path, "r") as f:
+        indexed = SENTENCE_TO_INDEX in f
+        first = f["0"] if indexed and "0" in f else next((f[k] for k in f if k != SENTENCE_TO_INDEX), None)
+        shape, dtype = (first.shape, first.dtype.name) if first is not None else ((), None)
+        try:
+            request = json.loads(f.attrs[WRITER_ATTR]).get("request") if WRITER_ATTR in f.attrs else None
+        except (ValueError, TypeError, AttributeError):  # a damaged mark: the datasets still read
+            request = None
+        sentences = len(f) - indexed
+    vectors = {"pooled": False, "layers": shape[0] if len(shape) == 3 else None, "dim": shape[-1], "dtype": dtype} \
+        if len(shape) in (2, 3) else None
+    return {"kind": "elmo embed hdf5 output", "path": str(path), "sentences": sentences,
+            "keyed_by": "line index" if indexed else "sentence", "request": request, "vectors": vectors}
+
+
 def embed_to_hdf5(input: str | Path, out: str | Path, /, model: ModelRun | str | Path | RunMaker,
                   use_sentence_keys: bool = False, **options: Any) -> dict:
     """Write ``out`` in allennlp elmo's layout (see the module doc); return counts and timing.
@@ -160,6 +184,8 @@ def write_hdf5(input: str | Path, out: str | Path, maker: RunMaker, opts: EmbedO
     counts = {"sentences": 0, "tokens": 0, "null_rows": 0, "empty_rows": 0, "invalid_utf8": 0}
     run, opts = opts.settle(maker(None, tokens))  # the budget asked where asked, the run's where not
     sentences = text_sentences(Path(input)) if text_input else parquet_sentences(files, opts, counts)
+    from inference import Embedder
+
     note(f"loading the model {run.describe()}", opts.quiet)
     start = time.perf_counter()
     with os_errors(out.parent, "rerun the same command"):

@@ -94,6 +94,10 @@ class _Readable:
             raise InputError(f"{self.where(name)}: holds no record of elmo embed (elmo.record)")
         return record
 
+    def read_schema(self, name: str) -> pa.Schema:
+        """The schema side record ``name`` was written with: the job's, its shards'."""
+        return shard_format(name).schema(pa.BufferReader(self.read_bytes(name)))
+
     def write_record(self, name: str, record: dict, schema: pa.Schema) -> None:
         """``record`` as a side file of the format ``name`` ends in, in the job's ``schema`` with no
         rows (``shard_files``), whole or not at all."""

@@ -55,6 +55,29 @@ def elmo_field(dim: int, n_layers: int, request: VectorRequest, layout: str = "f
     return pa.field(ELMO_COLUMN, elmo_type(dim, n_layers, request, layout), metadata=meta)
 
 
+def vectors_of(field: pa.Field) -> dict[str, Any] | None:
+    """What an ``elmo`` column holds (``elmo_field`` read back): whether a row's tokens were pooled
+    into one vector, each vector's layers (None: the layers reduced to one), width and dtype; None
+    for a field that is not such a column."""
+    item = field.type.value_type if pa.types.is_list(field.type) else field.type
+    meta = field.metadata or {}
+    if pa.types.is_fixed_size_binary(item):
+        try:
+            shape, dtype = json.loads(meta[VECTOR_SHAPE]), np.dtype(meta[VECTOR_DTYPE].decode()).name
+        except (KeyError, ValueError, TypeError):
+            return None
+    else:
+        shape = []
+        while pa.types.is_fixed_size_list(item):
+            shape.append(item.list_size)
+            item = item.value_type
+        dtype = np.dtype(item.to_pandas_dtype()).name if pa.types.is_floating(item) else None
+    if dtype is None or not isinstance(shape, list) or len(shape) not in (1, 2):
+        return None
+    return {"pooled": not pa.types.is_list(field.type), "layers": shape[0] if len(shape) == 2 else None,
+            "dim": shape[-1], "dtype": dtype}
+
+
 def output_schema(passthrough: pa.Schema, dim: int, n_layers: int, request: VectorRequest,
                   layout: str = "floats") -> pa.Schema:
     """The passed-through columns (id, kept columns, in order) followed by ``elmo``."""

@@ -144,6 +144,45 @@ def test_info_knows_every_directory_the_project_writes(tiny_dir, tmp_path, capsy
         assert f"{path} is not a model directory ({kind}), so there are no weights to choose" in capsys.readouterr().err
 
 
+def test_info_describes_embed_outputs_that_are_files_and_refuses_their_records(tiny_dir, tmp_path, capsys):
+    """`elmo embed --format hdf5`'s file and one shard of an OUTPUT_DIR are described from their own
+    metadata (not taken for a model: "not a model directory"); the vectors' shape is the output's,
+    the shard's model sha256 the job's; a side record is refused naming the directory to describe."""
+    from corpora.sample import write_sample_corpus
+
+    (tmp_path / "in.txt").write_text("The cat sat .\nIt sat on the mat .\nGo .\n")
+    hdf5, out = tmp_path / "x.hdf5", tmp_path / "vectors"
+    assert main(["embed", "--text", str(tmp_path / "in.txt"), "--out", str(hdf5), "--format", "hdf5", "--model",
+                 str(tiny_dir), "--output", "all", "--quiet"]) == 0
+    assert main(["info", "--out", str(hdf5), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "kind": "elmo embed hdf5 output", "path": str(hdf5), "sentences": 3, "keyed_by": "line index",
+        "request": {"output": "all", "mix": None, "gamma": 1.0, "pool": None, "normalize": False, "dtype": "float32"},
+        "vectors": {"pooled": False, "layers": 3, "dim": 16, "dtype": "float32"}}  # tiny: 2 layers of 2 x 8
+    assert main(["info", "--model", str(hdf5)]) == 0
+    assert "vectors            one per token, 3 layers x 16 float32" in capsys.readouterr().out.splitlines()
+
+    write_sample_corpus(tmp_path / "corpus", rows=30, files=1)
+    assert main(["embed", "--text", str(tmp_path / "corpus"), "--out", str(out), "--model", str(tiny_dir), "--pool",
+                 "mean", "--dtype", "float16", "--rows-per-shard", "20", "--quiet"]) == 0
+    assert main(["info", "--out", str(out), "--json"]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    pooled = {"pooled": True, "layers": None, "dim": 16, "dtype": "float16"}
+    assert whole["vectors"] == pooled and whole["rows"] == 30
+    shard = out / "part-00000-00001.parquet"
+    assert main(["info", "--out", str(shard), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert {k: info[k] for k in ("kind", "output_dir", "input", "row_start", "rows", "vectors", "model_sha256")} == {
+        "kind": "elmo embed shard", "output_dir": str(out), "input": str(tmp_path / "corpus" / "corpus-00000.parquet"),
+        "row_start": 20, "rows": 10, "vectors": pooled, "model_sha256": whole["model"]["sha256"]}
+    for record in ("_job.parquet", "_manifest.parquet", "_SUCCESS"):
+        assert main(["info", "--out", str(out / record)]) == 2
+        assert (f"{out / record}: a record of the elmo embed OUTPUT_DIR {out}, not an output of its own: elmo info "
+                f"--out {out} describes the output") in capsys.readouterr().err
+    assert main(["info", "--model", str(tiny_dir / "weights.hdf5")]) == 2  # a model's weights: no output
+    assert "not a model directory or options.json" in capsys.readouterr().err
+
+
 def test_info_in_a_pipe_that_closes_early(tiny_dir):
     r = subprocess.run(f"{sys.executable} -m elmo_cli info --model {tiny_dir} | head -1", shell=True, capture_output=True,
                        text=True, timeout=120)
