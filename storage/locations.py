@@ -246,24 +246,31 @@ def local_copy(uri: str, root: Path | None = None) -> Path:
 
 
 def file_sha256(path: str | Path) -> str:
-    """sha256 of a file's bytes, at a local path or a URI."""
-    if not is_uri(path):
-        digest = GrowingFileDigest(path)
-        digest.advance()
-        return digest.hexdigest()
-    h = hashlib.sha256()
+    """sha256 of a file's bytes, at a local path or a URI: read a MiB at a time into one buffer (a
+    file another process may truncate meanwhile, a model's weights, an input: no mapping, whose
+    pages would fault, and count in the process's resident memory, for the whole file)."""
+    h, buffer = hashlib.sha256(), bytearray(1 << 20)
     with open_input(path) as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+        if is_uri(path):
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+            return h.hexdigest()
+        view = memoryview(buffer)
+        while n := f.readinto(buffer):
+            h.update(view[:n])
     return h.hexdigest()
 
 
+_MAP_BYTES = 16 << 20  # the most of a file mapped at once (resident while it is hashed)
+
+
 class GrowingFileDigest:
-    """The sha256 of a local file that is written front to back and never rewritten (a shard, as
-    pyarrow writes Parquet and Arrow IPC files), hashed as it grows: ``advance()`` hashes the bytes
-    added since the last call, read in place from the page cache (``mmap``: no copy, the GIL
-    released), so the digest is ready when the last byte is written instead of costing a second
-    pass over the file at its commit. What it hashes is what the file holds, as a re-read would."""
+    """The sha256 of a local file that its writer writes front to back and never rewrites (a shard's
+    temporary, as pyarrow writes Parquet and Arrow IPC files; nothing else writes it), hashed as it
+    grows: ``advance()`` hashes the bytes added since the last call, read in place from the page
+    cache (``mmap``, at most ``_MAP_BYTES`` mapped at once: no copy, the GIL released), so the
+    digest is ready when the last byte is written instead of costing a second pass over the file at
+    its commit. What it hashes is what the file holds, as a re-read would."""
 
     def __init__(self, path: str | Path) -> None:
         self.path, self.hash, self.hashed = Path(path), hashlib.sha256(), 0
@@ -271,16 +278,19 @@ class GrowingFileDigest:
     def advance(self) -> None:
         with open(self.path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            if size <= self.hashed:
-                return
             try:
-                with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as m, memoryview(m) as view:
-                    self.hash.update(view[self.hashed : size])
+                while self.hashed < size:
+                    start = self.hashed - self.hashed % mmap.ALLOCATIONGRANULARITY
+                    length = min(size, start + _MAP_BYTES) - start
+                    with mmap.mmap(f.fileno(), length, offset=start, access=mmap.ACCESS_READ) as m, \
+                            memoryview(m) as view:
+                        self.hash.update(view[self.hashed - start :])
+                    self.hashed = start + length
             except OSError:  # a file system that cannot map files (some FUSE mounts): read them
                 f.seek(self.hashed)
                 for chunk in iter(lambda: f.read(min(1 << 20, size - f.tell())), b""):
                     self.hash.update(chunk)
-        self.hashed = size
+                self.hashed = size
 
     def hexdigest(self) -> str:
         return self.hash.hexdigest()

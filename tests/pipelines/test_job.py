@@ -381,11 +381,15 @@ def test_each_shard_is_hashed_as_written_never_read_back(corpus, tiny_dir, tmp_p
     assert verify_output(tmp_path / "out")["shards"] == 4
 
 
-@pytest.mark.parametrize("maps", [True, False])
+@pytest.mark.parametrize("maps", ["whole", "in slices", "refused"])
 def test_a_growing_files_digest_is_its_whole_files(tmp_path, monkeypatch, maps):
-    if not maps:  # a file system that cannot map files: the bytes are read instead
-        import storage.locations as locations
+    import mmap
 
+    import storage.locations as locations
+
+    if maps == "in slices":  # at most two pages' granules mapped at once: slices that start inside a granule
+        monkeypatch.setattr(locations, "_MAP_BYTES", 2 * mmap.ALLOCATIONGRANULARITY)
+    if maps == "refused":  # a file system that cannot map files: the bytes are read instead
         def refused(*args, **kwargs):
             raise OSError("mmap: operation not supported")
         monkeypatch.setattr(locations.mmap, "mmap", refused)
@@ -400,7 +404,19 @@ def test_a_growing_files_digest_is_its_whole_files(tmp_path, monkeypatch, maps):
         written += piece
         digest.advance()
     assert (digest.hexdigest(), digest.hashed) == (hashlib.sha256(written).hexdigest(), len(written))
-    assert file_sha256(path) == hashlib.sha256(written).hexdigest() == file_sha256(str(path))
+
+
+def test_a_files_sha256_reads_it_never_maps_it(tmp_path, monkeypatch):
+    """A model's weights or an input another process may truncate while it is hashed: a mapped page
+    past the new end would kill the process (SIGBUS), and a mapping counts the whole file as resident."""
+    import storage.locations as locations
+
+    def mapped(*args, **kwargs):
+        raise AssertionError("file_sha256 mapped the file")
+    monkeypatch.setattr(locations.mmap, "mmap", mapped)
+    data = bytes(range(256)) * 9000  # several reads of a MiB
+    (tmp_path / "f").write_bytes(data)
+    assert file_sha256(tmp_path / "f") == hashlib.sha256(data).hexdigest() == file_sha256(str(tmp_path / "f"))
 
 
 def test_compression_of_the_vector_column(corpus, tiny_dir, tmp_path):
