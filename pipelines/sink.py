@@ -31,8 +31,10 @@ of the directory reads this job's rows.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -103,8 +105,9 @@ class ShardWriter:
         """Shape: R rows of the shard, in input order, with the job's output columns; lengths (R,)
         each row's tokens (-1: null text)."""
         table = conform(table, self.schema)
-        self.writer.write(table)
-        self.sink.written()
+        with self._naming_the_shard():
+            self.writer.write(table)
+            self.sink.written()
         windows, windowed = window_counts(lengths, self.opts.max_sentence_length, self.opts.context)
         for key, n in (("rows", table.num_rows), ("tokens", int(np.maximum(lengths, 0).sum())), ("windows", windows),
                        ("windowed_rows", windowed), ("null_rows", int((lengths < 0).sum())),
@@ -128,14 +131,26 @@ class ShardWriter:
             self.abort()
             raise
         record = {**self.identity(), **self.counts}
-        self.writer.close(record)
         try:
-            record.update(self.sink.finish(), writer=f"{socket.gethostname()}:{os.getpid()}")
+            with self._naming_the_shard():
+                self.writer.close(record)
+                record.update(self.sink.finish(), writer=f"{socket.gethostname()}:{os.getpid()}")
         except ShardPublishedError:
             record = adopt_published(self.out, self.shard, self.job_digest, self.model_sha256)
         self.sink.publish()
         self.out.write_record(commit_name(self.shard.name), record, self.schema)
         return record
+
+    @contextlib.contextmanager
+    def _naming_the_shard(self) -> Iterator[None]:
+        """An OS error of pyarrow's writer, which names no file ("Error writing bytes to file ...
+        No space left on device"), named with the shard it was writing (``os_errors`` reports it)."""
+        try:
+            yield
+        except OSError as e:
+            if e.filename is not None:
+                raise
+            raise OSError(e.errno, e.strerror or str(e), str(self.out.where(self.shard.name))) from e
 
     def abort(self) -> None:
         """Drop the partial shard (after a failure: closing may fail too, e.g. on a full disk)."""

@@ -419,6 +419,19 @@ def test_a_files_sha256_reads_it_never_maps_it(tmp_path, monkeypatch):
     assert file_sha256(tmp_path / "f") == hashlib.sha256(data).hexdigest() == file_sha256(str(tmp_path / "f"))
 
 
+def test_a_full_disk_while_a_shard_is_written_names_the_shard(corpus, tiny_dir, tmp_path, monkeypatch):
+    """pyarrow's write error names no file: the job's error names the shard it was writing."""
+    from pipelines import shard_files
+
+    def full(self, table):
+        raise OSError("Error writing bytes to file. Detail: [errno 28] No space left on device")
+    monkeypatch.setattr(shard_files._ParquetWriter, "write", full)
+    with pytest.raises(OutputDirError) as e:
+        embed_parquet(corpus, tmp_path / "out", tiny_dir, rows_per_shard=40, **FAST)
+    assert str(e.value).startswith(f"{tmp_path / 'out' / 'part-00000-00000.parquet'}: Error writing bytes"), e.value
+    assert "the disk is full: free space, then rerun with --resume" in str(e.value)
+
+
 def test_compression_of_the_vector_column(corpus, tiny_dir, tmp_path):
     base = embed_parquet(corpus, tmp_path / "snappy", tiny_dir, **FAST)
     m = embed_parquet(corpus, tmp_path / "zstd", tiny_dir, compression="zstd", **FAST)
