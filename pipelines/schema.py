@@ -60,22 +60,27 @@ def vectors_of(field: pa.Field) -> dict[str, Any] | None:
     into one vector, each vector's layers (None: the layers reduced to one), width and dtype; None
     for a field that is not such a column."""
     item = field.type.value_type if pa.types.is_list(field.type) else field.type
-    meta = field.metadata or {}
-    if pa.types.is_fixed_size_binary(item):
-        try:
-            shape, dtype = json.loads(meta[VECTOR_SHAPE]), np.dtype(meta[VECTOR_DTYPE].decode()).name
-        except (KeyError, ValueError, TypeError):
-            return None
-    else:
-        shape = []
-        while pa.types.is_fixed_size_list(item):
-            shape.append(item.list_size)
-            item = item.value_type
-        dtype = np.dtype(item.to_pandas_dtype()).name if pa.types.is_floating(item) else None
+    try:
+        shape, dtype = _vector_shape(item, field.metadata or {})
+    except (KeyError, ValueError, TypeError):
+        return None
     if dtype is None or not isinstance(shape, list) or len(shape) not in (1, 2):
         return None
     return {"pooled": not pa.types.is_list(field.type), "layers": shape[0] if len(shape) == 2 else None,
             "dim": shape[-1], "dtype": dtype}
+
+
+def _vector_shape(item: pa.DataType, meta: dict) -> tuple[list[int], str | None]:
+    """One vector's shape ([L+1,] D) and numpy dtype name (None: not floats) from an ``elmo`` column's
+    item type: the binary layout's from its field's ``meta`` (KeyError where it names none), the
+    float layout's from its nested fixed-size lists."""
+    if pa.types.is_fixed_size_binary(item):
+        return json.loads(meta[VECTOR_SHAPE]), np.dtype(meta[VECTOR_DTYPE].decode()).name
+    shape = []
+    while pa.types.is_fixed_size_list(item):
+        shape.append(item.list_size)
+        item = item.value_type
+    return shape, (np.dtype(item.to_pandas_dtype()).name if pa.types.is_floating(item) else None)
 
 
 def output_schema(passthrough: pa.Schema, dim: int, n_layers: int, request: VectorRequest,
@@ -102,13 +107,12 @@ def _chunk_vectors(column: pa.Array, field: pa.Field | None) -> np.ndarray:
         if VECTOR_DTYPE not in meta:
             raise ValueError("a binary vector column needs its field (pipelines.schema.elmo_field) for its dtype and "
                              "shape: pass table.schema.field('elmo')")
-        shape = tuple(json.loads(meta[VECTOR_SHAPE]))
+        shape, dtype = _vector_shape(items.type, meta)
         start = items.offset * items.type.byte_width
         raw = np.frombuffer(items.buffers()[1], dtype=np.uint8)[start:start + len(items) * items.type.byte_width]
-        return raw.view(meta[VECTOR_DTYPE].decode()).reshape(len(items), *shape)
-    shape = []
-    while pa.types.is_fixed_size_list(items.type):
-        shape.append(items.type.list_size)
+        return raw.view(dtype).reshape(len(items), *shape)
+    shape, _ = _vector_shape(items.type, {})
+    for _ in shape:  # the nested lists' values, in order
         items = items.flatten()
     return items.to_numpy(zero_copy_only=False).reshape(-1, *shape)
 
